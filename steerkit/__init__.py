@@ -1,0 +1,36 @@
+"""steerkit: record, find, edit and deploy directions in a language model's residual stream.
+
+Quick start::
+
+    import steerkit
+    sm = steerkit.load_model()                      # embedded SmolLM2-135M-Instruct
+    with sm.record(steerkit.resid_post(range(sm.n_layers)), positions="last") as cache:
+        sm.forward(["I love this", "I hate this"])
+    v = cache["blocks.15.hook_resid_post"][0] - cache["blocks.15.hook_resid_post"][1]
+    with sm.edit("blocks.15.hook_resid_post", add=v, scale=4.0):
+        print(sm.generate(["Tell me about your day"], max_new_tokens=32))
+
+See ``docs/ARCHITECTURE.md`` for how data flows through the package.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .adapters import Adapter, adapter_for, register_adapter
+from .edits import Edit, orthonormalize
+from .errors import HookNameError, InputError, ModelNotFoundError, SteerkitError, UnsupportedArchitectureError
+from .hooknames import layer_names, resid_post, resid_pre
+from .hooks import ActivationCache, HookHandle
+from .model import SteerModel, Tokens, load_model, wrap
+
+__all__ = [
+    "__version__", "load_model", "wrap", "SteerModel", "Tokens", "Adapter", "adapter_for", "register_adapter",
+    "Edit", "orthonormalize", "ActivationCache", "HookHandle", "layer_names", "resid_post", "resid_pre",
+    "SteerkitError", "HookNameError", "InputError", "ModelNotFoundError", "UnsupportedArchitectureError",
+    "generate",
+]
+
+
+def generate(sm: SteerModel, prompts, **kwargs):
+    """``steerkit.generate(model, prompts, ...)``: the same as ``sm.generate``."""
+    return sm.generate(prompts, **kwargs)

@@ -1,0 +1,178 @@
+"""Architecture adapters: the only place that knows how a model family is laid out.
+
+An :class:`Adapter` maps the canonical, TransformerLens-style hook names onto a
+Hugging Face model:
+
+- ``blocks.{l}.hook_resid_pre``  input of decoder block ``l``
+- ``blocks.{l}.hook_attn_out``   what the attention sub-layer adds to the residual
+- ``blocks.{l}.hook_resid_mid``  ``resid_pre + attn_out`` (sequential blocks only)
+- ``blocks.{l}.hook_mlp_out``    what the MLP sub-layer adds to the residual
+- ``blocks.{l}.hook_resid_post`` output of block ``l``
+- ``ln_final.hook_normalized``   output of the final norm
+
+Each adapter names modules by attribute path (``"model.layers"``...), so the
+core never branches on architecture. "What is added to the residual" matters
+for models with post-sub-layer norms (Gemma 2/3, OLMo 2): there the attention
+contribution is the output of ``post_attention_layernorm``, not of
+``self_attn``, and the adapter says so.
+
+Adapters are registered per ``config.model_type`` with :func:`register_adapter`;
+:func:`adapter_for` picks one for a loaded model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .errors import UnsupportedArchitectureError
+
+
+def get_module(root: nn.Module, path: str) -> nn.Module:
+    """Resolve a dotted attribute path (``"model.layers.3.mlp"``) below ``root``."""
+    mod: nn.Module = root
+    for part in path.split("."):
+        mod = mod[int(part)] if part.isdigit() else getattr(mod, part)  # type: ignore[index]
+    return mod
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How one model family is laid out (attribute paths relative to the CausalLM).
+
+    ``attn_out``/``mlp_out`` are paths relative to a block whose *output* is the
+    sub-layer's contribution to the residual stream (first element when the
+    module returns a tuple). ``parallel`` marks blocks where attention and MLP
+    read the same input (GPT-NeoX, GPT-J): there is no ``hook_resid_mid``.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    blocks: str
+    embed: str
+    final_norm: str
+    unembed: str
+    attn_out: str
+    mlp_out: str
+    attn: str = "self_attn"
+    pre_attn_norm: str = "input_layernorm"
+    # Blocks where attention and MLP read the same input (GPT-NeoX with
+    # use_parallel_residual, GPT-J): no resid_mid exists. A bool, or the name of
+    # the config flag that says so.
+    parallel: bool | str = False
+    # Config attribute names differ between families; the first one present wins.
+    n_layers_attrs: tuple[str, ...] = ("num_hidden_layers", "n_layer")
+    d_model_attrs: tuple[str, ...] = ("hidden_size", "n_embd")
+    ctx_attrs: tuple[str, ...] = ("max_position_embeddings", "n_positions")
+    extra: dict = field(default_factory=dict)
+
+    # --- facts read from a model -------------------------------------------------
+    def _cfg(self, config, attrs):
+        for a in attrs:
+            v = getattr(config, a, None)
+            if v is not None:
+                return v
+        raise UnsupportedArchitectureError(
+            f"adapter {self.name!r}: expected one of the config attributes {attrs}, "
+            f"found none on {type(config).__name__}; register an adapter with the right names"
+        )
+
+    def text_config(self, model: nn.Module):
+        cfg = model.config
+        return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+    def n_layers(self, model: nn.Module) -> int:
+        return int(len(self.block_list(model)))
+
+    def d_model(self, model: nn.Module) -> int:
+        return int(self._cfg(self.text_config(model), self.d_model_attrs))
+
+    def is_parallel(self, model: nn.Module) -> bool:
+        if isinstance(self.parallel, str):
+            return bool(getattr(self.text_config(model), self.parallel, False))
+        return bool(self.parallel)
+
+    def pre_attn_norm_module(self, model: nn.Module, layer: int) -> nn.Module:
+        return get_module(self.block(model, layer), self.pre_attn_norm)
+
+    def n_ctx(self, model: nn.Module) -> int | None:
+        try:
+            return int(self._cfg(self.text_config(model), self.ctx_attrs))
+        except UnsupportedArchitectureError:
+            return None
+
+    # --- modules -----------------------------------------------------------------
+    def block_list(self, model: nn.Module) -> nn.ModuleList:
+        return get_module(model, self.blocks)  # type: ignore[return-value]
+
+    def block(self, model: nn.Module, layer: int) -> nn.Module:
+        return self.block_list(model)[layer]
+
+    def attn_out_module(self, model: nn.Module, layer: int) -> nn.Module:
+        return get_module(self.block(model, layer), self.attn_out)
+
+    def mlp_out_module(self, model: nn.Module, layer: int) -> nn.Module:
+        return get_module(self.block(model, layer), self.mlp_out)
+
+    def final_norm_module(self, model: nn.Module) -> nn.Module:
+        return get_module(model, self.final_norm)
+
+    def embed_module(self, model: nn.Module) -> nn.Module:
+        return get_module(model, self.embed)
+
+    def unembed_module(self, model: nn.Module) -> nn.Module:
+        return get_module(model, self.unembed)
+
+
+_REGISTRY: dict[str, Adapter] = {}
+
+
+def register_adapter(adapter: Adapter) -> Adapter:
+    """Register ``adapter`` for each of its ``model_types`` (later registrations win)."""
+    for mt in adapter.model_types:
+        _REGISTRY[mt] = adapter
+    return adapter
+
+
+def registered_model_types() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def adapter_for(model: nn.Module) -> Adapter:
+    """The adapter for a Hugging Face causal LM, chosen by ``config.model_type``."""
+    cfg = getattr(model, "config", None)
+    mt = getattr(cfg, "model_type", None)
+    if mt in _REGISTRY:
+        return _REGISTRY[mt]
+    text = cfg.get_text_config() if cfg is not None and hasattr(cfg, "get_text_config") else None
+    if text is not None and getattr(text, "model_type", None) in _REGISTRY:
+        return _REGISTRY[text.model_type]
+    raise UnsupportedArchitectureError(
+        f"expected a model whose config.model_type is one of {registered_model_types()}, "
+        f"found {mt!r} ({type(model).__name__}); register an Adapter for it with "
+        "steerkit.adapters.register_adapter(Adapter(...))"
+    )
+
+
+# Llama-like decoders: model.layers[i].{self_attn, mlp}, model.norm, lm_head.
+_LLAMA_LIKE = dict(blocks="model.layers", embed="model.embed_tokens", final_norm="model.norm",
+                   unembed="lm_head", attn_out="self_attn", mlp_out="mlp")
+
+register_adapter(Adapter(name="llama", model_types=("llama", "mistral", "qwen2", "qwen3", "gemma",
+                                                    "phi3", "olmo", "granite", "smollm3"), **_LLAMA_LIKE))
+# Post-sub-layer norms: the residual receives the *normed* sub-layer output.
+register_adapter(Adapter(name="gemma2", model_types=("gemma2", "gemma3", "gemma3_text"),
+                         **{**_LLAMA_LIKE, "attn_out": "post_attention_layernorm",
+                            "mlp_out": "post_feedforward_layernorm"}))
+register_adapter(Adapter(name="olmo2", model_types=("olmo2", "olmo3"),
+                         **{**_LLAMA_LIKE, "attn_out": "post_attention_layernorm",
+                            "mlp_out": "post_feedforward_layernorm"}))
+register_adapter(Adapter(name="gpt2", model_types=("gpt2",), blocks="transformer.h", embed="transformer.wte",
+                         final_norm="transformer.ln_f", unembed="lm_head", attn_out="attn", mlp_out="mlp",
+                         attn="attn", pre_attn_norm="ln_1"))
+register_adapter(Adapter(name="gpt_neox", model_types=("gpt_neox",), blocks="gpt_neox.layers",
+                         embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm",
+                         unembed="embed_out", attn_out="attention", mlp_out="mlp", attn="attention",
+                         parallel="use_parallel_residual"))

@@ -1,0 +1,153 @@
+"""The default backend: plain PyTorch forward hooks on a Hugging Face model.
+
+Sites map onto modules through the model's :class:`~steerkit.adapters.Adapter`:
+
+- ``hook_resid_pre``: forward pre-hook on the block (edits replace its input);
+- ``hook_resid_post``: forward hook on the block (edits replace its output);
+- ``hook_attn_out`` / ``hook_mlp_out``: forward hook on the module whose output
+  the block adds to the residual;
+- ``hook_resid_mid``: the residual between the two sub-layers exists only as a
+  local variable inside the block. It is read as ``resid_pre + attn_out``
+  (``resid_pre`` taken at the input of the pre-attention norm, so it sees any
+  edit made at ``hook_resid_pre``), and an edit ``f`` is applied by adding
+  ``f(mid) - mid`` to the attention output, which changes everything the block
+  computes afterwards exactly as editing ``mid`` would;
+- ``ln_final.hook_normalized``: forward hook on the final norm.
+
+Tuple outputs are handled by editing their first element.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from ..adapters import Adapter
+from ..hooknames import Site
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _with_first(out, new):
+    if isinstance(out, tuple):
+        return (new,) + tuple(out[1:])
+    if isinstance(out, list):
+        return [new] + list(out[1:])
+    return new
+
+
+class HFBackend:
+    name = "hf"
+
+    def __init__(self, model: nn.Module, adapter: Adapter):
+        self.model = model
+        self.adapter = adapter
+        self._torch_handles: list = []
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    # --- hooks -------------------------------------------------------------------
+    def _module_for(self, site: Site) -> nn.Module:
+        a, m = self.adapter, self.model
+        if site.kind == "ln_final":
+            return a.final_norm_module(m)
+        if site.kind in ("hook_resid_pre", "hook_resid_post"):
+            return a.block(m, site.layer)
+        if site.kind == "hook_attn_out":
+            return a.attn_out_module(m, site.layer)
+        if site.kind == "hook_mlp_out":
+            return a.mlp_out_module(m, site.layer)
+        raise AssertionError(site)
+
+    def _track(self, h) -> Callable[[], None]:
+        self._torch_handles.append(h)
+
+        def remove():
+            h.remove()
+            try:
+                self._torch_handles.remove(h)
+            except ValueError:
+                pass
+        return remove
+
+    def register(self, site: Site, fn, tracker) -> Callable[[], None]:
+        if site.kind == "hook_resid_pre":
+            def pre(mod, args, kwargs):
+                if args:
+                    x = args[0]
+                    y = fn(x, tracker.call(x))
+                    return None if y is None else ((y,) + tuple(args[1:]), kwargs)
+                x = kwargs["hidden_states"]
+                y = fn(x, tracker.call(x))
+                if y is None:
+                    return None
+                kwargs = dict(kwargs, hidden_states=y)
+                return args, kwargs
+            return self._track(self._module_for(site).register_forward_pre_hook(pre, with_kwargs=True))
+        if site.kind == "hook_resid_mid":
+            return self._register_mid(site, fn, tracker)
+
+        def post(mod, args, out):
+            x = _first(out)
+            y = fn(x, tracker.call(x))
+            return None if y is None else _with_first(out, y)
+        return self._track(self._module_for(site).register_forward_hook(post))
+
+    def _register_mid(self, site: Site, fn, tracker) -> Callable[[], None]:
+        stash: dict = {}
+        norm = self.adapter.pre_attn_norm_module(self.model, site.layer)
+        attn = self.adapter.attn_out_module(self.model, site.layer)
+
+        def pre(mod, args, kwargs):
+            stash["x"] = args[0] if args else kwargs["hidden_states"]
+
+        def post(mod, args, out):
+            a = _first(out)
+            resid = stash.pop("x")
+            mid = resid + a
+            y = fn(mid, tracker.call(mid))
+            return None if y is None else _with_first(out, a + (y - mid))
+
+        r1 = self._track(norm.register_forward_pre_hook(pre, with_kwargs=True))
+        try:
+            r2 = self._track(attn.register_forward_hook(post))
+        except BaseException:
+            r1()
+            raise
+
+        def remove():
+            r2()
+            r1()
+        return remove
+
+    def hook_count(self) -> int:
+        n = 0
+        for m in self.model.modules():
+            n += len(m._forward_hooks) + len(m._forward_pre_hooks)
+        return n
+
+    def reset(self) -> None:
+        for h in list(self._torch_handles):
+            h.remove()
+        self._torch_handles.clear()
+
+    # --- running -----------------------------------------------------------------
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False)
+        return out.logits
+
+    def new_cache(self):
+        from transformers import DynamicCache
+        return DynamicCache(config=self.model.config)
+
+    def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache):
+        """One generation step with a KV cache: logits of the last position, and the cache."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        new_cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
+        return out.logits[:, -1], new_cache

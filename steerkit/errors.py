@@ -1,0 +1,31 @@
+"""Exceptions raised by steerkit.
+
+Every error message follows one pattern: what was expected, what was found,
+and what to do about it. The classes subclass the built-in exception a caller
+would naturally catch (``ValueError``, ``KeyError``...) so existing ``except``
+clauses keep working.
+"""
+from __future__ import annotations
+
+
+class SteerkitError(Exception):
+    """Base class for every error steerkit raises on purpose."""
+
+
+class ModelNotFoundError(SteerkitError, FileNotFoundError):
+    """A model could not be found locally (steerkit never downloads at run time)."""
+
+
+class UnsupportedArchitectureError(SteerkitError, NotImplementedError):
+    """No adapter knows this model's architecture."""
+
+
+class HookNameError(SteerkitError, KeyError):
+    """A hook name that does not exist on this model."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class InputError(SteerkitError, ValueError):
+    """Bad input: wrong shape, NaN, empty prompt list, prompt too long..."""

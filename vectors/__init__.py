@@ -1,0 +1,40 @@
+"""steerkit.vectors: steering artifacts as plain values, their store and their exports.
+
+How it fits together
+--------------------
+* :mod:`.artifacts` -- the dataclasses (:class:`SteeringVector`, :class:`DirectionSet`,
+  :class:`Probe`, :class:`Region`, :class:`LayerSchedule`), each with tensors and a
+  :class:`Provenance` (:mod:`.provenance`, which also holds :func:`model_fingerprint`).
+* :mod:`.store` -- :class:`Store`, a crash-safe, concurrent, versioned folder of artifacts
+  (``name@N``, tags, ``latest``).
+* :mod:`.safety` -- bounded, pickle-free readers (safetensors, GGUF, JSON) and atomic writes.
+* :mod:`.exports` -- :func:`export` / :func:`import_artifact` for llama.cpp, repeng, EasySteer,
+  TransformerLens specs, IBM ``.svec`` and safetensors; :func:`load_artifact` reads any of
+  them or a store reference.
+* :mod:`.apply` -- :func:`check_compatible` and :func:`steer` (apply an artifact to a model).
+* :mod:`.gguf_models` -- float32 copies of quantised model GGUFs and weight-orthogonalised
+  GGUFs that deploy directional ablation to llama.cpp.
+* :mod:`.llamacpp` -- a thin runner over ``llama-cpp-python`` (optional extra ``llamacpp``)
+  used to prove the exports numerically.
+
+Layer convention everywhere: layer ``l`` is the 0-based block index and a vector at ``l`` acts
+on the block's output (``blocks.{l}.hook_resid_post``), as llama.cpp's ``direction.{l}``.
+"""
+
+from .apply import check_compatible, edits_for, steer
+from .artifacts import ARTIFACT_KINDS, DirectionSet, LayerSchedule, Probe, Region, SteeringVector
+from .errors import (
+    ArtifactFormatError, ExportError, ModelMismatchError, StoreError, UnsafeNameError, VectorsError,
+)
+from .exports import FORMATS, easysteer_request, export, import_artifact, load_artifact, save_artifact
+from .gguf_models import write_dequantized_gguf, write_orthogonalized_gguf
+from .provenance import LAYER_BASE, SCHEMA_VERSION, Provenance, model_fingerprint, prompts_hash
+from .store import Store, parse_ref
+
+__all__ = [
+    "SteeringVector", "DirectionSet", "Probe", "Region", "LayerSchedule", "ARTIFACT_KINDS",
+    "Provenance", "model_fingerprint", "prompts_hash", "LAYER_BASE", "SCHEMA_VERSION",
+    "Store", "parse_ref", "export", "import_artifact", "load_artifact", "save_artifact", "easysteer_request",
+    "FORMATS", "steer", "check_compatible", "edits_for", "write_dequantized_gguf", "write_orthogonalized_gguf",
+    "VectorsError", "ArtifactFormatError", "UnsafeNameError", "ModelMismatchError", "ExportError", "StoreError",
+]
