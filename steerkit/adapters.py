@@ -57,6 +57,9 @@ class Adapter:
     attn_out: str
     mlp_out: str
     attn: str = "self_attn"
+    # The first module of the block that receives the residual stream unchanged as its
+    # input (the pre-attention norm, or the attention itself when there is none, as in
+    # OLMo 2): hook_resid_mid reads ``resid_pre`` there.
     pre_attn_norm: str = "input_layernorm"
     # Blocks where attention and MLP read the same input (GPT-NeoX with
     # use_parallel_residual, GPT-J): no resid_mid exists. A bool, or the name of
@@ -156,23 +159,56 @@ def adapter_for(model: nn.Module) -> Adapter:
     )
 
 
-# Llama-like decoders: model.layers[i].{self_attn, mlp}, model.norm, lm_head.
+# Every layout below was checked against the transformers 5.x modeling code of its family
+# (``*DecoderLayer.forward``) and is tested on a tiny random-weight model in
+# tests/test_adapters.py.
+
+# Llama-like decoders: model.layers[i].{input_layernorm, self_attn, post_attention_layernorm, mlp},
+# model.norm, lm_head; the block computes h += self_attn(norm(h)); h += mlp(norm(h)).
+# Gemma scales the embeddings inside GemmaModel.forward, before block 0: hook_resid_pre of
+# block 0 sees the scaled embeddings. Qwen3's q/k norms and SmolLM3's NoPE layers live inside
+# self_attn and change nothing here.
 _LLAMA_LIKE = dict(blocks="model.layers", embed="model.embed_tokens", final_norm="model.norm",
                    unembed="lm_head", attn_out="self_attn", mlp_out="mlp")
 
 register_adapter(Adapter(name="llama", model_types=("llama", "mistral", "qwen2", "qwen3", "gemma",
-                                                    "phi3", "olmo", "granite", "smollm3"), **_LLAMA_LIKE))
+                                                    "olmo", "smollm3"), **_LLAMA_LIKE))
+# Not Granite: its block adds ``residual_multiplier * self_attn(...)``, a product no module
+# outputs, so hook_attn_out/hook_mlp_out (and resid_mid edits) would be off by that factor.
+
+# Phi-3: Llama layout, but the residual receives resid_attn_dropout(self_attn(...)) and
+# resid_mlp_dropout(mlp(...)); hooking the dropouts keeps resid_pre + attn_out + mlp_out ==
+# resid_post exact in train mode too (in eval they are the identity).
+register_adapter(Adapter(name="phi3", model_types=("phi3",),
+                         **{**_LLAMA_LIKE, "attn_out": "resid_attn_dropout",
+                            "mlp_out": "resid_mlp_dropout"}))
+
 # Post-sub-layer norms: the residual receives the *normed* sub-layer output.
-register_adapter(Adapter(name="gemma2", model_types=("gemma2", "gemma3", "gemma3_text"),
-                         **{**_LLAMA_LIKE, "attn_out": "post_attention_layernorm",
-                            "mlp_out": "post_feedforward_layernorm"}))
+# Gemma 2 / Gemma 3 text: h += post_attention_layernorm(self_attn(input_layernorm(h)));
+# h += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))). Gemma 3 scales the
+# embeddings inside its embedding module (Gemma3TextScaledWordEmbedding).
+_POST_NORM = {"attn_out": "post_attention_layernorm", "mlp_out": "post_feedforward_layernorm"}
+register_adapter(Adapter(name="gemma2", model_types=("gemma2", "gemma3_text"), **{**_LLAMA_LIKE, **_POST_NORM}))
+# Gemma 3 multimodal (Gemma3ForConditionalGeneration, config.model_type "gemma3"): the same
+# decoder, one level down at model.language_model; lm_head stays at the top.
+register_adapter(Adapter(name="gemma3", model_types=("gemma3",),
+                         **{**_LLAMA_LIKE, **_POST_NORM, "blocks": "model.language_model.layers",
+                            "embed": "model.language_model.embed_tokens",
+                            "final_norm": "model.language_model.norm"}))
+# OLMo 2 / OLMo 3: h += post_attention_layernorm(self_attn(h)); h += post_feedforward_layernorm(mlp(h)).
+# There is no pre-attention norm: self_attn itself receives the residual.
 register_adapter(Adapter(name="olmo2", model_types=("olmo2", "olmo3"),
-                         **{**_LLAMA_LIKE, "attn_out": "post_attention_layernorm",
-                            "mlp_out": "post_feedforward_layernorm"}))
+                         **{**_LLAMA_LIKE, **_POST_NORM, "pre_attn_norm": "self_attn"}))
+
+# GPT-2: transformer.h[i] computes h += attn(ln_1(h))[0]; h += mlp(ln_2(h)) (the attention
+# returns (output, weights) and applies resid_dropout itself; the MLP applies its dropout).
 register_adapter(Adapter(name="gpt2", model_types=("gpt2",), blocks="transformer.h", embed="transformer.wte",
                          final_norm="transformer.ln_f", unembed="lm_head", attn_out="attn", mlp_out="mlp",
                          attn="attn", pre_attn_norm="ln_1"))
+# GPT-NeoX (Pythia): a = post_attention_dropout(attention(input_layernorm(h))[0]);
+# m = post_mlp_dropout(mlp(post_attention_layernorm(.))); with use_parallel_residual (the
+# default) h + a + m, both sub-layers reading h, so there is no resid_mid; otherwise sequential.
 register_adapter(Adapter(name="gpt_neox", model_types=("gpt_neox",), blocks="gpt_neox.layers",
                          embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm",
-                         unembed="embed_out", attn_out="attention", mlp_out="mlp", attn="attention",
-                         parallel="use_parallel_residual"))
+                         unembed="embed_out", attn_out="post_attention_dropout", mlp_out="post_mlp_dropout",
+                         attn="attention", parallel="use_parallel_residual"))

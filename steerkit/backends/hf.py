@@ -125,10 +125,9 @@ class HFBackend:
         return remove
 
     def hook_count(self) -> int:
-        n = 0
-        for m in self.model.modules():
-            n += len(m._forward_hooks) + len(m._forward_pre_hooks)
-        return n
+        """Torch hooks steerkit registered and has not removed (not transformers' own: the
+        output-capturing hooks it installs, once, at the first ``output_hidden_states=True`` call)."""
+        return len(self._torch_handles)
 
     def reset(self) -> None:
         for h in list(self._torch_handles):

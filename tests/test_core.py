@@ -1,0 +1,192 @@
+"""Core hook manager on the real default model: records, edits, scopes, positions, bad input."""
+import gc
+import weakref
+
+import pytest
+import torch
+
+import steerkit
+from steerkit.errors import HookNameError, InputError
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about autumn leaves falling gently down"]
+L = 15
+H = f"blocks.{L}.hook_resid_post"
+
+
+def hidden_states(sm, toks):
+    with torch.inference_mode():
+        o = sm.model(input_ids=toks.input_ids, attention_mask=toks.attention_mask,
+                     position_ids=toks.position_ids, output_hidden_states=True)
+    return o.hidden_states
+
+
+def test_resid_post_is_block_output_and_last_is_last_real_token(sm):
+    toks = sm.tokenize(PROMPTS)
+    assert (toks.attention_mask[:, -1] == 1).all() and (toks.attention_mask[0, 0] == 0)  # left padded
+    with sm.record(steerkit.resid_post(range(sm.n_layers)), positions="last") as cache:
+        sm.forward(PROMPTS)
+    hs = hidden_states(sm, toks)
+    for l in (0, L, sm.n_layers - 2):  # hidden_states[-1] has the final norm applied
+        assert cache[f"blocks.{l}.hook_resid_post"].shape == (2, sm.d_model)
+        torch.testing.assert_close(cache[f"blocks.{l}.hook_resid_post"], hs[l + 1][:, -1], rtol=0, atol=0)
+    assert cache.stack().shape == (sm.n_layers, 2, sm.d_model)
+
+
+def test_positions_all_prompt_indices_and_padding(sm):
+    toks = sm.tokenize(PROMPTS)
+    n_real = toks.attention_mask.sum(1)
+    hs = hidden_states(sm, toks)[L + 1]
+    with sm.record([H], positions="all") as c_all, sm.record([H], positions=[0, -1]) as c_idx:
+        sm.forward(PROMPTS)
+    assert c_all.lengths(H).tolist() == n_real.tolist()
+    for b in range(2):
+        real = hs[b][toks.attention_mask[b].bool()]
+        torch.testing.assert_close(c_all[H][b, : n_real[b]], real, rtol=0, atol=0)
+        torch.testing.assert_close(c_idx[H][b], real[[0, -1]], rtol=0, atol=0)
+    # a padded row computes what it computes alone
+    with sm.record([H], positions="all") as alone:
+        sm.forward(PROMPTS[0])
+    torch.testing.assert_close(alone[H][0, : n_real[0]], c_all[H][0, : n_real[0]], atol=2e-4, rtol=1e-4)
+
+
+def test_record_during_generate_one_row_per_generated_token(sm):
+    n = 6
+    with sm.record([H], positions="generated") as cache:
+        toks_out = sm.generate(PROMPTS, max_new_tokens=n, return_tokens=True)
+    got = cache[H]
+    assert got.shape[0] == 2
+    for b in range(2):
+        assert int(cache.lengths(H)[b]) == len(toks_out[b])
+    # the same rows from one forward pass over prompt + generated tokens (no KV cache)
+    toks = sm.tokenize(PROMPTS[:1])
+    full = torch.cat([toks.input_ids, torch.tensor([toks_out[0]])], 1)
+    t2 = steerkit.Tokens(full, torch.ones_like(full))
+    ref = hidden_states(sm, t2)[L + 1][0, toks.input_ids.shape[1]:]
+    k = len(toks_out[0])
+    torch.testing.assert_close(got[0, :k], ref[:k], atol=2e-4, rtol=1e-4)
+
+
+def test_zero_vector_is_bit_identical(sm):
+    base = sm.forward(PROMPTS)
+    with sm.edit(H, add=torch.zeros(sm.d_model)):
+        z = sm.forward(PROMPTS)
+    assert torch.equal(base, z)
+
+
+def test_nested_add_and_subtract_returns_to_baseline(sm):
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(sm.d_model, generator=g) * 5
+    base = sm.forward(PROMPTS)
+    with sm.edit(H, add=v) as outer:
+        moved = sm.forward(PROMPTS)
+        with sm.edit(H, add=-v):
+            back = sm.forward(PROMPTS)
+        assert outer.active
+        again = sm.forward(PROMPTS)   # the inner scope removed only its own hook
+    assert (moved - base).abs().max() > 1.0
+    # (x + v) - v differs from x by float32 rounding of |x|+|v| ~ 1e2 -> ~1e-5 per element,
+    # amplified through 14 more blocks: 1e-3 on logits is a tight bound
+    torch.testing.assert_close(back, base, atol=1e-3, rtol=0)
+    torch.testing.assert_close(again, moved, atol=0, rtol=0)
+
+
+def test_ablation_projection_below_1e5_relative(sm):
+    g = torch.Generator().manual_seed(1)
+    B = steerkit.orthonormalize(torch.randn(3, sm.d_model, generator=g))
+    names = [f"blocks.{l}.hook_resid_pre" for l in range(sm.n_layers)]
+    with sm.edit(names, ablate=B), sm.record(names + [H], positions="all") as cache:
+        sm.forward(PROMPTS)
+    for n in (names[0], names[L], H):
+        x = cache[n][cache.positions(n) >= 0]
+        rel = (x @ B.T).abs().max() / x.norm(dim=-1).max()
+        assert rel < 1e-5, (n, float(rel))
+
+
+def test_clamp_replace_fn_and_positions(sm):
+    u = torch.randn(sm.d_model)
+    u = u / u.norm()
+    with sm.edit(H, clamp=u, value=3.0), sm.record([H], positions="all") as c:
+        sm.forward(PROMPTS)
+    x = c[H][c.positions(H) >= 0]
+    torch.testing.assert_close(x @ u, torch.full((x.shape[0],), 3.0), atol=1e-4, rtol=0)
+    # edits limited to generated tokens leave the prompt's logits untouched
+    base = sm.forward(PROMPTS)
+    with sm.edit(H, add=u * 50, positions="generated"):
+        same = sm.forward(PROMPTS)
+        steered = sm.generate(PROMPTS, max_new_tokens=4, return_tokens=True)
+    assert torch.equal(base, same)
+    # fn edit sees [batch, pos, d_model]
+    seen = []
+    with sm.edit(H, fn=lambda x: (seen.append(x.shape), x)[1]):
+        sm.forward(PROMPTS)
+    assert seen and seen[0][0] == 2 and seen[0][2] == sm.d_model
+    # edit only the last prompt token: earlier positions unchanged, last one changed
+    with sm.edit(H, add=u * 50, positions="last"):
+        last = sm.forward(PROMPTS)
+    assert torch.equal(last[:, :-1], base[:, :-1]) and not torch.allclose(last[:, -1], base[:, -1])
+
+
+def test_exception_inside_scope_restores_hook_count(sm):
+    before = sm.hook_count()
+    with pytest.raises(RuntimeError, match="boom"):
+        with sm.edit([H, "blocks.3.hook_resid_mid"], add=torch.ones(sm.d_model)):
+            with sm.record(steerkit.resid_post(range(sm.n_layers))):
+                assert sm.hook_count() > before
+                raise RuntimeError("boom")
+    assert sm.hook_count() == before
+    # a failure half-way through registration leaves nothing behind
+    with pytest.raises(InputError):
+        sm.edit({H: torch.ones(sm.d_model), "blocks.2.hook_resid_pre": torch.ones(7)}, op="add")
+    assert sm.hook_count() == before
+    h = sm.edit(H, add=torch.ones(sm.d_model))
+    h2 = sm.edit(H, add=torch.ones(sm.d_model))
+    h.remove(); h.remove()  # idempotent
+    assert sm.hook_count() == before + 1
+    sm.reset()
+    assert sm.hook_count() == before and not h2.active
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(hooks="blocks.15.hook_resid_side", add=torch.zeros(576)), "expected a hook name"),
+    (dict(hooks="blocks.30.hook_resid_post", add=torch.zeros(576)), "expected a layer in 0..29"),
+    (dict(hooks=H, add=torch.zeros(512)), r"expected the add vector of shape \[576\]"),
+    (dict(hooks=H, add=torch.tensor([float("nan")] * 576)), "NaN/inf"),
+    (dict(hooks=H, add=torch.tensor([float("inf")] + [0.0] * 575)), "NaN/inf"),
+    (dict(hooks=H, ablate=torch.randn(2, 576)), "orthonormal"),
+    (dict(hooks=H), "exactly one of"),
+])
+def test_bad_edits_raise_and_leave_nothing(sm, kwargs, match):
+    before = sm.hook_count()
+    with pytest.raises((InputError, HookNameError), match=match):
+        sm.edit(**kwargs)
+    assert sm.hook_count() == before and not sm.hooks.handles
+
+
+def test_bad_prompts(sm):
+    before = sm.hook_count()
+    with sm.record([H]):
+        with pytest.raises(InputError, match="at least one prompt"):
+            sm.forward([])
+        with pytest.raises(InputError, match="at most 8192 tokens"):
+            sm.forward(["hello " * 9000])
+    assert sm.hook_count() == before
+    with pytest.raises(HookNameError, match="found 'blocks.-1"):
+        with sm.record(["blocks.-1.hook_resid_post"]):
+            pass
+    with pytest.raises(InputError, match="positions"):
+        with sm.record([H], positions="middle"):
+            pass
+    assert sm.hook_count() == before
+
+
+def test_model_is_freed_after_delete():
+    sm2 = steerkit.load_model()
+    ref = weakref.ref(sm2.model)
+    with sm2.edit(H, add=torch.ones(sm2.d_model)), sm2.record([H]):
+        sm2.forward(PROMPTS[:1])
+    h = sm2.edit(H, add=torch.ones(sm2.d_model))  # even with a live hook
+    del sm2, h
+    gc.collect()
+    assert ref() is None
