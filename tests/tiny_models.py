@@ -1,0 +1,123 @@
+"""Tiny random-weight models of each supported family, built offline from config classes.
+
+``tiny_model(arch, seed=0) -> (model, tokenizer)`` builds a 2-layer, d_model=64,
+vocab=256 causal LM in eval mode (float32, eager attention) and a character-level
+tokenizer; nothing is read from the Hugging Face hub. ``arch`` is one of
+:data:`ARCHS` (mostly ``config.model_type``):
+
+- ``gemma3_text`` is ``Gemma3ForCausalLM`` (the Gemma 3 1B layout, ``model.layers``);
+  ``gemma3`` is the multimodal ``Gemma3ForConditionalGeneration`` with a tiny
+  SigLIP tower (``model.language_model.layers``), fed text only;
+- ``gpt_neox`` uses ``use_parallel_residual=True`` (Pythia), ``gpt_neox_seq``
+  the sequential variant.
+
+Token ids shared by every model and the tokenizer: ``<pad>`` 0, ``<eos>`` 1,
+``<bos>`` 2, ``<unk>`` 3, then one id per printable ASCII character.
+
+``tiny_model(arch, seed, **overrides)`` passes ``overrides`` to the config
+(e.g. ``num_hidden_layers=3`` or ``resid_pdrop=0.5``).
+"""
+from __future__ import annotations
+
+import functools
+import string
+
+import torch
+
+VOCAB = 256
+D_MODEL = 64
+N_LAYERS = 2
+PAD, EOS, BOS, UNK = 0, 1, 2, 3
+
+_IDS = dict(pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS)
+_LLAMA_LIKE = dict(vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=128, num_hidden_layers=N_LAYERS,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                   tie_word_embeddings=False, **_IDS)
+
+# arch -> (config model_type, config kwargs)
+_SPECS: dict[str, tuple[str, dict]] = {
+    "llama": ("llama", _LLAMA_LIKE),
+    "mistral": ("mistral", dict(_LLAMA_LIKE, sliding_window=64)),
+    "qwen2": ("qwen2", dict(_LLAMA_LIKE)),
+    "qwen3": ("qwen3", dict(_LLAMA_LIKE)),
+    "gemma": ("gemma", dict(_LLAMA_LIKE, tie_word_embeddings=True)),
+    "gemma2": ("gemma2", dict(_LLAMA_LIKE, tie_word_embeddings=True, sliding_window=16,
+                              query_pre_attn_scalar=16)),
+    "gemma3_text": ("gemma3_text", dict(_LLAMA_LIKE, tie_word_embeddings=True, sliding_window=16,
+                                        query_pre_attn_scalar=16,
+                                        layer_types=["sliding_attention", "full_attention"])),
+    "phi3": ("phi3", dict(_LLAMA_LIKE, original_max_position_embeddings=128, resid_pdrop=0.0)),
+    "olmo": ("olmo", dict(_LLAMA_LIKE)),
+    "olmo2": ("olmo2", dict(_LLAMA_LIKE)),
+    "olmo3": ("olmo3", dict(_LLAMA_LIKE, sliding_window=16,
+                            layer_types=["sliding_attention", "full_attention"])),
+    "smollm3": ("smollm3", dict(_LLAMA_LIKE)),
+    "gpt2": ("gpt2", dict(vocab_size=VOCAB, n_embd=D_MODEL, n_layer=N_LAYERS, n_head=4, n_inner=128,
+                          n_positions=128, **_IDS)),
+    "gpt_neox": ("gpt_neox", dict(vocab_size=VOCAB, hidden_size=D_MODEL, num_hidden_layers=N_LAYERS,
+                                  num_attention_heads=4, intermediate_size=128, max_position_embeddings=128,
+                                  use_parallel_residual=True, **_IDS)),
+    "gpt_neox_seq": ("gpt_neox", dict(vocab_size=VOCAB, hidden_size=D_MODEL, num_hidden_layers=N_LAYERS,
+                                      num_attention_heads=4, intermediate_size=128, max_position_embeddings=128,
+                                      use_parallel_residual=False, **_IDS)),
+}
+ARCHS: tuple[str, ...] = tuple(_SPECS) + ("gemma3",)
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer_object():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<pad>": PAD, "<eos>": EOS, "<bos>": BOS, "<unk>": UNK}
+    for c in string.printable:
+        vocab.setdefault(c, len(vocab))
+    assert len(vocab) <= VOCAB
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return tok
+
+
+def tiny_tokenizer():
+    """A character-level ``PreTrainedTokenizerFast`` (no chat template), built in code."""
+    from transformers import PreTrainedTokenizerFast
+
+    from tokenizers import Tokenizer
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_object().to_str()), pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+        unk_token="<unk>", padding_side="left")
+    return tok
+
+
+def tiny_config(arch: str, **overrides):
+    from transformers import AutoConfig
+
+    if arch == "gemma3":
+        from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
+
+        text = Gemma3TextConfig(**{**_SPECS["gemma3_text"][1], **overrides})
+        vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                    num_attention_heads=2, image_size=16, patch_size=8)
+        return Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                            image_token_index=VOCAB - 1, boi_token_index=VOCAB - 3, eoi_token_index=VOCAB - 2,
+                            **_IDS)
+    if arch not in _SPECS:
+        raise KeyError(f"expected arch in {ARCHS}, found {arch!r}")
+    model_type, kw = _SPECS[arch]
+    return AutoConfig.for_model(model_type, **{**kw, **overrides})
+
+
+def tiny_model(arch: str, seed: int = 0, *, attn_implementation: str = "eager", **overrides):
+    """``(model, tokenizer)``: a tiny random-weight causal LM of family ``arch``, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config(arch, **overrides)
+    torch.manual_seed(seed)
+    if arch == "gemma3":
+        from transformers import Gemma3ForConditionalGeneration
+
+        model = Gemma3ForConditionalGeneration._from_config(cfg, attn_implementation=attn_implementation)
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation)
+    model = model.float().eval()
+    return model, tiny_tokenizer()
