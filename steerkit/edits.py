@@ -14,8 +14,10 @@ selects in ``x [batch, pos, d_model]``:
   projection on ``u`` becomes ``value``
 - ``fn``      ``fn(x)`` for any callable returning a tensor of the same shape
 
-Unselected rows are returned bit-for-bit unchanged. Tensors are cast once per
-(device, dtype) and cached.
+Unselected rows are returned bit-for-bit unchanged. ``add``, ``ablate`` and
+``clamp`` run as one :func:`steerkit.kernels.fused_steer` call (Triton on CUDA,
+the torch reference elsewhere) from a configuration table built once per
+device; ``replace`` and ``fn`` are plain torch.
 """
 from __future__ import annotations
 
@@ -116,6 +118,22 @@ class Edit:
             t = t / n
         return cls(op, t, float(scale), float(value), None, positions)
 
+    def table(self, device: torch.device):
+        """The kernel's configuration table for this edit, built once per device."""
+        key = ("table", device)
+        t = self._cast.get(key)
+        if t is None:
+            from steerkit.kernels import SteerConfig, SteerTable
+            if self.op == "add":
+                cfg = SteerConfig.injection(self.tensor.float(), self.scale)
+            elif self.op == "ablate":
+                cfg = SteerConfig.ablation(self.tensor.float())
+            else:
+                cfg = SteerConfig.clamp(self.tensor.float(), self.value)
+            t = SteerTable.from_configs([cfg], d_model=self.tensor.shape[-1], device=device)
+            self._cast[key] = t
+        return t
+
     def cast(self, like: Tensor) -> Tensor:
         key = (like.device, like.dtype)
         t = self._cast.get(key)
@@ -134,17 +152,11 @@ class Edit:
             if not isinstance(y, Tensor) or y.shape != x.shape:
                 raise InputError(f"expected the edit fn to return a tensor of shape {tuple(x.shape)}, "
                                  f"found {getattr(y, 'shape', type(y).__name__)}")
-        else:
-            t = self.cast(x)
-            if self.op == "add":
-                y = x + self.scale * t
-            elif self.op == "replace":
-                y = (self.scale * t).expand_as(x)
-            elif self.op == "ablate":
-                y = x - (x @ t.T) @ t
-            else:  # clamp
-                proj = x @ t
-                y = x + (self.value - proj).unsqueeze(-1) * t
+        elif self.op == "replace":
+            y = (self.scale * self.cast(x)).expand_as(x)
+        else:  # add / ablate / clamp: one fused kernel call
+            from steerkit.kernels import fused_steer
+            return fused_steer(x, self.table(x.device), mask=mask, validate=False)
         if mask is None:
             return y
         return torch.where(mask.unsqueeze(-1), y, x)

@@ -142,12 +142,25 @@ class SteerModel:
     def generate(self, prompts: Prompts | Tokens, max_new_tokens: int = 32, *, chat: bool = True,
                  do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  stop: Sequence[str] = (), seed: int | None = None, stream: Callable | None = None,
-                 return_tokens: bool = False):
-        """Generate continuations (greedy by default) with the KV cache; returns the new texts."""
+                 return_tokens: bool = False, steering=None, steer_positions: PositionSpec = "all",
+                 preserve_norm: bool = False):
+        """Generate continuations (greedy by default) with the KV cache; returns the new texts.
+
+        ``steering``: ``{hook: SteerConfig}`` for every row, or a list with one per prompt
+        (``None`` for an unsteered row); applied with one fused call per hooked layer per step.
+        """
         from .generation import generate
-        return generate(self, prompts, max_new_tokens=max_new_tokens, chat=chat, do_sample=do_sample,
-                        temperature=temperature, top_p=top_p, top_k=top_k, stop=stop, seed=seed,
-                        stream=stream, return_tokens=return_tokens)
+        if steering is None:
+            return generate(self, prompts, max_new_tokens=max_new_tokens, chat=chat, do_sample=do_sample,
+                            temperature=temperature, top_p=top_p, top_k=top_k, stop=stop, seed=seed,
+                            stream=stream, return_tokens=return_tokens)
+        n = 1 if isinstance(prompts, str) else len(prompts)
+        if isinstance(steering, (list, tuple)) and len(steering) != n:
+            raise InputError(f"expected one steering spec per prompt ({n}), found {len(steering)}")
+        with self.steer(steering, positions=steer_positions, preserve_norm=preserve_norm):
+            return generate(self, prompts, max_new_tokens=max_new_tokens, chat=chat, do_sample=do_sample,
+                            temperature=temperature, top_p=top_p, top_k=top_k, stop=stop, seed=seed,
+                            stream=stream, return_tokens=return_tokens)
 
     # --- hooks -------------------------------------------------------------------
     @contextlib.contextmanager
@@ -198,6 +211,11 @@ class SteerModel:
                 edits[name] = Edit.make(op, t, d_model=self.d_model, scale=scale, value=value,
                                         positions=positions)
         return self.hooks.edit(edits, label=f"{op} {list(per_hook)}")
+
+    def steer(self, steering, *, positions: PositionSpec = "all", preserve_norm: bool = False) -> HookHandle:
+        """Fused steering from ``{hook: SteerConfig}`` (or a list, one per batch row); see ``steerkit.steering``."""
+        from .steering import steer
+        return steer(self, steering, positions=positions, preserve_norm=preserve_norm)
 
     def reset(self) -> None:
         """Remove every hook steerkit registered on this model."""

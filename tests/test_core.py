@@ -113,7 +113,9 @@ def test_clamp_replace_fn_and_positions(sm):
     with sm.edit(H, clamp=u, value=3.0), sm.record([H], positions="all") as c:
         sm.forward(PROMPTS)
     x = c[H][c.positions(H) >= 0]
-    torch.testing.assert_close(x @ u, torch.full((x.shape[0],), 3.0), atol=1e-4, rtol=0)
+    # float32: the projection carries rounding of order eps * |x| (|x| reaches ~1e3 on this model)
+    err = (x @ u - 3.0).abs()
+    assert (err <= 1e-6 * x.norm(dim=-1) + 1e-5).all(), float(err.max())
     # edits limited to generated tokens leave the prompt's logits untouched
     base = sm.forward(PROMPTS)
     with sm.edit(H, add=u * 50, positions="generated"):

@@ -1,0 +1,91 @@
+"""Steered generation on the default model, CPU: overhead of each fused operation, and per-row steering.
+
+Prints, side by side in one run (interleaved repeats, medians):
+- for each operation (add, ablate, clamp, gate+add, region, add+norm preservation) at batch 1 and 8:
+  steered / unsteered generation time (target: overhead <= 3% for add and ablate);
+- a batch of 8 with 8 different configurations vs the same batch with one shared configuration
+  (target: throughput >= 0.9 of shared), and vs 8 sequential single-row runs.
+
+Usage: python benchmarks/bench_steering.py [--quick] [--tokens N] [--repeats R]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--layer", type=int, default=12)
+    args = ap.parse_args()
+    if args.quick:
+        args.tokens, args.repeats = 16, 2
+    import steerkit
+    from steerkit.kernels import Region, SteerConfig
+
+    sm = steerkit.load_model()
+    d, L = sm.d_model, args.layer
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(d, generator=g)
+    u = steerkit.orthonormalize(torch.randn(1, d, generator=g))
+    comps = steerkit.orthonormalize(torch.randn(8, d, generator=g))
+    reg = Region(mean=torch.zeros(d), components=comps, W=torch.randn(8, 8, generator=g), c=torch.ones(8))
+    hook = f"blocks.{L}.hook_resid_post"
+    every = [f"blocks.{l}.hook_resid_pre" for l in range(sm.n_layers)]
+    ops = {
+        "add (1 layer)": ({hook: SteerConfig.injection(v, 4.0)}, False),
+        "ablate (every layer)": ({h: SteerConfig.ablation(u) for h in every}, False),
+        "clamp (1 layer)": ({hook: SteerConfig.clamp(u[0], 1.0)}, False),
+        "gate+add (1 layer)": ({hook: SteerConfig.injection(v, 4.0).with_gate(u[0], 0.05)}, False),
+        "region (1 layer)": ({hook: SteerConfig(region=reg)}, False),
+        "add+norm (1 layer)": ({hook: SteerConfig.injection(v, 4.0)}, True),
+    }
+    base_prompts = ["Tell me about your weekend.", "Describe the city you live in.", "Write about Mondays.",
+                    "What is a good breakfast?", "Explain rain to a child.", "Name a famous painter.",
+                    "How do birds fly?", "Give me a tip for learning."]
+
+    def run(prompts, steering=None, preserve_norm=False):
+        t = time.perf_counter()
+        sm.generate(prompts, max_new_tokens=args.tokens, steering=steering, preserve_norm=preserve_norm)
+        return time.perf_counter() - t
+
+    results = []
+    for bs in (1, 8):
+        prompts = base_prompts[:bs]
+        run(prompts)  # warm-up
+        for name, (spec, pn) in ops.items():
+            base, steered = [], []
+            for _ in range(args.repeats):
+                base.append(run(prompts))
+                steered.append(run(prompts, spec, pn))
+            r = statistics.median(steered) / statistics.median(base)
+            results.append({"op": name, "batch": bs, "unsteered_s": statistics.median(base),
+                            "steered_s": statistics.median(steered), "overhead_pct": 100 * (r - 1)})
+            print(f"batch {bs}  {name:22s} unsteered {statistics.median(base):7.3f}s  steered "
+                  f"{statistics.median(steered):7.3f}s  overhead {100 * (r - 1):+6.1f}%", flush=True)
+    # per-row configurations
+    prompts = base_prompts
+    per_row = [{hook: SteerConfig.injection(torch.randn(d, generator=g), 4.0)} for _ in prompts]
+    shared = per_row[0]
+    t_shared, t_rows, t_seq = [], [], []
+    for _ in range(args.repeats):
+        t_shared.append(run(prompts, shared))
+        t_rows.append(run(prompts, per_row))
+        t_seq.append(sum(run([p], [s]) for p, s in zip(prompts, per_row)))
+    ms, mr, mq = (statistics.median(x) for x in (t_shared, t_rows, t_seq))
+    print(f"\nbatch 8, 8 different configs vs 1 shared: throughput ratio {ms / mr:.3f} (target >= 0.9)")
+    print(f"batch 8, 8 different configs vs 8 sequential single-row runs: speed-up {mq / mr:.2f}x")
+    results.append({"per_row_vs_shared_throughput": ms / mr, "per_row_vs_sequential_speedup": mq / mr,
+                    "shared_s": ms, "per_row_s": mr, "sequential_s": mq})
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

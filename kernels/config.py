@@ -1,0 +1,398 @@
+"""Configurations of the fused steering edit, and the padded table the kernels read.
+
+A :class:`SteerConfig` describes what to do to the rows of one sequence:
+
+* ``basis`` ``[k, d_model]`` (orthonormal rows, k <= 16), ``strength`` ``[k]`` and
+  ``target`` ``[k]``: the projection ``p_i = b_i . h`` becomes
+  ``p_i - strength_i * (p_i - target_i)``. Target 0 and strength 1 is directional
+  ablation; strength 1 and a target is clamping the projection to that value.
+* ``gate_direction`` ``[d_model]``, ``gate_threshold``, ``gate_mode``: the row is
+  steered (injection and region steps) only where the cosine between the row and
+  its projection on the direction, ``|u . h| / |h|``, is above (``"above"``) or
+  below (``"below"``) the threshold.
+* ``add`` ``[d_model]`` or ``[n_add, d_model]`` and ``add_scale``: injection of
+  ``layer_weight * sum_j add_scale_j * add_j``.
+* ``region``: a :class:`Region` (PCA subspace and polyhedron) the row is moved
+  towards.
+
+:class:`SteerTable` stacks several configurations into padded float32 tensors
+once (vectors combined, polyhedron rows normalised, step sizes precomputed,
+everything validated), so the hook manager can call ``fused_steer(h, table=...,
+row_config=idx)`` once per hooked layer per step with no host work and no device
+synchronisation. Rows pick their configuration through ``row_config``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal, Optional, Sequence, Union
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+MAX_K = 16  # directions per basis
+MAX_M = 32  # dimensions of a region's subspace
+MAX_HALFSPACES = 32  # half-spaces of a region's polyhedron
+ORTHO_TOL = 1e-3  # max |B B^T - I| accepted for a basis / the region components
+
+Number = Union[int, float]
+
+
+class SteerConfigError(ValueError):
+    """A configuration or a table does not have the shape, dtype or values expected."""
+
+
+def orthonormalize(vectors: Float[Tensor, "k d_model"]) -> Float[Tensor, "k d_model"]:
+    """Orthonormal rows spanning the same space as ``vectors`` (QR in float64)."""
+    q, _ = torch.linalg.qr(vectors.detach().to(torch.float64).T)
+    return q.T.to(vectors.dtype)
+
+
+def _finite(name: str, t: Tensor) -> None:
+    if not torch.isfinite(t).all():
+        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+        raise SteerConfigError(
+            f"{name} must be finite; found NaN or inf at index {bad}. "
+            "Check how the vector was computed (a division by a zero norm is a common cause)."
+        )
+
+
+def _check_orthonormal(name: str, m: Tensor) -> None:
+    m64 = m.detach().to(torch.float64)
+    gram = m64 @ m64.transpose(-1, -2)
+    eye = torch.eye(gram.shape[-1], dtype=torch.float64, device=gram.device)
+    err = (gram - eye).abs().amax().item() if gram.numel() else 0.0
+    if err > ORTHO_TOL:
+        raise SteerConfigError(
+            f"{name} must have orthonormal rows (max |B B^T - I| <= {ORTHO_TOL}); "
+            f"found max |B B^T - I| = {err:.3g}. Orthonormalise it first, e.g. "
+            "steerkit.kernels.orthonormalize(B) (QR), or pass a single unit-norm direction."
+        )
+
+
+@dataclass
+class Region:
+    """Polyhedral region in a PCA subspace: ``{h : W P (h - mean) <= c}``.
+
+    The edit moves ``h`` by ``strength * P^T (z* - z)``, where ``z = P (h - mean)``
+    and ``z*`` is the closest point of ``{x : W x <= c}`` to ``z``.
+    """
+
+    mean: Float[Tensor, "d_model"]
+    components: Float[Tensor, "m d_model"]  # orthonormal rows, m <= 32
+    W: Float[Tensor, "n_halfspaces m"]  # n_halfspaces <= 32
+    c: Float[Tensor, "n_halfspaces"]
+    strength: float = 1.0
+
+    def validate(self, d_model: int) -> None:
+        m = self.components.shape[0] if self.components.dim() == 2 else -1
+        if self.mean.shape != (d_model,):
+            raise SteerConfigError(
+                f"Region.mean must have shape ({d_model},); found {tuple(self.mean.shape)}. "
+                "Pass the mean of the hidden states the PCA was fitted on."
+            )
+        if self.components.dim() != 2 or self.components.shape[1] != d_model:
+            raise SteerConfigError(
+                f"Region.components must have shape (m, {d_model}); found "
+                f"{tuple(self.components.shape)}."
+            )
+        if not 1 <= m <= MAX_M:
+            raise SteerConfigError(
+                f"Region subspace dimension m must be 1..{MAX_M}; found m={m}. "
+                f"Keep the first {MAX_M} principal components."
+            )
+        if self.W.dim() != 2 or self.W.shape[1] != m:
+            raise SteerConfigError(
+                f"Region.W must have shape (n_halfspaces, {m}); found {tuple(self.W.shape)}."
+            )
+        nh = self.W.shape[0]
+        if not 1 <= nh <= MAX_HALFSPACES:
+            raise SteerConfigError(
+                f"Region polyhedron must have 1..{MAX_HALFSPACES} half-spaces; found {nh}. "
+                "Drop redundant half-spaces or split the region."
+            )
+        if self.c.shape != (nh,):
+            raise SteerConfigError(
+                f"Region.c must have shape ({nh},) to match W; found {tuple(self.c.shape)}."
+            )
+        for n, t in (("Region.mean", self.mean), ("Region.components", self.components),
+                     ("Region.W", self.W), ("Region.c", self.c)):
+            _finite(n, t)
+        if (self.W.detach().norm(dim=1) == 0).any():
+            raise SteerConfigError(
+                "Region.W has a zero row (a half-space with no normal); remove it."
+            )
+        _check_orthonormal("Region.components", self.components)
+
+
+@dataclass
+class SteerConfig:
+    """What to do to the rows of one sequence (see the module docstring)."""
+
+    basis: Optional[Float[Tensor, "k d_model"]] = None
+    strength: Union[Number, Float[Tensor, "k"]] = 1.0
+    target: Union[None, Number, Float[Tensor, "k"]] = None
+    gate_direction: Optional[Float[Tensor, "d_model"]] = None
+    gate_threshold: float = 0.0
+    gate_mode: Literal["above", "below"] = "above"
+    add: Union[None, Float[Tensor, "d_model"], Float[Tensor, "n_add d_model"]] = None
+    add_scale: Union[Number, Float[Tensor, "n_add"]] = 1.0
+    region: Optional[Region] = None
+
+    @classmethod
+    def ablation(cls, basis: Tensor, strength: Union[Number, Tensor] = 1.0) -> "SteerConfig":
+        return cls(basis=basis if basis.dim() == 2 else basis[None], strength=strength)
+
+    @classmethod
+    def clamp(cls, direction: Tensor, value: Union[Number, Tensor]) -> "SteerConfig":
+        b = direction if direction.dim() == 2 else direction[None]
+        return cls(basis=b, strength=1.0, target=value)
+
+    @classmethod
+    def injection(cls, vector: Tensor, scale: Union[Number, Tensor] = 1.0) -> "SteerConfig":
+        return cls(add=vector, add_scale=scale)
+
+    @classmethod
+    def identity(cls) -> "SteerConfig":
+        return cls()
+
+    def with_gate(self, direction: Tensor, threshold: float, mode: str = "above") -> "SteerConfig":
+        return replace(self, gate_direction=direction, gate_threshold=threshold, gate_mode=mode)
+
+
+def _per_dir(name: str, v, k: int, default: float) -> Tensor:
+    if v is None:
+        return torch.full((k,), default, dtype=torch.float32)
+    t = torch.as_tensor(v, dtype=torch.float32)
+    if t.dim() == 0:
+        return t.expand(k).clone()
+    if t.shape != (k,):
+        raise SteerConfigError(
+            f"{name} must be a number or have shape ({k},) to match the basis; found {tuple(t.shape)}."
+        )
+    return t
+
+
+@dataclass
+class SteerTable:
+    """Configurations stacked and padded into tensors; built once, reused every step.
+
+    Shapes (n = number of configurations, K = padded basis size, M/NH = padded
+    region sizes): ``basis [n_b, K, d]`` with ``n_b`` 1 (shared) or n,
+    ``strength/target [n, K]``, ``gate_dir [n, d]``, ``gate_thr [n]``,
+    ``gate_sign [n]`` (+1 above, -1 below, 0 no gate), ``add [n, d]``,
+    ``add_scale [n]``, ``region_mean [n, d]``, ``region_proj [n, M, d]``,
+    ``region_W [n, NH, M]`` (unit rows), ``region_c [n, NH]``,
+    ``region_s [n]``, ``region_step [n]`` (1 / ||W||_2^2). ``schedule`` holds
+    per-layer weights ``w_l`` for the injection, read by :meth:`layer_weight`.
+    """
+
+    n_configs: int
+    d_model: int
+    basis: Optional[Tensor] = None
+    strength: Optional[Tensor] = None
+    target: Optional[Tensor] = None
+    gate_dir: Optional[Tensor] = None
+    gate_thr: Optional[Tensor] = None
+    gate_sign: Optional[Tensor] = None
+    add: Optional[Tensor] = None
+    add_scale: Optional[Tensor] = None
+    region_mean: Optional[Tensor] = None
+    region_proj: Optional[Tensor] = None
+    region_W: Optional[Tensor] = None
+    region_c: Optional[Tensor] = None
+    region_s: Optional[Tensor] = None
+    region_step: Optional[Tensor] = None
+    schedule: Optional[Tensor] = None
+    meta: dict = field(default_factory=dict)
+
+    # -- flags ---------------------------------------------------------------
+    @property
+    def has_ablate(self) -> bool:
+        return self.basis is not None
+
+    @property
+    def has_gate(self) -> bool:
+        return self.gate_dir is not None
+
+    @property
+    def has_add(self) -> bool:
+        return self.add is not None
+
+    @property
+    def has_region(self) -> bool:
+        return self.region_W is not None
+
+    @property
+    def k(self) -> int:
+        return 0 if self.basis is None else self.basis.shape[1]
+
+    def layer_weight(self, layer: int) -> float:
+        """Schedule weight ``w_l`` for ``layer`` (1.0 when the table has no schedule)."""
+        if self.schedule is None:
+            return 1.0
+        if not 0 <= layer < len(self.schedule):
+            raise SteerConfigError(
+                f"layer {layer} is outside the schedule of {len(self.schedule)} layers; "
+                "give a weight for every hooked layer."
+            )
+        return float(self.schedule[layer])
+
+    def to(self, device=None) -> "SteerTable":
+        kw = {}
+        for name in ("basis", "strength", "target", "gate_dir", "gate_thr", "gate_sign", "add",
+                     "add_scale", "region_mean", "region_proj", "region_W", "region_c",
+                     "region_s", "region_step"):
+            t = getattr(self, name)
+            kw[name] = None if t is None else t.to(device)
+        return replace(self, **kw)
+
+    # -- construction --------------------------------------------------------
+    @classmethod
+    def from_configs(
+        cls,
+        configs: Sequence[SteerConfig],
+        *,
+        d_model: Optional[int] = None,
+        device: Union[str, torch.device, None] = None,
+        schedule: Optional[Sequence[float]] = None,
+    ) -> "SteerTable":
+        """Validate ``configs`` and stack them (one row of each tensor per config)."""
+        if len(configs) == 0:
+            raise SteerConfigError("SteerTable needs at least one SteerConfig; found none.")
+        if d_model is None:
+            for cf in configs:
+                for t in (cf.basis, cf.gate_direction, cf.add):
+                    if t is not None:
+                        d_model = t.shape[-1]
+                        break
+                if d_model is None and cf.region is not None:
+                    d_model = cf.region.mean.shape[0]
+                if d_model is not None:
+                    break
+        if d_model is None:
+            raise SteerConfigError(
+                "cannot infer d_model: no configuration holds a vector; pass d_model=."
+            )
+        n = len(configs)
+        f32 = dict(dtype=torch.float32)
+
+        def vec(t: Tensor, name: str) -> Tensor:
+            t = t.detach().to(torch.float32).cpu()
+            if t.shape[-1] != d_model:
+                raise SteerConfigError(
+                    f"{name} must end in d_model={d_model}; found shape {tuple(t.shape)}. "
+                    "All configurations of a table must be for the same model."
+                )
+            _finite(name, t)
+            return t
+
+        tab = cls(n_configs=n, d_model=d_model)
+        # ablation / clamp
+        ks = [0 if cf.basis is None else cf.basis.shape[0] for cf in configs]
+        if max(ks) > 0:
+            K = max(ks)
+            if K > MAX_K:
+                raise SteerConfigError(
+                    f"a basis may hold at most {MAX_K} directions; found k={K}. "
+                    "Keep the strongest directions or split them over two layers."
+                )
+            basis = torch.zeros(n, K, d_model, **f32)
+            strength = torch.zeros(n, K, **f32)
+            target = torch.zeros(n, K, **f32)
+            for i, cf in enumerate(configs):
+                if cf.basis is None:
+                    continue
+                if cf.basis.dim() != 2:
+                    raise SteerConfigError(
+                        f"config {i}: basis must have shape (k, {d_model}); found {tuple(cf.basis.shape)}."
+                    )
+                b = vec(cf.basis, f"config {i} basis")
+                _check_orthonormal(f"config {i} basis", b)
+                k = b.shape[0]
+                basis[i, :k] = b
+                strength[i, :k] = _per_dir(f"config {i} strength", cf.strength, k, 1.0)
+                target[i, :k] = _per_dir(f"config {i} target", cf.target, k, 0.0)
+                _finite(f"config {i} strength", strength[i])
+                _finite(f"config {i} target", target[i])
+            if all(configs[0].basis is not None and cf.basis is not None
+                   and cf.basis.shape == configs[0].basis.shape
+                   and torch.equal(cf.basis, configs[0].basis) for cf in configs):
+                basis = basis[:1].contiguous()  # shared basis: one load per program
+            tab.basis, tab.strength, tab.target = basis, strength, target
+        # gate
+        if any(cf.gate_direction is not None for cf in configs):
+            gd = torch.zeros(n, d_model, **f32)
+            thr = torch.zeros(n, **f32)
+            sign = torch.zeros(n, **f32)
+            for i, cf in enumerate(configs):
+                if cf.gate_direction is None:
+                    continue
+                u = vec(cf.gate_direction.reshape(-1), f"config {i} gate_direction")
+                nu = u.norm()
+                if nu == 0:
+                    raise SteerConfigError(f"config {i}: gate_direction is all zeros; give a direction.")
+                if cf.gate_mode not in ("above", "below"):
+                    raise SteerConfigError(
+                        f"config {i}: gate_mode must be 'above' or 'below'; found {cf.gate_mode!r}."
+                    )
+                gd[i] = u / nu
+                thr[i] = float(cf.gate_threshold)
+                sign[i] = 1.0 if cf.gate_mode == "above" else -1.0
+            tab.gate_dir, tab.gate_thr, tab.gate_sign = gd, thr, sign
+        # injection
+        if any(cf.add is not None for cf in configs):
+            add = torch.zeros(n, d_model, **f32)
+            for i, cf in enumerate(configs):
+                if cf.add is None:
+                    continue
+                v = vec(cf.add, f"config {i} add")
+                v2 = v if v.dim() == 2 else v[None]
+                sc = torch.as_tensor(cf.add_scale, dtype=torch.float32).reshape(-1)
+                if sc.numel() == 1:
+                    sc = sc.expand(v2.shape[0])
+                if sc.numel() != v2.shape[0]:
+                    raise SteerConfigError(
+                        f"config {i}: add_scale must be a number or one per vector "
+                        f"({v2.shape[0]}); found {sc.numel()} values."
+                    )
+                _finite(f"config {i} add_scale", sc)
+                add[i] = (sc[:, None] * v2).sum(0)
+            tab.add, tab.add_scale = add, torch.ones(n, **f32)
+        # regions
+        if any(cf.region is not None for cf in configs):
+            regs = [cf.region for cf in configs]
+            for i, r in enumerate(regs):
+                if r is not None:
+                    try:
+                        r.validate(d_model)
+                    except SteerConfigError as e:
+                        raise SteerConfigError(f"config {i}: {e}") from None
+            M = max(r.components.shape[0] for r in regs if r is not None)
+            NH = max(r.W.shape[0] for r in regs if r is not None)
+            tab.region_mean = torch.zeros(n, d_model, **f32)
+            tab.region_proj = torch.zeros(n, M, d_model, **f32)
+            tab.region_W = torch.zeros(n, NH, M, **f32)
+            tab.region_c = torch.zeros(n, NH, **f32)
+            tab.region_s = torch.zeros(n, **f32)
+            tab.region_step = torch.ones(n, **f32)
+            for i, r in enumerate(regs):
+                if r is None:
+                    continue
+                m, nh = r.components.shape[0], r.W.shape[0]
+                W = r.W.detach().to(torch.float32).cpu()
+                c = r.c.detach().to(torch.float32).cpu()
+                nrm = W.norm(dim=1)
+                tab.region_mean[i] = r.mean.detach().float().cpu()
+                tab.region_proj[i, :m] = r.components.detach().float().cpu()
+                tab.region_W[i, :nh, :m] = W / nrm[:, None]
+                tab.region_c[i, :nh] = c / nrm
+                tab.region_s[i] = float(r.strength)
+                L = torch.linalg.matrix_norm(tab.region_W[i].double(), ord=2).item() ** 2
+                tab.region_step[i] = 1.0 / max(L, 1e-12)
+        if schedule is not None:
+            tab.schedule = torch.as_tensor(schedule, dtype=torch.float32)
+            _finite("schedule", tab.schedule)
+        return tab.to(device) if device is not None else tab

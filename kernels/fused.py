@@ -1,0 +1,607 @@
+"""Public entry points: :func:`fused_steer` and the single-step wrappers.
+
+How a call runs:
+
+1. The inputs become a :class:`~steerkit.kernels.config.SteerTable` (given, or
+   built from the keyword tensors, differentiably, with validation that costs a
+   device sync unless ``validate=False``), a row -> configuration index and a
+   row mask. Hidden states of any leading shape are flattened to ``[rows, d]``;
+   a ``row_config`` of shape ``[batch]`` for ``h [batch, seq, d]`` is broadcast
+   over positions.
+2. :func:`~steerkit.kernels._backend.resolve_impl` picks the Triton kernel
+   (CUDA tensors, or CPU under ``TRITON_INTERPRET=1``) or the torch reference.
+3. Without gradients the kernel (``_launch_fused``) or the reference runs once.
+   With gradients, ablation + injection (no gate, region or norm rescale) go
+   through :class:`_AblateInjectFn`, whose backward is analytic (a Triton
+   kernel or the same formulas in torch); any other combination runs the
+   forward kernel and, in backward, differentiates the torch reference
+   (recompute).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Optional, Sequence, Union
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from . import _backend
+from .config import (MAX_K, Region, SteerConfig, SteerConfigError, SteerTable, _check_orthonormal,
+                     _finite)
+from .reference import DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref
+
+Number = Union[int, float]
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_D_MODEL = 32768
+
+# Launch parameters; the GPU benchmark may override them
+# (keys: block_r, block_d, num_warps, norm_fast).
+TUNING: dict = {}
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+# --------------------------------------------------------------------------- launchers
+def _launch_params(d: int, region: bool) -> tuple[int, int, int]:
+    """Whole-row tiles for the backward kernel: (BLOCK_D >= d, rows per program, warps)."""
+    block_d = _next_pow2(d)
+    block_r = max(1, min(16, 16384 // block_d))
+    if _backend.interpret_mode():
+        block_r = 32  # the CPU interpreter pays per op, not per element: fewer, larger tiles
+    if region:
+        block_r = min(block_r, 4)
+    num_warps = 4 if block_r * block_d <= 4096 else 8 if block_r * block_d <= 8192 else 16
+    return block_d, block_r, num_warps
+
+
+def _fwd_launch_params(d: int, k: int, region: bool) -> tuple[int, int, int]:
+    """Forward kernel tiles: BLOCK_R rows per program, swept over d in BLOCK_D chunks
+    (the basis chunk is loaded once per program and used for all BLOCK_R rows).
+    Defaults from the H200 sweep in docs/RESULTS.md (16 x 512, 4 warps for k <= 8;
+    16 x 128, 8 warps for more directions, whose per-chunk basis vectors cost registers)."""
+    if _backend.interpret_mode():  # the interpreter pays per op: one chunk, many rows
+        block_d = TUNING.get("block_d") or _next_pow2(d)
+        block_r = TUNING.get("block_r") or (4 if region else 32)
+        return block_d, block_r, TUNING.get("num_warps") or 4
+    block_d = TUNING.get("block_d") or min(_next_pow2(d), 512 if k <= 8 else 128)
+    block_r = TUNING.get("block_r") or (4 if region else 16)
+    num_warps = TUNING.get("num_warps") or (8 if k > 8 else 4)
+    return block_d, block_r, num_warps
+
+
+def _launch_fused(h: Tensor, tab, g: Optional[Tensor], mask: Optional[Tensor], layer_weight: float,
+                  preserve_norm: bool, tol: float, max_iter: int) -> Tensor:
+    from ._triton import _fused_steer_kernel
+
+    rows, d = h.shape
+    out = torch.empty_like(h)
+    if rows == 0:
+        return out
+    K = tab.basis.shape[1] if tab.has_ablate else 1
+    block_d, block_r, num_warps = _fwd_launch_params(d, K, tab.has_region)
+    M = tab.region_proj.shape[1] if tab.has_region else 1
+    NH = tab.region_W.shape[1] if tab.has_region else 1
+    dummy = h
+
+    def f(t):
+        return dummy if t is None else t.detach().contiguous()
+
+    shared = tab.has_ablate and tab.basis.shape[0] == 1
+    one_cfg = tab.n_configs == 1
+    # |x|^2 from dot products gathered in the first pass (no extra pass over d) where the
+    # vectors are the same for every row; a per-program guard falls back to the exact pass.
+    norm_fast = bool(preserve_norm) and not (tab.has_gate or tab.has_region) \
+        and (shared or not tab.has_ablate) and (one_cfg or not tab.has_add)
+    if "norm_fast" in TUNING:
+        norm_fast = norm_fast and bool(TUNING["norm_fast"])
+    grid = (triton_cdiv(rows, block_r),)
+    _fused_steer_kernel[grid](
+        h, out, dummy if g is None else g, dummy if mask is None else mask,
+        f(tab.basis), f(tab.strength), f(tab.target),
+        f(tab.gate_dir), f(tab.gate_thr), f(tab.gate_sign),
+        f(tab.add), f(tab.add_scale),
+        f(tab.region_mean), f(tab.region_proj), f(tab.region_W), f(tab.region_c),
+        f(tab.region_s), f(tab.region_step),
+        rows, d, h.stride(0), out.stride(0),
+        float(layer_weight), float(tol), int(max_iter),
+        K=K, KB=_next_pow2(K), M=M, MB=_next_pow2(M), NH=NH, NHB=_next_pow2(NH),
+        BLOCK_R=block_r, BLOCK_D=block_d,
+        HAS_IDX=g is not None, HAS_MASK=mask is not None, SHARED_BASIS=shared,
+        ONE_CFG=one_cfg,
+        HAS_ABLATE=tab.has_ablate, HAS_GATE=tab.has_gate, HAS_ADD=tab.has_add,
+        HAS_REGION=tab.has_region, PRESERVE_NORM=bool(preserve_norm), NORM_FAST=norm_fast,
+        num_warps=num_warps,
+    )
+    return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _launch_ablate_inject_bwd(go: Tensor, h: Tensor, tab, g, mask):
+    from ._triton import _ablate_inject_bwd_kernel
+
+    rows, d = go.shape
+    K = tab.basis.shape[1] if tab.has_ablate else 1
+    dh = torch.empty_like(go)
+    pt = torch.zeros(rows, K, device=go.device, dtype=torch.float32)
+    q = torch.zeros(rows, K, device=go.device, dtype=torch.float32)
+    dv = torch.zeros(rows, device=go.device, dtype=torch.float32)
+    if rows == 0:
+        return dh, pt, q, dv
+    block_d, block_r, num_warps = _launch_params(d, False)
+    dummy = go
+
+    def f(t):
+        return dummy if t is None else t.detach().contiguous()
+
+    _ablate_inject_bwd_kernel[(triton_cdiv(rows, block_r),)](
+        go, h, dh, dummy if g is None else g, dummy if mask is None else mask,
+        f(tab.basis), f(tab.strength), f(tab.target), f(tab.add),
+        pt, q, dv, rows, d, go.stride(0), h.stride(0), dh.stride(0),
+        K=K, KB=_next_pow2(K), BLOCK_R=block_r, BLOCK_D=block_d,
+        HAS_IDX=g is not None, HAS_MASK=mask is not None,
+        SHARED_BASIS=tab.has_ablate and tab.basis.shape[0] == 1,
+        HAS_ABLATE=tab.has_ablate, HAS_ADD=tab.has_add, num_warps=num_warps,
+    )
+    return dh, pt, q, dv
+
+
+# --------------------------------------------------------------------------- autograd
+def _ablate_inject_bwd_torch(go: Tensor, h: Tensor, tab, gi: Tensor, act: Tensor):
+    acc = go.dtype
+    rows, d = go.shape
+    K = tab.basis.shape[1] if tab.has_ablate else 1
+    pt = torch.zeros(rows, K, dtype=acc, device=go.device)
+    q = torch.zeros_like(pt)
+    dh = go
+    if tab.has_ablate:
+        n_b = tab.basis.shape[0]
+        gb = gi if n_b > 1 else torch.zeros_like(gi)
+        flat = tab.basis.reshape(n_b * K, d).to(acc)
+        ar = torch.arange(rows, device=go.device)
+        p = (h @ flat.T).view(rows, n_b, K)[ar, gb]
+        qq = (go @ flat.T).view(rows, n_b, K)[ar, gb]
+        pt = (p - tab.target.to(acc)[gi]) * act[:, None]
+        q = qq * act[:, None]
+        u = tab.strength.to(acc)[gi] * q
+        onehot = torch.nn.functional.one_hot(gb, n_b).to(acc)
+        dh = go - (onehot[:, :, None] * u[:, None, :]).reshape(rows, n_b * K) @ flat
+    dv = (go * tab.add.to(acc)[gi]).sum(-1) * act if tab.has_add else torch.zeros(rows, dtype=acc,
+                                                                                   device=go.device)
+    return dh, pt, q, dv
+
+
+class _AblateInjectFn(torch.autograd.Function):
+    """out = h - B^T(c*(B h - t)) + w*alpha*v on active rows; analytic backward."""
+
+    @staticmethod
+    def forward(ctx, impl, h, basis, strength, target, add, add_scale, g, mask, layer_weight,
+                n_configs):
+        tab = SimpleNamespace(basis=basis, strength=strength, target=target, add=add,
+                              add_scale=add_scale, has_ablate=basis is not None,
+                              has_add=add is not None, has_gate=False, has_region=False,
+                              n_configs=n_configs, gate_dir=None, gate_thr=None, gate_sign=None,
+                              region_mean=None, region_proj=None, region_W=None, region_c=None,
+                              region_s=None, region_step=None)
+        rows = h.shape[0]
+        gi = g.long() if g is not None else torch.zeros(rows, dtype=torch.long, device=h.device)
+        act = mask.bool() if mask is not None else torch.ones(rows, dtype=torch.bool, device=h.device)
+        if impl == "triton":
+            out = _launch_fused(h, tab, g, mask, layer_weight, False, 0.0, 0)
+        else:
+            with torch.no_grad():
+                out = fused_steer_ref(h, tab, gi, act, layer_weight)
+        ctx.impl, ctx.tab, ctx.lw = impl, tab, layer_weight
+        ctx.save_for_backward(h, gi, act, g if g is not None else gi, mask if mask is not None else act)
+        ctx.has_g, ctx.has_mask = g is not None, mask is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, go):
+        h, gi, act_b, g_raw, mask_raw = ctx.saved_tensors
+        tab, w = ctx.tab, ctx.lw
+        acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+        act = act_b.to(acc)
+        go = go.contiguous()
+        if ctx.impl == "triton":
+            dh, pt, q, dv = _launch_ablate_inject_bwd(go, h, tab, g_raw if ctx.has_g else None,
+                                                      mask_raw if ctx.has_mask else None)
+            go_acc, h_acc = go.to(acc), h.to(acc)
+        else:
+            go_acc, h_acc = go.to(acc), h.to(acc)
+            dh, pt, q, dv = _ablate_inject_bwd_torch(go_acc, h_acc, tab, gi, act)
+        n = tab.n_configs
+        rows, d = go.shape
+        dB = dc = dt = dV = da = None
+        if tab.has_ablate:
+            n_b, K = tab.basis.shape[0], tab.basis.shape[1]
+            gb = gi if n_b > 1 else torch.zeros_like(gi)
+            cg = tab.strength.to(acc)[gi]
+            onehot = torch.nn.functional.one_hot(gb, n_b).to(acc)
+            A1 = (onehot[:, :, None] * (-cg * pt)[:, None, :]).reshape(rows, n_b * K)
+            A2 = (onehot[:, :, None] * (-cg * q)[:, None, :]).reshape(rows, n_b * K)
+            if ctx.needs_input_grad[2]:
+                dB = (A1.T @ go_acc + A2.T @ h_acc).view(n_b, K, d).to(tab.basis.dtype)
+            if ctx.needs_input_grad[3]:
+                dc = torch.zeros(n, K, dtype=acc, device=h.device).index_add_(0, gi, -pt * q)
+                dc = dc.to(tab.strength.dtype)
+            if ctx.needs_input_grad[4]:
+                dt = torch.zeros(n, K, dtype=acc, device=h.device).index_add_(0, gi, cg * q)
+                dt = dt.to(tab.target.dtype)
+        if tab.has_add:
+            if ctx.needs_input_grad[5]:
+                coef = tab.add_scale.to(acc)[gi] * w * act
+                dV = torch.zeros(n, d, dtype=acc, device=h.device).index_add_(0, gi, go_acc * coef[:, None])
+                dV = dV.to(tab.add.dtype)
+            if ctx.needs_input_grad[6]:
+                da = torch.zeros(n, dtype=acc, device=h.device).index_add_(0, gi, dv.to(acc) * w)
+                da = da.to(tab.add_scale.dtype)
+        return None, dh.to(h.dtype), dB, dc, dt, dV, da, None, None, None, None
+
+
+_TAB_FIELDS = ("basis", "strength", "target", "gate_dir", "gate_thr", "gate_sign", "add", "add_scale",
+               "region_mean", "region_proj", "region_W", "region_c", "region_s", "region_step")
+
+
+class _RecomputeFn(torch.autograd.Function):
+    """Forward with the Triton kernel; backward by differentiating the torch reference."""
+
+    @staticmethod
+    def forward(ctx, h, g, active, mask, meta, *tensors):
+        tab = SteerTable(n_configs=meta["n_configs"], d_model=h.shape[1],
+                         **dict(zip(_TAB_FIELDS, tensors)))
+        ctx.meta = meta
+        ctx.save_for_backward(h, g, active, *[t if t is not None else torch.empty(0) for t in tensors])
+        ctx.present = [t is not None for t in tensors]
+        return _launch_fused(h, tab, meta["g_raw"], mask, meta["layer_weight"], meta["preserve_norm"],
+                             meta["tol"], meta["max_iter"])
+
+    @staticmethod
+    def backward(ctx, go):
+        h, g, active, *ts = ctx.saved_tensors
+        ts = [t if p else None for t, p in zip(ts, ctx.present)]
+        meta = ctx.meta
+        with torch.enable_grad():
+            hh = h.detach().requires_grad_(ctx.needs_input_grad[0])
+            leaves = [None if t is None else t.detach().requires_grad_(ctx.needs_input_grad[5 + i])
+                      for i, t in enumerate(ts)]
+            tab = SteerTable(n_configs=meta["n_configs"], d_model=h.shape[1],
+                             **dict(zip(_TAB_FIELDS, leaves)))
+            out = fused_steer_ref(hh, tab, g, active, meta["layer_weight"], meta["preserve_norm"],
+                                  meta["tol"], meta["max_iter"])
+            inputs = [hh] + [t for t in leaves if t is not None and t.requires_grad]
+            inputs = [t for t in inputs if t.requires_grad]
+            grads = torch.autograd.grad(out, inputs, go, allow_unused=True) if inputs else []
+        it = iter(grads)
+        dh = next(it) if hh.requires_grad else None
+        dts = [next(it) if (t is not None and t.requires_grad) else None for t in leaves]
+        return (dh, None, None, None, None, *dts)
+
+
+# --------------------------------------------------------------------------- table from tensors
+def _as_f(t, device, dtype) -> Tensor:
+    return t.to(device=device, dtype=dtype) if isinstance(t, Tensor) else torch.tensor(
+        float(t), device=device, dtype=dtype)
+
+
+def _n_from(*pairs) -> int:
+    n = 1
+    for t, dim in pairs:
+        if isinstance(t, Tensor) and t.dim() == dim and t.shape[0] != 1:
+            if n != 1 and t.shape[0] != n:
+                raise SteerConfigError(
+                    f"per-configuration tensors disagree on the number of configurations: "
+                    f"{n} and {t.shape[0]}. Give every per-configuration tensor the same first dimension."
+                )
+            n = t.shape[0]
+    return n
+
+
+def table_from_tensors(
+    d_model: int, device, dtype=torch.float32, *, basis=None, strength=1.0, target=None, add=None,
+    scale=1.0, gate_direction=None, gate_threshold=0.0, gate_mode="above", region=None,
+    validate: bool = True,
+) -> SteerTable:
+    """Build a :class:`SteerTable` from the keyword tensors of :func:`fused_steer`, keeping
+    autograd history (so gradients reach ``basis``, ``strength``, ``target``, ``add``, ``scale``)."""
+    regions = None if region is None else (list(region) if isinstance(region, (list, tuple)) else [region])
+    n = _n_from((basis, 3), (strength, 2), (target, 2), (add, 2), (scale, 1), (gate_direction, 2),
+                (gate_threshold, 1))
+    if isinstance(scale, Tensor) and scale.dim() == 1 and scale.shape[0] == 1 and n == 1:
+        pass
+    if regions is not None and len(regions) > 1:
+        if n != 1 and len(regions) != n:
+            raise SteerConfigError(
+                f"region list has {len(regions)} entries but other tensors give {n} configurations."
+            )
+        n = len(regions)
+    tab = SteerTable(n_configs=n, d_model=d_model)
+    if basis is not None:
+        B = _as_f(basis, device, dtype)
+        if B.dim() == 2:
+            B = B[None]
+        if B.dim() != 3 or B.shape[-1] != d_model:
+            raise SteerConfigError(
+                f"basis must have shape (k, {d_model}) or (n_configs, k, {d_model}); found "
+                f"{tuple(basis.shape)}. Its last dimension must equal h's d_model."
+            )
+        K = B.shape[1]
+        if K > MAX_K or K == 0:
+            raise SteerConfigError(
+                f"basis must hold 1..{MAX_K} directions (k); found k={K}. Keep the strongest "
+                f"{MAX_K} directions, or apply two calls."
+            )
+        c = _as_f(strength, device, dtype)
+        t = _as_f(0.0 if target is None else target, device, dtype)
+        for name, v in (("strength", c), ("target", t)):
+            if not (v.dim() == 0 or (v.dim() == 1 and v.shape[0] == K)
+                    or (v.dim() == 2 and v.shape[1] == K)):
+                raise SteerConfigError(
+                    f"{name} must be a number, shape ({K},) or (n_configs, {K}); found {tuple(v.shape)}."
+                )
+        tab.basis = B.contiguous()
+        tab.strength = c.expand(n, K).contiguous() if c.dim() < 2 else c.expand(n, K).contiguous()
+        tab.target = t.expand(n, K).contiguous()
+        if validate:
+            _check_orthonormal("basis", B)
+            for name, v in (("basis", B), ("strength", c), ("target", t)):
+                _finite(name, v.detach())
+    if add is not None:
+        V = _as_f(add, device, dtype)
+        if V.dim() == 1:
+            V = V[None]
+        if V.dim() != 2 or V.shape[-1] != d_model:
+            raise SteerConfigError(
+                f"add must have shape ({d_model},) or (n_configs, {d_model}); found {tuple(add.shape)}."
+            )
+        a = _as_f(scale, device, dtype).reshape(-1)
+        tab.add = V.expand(n, d_model).contiguous()
+        tab.add_scale = a.expand(n).contiguous()
+        if validate:
+            _finite("add", V.detach())
+            _finite("scale", a.detach())
+    if gate_direction is not None:
+        u = _as_f(gate_direction, device, dtype)
+        if u.dim() == 1:
+            u = u[None]
+        if u.shape[-1] != d_model:
+            raise SteerConfigError(
+                f"gate_direction must have shape ({d_model},) or (n_configs, {d_model}); found "
+                f"{tuple(gate_direction.shape)}."
+            )
+        if gate_mode not in ("above", "below"):
+            raise SteerConfigError(f"gate_mode must be 'above' or 'below'; found {gate_mode!r}.")
+        u = u.detach()
+        if validate:
+            _finite("gate_direction", u)
+            if (u.norm(dim=-1) == 0).any():
+                raise SteerConfigError("gate_direction is all zeros; give a direction.")
+        tab.gate_dir = (u / u.norm(dim=-1, keepdim=True)).expand(n, d_model).contiguous()
+        tab.gate_thr = _as_f(gate_threshold, device, dtype).detach().reshape(-1).expand(n).contiguous()
+        tab.gate_sign = torch.full((n,), 1.0 if gate_mode == "above" else -1.0, device=device, dtype=dtype)
+    if regions is not None:
+        if len(regions) == 1 and n > 1:
+            regions = regions * n
+        rt = SteerTable.from_configs([SteerConfig(region=r) for r in regions], d_model=d_model)
+        for f in ("region_mean", "region_proj", "region_W", "region_c", "region_s", "region_step"):
+            setattr(tab, f, getattr(rt, f).to(device=device, dtype=dtype))
+    return tab
+
+
+# --------------------------------------------------------------------------- public API
+def fused_steer(
+    h: Float[Tensor, "*batch d_model"],
+    table: Optional[SteerTable] = None,
+    *,
+    basis: Union[None, Float[Tensor, "k d_model"], Float[Tensor, "n_configs k d_model"]] = None,
+    strength: Union[Number, Float[Tensor, "k"], Float[Tensor, "n_configs k"]] = 1.0,
+    target: Union[None, Number, Float[Tensor, "k"], Float[Tensor, "n_configs k"]] = None,
+    add: Union[None, Float[Tensor, "d_model"], Float[Tensor, "n_configs d_model"]] = None,
+    scale: Union[Number, Float[Tensor, "n_configs"]] = 1.0,
+    gate_direction: Union[None, Float[Tensor, "d_model"], Float[Tensor, "n_configs d_model"]] = None,
+    gate_threshold: Union[Number, Float[Tensor, "n_configs"]] = 0.0,
+    gate_mode: str = "above",
+    region: Union[None, Region, Sequence[Optional[Region]]] = None,
+    row_config: Optional[Int[Tensor, "*batch"]] = None,
+    mask: Optional[Bool[Tensor, "*batch"]] = None,
+    layer_weight: float = 1.0,
+    layer: Optional[int] = None,
+    preserve_norm: bool = False,
+    impl: str = "auto",
+    region_tol: float = DEFAULT_REGION_TOL,
+    region_max_iter: int = DEFAULT_REGION_MAX_ITER,
+    validate: bool = True,
+) -> Float[Tensor, "*batch d_model"]:
+    """Apply, per row and in this order, ablation/clamp, gate, injection, region
+    projection and norm preservation, each where asked for; returns a new tensor
+    of ``h``'s shape and dtype.
+
+    Either pass a prebuilt ``table`` (the fast path for hooks: no host work, no
+    sync) or the keyword tensors (``basis [k, d]`` or ``[n, k, d]`` orthonormal,
+    ``strength``/``target`` per direction, ``add [n, d]``, ``scale [n]``, gate,
+    ``region``). ``row_config`` picks each row's configuration (``[batch]`` is
+    broadcast over the positions of ``h [batch, seq, d]``); rows where ``mask``
+    is false are returned unchanged. The injection is scaled by ``layer_weight``
+    times the table's schedule weight for ``layer``. The region's polyhedron
+    projection stops at natural residual ``region_tol`` (distance units) or
+    ``region_max_iter`` iterations.
+    """
+    if not isinstance(h, Tensor):
+        raise TypeError(f"h must be a torch.Tensor [rows, d_model]; found {type(h).__name__}.")
+    if h.dim() < 1:
+        raise SteerConfigError("h must have at least one dimension (d_model); found a scalar.")
+    if h.dtype not in _FLOAT_DTYPES + (torch.float64,):
+        raise SteerConfigError(
+            f"h must be float32, float16 or bfloat16; found {h.dtype}. Cast the hidden states first."
+        )
+    lead = h.shape[:-1]
+    d = h.shape[-1]
+    if d > MAX_D_MODEL:
+        raise SteerConfigError(f"d_model must be at most {MAX_D_MODEL}; found {d}.")
+    h2 = h.reshape(-1, d)
+    if h2.stride(-1) != 1:
+        h2 = h2.contiguous()
+    rows = h2.shape[0]
+    acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+
+    kw_given = any(v is not None for v in (basis, target, add, gate_direction, region))
+    if table is not None:
+        if kw_given:
+            raise SteerConfigError(
+                "pass either table= or the keyword tensors (basis, add, gate_direction, region), not both."
+            )
+        if table.d_model != d:
+            raise SteerConfigError(
+                f"table is for d_model={table.d_model} but h has d_model={d}; build the table for this model."
+            )
+        tab = table
+        ref = next((getattr(tab, f) for f in _TAB_FIELDS if getattr(tab, f) is not None), None)
+        if ref is not None and ref.device != h.device:
+            raise SteerConfigError(
+                f"table is on {ref.device} but h is on {h.device}; call table.to(h.device) once."
+            )
+        if layer is not None:
+            layer_weight = layer_weight * tab.layer_weight(layer)
+    else:
+        tab = table_from_tensors(d, h.device, acc, basis=basis, strength=strength, target=target,
+                                 add=add, scale=scale, gate_direction=gate_direction,
+                                 gate_threshold=gate_threshold, gate_mode=gate_mode, region=region,
+                                 validate=validate)
+
+    g = None
+    if row_config is not None:
+        if row_config.dtype.is_floating_point or row_config.dtype == torch.bool:
+            raise SteerConfigError(
+                f"row_config must be an integer tensor; found {row_config.dtype}. Use .long()."
+            )
+        rc = row_config
+        if rc.shape != lead:
+            if h.dim() == 3 and rc.shape == lead[:1]:
+                rc = rc[:, None].expand(lead)
+            else:
+                raise SteerConfigError(
+                    f"row_config must have shape {tuple(lead)} (one index per row) or "
+                    f"({lead[0] if len(lead) else 1},) per sequence; found {tuple(row_config.shape)}."
+                )
+        g = rc.reshape(-1).to(device=h.device, dtype=torch.int32).contiguous()
+        if validate and rows:
+            lo, hi = int(g.min()), int(g.max())
+            if lo < 0 or hi >= tab.n_configs:
+                raise SteerConfigError(
+                    f"row_config values must be in [0, {tab.n_configs}); found range [{lo}, {hi}]. "
+                    "Index the configurations of the table (or the first dim of the per-config tensors)."
+                )
+    mk = None
+    if mask is not None:
+        if mask.shape != lead:
+            raise SteerConfigError(
+                f"mask must have shape {tuple(lead)} (one flag per row); found {tuple(mask.shape)}."
+            )
+        mk = mask.reshape(-1).to(device=h.device, dtype=torch.int8).contiguous()
+
+    which = _backend.resolve_impl(impl, h)
+    if which == "triton" and h.dtype == torch.float64:
+        raise SteerConfigError(
+            "impl='triton' supports float32, float16 and bfloat16; found float64. Use impl='torch'."
+        )
+    tensors = [getattr(tab, f) for f in _TAB_FIELDS]
+    if which == "triton":
+        tensors = [None if t is None else t.to(torch.float32) for t in tensors]
+        tab = SteerTable(n_configs=tab.n_configs, d_model=d, **dict(zip(_TAB_FIELDS, tensors)),
+                         schedule=tab.schedule)
+    needs_grad = torch.is_grad_enabled() and (
+        h.requires_grad or any(t is not None and t.requires_grad for t in tensors))
+    simple = not (tab.has_gate or tab.has_region or preserve_norm)
+    def _gi_active():  # only the torch paths need these (no extra launches on the kernel path)
+        gi = g.long() if g is not None else torch.zeros(rows, dtype=torch.long, device=h.device)
+        active = mk.bool() if mk is not None else torch.ones(rows, dtype=torch.bool, device=h.device)
+        return gi, active
+
+    if not (tab.has_ablate or tab.has_add or tab.has_region or preserve_norm):
+        out = h2.clone()  # nothing asked for (a gate alone steers nothing)
+    elif needs_grad and simple and (tab.has_ablate or tab.has_add):
+        out = _AblateInjectFn.apply(which, h2, tab.basis, tab.strength, tab.target, tab.add,
+                                    tab.add_scale, g, mk, float(layer_weight), tab.n_configs)
+    elif which == "torch":
+        gi, active = _gi_active()
+        out = fused_steer_ref(h2, tab, gi, active, layer_weight, preserve_norm, region_tol,
+                              region_max_iter)
+    elif needs_grad:
+        gi, active = _gi_active()
+        meta = dict(n_configs=tab.n_configs, g_raw=g, layer_weight=float(layer_weight),
+                    preserve_norm=preserve_norm, tol=region_tol, max_iter=region_max_iter)
+        out = _RecomputeFn.apply(h2, gi, active, mk, meta, *tensors)
+    else:
+        out = _launch_fused(h2, tab, g, mk, layer_weight, preserve_norm, region_tol, region_max_iter)
+    return out.reshape(h.shape)
+
+
+def ablate(
+    h: Float[Tensor, "*batch d_model"],
+    basis: Union[Float[Tensor, "k d_model"], Float[Tensor, "n_configs k d_model"]],
+    strength: Union[Number, Float[Tensor, "k"], Float[Tensor, "n_configs k"]] = 1.0,
+    *,
+    row_config: Optional[Int[Tensor, "*batch"]] = None,
+    mask: Optional[Bool[Tensor, "*batch"]] = None,
+    preserve_norm: bool = False,
+    impl: str = "auto",
+) -> Float[Tensor, "*batch d_model"]:
+    """Directional ablation ``h - B^T (c * (B h))`` (see :func:`fused_steer`)."""
+    return fused_steer(h, basis=basis, strength=strength, row_config=row_config, mask=mask,
+                       preserve_norm=preserve_norm, impl=impl)
+
+
+def clamp(
+    h: Float[Tensor, "*batch d_model"],
+    directions: Union[Float[Tensor, "d_model"], Float[Tensor, "k d_model"]],
+    value: Union[Number, Float[Tensor, "k"], Float[Tensor, "n_configs k"]],
+    *,
+    row_config: Optional[Int[Tensor, "*batch"]] = None,
+    mask: Optional[Bool[Tensor, "*batch"]] = None,
+    impl: str = "auto",
+) -> Float[Tensor, "*batch d_model"]:
+    """Set the projection of each row on each (orthonormal) direction to ``value``."""
+    B = directions if directions.dim() >= 2 else directions[None]
+    return fused_steer(h, basis=B, strength=1.0, target=value, row_config=row_config, mask=mask,
+                       impl=impl)
+
+
+def inject(
+    h: Float[Tensor, "*batch d_model"],
+    add: Union[Float[Tensor, "d_model"], Float[Tensor, "n_configs d_model"]],
+    scale: Union[Number, Float[Tensor, "n_configs"]] = 1.0,
+    *,
+    layer_weight: float = 1.0,
+    row_config: Optional[Int[Tensor, "*batch"]] = None,
+    mask: Optional[Bool[Tensor, "*batch"]] = None,
+    gate_direction: Optional[Tensor] = None,
+    gate_threshold: Union[Number, Tensor] = 0.0,
+    gate_mode: str = "above",
+    preserve_norm: bool = False,
+    impl: str = "auto",
+) -> Float[Tensor, "*batch d_model"]:
+    """Injection ``h + layer_weight * scale * add`` (optionally gated; see :func:`fused_steer`)."""
+    return fused_steer(h, add=add, scale=scale, layer_weight=layer_weight, row_config=row_config,
+                       mask=mask, gate_direction=gate_direction, gate_threshold=gate_threshold,
+                       gate_mode=gate_mode, preserve_norm=preserve_norm, impl=impl)
+
+
+def project_region(
+    h: Float[Tensor, "*batch d_model"],
+    region: Union[Region, Sequence[Optional[Region]]],
+    *,
+    row_config: Optional[Int[Tensor, "*batch"]] = None,
+    mask: Optional[Bool[Tensor, "*batch"]] = None,
+    tol: float = DEFAULT_REGION_TOL,
+    max_iter: int = DEFAULT_REGION_MAX_ITER,
+    impl: str = "auto",
+) -> Float[Tensor, "*batch d_model"]:
+    """Move each row towards its region: ``h + s P^T (z* - z)`` (see :class:`Region`)."""
+    return fused_steer(h, region=region, row_config=row_config, mask=mask, region_tol=tol,
+                       region_max_iter=max_iter, impl=impl)

@@ -1,0 +1,212 @@
+"""Pure-torch references of the fused steering edit, one function per step.
+
+Each function is the meaning of the matching part of ``_fused_steer_kernel``:
+same inputs (the padded :class:`~steerkit.kernels.config.SteerTable` tensors, a
+row -> configuration index ``g`` and an ``active`` row mask), same order, same
+float32 accumulation (float64 when the hidden states are float64, which the
+gradient checks use). They are differentiable by torch autograd, and they are
+what ``impl="torch"`` runs.
+
+Per-row configurations are handled without materialising ``basis[g]``
+(``rows x K x d``): the row is multiplied by every configuration's directions
+at once and the columns of its own configuration are gathered.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+DEFAULT_REGION_TOL = 1e-4
+DEFAULT_REGION_MAX_ITER = 1000
+
+
+def _acc_dtype(h: Tensor) -> torch.dtype:
+    return torch.float64 if h.dtype == torch.float64 else torch.float32
+
+
+def ablate_ref(
+    x: Float[Tensor, "rows d"],
+    basis: Float[Tensor, "n_b K d"],
+    strength: Float[Tensor, "n K"],
+    target: Float[Tensor, "n K"],
+    g: Int[Tensor, "rows"],
+) -> Float[Tensor, "rows d"]:
+    """``x - sum_i strength_i (b_i . x - target_i) b_i`` with the row's own configuration."""
+    n_b, K, d = basis.shape
+    rows = x.shape[0]
+    if n_b == 1:
+        p = x @ basis[0].T  # [rows, K]
+        u = strength[g] * (p - target[g])
+        return x - u @ basis[0]
+    flat = basis.reshape(n_b * K, d)
+    p_all = (x @ flat.T).view(rows, n_b, K)
+    ar = torch.arange(rows, device=x.device)
+    p = p_all[ar, g]  # [rows, K]
+    u = strength[g] * (p - target[g])
+    onehot = torch.nn.functional.one_hot(g, n_b).to(x.dtype)  # [rows, n_b]
+    U = (onehot[:, :, None] * u[:, None, :]).reshape(rows, n_b * K)
+    return x - U @ flat
+
+
+def gate_ref(
+    x: Float[Tensor, "rows d"],
+    gate_dir: Float[Tensor, "n d"],
+    gate_thr: Float[Tensor, "n"],
+    gate_sign: Float[Tensor, "n"],
+    g: Int[Tensor, "rows"],
+) -> Float[Tensor, "rows"]:
+    """1.0 where the row's gate fires, else 0.0 (no gradient flows through the test)."""
+    dot = (x * gate_dir[g]).sum(-1)
+    nrm = x.norm(dim=-1)
+    cos = dot.abs() / nrm.clamp_min(1e-12)
+    thr, sgn = gate_thr[g], gate_sign[g]
+    fire = (sgn == 0) | ((sgn > 0) & (cos > thr)) | ((sgn < 0) & (cos < thr))
+    return fire.to(x.dtype).detach()
+
+
+def inject_ref(
+    x: Float[Tensor, "rows d"],
+    add: Float[Tensor, "n d"],
+    add_scale: Float[Tensor, "n"],
+    layer_weight: float,
+    g: Int[Tensor, "rows"],
+    fire: Optional[Float[Tensor, "rows"]] = None,
+) -> Float[Tensor, "rows d"]:
+    """``x + layer_weight * add_scale[g] * add[g]`` on rows where the gate fires."""
+    a = add_scale[g] * layer_weight
+    if fire is not None:
+        a = a * fire
+    return x + a[:, None] * add[g]
+
+
+def solve_polyhedron_projection(
+    z: Float[Tensor, "rows M"],
+    W: Float[Tensor, "rows NH M"],
+    c: Float[Tensor, "rows NH"],
+    step: Float[Tensor, "rows"],
+    tol: float = DEFAULT_REGION_TOL,
+    max_iter: int = DEFAULT_REGION_MAX_ITER,
+    live: Optional[Tensor] = None,
+) -> Tuple[Float[Tensor, "rows M"], int]:
+    """Closest point of ``{x : W x <= c}`` to each ``z``: accelerated projected gradient
+    (FISTA with gradient restart) on the dual ``min_{lam >= 0} 1/2 |W^T lam|^2 - lam.(W z - c)``,
+    with ``x = z - W^T lam`` and step ``1 / ||W||_2^2``.
+
+    Stops when the natural residual ``max |lam - max(0, lam + W x - c)|`` is at most
+    ``tol`` for every live row (W's rows are unit vectors, so this bounds the
+    constraint violation and the complementarity gap in distance units), or after
+    ``max_iter`` iterations. Points already inside give ``lam = 0`` and are returned
+    unchanged. Returns the points and the iteration count.
+    """
+    lam = torch.zeros_like(c)
+    y = lam
+    t = torch.ones_like(step)
+    st = step[:, None]
+
+    def cons(l: Tensor) -> Tuple[Tensor, Tensor]:
+        x = z - (W * l[:, :, None]).sum(1)
+        return x, (W * x[:, None, :]).sum(2) - c
+
+    def residual(l: Tensor) -> Tensor:
+        _, gl = cons(l)
+        r = (l - torch.clamp(l + gl, min=0)).abs().amax(-1)
+        return r if live is None else torch.where(live, r, torch.zeros_like(r))
+
+    it = 0
+    res = residual(lam).amax() if lam.numel() else torch.zeros(())
+    while it < max_iter and float(res) > tol:
+        _, gy = cons(y)
+        lam_new = torch.clamp(y + st * gy, min=0)
+        t_new = (1 + torch.sqrt(1 + 4 * t * t)) / 2
+        # gradient restart (O'Donoghue & Candes): momentum off where it points uphill
+        restart = ((-gy) * (lam_new - lam)).sum(-1) > 0
+        beta = torch.where(restart, torch.zeros_like(t), (t - 1) / t_new)
+        t_new = torch.where(restart, torch.ones_like(t_new), t_new)
+        y = lam_new + beta[:, None] * (lam_new - lam)
+        lam, t = lam_new, t_new
+        res = residual(lam).amax()
+        it += 1
+    x, _ = cons(lam)
+    return x, it
+
+
+def region_ref(
+    x: Float[Tensor, "rows d"],
+    mean: Float[Tensor, "n d"],
+    proj: Float[Tensor, "n M d"],
+    W: Float[Tensor, "n NH M"],
+    c: Float[Tensor, "n NH"],
+    s: Float[Tensor, "n"],
+    step: Float[Tensor, "n"],
+    g: Int[Tensor, "rows"],
+    fire: Optional[Float[Tensor, "rows"]] = None,
+    live: Optional[Bool[Tensor, "rows"]] = None,
+    tol: float = DEFAULT_REGION_TOL,
+    max_iter: int = DEFAULT_REGION_MAX_ITER,
+) -> Float[Tensor, "rows d"]:
+    """``x + s * P^T (z* - z)`` with ``z = P (x - mean)`` and ``z*`` from
+    :func:`solve_polyhedron_projection` (solved without gradient: the step is
+    treated as a constant offset by autograd)."""
+    n, M, d = proj.shape
+    rows = x.shape[0]
+    xc = x - mean[g]
+    flat = proj.reshape(n * M, d)
+    z_all = (xc @ flat.T).view(rows, n, M)
+    ar = torch.arange(rows, device=x.device)
+    z = z_all[ar, g]
+    if fire is not None:
+        live = fire > 0 if live is None else (live & (fire > 0))
+    with torch.no_grad():
+        zs, _ = solve_polyhedron_projection(z.detach(), W[g].to(x.dtype), c[g].to(x.dtype),
+                                            step[g].to(x.dtype), tol, max_iter, live)
+    delta = s[g][:, None] * (zs - z)
+    if fire is not None:
+        delta = delta * fire[:, None]
+    onehot = torch.nn.functional.one_hot(g, n).to(x.dtype)
+    D = (onehot[:, :, None] * delta[:, None, :]).reshape(rows, n * M)
+    return x + D @ flat
+
+
+def fused_steer_ref(
+    h: Float[Tensor, "rows d"],
+    table,
+    g: Int[Tensor, "rows"],
+    active: Bool[Tensor, "rows"],
+    layer_weight: float = 1.0,
+    preserve_norm: bool = False,
+    region_tol: float = DEFAULT_REGION_TOL,
+    region_max_iter: int = DEFAULT_REGION_MAX_ITER,
+) -> Float[Tensor, "rows d"]:
+    """The whole fused edit in torch: ablate/clamp, gate, inject, region, norm; rows
+    where ``active`` is false are returned unchanged."""
+    acc = _acc_dtype(h)
+    g = g.long()
+    active = active.bool()
+    x0 = h.to(acc)
+    x = x0
+
+    def T(t):
+        return None if t is None else t.to(acc)
+
+    if table.has_ablate:
+        x = ablate_ref(x, T(table.basis), T(table.strength), T(table.target), g)
+    fire = None
+    if table.has_gate:
+        fire = gate_ref(x, T(table.gate_dir), T(table.gate_thr), T(table.gate_sign), g)
+    if table.has_add:
+        x = inject_ref(x, T(table.add), T(table.add_scale), layer_weight, g, fire)
+    if table.has_region:
+        x = region_ref(x, T(table.region_mean), T(table.region_proj), T(table.region_W),
+                       T(table.region_c), T(table.region_s), T(table.region_step), g, fire,
+                       active, region_tol, region_max_iter)
+    if preserve_norm:
+        n0 = x0.norm(dim=-1, keepdim=True)
+        n1 = x.norm(dim=-1, keepdim=True)
+        x = x * torch.where(n1 > 0, n0 / n1.clamp_min(1e-30), torch.ones_like(n1))
+    out = torch.where(active[:, None], x, x0)
+    return out.to(h.dtype)

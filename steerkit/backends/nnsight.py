@@ -1,0 +1,207 @@
+"""nnsight 0.8 backend: hook functions run as interventions inside ``lm.trace(...)``.
+
+``register(site, fn, tracker)`` only stores the function; nothing is attached to
+the model. Every :meth:`NNsightBackend.forward` and :meth:`~NNsightBackend.step`
+opens one ``with lm.trace(...)`` over steerkit's own token ids, attention mask and
+position ids (no re-tokenization, no BOS), and inside it walks the registered
+sites *in execution order* (nnsight requires a trace body to touch modules in the
+order the forward pass runs them), reading each envoy's value, calling the hook
+functions on it in registration order and writing the result back:
+
+- ``hook_resid_pre``  -> ``layers[l].input`` (the block's first input);
+- ``hook_attn_out`` / ``hook_mlp_out`` -> the output (first element when a
+  tuple) of the module the adapter names as the sub-layer's contribution;
+- ``hook_resid_post`` -> ``layers[l].output``;
+- ``ln_final.hook_normalized`` -> the final norm's output;
+- ``hook_resid_mid``: as in the HF backend, read as ``pre_attn_norm.input +
+  attn_out`` and edited by adding ``f(mid) - mid`` to the attention output.
+
+Module paths come from the model's :class:`~steerkit.adapters.Adapter`, so the
+backend is not tied to Llama. nnsight patches the ``forward`` of every module of
+the model it wraps, so the backend wraps its *own deep copy* of the HF model;
+``sm.hf_model`` stays untouched.
+
+Generation does not use nnsight's ``generate``: steerkit's loop calls
+:meth:`step` once per token, and each step is one trace over the new token with
+the HF ``DynamicCache`` passed through to the model, so the KV cache is real
+(one token per step after the prompt) and every edit applies at every step.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import itertools
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from torch import Tensor
+
+from ..hooknames import Site
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _with_first(out, new):
+    if isinstance(out, tuple):
+        return (new,) + tuple(out[1:])
+    if isinstance(out, list):
+        return [new] + list(out[1:])
+    return new
+
+
+def _envoy(root, path: str):
+    env = root
+    for part in path.split("."):
+        env = env[int(part)] if part.isdigit() else getattr(env, part)
+    return env
+
+
+@dataclass
+class _Entry:
+    site: Site
+    fn: Callable
+    tracker: object
+    order: int
+
+
+# Where in a block each kind of site is touched, in execution order.
+_STAGE = {"hook_resid_pre": 0, "hook_attn_out": 2, "hook_resid_mid": 2, "hook_mlp_out": 3,
+          "hook_resid_post": 4}
+
+
+class NNsightBackend:
+    name = "nnsight"
+
+    def __init__(self, sm):
+        try:
+            from nnsight import LanguageModel
+        except ImportError as e:  # pragma: no cover - depends on the install
+            from ..errors import InputError
+            raise InputError("the 'nnsight' backend needs nnsight 0.8: pip install 'steerkit[backends]'") from e
+        self.sm = sm
+        self.adapter = sm.adapter
+        self.model = copy.deepcopy(sm.hf_model)  # nnsight patches every module's forward
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # LanguageModel is a deprecated alias in 0.8
+            self.lm = LanguageModel(self.model, tokenizer=sm.tokenizer)
+        params = inspect.signature(type(self.model).forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._entries: list[_Entry] = []
+        self._order = itertools.count()
+
+    # --- hooks -------------------------------------------------------------------
+    def register(self, site: Site, fn, tracker) -> Callable[[], None]:
+        e = _Entry(site, fn, tracker, next(self._order))
+        self._entries.append(e)
+
+        def remove():
+            try:
+                self._entries.remove(e)
+            except ValueError:
+                pass
+        return remove
+
+    def hook_count(self) -> int:
+        """Registered hook functions, plus any torch hooks on the wrapped copy's modules."""
+        n = len(self._entries)
+        for m in self.model.modules():
+            n += len(m._forward_hooks) + len(m._forward_pre_hooks)
+        return n
+
+    def reset(self) -> None:
+        self._entries.clear()
+
+    # --- the intervention --------------------------------------------------------
+    def _plan(self):
+        """Registered entries grouped by (layer, stage), in execution order."""
+        by_layer: dict[int, dict[int, list[_Entry]]] = {}
+        final: list[_Entry] = []
+        for e in sorted(self._entries, key=lambda e: e.order):
+            if e.site.kind == "ln_final":
+                final.append(e)
+            else:
+                by_layer.setdefault(e.site.layer, {}).setdefault(_STAGE[e.site.kind], []).append(e)
+        return [(l, by_layer[l]) for l in sorted(by_layer)], final
+
+    @staticmethod
+    def _apply(entries: list[_Entry], x: Tensor, stash: Optional[Tensor]) -> Tensor:
+        """Run hook functions on one activation; resid_mid entries see ``stash + x``."""
+        for e in entries:
+            if e.site.kind == "hook_resid_mid":
+                mid = stash + x
+                y = e.fn(mid, e.tracker.call(mid))
+                if y is not None:
+                    x = x + (y - mid)
+            else:
+                y = e.fn(x, e.tracker.call(x))
+                if y is not None:
+                    x = y
+        return x
+
+    def _intervene(self, plan) -> None:
+        """The body of a trace: touch every hooked site, in the order the model runs them."""
+        layers, final = plan
+        a = self.adapter
+        blocks = _envoy(self.lm, a.blocks)
+        for l, stages in layers:
+            blk = blocks[l]
+            if 0 in stages:
+                x = blk.input
+                y = self._apply(stages[0], x, None)
+                if y is not x:
+                    blk.input = y
+            if 2 in stages:
+                stash = None
+                if any(e.site.kind == "hook_resid_mid" for e in stages[2]):
+                    stash = _envoy(blk, a.pre_attn_norm).input
+                attn = _envoy(blk, a.attn_out)
+                out = attn.output
+                x = _first(out)
+                y = self._apply(stages[2], x, stash)
+                if y is not x:
+                    attn.output = _with_first(out, y)
+            if 3 in stages:
+                mlp = _envoy(blk, a.mlp_out)
+                out = mlp.output
+                x = _first(out)
+                y = self._apply(stages[3], x, None)
+                if y is not x:
+                    mlp.output = _with_first(out, y)
+            if 4 in stages:
+                out = blk.output
+                x = _first(out)
+                y = self._apply(stages[4], x, None)
+                if y is not x:
+                    blk.output = _with_first(out, y)
+        if final:
+            norm = _envoy(self.lm, a.final_norm)
+            out = norm.output
+            x = _first(out)
+            y = self._apply(final, x, None)
+            if y is not x:
+                norm.output = _with_first(out, y)
+
+    def _run(self, **inputs) -> Tensor:
+        plan = self._plan()
+        with self.lm.trace(**inputs):
+            self._intervene(plan)
+            logits = self.lm.output.logits.save()
+        return logits
+
+    # --- running -----------------------------------------------------------------
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        return self._run(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False)
+
+    def new_cache(self):
+        from transformers import DynamicCache
+        return DynamicCache(config=self.model.config)
+
+    def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache):
+        """One KV-cached generation step (one trace): logits of the last position, and the cache."""
+        logits = self._run(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        return logits[:, -1], cache

@@ -1,0 +1,228 @@
+"""The three backends (hf, tlens, nnsight) on the real default model, on the same token ids.
+
+Tolerances, measured on SmolLM2-135M-Instruct in float32 on CPU:
+
+- nnsight vs hf: **bit-exact** (measured max |diff| = 0.0). nnsight runs the very same HF
+  modules with the same SDPA attention kernel; interventions only read and write
+  tensors. The check allows 1e-5 absolute so that a change of BLAS thread count between
+  calls cannot make it flaky.
+- tlens vs hf: **float32 rounding**. The TransformerBridge forces eager attention while the
+  HF backend uses SDPA; the two sum in a different order. Measured max |diff|: 8e-5 on
+  logits (scale ~40), 8e-4 on ``blocks.29.hook_resid_post`` (scale ~4400: the massive
+  activation dimension), i.e. <= 2e-6 of each tensor's max magnitude. Checked as
+  ``|a - b| <= 1e-3 + 1e-4 |b|`` (assert_close rtol=1e-4, atol=1e-3): far tighter than
+  any edit's effect (>= 30 on logits here) and loose enough for the kernel difference.
+
+Forward checks run on two short raw prompts of different lengths (left padding). Greedy
+generation is compared token for token on 3 chat prompts x 12 tokens, batched, so left
+padding and the KV cache are exercised on every backend.
+
+Runtime: the model is loaded once and wrapped by each backend once (module fixtures);
+torch runs single-threaded here (``STEERKIT_TEST_THREADS``, default 1), which is several
+times faster than 2 threads on a shared, contended machine.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformer_lens")
+pytest.importorskip("nnsight")
+
+import steerkit
+
+pytestmark = [pytest.mark.slow, pytest.mark.backends]
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "Hi"]
+N_GEN = 12
+TOL = {"tlens": dict(rtol=1e-4, atol=1e-3), "nnsight": dict(rtol=0.0, atol=1e-5)}
+EDIT_SITES = ["blocks.5.hook_resid_pre", "blocks.5.hook_resid_mid", "blocks.5.hook_resid_post",
+              "blocks.5.hook_attn_out", "blocks.5.hook_mlp_out", "ln_final.hook_normalized"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    prev = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("STEERKIT_TEST_THREADS", "1")))
+    yield
+    torch.set_num_threads(prev)
+
+
+@pytest.fixture(scope="module")
+def hf(_threads, default_model):
+    """The HF-backend reference: the session's default model (tests/conftest.py)."""
+    return default_model
+
+
+@pytest.fixture(scope="module")
+def tlens(hf):
+    return steerkit.wrap(hf.hf_model, hf.tokenizer, name=hf.name, backend="tlens")
+
+
+@pytest.fixture(scope="module")
+def nns(hf):
+    return steerkit.wrap(hf.hf_model, hf.tokenizer, name=hf.name, backend="nnsight")
+
+
+@pytest.fixture(scope="module")
+def others(tlens, nns):
+    return {"tlens": tlens, "nnsight": nns}
+
+
+@pytest.fixture(scope="module")
+def toks(hf):
+    # Forward checks use the raw prompts (no chat template): short, still left-padded.
+    return hf.tokenize(["The capital of France is", "Rain falls softly on the quiet town and"], chat=False)
+
+
+@pytest.fixture(scope="module")
+def ref_logits(hf, toks):
+    return hf.forward(toks)
+
+
+@pytest.fixture(scope="module")
+def vec(hf):
+    g = torch.Generator().manual_seed(0)
+    return 4.0 * torch.randn(hf.d_model, generator=g)
+
+
+def _close(name, a, b):
+    torch.testing.assert_close(a, b, **TOL[name])
+
+
+def _real(logits, toks):
+    """Logits at real tokens only: a left-padding position attends to nothing, and what
+    eager and SDPA attention return for an all-masked row differs (and means nothing)."""
+    return logits[toks.attention_mask.bool()]
+
+
+def test_backends_do_not_touch_the_original_model(hf, tlens, nns):
+    assert tlens.hf_model is hf.hf_model and nns.hf_model is hf.hf_model
+    assert all("forward" not in m.__dict__ for m in hf.hf_model.modules())  # nnsight patched its copy
+    assert hf.hook_count() == 0
+    assert tlens.backend.bridge.original_model is not hf.hf_model
+    assert nns.backend.model is not hf.hf_model
+
+
+def test_plain_logits_agree(others, toks, ref_logits):
+    for name, sm in others.items():
+        _close(name, _real(sm.forward(toks), toks), _real(ref_logits, toks))
+
+
+def test_recorded_activations_agree(hf, others, toks):
+    names = [f"blocks.{l}.hook_resid_post" for l in (0, 10, hf.n_layers - 1)] + [
+        "blocks.7.hook_resid_pre", "blocks.7.hook_resid_mid", "blocks.7.hook_attn_out",
+        "blocks.7.hook_mlp_out", "ln_final.hook_normalized"]
+    with hf.record(names) as ref:
+        hf.forward(toks)
+    for name, sm in others.items():
+        with sm.record(names) as got:
+            sm.forward(toks)
+        for n in names:
+            assert got[n].shape == ref[n].shape
+            _close(name, got[n], ref[n])
+            assert torch.equal(got.positions(n), ref.positions(n))
+
+
+def test_resid_mid_is_resid_pre_plus_attn_out(others, toks):
+    for name, sm in others.items():
+        with sm.record(["blocks.4.hook_resid_pre", "blocks.4.hook_attn_out", "blocks.4.hook_resid_mid"]) as c:
+            sm.forward(toks)
+        torch.testing.assert_close(c["blocks.4.hook_resid_mid"],
+                                   c["blocks.4.hook_resid_pre"] + c["blocks.4.hook_attn_out"])
+
+
+@pytest.mark.parametrize("site", EDIT_SITES)
+def test_add_edit_gives_same_logits(hf, others, toks, ref_logits, vec, site):
+    with hf.edit(site, add=vec):
+        want = hf.forward(toks)
+    # the edit really changes what comes downstream
+    assert float((_real(want, toks) - _real(ref_logits, toks)).abs().max()) > 1.0
+    for name, sm in others.items():
+        with sm.edit(site, add=vec):
+            got = sm.forward(toks)
+        _close(name, _real(got, toks), _real(want, toks))
+        _close(name, _real(sm.forward(toks), toks), _real(ref_logits, toks))  # gone after its scope
+
+
+def test_ablation_and_resid_mid_edits_agree(hf, others, toks, vec):
+    d = vec / vec.norm()
+    edits = lambda sm: [sm.edit("blocks.10.hook_resid_post", ablate=d),
+                        sm.edit("blocks.3.hook_resid_mid", fn=lambda x: 0.5 * x),
+                        sm.edit("blocks.3.hook_resid_mid", add=vec, positions="last"),
+                        sm.edit("blocks.12.hook_resid_mid", ablate=d)]
+    probe = ["blocks.10.hook_resid_post", "blocks.12.hook_resid_mid", "blocks.3.hook_resid_mid"]
+
+    def run(sm):
+        hs = edits(sm)
+        try:
+            with sm.record(probe) as c:
+                logits = sm.forward(toks)
+        finally:
+            for h in hs:
+                h.remove()
+        return logits, c
+
+    want, cw = run(hf)
+    # the ablated direction is gone where it was ablated (recorded after the edit)
+    assert float((cw["blocks.10.hook_resid_post"] @ d).abs().max()) < 1e-3
+    assert float((cw["blocks.12.hook_resid_mid"] @ d).abs().max()) < 1e-3
+    for name, sm in others.items():
+        got, cg = run(sm)
+        _close(name, _real(got, toks), _real(want, toks))
+        for n in probe:
+            _close(name, cg[n], cw[n])
+
+
+def test_greedy_generation_agrees(hf, others):
+    want = hf.generate(PROMPTS, N_GEN, return_tokens=True)
+    assert all(len(w) > 0 for w in want)
+    for name, sm in others.items():
+        assert sm.generate(PROMPTS, N_GEN, return_tokens=True) == want, name
+
+
+def test_steered_generation_and_generated_rows_agree(hf, others, vec):
+    site = "blocks.8.hook_resid_post"
+    with hf.edit(site, add=2 * vec), hf.record(site, positions="generated") as cw:
+        want = hf.generate(PROMPTS[:2], 6, return_tokens=True)
+    plain = hf.generate(PROMPTS[:2], 6, return_tokens=True)
+    assert want != plain  # the edit applies during generation
+    for name, sm in others.items():
+        with sm.edit(site, add=2 * vec), sm.record(site, positions="generated") as cg:
+            got = sm.generate(PROMPTS[:2], 6, return_tokens=True)
+        assert got == want, name
+        # one recorded row per generated token
+        assert cg.lengths(site).tolist() == [len(t) for t in got]
+        _close(name, cg[site], cw[site])
+
+
+def test_hook_count_back_to_baseline_after_exception(hf, others, toks, ref_logits, vec):
+    for name, sm in {"hf": hf, **others}.items():
+        base = sm.hook_count()
+        with pytest.raises(RuntimeError, match="boom"):
+            with sm.edit("blocks.2.hook_resid_mid", add=vec), sm.record(["blocks.6.hook_resid_post",
+                                                                          "ln_final.hook_normalized"]):
+                assert sm.hook_count() > base, name
+                sm.forward(toks)
+                raise RuntimeError("boom")
+        assert sm.hook_count() == base, name
+
+        # an exception raised *inside* a hook function propagates and leaves nothing behind
+        def bad(x):
+            raise RuntimeError("boom in hook")
+        with pytest.raises(Exception, match="boom in hook"):
+            with sm.edit("blocks.3.hook_resid_post", fn=bad):
+                sm.forward(toks)
+        assert sm.hook_count() == base, name
+
+        # handles removed out of order, then reset()
+        h1 = sm.edit("blocks.1.hook_resid_post", add=vec)
+        h2 = sm.edit("blocks.1.hook_resid_mid", add=vec)
+        h1.remove()
+        assert sm.hook_count() > base
+        sm.reset()
+        assert sm.hook_count() == base and not h2.active, name
+        tol = TOL.get(name, dict(rtol=0.0, atol=0.0))
+        torch.testing.assert_close(_real(sm.forward(toks), toks), _real(ref_logits, toks), **tol)
