@@ -203,3 +203,20 @@ def test_model_is_freed_after_delete():
     del sm2, h
     gc.collect()
     assert ref() is None
+
+
+def test_right_padding_positions_mean_real_tokens(sm):
+    left = sm.tokenize(PROMPTS)
+    ids, mask = left.input_ids, left.attention_mask
+    # the same batch right-padded by hand
+    r_ids, r_mask = torch.full_like(ids, sm.tokenizer.pad_token_id), torch.zeros_like(mask)
+    for b in range(ids.shape[0]):
+        real = ids[b][mask[b].bool()]
+        r_ids[b, : len(real)] = real
+        r_mask[b, : len(real)] = 1
+    with sm.record([H], positions="last") as c_left, sm.record([H], positions=[0, 2, -1]) as i_left:
+        sm.forward(left)
+    with sm.record([H], positions="last") as c_right, sm.record([H], positions=[0, 2, -1]) as i_right:
+        sm.forward(steerkit.Tokens(r_ids, r_mask))
+    torch.testing.assert_close(c_left[H], c_right[H], atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(i_left[H], i_right[H], atol=2e-4, rtol=1e-4)
