@@ -528,6 +528,9 @@ def fused_steer(
     elif needs_grad and simple and (tab.has_ablate or tab.has_add):
         out = _AblateInjectFn.apply(which, h2, tab.basis, tab.strength, tab.target, tab.add,
                                     tab.add_scale, g, mk, float(layer_weight), tab.n_configs)
+    elif which == "torch" and g is None and mk is None:
+        out = fused_steer_ref(h2, tab, None, None, layer_weight, preserve_norm, region_tol,
+                              region_max_iter)
     elif which == "torch":
         gi, active = _gi_active()
         out = fused_steer_ref(h2, tab, gi, active, layer_weight, preserve_norm, region_tol,

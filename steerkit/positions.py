@@ -112,6 +112,25 @@ def chunk_mask(spec: PositionSpec, run: RunState | None, start: int, T: int, B: 
         am = torch.ones(B, start + T, dtype=torch.long, device=device)
         run = RunState(am)
     P = run.prompt_len
+    if start >= P and isinstance(spec, str):  # a decoding step: every position is a generated token
+        if spec in ("all", "generated"):
+            return None
+        key = ("none", B, T, device)
+        if key not in run._cache:
+            run._cache[key] = torch.zeros(B, T, dtype=torch.bool, device=device)
+        return run._cache[key]
+    # every hook of one step asks for the same mask: compute it once per (spec, chunk)
+    key = ("mask", spec if isinstance(spec, (str, int)) else id(spec), start, T, B, device)
+    if key in run._cache:
+        return run._cache[key]
+    out = _chunk_mask(spec, run, start, T, B, device)
+    run._cache[key] = out
+    return out
+
+
+def _chunk_mask(spec: PositionSpec, run: RunState, start: int, T: int, B: int,
+                device: torch.device) -> Tensor | None:
+    P = run.prompt_len
     abspos = torch.arange(start, start + T, device=device)  # [T]
     in_prompt = abspos < P
     am = run.attention_mask.to(device)
