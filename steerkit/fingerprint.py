@@ -1,29 +1,11 @@
-"""Model fingerprints: a short hash that says "the same weights" across processes.
+"""Model fingerprints: one definition, shared with the artifacts' provenance.
 
-The hash covers the config (as sorted JSON, without paths and dtype) and a few
-weight tensors (the embedding, the first and last block's first parameter),
-each cast to float32 so that the same weights hash the same whatever dtype the
-model was loaded in. It is cheap: no full pass over the weights.
+See :func:`steerkit.vectors.provenance.model_fingerprint`: a hash of the config
+and a few weight tensors (cast so float32 and bfloat16 loads agree), cheap
+enough to compute on every load.
 """
 from __future__ import annotations
 
-import hashlib
-import json
+from steerkit.vectors.provenance import model_fingerprint
 
-import torch
-from torch import nn
-
-
-def model_fingerprint(model: nn.Module) -> str:
-    cfg = model.config.to_dict() if hasattr(model, "config") else {}
-    for k in ("_name_or_path", "torch_dtype", "dtype", "transformers_version", "_commit_hash",
-              "architectures", "_attn_implementation_autoset", "_attn_implementation"):
-        cfg.pop(k, None)
-    h = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
-    params = list(model.named_parameters())
-    picks = [params[0], params[len(params) // 2], params[-1]] if params else []
-    for name, p in picks:
-        t = p.detach().float().flatten()[:4096].cpu().contiguous()
-        h.update(name.encode())
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()[:16]
+__all__ = ["model_fingerprint"]

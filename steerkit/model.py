@@ -212,10 +212,22 @@ class SteerModel:
                                         positions=positions)
         return self.hooks.edit(edits, label=f"{op} {list(per_hook)}")
 
-    def steer(self, steering, *, positions: PositionSpec = "all", preserve_norm: bool = False) -> HookHandle:
-        """Fused steering from ``{hook: SteerConfig}`` (or a list, one per batch row); see ``steerkit.steering``."""
-        from .steering import steer
-        return steer(self, steering, positions=positions, preserve_norm=preserve_norm)
+    def steer(self, steering, scale: float = 1.0, *, positions: PositionSpec = "all", preserve_norm: bool = False,
+              override: bool = False):
+        """Apply steering inside a ``with`` block.
+
+        ``steering`` is either a stored artifact (``steerkit.vectors.SteeringVector`` /
+        ``DirectionSet``: checked against this model's d_model, n_layers and fingerprint unless
+        ``override``; ``scale`` multiplies it), or ``{hook: SteerConfig}`` / a list of them, one per
+        batch row, applied by the fused kernel (see ``steerkit.steering``).
+        """
+        if isinstance(steering, (dict, list, tuple)):
+            from .steering import steer
+            if scale != 1.0:
+                raise InputError("scale= applies to artifacts; put the scale in each SteerConfig")
+            return steer(self, steering, positions=positions, preserve_norm=preserve_norm)
+        from steerkit.vectors.apply import steer as steer_artifact
+        return steer_artifact(self, steering, scale, override=override)
 
     def reset(self) -> None:
         """Remove every hook steerkit registered on this model."""

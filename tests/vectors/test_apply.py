@@ -1,0 +1,159 @@
+"""Applying artifacts: compatibility checks, steering through the core, ablation == orthogonalised weights."""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from steerkit.vectors import (
+    DirectionSet, ModelMismatchError, Provenance, SteeringVector, check_compatible, model_fingerprint, steer,
+)
+from steerkit.vectors.gguf_models import orthogonalize_tensors
+
+
+def _ids(seed=0, B=3, T=7):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 128, (B, T), generator=g)
+
+
+def _logits(m, ids):
+    with torch.no_grad():
+        return m(input_ids=ids).logits
+
+
+def _manual_add(m, layer, v, ids):
+    def hook(_mod, _inp, out):
+        if isinstance(out, tuple):
+            return (out[0] + v, *out[1:])
+        return out + v
+    h = m.model.layers[layer].register_forward_hook(hook)
+    try:
+        return _logits(m, ids)
+    finally:
+        h.remove()
+
+
+def test_steer_bare_hf_model_matches_manual_hook(tiny_llama):
+    v = torch.randn(64)
+    sv = SteeringVector.from_direction(v, layer=2, model=tiny_llama, scale=3.0)
+    ids = _ids()
+    base = _logits(tiny_llama, ids)
+    with steer(tiny_llama, sv):
+        got = _logits(tiny_llama, ids)
+    assert torch.allclose(got, _manual_add(tiny_llama, 2, 3.0 * v, ids), atol=1e-5)
+    assert not torch.allclose(got, base, atol=1e-3)
+    assert torch.equal(_logits(tiny_llama, ids), base)  # removed on exit
+
+
+@pytest.fixture()
+def tiny_sm(tiny_llama):
+    steerkit = pytest.importorskip("steerkit")
+    if not hasattr(steerkit, "wrap"):
+        pytest.skip("steerkit core not available")
+    tok = types.SimpleNamespace(pad_token_id=0, eos_token=None, pad_token=None, chat_template=None)
+    return steerkit.wrap(tiny_llama, tok, name="tiny")
+
+
+def test_steer_through_core_edits(tiny_sm, tiny_llama):
+    from steerkit.model import Tokens
+
+    ids = _ids(1)
+    toks = Tokens(ids, torch.ones_like(ids))
+    v = torch.randn(64)
+    sv = SteeringVector.from_direction(v, layer=1, model=tiny_sm, scale=2.0)
+    assert sv.provenance.model_name == "tiny" and sv.provenance.n_layers == 4
+    with steer(tiny_sm, sv):
+        got = tiny_sm.forward(toks)
+    assert torch.allclose(got, _manual_add(tiny_llama, 1, 2.0 * v, ids), atol=1e-4)
+    assert tiny_sm.hook_count() == 0
+
+
+def test_project_operation_sets_the_component(tiny_sm):
+    from steerkit.model import Tokens
+
+    ids = _ids(2)
+    toks = Tokens(ids, torch.ones_like(ids))
+    v = torch.randn(64)
+    sv = SteeringVector.from_direction(v, layer=1, model=tiny_sm, operation="project", scale=1.5)
+    seen = {}
+    with steer(tiny_sm, sv), tiny_sm.record("blocks.1.hook_resid_post") as cache:
+        tiny_sm.forward(toks)
+    h = cache["blocks.1.hook_resid_post"]
+    proj = h @ (v / v.norm())
+    assert torch.allclose(proj, torch.full_like(proj, 1.5 * float(v.norm())), atol=1e-3)
+
+
+def test_mismatch_names_both_sides_and_override(tiny_llama):
+    from _vectors_helpers import make_tiny_llama
+
+    other = make_tiny_llama(seed=7)
+    sv = SteeringVector.from_direction(torch.randn(64), layer=1, model=other)
+    with pytest.raises(ModelMismatchError) as e:
+        with steer(tiny_llama, sv):
+            pass
+    msg = str(e.value)
+    assert model_fingerprint(other) in msg and model_fingerprint(tiny_llama) in msg and "override=True" in msg
+    with pytest.warns(UserWarning, match="override"):
+        with steer(tiny_llama, sv, override=True):
+            pass
+    wide = SteeringVector.from_direction(torch.randn(32), layer=1)
+    with pytest.raises(ModelMismatchError, match="d_model=64.*d_model=32.*not even with override"):
+        check_compatible(wide, tiny_llama, override=True)
+    deep = SteeringVector({9: torch.randn(64)})
+    with pytest.raises(ModelMismatchError, match="below 4"):
+        check_compatible(deep, tiny_llama, override=True)
+    with pytest.warns(UserWarning, match="no model fingerprint"):
+        check_compatible(SteeringVector({1: torch.randn(64)}), tiny_llama)
+
+
+def _hf_to_gguf_names(sd):
+    m = {"model.embed_tokens.weight": "token_embd.weight"}
+    out = {}
+    for k, v in sd.items():
+        if k in m:
+            out[m[k]] = v.numpy()
+        elif k.endswith("self_attn.o_proj.weight"):
+            out[f"blk.{k.split('.')[2]}.attn_output.weight"] = v.numpy()
+        elif k.endswith("mlp.down_proj.weight"):
+            out[f"blk.{k.split('.')[2]}.ffn_down.weight"] = v.numpy()
+    return out
+
+
+def test_runtime_ablation_equals_orthogonalised_weights(tiny_llama):
+    """The maths the GGUF writer bakes in gives what run-time ablation gives (tiny model, exact-ish)."""
+    from transformers import LlamaForCausalLM
+
+    ds = DirectionSet.from_directions(torch.randn(2, 64), model=tiny_llama)
+    ids = _ids(3)
+    with steer(tiny_llama, ds):
+        runtime = _logits(tiny_llama, ids)
+    base = _logits(tiny_llama, ids)
+    assert (runtime - base).abs().max() > 1e-3  # the ablation does something
+    sd = {k: v.detach().clone() for k, v in tiny_llama.state_dict().items()}
+    new = orthogonalize_tensors(_hf_to_gguf_names(sd), ds.basis.double().numpy())
+    cfg = tiny_llama.config.__class__(**{**tiny_llama.config.to_dict(), "tie_word_embeddings": False})
+    baked = LlamaForCausalLM(cfg).eval()
+    sd2 = dict(sd)
+    sd2["model.embed_tokens.weight"] = torch.from_numpy(new["token_embd.weight"])
+    sd2["lm_head.weight"] = torch.from_numpy(new["output.weight"])
+    for k in list(sd2):
+        if k.endswith("self_attn.o_proj.weight"):
+            sd2[k] = torch.from_numpy(new[f"blk.{k.split('.')[2]}.attn_output.weight"])
+        if k.endswith("mlp.down_proj.weight"):
+            sd2[k] = torch.from_numpy(new[f"blk.{k.split('.')[2]}.ffn_down.weight"])
+    baked.load_state_dict(sd2)
+    assert torch.allclose(_logits(baked, ids), runtime, atol=1e-4)
+
+
+def test_ablation_at_layers_through_core(tiny_sm):
+    from steerkit.model import Tokens
+
+    ds = DirectionSet.from_directions(torch.randn(1, 64), model=tiny_sm, layers=[2])
+    ids = _ids(4)
+    with steer(tiny_sm, ds), tiny_sm.record("blocks.2.hook_resid_post") as cache:
+        tiny_sm.forward(Tokens(ids, torch.ones_like(ids)))
+    assert (cache["blocks.2.hook_resid_post"] @ ds.basis.T).abs().max() < 1e-4

@@ -1,0 +1,68 @@
+"""``steerkit vectors`` verbs: output and exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from steerkit.cli_vectors import main
+from steerkit.vectors import Provenance, SteeringVector, Store, import_artifact
+
+
+def test_cli_verbs(tmp_path, capsys):
+    root = tmp_path / "store"
+    s = Store(root)
+    v = SteeringVector({3: torch.randn(8)}, provenance=Provenance(d_model=8, n_layers=6, model_arch="llama", method="caa"))
+    s.save("happy", v)
+    s.save("happy", v * 2)
+    def cli(*a):
+        from steerkit import cli_vectors
+        import argparse
+
+        p = argparse.ArgumentParser()
+        cli_vectors.register(p.add_subparsers(dest="command"))
+        args = p.parse_args(["vectors", "--store", str(root), *a])
+        return cli_vectors.run(args)
+
+    assert cli("list") == 0
+    out = capsys.readouterr().out
+    assert "happy@1" in out and "happy@2" in out and "latest" in out and "caa" in out
+    assert cli("show", "happy@1", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["ref"] == "happy@1"
+    assert cli("show", "happy") == 0
+    assert "provenance.method: caa" in capsys.readouterr().out
+    f = tmp_path / "h.gguf"
+    assert cli("export", "happy@2", "--format", "llama.cpp", "-o", str(f)) == 0
+    assert f"wrote {f}" in capsys.readouterr().out
+    assert import_artifact(f) == (v * 2).effective()
+    assert cli("import", str(f), "--name", "imported", "--tag", "prod") == 0
+    assert "imported@1" in capsys.readouterr().out
+    assert s.load("imported@prod") == v * 2
+    assert cli("tag", "happy@1", "stable") == 0 and "stable -> happy@1" in capsys.readouterr().out
+    assert cli("search", "caa", "--json") == 0
+    assert {r["name"] for r in json.loads(capsys.readouterr().out)} == {"happy", "imported"}
+    assert cli("rm", "happy@1") == 0 and "removed happy@1" in capsys.readouterr().out
+    # errors: exit 1 with a message on stderr
+    assert cli("show", "happy@1") == 1
+    assert "error: expected version 1" in capsys.readouterr().err
+    assert cli("show", "../etc") == 1
+    assert cli("export", "happy@2", "--format", "svec", "-o", str(tmp_path / "no" / "x.svec")) == 0
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00")
+    assert cli("import", str(bad), "--name", "bad") == 1
+    assert "truncated" in capsys.readouterr().err
+    zero = SteeringVector({0: torch.randn(8)}, provenance=Provenance(d_model=8, n_layers=6))
+    s.save("zero", zero)
+    assert cli("export", "zero", "--format", "llama.cpp", "-o", str(tmp_path / "z.gguf")) == 1
+    assert "block 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli("export", "happy", "--format", "onnx", "-o", "x")
+    assert e.value.code == 2
+
+
+def test_main_entry_point(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("STEERKIT_STORE", str(tmp_path / "s"))
+    assert main(["list"]) == 0
+    assert "(no artifacts)" in capsys.readouterr().out

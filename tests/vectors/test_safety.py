@@ -1,0 +1,160 @@
+"""Loading files from strangers: no pickle, bounded sizes, malformed input -> clear errors (fuzzed)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from steerkit.vectors import (
+    ArtifactFormatError, DirectionSet, Provenance, SteeringVector, VectorsError, export, import_artifact, save_artifact,
+)
+from steerkit.vectors.safety import parse_gguf, parse_safetensors, read_bounded, read_json_bytes
+
+FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _vec():
+    g = torch.Generator().manual_seed(0)
+    return SteeringVector({1: torch.randn(8, generator=g), 2: torch.randn(8, generator=g)},
+                          provenance=Provenance(d_model=8, n_layers=4, model_arch="llama"))
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory) -> dict[str, bytes]:
+    d = tmp_path_factory.mktemp("samples")
+    v = _vec()
+    out = {}
+    for fmt, name in [("llama.cpp", "v.gguf"), ("tlens", "v.json"), ("svec", "v.svec"), ("safetensors", "v.safetensors")]:
+        export(v, fmt, d / name)
+        out[fmt] = (d / name).read_bytes()
+    return out
+
+
+def test_no_pickle_anywhere():
+    import steerkit.vectors as pkg
+
+    for f in Path(pkg.__file__).parent.glob("*.py"):
+        src = f.read_text()
+        for banned in ("import pickle", "torch.load(", "np.load(", "allow_pickle=True", "weights_only=False"):
+            assert banned not in src, f"{f.name} uses {banned}"
+
+
+def test_pickle_file_is_refused_clearly(tmp_path):
+    p = tmp_path / "evil.safetensors"
+    torch.save({"direction.1": torch.zeros(4)}, p)  # a zip/pickle file
+    with pytest.raises(ArtifactFormatError, match="header length|truncated|not safetensors"):
+        import_artifact(p)
+
+
+def test_size_bound_is_checked_before_reading(tmp_path):
+    p = tmp_path / "big.safetensors"
+    save_artifact(_vec(), p)
+    with pytest.raises(ArtifactFormatError, match="at most 100 bytes"):
+        import_artifact(p, max_bytes=100)
+    with pytest.raises(ArtifactFormatError, match="readable file"):
+        read_bounded(tmp_path / "missing")
+
+
+def test_hostile_counts_do_not_hang_or_allocate():
+    # GGUF header claiming 2^63 metadata entries / a 2^60-element array
+    hdr = b"GGUF" + struct.pack("<IQQ", 3, 0, 2**63)
+    with pytest.raises(ArtifactFormatError, match="metadata keys"):
+        parse_gguf(hdr)
+    arr = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"k" + struct.pack("<IIQ", 9, 4, 2**60)
+    with pytest.raises(ArtifactFormatError, match="array of"):
+        parse_gguf(arr)
+    st_hdr = struct.pack("<Q", 2**62) + b"{}"
+    with pytest.raises(ArtifactFormatError, match="header length"):
+        parse_safetensors(st_hdr)
+    deep = b"[" * 100000 + b"]" * 100000
+    with pytest.raises(ArtifactFormatError, match="nested|deep"):
+        read_json_bytes(deep)
+    with pytest.raises(ArtifactFormatError, match="finite"):
+        read_json_bytes(b'{"a": NaN}')
+
+
+def test_overlapping_or_short_safetensors_offsets_are_refused():
+    header = {"direction.1": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+              "direction.2": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}
+    h = json.dumps(header).encode()
+    data = struct.pack("<Q", len(h)) + h + b"\0" * 16
+    with pytest.raises(ArtifactFormatError, match="contiguous"):
+        parse_safetensors(data)
+    header = {"direction.1": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}}
+    h = json.dumps(header).encode()
+    with pytest.raises(ArtifactFormatError, match="take 20 bytes"):
+        parse_safetensors(struct.pack("<Q", len(h)) + h + b"\0" * 16)
+
+
+def test_model_gguf_is_not_a_steering_vector(tmp_path):
+    from steerkit.vectors.safety import write_gguf
+
+    write_gguf(tmp_path / "m.gguf", "llama", {"llama.block_count": 2}, {"blk.0.attn_norm.weight": np.ones(4, np.float32)})
+    with pytest.raises(ArtifactFormatError, match="model GGUF is not a steering vector"):
+        import_artifact(tmp_path / "m.gguf")
+
+
+def _mutate(data: bytes, ops) -> bytes:
+    b = bytearray(data)
+    for kind, pos, val in ops:
+        if not b:
+            break
+        i = pos % len(b)
+        if kind == 0:
+            b[i] = val
+        elif kind == 1:
+            del b[i:]
+        elif kind == 2:
+            b[i:i] = bytes([val]) * (val % 7 + 1)
+        else:
+            b[i] ^= 0xFF
+    return bytes(b)
+
+
+mutations = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1 << 30), st.integers(0, 255)), min_size=1, max_size=6)
+
+
+@pytest.mark.parametrize("fmt,suffix", [("llama.cpp", ".gguf"), ("tlens", ".json"), ("svec", ".svec"), ("safetensors", ".safetensors")])
+@FUZZ
+@given(ops=mutations)
+def test_fuzz_mutated_files_give_clear_errors(samples, tmp_path_factory, fmt, suffix, ops):
+    p = tmp_path_factory.mktemp("fuzz") / ("x" + suffix)
+    p.write_bytes(_mutate(samples[fmt], ops))
+    try:
+        a = import_artifact(p)
+    except VectorsError as e:
+        assert str(e)  # a message, not a crash
+    else:
+        assert isinstance(a, (SteeringVector, DirectionSet))  # survived mutation: still a valid value
+        assert all(torch.isfinite(d).all() for d in getattr(a, "directions", {}).values())
+
+
+@FUZZ
+@given(data=st.binary(max_size=512))
+def test_fuzz_random_bytes_in_every_parser(data):
+    for parse in (parse_gguf, parse_safetensors, read_json_bytes):
+        try:
+            parse(data)
+        except ArtifactFormatError as e:
+            assert str(e)
+
+
+@FUZZ
+@given(payload=st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+                            lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=20))
+def test_fuzz_structured_json_importers(tmp_path_factory, payload):
+    p = tmp_path_factory.mktemp("json") / "x.json"
+    for doc in (payload, {"directions": payload, "model_type": "llama"}, {"blocks.1.hook_resid_post": payload},
+                {"steer_vector_local_path": payload}):
+        p.write_text(json.dumps(doc))
+        try:
+            import_artifact(p)
+        except VectorsError as e:
+            assert str(e)

@@ -1,0 +1,722 @@
+"""Steering artifacts as plain values.
+
+How it works
+------------
+Five dataclasses, each holding tensors plus a :class:`~steerkit.vectors.provenance.Provenance`:
+
+* :class:`SteeringVector` -- one direction per layer (``directions[l]`` of shape ``[d_model]``),
+  a hook site (default ``hook_resid_post``: the output of block ``l``), an operation
+  (``"add"``: ``h + scale * v``; ``"project"``: set the component of ``h`` along ``v`` to
+  ``scale * |v|``), a scale, optional token positions and an optional :class:`LayerSchedule`.
+  Supports ``+ - * /`` and negation; ``.to()`` returns a new object.
+* :class:`DirectionSet` -- an orthonormal basis ``[k, d_model]`` to ablate, either at given
+  layers or "everywhere" (``layers=None``: every write into the residual stream -- the
+  embedding, each attention output and each MLP output -- which is exactly what
+  orthogonalising the weights does).
+* :class:`Probe` -- a fitted linear pipeline stored as arrays (centre, scale, optional PCA
+  projection, weight, bias, class names), never as a pickle.
+* :class:`Region` -- a polyhedron in a PCA subspace: ``mean``, ``projection [k, d]``,
+  half-space ``normals [m, k]`` and ``offsets [m]``; ``x`` is inside when
+  ``normals @ projection @ (x - mean) <= offsets``.
+* :class:`LayerSchedule` -- per-layer weights (as Temporal Activation Injection uses) and an
+  optional per-token weight list.
+
+Every class converts to and from a *payload*: a ``dict[str, Tensor]`` plus a JSON-able
+``dict`` (``kind``, ``fields``, ``provenance``).  The store and the ``safetensors`` export
+write payloads; :func:`payload_to_artifact` validates everything it reads (kinds, shapes,
+dtypes, finiteness) and raises :class:`ArtifactFormatError` on anything unexpected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar, Iterable
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .errors import ArtifactFormatError, ModelMismatchError, VectorsError
+from .provenance import Provenance, prompts_hash
+
+HOOK_SITES = ("hook_resid_post", "hook_resid_pre")
+VECTOR_OPERATIONS = ("add", "project")
+
+
+def _as_tensor(x: Any, what: str) -> Tensor:
+    if isinstance(x, Tensor):
+        t = x.detach()
+    elif isinstance(x, np.ndarray):
+        t = torch.from_numpy(np.array(x, copy=True))
+    elif isinstance(x, (list, tuple)):
+        t = torch.tensor(x, dtype=torch.float32)
+    else:
+        raise VectorsError(f"expected {what} as a torch.Tensor, numpy array or list, found {type(x).__name__}")
+    if not t.is_floating_point():
+        t = t.to(torch.float32)
+    return t
+
+
+def _check_finite(t: Tensor, what: str) -> None:
+    if t.numel() and not bool(torch.isfinite(t).all()):
+        raise ArtifactFormatError(f"expected finite values in {what}, found NaN or infinity; the artifact is corrupted")
+
+
+def _int_layer(k: Any, what: str) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        try:
+            if isinstance(k, str) and k.strip().lstrip("-").isdigit():
+                k = int(k)
+            else:
+                raise ValueError
+        except ValueError:
+            raise ArtifactFormatError(f"expected an integer layer index in {what}, found {k!r}") from None
+    k = int(k)
+    if k < 0 or k > 100_000:
+        raise ArtifactFormatError(f"expected a layer index between 0 and 100000 in {what}, found {k}")
+    return k
+
+
+def _tensors_equal(a: Tensor | None, b: Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a.cpu(), b.cpu()))
+
+
+class _Artifact:
+    """Shared behaviour: payload conversion, ``.to()``, provenance access."""
+
+    kind: ClassVar[str] = ""
+    provenance: Provenance
+
+    def _tensor_fields(self) -> dict[str, Tensor]:  # overridden
+        raise NotImplementedError
+
+    def _map_tensors(self, fn) -> "_Artifact":
+        raise NotImplementedError
+
+    def to(self, *args: Any, **kwargs: Any):
+        """Return a new artifact with every tensor moved/cast like ``Tensor.to``."""
+        return self._map_tensors(lambda t: t.to(*args, **kwargs))
+
+    def clone(self):
+        return self._map_tensors(lambda t: t.clone())
+
+    @property
+    def d_model(self) -> int:
+        raise NotImplementedError
+
+    def summary(self) -> dict:
+        p = self.provenance
+        return {
+            "kind": self.kind, "model_name": p.model_name, "model_fingerprint": p.model_fingerprint,
+            "d_model": self.d_model, "n_layers": p.n_layers, "hook_site": p.hook_site,
+            "operation": p.operation, "method": p.method, "created_at": p.created_at,
+        }
+
+
+# --------------------------------------------------------------------------- LayerSchedule
+@dataclasses.dataclass(eq=False)
+class LayerSchedule(_Artifact):
+    """Per-layer weights (and optionally per-token weights) for injecting a vector."""
+
+    weights: dict[int, float]
+    position_weights: list[float] | None = None
+    provenance: Provenance = dataclasses.field(default_factory=lambda: Provenance(operation="schedule"))
+    kind: ClassVar[str] = "layer_schedule"
+
+    def __post_init__(self) -> None:
+        w = {}
+        for k, v in dict(self.weights).items():
+            fv = float(v)
+            if not math.isfinite(fv):
+                raise ArtifactFormatError(f"expected finite layer weights, found {v!r} at layer {k}")
+            w[_int_layer(k, "LayerSchedule.weights")] = fv
+        self.weights = dict(sorted(w.items()))
+        if self.position_weights is not None:
+            pw = [float(x) for x in self.position_weights]
+            if not all(math.isfinite(x) for x in pw):
+                raise ArtifactFormatError("expected finite position weights, found NaN or infinity")
+            self.position_weights = pw
+
+    @property
+    def d_model(self) -> int:  # a schedule has no width
+        return self.provenance.d_model or 0
+
+    def weight(self, layer: int) -> float:
+        return self.weights.get(layer, 0.0)
+
+    def _map_tensors(self, fn) -> "LayerSchedule":
+        return dataclasses.replace(self)
+
+    def to_payload(self) -> tuple[dict[str, Tensor], dict]:
+        layers = list(self.weights)
+        tensors = {
+            "layers": torch.tensor(layers, dtype=torch.int64),
+            "weights": torch.tensor([self.weights[l] for l in layers], dtype=torch.float64),
+        }
+        if self.position_weights is not None:
+            tensors["position_weights"] = torch.tensor(self.position_weights, dtype=torch.float64)
+        return tensors, {"kind": self.kind, "fields": {}, "provenance": self.provenance.to_dict()}
+
+    @classmethod
+    def from_payload(cls, tensors: dict[str, Tensor], meta: dict) -> "LayerSchedule":
+        _expect_keys(tensors, {"layers", "weights"}, {"position_weights"}, cls.kind)
+        layers, weights = tensors["layers"], tensors["weights"]
+        if layers.ndim != 1 or weights.shape != layers.shape:
+            raise ArtifactFormatError(f"expected layer_schedule layers and weights of equal 1-D shape, found {tuple(layers.shape)} and {tuple(weights.shape)}")
+        pw = tensors.get("position_weights")
+        return cls(
+            weights={int(l): float(w) for l, w in zip(layers.tolist(), weights.tolist())},
+            position_weights=None if pw is None else [float(x) for x in pw.reshape(-1).tolist()],
+            provenance=Provenance.from_dict(meta.get("provenance", {})),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, LayerSchedule) and self.weights == other.weights
+                and self.position_weights == other.position_weights and self.provenance == other.provenance)
+
+
+# --------------------------------------------------------------------------- SteeringVector
+@dataclasses.dataclass(eq=False)
+class SteeringVector(_Artifact):
+    """One direction per layer, applied at ``blocks.{l}.{hook_site}``.
+
+    ``directions[l]`` has shape ``[d_model]``; ``l`` is the 0-based block index and the default
+    hook site ``hook_resid_post`` is the block's output.
+    """
+
+    directions: dict[int, Float[Tensor, "d_model"]]
+    scale: float = 1.0
+    operation: str = "add"
+    hook_site: str = "hook_resid_post"
+    positions: list[int] | None = None
+    schedule: LayerSchedule | None = None
+    provenance: Provenance = dataclasses.field(default_factory=Provenance)
+    kind: ClassVar[str] = "steering_vector"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.directions, dict) or not self.directions:
+            raise VectorsError("expected directions as a non-empty dict {layer: tensor[d_model]}, found "
+                               f"{type(self.directions).__name__} of length {len(self.directions) if hasattr(self.directions, '__len__') else '?'}")
+        dirs: dict[int, Tensor] = {}
+        width = None
+        for k, v in self.directions.items():
+            layer = _int_layer(k, "SteeringVector.directions")
+            t = _as_tensor(v, f"direction for layer {layer}")
+            if t.ndim != 1:
+                raise ArtifactFormatError(f"expected a 1-D direction [d_model] for layer {layer}, found shape {tuple(t.shape)}")
+            if width is None:
+                width = t.shape[0]
+            elif t.shape[0] != width:
+                raise ArtifactFormatError(f"expected every direction to have d_model={width}, found {t.shape[0]} at layer {layer}")
+            _check_finite(t, f"the direction for layer {layer}")
+            dirs[layer] = t
+        self.directions = dict(sorted(dirs.items()))
+        self.scale = float(self.scale)
+        if not math.isfinite(self.scale):
+            raise ArtifactFormatError(f"expected a finite scale, found {self.scale}")
+        if self.operation not in VECTOR_OPERATIONS:
+            raise VectorsError(f"expected operation in {VECTOR_OPERATIONS}, found {self.operation!r}")
+        if self.hook_site not in HOOK_SITES:
+            raise VectorsError(f"expected hook_site in {HOOK_SITES}, found {self.hook_site!r}")
+        if self.positions is not None:
+            self.positions = [int(p) for p in self.positions]
+        if self.provenance.d_model is not None and self.provenance.d_model != width:
+            raise ModelMismatchError(
+                f"expected directions of d_model={self.provenance.d_model} (from the provenance), found {width}; "
+                "the vector does not belong to this model"
+            )
+        if self.provenance.n_layers is not None:
+            bad = [l for l in self.directions if l >= self.provenance.n_layers]
+            if bad:
+                raise ModelMismatchError(
+                    f"expected layers below n_layers={self.provenance.n_layers}, found {bad}; check the layer indices (0-based)"
+                )
+        self.provenance = self.provenance.replace(hook_site=self.hook_site, operation=self.operation)
+
+    # ---- construction
+    @classmethod
+    def from_direction(
+        cls,
+        v: Float[Tensor, "d_model"] | np.ndarray,
+        layer: int | Iterable[int],
+        model: Any = None,
+        *,
+        scale: float = 1.0,
+        operation: str = "add",
+        hook_site: str = "hook_resid_post",
+        method: str | None = None,
+        method_params: dict | None = None,
+        prompts: Iterable[str] | None = None,
+        metrics: dict | None = None,
+        positions: list[int] | None = None,
+    ) -> "SteeringVector":
+        """Build a vector that applies ``v`` at ``layer`` (one index or several)."""
+        t = _as_tensor(v, "v")
+        if t.ndim == 2 and t.shape[0] == 1:
+            t = t[0]
+        layers = [layer] if isinstance(layer, (int, np.integer)) else list(layer)
+        kw = dict(method=method, method_params=dict(method_params or {}), prompts_hash=prompts_hash(prompts),
+                  metrics=dict(metrics or {}), hook_site=hook_site, operation=operation)
+        prov = Provenance.from_model(model, **kw) if model is not None else Provenance(d_model=int(t.shape[-1]) if t.ndim else None, **kw)
+        if t.ndim != 1:
+            raise VectorsError(f"expected v of shape [d_model], found {tuple(t.shape)}; pass one direction")
+        return cls({int(l): t.clone() for l in layers}, scale=scale, operation=operation, hook_site=hook_site,
+                   positions=positions, provenance=prov)
+
+    # ---- properties
+    @property
+    def d_model(self) -> int:
+        return int(next(iter(self.directions.values())).shape[0])
+
+    @property
+    def layers(self) -> list[int]:
+        return list(self.directions)
+
+    def hook_name(self, layer: int) -> str:
+        return f"blocks.{layer}.{self.hook_site}"
+
+    def effective(self) -> "SteeringVector":
+        """The same intervention with ``scale`` and the per-layer schedule folded into the directions."""
+        dirs = {}
+        for l, d in self.directions.items():
+            w = self.scale * (self.schedule.weight(l) if self.schedule is not None else 1.0)
+            dirs[l] = d * w if w != 1.0 else d.clone()
+        sched = None
+        if self.schedule is not None and self.schedule.position_weights is not None:
+            sched = LayerSchedule({l: 1.0 for l in dirs}, self.schedule.position_weights, self.schedule.provenance)
+        return dataclasses.replace(self, directions=dirs, scale=1.0, schedule=sched)
+
+    def _map_tensors(self, fn) -> "SteeringVector":
+        return dataclasses.replace(self, directions={l: fn(d) for l, d in self.directions.items()})
+
+    # ---- arithmetic
+    def _combine(self, other: "SteeringVector", sign: float) -> "SteeringVector":
+        if not isinstance(other, SteeringVector):
+            return NotImplemented
+        if other.d_model != self.d_model:
+            raise ModelMismatchError(f"expected vectors of equal d_model, found {self.d_model} and {other.d_model}")
+        if (self.operation, self.hook_site) != (other.operation, other.hook_site) or self.operation != "add":
+            raise VectorsError(
+                f"expected two 'add' vectors at the same hook site, found {self.operation}@{self.hook_site} and "
+                f"{other.operation}@{other.hook_site}; only additive vectors at one site can be combined"
+            )
+        fa, fb = self.provenance.model_fingerprint, other.provenance.model_fingerprint
+        if fa and fb and fa != fb:
+            raise ModelMismatchError(f"expected vectors for the same model, found fingerprints {fa} and {fb}")
+        if self.positions != other.positions:
+            raise VectorsError(f"expected equal positions, found {self.positions} and {other.positions}")
+        a, b = self.effective(), other.effective()
+        dirs = dict(a.directions)
+        for l, d in b.directions.items():
+            dirs[l] = dirs[l] + sign * d if l in dirs else sign * d
+        prov = self.provenance.replace(
+            method="combination",
+            method_params={"op": "+" if sign > 0 else "-", "left": self.provenance.method, "right": other.provenance.method},
+            model_fingerprint=fa or fb,
+        )
+        return SteeringVector(dirs, scale=1.0, operation="add", hook_site=self.hook_site, positions=self.positions, provenance=prov)
+
+    def __add__(self, other: "SteeringVector") -> "SteeringVector":
+        return self._combine(other, 1.0)
+
+    def __radd__(self, other: Any) -> "SteeringVector":
+        if isinstance(other, (int, float)) and other == 0:  # sum([...])
+            return self
+        return NotImplemented
+
+    def __sub__(self, other: "SteeringVector") -> "SteeringVector":
+        return self._combine(other, -1.0)
+
+    def __mul__(self, k: float) -> "SteeringVector":
+        if not isinstance(k, (int, float, np.floating, np.integer)) or isinstance(k, bool):
+            return NotImplemented
+        return dataclasses.replace(self, directions={l: d * float(k) for l, d in self.directions.items()})
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, k: float) -> "SteeringVector":
+        if not isinstance(k, (int, float, np.floating, np.integer)) or isinstance(k, bool):
+            return NotImplemented
+        if float(k) == 0.0:
+            raise ZeroDivisionError("cannot divide a steering vector by zero")
+        return dataclasses.replace(self, directions={l: d / float(k) for l, d in self.directions.items()})
+
+    def __neg__(self) -> "SteeringVector":
+        return dataclasses.replace(self, directions={l: -d for l, d in self.directions.items()})
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SteeringVector):
+            return NotImplemented
+        return (self.directions.keys() == other.directions.keys()
+                and all(_tensors_equal(self.directions[l], other.directions[l]) for l in self.directions)
+                and (self.scale, self.operation, self.hook_site, self.positions) == (other.scale, other.operation, other.hook_site, other.positions)
+                and self.schedule == other.schedule and self.provenance == other.provenance)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # ---- payload
+    def to_payload(self) -> tuple[dict[str, Tensor], dict]:
+        tensors = {f"direction.{l}": d.detach().cpu().contiguous() for l, d in self.directions.items()}
+        fields = {"scale": self.scale, "operation": self.operation, "hook_site": self.hook_site, "positions": self.positions}
+        if self.schedule is not None:
+            st, sm = self.schedule.to_payload()
+            tensors.update({f"schedule.{k}": v for k, v in st.items()})
+            fields["schedule_provenance"] = sm["provenance"]
+        return tensors, {"kind": self.kind, "fields": fields, "provenance": self.provenance.to_dict()}
+
+    @classmethod
+    def from_payload(cls, tensors: dict[str, Tensor], meta: dict) -> "SteeringVector":
+        fields = _fields(meta, cls.kind)
+        dirs, sched = {}, {}
+        for k, v in tensors.items():
+            if k.startswith("direction."):
+                dirs[_int_layer(k.split(".", 1)[1], f"tensor name {k!r}")] = v
+            elif k.startswith("schedule."):
+                sched[k.split(".", 1)[1]] = v
+            else:
+                raise ArtifactFormatError(f"expected tensors named direction.N or schedule.*, found {k!r}")
+        if not dirs:
+            raise ArtifactFormatError("expected at least one direction.N tensor, found none")
+        for l, d in dirs.items():
+            if not d.is_floating_point():
+                raise ArtifactFormatError(f"expected a floating-point direction for layer {l}, found {d.dtype}")
+        schedule = None
+        if sched:
+            schedule = LayerSchedule.from_payload(sched, {"provenance": fields.get("schedule_provenance", {})})
+        positions = fields.get("positions")
+        if positions is not None and (not isinstance(positions, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in positions)):
+            raise ArtifactFormatError(f"expected positions as a list of integers, found {positions!r:.100}")
+        scale = fields.get("scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise ArtifactFormatError(f"expected a numeric scale, found {scale!r:.100}")
+        return cls(dirs, scale=float(scale), operation=_str_field(fields, "operation", "add"),
+                   hook_site=_str_field(fields, "hook_site", "hook_resid_post"), positions=positions,
+                   schedule=schedule, provenance=Provenance.from_dict(meta.get("provenance", {})))
+
+
+# --------------------------------------------------------------------------- DirectionSet
+@dataclasses.dataclass(eq=False)
+class DirectionSet(_Artifact):
+    """An orthonormal basis ``[k, d_model]`` to ablate (project out of the residual stream).
+
+    ``layers=None`` ablates everywhere: the embedding output and every attention and MLP
+    output (equivalently the residual stream before, inside and after every block), which is
+    what weight orthogonalisation bakes in.  With a list of layers it ablates only at
+    ``blocks.{l}.{hook_site}``.
+    """
+
+    basis: Float[Tensor, "k d_model"]
+    layers: list[int] | None = None
+    hook_site: str = "hook_resid_post"
+    provenance: Provenance = dataclasses.field(default_factory=lambda: Provenance(operation="ablate"))
+    kind: ClassVar[str] = "direction_set"
+    ORTHONORMAL_TOL: ClassVar[float] = 1e-3
+
+    def __post_init__(self) -> None:
+        b = _as_tensor(self.basis, "basis")
+        if b.ndim == 1:
+            b = b[None, :]
+        if b.ndim != 2 or b.shape[0] < 1 or b.shape[0] > b.shape[1]:
+            raise ArtifactFormatError(f"expected a basis of shape [k, d_model] with 1 <= k <= d_model, found {tuple(b.shape)}")
+        _check_finite(b, "the basis")
+        gram = b.double() @ b.double().T
+        err = float((gram - torch.eye(b.shape[0], dtype=torch.float64)).abs().max())
+        if err > self.ORTHONORMAL_TOL:
+            raise ArtifactFormatError(
+                f"expected an orthonormal basis (|B B^T - I| <= {self.ORTHONORMAL_TOL}), found deviation {err:.3g}; "
+                "build it with DirectionSet.from_directions(...), which orthonormalises"
+            )
+        self.basis = b
+        if self.layers is not None:
+            self.layers = sorted({_int_layer(l, "DirectionSet.layers") for l in self.layers})
+        if self.hook_site not in HOOK_SITES:
+            raise VectorsError(f"expected hook_site in {HOOK_SITES}, found {self.hook_site!r}")
+        if self.provenance.d_model is not None and self.provenance.d_model != b.shape[1]:
+            raise ModelMismatchError(f"expected a basis of d_model={self.provenance.d_model}, found {b.shape[1]}")
+        self.provenance = self.provenance.replace(operation="ablate", hook_site=self.hook_site)
+
+    @classmethod
+    def from_directions(cls, directions: Float[Tensor, "k d_model"] | np.ndarray, model: Any = None,
+                        layers: list[int] | None = None, *, method: str | None = None,
+                        prompts: Iterable[str] | None = None, metrics: dict | None = None) -> "DirectionSet":
+        """Orthonormalise ``directions`` (rows) with QR and wrap them."""
+        d = _as_tensor(directions, "directions")
+        if d.ndim == 1:
+            d = d[None, :]
+        q, r = torch.linalg.qr(d.double().T)
+        if bool((r.diagonal().abs() < 1e-8).any()):
+            raise VectorsError("expected linearly independent directions, found a dependent set; drop redundant rows")
+        basis = (q.T * torch.sign(r.diagonal())[:, None]).to(d.dtype)
+        kw = dict(method=method, prompts_hash=prompts_hash(prompts), metrics=dict(metrics or {}), operation="ablate")
+        prov = Provenance.from_model(model, **kw) if model is not None else Provenance(d_model=int(d.shape[1]), **kw)
+        return cls(basis, layers=layers, provenance=prov)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.basis.shape[1])
+
+    @property
+    def k(self) -> int:
+        return int(self.basis.shape[0])
+
+    def project_out(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        b = self.basis.to(x.device, x.dtype)
+        return x - (x @ b.T) @ b
+
+    def _map_tensors(self, fn) -> "DirectionSet":
+        return dataclasses.replace(self, basis=fn(self.basis))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DirectionSet):
+            return NotImplemented
+        return (_tensors_equal(self.basis, other.basis) and self.layers == other.layers
+                and self.hook_site == other.hook_site and self.provenance == other.provenance)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def to_payload(self) -> tuple[dict[str, Tensor], dict]:
+        return ({"basis": self.basis.detach().cpu().contiguous()},
+                {"kind": self.kind, "fields": {"layers": self.layers, "hook_site": self.hook_site},
+                 "provenance": self.provenance.to_dict()})
+
+    @classmethod
+    def from_payload(cls, tensors: dict[str, Tensor], meta: dict) -> "DirectionSet":
+        fields = _fields(meta, cls.kind)
+        _expect_keys(tensors, {"basis"}, set(), cls.kind)
+        layers = fields.get("layers")
+        if layers is not None and not isinstance(layers, list):
+            raise ArtifactFormatError(f"expected layers as a list or null, found {layers!r:.100}")
+        if not tensors["basis"].is_floating_point():
+            raise ArtifactFormatError(f"expected a floating-point basis, found {tensors['basis'].dtype}")
+        return cls(tensors["basis"], layers=layers, hook_site=_str_field(fields, "hook_site", "hook_resid_post"),
+                   provenance=Provenance.from_dict(meta.get("provenance", {})))
+
+
+# --------------------------------------------------------------------------- Probe
+@dataclasses.dataclass(eq=False)
+class Probe(_Artifact):
+    """A fitted linear probe stored as arrays: ``z = ((x - mean) / scale) @ projection.T``,
+    ``logits = z @ weight.T + bias`` (``projection`` optional; ``mean``/``scale`` optional)."""
+
+    weight: Float[Tensor, "n_out k"]
+    bias: Float[Tensor, "n_out"]
+    layer: int
+    classes: list[str] = dataclasses.field(default_factory=list)
+    mean: Float[Tensor, "d_model"] | None = None
+    scale: Float[Tensor, "d_model"] | None = None
+    projection: Float[Tensor, "k d_model"] | None = None
+    hook_site: str = "hook_resid_post"
+    probe_kind: str = "logistic"
+    provenance: Provenance = dataclasses.field(default_factory=lambda: Provenance(operation="read"))
+    kind: ClassVar[str] = "probe"
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("mean", "scale", "projection")
+
+    def __post_init__(self) -> None:
+        self.weight = _as_tensor(self.weight, "weight")
+        if self.weight.ndim == 1:
+            self.weight = self.weight[None, :]
+        self.bias = _as_tensor(self.bias, "bias").reshape(-1)
+        for name in self._OPTIONAL:
+            v = getattr(self, name)
+            if v is not None:
+                setattr(self, name, _as_tensor(v, name))
+        if self.weight.ndim != 2 or self.bias.shape[0] != self.weight.shape[0]:
+            raise ArtifactFormatError(f"expected weight [n_out, k] and bias [n_out], found {tuple(self.weight.shape)} and {tuple(self.bias.shape)}")
+        d = self.d_model
+        k = self.weight.shape[1]
+        if self.projection is not None and (self.projection.ndim != 2 or self.projection.shape[0] != k):
+            raise ArtifactFormatError(f"expected projection [k={k}, d_model], found {tuple(self.projection.shape)}")
+        for name in ("mean", "scale"):
+            v = getattr(self, name)
+            if v is not None and tuple(v.shape) != (d,):
+                raise ArtifactFormatError(f"expected {name} of shape [{d}], found {tuple(v.shape)}")
+        for name in ("weight", "bias", *self._OPTIONAL):
+            v = getattr(self, name)
+            if v is not None:
+                _check_finite(v, f"probe {name}")
+        self.layer = _int_layer(self.layer, "Probe.layer")
+        self.classes = [str(c) for c in self.classes]
+        self.provenance = self.provenance.replace(operation="read", hook_site=self.hook_site)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.projection.shape[1] if self.projection is not None else self.weight.shape[1])
+
+    def features(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... k"]:
+        z = x
+        if self.mean is not None:
+            z = z - self.mean.to(z)
+        if self.scale is not None:
+            z = z / self.scale.to(z)
+        if self.projection is not None:
+            z = z @ self.projection.to(z).T
+        return z
+
+    def decision_function(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... n_out"]:
+        return self.features(x) @ self.weight.to(x).T + self.bias.to(x)
+
+    def predict_proba(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... n_classes"]:
+        s = self.decision_function(x)
+        if s.shape[-1] == 1:
+            p = torch.sigmoid(s)
+            return torch.cat([1 - p, p], dim=-1)
+        return torch.softmax(s, dim=-1)
+
+    def _map_tensors(self, fn) -> "Probe":
+        return dataclasses.replace(self, weight=fn(self.weight), bias=fn(self.bias),
+                                   **{n: (fn(getattr(self, n)) if getattr(self, n) is not None else None) for n in self._OPTIONAL})
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Probe):
+            return NotImplemented
+        return (all(_tensors_equal(getattr(self, n), getattr(other, n)) for n in ("weight", "bias", *self._OPTIONAL))
+                and (self.layer, self.classes, self.hook_site, self.probe_kind, self.provenance)
+                == (other.layer, other.classes, other.hook_site, other.probe_kind, other.provenance))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def to_payload(self) -> tuple[dict[str, Tensor], dict]:
+        tensors = {"weight": self.weight, "bias": self.bias}
+        tensors.update({n: getattr(self, n) for n in self._OPTIONAL if getattr(self, n) is not None})
+        return ({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                {"kind": self.kind, "fields": {"layer": self.layer, "classes": self.classes, "hook_site": self.hook_site,
+                                               "probe_kind": self.probe_kind},
+                 "provenance": self.provenance.to_dict()})
+
+    @classmethod
+    def from_payload(cls, tensors: dict[str, Tensor], meta: dict) -> "Probe":
+        fields = _fields(meta, cls.kind)
+        _expect_keys(tensors, {"weight", "bias"}, set(cls._OPTIONAL), cls.kind)
+        classes = fields.get("classes", [])
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise ArtifactFormatError(f"expected classes as a list of strings, found {classes!r:.100}")
+        return cls(tensors["weight"], tensors["bias"], layer=fields.get("layer", 0), classes=classes,
+                   hook_site=_str_field(fields, "hook_site", "hook_resid_post"),
+                   probe_kind=_str_field(fields, "probe_kind", "logistic"),
+                   provenance=Provenance.from_dict(meta.get("provenance", {})),
+                   **{n: tensors.get(n) for n in cls._OPTIONAL})
+
+
+# --------------------------------------------------------------------------- Region
+@dataclasses.dataclass(eq=False)
+class Region(_Artifact):
+    """A polyhedron in a PCA subspace: inside iff ``normals @ (projection @ (x - mean)) <= offsets``."""
+
+    mean: Float[Tensor, "d_model"]
+    projection: Float[Tensor, "k d_model"]
+    normals: Float[Tensor, "m k"]
+    offsets: Float[Tensor, "m"]
+    layer: int
+    hook_site: str = "hook_resid_post"
+    provenance: Provenance = dataclasses.field(default_factory=lambda: Provenance(operation="read"))
+    kind: ClassVar[str] = "region"
+
+    def __post_init__(self) -> None:
+        self.mean = _as_tensor(self.mean, "mean")
+        self.projection = _as_tensor(self.projection, "projection")
+        self.normals = _as_tensor(self.normals, "normals")
+        self.offsets = _as_tensor(self.offsets, "offsets")
+        d = self.mean.shape[0] if self.mean.ndim == 1 else -1
+        if (self.mean.ndim != 1 or self.projection.ndim != 2 or self.projection.shape[1] != d
+                or self.normals.ndim != 2 or self.normals.shape[1] != self.projection.shape[0]
+                or tuple(self.offsets.shape) != (self.normals.shape[0],)):
+            raise ArtifactFormatError(
+                "expected mean [d], projection [k, d], normals [m, k], offsets [m]; found "
+                f"{tuple(self.mean.shape)}, {tuple(self.projection.shape)}, {tuple(self.normals.shape)}, {tuple(self.offsets.shape)}"
+            )
+        for n in ("mean", "projection", "normals", "offsets"):
+            _check_finite(getattr(self, n), f"region {n}")
+        self.layer = _int_layer(self.layer, "Region.layer")
+        self.provenance = self.provenance.replace(operation="read", hook_site=self.hook_site)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.mean.shape[0])
+
+    def coordinates(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... k"]:
+        return (x - self.mean.to(x)) @ self.projection.to(x).T
+
+    def contains(self, x: Float[Tensor, "... d_model"], tol: float = 0.0) -> Tensor:
+        s = self.coordinates(x) @ self.normals.to(x).T
+        return (s <= self.offsets.to(x) + tol).all(dim=-1)
+
+    def _map_tensors(self, fn) -> "Region":
+        return dataclasses.replace(self, mean=fn(self.mean), projection=fn(self.projection),
+                                   normals=fn(self.normals), offsets=fn(self.offsets))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Region):
+            return NotImplemented
+        return (all(_tensors_equal(getattr(self, n), getattr(other, n)) for n in ("mean", "projection", "normals", "offsets"))
+                and (self.layer, self.hook_site, self.provenance) == (other.layer, other.hook_site, other.provenance))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def to_payload(self) -> tuple[dict[str, Tensor], dict]:
+        return ({n: getattr(self, n).detach().cpu().contiguous() for n in ("mean", "projection", "normals", "offsets")},
+                {"kind": self.kind, "fields": {"layer": self.layer, "hook_site": self.hook_site},
+                 "provenance": self.provenance.to_dict()})
+
+    @classmethod
+    def from_payload(cls, tensors: dict[str, Tensor], meta: dict) -> "Region":
+        fields = _fields(meta, cls.kind)
+        _expect_keys(tensors, {"mean", "projection", "normals", "offsets"}, set(), cls.kind)
+        return cls(**{n: tensors[n] for n in ("mean", "projection", "normals", "offsets")}, layer=fields.get("layer", 0),
+                   hook_site=_str_field(fields, "hook_site", "hook_resid_post"),
+                   provenance=Provenance.from_dict(meta.get("provenance", {})))
+
+
+# --------------------------------------------------------------------------- payload helpers
+ARTIFACT_KINDS: dict[str, type] = {c.kind: c for c in (SteeringVector, DirectionSet, Probe, Region, LayerSchedule)}
+Artifact = SteeringVector | DirectionSet | Probe | Region | LayerSchedule
+
+
+def _fields(meta: Any, kind: str) -> dict:
+    if not isinstance(meta, dict):
+        raise ArtifactFormatError(f"expected artifact metadata as a JSON object, found {type(meta).__name__}")
+    f = meta.get("fields", {})
+    if not isinstance(f, dict):
+        raise ArtifactFormatError(f"expected 'fields' of a {kind} to be an object, found {type(f).__name__}")
+    return f
+
+
+def _str_field(fields: dict, key: str, default: str) -> str:
+    v = fields.get(key, default)
+    if not isinstance(v, str):
+        raise ArtifactFormatError(f"expected field {key!r} to be a string, found {v!r:.100}")
+    return v
+
+
+def _expect_keys(tensors: dict, required: set, optional: set, kind: str) -> None:
+    keys = set(tensors)
+    missing, extra = required - keys, keys - required - optional
+    if missing or extra:
+        raise ArtifactFormatError(
+            f"expected tensors {sorted(required)} (optional {sorted(optional)}) in a {kind}, found {sorted(keys)[:20]}"
+        )
+
+
+def artifact_to_payload(obj: Any) -> tuple[dict[str, Tensor], dict]:
+    if not isinstance(obj, tuple(ARTIFACT_KINDS.values())):
+        raise VectorsError(f"expected a steerkit artifact ({', '.join(ARTIFACT_KINDS)}), found {type(obj).__name__}")
+    return obj.to_payload()
+
+
+def payload_to_artifact(tensors: dict[str, Tensor], meta: Any) -> Any:
+    """Rebuild an artifact from tensors and metadata, validating everything."""
+    if not isinstance(meta, dict):
+        raise ArtifactFormatError(f"expected artifact metadata as a JSON object, found {type(meta).__name__}")
+    kind = meta.get("kind")
+    cls = ARTIFACT_KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ArtifactFormatError(f"expected artifact kind in {sorted(ARTIFACT_KINDS)}, found {kind!r:.100}")
+    try:
+        return cls.from_payload(tensors, meta)
+    except VectorsError:
+        raise
+    except (TypeError, ValueError, RuntimeError, KeyError, IndexError, OverflowError) as e:
+        raise ArtifactFormatError(f"expected a valid {kind} payload, found an inconsistent one ({type(e).__name__}: {e})") from e

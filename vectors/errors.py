@@ -1,0 +1,32 @@
+"""Exceptions raised by steerkit.vectors.
+
+Every error is a subclass of ``VectorsError`` (itself a ``ValueError``) so callers
+can catch one type.  Messages follow one pattern: what was expected, what was
+found, and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class VectorsError(ValueError):
+    """Base class of every error raised by steerkit.vectors."""
+
+
+class ArtifactFormatError(VectorsError):
+    """A file or payload is malformed, truncated, too large or of the wrong kind."""
+
+
+class UnsafeNameError(VectorsError):
+    """An artifact name or path tries to leave the store or is otherwise not allowed."""
+
+
+class ModelMismatchError(VectorsError):
+    """An artifact was made for a different model (d_model, n_layers or fingerprint)."""
+
+
+class ExportError(VectorsError):
+    """The artifact cannot be expressed in the requested export format."""
+
+
+class StoreError(VectorsError):
+    """A store operation failed (unknown name, version or tag; store corrupted)."""

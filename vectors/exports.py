@@ -1,0 +1,550 @@
+"""Export and import of artifacts for other engines.
+
+How it works
+------------
+``export(artifact, fmt, path)`` writes one of these formats; ``import_artifact(path, fmt)``
+reads it back (``fmt=None`` detects it).  Every reader uses the bounded parsers of
+:mod:`steerkit.vectors.safety` (no pickle; malformed input -> ``ArtifactFormatError``).
+
+========== ====================================================================================
+format     what is written
+========== ====================================================================================
+llama.cpp  GGUF control vector: ``general.architecture = "controlvector"``,
+           ``controlvector.model_hint`` (the model's GGUF architecture name),
+           ``controlvector.layer_count`` and float32 1-D tensors ``direction.N`` of length
+           n_embd, N = 0-based index of the block whose *output* receives the vector (llama.cpp
+           adds ``direction.N`` after block N, i.e. ``blocks.N.hook_resid_post``).  Scale and
+           per-layer schedule are folded into the tensors (llama.cpp's own ``--control-vector``
+           strength then multiplies them).  Refused: layer 0 (llama.cpp skips such files with a
+           log line), layers >= n_layers (silently dropped by llama.cpp), operations other than
+           ``add``, token positions and per-token schedules.  Extra ``steerkit.*`` keys (operation,
+           hook site, layer base, provenance as JSON) are ignored by llama.cpp.
+repeng     The same GGUF layout as written by ``repeng.ControlVector.export_gguf``: model_hint is
+           the Hugging Face ``model_type``; layer 0 is allowed (repeng hooks block outputs too).
+easysteer  EasySteer's GGUF flavour (``general.architecture = "steervector"``, ``direction.N``)
+           plus a request JSON ``<stem>.request.json`` with the ``SteerVectorRequest`` fields
+           (``scale``, ``target_layers``, trigger tokens/positions, ``algorithm = "direct"``).
+           The scale lives in the request, not in the tensors.
+tlens      TransformerLens-style intervention spec, JSON ``{hook: {"op", "value", "pos", "scale"}}``
+           with hooks like ``blocks.15.hook_resid_post``; a DirectionSet ablating everywhere
+           becomes ``ablate`` entries on ``hook_embed`` and every ``hook_attn_out``/``hook_mlp_out``.
+           Provenance goes under the reserved key ``"__steerkit__"``.
+svec       IBM activation-steering ``.svec`` JSON: ``model_type``, ``directions`` {layer: list},
+           ``explained_variances``; steerkit's scale/provenance under the extra key ``"steerkit"``
+           (IBM's loader ignores unknown keys).
+safetensors Plain safetensors with the artifact payload and its metadata JSON in
+           ``__metadata__["steerkit"]``; any artifact kind.
+========== ====================================================================================
+
+Round trips are exact: ``import_artifact(export(v))`` equals ``v.effective()`` for the GGUF
+formats (equal to ``v`` itself when its scale is 1 and it has no schedule) and equals ``v`` for
+``easysteer`` (request + GGUF), ``tlens``, ``svec`` and ``safetensors``.  JSON floats are
+written with Python's shortest round-trip repr, so float32 values come back bit-identical.
+
+Directional ablation cannot be a control vector; it deploys as weights: see
+:func:`steerkit.vectors.gguf_models.write_orthogonalized_gguf`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .artifacts import ARTIFACT_KINDS, DirectionSet, LayerSchedule, SteeringVector, artifact_to_payload, payload_to_artifact
+from .errors import ArtifactFormatError, ExportError, ModelMismatchError, VectorsError
+from .provenance import Provenance
+from .safety import (
+    MAX_FILE_BYTES, atomic_write_bytes, dump_json, parse_gguf, parse_safetensors, read_bounded,
+    read_json, read_json_bytes, tensors_to_safetensors, write_gguf,
+)
+
+FORMATS = ("llama.cpp", "repeng", "easysteer", "tlens", "svec", "safetensors")
+_ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "gguf": "llama.cpp", "transformerlens": "tlens",
+            "transformer_lens": "tlens", "ibm": "svec", "st": "safetensors", "steerkit": "safetensors"}
+# Hugging Face model_type -> GGUF general.architecture (llama.cpp's model_hint)
+HF_TO_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
+                   "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2",
+                   "olmo": "olmo", "olmo2": "olmo2", "granite": "granite", "stablelm": "stablelm"}
+_HOOK_RE = re.compile(r"^blocks\.(\d+)\.(hook_resid_post|hook_resid_pre|hook_attn_out|hook_mlp_out)$")
+
+
+def normalize_format(fmt: str) -> str:
+    f = _ALIASES.get(str(fmt).lower(), str(fmt).lower())
+    if f not in FORMATS:
+        raise VectorsError(f"expected a format in {FORMATS}, found {fmt!r}")
+    return f
+
+
+# ============================================================================ helpers
+def _require_vector(a: Any, fmt: str) -> SteeringVector:
+    if isinstance(a, DirectionSet):
+        raise ExportError(
+            f"a DirectionSet (directional ablation) cannot be expressed as a {fmt} steering vector; "
+            "deploy it as weights with steerkit.vectors.write_orthogonalized_gguf(...) (llama.cpp), "
+            "or export it with format 'tlens' or 'safetensors'"
+        )
+    if not isinstance(a, SteeringVector):
+        raise ExportError(f"expected a SteeringVector for format {fmt!r}, found {type(a).__name__}; "
+                          "export other artifacts with format 'safetensors'")
+    return a
+
+
+def _refuse_unexpressible(v: SteeringVector, fmt: str, *, allow_positions: bool = False) -> None:
+    if v.operation != "add":
+        raise ExportError(
+            f"{fmt} can only add a vector to the residual stream; this vector's operation is {v.operation!r} "
+            "(projection). Export it with format 'tlens' or 'safetensors' instead, or convert it to an additive vector"
+        )
+    if v.hook_site != "hook_resid_post":
+        raise ExportError(f"{fmt} steers block outputs (hook_resid_post) only, this vector is at {v.hook_site}; "
+                          "move it to the previous block's hook_resid_post or export it as 'tlens'/'safetensors'")
+    if v.positions is not None and not allow_positions:
+        raise ExportError(f"{fmt} applies a vector at every token; this vector is limited to positions {v.positions}. "
+                          "Export it as 'easysteer' (trigger positions), 'tlens' or 'safetensors' instead")
+    if v.schedule is not None and v.schedule.position_weights is not None:
+        raise ExportError(f"{fmt} cannot express a per-token schedule; export as 'tlens' or 'safetensors' instead, "
+                          "or drop the schedule's position_weights")
+
+
+def _check_layers(v: SteeringVector, n_layers: int | None, fmt: str, *, allow_zero: bool) -> None:
+    if not allow_zero and 0 in v.directions:
+        raise ExportError(
+            f"{fmt} cannot steer block 0: llama.cpp skips a control-vector file containing direction.0 "
+            "(it only logs a line). Move the vector to layer >= 1 (e.g. the same direction at layer 1), "
+            "or export it as 'repeng', 'easysteer', 'tlens' or 'safetensors'"
+        )
+    if n_layers is None:
+        if fmt == "llama.cpp":
+            raise ExportError("expected the model's n_layers to be known (llama.cpp silently drops direction tensors "
+                              "for layers >= n_layer), found none in the provenance; pass model=... to export()")
+        return
+    bad = [l for l in v.directions if l >= n_layers]
+    if bad:
+        raise ExportError(f"expected layers below n_layers={n_layers}, found {bad}; {fmt} would drop them silently. "
+                          "Check the layer indices (0-based)")
+
+
+def _model_fill(prov: Provenance, model: Any, d_model: int) -> Provenance:
+    """Fill unknown model fields of ``prov`` from ``model`` and check the known ones."""
+    if model is None:
+        return prov
+    mp = Provenance.from_model(model)
+    if mp.d_model is not None and mp.d_model != d_model:
+        raise ModelMismatchError(f"expected vectors of the model's d_model={mp.d_model}, found {d_model}")
+    upd = {k: getattr(mp, k) for k in ("model_name", "model_fingerprint", "model_arch", "d_model", "n_layers")
+           if getattr(prov, k) is None}
+    return prov.replace(**upd)
+
+
+def _gguf_arch_of(prov: Provenance, model: Any) -> str:
+    src = getattr(model, "source_gguf", None) if model is not None else None
+    if src:
+        try:
+            import gguf
+
+            f = gguf.GGUFReader(src).get_field("general.architecture")
+            if f is not None:
+                return str(f.contents())
+        except Exception:
+            pass
+    arch = prov.model_arch
+    return HF_TO_GGUF_ARCH.get(arch, arch) if arch else "unknown"
+
+
+def _json_floats(t: torch.Tensor) -> list:
+    return t.detach().cpu().to(torch.float64).tolist()
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _dtype_from(name: Any) -> torch.dtype:
+    allowed = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+    if name not in allowed:
+        raise ArtifactFormatError(f"expected dtype in {sorted(allowed)}, found {name!r:.50}")
+    return allowed[name]
+
+
+def _float_list(x: Any, what: str, max_len: int = 1 << 20) -> list[float]:
+    if not isinstance(x, list) or len(x) > max_len or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x):
+        raise ArtifactFormatError(f"expected {what} as a list of numbers, found {str(x)[:80]}")
+    return x
+
+
+# ============================================================================ GGUF control vectors
+def _gguf_kv(v: SteeringVector, fmt: str, hint: str, folded_scale: float) -> dict:
+    return {
+        "controlvector.model_hint" if fmt != "easysteer" else "steervector.model_hint": hint,
+        "controlvector.layer_count" if fmt != "easysteer" else "steervector.layer_count": len(v.directions),
+        "steerkit.format": fmt,
+        "steerkit.operation": v.operation,
+        "steerkit.hook_site": v.hook_site,
+        "steerkit.layer_base": v.provenance.layer_base,
+        "steerkit.scale_folded": float(folded_scale),
+        "steerkit.dtype": _dtype_name(next(iter(v.directions.values()))),
+        "steerkit.provenance": json.dumps(v.provenance.to_dict(), sort_keys=True),
+    }
+
+
+def _export_gguf_vector(v: SteeringVector, fmt: str, path: Path, model: Any, scale: float | None) -> list[Path]:
+    _refuse_unexpressible(v, fmt, allow_positions=(fmt == "easysteer"))
+    prov = _model_fill(v.provenance, model, v.d_model)
+    _check_layers(v, prov.n_layers, fmt, allow_zero=(fmt != "llama.cpp"))
+    if fmt == "easysteer":  # scale goes into the request; fold only the per-layer schedule
+        base = SteeringVector(v.directions, 1.0, v.operation, v.hook_site, None, v.schedule, v.provenance).effective()
+        folded = 1.0
+    else:
+        base = v.effective()
+        folded = v.scale
+        if scale is not None:
+            base = base * float(scale)
+            folded *= float(scale)
+    base = SteeringVector(base.directions, 1.0, base.operation, base.hook_site, None, None, prov)
+    if fmt == "llama.cpp":
+        hint = _gguf_arch_of(prov, model)
+        arch = "controlvector"
+    elif fmt == "repeng":
+        hint = prov.model_arch or "unknown"
+        arch = "controlvector"
+    else:
+        hint = prov.model_arch or "unknown"
+        arch = "steervector"
+    tensors = {f"direction.{l}": d.detach().cpu().to(torch.float32).numpy() for l, d in base.directions.items()}
+    kv = _gguf_kv(base, fmt, hint, folded)
+    kv["steerkit.dtype"] = _dtype_name(next(iter(v.directions.values())))
+    write_gguf(path, arch, kv, tensors)
+    out = [path]
+    if fmt == "easysteer":
+        req = easysteer_request(v, path, name=path.stem)
+        rp = easysteer_request_path(path)
+        atomic_write_bytes(rp, json.dumps(req, indent=1).encode())
+        out.append(rp)
+    return out
+
+
+def easysteer_request_path(gguf_path: str | os.PathLike) -> Path:
+    p = Path(gguf_path)
+    stem = p.name[: -len(".gguf")] if p.name.endswith(".gguf") else p.name
+    return p.with_name(stem + ".request.json")
+
+
+def easysteer_request(v: SteeringVector, gguf_path: str | os.PathLike, *, name: str = "steerkit", int_id: int = 1) -> dict:
+    """The EasySteer ``SteerVectorRequest`` fields for ``v`` stored at ``gguf_path``."""
+    req: dict[str, Any] = {
+        "steer_vector_name": name,
+        "steer_vector_int_id": int(int_id),
+        "steer_vector_local_path": str(Path(gguf_path).resolve()),
+        "scale": float(v.scale),
+        "target_layers": sorted(v.directions),
+        "algorithm": "direct",
+        "normalize": False,
+    }
+    if v.positions is None:
+        req["prefill_trigger_tokens"] = [-1]
+        req["generate_trigger_tokens"] = [-1]
+    else:
+        req["prefill_trigger_positions"] = list(v.positions)
+    return req
+
+
+def _import_gguf_vector(path: Path, fmt_hint: str | None, model: Any, max_bytes: int) -> SteeringVector:
+    meta, tensors = parse_gguf(read_bounded(path, max_bytes), f"GGUF file {path}")
+    arch = meta.get("general.architecture")
+    if arch not in ("controlvector", "steervector"):
+        raise ArtifactFormatError(
+            f"expected a control-vector GGUF (general.architecture 'controlvector' or 'steervector'), found {arch!r}; "
+            "a model GGUF is not a steering vector"
+        )
+    dirs: dict[int, torch.Tensor] = {}
+    width = None
+    for name, arr in tensors.items():
+        m = re.fullmatch(r"direction\.(\d{1,6})", name)
+        if not m:
+            raise ArtifactFormatError(f"expected only tensors named direction.N in {path}, found {name!r}")
+        if arr.ndim != 1 or (width is not None and arr.shape[0] != width):
+            raise ArtifactFormatError(f"expected 1-D direction tensors of equal length in {path}, found {name} with shape {arr.shape}")
+        width = arr.shape[0]
+        dirs[int(m.group(1))] = torch.from_numpy(arr.astype(np.float32))
+    if not dirs:
+        raise ArtifactFormatError(f"expected at least one direction.N tensor in {path}, found none")
+    prov_json = meta.get("steerkit.provenance")
+    if prov_json is not None:
+        if not isinstance(prov_json, str):
+            raise ArtifactFormatError("expected steerkit.provenance to be a JSON string")
+        prov = Provenance.from_dict(read_json_bytes(prov_json.encode(), "steerkit.provenance"))
+    else:
+        hint = meta.get("controlvector.model_hint", meta.get("steervector.model_hint"))
+        prov = Provenance(model_arch=hint if isinstance(hint, str) else None, d_model=width,
+                          method=f"imported:{fmt_hint or arch}")
+    dt = meta.get("steerkit.dtype", "float32")
+    dtype = _dtype_from(dt)
+    prov = _model_fill(prov, model, width)
+    return SteeringVector({l: d.to(dtype) for l, d in dirs.items()}, provenance=prov)
+
+
+# ============================================================================ tlens
+def _export_tlens(a: Any, path: Path, model: Any) -> list[Path]:
+    spec: dict[str, Any] = {}
+    if isinstance(a, SteeringVector):
+        if a.schedule is not None and a.schedule.position_weights is not None:
+            raise ExportError("tlens intervention specs have no per-token weights; export as 'safetensors' instead")
+        prov = _model_fill(a.provenance, model, a.d_model)
+        base = SteeringVector(a.directions, 1.0, a.operation, a.hook_site, a.positions, a.schedule, prov).effective()
+        for l, d in base.directions.items():
+            spec[a.hook_name(l)] = {"op": a.operation, "value": _json_floats(d), "pos": a.positions, "scale": a.scale}
+        dtype = _dtype_name(next(iter(a.directions.values())))
+        layer_weights = None
+    elif isinstance(a, DirectionSet):
+        prov = _model_fill(a.provenance, model, a.d_model)
+        value = [_json_floats(r) for r in a.basis]
+        if a.layers is None:
+            if prov.n_layers is None:
+                raise ExportError("expected n_layers to be known to spell out every hook of an ablate-everywhere "
+                                  "DirectionSet, found none; pass model=... to export()")
+            hooks = ["hook_embed"] + [f"blocks.{l}.{h}" for l in range(prov.n_layers) for h in ("hook_attn_out", "hook_mlp_out")]
+        else:
+            hooks = [f"blocks.{l}.{a.hook_site}" for l in a.layers]
+        for h in hooks:
+            spec[h] = {"op": "ablate", "value": value, "pos": None}
+        dtype = _dtype_name(a.basis)
+    else:
+        raise ExportError(f"expected a SteeringVector or DirectionSet for format 'tlens', found {type(a).__name__}; "
+                          "use 'safetensors' for probes, regions and schedules")
+    spec["__steerkit__"] = {"kind": a.kind, "dtype": dtype, "provenance": prov.to_dict()}
+    atomic_write_bytes(path, json.dumps(spec).encode())
+    return [path]
+
+
+def _import_tlens(obj: dict, path: Path, model: Any) -> Any:
+    sk = obj.get("__steerkit__", {})
+    if not isinstance(sk, dict):
+        raise ArtifactFormatError("expected '__steerkit__' to be an object")
+    dtype = _dtype_from(sk.get("dtype", "float32"))
+    entries = {k: v for k, v in obj.items() if k != "__steerkit__"}
+    if not entries:
+        raise ArtifactFormatError(f"expected at least one hook entry in {path}, found none")
+    ops = set()
+    for k, e in entries.items():
+        if not isinstance(e, dict) or "op" not in e or "value" not in e:
+            raise ArtifactFormatError(f"expected {{'op', 'value', 'pos'}} for hook {k!r:.80}, found {str(e)[:80]}")
+        ops.add(e["op"])
+    prov_d = sk.get("provenance")
+    if ops == {"ablate"}:
+        first = next(iter(entries.values()))["value"]
+        if not isinstance(first, list) or not first:
+            raise ArtifactFormatError("expected an ablate value as a list of basis rows")
+        rows = [_float_list(r, "a basis row") for r in first]
+        if any(e["value"] != first for e in entries.values()):
+            raise ArtifactFormatError("expected every ablate entry to use the same basis, found different ones; "
+                                      "steerkit DirectionSets ablate one basis")
+        basis = torch.tensor(rows, dtype=torch.float64).to(dtype)
+        hooks = set(entries)
+        resid = sorted(int(m.group(1)) for m in (_HOOK_RE.match(h) for h in hooks) if m and m.group(2) in ("hook_resid_post", "hook_resid_pre"))
+        if "hook_embed" in hooks:
+            layers = None
+        elif resid and len(resid) == len(hooks):
+            layers = resid
+        else:
+            raise ArtifactFormatError(f"expected ablate hooks either everywhere (hook_embed + attn/mlp outs) or at "
+                                      f"blocks.N.hook_resid_post, found {sorted(hooks)[:5]}")
+        prov = Provenance.from_dict(prov_d) if prov_d is not None else Provenance(d_model=basis.shape[1], method="imported:tlens")
+        prov = _model_fill(prov, model, basis.shape[1])
+        return DirectionSet(basis, layers=layers, provenance=prov)
+    if not ops <= {"add", "project"} or len(ops) != 1:
+        raise ArtifactFormatError(f"expected all entries to be 'add', all 'project' or all 'ablate', found ops {sorted(map(str, ops))}")
+    dirs, scales, poss, sites = {}, set(), [], set()
+    for k, e in entries.items():
+        m = _HOOK_RE.match(k)
+        if not m or m.group(2) not in ("hook_resid_post", "hook_resid_pre"):
+            raise ArtifactFormatError(f"expected hooks named blocks.N.hook_resid_post, found {k!r:.80}")
+        sites.add(m.group(2))
+        dirs[int(m.group(1))] = torch.tensor(_float_list(e["value"], f"value of {k}"), dtype=torch.float64).to(dtype)
+        sc = e.get("scale", 1.0)
+        if isinstance(sc, bool) or not isinstance(sc, (int, float)):
+            raise ArtifactFormatError(f"expected a numeric scale for {k}, found {sc!r:.50}")
+        scales.add(float(sc))
+        pos = e.get("pos")
+        if pos is not None and (not isinstance(pos, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in pos)):
+            raise ArtifactFormatError(f"expected pos as null or a list of integers for {k}, found {str(pos)[:50]}")
+        poss.append(pos)
+    if len(scales) != 1 or any(p != poss[0] for p in poss) or len(sites) != 1:
+        raise ArtifactFormatError("expected one scale, one pos and one hook site across entries, found several; "
+                                  "split the spec into one file per vector")
+    width = next(iter(dirs.values())).shape[0]
+    prov = Provenance.from_dict(prov_d) if prov_d is not None else Provenance(d_model=width, method="imported:tlens")
+    prov = _model_fill(prov, model, width)
+    return SteeringVector(dirs, scale=scales.pop(), operation=ops.pop(), hook_site=sites.pop(), positions=poss[0], provenance=prov)
+
+
+# ============================================================================ IBM svec
+def _export_svec(v: SteeringVector, path: Path, model: Any) -> list[Path]:
+    _refuse_unexpressible(v, "svec")
+    prov = _model_fill(v.provenance, model, v.d_model)
+    base = SteeringVector(v.directions, 1.0, v.operation, v.hook_site, None, v.schedule, prov).effective()
+    ev = prov.metrics.get("explained_variance", {}) if isinstance(prov.metrics.get("explained_variance"), dict) else {}
+    data = {
+        "model_type": prov.model_arch or "unknown",
+        "directions": {str(l): _json_floats(d) for l, d in base.directions.items()},
+        "explained_variances": {str(l): ev.get(str(l)) for l in base.directions},
+        "steerkit": {"scale": v.scale, "dtype": _dtype_name(next(iter(v.directions.values()))), "provenance": prov.to_dict()},
+    }
+    atomic_write_bytes(path, json.dumps(data).encode())
+    return [path]
+
+
+def _import_svec(obj: dict, path: Path, model: Any) -> SteeringVector:
+    d = obj.get("directions")
+    if not isinstance(d, dict) or not d:
+        raise ArtifactFormatError(f"expected 'directions' as a non-empty object {{layer: [floats]}} in {path}, found {str(d)[:80]}")
+    sk = obj.get("steerkit", {})
+    if not isinstance(sk, dict):
+        raise ArtifactFormatError("expected 'steerkit' to be an object")
+    dtype = _dtype_from(sk.get("dtype", "float32"))
+    dirs = {}
+    for k, vals in d.items():
+        if not (isinstance(k, str) and k.isdigit() and len(k) <= 6):
+            raise ArtifactFormatError(f"expected integer layer keys in 'directions', found {k!r:.40}")
+        dirs[int(k)] = torch.tensor(_float_list(vals, f"direction {k}"), dtype=torch.float64).to(dtype)
+    width = next(iter(dirs.values())).shape[0]
+    mt = obj.get("model_type")
+    if "provenance" in sk:
+        prov = Provenance.from_dict(sk["provenance"])
+    else:
+        prov = Provenance(model_arch=mt if isinstance(mt, str) else None, d_model=width, method="imported:svec")
+    prov = _model_fill(prov, model, width)
+    scale = sk.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise ArtifactFormatError(f"expected a numeric steerkit.scale, found {scale!r:.50}")
+    return SteeringVector(dirs, scale=float(scale), provenance=prov)
+
+
+# ============================================================================ safetensors
+def save_artifact(artifact: Any, path: str | os.PathLike) -> Path:
+    """Write any artifact as one safetensors file (payload + metadata JSON)."""
+    tensors, meta = artifact_to_payload(artifact)
+    data = tensors_to_safetensors(tensors, metadata={"steerkit": json.dumps(meta, sort_keys=True, allow_nan=False)})
+    atomic_write_bytes(path, data)
+    return Path(path)
+
+
+def _import_safetensors(path: Path, model: Any, max_bytes: int) -> Any:
+    tensors, meta = parse_safetensors(read_bounded(path, max_bytes), f"safetensors file {path}")
+    if "steerkit" in meta:
+        m = read_json_bytes(meta["steerkit"].encode(), "steerkit metadata")
+        a = payload_to_artifact(tensors, m)
+        if model is not None and hasattr(a, "provenance"):
+            a.provenance = _model_fill(a.provenance, model, a.d_model)
+        return a
+    # plain safetensors from elsewhere: direction.N / layer keys -> SteeringVector
+    dirs = {}
+    for k, t in tensors.items():
+        m = re.fullmatch(r"(?:direction\.|layer\.|layers\.)?(\d{1,6})", k)
+        if not m or t.ndim != 1 or not t.is_floating_point():
+            raise ArtifactFormatError(f"expected a steerkit safetensors file or 1-D float tensors named direction.N, found {k!r} {tuple(t.shape)}")
+        dirs[int(m.group(1))] = t
+    if not dirs:
+        raise ArtifactFormatError(f"expected tensors in {path}, found none")
+    width = next(iter(dirs.values())).shape[0]
+    prov = _model_fill(Provenance(d_model=width, method="imported:safetensors"), model, width)
+    return SteeringVector(dirs, provenance=prov)
+
+
+# ============================================================================ public API
+def export(artifact: Any, fmt: str, path: str | os.PathLike, *, model: Any = None, scale: float | None = None) -> list[Path]:
+    """Write ``artifact`` in format ``fmt`` (one of ``FORMATS``) to ``path``.
+
+    ``model`` (optional) fills provenance fields the artifact lacks (n_layers, architecture) and is
+    checked against them.  ``scale`` (llama.cpp/repeng only) multiplies the folded vector.
+    Returns the paths written (easysteer writes the GGUF and ``<stem>.request.json``).
+    """
+    fmt = normalize_format(fmt)
+    path = Path(path)
+    if fmt == "safetensors":
+        return [save_artifact(artifact, path)]
+    if fmt == "tlens":
+        return _export_tlens(artifact, path, model)
+    v = _require_vector(artifact, fmt)
+    if fmt == "svec":
+        return _export_svec(v, path, model)
+    return _export_gguf_vector(v, fmt, path, model, scale)
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    p = Path(path)
+    head = read_bounded(p, MAX_FILE_BYTES)[:4096] if p.is_file() else b""
+    if head[:4] == b"GGUF":
+        return "gguf"
+    if p.suffix == ".svec":
+        return "svec"
+    if p.suffix == ".safetensors" or (len(head) >= 9 and head[8:9] == b"{"):
+        return "safetensors"
+    if p.suffix == ".json" or head[:1] in (b"{", b"["):
+        return "json"
+    raise ArtifactFormatError(f"expected a GGUF, safetensors, .svec or JSON file at {p}, could not tell what it is; pass fmt=")
+
+
+def import_artifact(path: str | os.PathLike, fmt: str | None = None, *, model: Any = None,
+                    max_bytes: int = MAX_FILE_BYTES) -> Any:
+    """Read an artifact written by :func:`export` or by the other engine's own tools."""
+    p = Path(path)
+    kind = normalize_format(fmt) if fmt else detect_format(p)
+    if kind in ("llama.cpp", "repeng", "gguf") or (kind == "easysteer" and p.suffix == ".gguf"):
+        return _import_gguf_vector(p, None if kind == "gguf" else kind, model, max_bytes)
+    if kind == "safetensors":
+        return _import_safetensors(p, model, max_bytes)
+    obj = read_json(p, "artifact JSON", max_bytes)
+    if not isinstance(obj, dict):
+        raise ArtifactFormatError(f"expected a JSON object in {p}, found {type(obj).__name__}")
+    if kind == "svec" or (kind == "json" and "directions" in obj and "model_type" in obj):
+        return _import_svec(obj, p, model)
+    if kind == "easysteer" or (kind == "json" and "steer_vector_local_path" in obj):
+        return _import_easysteer_request(obj, p, model, max_bytes)
+    return _import_tlens(obj, p, model)
+
+
+def _import_easysteer_request(req: dict, path: Path, model: Any, max_bytes: int) -> SteeringVector:
+    lp = req.get("steer_vector_local_path")
+    if not isinstance(lp, str) or not lp:
+        raise ArtifactFormatError(f"expected steer_vector_local_path in {path}, found {lp!r:.80}")
+    # Only ever follow the file *name*, next to the request: a stranger's request must not make
+    # us read arbitrary files.
+    name = Path(lp).name
+    gp = path.parent / name
+    if not name.endswith(".gguf") or not gp.is_file():
+        raise ArtifactFormatError(f"expected the GGUF {name!r} next to {path} (requests are resolved by file name "
+                                  "in their own folder), found none; copy the GGUF beside the request")
+    v = _import_gguf_vector(gp, "easysteer", model, max_bytes)
+    if req.get("algorithm", "direct") != "direct" or req.get("normalize", False):
+        raise ArtifactFormatError("expected an EasySteer 'direct' request without normalize; other algorithms are not steering vectors")
+    scale = req.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise ArtifactFormatError(f"expected a numeric scale, found {scale!r:.50}")
+    tl = req.get("target_layers")
+    if tl is not None:
+        if not isinstance(tl, list) or not all(isinstance(x, int) for x in tl):
+            raise ArtifactFormatError(f"expected target_layers as a list of integers, found {str(tl)[:80]}")
+        missing = sorted(set(tl) - set(v.directions))
+        if missing:
+            raise ArtifactFormatError(f"expected the GGUF to hold every target layer, found none for {missing}")
+        v = SteeringVector({l: v.directions[l] for l in sorted(set(tl))}, provenance=v.provenance)
+    pos = req.get("prefill_trigger_positions")
+    if pos is not None and (not isinstance(pos, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in pos)):
+        raise ArtifactFormatError(f"expected prefill_trigger_positions as a list of integers, found {str(pos)[:80]}")
+    return SteeringVector(v.directions, scale=float(scale), positions=pos, provenance=v.provenance)
+
+
+def load_artifact(path_or_ref: str | os.PathLike, fmt: str | None = None, *, model: Any = None, store: Any = None) -> Any:
+    """Load from a file (any supported format) or, if no such file exists, from the store by reference."""
+    p = Path(path_or_ref)
+    if p.exists():
+        return import_artifact(p, fmt, model=model)
+    from .store import Store
+
+    return (store or Store()).load(str(path_or_ref))

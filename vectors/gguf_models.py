@@ -1,0 +1,162 @@
+"""Model GGUF files: de-quantised copies and weight-orthogonalised copies for llama.cpp.
+
+How it works
+------------
+:func:`rewrite_gguf` reads a (possibly quantised) model GGUF with ``gguf.GGUFReader``,
+de-quantises every tensor with ``gguf.quants.dequantize`` into float32 numpy arrays, lets a
+``transform`` callback change them, and writes a new GGUF with *the same metadata* (every
+key/value copied with its GGUF type; ``general.file_type`` set to F32 or F16) and the tensors
+in float32, or float16 for 2-D weight matrices when ``dtype="f16"``.  The file is written to a
+temporary name and renamed when complete.
+
+:func:`write_dequantized_gguf` is the identity transform: a float32 GGUF whose weights are
+bit-identical to what Hugging Face ``transformers`` loads from the same quantised file, which
+makes llama.cpp and PyTorch comparable number for number.
+
+:func:`write_orthogonalized_gguf` deploys a :class:`DirectionSet` (ablation everywhere) as
+weights: with ``P = I - B^T B``, the token embedding ``E <- E P`` and every matrix that writes
+into the residual stream (``blk.N.attn_output``, ``blk.N.ffn_down``: ``W <- P W``) is
+projected, so the residual stream never gains a component in ``span(B)`` -- the same as
+ablating ``B`` from the embedding output and every attention and MLP output at run time.  If
+the model ties its output head to the embedding (no ``output.weight``), the original embedding
+is written as ``output.weight`` so the head is unchanged.  The projection is computed in
+float64.  These files are trusted local inputs; untrusted control-vector files go through
+:func:`steerkit.vectors.safety.parse_gguf` instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .artifacts import DirectionSet
+from .errors import ArtifactFormatError, ExportError
+from .safety import fsync_dir, make_temp
+
+_RESID_WRITERS = re.compile(r"^blk\.\d+\.(attn_output|ffn_down)\.weight$")
+
+
+def _copy_metadata(reader: Any, writer: Any, file_type: int) -> None:
+    import gguf
+
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if name == "general.file_type":
+            writer.add_uint32(name, file_type)
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(name, field.contents(), vtype, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(name, field.contents(), vtype)
+
+
+def rewrite_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "f32",
+                 transform: Callable[[str, np.ndarray], np.ndarray] | None = None,
+                 extra: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None) -> Path:
+    """Copy a model GGUF to ``dst`` with de-quantised (optionally transformed) tensors."""
+    import gguf
+
+    if dtype not in ("f32", "f16"):
+        raise ExportError(f"expected dtype 'f32' or 'f16', found {dtype!r}")
+    try:
+        reader = gguf.GGUFReader(str(src))
+    except Exception as e:
+        raise ArtifactFormatError(f"expected a readable model GGUF at {src}, found an unreadable file ({e})") from e
+    arch_f = reader.get_field("general.architecture")
+    if arch_f is None:
+        raise ArtifactFormatError(f"expected general.architecture in {src}, found none")
+    arch = str(arch_f.contents())
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp(dst)
+    try:
+        writer = gguf.GGUFWriter(tmp, arch)
+        _copy_metadata(reader, writer, 0 if dtype == "f32" else 1)
+        tensors: dict[str, np.ndarray] = {}
+        for t in reader.tensors:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+            arr = arr.reshape([int(x) for x in reversed(t.shape.tolist())])
+            tensors[t.name] = arr
+        if transform is not None:
+            tensors = {n: transform(n, a) for n, a in tensors.items()} if extra is None else tensors
+        if extra is not None:
+            tensors = extra(tensors)
+        for name, arr in tensors.items():
+            out = arr.astype(np.float16) if (dtype == "f16" and arr.ndim == 2) else arr.astype(np.float32, copy=False)
+            writer.add_tensor(name, np.ascontiguousarray(out))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+        fsync_dir(dst.parent)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return dst
+
+
+def write_dequantized_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "f32") -> Path:
+    """A float32 (or float16-weights) copy of a quantised model GGUF."""
+    return rewrite_gguf(src, dst, dtype=dtype)
+
+
+def orthogonalize_tensors(tensors: dict[str, np.ndarray], basis: np.ndarray) -> dict[str, np.ndarray]:
+    """Project ``span(basis)`` out of the embedding and every residual-stream writer."""
+    B = np.asarray(basis, dtype=np.float64)
+    out = dict(tensors)
+    if "token_embd.weight" not in tensors:
+        raise ExportError("expected a token_embd.weight tensor in the model GGUF, found none; "
+                          "only llama.cpp decoder models can be orthogonalised")
+    emb = tensors["token_embd.weight"]
+    if emb.shape[-1] != B.shape[1]:
+        raise ExportError(f"expected directions of n_embd={emb.shape[-1]}, found d_model={B.shape[1]}")
+    if "output.weight" not in tensors:  # tied head: keep it unchanged
+        out["output.weight"] = emb.copy()
+    e = emb.astype(np.float64)
+    out["token_embd.weight"] = (e - (e @ B.T) @ B).astype(np.float32)
+    n = 0
+    for name, w in tensors.items():
+        if _RESID_WRITERS.match(name):
+            if w.shape[0] != B.shape[1]:
+                raise ExportError(f"expected {name} to write n_embd={B.shape[1]} rows, found shape {w.shape}")
+            w64 = w.astype(np.float64)
+            out[name] = (w64 - B.T @ (B @ w64)).astype(np.float32)
+            n += 1
+    if n == 0:
+        raise ExportError("expected blk.N.attn_output.weight / blk.N.ffn_down.weight tensors, found none")
+    return out
+
+
+def write_orthogonalized_gguf(src: str | os.PathLike, directions: DirectionSet, dst: str | os.PathLike,
+                              *, dtype: str = "f32", model: Any = None, override: bool = False) -> Path:
+    """Write ``src`` with weights orthogonalised against ``directions`` (ablation everywhere).
+
+    ``model`` (optional) is checked against the artifact's provenance first.
+    """
+    if not isinstance(directions, DirectionSet):
+        raise ExportError(f"expected a DirectionSet to bake into weights, found {type(directions).__name__}; "
+                          "steering vectors deploy as control vectors: export(vec, 'llama.cpp', path)")
+    if directions.layers is not None:
+        raise ExportError(
+            f"weight orthogonalisation ablates a direction everywhere; this DirectionSet ablates only at layers "
+            f"{directions.layers}. Use DirectionSet(..., layers=None) or apply it at run time with steer()"
+        )
+    if model is not None:
+        from .apply import check_compatible
+
+        check_compatible(directions, model, override=override)
+    basis = directions.basis.detach().cpu().double().numpy()
+    return rewrite_gguf(src, dst, dtype=dtype, extra=lambda ts: orthogonalize_tensors(ts, basis))

@@ -1,0 +1,450 @@
+"""Safe reading and crash-safe writing of artifact files.
+
+How it works
+------------
+Nothing here unpickles.  Every reader checks the size of a file *before* reading
+it, parses headers with explicit bounds (counts, string lengths, dimensions,
+offsets) and turns *any* problem into :class:`ArtifactFormatError` with a
+message saying what was expected and what was found.  The parsers never loop on
+a count read from the file without first checking that the file is long enough
+to hold that many items, so a hostile header cannot make them hang or allocate
+unbounded memory.
+
+* :func:`read_json_bytes` / :func:`read_json` -- size-bounded JSON, no NaN/Infinity
+  constants, nesting depth bounded.
+* :func:`parse_safetensors` -- validates the 8-byte header length, the JSON header,
+  dtypes, shapes and that the data offsets tile the data section exactly, then
+  builds tensors with :func:`torch.frombuffer` (copied, so nothing aliases the file).
+* :func:`parse_gguf` -- a small bounded GGUF v2/v3 parser (metadata + F32/F16/BF16
+  tensors), enough for control-vector files; quantised model files are read with
+  ``gguf.GGUFReader`` elsewhere and are trusted inputs.
+* :func:`atomic_write_bytes` -- write to a temporary file in the same folder, flush,
+  fsync, rename over the target, fsync the folder.
+* :func:`check_name` -- artifact names: letters, digits, ``._-``; no path separators,
+  no ``..``; anything else is refused with :class:`UnsafeNameError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import ArtifactFormatError, UnsafeNameError
+
+MAX_FILE_BYTES = 1 << 30  # 1 GiB for artifact files (model GGUFs are not read here)
+MAX_JSON_BYTES = 64 << 20
+MAX_JSON_DEPTH = 64
+MAX_TENSORS = 4096
+MAX_DIMS = 4
+MAX_HEADER_BYTES = 16 << 20
+MAX_GGUF_KV = 4096
+MAX_STRING_BYTES = 16 << 20
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+_ST_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+
+
+# --------------------------------------------------------------------------- names
+def check_name(name: Any, what: str = "artifact name") -> str:
+    """Return ``name`` if it is a safe artifact name, else raise :class:`UnsafeNameError`."""
+    if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+        raise UnsafeNameError(
+            f"expected {what} made of letters, digits, '.', '_' or '-' (1-128 characters, "
+            f"starting with a letter or digit, no '..' and no path separators), found {name!r}; "
+            "choose another name"
+        )
+    return name
+
+
+def inside(root: Path, candidate: Path) -> Path:
+    """Resolve ``candidate`` and check it lies inside ``root``; raise UnsafeNameError otherwise."""
+    root_r = root.resolve()
+    cand_r = candidate.resolve()
+    if cand_r != root_r and root_r not in cand_r.parents:
+        raise UnsafeNameError(f"expected a path inside {root_r}, found {cand_r}; refusing to leave the store")
+    return cand_r
+
+
+# --------------------------------------------------------------------------- files
+def read_bounded(path: str | os.PathLike, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise ArtifactFormatError(f"expected a readable file at {p}, found none ({e.strerror}); check the path") from e
+    if not p.is_file():
+        raise ArtifactFormatError(f"expected a regular file at {p}, found something else; check the path")
+    if st.st_size > max_bytes:
+        raise ArtifactFormatError(
+            f"expected at most {max_bytes} bytes in {p}, found {st.st_size}; "
+            "raise max_bytes if you trust this file"
+        )
+    with open(p, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ArtifactFormatError(f"{p} grew past {max_bytes} bytes while reading; refusing it")
+    return data
+
+
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def make_temp(target: Path) -> str:
+    """A temporary file next to ``target`` (same filesystem, so rename is atomic), normal permissions."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
+    os.close(fd)
+    os.chmod(tmp, _umask_mode())
+    return tmp
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, rename."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp(p)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(p.parent)
+
+
+# --------------------------------------------------------------------------- JSON
+def _reject_constant(name: str) -> Any:
+    raise ArtifactFormatError(f"expected finite JSON numbers, found {name}; the file is not valid steerkit JSON")
+
+
+def _depth(obj: Any, limit: int) -> None:
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if d > limit:
+            raise ArtifactFormatError(f"expected JSON nested at most {limit} deep, found deeper; refusing it")
+        if isinstance(o, dict):
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, list):
+            stack.extend((v, d + 1) for v in o)
+
+
+def read_json_bytes(data: bytes, what: str = "JSON", max_bytes: int = MAX_JSON_BYTES) -> Any:
+    if len(data) > max_bytes:
+        raise ArtifactFormatError(f"expected {what} of at most {max_bytes} bytes, found {len(data)}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ArtifactFormatError(f"expected {what} in UTF-8, found undecodable bytes at offset {e.start}") from e
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except ArtifactFormatError:
+        raise
+    except RecursionError as e:
+        raise ArtifactFormatError(f"expected {what} nested at most {MAX_JSON_DEPTH} deep, found deeper") from e
+    except ValueError as e:
+        raise ArtifactFormatError(f"expected valid {what}, found a syntax error: {e}") from e
+    _depth(obj, MAX_JSON_DEPTH)
+    return obj
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON", max_bytes: int = MAX_JSON_BYTES) -> Any:
+    return read_json_bytes(read_bounded(path, max_bytes), f"{what} ({path})", max_bytes)
+
+
+def dump_json(obj: Any) -> bytes:
+    return json.dumps(obj, indent=1, sort_keys=True, allow_nan=False).encode("utf-8")
+
+
+# --------------------------------------------------------------------------- safetensors
+def tensors_to_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """Serialise tensors in the safetensors layout (bytes are identical to what the library writes)."""
+    from safetensors.torch import save
+
+    clean = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    return save(clean, metadata=metadata)
+
+
+def parse_safetensors(
+    data: bytes, what: str = "safetensors file", max_tensors: int = MAX_TENSORS
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Parse safetensors bytes with strict validation.  Returns (tensors, metadata)."""
+    n = len(data)
+    if n < 8:
+        raise ArtifactFormatError(f"expected a {what} of at least 8 bytes, found {n}; the file is truncated")
+    (hlen,) = struct.unpack("<Q", data[:8])
+    if hlen > MAX_HEADER_BYTES or hlen > n - 8:
+        raise ArtifactFormatError(
+            f"expected a {what} header length <= {min(MAX_HEADER_BYTES, n - 8)}, found {hlen}; "
+            "the file is truncated or not safetensors"
+        )
+    header = read_json_bytes(data[8 : 8 + hlen], f"{what} header")
+    if not isinstance(header, dict):
+        raise ArtifactFormatError(f"expected the {what} header to be a JSON object, found {type(header).__name__}")
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise ArtifactFormatError(f"expected {what} __metadata__ to map strings to strings, found {meta!r:.200}")
+    if len(header) > max_tensors:
+        raise ArtifactFormatError(f"expected at most {max_tensors} tensors in the {what}, found {len(header)}")
+    body = memoryview(data)[8 + hlen :]
+    spans = []
+    out: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"}:
+            raise ArtifactFormatError(f"expected tensor entry {name!r} with dtype/shape/data_offsets, found {info!r:.200}")
+        dt = info.get("dtype")
+        shape = info.get("shape")
+        offs = info.get("data_offsets")
+        if dt not in _ST_DTYPES:
+            raise ArtifactFormatError(f"expected tensor {name!r} dtype in {sorted(_ST_DTYPES)}, found {dt!r}")
+        if (not isinstance(shape, list) or len(shape) > 8
+                or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**40 for s in shape)):
+            raise ArtifactFormatError(f"expected tensor {name!r} shape as a list of non-negative ints, found {shape!r:.200}")
+        if (not isinstance(offs, list) or len(offs) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
+                or not 0 <= offs[0] <= offs[1] <= len(body)):
+            raise ArtifactFormatError(
+                f"expected tensor {name!r} data_offsets [begin, end] within the {len(body)}-byte data section, found {offs!r:.200}"
+            )
+        torch_dt = _ST_DTYPES[dt]
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * torch.empty((), dtype=torch_dt).element_size()
+        if offs[1] - offs[0] != nbytes:
+            raise ArtifactFormatError(
+                f"expected tensor {name!r} of shape {shape} {dt} to take {nbytes} bytes, found {offs[1] - offs[0]}"
+            )
+        spans.append((offs[0], offs[1]))
+        if numel == 0:
+            out[name] = torch.empty(shape, dtype=torch_dt)
+        else:
+            buf = bytearray(body[offs[0] : offs[1]])
+            out[name] = torch.frombuffer(buf, dtype=torch_dt).reshape(shape).clone()
+    spans.sort()
+    pos = 0
+    for b, e in spans:
+        if b != pos:
+            raise ArtifactFormatError(f"expected tensor data in the {what} to be contiguous, found a gap or overlap at byte {b}")
+        pos = e
+    if pos != len(body):
+        raise ArtifactFormatError(f"expected the {what} data section to end at byte {pos}, found {len(body)} bytes")
+    return out, meta
+
+
+# --------------------------------------------------------------------------- GGUF
+GGUF_MAGIC = b"GGUF"
+# value types
+_GT_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GT_STRING, _GT_ARRAY = 8, 9
+# tensor types we accept in artifact GGUFs: F32, F16, BF16
+_GGML_DT = {0: (np.float32, 4), 1: (np.float16, 2), 30: (None, 2)}
+
+
+class _Cursor:
+    def __init__(self, data: bytes, what: str):
+        self.data, self.pos, self.what = data, 0, what
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.pos + n > len(self.data):
+            raise ArtifactFormatError(
+                f"expected {n} more bytes at offset {self.pos} of the {self.what}, found {len(self.data) - self.pos}; "
+                "the file is truncated or corrupted"
+            )
+        b = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return b
+
+    def unpack(self, fmt: str) -> Any:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        n = self.unpack("<Q")
+        if n > MAX_STRING_BYTES:
+            raise ArtifactFormatError(f"expected a string of at most {MAX_STRING_BYTES} bytes in the {self.what}, found length {n}")
+        raw = self.take(n)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ArtifactFormatError(f"expected UTF-8 strings in the {self.what}, found undecodable bytes") from e
+
+    def value(self, vtype: int, depth: int = 0) -> Any:
+        if vtype in _GT_FMT:
+            return self.unpack(_GT_FMT[vtype])
+        if vtype == _GT_STRING:
+            return self.string()
+        if vtype == _GT_ARRAY:
+            if depth > 2:
+                raise ArtifactFormatError(f"expected GGUF arrays nested at most 2 deep in the {self.what}")
+            sub = self.unpack("<I")
+            n = self.unpack("<Q")
+            min_item = struct.calcsize(_GT_FMT[sub]) if sub in _GT_FMT else 8 if sub in (_GT_STRING, _GT_ARRAY) else None
+            if min_item is None:
+                raise ArtifactFormatError(f"expected a known GGUF array element type in the {self.what}, found {sub}")
+            if n * min_item > len(self.data) - self.pos:
+                raise ArtifactFormatError(
+                    f"expected a GGUF array of {n} elements to fit in the {len(self.data) - self.pos} remaining bytes "
+                    f"of the {self.what}; the file is truncated or corrupted"
+                )
+            if sub in _GT_FMT:
+                fmt = _GT_FMT[sub]
+                raw = self.take(n * struct.calcsize(fmt))
+                return list(np.frombuffer(raw, dtype=np.dtype(fmt)).tolist())
+            return [self.value(sub, depth + 1) for _ in range(n)]
+        raise ArtifactFormatError(f"expected a known GGUF value type in the {self.what}, found {vtype}")
+
+
+def parse_gguf(data: bytes, what: str = "GGUF file") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Parse a small GGUF file (v2/v3, little endian, F32/F16/BF16 tensors).
+
+    Returns ``(metadata, tensors)`` with tensors as float32 numpy arrays in
+    numpy (row-major, reversed ggml) shape order.
+    """
+    c = _Cursor(data, what)
+    magic = c.take(4)
+    if magic != GGUF_MAGIC:
+        raise ArtifactFormatError(f"expected a {what} starting with b'GGUF', found {magic!r}; this is not a GGUF file")
+    version = c.unpack("<I")
+    if version not in (2, 3):
+        raise ArtifactFormatError(f"expected GGUF version 2 or 3, found {version}")
+    n_tensors = c.unpack("<Q")
+    n_kv = c.unpack("<Q")
+    if n_tensors > MAX_TENSORS or n_kv > MAX_GGUF_KV:
+        raise ArtifactFormatError(
+            f"expected at most {MAX_TENSORS} tensors and {MAX_GGUF_KV} metadata keys in the {what}, "
+            f"found {n_tensors} and {n_kv}"
+        )
+    meta: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = c.string()
+        vtype = c.unpack("<I")
+        if key in meta:
+            raise ArtifactFormatError(f"expected unique metadata keys in the {what}, found {key!r} twice")
+        meta[key] = c.value(vtype)
+    infos = []
+    for _ in range(n_tensors):
+        name = c.string()
+        nd = c.unpack("<I")
+        if nd < 1 or nd > MAX_DIMS:
+            raise ArtifactFormatError(f"expected 1-{MAX_DIMS} dimensions for tensor {name!r}, found {nd}")
+        dims = [c.unpack("<Q") for _ in range(nd)]
+        ttype = c.unpack("<I")
+        off = c.unpack("<Q")
+        if ttype not in _GGML_DT:
+            raise ArtifactFormatError(
+                f"expected tensor {name!r} of type F32, F16 or BF16, found ggml type {ttype}; "
+                "quantised tensors are not valid in steering-vector files"
+            )
+        if any(d > 2**31 for d in dims):
+            raise ArtifactFormatError(f"expected tensor {name!r} dimensions below 2^31, found {dims}")
+        infos.append((name, dims, ttype, off))
+    align = meta.get("general.alignment", 32)
+    if not isinstance(align, int) or align <= 0 or align & (align - 1) or align > 1 << 16:
+        raise ArtifactFormatError(f"expected general.alignment to be a power of two, found {align!r}")
+    start = (c.pos + align - 1) // align * align
+    tensors: dict[str, np.ndarray] = {}
+    for name, dims, ttype, off in infos:
+        if name in tensors:
+            raise ArtifactFormatError(f"expected unique tensor names in the {what}, found {name!r} twice")
+        numel = 1
+        for d in dims:
+            numel *= d
+        np_dt, size = _GGML_DT[ttype]
+        b, e = start + off, start + off + numel * size
+        if off % align or e > len(data):
+            raise ArtifactFormatError(
+                f"expected tensor {name!r} data within the {len(data)}-byte {what}, found bytes {b}..{e}; "
+                "the file is truncated or corrupted"
+            )
+        raw = data[b:e]
+        if ttype == 30:  # BF16
+            arr = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            arr = np.frombuffer(raw, dtype=np_dt).astype(np.float32)
+        tensors[name] = arr.reshape(list(reversed(dims))).copy()
+    return meta, tensors
+
+
+def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
+    """Write a GGUF (float32 tensors, typed metadata) atomically via ``gguf.GGUFWriter``.
+
+    ``kv`` values: ``str``, ``bool``, ``int`` (uint32 if 0 <= v < 2^32, else int64), ``float``
+    (float32 when exactly representable, else float64) or lists of those.
+    """
+    import gguf
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp(p)
+    try:
+        w = gguf.GGUFWriter(tmp, arch)
+        for k, v in kv.items():
+            if isinstance(v, bool):
+                w.add_bool(k, v)
+            elif isinstance(v, int):
+                if 0 <= v < 2**32:
+                    w.add_uint32(k, v)
+                else:
+                    w.add_int64(k, v)
+            elif isinstance(v, float):
+                if float(np.float32(v)) == v:
+                    w.add_float32(k, v)
+                else:
+                    w.add_float64(k, v)
+            elif isinstance(v, str):
+                w.add_string(k, v)
+            elif isinstance(v, (list, tuple)):
+                w.add_array(k, list(v))
+            else:
+                raise TypeError(f"cannot write GGUF metadata {k!r} of type {type(v).__name__}")
+        for name, arr in tensors.items():
+            w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        fsync_dir(p.parent)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
