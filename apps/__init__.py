@@ -1,6 +1,10 @@
-"""steerkit.apps: the local visual explorer.
+"""steerkit.apps: the local visual explorer (Plotly Dash).
 
-This package will hold a Plotly Dash app for layer-wise divergence profiles,
-probe sweeps and live steering, built from layout factories, thin callbacks and
-pure figure functions (``steerkit.apps.figures``) that also work in notebooks.
+Start it with ``steerkit app`` or ``python -m steerkit.apps`` (127.0.0.1:8050 by default).
+Pages: Profiles (layer-wise divergence of paired prompts, per-pair values, logit lens), Probes
+(saved AUROC sweeps), Steer (baseline vs steered generations, streamed, tokens coloured by their
+projection), Store (artifacts, provenance, exports) and Diagnostics (residual norm, sink attention,
+MI per step). Modules: :mod:`.compute` (result dataclasses and computations), :mod:`.figures` (pure
+figure functions, usable in notebooks), :mod:`.layout`, :mod:`.callbacks`, :mod:`.runtime` (model host,
+threaded background-callback manager) and :mod:`.app` (``create_app`` / ``run``).
 """

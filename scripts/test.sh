@@ -3,5 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEERKIT_SETUP_EXTRAS=engines bash scripts/setup.sh
+# the app's browser test drives Debian's chromium through Playwright (never `playwright install`)
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) >/dev/null \
+    || echo "test.sh: could not install chromium; the browser test will be skipped" >&2
+fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

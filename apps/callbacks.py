@@ -1,0 +1,572 @@
+"""Thin callbacks: read inputs, call :mod:`.compute` (through the model host's cache), hand results
+to :mod:`.figures`. No user input is evaluated; every failure becomes a message in the page.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import sys
+import tempfile
+import traceback
+import zipfile
+from pathlib import Path
+
+import numpy as np
+from dash import Input, Output, State, ctx, dcc, html, no_update
+from dash.exceptions import PreventUpdate
+
+from . import compute, figures
+from .compute import Cancelled
+from .layout import FIGURES, PAGES, PANE, UPLOAD_MAX_BYTES
+from .runtime import cache_key, should_stop
+
+HIDDEN = {"display": "none"}
+SHOWN_PROGRESS = {"width": "220px", "visibility": "visible"}
+HIDDEN_PROGRESS = {"width": "220px", "visibility": "hidden"}
+
+
+def _warn(text):
+    return html.Span(["⚠ ", text], style={"color": "#b00020"}, className="error-message")
+
+
+def _ok(text):
+    return html.Span(text, style={"color": "#1b5e20"}, className="ok-message")
+
+
+def explain(e: BaseException):
+    """A message for the page: what went wrong, never a traceback (that goes to the server log)."""
+    from steerkit.errors import SteerkitError
+    try:
+        from steerkit.vectors import VectorsError
+    except Exception:  # pragma: no cover - vectors not importable
+        VectorsError = ()
+    if isinstance(e, Cancelled):
+        return html.Span("Cancelled.", style={"color": "#666"}, className="cancel-message")
+    if isinstance(e, (SteerkitError, VectorsError)) or (VectorsError and isinstance(e, VectorsError)):
+        return _warn(str(e))
+    traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+    return _warn(f"Unexpected error ({type(e).__name__}): {str(e)[:300]}")
+
+
+def _decode_upload(contents, filename):
+    from steerkit.errors import InputError
+    if not contents:
+        raise PreventUpdate
+    try:
+        _, b64 = contents.split(",", 1)
+        data = base64.b64decode(b64, validate=False)
+    except Exception:
+        raise InputError(f"expected an uploaded file, could not decode {filename!r}") from None
+    if len(data) > UPLOAD_MAX_BYTES:
+        raise InputError(f"expected a file of at most {UPLOAD_MAX_BYTES >> 10} KiB, found {len(data) >> 10} KiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"expected a UTF-8 text file (.txt, .json, .jsonl, .csv), found binary data in "
+                         f"{filename!r}") from None
+
+
+def register(app, env):
+    """Wire every callback of the app. ``env``: the :class:`~steerkit.apps.app.AppEnv`."""
+    host = env.host
+
+    # ------------------------------------------------------------------ navigation
+    @app.callback([Output(f"page-{p.strip('/')}", "style") for p, _ in PAGES]
+                  + [Output(f"nav-{p.strip('/')}", "style") for p, _ in PAGES],
+                  Input("url", "pathname"))
+    def route(path):
+        path = path if path in dict(PAGES) else "/profiles"
+        styles = [None if p == path else HIDDEN for p, _ in PAGES]
+        nav = [{"marginRight": "18px", "textDecoration": "none", "fontWeight": "bold" if p == path else "normal",
+                "borderBottom": "2px solid #1f77b4" if p == path else "none"} for p, _ in PAGES]
+        return styles + nav
+
+    # ------------------------------------------------------------------ profiles
+    @app.callback(Output("prof-custom", "style"), Input("prof-contrast", "value"))
+    def show_custom(contrast):
+        return {"display": "block", "marginTop": "10px"} if contrast == "custom" else HIDDEN
+
+    for side in ("a", "b"):
+        @app.callback(Output(f"prof-{side}", "value"), Output("prof-status", "children", allow_duplicate=True),
+                      Input(f"prof-upload-{side}", "contents"), State(f"prof-upload-{side}", "filename"),
+                      prevent_initial_call=True)
+        def upload(contents, filename, side=side):
+            try:
+                text = _decode_upload(contents, filename)
+                prompts = compute.parse_prompt_text(text, f"upload {side.upper()}")
+                return "\n".join(prompts), _ok(f"Read {len(prompts)} prompts from {filename} into list {side.upper()}.")
+            except PreventUpdate:
+                raise
+            except Exception as e:  # noqa: BLE001
+                return no_update, explain(e)
+
+    def steer_spec(artifact, layers, op, strength):
+        return {"artifact": artifact, "layers": layers, "op": op, "strength": strength}
+
+    def resolve_direction(artifact_value):
+        """``{layer: np.ndarray}`` and a label for a Steer-page direction value."""
+        from steerkit.errors import InputError
+        sm = host.get()
+        if not artifact_value:
+            raise InputError("expected a direction: compute a profile and click \"Use this layer's mean "
+                             "difference\", or pick an artifact from the store")
+        kind, _, ref = str(artifact_value).partition(":")
+        if kind == "profile":
+            key, _, layer = ref.rpartition(":")
+            prof = host.result(key)
+            if prof is None or prof.mean_diff is None:
+                raise InputError("expected the profile behind this direction in the cache, found it evicted; "
+                                 "compute the profile again")
+            layer = int(layer)
+            return {layer: prof.mean_diff[prof.layers.index(layer)]}, f"profile mean difference @ L{layer}"
+        if kind == "store":
+            try:
+                from steerkit.vectors import DirectionSet, Store, SteeringVector, check_compatible
+            except ImportError as e:
+                raise InputError(f"the vector store is not available yet ({e})") from None
+            art = Store(env.store_path).load(ref)
+            check_compatible(art, sm)
+            if isinstance(art, SteeringVector):
+                eff = art.effective()
+                return {l: d.float().numpy() for l, d in eff.directions.items()}, ref
+            if isinstance(art, DirectionSet):
+                d = art.directions[0].float().numpy()
+                layers = art.layers or list(range(sm.n_layers))
+                return {l: d for l in layers}, ref + " (first direction)"
+            raise InputError(f"expected a steering vector or direction set, found a {art.kind} ({ref})")
+        raise InputError(f"expected a direction from the profile or the store, found {artifact_value!r}")
+
+    def edit_for(artifact, layers, op, strength):
+        """A context-manager factory applying the Steer page settings to every row (steered contrast)."""
+        sm = host.get()
+        dirs, _ = resolve_direction(artifact)
+        ls = compute.parse_layers(layers or ",".join(map(str, dirs)), sm.n_layers)
+        import torch
+        per_hook = {}
+        for l in ls:
+            v = torch.as_tensor(np.asarray(dirs.get(l, next(iter(dirs.values()))), dtype=np.float32)).to(sm.device, sm.dtype)
+            if op == "add":
+                per_hook[f"blocks.{l}.hook_resid_post"] = v * float(strength or 0)
+            else:
+                per_hook[f"blocks.{l}.hook_resid_post"] = v
+        if op == "add":
+            return lambda: sm.edit_op("add", per_hook)
+        if op == "ablate":
+            return lambda: sm.edit_op("ablate", per_hook)
+        return lambda: sm.edit_op("clamp", per_hook, value=float(strength or 0))
+
+    @app.callback(
+        Output("prof-key", "data"), Output("prof-status", "children"),
+        Input("prof-run", "n_clicks"),
+        State("prof-contrast", "value"), State("prof-n", "value"), State("prof-a", "value"), State("prof-b", "value"),
+        State("steer-artifact", "value"), State("steer-layers", "value"), State("steer-op", "value"),
+        State("steer-strength", "value"),
+        background=True, prevent_initial_call=True, interval=400,
+        progress=[Output("prof-progress", "value"), Output("prof-progress", "max")],
+        running=[(Output("prof-run", "disabled"), True, False), (Output("prof-cancel", "disabled"), False, True),
+                 (Output("prof-progress", "style"), SHOWN_PROGRESS, HIDDEN_PROGRESS)],
+        cancel=[Input("prof-cancel", "n_clicks")],
+    )
+    def run_profile(set_progress, n_clicks, contrast, n, text_a, text_b, artifact, layers, op, strength):
+        from steerkit.errors import InputError
+        try:
+            sm = host.get()
+            if n is None or not isinstance(n, (int, float)) or int(n) < 1:
+                raise InputError(f"expected a number of pairs from 1 to 200, found {n!r}")
+            n = int(n)
+            edit_a = None
+            extra = None
+            if contrast == "temporal":
+                a, b = compute.temporal_pairs(n)
+            elif contrast == "harmful":
+                a, b = compute.refusal_pairs(n)
+            elif contrast == "steered":
+                a = b = compute.refusal_pairs(n)[1]  # the same harmless prompts, A steered
+                edit_a = edit_for(artifact, layers, op, strength)
+                extra = steer_spec(artifact, layers, op, strength)
+            elif contrast == "custom":
+                a = compute.parse_prompt_text(text_a or "", "list A")
+                b = compute.parse_prompt_text(text_b or "", "list B")
+            else:
+                raise InputError(f"expected a contrast, found {contrast!r}")
+            a, b = compute.check_pairs(a, b)
+            key = cache_key("profile", sm.name, contrast, a, b, extra)
+
+            def prog(done, total):
+                set_progress((str(done), str(total)))
+
+            prof, hit = host.cached(key, lambda: compute.divergence_profile(
+                sm, a, b, contrast=contrast, edit_a=edit_a, progress=prog, should_stop=should_stop))
+            msg = (f"{prof.n_pairs} pairs × {len(prof.layers)} layers; peak relative divergence at layer "
+                   f"{prof.peak_layer} ({prof.rel_mean[prof.peak_index]:.3f}); "
+                   + ("from the cache." if hit else f"computed in {prof.seconds:.1f}s."))
+            return {"key": key}, _ok(msg)
+        except Exception as e:  # noqa: BLE001
+            return no_update, explain(e)
+
+    def current_profile(data):
+        return host.result((data or {}).get("key"))
+
+    def sweep_overlay(prof):
+        try:
+            for p in compute.find_sweeps(env.results_path):
+                sw = compute.load_sweep(p)
+                if sw.model_name and prof.model_name and sw.model_name not in prof.model_name \
+                        and prof.model_name not in sw.model_name:
+                    continue
+                return sw.best_per_layer(), sw.layers
+        except Exception:  # noqa: BLE001 - an unreadable sweep must not break the profile
+            pass
+        return None, None
+
+    @app.callback(Output("prof-graph", "figure"), Input("prof-key", "data"), Input("prof-spread", "value"),
+                  Input("prof-layer", "value"))
+    def draw_profile(data, spread, layer):
+        prof = current_profile(data)
+        if prof is None:
+            return figures.empty_figure("Choose a contrast and press Compute to build a divergence profile.")
+        au, al = sweep_overlay(prof)
+        return figures.profile_figure(prof, spread=spread or "std", auroc=au, auroc_layers=al, selected_layer=layer)
+
+    @app.callback(Output("prof-pairs", "figure"), Output("prof-lens", "figure"), Input("prof-key", "data"),
+                  Input("prof-layer", "value"))
+    def draw_layer(data, layer):
+        prof = current_profile(data)
+        if prof is None:
+            m = figures.empty_figure("Click a layer in the profile to see its per-pair values.")
+            return m, figures.empty_figure("Logit-lens tokens of the mean difference appear here.")
+        layer = prof.peak_layer if layer not in prof.layers else layer
+        j = prof.layers.index(layer)
+        lens = (figures.lens_figure(prof.lens_top[j], prof.lens_bottom[j], layer=layer) if prof.lens_top
+                else figures.empty_figure("no logit lens"))
+        return figures.pairs_figure(prof, layer), lens
+
+    @app.callback(Output("prof-layer", "value"), Input("prof-graph", "clickData"), Input("prof-key", "data"),
+                  prevent_initial_call=True)
+    def pick_layer(click, data):
+        if ctx.triggered_id == "prof-key":
+            prof = current_profile(data)
+            if prof is None:
+                raise PreventUpdate
+            return prof.peak_layer
+        try:
+            return int(round(float(click["points"][0]["x"])))
+        except (TypeError, KeyError, IndexError, ValueError):
+            raise PreventUpdate
+
+    @app.callback(Output("direction", "data"), Output("prof-dir-status", "children"),
+                  Input("prof-use-dir", "n_clicks"), State("prof-key", "data"), State("prof-layer", "value"),
+                  prevent_initial_call=True)
+    def use_direction(_, data, layer):
+        prof = current_profile(data)
+        if prof is None:
+            return no_update, _warn("Compute a profile first.")
+        return ({"value": f"profile:{data['key']}:{layer}", "label": f"profile ({prof.contrast}) mean difference @ L{layer}",
+                 "layer": layer},
+                _ok(f"The mean difference at layer {layer} is now available on the Steer page."))
+
+    @app.callback(Output("prof-dir-status", "children", allow_duplicate=True), Input("prof-save", "n_clicks"),
+                  State("prof-key", "data"), State("prof-layer", "value"), State("prof-save-name", "value"),
+                  prevent_initial_call=True)
+    def save_direction(_, data, layer, name):
+        prof = current_profile(data)
+        if prof is None:
+            return _warn("Compute a profile first.")
+        try:
+            from steerkit.vectors import Store, SteeringVector
+        except ImportError as e:
+            return _warn(f"The vector store is not available yet ({e}).")
+        try:
+            j = prof.layers.index(layer)
+            sv = SteeringVector.from_direction(
+                prof.mean_diff[j], int(layer), host.get(), method="mean_difference",
+                method_params={"contrast": prof.contrast, "n_pairs": prof.n_pairs, "position": "last"},
+                prompts=list(prof.prompts_a) + list(prof.prompts_b),
+                metrics={"relative_divergence": float(prof.rel_mean[j]), "cosine": float(prof.cos_mean[j]),
+                         "peak_layer": prof.peak_layer})
+            ref = Store(env.store_path).save((name or "").strip(), sv)
+            return _ok(f"Saved {ref} to {env.store_path}.")
+        except Exception as e:  # noqa: BLE001
+            return explain(e)
+
+    # ------------------------------------------------------------------ steer
+    @app.callback(Output("steer-artifact", "options"), Output("steer-artifact", "value"),
+                  Output("steer-status", "children", allow_duplicate=True),
+                  Input("url", "pathname"), Input("direction", "data"), Input("store-refresh", "n_clicks"),
+                  State("steer-artifact", "value"), prevent_initial_call="initial_duplicate")
+    def steer_options(path, direction, _, current):
+        opts, note = [], None
+        if direction:
+            opts.append({"label": direction["label"], "value": direction["value"]})
+        try:
+            from steerkit.vectors import Store
+            for row in Store(env.store_path).list(all_versions=False):
+                if row.get("kind") in ("steering_vector", "direction_set"):
+                    opts.append({"label": f"{row['ref']} ({row.get('kind')}, {row.get('method') or '?'})",
+                                 "value": f"store:{row['ref']}"})
+        except ImportError as e:
+            note = _warn(f"The vector store is not available yet ({e}); use a direction from the Profiles page.")
+        except Exception as e:  # noqa: BLE001
+            note = explain(e)
+        values = [o["value"] for o in opts]
+        if ctx.triggered_id == "direction" and direction:
+            value = direction["value"]
+        else:
+            value = current if current in values else (values[0] if values else None)
+        if not opts and note is None:
+            note = html.Span(["No direction yet — compute a profile and click “Use this layer's mean difference”, "
+                              "or save one to the store (", html.Code("steerkit vectors import FILE --name NAME"),
+                              ")."], style={"color": "#666"})
+        return opts, value, note if note is not None else no_update
+
+    @app.callback(Output("steer-layers", "value"), Input("steer-artifact", "value"), prevent_initial_call=True)
+    def steer_default_layers(value):
+        if not value:
+            raise PreventUpdate
+        try:
+            dirs, _ = resolve_direction(value)
+        except Exception:  # noqa: BLE001
+            raise PreventUpdate
+        ls = sorted(dirs)
+        if len(ls) > 1 and ls == list(range(ls[0], ls[-1] + 1)):
+            return f"{ls[0]}-{ls[-1]}"
+        return ",".join(map(str, ls))
+
+    def render_tokens(tokens, values, scale):
+        cols = figures.token_colors(values, scale)
+        return [html.Span(t, title=f"{v:+.3f}", style={"background": c}) for t, v, c in zip(tokens, values, cols)]
+
+    @app.callback(
+        Output("steer-base", "children"), Output("steer-steered", "children"), Output("steer-status", "children"),
+        Input("steer-run", "n_clicks"), Input("steer-strength", "value"),
+        State("steer-artifact", "value"), State("steer-layers", "value"), State("steer-op", "value"),
+        State("steer-prompt", "value"), State("steer-max", "value"),
+        background=True, prevent_initial_call=True, interval=300,
+        progress=[Output("steer-base-live", "children"), Output("steer-steered-live", "children"),
+                  Output("steer-progress", "value"), Output("steer-progress", "max")],
+        running=[(Output("steer-run", "disabled"), True, False), (Output("steer-cancel", "disabled"), False, True),
+                 (Output("steer-progress", "style"), SHOWN_PROGRESS, HIDDEN_PROGRESS),
+                 (Output("steer-base", "style"), HIDDEN, PANE), (Output("steer-steered", "style"), HIDDEN, PANE),
+                 (Output("steer-base-live", "style"), PANE, HIDDEN),
+                 (Output("steer-steered-live", "style"), PANE, HIDDEN)],
+        cancel=[Input("steer-cancel", "n_clicks")],
+    )
+    def run_steer(set_progress, n_clicks, strength, artifact, layers, op, prompt, max_new):
+        from steerkit.errors import InputError
+        try:
+            sm = host.get()
+            if max_new is None or int(max_new) < 1 or int(max_new) > 128:
+                raise InputError(f"expected 1..128 new tokens, found {max_new!r}")
+            max_new = int(max_new)
+            dirs, label = resolve_direction(artifact)
+            ls = compute.parse_layers(layers or ",".join(map(str, dirs)), sm.n_layers)
+            if strength is None:
+                raise InputError("expected a strength, found none")
+            key = cache_key("steer", sm.name, artifact, ls, op, float(strength), prompt, max_new)
+            texts = ["", ""]
+            state = {"n": 0}
+
+            def stream(row, text):
+                texts[row] = text
+                state["n"] += 1
+                if state["n"] % 3 == 0:
+                    set_progress((texts[0], texts[1], str(state["n"]), str(2 * max_new)))
+
+            res, hit = host.cached(key, lambda: compute.steer_compare(
+                sm, prompt or "", dirs, ls, operation=op, strength=float(strength), max_new_tokens=max_new,
+                stream=stream, should_stop=should_stop, label=label))
+            scale = max([abs(x) for x in res.baseline_proj + res.steered_proj] or [1.0]) or 1.0
+            desc = {"add": f"+ {res.strength:g} × v", "ablate": "v ablated", "clamp": f"projection clamped to {res.strength:g}"}[res.operation]
+            msg = _ok(f"{label} at layers {', '.join(map(str, res.layers))}: {desc}"
+                      + (" (from the cache)." if hit else "."))
+            return (render_tokens(res.baseline_tokens, res.baseline_proj, scale),
+                    render_tokens(res.steered_tokens, res.steered_proj, scale), msg)
+        except Exception as e:  # noqa: BLE001
+            return no_update, no_update, explain(e)
+
+    # ------------------------------------------------------------------ store
+    @app.callback(Output("store-table", "data"), Output("store-path", "children"), Output("store-status", "children"),
+                  Output("store-format", "options"),
+                  Input("store-refresh", "n_clicks"), Input("url", "pathname"), Input("prof-dir-status", "children"))
+    def store_rows(_, path, __):
+        label = f"store: {env.store_path}"
+        try:
+            from steerkit.vectors import FORMATS, Store
+        except ImportError as e:
+            return [], label, _warn(f"The vector store is not available yet ({e})."), []
+        fmts = [{"label": f, "value": f} for f in FORMATS]
+        try:
+            st = Store(env.store_path)
+            rows = st.list() if Path(env.store_path).exists() else []
+            out = []
+            for r in rows[:300]:
+                layers, metrics = "", ""
+                try:
+                    meta = st.show(r["ref"]).get("meta", {})
+                    m = (meta.get("provenance") or {}).get("metrics") or {}
+                    metrics = ", ".join(f"{k}={v:.3g}" if isinstance(v, (int, float)) else f"{k}={v}"
+                                        for k, v in list(m.items())[:4])
+                    if len(rows) <= 60:
+                        art = st.load(r["ref"])
+                        ls = getattr(art, "layers", None)
+                        ls = ls if ls is not None else ([art.layer] if getattr(art, "layer", None) is not None else [])
+                        layers = ",".join(map(str, ls))
+                except Exception:  # noqa: BLE001
+                    pass
+                out.append({"ref": r["ref"], "kind": r.get("kind"), "layers": layers, "method": r.get("method"),
+                            "model": r.get("model_name"), "metrics": metrics, "tags": ",".join(r.get("tags", [])),
+                            "created": (r.get("created_at") or r.get("saved_at") or "")[:19]})
+            if not out:
+                msg = html.Span(["No artifacts in this store yet — save one from the Profiles page, or ",
+                                 html.Code("steerkit vectors import FILE --name NAME"), "."], style={"color": "#666"})
+            else:
+                msg = f"{len(out)} artifact versions."
+            return out, label, msg, fmts
+        except Exception as e:  # noqa: BLE001
+            return [], label, explain(e), fmts
+
+    @app.callback(Output("store-detail", "children"), Input("store-table", "selected_rows"), State("store-table", "data"))
+    def store_detail(sel, data):
+        if not sel or not data or sel[0] >= len(data):
+            return "Select an artifact to see its provenance."
+        try:
+            from steerkit.vectors import Store
+            info = Store(env.store_path).show(data[sel[0]]["ref"])
+            return json.dumps(info, indent=1, default=str)[:20000]
+        except Exception as e:  # noqa: BLE001
+            return f"could not read it: {e}"
+
+    @app.callback(Output("download-export", "data"), Output("store-export-status", "children"),
+                  Input("store-export", "n_clicks"), State("store-table", "selected_rows"), State("store-table", "data"),
+                  State("store-format", "value"), prevent_initial_call=True)
+    def store_export(_, sel, data, fmt):
+        if not sel or not data or sel[0] >= len(data):
+            return no_update, _warn("Select an artifact in the table first.")
+        try:
+            from steerkit.vectors import Store, export
+            ref = data[sel[0]]["ref"]
+            art = Store(env.store_path).load(ref)
+            ext = {"llama.cpp": ".gguf", "repeng": ".gguf", "easysteer": ".gguf", "tlens": ".json", "svec": ".svec",
+                   "safetensors": ".safetensors"}.get(fmt, ".bin")
+            stem = ref.replace("@", "_v")
+            with tempfile.TemporaryDirectory() as d:
+                paths = export(art, fmt, Path(d) / f"{stem}{ext}", model=host.get())
+                if len(paths) == 1:
+                    blob, fname = Path(paths[0]).read_bytes(), Path(paths[0]).name
+                else:
+                    buf = io.BytesIO()
+                    with zipfile.ZipFile(buf, "w") as z:
+                        for p in paths:
+                            z.write(p, Path(p).name)
+                    blob, fname = buf.getvalue(), f"{stem}_{fmt}.zip"
+            return dcc.send_bytes(blob, fname), _ok(f"Exported {ref} as {fmt} ({fname}, {len(blob)} bytes).")
+        except Exception as e:  # noqa: BLE001
+            return no_update, explain(e)
+
+    # ------------------------------------------------------------------ downloads
+    @app.callback(Output("download-fig", "data"), [Input(f"dl-{g}", "n_clicks") for g in FIGURES],
+                  [State(g, "figure") for g in FIGURES], prevent_initial_call=True)
+    def download_figure(*args):
+        n = len(FIGURES)
+        clicks, figs = args[:n], args[n:]
+        gid = str(ctx.triggered_id or "")[3:]
+        if gid not in FIGURES or not any(clicks):
+            raise PreventUpdate
+        fig = figs[list(FIGURES).index(gid)]
+        if not fig:
+            raise PreventUpdate
+        import plotly.graph_objects as go
+        return dcc.send_string(figures.to_html(go.Figure(fig)), f"{FIGURES[gid]}.html")
+
+    # ------------------------------------------------------------------ probes
+    @app.callback(Output("probe-file", "options"), Output("probe-file", "value"),
+                  Input("url", "pathname"), Input("probe-rescan", "n_clicks"), Input("probe-upload-data", "data"),
+                  State("probe-file", "value"))
+    def probe_files(path, _, uploaded, current):
+        opts = [{"label": str(p.relative_to(env.results_path)) if env.results_path else str(p), "value": str(p)}
+                for p in compute.find_sweeps(env.results_path)]
+        if uploaded:
+            opts.insert(0, {"label": f"uploaded: {uploaded['name']}", "value": "upload"})
+        values = [o["value"] for o in opts]
+        if ctx.triggered_id == "probe-upload-data" and uploaded:
+            return opts, "upload"
+        return opts, current if current in values else (values[0] if values else None)
+
+    @app.callback(Output("probe-upload-data", "data"), Output("probe-status", "children", allow_duplicate=True),
+                  Input("probe-upload", "contents"), State("probe-upload", "filename"), prevent_initial_call=True)
+    def probe_upload(contents, filename):
+        try:
+            text = _decode_upload(contents, filename)
+            compute.parse_sweep(text, filename or "upload")
+            return {"name": filename or "upload", "text": text}, no_update
+        except PreventUpdate:
+            raise
+        except Exception as e:  # noqa: BLE001
+            return no_update, explain(e)
+
+    @app.callback(Output("probe-heatmap", "figure"), Output("probe-status", "children"),
+                  Input("probe-file", "value"), State("probe-upload-data", "data"))
+    def probe_heatmap(value, uploaded):
+        if not value:
+            msg = html.Span(["No probe sweep results yet — run a probe sweep (", html.Code("steerkit probes sweep"),
+                             " / steerkit.probes) and save its table as ", html.Code("*sweep*.json"), " or ",
+                             html.Code("*sweep*.csv"), f" under {env.results_path}, or upload one here."],
+                            style={"color": "#666"})
+            return figures.empty_figure("No probe sweep yet"), msg
+        try:
+            if value == "upload" and uploaded:
+                sw = compute.parse_sweep(uploaded["text"], uploaded["name"])
+            else:
+                sw = compute.load_sweep(value)
+            best = sw.best_per_layer()
+            i = int(np.nanargmax(best))
+            return figures.probe_heatmap(sw), _ok(f"{sw.name}: {len(sw.layers)} layers × {len(sw.positions)} positions; "
+                                                  f"best AUROC {best[i]:.3f} at layer {sw.layers[i]}.")
+        except Exception as e:  # noqa: BLE001
+            return figures.empty_figure("Could not read this sweep"), explain(e)
+
+    # ------------------------------------------------------------------ diagnostics
+    @app.callback(
+        Output("diag-key", "data"), Output("diag-status", "children"),
+        Input("diag-run", "n_clicks"), State("diag-prompts", "value"),
+        background=True, prevent_initial_call=True, interval=400,
+        progress=[Output("diag-progress", "value"), Output("diag-progress", "max")],
+        running=[(Output("diag-run", "disabled"), True, False), (Output("diag-cancel", "disabled"), False, True),
+                 (Output("diag-progress", "style"), SHOWN_PROGRESS, HIDDEN_PROGRESS)],
+        cancel=[Input("diag-cancel", "n_clicks")],
+    )
+    def run_diag(set_progress, _, text):
+        try:
+            sm = host.get()
+            prompts = compute.parse_prompt_text(text or "", "prompts")
+            key = cache_key("diag", sm.name, prompts)
+            res, hit = host.cached(key, lambda: compute.layer_diagnostics(
+                sm, prompts, progress=lambda d, t: set_progress((str(d), str(t))), should_stop=should_stop))
+            note = f" {res.note}" if res.note else ""
+            return {"key": key}, _ok(f"{res.n_prompts} prompts over {len(res.layers)} layers"
+                                     + (" (from the cache)." if hit else ".") + note)
+        except Exception as e:  # noqa: BLE001
+            return no_update, explain(e)
+
+    @app.callback(Output("diag-norm", "figure"), Output("diag-sink", "figure"), Input("diag-key", "data"))
+    def draw_diag(data):
+        res = host.result((data or {}).get("key"))
+        if res is None:
+            m = "Press Compute to measure residual norms and sink attention."
+            return figures.empty_figure(m), figures.empty_figure(m)
+        return figures.norm_figure(res), figures.sink_figure(res)
+
+    @app.callback(Output("diag-mi", "figure"), Output("diag-mi-status", "children"), Input("url", "pathname"))
+    def draw_mi(path):
+        files = compute.find_mi(env.results_path)
+        if not files:
+            return (figures.empty_figure("No MI results yet"),
+                    html.Span(["No MI-per-step results yet — run the MI peaks method (", html.Code("steerkit.probes"),
+                               ") and save its result as ", html.Code("mi_*.json"), f" under {env.results_path}."],
+                              style={"color": "#666"}))
+        try:
+            mi = compute.load_mi(files[0])
+            return figures.mi_figure(mi), _ok(f"{files[0].name}: {len(mi.steps)} steps, peaks at {mi.peaks}.")
+        except Exception as e:  # noqa: BLE001
+            return figures.empty_figure("Could not read the MI result"), explain(e)

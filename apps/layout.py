@@ -1,0 +1,234 @@
+"""Layout factories: one function per page, plus the shell (navigation, shared stores, downloads).
+
+All pages live in the layout at once and the URL only toggles which one is visible, so every
+component id always exists (no callback-on-missing-component errors) and the stores survive
+navigation. Ids are plain strings, prefixed by page (``prof-``, ``probe-``, ``steer-``, ``store-``,
+``diag-``); the browser test relies on them.
+"""
+from __future__ import annotations
+
+from dash import dash_table, dcc, html
+
+PAGES = [("/profiles", "Profiles"), ("/probes", "Probes"), ("/steer", "Steer"), ("/store", "Store"),
+         ("/diagnostics", "Diagnostics")]
+
+#: graphs that get a "download HTML" button: graph id -> file stem
+FIGURES = {"prof-graph": "divergence_profile", "prof-pairs": "per_pair", "prof-lens": "logit_lens",
+           "probe-heatmap": "probe_auroc", "diag-norm": "residual_norm", "diag-sink": "sink_attention",
+           "diag-mi": "mi_per_step"}
+
+UPLOAD_MAX_BYTES = 1 << 20
+
+CARD = {"background": "#fff", "border": "1px solid #e3e3e3", "borderRadius": "6px", "padding": "12px 16px",
+        "marginBottom": "14px"}
+ROW = {"display": "flex", "gap": "14px", "alignItems": "flex-end", "flexWrap": "wrap"}
+LABEL = {"fontSize": "12px", "color": "#555", "display": "block", "marginBottom": "3px"}
+BTN = {"padding": "6px 14px", "borderRadius": "4px", "border": "1px solid #1f77b4", "background": "#1f77b4",
+       "color": "#fff", "cursor": "pointer"}
+BTN2 = {**BTN, "background": "#fff", "color": "#1f77b4"}
+MSG = {"fontSize": "14px", "margin": "6px 0"}
+PANE = {"flex": "1 1 0", "minWidth": "280px", "whiteSpace": "pre-wrap", "fontFamily": "ui-monospace, monospace",
+        "fontSize": "13px", "background": "#fafafa", "border": "1px solid #eee", "padding": "10px",
+        "minHeight": "120px", "borderRadius": "4px"}
+
+
+def field(label, child, width=None):
+    st = {"display": "flex", "flexDirection": "column"}
+    if width:
+        st["width"] = width
+    return html.Div([html.Label(label, style=LABEL), child], style=st)
+
+
+def dl_button(graph_id):
+    return html.Button("Download HTML", id=f"dl-{graph_id}", n_clicks=0, style={**BTN2, "fontSize": "12px",
+                                                                                 "padding": "3px 10px"})
+
+
+def graph(graph_id, height=None):
+    # the figure functions set their own heights; ``height`` is only the placeholder's
+    st = {"minHeight": f"{height}px"} if height else {}
+    return html.Div([dcc.Graph(id=graph_id, config={"displaylogo": False}, style=st),
+                     html.Div(dl_button(graph_id), style={"textAlign": "right"})])
+
+
+def progress_row(prefix):
+    return html.Div([
+        html.Button("Compute", id=f"{prefix}-run", n_clicks=0, style=BTN),
+        html.Button("Cancel", id=f"{prefix}-cancel", n_clicks=0, disabled=True, style=BTN2),
+        html.Progress(id=f"{prefix}-progress", value="0", max="1", style={"width": "220px", "visibility": "hidden"}),
+    ], style={**ROW, "alignItems": "center"})
+
+
+def message(id_):
+    return html.Div(id=id_, style=MSG, role="status")
+
+
+def profiles_page(n_layers: int):
+    return html.Div([
+        html.Div([
+            html.Div([
+                field("Contrast", dcc.Dropdown(id="prof-contrast", clearable=False, value="temporal", options=[
+                    {"label": "Temporal reversal pairs", "value": "temporal"},
+                    {"label": "Harmful vs harmless", "value": "harmful"},
+                    {"label": "Steered vs unsteered (Steer page settings)", "value": "steered"},
+                    {"label": "My own two prompt lists", "value": "custom"}]), width="330px"),
+                field("Pairs", dcc.Input(id="prof-n", type="number", min=1, max=200, step=1, value=8,
+                                         style={"width": "80px"})),
+                field("Spread", dcc.RadioItems(id="prof-spread", value="std", inline=True, options=[
+                    {"label": " ±1 sd ", "value": "std"}, {"label": " min–max ", "value": "range"},
+                    {"label": " none", "value": "none"}])),
+            ], style=ROW),
+            html.Div(id="prof-custom", style={"display": "none"}, children=[
+                html.P("One prompt per line (or a JSON list / JSON lines); line i of A pairs with line i of B. "
+                       f"Uploads up to {UPLOAD_MAX_BYTES >> 10} KiB: .txt, .json, .jsonl.",
+                       style={"fontSize": "12px", "color": "#666"}),
+                html.Div([
+                    html.Div([dcc.Textarea(id="prof-a", placeholder="prompts A", style={"width": "100%", "height": "110px"}),
+                              dcc.Upload(id="prof-upload-a", children=html.A("upload A"), max_size=UPLOAD_MAX_BYTES,
+                                         style={"fontSize": "12px"})], style={"flex": "1"}),
+                    html.Div([dcc.Textarea(id="prof-b", placeholder="prompts B", style={"width": "100%", "height": "110px"}),
+                              dcc.Upload(id="prof-upload-b", children=html.A("upload B"), max_size=UPLOAD_MAX_BYTES,
+                                         style={"fontSize": "12px"})], style={"flex": "1"}),
+                ], style={"display": "flex", "gap": "12px"}),
+            ]),
+            html.Div(progress_row("prof"), style={"marginTop": "10px"}),
+            message("prof-status"),
+        ], style=CARD),
+        html.Div([graph("prof-graph", 440),
+                  html.Div([html.Label("Layer (click the plot or slide)", style=LABEL),
+                            dcc.Slider(id="prof-layer", min=0, max=max(0, n_layers - 1), step=1, value=0,
+                                       marks={i: str(i) for i in range(0, n_layers, max(1, n_layers // 15))},
+                                       tooltip={"placement": "bottom"})], style={"padding": "0 30px"})], style=CARD),
+        html.Div([
+            html.Div([graph("prof-pairs")], style={"flex": "3 1 0", "minWidth": "380px"}),
+            html.Div([graph("prof-lens")], style={"flex": "2 1 0", "minWidth": "300px"}),
+        ], style={**CARD, "display": "flex", "gap": "12px", "flexWrap": "wrap"}),
+        html.Div([
+            html.Div([
+                html.Button("Use this layer's mean difference on the Steer page", id="prof-use-dir", n_clicks=0,
+                            style=BTN2),
+                field("Store name", dcc.Input(id="prof-save-name", type="text", value="profile-direction",
+                                              style={"width": "200px"})),
+                html.Button("Save it to the store", id="prof-save", n_clicks=0, style=BTN2),
+            ], style=ROW),
+            message("prof-dir-status"),
+        ], style=CARD),
+    ], id="page-profiles")
+
+
+def probes_page():
+    return html.Div([
+        html.Div([
+            html.Div([
+                field("Saved sweep", dcc.Dropdown(id="probe-file", clearable=False, style={"width": "420px"})),
+                html.Button("Rescan", id="probe-rescan", n_clicks=0, style=BTN2),
+                dcc.Upload(id="probe-upload", children=html.A("or upload a sweep table (.json/.csv)"),
+                           max_size=UPLOAD_MAX_BYTES, style={"fontSize": "13px"}),
+            ], style=ROW),
+            message("probe-status"),
+        ], style=CARD),
+        html.Div(graph("probe-heatmap", 520), style=CARD),
+    ], id="page-probes")
+
+
+def steer_page():
+    return html.Div([
+        html.Div([
+            html.Div([
+                field("Direction", dcc.Dropdown(id="steer-artifact", clearable=False, style={"width": "360px"})),
+                field("Layers", dcc.Input(id="steer-layers", type="text", value="", placeholder="e.g. 12 or 10-14",
+                                          debounce=True, style={"width": "120px"})),
+                field("Operation", dcc.RadioItems(id="steer-op", value="add", inline=True, options=[
+                    {"label": " add ", "value": "add"}, {"label": " ablate ", "value": "ablate"},
+                    {"label": " clamp", "value": "clamp"}])),
+                field("Max new tokens", dcc.Input(id="steer-max", type="number", min=1, max=128, step=1, value=24,
+                                                  style={"width": "80px"})),
+            ], style=ROW),
+            html.Div([html.Label("Strength (add: multiple of the vector; clamp: projection value)", style=LABEL),
+                      dcc.Slider(id="steer-strength", min=-16, max=16, step=0.5, value=4,
+                                 marks={i: str(i) for i in range(-16, 17, 4)}, tooltip={"placement": "bottom"})],
+                     style={"margin": "12px 0", "padding": "0 10px"}),
+            field("Prompt", dcc.Textarea(id="steer-prompt", value="Tell me about your weekend.",
+                                         style={"width": "100%", "height": "60px"})),
+            html.Div([
+                html.Button("Generate", id="steer-run", n_clicks=0, style=BTN),
+                html.Button("Cancel", id="steer-cancel", n_clicks=0, disabled=True, style=BTN2),
+                html.Progress(id="steer-progress", value="0", max="1", style={"width": "220px", "visibility": "hidden"}),
+            ], style={**ROW, "alignItems": "center", "marginTop": "10px"}),
+            message("steer-status"),
+        ], style=CARD),
+        html.Div([
+            html.Div([html.H4("Baseline", style={"margin": "0 0 6px"}), html.Div(id="steer-base", style=PANE),
+                      html.Div(id="steer-base-live", style={**PANE, "display": "none"})], style={"flex": "1"}),
+            html.Div([html.H4("Steered", style={"margin": "0 0 6px"}), html.Div(id="steer-steered", style=PANE),
+                      html.Div(id="steer-steered-live", style={**PANE, "display": "none"})], style={"flex": "1"}),
+        ], style={**CARD, "display": "flex", "gap": "14px", "flexWrap": "wrap"}),
+        html.Div("Token colour: projection of the residual that produced the token on the unit direction, at the "
+                 "last steered layer (red positive, blue negative; hover for the value).",
+                 style={"fontSize": "12px", "color": "#666"}),
+    ], id="page-steer")
+
+
+def store_page():
+    return html.Div([
+        html.Div([
+            html.Div([html.Button("Refresh", id="store-refresh", n_clicks=0, style=BTN2),
+                      html.Span(id="store-path", style={"fontSize": "12px", "color": "#666"})],
+                     style={**ROW, "alignItems": "center"}),
+            message("store-status"),
+            dash_table.DataTable(id="store-table", columns=[{"name": c, "id": c} for c in (
+                "ref", "kind", "layers", "method", "model", "metrics", "tags", "created")], data=[],
+                row_selectable="single", selected_rows=[], page_size=15,
+                style_cell={"fontSize": "12px", "textAlign": "left", "maxWidth": "280px", "overflow": "hidden",
+                            "textOverflow": "ellipsis"},
+                style_header={"fontWeight": "bold"}),
+        ], style=CARD),
+        html.Div([
+            html.Div([
+                field("Export format", dcc.Dropdown(id="store-format", clearable=False, value="safetensors",
+                                                    style={"width": "200px"})),
+                html.Button("Download export", id="store-export", n_clicks=0, style=BTN),
+            ], style=ROW),
+            message("store-export-status"),
+            html.Pre(id="store-detail", style={"fontSize": "12px", "maxHeight": "360px", "overflow": "auto",
+                                               "background": "#fafafa", "padding": "8px"}),
+        ], style=CARD),
+    ], id="page-store")
+
+
+def diagnostics_page():
+    return html.Div([
+        html.Div([
+            field("Prompts (one per line, up to 64)", dcc.Textarea(
+                id="diag-prompts", style={"width": "100%", "height": "80px"},
+                value="The capital of France is Paris.\nWrite a short poem about the sea.\nHow do I bake bread?")),
+            html.Div(progress_row("diag"), style={"marginTop": "10px"}),
+            message("diag-status"),
+        ], style=CARD),
+        html.Div([html.Div(graph("diag-norm", 380), style={"flex": "1", "minWidth": "380px"}),
+                  html.Div(graph("diag-sink", 380), style={"flex": "1", "minWidth": "380px"})],
+                 style={**CARD, "display": "flex", "gap": "12px", "flexWrap": "wrap"}),
+        html.Div([html.H4("Mutual information per generation step", style={"margin": "0 0 6px"}),
+                  message("diag-mi-status"), graph("diag-mi", 360)], style=CARD),
+    ], id="page-diagnostics")
+
+
+def shell(model_label: str, n_layers: int, store_path: str, results_path: str):
+    nav = html.Div([html.Span("steerkit explorer", style={"fontWeight": "bold", "marginRight": "24px"})]
+                   + [dcc.Link(label, href=path, id=f"nav-{path.strip('/')}",
+                               style={"marginRight": "18px", "textDecoration": "none"}) for path, label in PAGES]
+                   + [html.Span(model_label, id="model-label",
+                                style={"marginLeft": "auto", "fontSize": "12px", "color": "#666"})],
+                   style={"display": "flex", "alignItems": "center", "padding": "10px 18px",
+                          "borderBottom": "1px solid #ddd", "background": "#fff"})
+    return html.Div([
+        dcc.Location(id="url"),
+        dcc.Store(id="prof-key"), dcc.Store(id="direction"), dcc.Store(id="diag-key"), dcc.Store(id="probe-upload-data"),
+        dcc.Download(id="download-fig"), dcc.Download(id="download-export"),
+        nav,
+        html.Div([profiles_page(n_layers), probes_page(), steer_page(), store_page(), diagnostics_page()],
+                 style={"padding": "14px 18px", "maxWidth": "1280px", "margin": "0 auto"}),
+        html.Div(f"store: {store_path} · results: {results_path}",
+                 style={"fontSize": "11px", "color": "#999", "padding": "6px 18px"}),
+    ], style={"fontFamily": "system-ui, -apple-system, Segoe UI, sans-serif", "background": "#f5f6f8",
+              "minHeight": "100vh"})

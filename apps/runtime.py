@@ -1,0 +1,151 @@
+"""What the running app holds: the model (loaded once per process), a result cache, and a
+background-callback manager that runs jobs in threads of this process.
+
+Why threads: Dash's ``DiskcacheManager`` runs each background callback in a forked process. A
+forked child of a process that has already run PyTorch on several CPU threads can deadlock in the
+OpenMP runtime (we saw exactly that), and a child would otherwise have to load the model again.
+:class:`ThreadedDiskcacheManager` keeps Dash's protocol (progress, ``set_props``, results in a
+``diskcache.Cache``, cancel) but starts a thread instead; cancelling sets a flag that the
+computations poll between batches (:func:`should_stop`). Model work is serialised by
+``ModelHost.lock`` because hooks are per model, not per thread.
+"""
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import itertools
+import json
+import sys
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Callable, Optional
+
+from dash import DiskcacheManager
+
+_cancel_event: contextvars.ContextVar[Optional[threading.Event]] = contextvars.ContextVar("steerkit_app_cancel",
+                                                                                         default=None)
+
+
+def should_stop() -> bool:
+    """True when the background job running in this thread was cancelled."""
+    ev = _cancel_event.get()
+    return bool(ev is not None and ev.is_set())
+
+
+class ThreadedDiskcacheManager(DiskcacheManager):
+    """A ``DiskcacheManager`` whose jobs are threads of this process (see the module docstring)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, cache=None, cache_by=None, expire=None):
+        super().__init__(cache, cache_by, expire)
+        self._jobs: dict[int, tuple[threading.Thread, threading.Event]] = {}
+        self._jobs_lock = threading.Lock()
+
+    def call_job_fn(self, key, job_fn, args, context):
+        job = next(self._ids)
+        ev = threading.Event()
+
+        def target():
+            _cancel_event.set(ev)
+            try:
+                job_fn(key, self._make_progress_key(key), args, context)
+            finally:
+                with self._jobs_lock:
+                    self._jobs.pop(job, None)
+
+        t = threading.Thread(target=target, name=f"steerkit-app-job-{job}", daemon=True)
+        with self._jobs_lock:
+            self._jobs[job] = (t, ev)
+        t.start()
+        return job
+
+    def terminate_job(self, job):
+        if job is None:
+            return
+        with self._jobs_lock:
+            entry = self._jobs.get(int(job))
+        if entry is not None:
+            entry[1].set()
+
+    def terminate_unhealthy_job(self, job):
+        return False
+
+    def job_running(self, job):
+        with self._jobs_lock:
+            entry = self._jobs.get(int(job)) if job else None
+        return bool(entry is not None and entry[0].is_alive())
+
+
+def cache_key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+class ModelHost:
+    """The model of this process (loaded once, lazily or at start), its lock and a result cache."""
+
+    def __init__(self, model: Any = None, *, max_results: int = 64, threads: Optional[int] = None):
+        self._spec = model
+        self._sm = None if (model is None or isinstance(model, str) or hasattr(model, "__fspath__")) else model
+        self._load_lock = threading.Lock()
+        self.lock = threading.RLock()
+        self.results: "OrderedDict[str, Any]" = OrderedDict()
+        self._results_lock = threading.Lock()
+        self.max_results = max_results
+        self.threads = threads
+        self.load_seconds: Optional[float] = None
+        self.loads = 0
+
+    @property
+    def loaded(self) -> bool:
+        return self._sm is not None
+
+    def get(self):
+        if self._sm is None:
+            with self._load_lock:
+                if self._sm is None:
+                    import torch
+
+                    import steerkit
+                    if self.threads:
+                        torch.set_num_threads(int(self.threads))
+                    t = time.perf_counter()
+                    print(f"steerkit app: loading model {self._spec or '(default)'} ...", file=sys.stderr, flush=True)
+                    self._sm = steerkit.load_model(self._spec)
+                    self.load_seconds = time.perf_counter() - t
+                    self.loads += 1
+                    print(f"steerkit app: model {self._sm.name} ready in {self.load_seconds:.1f}s", file=sys.stderr,
+                          flush=True)
+        return self._sm
+
+    # --- results ------------------------------------------------------------------------
+    def put(self, key: str, value: Any) -> str:
+        with self._results_lock:
+            self.results[key] = value
+            self.results.move_to_end(key)
+            while len(self.results) > self.max_results:
+                self.results.popitem(last=False)
+        return key
+
+    def result(self, key: Optional[str]):
+        if not key:
+            return None
+        with self._results_lock:
+            v = self.results.get(key)
+            if v is not None:
+                self.results.move_to_end(key)
+            return v
+
+    def cached(self, key: str, compute: Callable[[], Any]):
+        """The cached result for ``key``, or compute it (holding the model lock) and cache it."""
+        hit = self.result(key)
+        if hit is not None:
+            return hit, True
+        with self.lock:
+            hit = self.result(key)
+            if hit is not None:
+                return hit, True
+            value = compute()
+        self.put(key, value)
+        return value, False

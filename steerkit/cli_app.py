@@ -1,0 +1,44 @@
+"""``steerkit app``: serve the visual explorer (``steerkit.apps``) on 127.0.0.1.
+
+Wiring: the main CLI calls :func:`register` with its sub-parsers and :func:`run` with the parsed
+arguments. ``python -m steerkit.apps`` runs :func:`main`. Binding anywhere but localhost needs
+``--allow-remote`` and prints a warning.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("app", help="the visual explorer: divergence profiles, probes, live steering",
+                              description="Serve the steerkit explorer (a local Plotly Dash app).")
+    p.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: the "
+                   "embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8050)
+    p.add_argument("--allow-remote", action="store_true", help="allow binding a non-local address (no auth!)")
+    p.add_argument("--store", default=None, help="artifact store (default: $STEERKIT_STORE or ./steerkit-store)")
+    p.add_argument("--results", default=None, help="folder with saved probe sweeps / MI results "
+                   "(default: $STEERKIT_RESULTS or ./steerkit-results)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--debug", action="store_true", help="Dash debug mode (development only)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    try:
+        from steerkit.apps.app import run as serve
+    except ImportError as e:
+        print(f"steerkit app: error: the app needs the 'app' extra (pip install 'steerkit[app]'): {e}", file=sys.stderr)
+        return 1
+    serve(args.model, host=args.host, port=args.port, allow_remote=args.allow_remote, store=args.store,
+          results=args.results, threads=args.threads, debug=args.debug)
+    return 0
+
+
+def main(argv=None) -> int:
+    from steerkit.cli import main as cli_main
+    return cli_main(["app", *(sys.argv[1:] if argv is None else argv)])

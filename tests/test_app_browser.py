@@ -1,0 +1,254 @@
+"""The running explorer in a real headless browser (Debian's chromium driven by Playwright).
+
+Starts ``python -m steerkit.apps`` on a free 127.0.0.1 port with the default model, a temporary
+store and results folder, then: opens every page; computes a divergence profile for 3 pairs and
+checks one point per layer; saves the peak layer's direction; steers with it and moves the
+strength slider (the steered text must change); exports the stored vector and a figure; checks
+that the Probes and Diagnostics pages show the "no results yet" message and light up once results
+exist; checks that bad input gives a message, not a traceback; screenshots every page (in the test's
+temp dir; set ``STEERKIT_SCREENSHOTS=DIR`` to keep copies); and asserts that no page logged a
+browser console error.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+try:
+    import dash  # noqa: F401
+except ImportError:  # pragma: no cover
+    pytest.skip("the app extra (dash) is not installed: pip install -e '.[app]'", allow_module_level=True)
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover
+    pytest.skip("playwright is not installed (pip install -e '.[test]'); scripts/test.sh installs it",
+                allow_module_level=True)
+if not os.access(CHROMIUM, os.X_OK):  # pragma: no cover
+    pytest.skip(f"{CHROMIUM} is missing and could not be installed (scripts/test.sh runs apt-get install chromium "
+                "as root)", allow_module_level=True)
+
+STEP_TIMEOUT_MS = 240_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("app")
+    store, results = root / "store", root / "results"
+    results.mkdir()
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = open(root / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "steerkit.apps", "--port", str(port), "--threads", "1",
+                             "--store", str(store), "--results", str(results)], stdout=log, stderr=subprocess.STDOUT,
+                            env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the app exited with {proc.returncode}:\n{(root / 'server.log').read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "/", timeout=5) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.time() > deadline:
+            proc.kill()
+            raise RuntimeError("the app did not answer within 300 s")
+        time.sleep(1)
+    yield {"url": url, "root": root, "store": store, "results": results, "log": root / "server.log"}
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser_page(server):
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1300, "height": 1000}, accept_downloads=True)
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+        page.set_default_timeout(STEP_TIMEOUT_MS)
+        yield page, errors
+        browser.close()
+
+
+def shot(page, server, name):
+    path = server["root"] / "screenshots" / f"{name}.png"
+    path.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(path), full_page=True)
+    keep = os.environ.get("STEERKIT_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(keep) / path.name)
+    return path
+
+
+def wait_text(page, selector, text):
+    page.wait_for_function("([s, t]) => { const e = document.querySelector(s); return e && e.innerText.includes(t); }",
+                           arg=[selector, text], timeout=STEP_TIMEOUT_MS)
+
+
+def trace_points(page, graph_id, trace_name):
+    return page.evaluate("([g, n]) => { const d = document.querySelector('#' + g + ' .js-plotly-plot');"
+                         " const t = d && d.data && d.data.find(t => t.name === n); return t ? t.x.length : -1; }",
+                         [graph_id, trace_name])
+
+
+def wait_trace(page, graph_id, trace_name):
+    page.wait_for_function("([g, n]) => { const d = document.querySelector('#' + g + ' .js-plotly-plot');"
+                           " return !!(d && d.data && d.data.some(t => t.name === n)); }",
+                           arg=[graph_id, trace_name], timeout=STEP_TIMEOUT_MS)
+
+
+def test_every_page_end_to_end(server, browser_page):
+    page, errors = browser_page
+    url = server["url"]
+
+    # --- Profiles: 3 temporal pairs -> one point per layer, peak marked
+    page.goto(url + "/profiles")
+    page.wait_for_selector("#prof-run")
+    page.fill("#prof-n", "3")
+    page.click("#prof-run")
+    wait_text(page, "#prof-status", "layers")
+    assert "⚠" not in page.inner_text("#prof-status")
+    wait_trace(page, "prof-graph", "relative divergence")
+    n_layers = 30
+    assert trace_points(page, "prof-graph", "relative divergence") == n_layers
+    assert trace_points(page, "prof-graph", "cosine similarity") == n_layers
+    assert trace_points(page, "prof-graph", "peak") == 1
+    wait_trace(page, "prof-lens", "promoted")
+    wait_trace(page, "prof-pairs", "relative divergence")
+    assert trace_points(page, "prof-pairs", "relative divergence") == 3
+
+    # the figure downloads as standalone HTML
+    with page.expect_download() as dl:
+        page.click("#dl-prof-graph")
+    html_path = server["root"] / "profile.html"
+    dl.value.save_as(html_path)
+    text = html_path.read_text(encoding="utf-8")
+    assert "relative divergence" in text and "plotly" in text.lower() and len(text) > 1_000_000  # plotly.js inlined
+
+    # keep the direction: for the Steer page and in the store
+    page.click("#prof-use-dir")
+    wait_text(page, "#prof-dir-status", "Steer page")
+    page.fill("#prof-save-name", "e2e-direction")
+    page.click("#prof-save")
+    wait_text(page, "#prof-dir-status", "e2e-direction@1")
+    shot(page, server, "profiles")
+
+    # --- Steer: generate, then move the strength slider -> the steered text changes
+    page.click("#nav-steer")
+    page.wait_for_selector("#steer-run")
+    page.fill("#steer-max", "12")
+    page.click("#steer-run")
+    wait_text(page, "#steer-status", "layers")
+    assert "⚠" not in page.inner_text("#steer-status")
+    base1, steered1 = page.inner_text("#steer-base"), page.inner_text("#steer-steered")
+    assert base1.strip() and steered1.strip()
+    track = page.locator("#steer-strength .dash-slider-track").bounding_box()
+    # strength 4 -> 14 (range -16..16): click the track at (14 + 16) / 32
+    page.mouse.click(track["x"] + track["width"] * (30 / 32), track["y"] + track["height"] / 2)
+    page.wait_for_function("(t) => { const s = document.querySelector('#steer-status');"
+                           " return s && s.innerText.includes('layers') && !s.innerText.includes('+ 4 ×')"
+                           " && document.querySelector('#steer-steered').innerText !== t; }", arg=steered1,
+                           timeout=STEP_TIMEOUT_MS)
+    steered2 = page.inner_text("#steer-steered")
+    assert steered2 != steered1
+    assert page.inner_text("#steer-base") == base1  # the baseline does not depend on the strength
+    assert page.locator("#steer-steered span[title]").count() > 0  # tokens coloured by projection
+    shot(page, server, "steer")
+
+    # --- Store: the saved vector is listed; export it
+    page.click("#nav-store")
+    page.click("#store-refresh")
+    wait_text(page, "#store-table", "e2e-direction@1")
+    page.locator("#store-table input[type=radio]").first.check()
+    wait_text(page, "#store-detail", "mean_difference")
+    with page.expect_download() as dl:
+        page.click("#store-export")
+    out = server["root"] / "export.safetensors"
+    dl.value.save_as(out)
+    from steerkit.vectors import load_artifact
+    v = load_artifact(out)
+    assert len(v.layers) == 1 and v.d_model == 576
+    wait_text(page, "#store-export-status", "Exported")
+    shot(page, server, "store")
+
+    # --- Probes: a clear message without results; the heatmap once a sweep exists
+    page.click("#nav-probes")
+    wait_text(page, "#probe-status", "No probe sweep results yet")
+    sweep = {"name": "e2e", "layers": list(range(n_layers)), "positions": ["-2", "-1", "last"],
+             "auroc": [[0.5 + 0.015 * l, 0.55 + 0.014 * l, 0.6 + 0.013 * l] for l in range(n_layers)],
+             "ci_low": [[0.45 + 0.015 * l] * 3 for l in range(n_layers)],
+             "ci_high": [[0.6 + 0.013 * l] * 3 for l in range(n_layers)]}
+    (server["results"] / "e2e_sweep.json").write_text(json.dumps(sweep))
+    page.click("#probe-rescan")
+    wait_text(page, "#probe-status", "best AUROC")
+    page.wait_for_selector("#probe-heatmap .js-plotly-plot .heatmaplayer, #probe-heatmap .js-plotly-plot .hm")
+    shot(page, server, "probes")
+
+    # --- Diagnostics: residual norm and sink attention per layer; MI when a result exists
+    (server["results"] / "mi_e2e.json").write_text(json.dumps(
+        {"mi": [0.1, 0.2, 0.9, 0.3, 0.2, 1.1, 0.4], "tokens": ["I", " think", " so", ",", " but", " wait", "."]}))
+    page.click("#nav-diagnostics")
+    page.click("#diag-run")
+    wait_text(page, "#diag-status", "layers")
+    wait_trace(page, "diag-norm", "mean ‖h‖ (pos ≥ 1)")
+    assert trace_points(page, "diag-norm", "mean ‖h‖ (pos ≥ 1)") == n_layers
+    wait_trace(page, "diag-sink", "mean over heads")
+    assert trace_points(page, "diag-sink", "mean over heads") == n_layers
+    wait_trace(page, "diag-mi", "peaks")
+    shot(page, server, "diagnostics")
+
+    assert not errors, "browser console errors:\n" + "\n".join(errors)
+
+
+def test_bad_input_shows_a_message(server, browser_page):
+    page, errors = browser_page
+    page.goto(server["url"] + "/profiles")
+    page.wait_for_selector("#prof-contrast")
+    page.click("#prof-contrast")
+    page.get_by_text("My own two prompt lists").click()
+    page.fill("#prof-a", "one\ntwo\nthree")
+    page.fill("#prof-b", "uno\ndos")
+    page.click("#prof-run")
+    wait_text(page, "#prof-status", "equal length")
+    status = page.inner_text("#prof-status")
+    assert "Traceback" not in status and "found 3 prompts in A and 2 in B" in status
+    page.fill("#prof-a", "")
+    page.fill("#prof-b", "")
+    page.click("#prof-run")
+    wait_text(page, "#prof-status", "non-empty")
+    # a non-local bind is refused without the explicit flag
+    r = subprocess.run([sys.executable, "-m", "steerkit.apps", "--host", "0.0.0.0", "--port", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--allow-remote" in r.stderr
+    assert not errors, "browser console errors:\n" + "\n".join(errors)

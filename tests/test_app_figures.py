@@ -1,0 +1,175 @@
+"""The explorer's figure functions and pure computations, without a browser or a model."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("plotly", reason="the app extra (plotly, dash) is not installed")
+pytest.importorskip("dash", reason="the app extra (plotly, dash) is not installed")
+
+import plotly.graph_objects as go  # noqa: E402
+
+from steerkit.apps import compute, figures  # noqa: E402
+from steerkit.errors import InputError  # noqa: E402
+
+
+def planted_profile(n_pairs=6, n_layers=30, peak=17, seed=0):
+    rng = np.random.default_rng(seed)
+    layers = list(range(n_layers))
+    bump = np.exp(-0.5 * ((np.arange(n_layers) - peak) / 2.0) ** 2)
+    rel = 0.05 + 0.4 * bump + 0.01 * rng.standard_normal((n_pairs, n_layers))
+    cos = 1 - 0.5 * rel
+    return compute.DivergenceProfile(layers=layers, rel=rel, cos=cos, prompts_a=[f"a{i}" for i in range(n_pairs)],
+                                     prompts_b=[f"b{i}" for i in range(n_pairs)], model_name="toy", contrast="planted")
+
+
+def by_name(fig):
+    return {t.name: t for t in fig.data}
+
+
+def test_profile_figure_traces_axes_and_peak():
+    prof = planted_profile(peak=17)
+    assert prof.peak_layer == 17
+    fig = figures.profile_figure(prof)
+    assert isinstance(fig, go.Figure)
+    t = by_name(fig)
+    for name in ("relative divergence", "cosine similarity", "peak", "divergence ± 1 sd", "cosine ± 1 sd"):
+        assert name in t
+    assert list(t["relative divergence"].x) == list(range(30))
+    np.testing.assert_allclose(t["relative divergence"].y, prof.rel.mean(0))
+    np.testing.assert_allclose(t["cosine similarity"].y, prof.cos.mean(0))
+    assert t["cosine similarity"].yaxis == "y2"
+    assert list(t["peak"].x) == [17] and t["peak"].y[0] == pytest.approx(prof.rel.mean(0)[17])
+    assert fig.layout.xaxis.title.text == "layer"
+    assert "relative divergence" in fig.layout.yaxis.title.text
+    assert fig.layout.yaxis2.overlaying == "y" and fig.layout.yaxis2.side == "right"
+    assert any(s.x0 == 17 for s in fig.layout.shapes)  # dashed peak line
+    lo, hi = fig.layout.yaxis2.range
+    assert lo < prof.cos.mean(0).min() and hi >= 1.0
+
+
+@pytest.mark.parametrize("peak", [0, 9, 29])
+def test_peak_marker_follows_the_planted_layer(peak):
+    fig = figures.profile_figure(planted_profile(peak=peak, seed=peak))
+    assert list(by_name(fig)["peak"].x) == [peak]
+
+
+def test_spread_modes_and_auroc_overlay():
+    prof = planted_profile()
+    t = by_name(figures.profile_figure(prof, spread="range"))
+    band = t["divergence min–max"]
+    assert len(band.x) == 60 and max(band.y) == pytest.approx(prof.rel.max())
+    t = by_name(figures.profile_figure(prof, spread="none"))
+    assert not any("sd" in n or "min–max" in n for n in t)
+    au = np.linspace(0.5, 0.9, 30)
+    t = by_name(figures.profile_figure(prof, auroc=au))
+    assert list(t["probe AUROC"].y) == pytest.approx(list(au)) and t["probe AUROC"].yaxis == "y2"
+
+
+def test_pairs_and_lens_figures():
+    prof = planted_profile(n_pairs=4)
+    fig = figures.pairs_figure(prof, 5)
+    assert [len(t.y) for t in fig.data] == [4, 4]
+    np.testing.assert_allclose(fig.data[0].y, prof.rel[:, 5])
+    with pytest.raises(InputError):
+        prof.at_layer(99)
+    fig = figures.lens_figure([(" yes", 3.0), (" no", 2.0)], [(" maybe", -1.0)], layer=5)
+    assert [t.name for t in fig.data] == ["promoted", "suppressed"]
+    assert "layer 5" in fig.layout.title.text
+
+
+def test_heatmap_norm_sink_mi_figures():
+    sw = compute.parse_sweep(json.dumps({"layers": [0, 1, 2], "positions": ["-1", "last"],
+                                         "auroc": [[0.5, 0.6], [0.7, 0.8], [0.9, 0.95]],
+                                         "ci_low": [[0.4, 0.5], [0.6, 0.7], [0.8, 0.9]],
+                                         "ci_high": [[0.6, 0.7], [0.8, 0.9], [0.95, 0.99]]}), "s")
+    fig = figures.probe_heatmap(sw)
+    assert fig.data[0].type == "heatmap" and np.asarray(fig.data[0].z).shape == (3, 2)
+    assert "CI" in fig.data[0].hovertemplate
+    assert list(sw.best_per_layer()) == [0.6, 0.8, 0.95]
+    csv = "layer,position,auroc,ci_low,ci_high\n0,last,0.6,0.5,0.7\n1,last,0.9,0.8,0.95\n"
+    assert compute.parse_sweep(csv).auroc.shape == (2, 1)
+    diag = compute.LayerDiagnostics(layers=[0, 1, 2], resid_norm=np.array([1.0, 2.0, 3.0]),
+                                    resid_norm_pos0=np.array([5.0, 50.0, 60.0]), sink=np.array([0.1, 0.5, 0.9]),
+                                    sink_heads=np.array([[0.1, 0.1], [0.4, 0.6], [0.8, 1.0]]), n_prompts=2)
+    assert len(by_name(figures.norm_figure(diag))["mean ‖h‖ (pos ≥ 1)"].y) == 3
+    assert list(by_name(figures.sink_figure(diag))["mean over heads"].y) == [0.1, 0.5, 0.9]
+    mi = compute.parse_mi(json.dumps({"mi": [0.1, 0.2, 0.9, 0.3, 0.2, 1.1, 0.4], "tokens": list("abcdefg")}))
+    assert mi.peaks == [2, 5]
+    t = by_name(figures.mi_figure(mi))
+    assert list(t["peaks"].x) == [2, 5] and list(t["peaks"].text) == ["'c'", "'f'"]
+
+
+def test_standalone_html(tmp_path):
+    fig = figures.profile_figure(planted_profile())
+    s = figures.to_html(fig, tmp_path / "p.html")
+    assert s.lstrip().lower().startswith(("<!doctype html>", "<html")) and "relative divergence" in s and len(s) > 1_000_000  # plotly.js embedded
+    assert (tmp_path / "p.html").read_text(encoding="utf-8") == s
+
+
+def test_token_colours():
+    cols = figures.token_colors([1.0, -2.0, 0.0])
+    assert cols[0].startswith("rgba(214") and cols[1].startswith("rgba(31") and cols[2].endswith("0.00)")
+    assert 'title="-2.000"' in figures.tokens_html(["a", "<b>", "c"], [1.0, -2.0, 0.0])
+    assert "&lt;b&gt;" in figures.tokens_html(["<b>"], [1.0])
+
+
+def test_prompt_parsing_and_pairs():
+    assert compute.parse_prompt_text("a\n\n b \n") == ["a", "b"]
+    assert compute.parse_prompt_text('["x", {"prompt": "y"}]') == ["x", "y"]
+    assert compute.parse_prompt_text('{"text": "x"}\n{"instruction": "y"}') == ["x", "y"]
+    with pytest.raises(InputError, match="invalid JSON"):
+        compute.parse_prompt_text("[1, 2")
+    with pytest.raises(InputError, match="equal length"):
+        compute.check_pairs(["a", "b"], ["c"])
+    with pytest.raises(InputError, match="non-empty"):
+        compute.check_pairs([], [])
+    a, b = compute.temporal_pairs(5, seed=3)
+    assert len(a) == len(b) == 5 and a != b
+    ev = compute.temporal_events(5, seed=3)
+    assert all(x.index(e[0]) < x.index(e[-1]) and y.index(e[-1]) < y.index(e[0]) for x, y, e in zip(a, b, ev))
+    assert compute.temporal_pairs(5, seed=3) == (a, b)
+    assert compute.parse_layers("10-12,3", 30) == [3, 10, 11, 12]
+    with pytest.raises(InputError):
+        compute.parse_layers("40", 30)
+    with pytest.raises(InputError):
+        compute.parse_layers("abc", 30)
+    with pytest.raises(InputError):
+        compute.parse_sweep("not a table", "x")
+
+
+def test_threaded_manager_cancel_flag():
+    import threading
+    import time
+
+    from steerkit.apps.runtime import ThreadedDiskcacheManager, should_stop
+    import diskcache
+    seen = []
+    started = threading.Event()
+
+    def job_fn(key, progress_key, args, context):
+        started.set()
+        while not should_stop():
+            time.sleep(0.01)
+        seen.append("stopped")
+
+    mgr = ThreadedDiskcacheManager(diskcache.Cache())
+    job = mgr.call_job_fn("k", job_fn, (), {})
+    assert started.wait(5) and mgr.job_running(job)
+    mgr.terminate_job(job)
+    for _ in range(200):
+        if not mgr.job_running(job):
+            break
+        time.sleep(0.01)
+    assert seen == ["stopped"] and not mgr.job_running(job)
+
+
+def test_local_bind_only_by_default(capsys):
+    from steerkit.apps.app import check_host
+    check_host("127.0.0.1", False)
+    with pytest.raises(InputError, match="allow-remote"):
+        check_host("0.0.0.0", False)
+    check_host("0.0.0.0", True)
+    assert "WARNING" in capsys.readouterr().err
