@@ -1,11 +1,33 @@
 """steerkit.probes: finding directions in the residual stream.
 
-This package will hold the direction finders (difference of means, PCA of
-paired differences, logistic probes) with per-layer sweeps and their metrics,
-and the published methods built on them: the refusal direction (Arditi et al.
-2024), the first-token refusal probe, the hidden critique vector, the temporal
-divergence profile with Temporal Activation Injection, the efficient-reasoning
-region with QP projection, MI peaks and CAA. Every finder takes activations
-recorded through :meth:`steerkit.SteerModel.record` and returns artifacts that
-:mod:`steerkit.vectors` stores.
+How it fits together
+--------------------
+* :mod:`.directions` -- direction finders on recorded activations (two labelled sets or one
+  set with labels): :func:`diff_of_means`, :func:`pca_diff` and :func:`pca_center` (repeng's
+  definitions), :func:`find_direction` -> :class:`Direction`, oriented so the positive class
+  projects higher.
+* :mod:`.linear` -- the logistic probe (``StandardScaler -> PCA -> LogisticRegression``,
+  balanced) and every probe as a pickle-free :class:`steerkit.vectors.Probe`
+  (:func:`fit_probe`, :func:`pipeline_to_probe`, :func:`probe_scores`).
+* :mod:`.metrics` -- AUROC, Youden thresholds, balanced accuracy, bootstrap intervals, folds.
+* :mod:`.sweep` -- :func:`sweep`: record once, then cross-validate every layer x position x
+  method; a tidy :class:`SweepResult` that saves, plots and fits the chosen cell.
+* :mod:`.scoring` -- :func:`score_prompts`: a stored probe scores new prompts.
+* ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli_probes`) wraps these.
+
+The published methods built on these finders (the refusal direction of Arditi et al. 2024 in
+:mod:`.refusal`, and later ones) return artifacts that :mod:`steerkit.vectors` stores.
 """
+from .directions import DIRECTION_METHODS, Direction, diff_of_means, find_direction, pca_center, pca_diff
+from .linear import (METHODS, direction_to_probe, fit_logistic, fit_probe, logistic_pipeline, pipeline_to_probe,
+                     probe_direction, probe_scores)
+from .metrics import auroc, balanced_accuracy, bootstrap_auroc_ci, youden_threshold
+from .scoring import score_prompts
+from .sweep import SweepResult, cross_validate, record_activations, sweep, sweep_activations
+
+__all__ = [
+    "DIRECTION_METHODS", "METHODS", "Direction", "diff_of_means", "pca_diff", "pca_center", "find_direction",
+    "logistic_pipeline", "fit_logistic", "pipeline_to_probe", "direction_to_probe", "fit_probe", "probe_scores",
+    "probe_direction", "auroc", "balanced_accuracy", "bootstrap_auroc_ci", "youden_threshold", "sweep",
+    "sweep_activations", "record_activations", "cross_validate", "SweepResult", "score_prompts",
+]
