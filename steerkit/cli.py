@@ -145,10 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quick", action="store_true")
     sp.set_defaults(func=cmd_demo)
 
-    for modname in ("steerkit.cli_vectors",):
+    for modname in ("steerkit.cli_vectors", "steerkit.cli_probes", "steerkit.cli_refusal", "steerkit.cli_app"):
         try:
             mod = __import__(modname, fromlist=["register"])
-        except ImportError:
+        except ModuleNotFoundError as e:  # an optional part not installed; real import errors surface
+            if e.name != modname:
+                raise
             continue
         mod.register(sub)
         for name, sp in sub.choices.items():
