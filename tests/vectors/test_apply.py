@@ -157,3 +157,21 @@ def test_ablation_at_layers_through_core(tiny_sm):
     with steer(tiny_sm, ds), tiny_sm.record("blocks.2.hook_resid_post") as cache:
         tiny_sm.forward(Tokens(ids, torch.ones_like(ids)))
     assert (cache["blocks.2.hook_resid_post"] @ ds.basis.T).abs().max() < 1e-4
+
+
+def test_sm_steer_is_the_documented_entry_point(tiny_sm):
+    """``with sm.steer(artifact, scale=...)`` (the issue's API) == vectors.steer, checks the model."""
+    v = torch.randn(64)
+    sv = SteeringVector.from_direction(v, layer=1, model=tiny_sm)
+    ids = _ids(3)
+    base = tiny_sm.model(input_ids=ids).logits.detach()
+    with steer(tiny_sm, sv, 2.0):
+        want = tiny_sm.model(input_ids=ids).logits.detach()
+    with tiny_sm.steer(sv, scale=2.0):
+        got = tiny_sm.model(input_ids=ids).logits.detach()
+    assert torch.equal(got, want) and not torch.allclose(got, base, atol=1e-3)
+    other = SteeringVector(directions={1: v}, provenance=Provenance(model_name="x", model_fingerprint="sk1:other",
+                                                                       d_model=64, n_layers=sv.provenance.n_layers))
+    with pytest.raises(ModelMismatchError):
+        with tiny_sm.steer(other):
+            pass
