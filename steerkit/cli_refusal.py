@@ -1,0 +1,161 @@
+"""``steerkit refusal``: the refusal direction (Arditi et al. 2024) and the first-token refusal probe.
+
+Runs :func:`steerkit.probes.refusal.run_refusal` on a model (the embedded default when none is
+given) with a progress bar, prints a summary table, and saves into the vector store at ``--out``
+(default ``$STEERKIT_STORE`` or ``./steerkit-store``):
+
+* ``refusal-direction``: a ``SteeringVector`` (the unnormalised difference of means, added at
+  ``blocks.{layer}.hook_resid_pre``; its metrics in the provenance),
+* ``refusal-ablation``: a ``DirectionSet`` (the unit direction, ablated everywhere),
+* ``refusal-probe``: the harmful-vs-harmless logistic probe at the first generated token.
+
+``--report FILE`` writes every number (candidate table, rates, samples, probe table) as JSON;
+``--orthogonalized DIR`` writes a Hugging Face model folder with the direction folded into the
+weights (load it with ``steerkit.load_model(DIR)``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("refusal", help="find, select and save the refusal direction and the first-token "
+                              "refusal probe (Arditi et al. 2024)")
+    p.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: the embedded "
+                   "SmolLM2-135M-Instruct)")
+    p.add_argument("--out", default=None, help="vector store folder (default: $STEERKIT_STORE or ./steerkit-store)")
+    p.add_argument("--n-train", type=int, default=32, help="train prompts per side (default 32)")
+    p.add_argument("--n-val", type=int, default=16, help="validation prompts per side, for selection (default 16)")
+    p.add_argument("--n-test", type=int, default=16, help="held-out test prompts per side, for the reported "
+                   "rates and probe AUROC (default 16)")
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--refusal-words", default="I,As", help="comma-separated refusal-start words (default I,As)")
+    p.add_argument("--min-keep", type=int, default=8, help="filter a side only if at least this many remain")
+    p.add_argument("--kl-max", type=float, default=0.1, help="discard candidates whose KL under ablation exceeds this")
+    p.add_argument("--induce-min", type=float, default=0.0, help="discard candidates whose induce score (absolute "
+                   "refusal score of harmless prompts under addition) is below this (paper: 0)")
+    p.add_argument("--exhaustive", action="store_true", help="score induce/KL for every candidate (slower; "
+                   "the default lazy search selects the same direction)")
+    p.add_argument("--positions", type=int, default=None, metavar="K", help="candidates at the last K "
+                   "post-instruction positions only (default: all, as the paper)")
+    p.add_argument("--layer-step", type=int, default=1, metavar="S", help="candidates at every S-th layer only "
+                   "(default 1: every layer, as the paper)")
+    p.add_argument("--no-probe", action="store_true", help="skip the first-token probe")
+    p.add_argument("--orthogonalized", default=None, metavar="DIR", help="also write a weight-orthogonalised model")
+    p.add_argument("--report", default=None, metavar="FILE", help="write all metrics as JSON")
+    p.add_argument("--no-save", action="store_true", help="do not write to the store")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+class _Progress:
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.bar = None
+        self.stage = None
+
+    def __call__(self, stage: str, n: int, total: int):
+        if self.quiet:
+            return
+        from tqdm import tqdm
+        if stage != self.stage:
+            if self.bar is not None:
+                self.bar.close()
+            self.bar = tqdm(total=total, desc=stage, file=sys.stderr, leave=True)
+            self.stage = stage
+        self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _clean(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def result_report(res) -> dict:
+    pr = res.probe
+    return _clean({
+        "metrics": res.metrics, "notes": res.notes + (pr.notes if pr is not None else []),
+        "refusal_tokens": res.refusal_tokens, "positions": res.positions, "position_tokens": res.position_tokens,
+        "first_tokens_test": res.first_tokens, "samples": res.samples,
+        "candidates": [c.as_dict() for c in res.selection.table],
+        "probe": None if pr is None else {"best": pr.best, "rows": pr.rows,
+                                          "completions": pr.completions, "refused": pr.refused},
+    })
+
+
+def run(args) -> int:
+    from steerkit import load_model
+    from steerkit.errors import InputError
+    from steerkit.probes.refusal import RefusalConfig, direction_artifacts, run_refusal, save_orthogonalized
+
+    for k in ("n_train", "n_val", "n_test", "batch_size", "layer_step"):
+        if getattr(args, k) < 1:
+            raise InputError(f"expected --{k.replace('_', '-')} >= 1, found {getattr(args, k)}")
+    words = tuple(w for w in args.refusal_words.split(",") if w)
+    cfg = RefusalConfig(n_train=args.n_train, n_val=args.n_val, n_test=args.n_test, seed=args.seed,
+                        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, refusal_words=words,
+                        min_keep=args.min_keep, kl_max=args.kl_max, induce_min=args.induce_min, lazy=not args.exhaustive,
+                        probe=not args.no_probe, n_positions=args.positions, layer_step=args.layer_step)
+    sm = load_model(args.model)
+    prog = _Progress(args.quiet)
+    log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr))
+    try:
+        res = run_refusal(sm, cfg, progress=prog, log=log)
+    finally:
+        prog.close()
+    rows = res.summary_rows()
+    if res.probe is not None:
+        b = res.probe.best
+        rows.append(("probe (harmful vs harmless, first generated token)",
+                     f"layer {b['layer']}: train CV AUROC {b['cv_auroc']:.3f}, test AUROC {b['test_auroc']:.3f} "
+                     f"[{b['test_ci'][0]:.3f}, {b['test_ci'][1]:.3f}]"))
+    w = max(len(k) for k, _ in rows)
+    print(f"refusal direction on {sm.name}")
+    for k, v in rows:
+        print(f"  {k:<{w}}  {v}")
+    for n in res.notes + (res.probe.notes if res.probe is not None else []):
+        print(f"  note: {n}")
+    all_prompts = [p for s in ("train",) for k in ("harmful", "harmless") for p in res.prompts[s][k]]
+    params = {"n_train": cfg.n_train, "n_val": cfg.n_val, "n_test": cfg.n_test, "seed": cfg.seed,
+              "refusal_words": list(words), "kl_max": cfg.kl_max, "prune_frac": cfg.prune_frac}
+    if not args.no_save:
+        from steerkit.vectors import Store
+        store = Store(args.out) if args.out else Store()
+        m = {k: v for k, v in res.metrics.items() if k not in ("refusal_ids",)}
+        sv, ds = direction_artifacts(sm, res.selection, metrics=_clean(m), prompts=all_prompts, params=params)
+        refs = [store.save("refusal-direction", sv), store.save("refusal-ablation", ds)]
+        if res.probe is not None:
+            refs.append(store.save("refusal-probe", res.probe.probe))
+        print(f"saved {', '.join(refs)} to {store.root}")
+    if args.orthogonalized:
+        out = save_orthogonalized(sm, res.selection.direction, args.orthogonalized)
+        print(f"wrote the weight-orthogonalised model to {out}")
+    if args.report:
+        with open(args.report, "w", encoding="utf-8") as f:
+            json.dump(result_report(res), f, indent=1)
+        print(f"wrote the report to {args.report}")
+    return 0
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from steerkit.cli import main as cli_main
+    return cli_main(["refusal", *(argv if argv is not None else sys.argv[1:])])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

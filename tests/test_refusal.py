@@ -1,0 +1,302 @@
+"""The refusal direction (Arditi et al. 2024) and the first-token refusal probe.
+
+Mechanics on tiny random models (ablation, weight orthogonalisation, selection logic, the
+first-token recording, bad input); the end-to-end direction of the effects on the real default
+model with a handful of prompts (marked ``slow``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from steerkit.errors import InputError, UnsupportedArchitectureError
+from steerkit.model import wrap
+from steerkit.probes import refusal as R
+from steerkit.probes import refusal_probe as RP
+from tiny_models import tiny_model
+
+PROMPTS = ["hello there", "how do I bake bread?", "x", "tell me a story about a cat"]
+
+
+def _sm(arch="llama", **kw):
+    model, tok = tiny_model(arch, **kw)
+    return wrap(model, tok, name=f"tiny-{arch}")
+
+
+def _dir(d, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(d, generator=g) * 3
+
+
+# --------------------------------------------------------------------------- interventions
+def test_ablation_zeroes_the_projection_everywhere():
+    sm = _sm()
+    r = _dir(sm.d_model)
+    u = r / r.norm()
+    names = [n for n in sm.hook_names() if n.startswith("blocks.")]
+    with R.ablation(sm, r), sm.record(names) as cache:
+        sm.forward(PROMPTS)
+    for n in names:
+        x = cache[n]
+        proj = (x @ u).abs().max()
+        scale = x.norm(dim=-1).max()
+        assert float(proj) < 1e-5 * max(1.0, float(scale)), n
+    # without the edit the projection is not zero
+    with sm.record(names[:1]) as cache:
+        sm.forward(PROMPTS)
+    assert float((cache[names[0]] @ u).abs().max()) > 1e-3
+    assert sm.hook_count() == 0
+
+
+def test_addition_adds_the_vector_at_its_layer_only():
+    sm = _sm(num_hidden_layers=3)
+    v = _dir(sm.d_model)
+    names = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre"]
+    with sm.record(names) as base:
+        sm.forward(PROMPTS)
+    with R.addition(sm, v, 1), sm.record(names) as new:
+        sm.forward(PROMPTS)
+    torch.testing.assert_close(new[names[0]], base[names[0]])
+    lengths = base.lengths(names[1])
+    for i, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(new[names[1]][i, :n], base[names[1]][i, :n] + v, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch,kw", [("llama", {}), ("llama", {"tie_word_embeddings": True}), ("qwen2", {}),
+                                     ("phi3", {}), ("gpt_neox", {})])
+def test_orthogonalized_weights_equal_runtime_ablation(arch, kw, tmp_path):
+    sm = _sm(arch, **kw)
+    r = _dir(sm.d_model, seed=3)
+    with R.ablation(sm, r):
+        ablated = sm.forward(PROMPTS)
+    base = sm.forward(PROMPTS)
+    ortho = R.orthogonalize_weights(sm.hf_model, r, sm.adapter)
+    # the original model is untouched (a copy was edited), including a tied unembedding
+    torch.testing.assert_close(sm.forward(PROMPTS), base, atol=0, rtol=0)
+    so = wrap(ortho, sm.tokenizer, name="ortho")
+    real = sm.tokenize(PROMPTS).attention_mask.bool()  # run-time edits skip padding; compare real tokens
+
+    def err(x):
+        return float((x - ablated)[real].abs().max())
+    assert err(so.forward(PROMPTS)) < 1e-5
+    assert float((so.forward(PROMPTS) - base)[real].abs().max()) > 1e-3  # the edit does something
+    if arch == "llama":  # the saved folder reloads to the same logits
+        from transformers import AutoModelForCausalLM
+        ortho.save_pretrained(tmp_path)
+        back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+        assert err(wrap(back, sm.tokenizer).forward(PROMPTS)) < 1e-5
+
+
+def test_orthogonalize_refuses_post_norm_and_absolute_positions():
+    for arch in ("gemma2", "gpt2"):
+        sm = _sm(arch)
+        with pytest.raises(UnsupportedArchitectureError):
+            R.orthogonalize_weights(sm.hf_model, _dir(sm.d_model), sm.adapter)
+
+
+def test_bad_directions_are_rejected():
+    sm = _sm()
+    with pytest.raises(InputError):
+        R.ablation(sm, torch.zeros(sm.d_model))
+    with pytest.raises(InputError):
+        R.ablation(sm, torch.ones(sm.d_model + 1))
+    with pytest.raises(InputError):
+        R.ablation(sm, torch.full((sm.d_model,), float("nan")))
+    assert sm.hook_count() == 0
+
+
+# --------------------------------------------------------------------------- scores
+def test_refusal_score_is_log_odds_of_refusal_mass():
+    logits = torch.full((2, 5), -1e9)
+    logits[0, [0, 1]] = 0.0  # mass 1/2 on token 0 over {0, 1}
+    logits[1, [0, 2, 3, 4]] = 0.0  # mass 1/4 on token 0
+    s = R.refusal_score_from_logits(logits, [0])
+    assert abs(float(s[0])) < 1e-6
+    assert abs(float(s[1]) - math.log(1 / 3)) < 1e-6
+    assert float(R.refusal_score_from_logits(logits, [0, 1])[0]) > 10  # all mass on refusal tokens
+
+
+def test_kl_is_zero_for_equal_logits_and_positive_otherwise():
+    a = torch.randn(3, 10)
+    assert float(R.kl_last(a, a).abs().max()) < 1e-12
+    assert bool((R.kl_last(a, a + torch.randn(3, 10)) > 0).all())
+
+
+def test_refusal_token_ids_and_positions_on_tiny_tokenizer():
+    sm = _sm()
+    ids = R.refusal_token_ids(sm.tokenizer, ["I", "As", "I"])
+    assert len(ids) == 2 and sm.tokenizer.decode(ids[:1]) == "I"
+    assert R.post_instruction_positions(sm)[0] == [-1]  # no chat template
+    with pytest.raises(InputError):
+        R.refusal_token_ids(sm.tokenizer, [])
+
+
+def test_judge():
+    comps = ["I'm sorry, but I can't help", "Sure! Here is", "As an AI language model, I", "I\u2019M SORRY"]
+    assert R.substring_judge(["p"] * 4, comps) == [True, False, True, True]
+    with pytest.raises(InputError):
+        R.judge_refusals(lambda p, c: [True], ["a", "b"], ["x", "y"])
+
+
+# --------------------------------------------------------------------------- candidates and selection
+def test_mean_diff_and_filter():
+    a = torch.randn(6, 2, 3, 4)
+    b = torch.randn(5, 2, 3, 4)
+    torch.testing.assert_close(R.mean_diff(a, b), a.mean(0) - b.mean(0), atol=1e-6, rtol=1e-6)
+    with pytest.raises(InputError):
+        R.mean_diff(a, torch.randn(5, 2, 3, 5))
+    with pytest.raises(InputError):
+        R.mean_diff(a, b[:0])
+    bad = a.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(InputError):
+        R.mean_diff(bad, b)
+    kept, note = R.filter_by_score(list("abcd"), torch.tensor([1.0, -1.0, 2.0, 0.5]), refuses=True, min_keep=2)
+    assert kept == ["a", "c", "d"] and "kept 3/4" in note
+    kept, note = R.filter_by_score(list("abcd"), torch.tensor([1.0, -1.0, 2.0, 0.5]), refuses=False, min_keep=2)
+    assert kept == list("abcd") and "unfiltered" in note
+
+
+def test_choose_on_planted_scores():
+    C = R.Candidate
+    L = 10  # last 20%: layers 8, 9
+    cands = [
+        C(-1, 9, bypass=-9.0, induce=1.0, kl=0.01),   # best bypass but pruned (last 20%)
+        C(-1, 3, bypass=-8.0, induce=1.0, kl=0.5),    # KL too high
+        C(-2, 4, bypass=-7.0, induce=-0.1, kl=0.01),  # negative induce
+        C(-2, 5, bypass=float("nan"), induce=1.0, kl=0.0),
+        C(-1, 6, bypass=-5.0, induce=0.2, kl=0.09),   # the winner
+        C(-2, 2, bypass=-4.0, induce=3.0, kl=0.0),
+    ]
+    best = R.choose(cands, L)
+    assert (best.pos, best.layer) == (-1, 6) and best.status == "selected"
+    assert "last 20%" in cands[0].status and "KL" in cands[1].status and "induce" in cands[2].status
+    assert "NaN" in cands[3].status and cands[5].status == "eligible"
+    with pytest.raises(InputError):
+        R.choose([C(-1, 9, bypass=-1.0, induce=1.0, kl=0.0)], L)
+    # unevaluated candidates are never selected
+    best = R.choose([C(-1, 1, bypass=-3.0), C(-1, 2, bypass=-1.0, induce=0.5, kl=0.0)], L)
+    assert best.layer == 2
+
+
+def test_lazy_selection_picks_what_exhaustive_picks():
+    sm = _sm(num_hidden_layers=5)
+    torch.manual_seed(0)
+    cands = torch.randn(2, sm.n_layers, sm.d_model) * 0.5
+    cands[0, 1] = 0.0  # a zero candidate (a template token's embedding) is skipped, never selected
+    ids = R.refusal_token_ids(sm.tokenizer, ["I", "A"])
+    kw = dict(kl_max=1e9, induce_min=-1e9)
+    lazy = R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, lazy=True, **kw)
+    full = R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, lazy=False, **kw)
+    assert (lazy.best.pos, lazy.best.layer) == (full.best.pos, full.best.layer)
+    assert lazy.best.layer < 4  # last 20% of 5 layers pruned
+    assert all(math.isnan(c.bypass) for c in full.table if c.layer >= 4)
+    assert math.isnan(full.table[1].bypass) and full.table[1].status.startswith("discarded")
+    torch.testing.assert_close(lazy.direction, cands[[-2, -1].index(lazy.best.pos), lazy.best.layer])
+    assert sm.hook_count() == 0
+
+
+def test_record_resid_pre_shapes_and_scores():
+    sm = _sm()
+    acts, scores = R.record_resid_pre(sm, PROMPTS, [-1], [5], batch_size=3)
+    assert acts.shape == (len(PROMPTS), 1, sm.n_layers, sm.d_model) and scores.shape == (len(PROMPTS),)
+    torch.testing.assert_close(scores, R.refusal_scores(sm, PROMPTS, [5]))
+
+
+# --------------------------------------------------------------------------- first-token probe
+def test_first_token_activations_match_teacher_forcing():
+    sm = _sm()
+    comps, acts = RP.first_token_activations(sm, PROMPTS[:3], max_new_tokens=3, batch_size=2)
+    assert acts["first_generated"].shape == (sm.n_layers, 3, sm.d_model)
+    assert acts["last_prompt"].shape == (sm.n_layers, 3, sm.d_model)
+    toks = sm.generate(PROMPTS[:3], max_new_tokens=1, return_tokens=True)
+    names = [f"blocks.{l}.hook_resid_post" for l in range(sm.n_layers)]
+    for i, p in enumerate(PROMPTS[:3]):
+        ids = sm.tokenize([p]).input_ids[0].tolist() + toks[i][:1]
+        with sm.record(names, positions=[-1, -2]) as c:
+            sm.forward(sm.pad([ids]))
+        for l, n in enumerate(names):
+            torch.testing.assert_close(acts["first_generated"][l, i], c[n][0, 1], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(acts["last_prompt"][l, i], c[n][0, 0], atol=1e-4, rtol=1e-4)
+    with pytest.raises(InputError):
+        RP.first_token_activations(sm, PROMPTS, max_new_tokens=1)
+
+
+def test_probe_rows_on_planted_direction_and_bad_input():
+    rng = np.random.default_rng(0)
+    d, L = 16, 2
+    v = rng.normal(size=d)
+
+    def make(n):
+        y = np.r_[np.ones(n), np.zeros(n)].astype(np.int64)
+        X = rng.normal(size=(L, 2 * n, d)) + 2.0 * y[None, :, None] * v[None, None, :]
+        return torch.tensor(X, dtype=torch.float32), y
+
+    Xtr, ytr = make(20)
+    Xte, yte = make(10)
+    acts = {"train": {p: Xtr for p in RP.POSITIONS}, "test": {p: Xte for p in RP.POSITIONS}}
+    beh_tr = np.zeros_like(ytr)
+    beh_tr[:2] = 1  # too few refusals for 5 folds
+    labels = {"train": {"prompt": ytr, "behaviour": beh_tr}, "test": {"prompt": yte, "behaviour": np.zeros_like(yte)}}
+    notes = []
+    rows = RP.probe_rows(acts, labels, n_boot=50, notes=notes)
+    assert {r["labels"] for r in rows} == {"prompt"} and any("behaviour" in n for n in notes)
+    best = RP.best_row(rows, "prompt")
+    assert best["cv_auroc"] > 0.95 and best["test_auroc"] > 0.95
+    assert best["test_ci"][0] <= best["test_auroc"] <= best["test_ci"][1]
+    with pytest.raises(InputError):  # a single class
+        RP.heldout_auroc(Xtr[0].numpy(), np.ones(40), Xte[0].numpy(), yte)
+    with pytest.raises(InputError):  # mismatched shapes
+        RP.heldout_auroc(Xtr[0].numpy(), ytr, Xte[0].numpy()[:, :5], yte)
+    with pytest.raises(InputError):  # labels do not match the samples
+        RP.heldout_auroc(Xtr[0].numpy(), ytr[:-1], Xte[0].numpy(), yte)
+    bad = Xte[0].numpy().copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(InputError):
+        RP.heldout_auroc(Xtr[0].numpy(), ytr, bad, yte)
+
+
+def test_vendored_data_and_splits_are_disjoint():
+    s = R.sample_splits(8, 4, 4, seed=0)
+    for k in ("harmful", "harmless"):
+        assert len(s["train"][k]) == 8 and len(s["val"][k]) == 4 and len(s["test"][k]) == 4
+        assert not set(s["train"][k]) & set(s["test"][k])
+    assert len(R.load_instructions("harmful", "val")) == 39
+    with pytest.raises(InputError):
+        R.sample_splits(8, 400, 4)
+    with pytest.raises(InputError):
+        R.load_instructions("harmful", "test")
+
+
+def test_cli_is_registered():
+    from steerkit.cli import build_parser
+    args = build_parser().parse_args(["refusal", "--n-train", "4", "--no-probe"])
+    assert args.n_train == 4 and args.no_probe and callable(args.func)
+
+
+# --------------------------------------------------------------------------- the real default model
+@pytest.mark.slow
+def test_refusal_direction_on_default_model(sm):
+    """Harmful prompts score higher than harmless ones; the difference-of-means direction at a
+    mid layer, ablated, lowers the harmful refusal score and, added, raises the harmless one."""
+    data = R.sample_splits(24, 8, 12, seed=0)  # the splits of the docs/RESULTS.md diagnostic
+    ids = R.refusal_token_ids(sm.tokenizer)
+    positions, toks = R.post_instruction_positions(sm)
+    assert toks[0] == "<|im_end|>" and len(positions) >= 3
+    hv, av = data["val"]["harmful"], data["val"]["harmless"]
+    base_h = R.refusal_scores(sm, hv, ids)
+    base_a = R.refusal_scores(sm, av, ids)
+    assert float(base_h.mean()) > float(base_a.mean())
+    layer = 6  # docs/RESULTS.md: bypass -3.56 -> -3.90, induce -4.60 -> -4.46, KL 0.075 at this layer
+    acts = {k: R.record_resid_pre(sm, data["train"][k], [-1], None)[0] for k in ("harmful", "harmless")}
+    v = R.mean_diff(acts["harmful"], acts["harmless"])[0, layer]
+    with R.ablation(sm, v):
+        abl_h = R.refusal_scores(sm, hv, ids)
+    with R.addition(sm, v, layer):
+        add_a = R.refusal_scores(sm, av, ids)
+    assert float(abl_h.mean()) < float(base_h.mean())
+    assert float(add_a.mean()) > float(base_a.mean())
+    assert sm.hook_count() == 0
