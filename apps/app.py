@@ -10,7 +10,6 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")

@@ -24,7 +24,6 @@ synchronisation. Rows pick their configuration through ``row_config``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Literal, Optional, Sequence, Union
 

@@ -14,7 +14,6 @@ at once and the columns of its own configuration are gathered.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import torch

@@ -22,9 +22,7 @@ Adapters are registered per ``config.model_type`` with :func:`register_adapter`;
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
-import torch
 from torch import nn
 
 from .errors import UnsupportedArchitectureError

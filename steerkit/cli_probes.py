@@ -316,7 +316,6 @@ def cmd_sweep(args) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .errors import InputError
     from steerkit.vectors import VectorsError
     try:
         return {"fit": cmd_fit, "score": cmd_score, "sweep": cmd_sweep}[args.probe_cmd](args)

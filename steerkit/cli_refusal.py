@@ -151,7 +151,6 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    import argparse
 
     from steerkit.cli import main as cli_main
     return cli_main(["refusal", *(argv if argv is not None else sys.argv[1:])])

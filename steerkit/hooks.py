@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from .edits import Edit

@@ -11,11 +11,10 @@ what it computes alone.
 from __future__ import annotations
 
 import contextlib
-import weakref
-from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterable, Iterator, Sequence, Union
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from . import hooknames

@@ -18,7 +18,7 @@ reference elsewhere.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence
 
 import torch
 

@@ -56,11 +56,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .artifacts import ARTIFACT_KINDS, DirectionSet, LayerSchedule, SteeringVector, artifact_to_payload, payload_to_artifact
+from .artifacts import DirectionSet, SteeringVector, artifact_to_payload, payload_to_artifact
 from .errors import ArtifactFormatError, ExportError, ModelMismatchError, VectorsError
 from .provenance import Provenance
 from .safety import (
-    MAX_FILE_BYTES, atomic_write_bytes, dump_json, parse_gguf, parse_safetensors, read_bounded,
+    MAX_FILE_BYTES, atomic_write_bytes, parse_gguf, parse_safetensors, read_bounded,
     read_json, read_json_bytes, tensors_to_safetensors, write_gguf,
 )
 

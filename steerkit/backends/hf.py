@@ -21,32 +21,20 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
-import torch
 from torch import Tensor, nn
 
 from ..adapters import Adapter
 from ..hooknames import Site
+from ._torch import TorchHooks
 
 
-def _first(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
-def _with_first(out, new):
-    if isinstance(out, tuple):
-        return (new,) + tuple(out[1:])
-    if isinstance(out, list):
-        return [new] + list(out[1:])
-    return new
-
-
-class HFBackend:
+class HFBackend(TorchHooks):
     name = "hf"
 
     def __init__(self, model: nn.Module, adapter: Adapter):
         self.model = model
         self.adapter = adapter
-        self._torch_handles: list = []
+        super().__init__()
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
@@ -63,17 +51,6 @@ class HFBackend:
             return a.mlp_out_module(m, site.layer)
         raise AssertionError(site)
 
-    def _track(self, h) -> Callable[[], None]:
-        self._torch_handles.append(h)
-
-        def remove():
-            h.remove()
-            try:
-                self._torch_handles.remove(h)
-            except ValueError:
-                pass
-        return remove
-
     def register(self, site: Site, fn, tracker) -> Callable[[], None]:
         if site.kind == "hook_resid_pre":
             def pre(mod, args, kwargs):
@@ -89,50 +66,14 @@ class HFBackend:
                 return args, kwargs
             return self._track(self._module_for(site).register_forward_pre_hook(pre, with_kwargs=True))
         if site.kind == "hook_resid_mid":
-            return self._register_mid(site, fn, tracker)
-
-        def post(mod, args, out):
-            x = _first(out)
-            y = fn(x, tracker.call(x))
-            return None if y is None else _with_first(out, y)
-        return self._track(self._module_for(site).register_forward_hook(post))
-
-    def _register_mid(self, site: Site, fn, tracker) -> Callable[[], None]:
-        stash: dict = {}
-        norm = self.adapter.pre_attn_norm_module(self.model, site.layer)
-        attn = self.adapter.attn_out_module(self.model, site.layer)
-
-        def pre(mod, args, kwargs):
-            stash["x"] = args[0] if args else kwargs["hidden_states"]
-
-        def post(mod, args, out):
-            a = _first(out)
-            resid = stash.pop("x")
-            mid = resid + a
-            y = fn(mid, tracker.call(mid))
-            return None if y is None else _with_first(out, a + (y - mid))
-
-        r1 = self._track(norm.register_forward_pre_hook(pre, with_kwargs=True))
-        try:
-            r2 = self._track(attn.register_forward_hook(post))
-        except BaseException:
-            r1()
-            raise
-
-        def remove():
-            r2()
-            r1()
-        return remove
+            return self._edit_mid(self.adapter.pre_attn_norm_module(self.model, site.layer), True,
+                                  self.adapter.attn_out_module(self.model, site.layer), fn, tracker)
+        return self._edit_output(self._module_for(site), fn, tracker)
 
     def hook_count(self) -> int:
         """Torch hooks steerkit registered and has not removed (not transformers' own: the
         output-capturing hooks it installs, once, at the first ``output_hidden_states=True`` call)."""
         return len(self._torch_handles)
-
-    def reset(self) -> None:
-        for h in list(self._torch_handles):
-            h.remove()
-        self._torch_handles.clear()
 
     # --- running -----------------------------------------------------------------
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:

@@ -38,18 +38,7 @@ from typing import Callable, Optional
 from torch import Tensor
 
 from ..hooknames import Site
-
-
-def _first(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
-def _with_first(out, new):
-    if isinstance(out, tuple):
-        return (new,) + tuple(out[1:])
-    if isinstance(out, list):
-        return [new] + list(out[1:])
-    return new
+from ._torch import first as _first, with_first as _with_first
 
 
 def _envoy(root, path: str):

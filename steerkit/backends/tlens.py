@@ -57,18 +57,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hooknames import Site
-
-
-def _first(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
-def _with_first(out, new):
-    if isinstance(out, tuple):
-        return (new,) + tuple(out[1:])
-    if isinstance(out, list):
-        return [new] + list(out[1:])
-    return new
+from ._torch import TorchHooks
 
 
 def _cache_alias_pre_hook(mod, args, kwargs):
@@ -80,7 +69,7 @@ def _cache_alias_pre_hook(mod, args, kwargs):
     return None
 
 
-class TLensBackend:
+class TLensBackend(TorchHooks):
     name = "tlens"
 
     def __init__(self, sm):
@@ -110,7 +99,7 @@ class TLensBackend:
         params = inspect.signature(self.hf.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._hooks = self.bridge.hook_dict
-        self._torch_handles: list = []
+        TorchHooks.__init__(self)
         self._infra_handles: list = []
         if self._cache_kw == "cache":
             for blk in self.bridge.blocks:
@@ -145,52 +134,16 @@ class TLensBackend:
             "hook_mlp_out": (f"blocks.{l}.hook_mlp_out", f"blocks.{l}.mlp.hook_out"),
         }[site.kind])
 
-    def _track(self, h) -> Callable[[], None]:
-        self._torch_handles.append(h)
-
-        def remove():
-            h.remove()
-            try:
-                self._torch_handles.remove(h)
-            except ValueError:
-                pass
-        return remove
-
     def register(self, site: Site, fn, tracker) -> Callable[[], None]:
         if site.kind == "hook_resid_mid":
             return self._register_mid(site, fn, tracker)
-
-        def post(mod, args, out):
-            x = _first(out)
-            y = fn(x, tracker.call(x))
-            return None if y is None else _with_first(out, y)
-        return self._track(self._point_for(site).register_forward_hook(post))
+        return self._edit_output(self._point_for(site), fn, tracker)
 
     def _register_mid(self, site: Site, fn, tracker) -> Callable[[], None]:
-        stash: dict = {}
+        # ln1.hook_in outputs the residual entering the attention sub-layer
         l = site.layer
-
-        def pre(mod, args, out):  # ln1.hook_in: the residual entering the attention sub-layer
-            stash["x"] = _first(out)
-
-        def post(mod, args, out):  # what the attention sub-layer adds to the residual
-            a = _first(out)
-            mid = stash.pop("x") + a
-            y = fn(mid, tracker.call(mid))
-            return None if y is None else _with_first(out, a + (y - mid))
-
-        r1 = self._track(self._hp(f"blocks.{l}.ln1.hook_in", f"blocks.{l}.attn.hook_in")
-                         .register_forward_hook(pre))
-        try:
-            r2 = self._track(self._point_for(Site(site.name, "hook_attn_out", l)).register_forward_hook(post))
-        except BaseException:
-            r1()
-            raise
-
-        def remove():
-            r2()
-            r1()
-        return remove
+        return self._edit_mid(self._hp(f"blocks.{l}.ln1.hook_in", f"blocks.{l}.attn.hook_in"), False,
+                              self._point_for(Site(site.name, "hook_attn_out", l)), fn, tracker)
 
     def hook_count(self) -> int:
         """Every torch hook on the bridge's modules: steerkit's, plus the bridge's own capture
@@ -199,11 +152,6 @@ class TLensBackend:
         for m in self.bridge.modules():
             n += len(m._forward_hooks) + len(m._forward_pre_hooks)
         return n
-
-    def reset(self) -> None:
-        for h in list(self._torch_handles):
-            h.remove()
-        self._torch_handles.clear()
 
     # --- running -----------------------------------------------------------------
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
