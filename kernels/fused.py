@@ -432,6 +432,12 @@ def fused_steer(
     projection stops at natural residual ``region_tol`` (distance units) or
     ``region_max_iter`` iterations.
     """
+    if (table is not None and not validate and row_config is None and mask is None and layer is None
+            and h.device.type != "cuda" and impl in ("auto", "torch") and _backend.get_impl() in (None, "auto", "torch")
+            and not (torch.is_grad_enabled() and h.requires_grad) and table.d_model == h.shape[-1]):
+        # the per-step hook path on CPU: no checks (validate=False), straight to the reference
+        return fused_steer_ref(h.reshape(-1, h.shape[-1]), table, None, None, layer_weight, preserve_norm,
+                               region_tol, region_max_iter).reshape(h.shape)
     if not isinstance(h, Tensor):
         raise TypeError(f"h must be a torch.Tensor [rows, d_model]; found {type(h).__name__}.")
     if h.dim() < 1:
