@@ -1,0 +1,89 @@
+"""What steering costs per generation step, measured where the noise is small.
+
+End-to-end ratios of steered / unsteered generation on a shared 2-core machine scatter by +-10%
+(see docs/BENCHMARKS.md), more than the 3% target. This script measures, side by side in one run
+and on CPU time with one torch thread:
+
+1. the unsteered decode step time of the default model (median over many steps, batch 1 and 8);
+2. the time of ONE call of the exact hook function steerkit registers for each edit (position
+   tracker + mask + fused edit) on a tensor of the decode step's shape, over thousands of calls;
+3. the implied overhead = n_sites x (2) / (1), for add at one layer and ablate at all 30 blocks;
+4. the end-to-end ratio as well, with interleaved repeats, for reference.
+
+Usage: python benchmarks/bench_hook_cost.py [--tokens 16] [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=5000)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    import steerkit
+    from steerkit.hooks import PositionTracker
+    from steerkit.positions import RunState
+
+    sm = steerkit.load_model()
+    d, n = sm.d_model, sm.n_layers
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(d, generator=g)
+    u = steerkit.orthonormalize(torch.randn(1, d, generator=g))
+    edits = {"add (1 site)": (steerkit.Edit.make("add", v, d_model=d, scale=4.0), 1),
+             f"ablate ({n} sites)": (steerkit.Edit.make("ablate", u, d_model=d), n)}
+    prompts = ["Tell me about your weekend.", "Describe the city you live in.", "Write about Mondays.",
+               "What is a good breakfast?", "Explain rain to a child.", "Name a famous painter.",
+               "How do birds fly?", "Give me a tip for learning."]
+    print(f"{'batch':>5} {'edit':16} {'step ms':>8} {'hook us/call':>13} {'implied':>8} {'end-to-end':>11}")
+    for bs in (1, 8):
+        P = prompts[:bs]
+
+        def gen():
+            t = time.process_time()
+            sm.generate(P, max_new_tokens=args.tokens)
+            return time.process_time() - t
+        gen()
+        # one hook call, exactly as registered by the hook manager, on a decode-step tensor
+        x = torch.randn(bs, 1, d)
+
+        class Holder:
+            run = RunState(torch.ones(bs, 30, dtype=torch.long), 1)
+        for name, (e, sites) in edits.items():
+            tr = PositionTracker(Holder())
+            tr.run_id, tr.offset = 1, 40
+
+            def fn(x, call, e=e):
+                mask = None if e.positions == "all" and call.run is None else call.mask(e.positions, x.device)
+                return e.apply(x, mask)
+            with torch.inference_mode():
+                for _ in range(200):
+                    tr.offset = 40
+                    fn(x, tr.call(x))
+                t = time.process_time()
+                for _ in range(args.calls):
+                    tr.offset = 40
+                    fn(x, tr.call(x))
+                per_call = (time.process_time() - t) / args.calls
+            hooks = [f"blocks.{l}.hook_resid_post" for l in range(sites)] if sites > 1 else ["blocks.15.hook_resid_post"]
+            base, steered = [], []
+            for _ in range(args.repeats):
+                base.append(gen())
+                with sm.hooks.edit({h: e for h in hooks}):
+                    steered.append(gen())
+            step = statistics.median(base) / args.tokens
+            implied = sites * per_call / step
+            e2e = statistics.median(steered) / statistics.median(base) - 1
+            print(f"{bs:>5} {name:16} {step * 1e3:8.1f} {per_call * 1e6:13.1f} {100 * implied:+7.2f}% {100 * e2e:+10.1f}%",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
