@@ -31,3 +31,16 @@ __all__ = [
     "probe_direction", "auroc", "balanced_accuracy", "bootstrap_auroc_ci", "youden_threshold", "sweep",
     "sweep_activations", "record_activations", "cross_validate", "SweepResult", "score_prompts",
 ]
+from .temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, inject, injection_spec,
+                       linear_decay, order_questions, per_input_taus, profile_from_states, temporal_pairs,
+                       temporal_profile)
+from .norms import NormProfile, norm_profile
+from .mi import MITrajectory, find_peaks, hsic_mi, mi_trajectory
+from .caa import AB_ITEMS, ABItem, caa_activations, caa_eval, caa_vector, matching_prob
+
+__all__ += [
+    "OrderItem", "Profile", "TemporalPair", "choice_accuracy", "choose_beta", "inject", "injection_spec",
+    "linear_decay", "order_questions", "per_input_taus", "profile_from_states", "temporal_pairs",
+    "temporal_profile", "NormProfile", "norm_profile", "MITrajectory", "find_peaks", "hsic_mi", "mi_trajectory",
+    "AB_ITEMS", "ABItem", "caa_activations", "caa_eval", "caa_vector", "matching_prob",
+]

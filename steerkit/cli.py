@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quick", action="store_true")
     sp.set_defaults(func=cmd_demo)
 
-    for modname in ("steerkit.cli_vectors", "steerkit.cli_probes", "steerkit.cli_refusal", "steerkit.cli_app"):
+    for modname in ("steerkit.cli_vectors", "steerkit.cli_probes", "steerkit.cli_refusal", "steerkit.cli_app",
+                    "steerkit.cli_methods"):
         try:
             mod = __import__(modname, fromlist=["register"])
         except ModuleNotFoundError as e:  # an optional part not installed; real import errors surface

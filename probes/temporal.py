@@ -1,0 +1,355 @@
+"""Temporal divergence profile and Temporal Activation Injection (Shin et al., "Before It Fades").
+
+Text version of the paper's video setup: an ordered list of events ``x`` and the same events in
+reversed order ``x_rev`` (:func:`temporal_pairs` builds them from templates -- cause and effect,
+daily routines, processes -- since no public text data fits).
+
+* :func:`temporal_profile` -- ``tau_l = h_l(x)[last] - h_l(x_rev)[last]`` with ``h_l`` the output of
+  block ``l`` (``blocks.{l}.hook_resid_post``) at the last prompt token;
+  ``rel_l = mean_pairs ||tau_l|| / ||h_l(x)||`` (with its std, the spread), ``cos_l`` the mean cosine
+  between ``h_l(x)`` and ``h_l(x_rev)``; the source layer is ``argmax rel``. A :class:`Profile`
+  that plots, serialises, and gives the injection schedule.
+* Injection: for every layer ``l`` after the source, ``h_l[last] += beta * w_l * tau_source`` with
+  ``w_l = rel_l / max(rel)`` (or :func:`linear_decay` when no profile exists), at the last prompt
+  token during prefill only (``positions="last"``: generated steps are never touched), through the
+  fused kernel (``SteerConfig.injection``). :func:`injection_spec` builds the steering spec for a
+  fixed (dataset-mean) tau; :func:`per_input_taus` + a list of specs give the per-input variant.
+* :func:`order_questions` -- yes/no and two-choice order questions; :func:`choice_accuracy` scores
+  them by comparing the next-token logits of the choices; :func:`choose_beta` picks beta on a dev
+  split only.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from steerkit.errors import InputError
+
+# --------------------------------------------------------------------------- data
+_SCENARIOS: list[tuple[str, list[str]]] = [
+    ("cause", ["the glass fell off the table", "the glass shattered on the floor", "Tom swept up the pieces"]),
+    ("cause", ["it rained all night", "the river overflowed", "the road was closed"]),
+    ("cause", ["the power went out", "the fridge stopped working", "the ice cream melted"]),
+    ("cause", ["Anna planted a seed", "the seed sprouted", "a flower bloomed"]),
+    ("cause", ["the alarm rang", "Sam woke up", "Sam got out of bed"]),
+    ("cause", ["the ball hit the window", "the window cracked", "the owner came outside"]),
+    ("cause", ["the oven got too hot", "the bread burned", "the smoke alarm went off"]),
+    ("cause", ["the car ran out of fuel", "the car stopped on the road", "the driver called for help"]),
+    ("cause", ["Mia dropped her phone in water", "the phone stopped working", "Mia bought a new phone"]),
+    ("cause", ["the dog saw a cat", "the dog barked loudly", "the cat ran up a tree"]),
+    ("routine", ["Ben woke up", "Ben brushed his teeth", "Ben ate breakfast", "Ben went to work"]),
+    ("routine", ["Lisa came home", "Lisa cooked dinner", "Lisa washed the dishes", "Lisa went to sleep"]),
+    ("routine", ["the class started", "the teacher gave a test", "the students handed it in"]),
+    ("routine", ["Omar bought groceries", "Omar drove home", "Omar put the food in the fridge"]),
+    ("routine", ["Kim put on her shoes", "Kim went for a run", "Kim took a shower"]),
+    ("routine", ["Raj opened his laptop", "Raj wrote an email", "Raj sent the email"]),
+    ("routine", ["the shop opened", "customers came in", "the shop closed"]),
+    ("routine", ["Eva boarded the plane", "the plane took off", "the plane landed", "Eva left the airport"]),
+    ("process", ["mix flour and water", "knead the dough", "bake the loaf"]),
+    ("process", ["boil the water", "add the pasta", "drain the pasta", "add the sauce"]),
+    ("process", ["write the letter", "put it in an envelope", "mail the envelope"]),
+    ("process", ["dig a hole", "put the tree in the hole", "fill the hole with soil", "water the tree"]),
+    ("process", ["wash the clothes", "dry the clothes", "fold the clothes"]),
+    ("process", ["crack the eggs", "whisk the eggs", "cook the omelette"]),
+    ("process", ["download the file", "open the file", "edit the file", "save the file"]),
+    ("process", ["peel the apple", "cut the apple", "eat the apple"]),
+    ("process", ["fill the kettle", "heat the water", "pour it over the tea", "drink the tea"]),
+    ("process", ["sand the wood", "paint the wood", "let the paint dry"]),
+]
+
+_FRAMES = [
+    "Here is what happened, in order: {events}.",
+    "These events happened one after another: {events}.",
+    "Read the sequence of events: {events}.",
+]
+
+
+@dataclass
+class TemporalPair:
+    """One event list in order (``events``) and reversed; ``text``/``text_rev`` are the prompts."""
+
+    events: list[str]
+    kind: str
+    frame: str
+    question: str = ""
+
+    def _render(self, evs: Sequence[str]) -> str:
+        body = self.frame.format(events="; then ".join(evs))
+        return f"{body} {self.question}".strip()
+
+    @property
+    def text(self) -> str:
+        return self._render(self.events)
+
+    @property
+    def text_rev(self) -> str:
+        return self._render(list(reversed(self.events)))
+
+
+def temporal_pairs(n: int = 60, seed: int = 0, *, question: str = "What happened first?") -> list[TemporalPair]:
+    """``n`` ordered event lists and their reversals from the templates (scenario, frame and a random
+    contiguous sub-sequence of >= 2 events vary; deterministic in ``seed``)."""
+    rng = random.Random(seed)
+    out: list[TemporalPair] = []
+    seen = set()
+    tries = 0
+    while len(out) < n:
+        tries += 1
+        kind, evs = rng.choice(_SCENARIOS)
+        a = rng.randrange(0, len(evs) - 1)
+        b = rng.randrange(a + 2, len(evs) + 1)
+        sub, frame = evs[a:b], rng.choice(_FRAMES)
+        key = (tuple(sub), frame)
+        if key in seen and tries < 20 * n:
+            continue
+        seen.add(key)
+        out.append(TemporalPair(list(sub), kind, frame, question))
+    return out
+
+
+@dataclass
+class OrderItem:
+    """A question about event order: ``prompt``, ``choices`` (next-token strings), ``answer`` index."""
+
+    prompt: str
+    choices: list[str]
+    answer: int
+    kind: str
+    prompt_rev: str = ""  # the same question after the events in reversed order (per-input tau)
+
+
+def order_questions(n: int = 200, seed: int = 1) -> list[OrderItem]:
+    """Half yes/no ("Did A happen before B?"), half two-choice ("Which happened first? A) .. B) .."),
+    balanced answers; the narrative is the ordered event list."""
+    rng = random.Random(seed)
+    items: list[OrderItem] = []
+    for i in range(n):
+        kind, evs = rng.choice(_SCENARIOS)
+        frame = rng.choice(_FRAMES)
+        story = frame.format(events="; then ".join(evs))
+        story_rev = frame.format(events="; then ".join(reversed(evs)))
+        a, b = sorted(rng.sample(range(len(evs)), 2))
+        if i % 2 == 0:
+            truth = rng.random() < 0.5
+            x, y = (evs[a], evs[b]) if truth else (evs[b], evs[a])
+            q = f"\nQuestion: Did \"{x}\" happen before \"{y}\"? Answer Yes or No."
+            items.append(OrderItem(story + q, ["Yes", "No"], 0 if truth else 1, "yesno", story_rev + q))
+        else:
+            first_is_a = rng.random() < 0.5
+            o1, o2 = (evs[a], evs[b]) if first_is_a else (evs[b], evs[a])
+            q = f"\nQuestion: Which happened first? A) {o1} B) {o2}\nAnswer with A or B."
+            items.append(OrderItem(story + q, ["A", "B"], 0 if first_is_a else 1, "choice", story_rev + q))
+    return items
+
+
+# --------------------------------------------------------------------------- profile
+@dataclass
+class Profile:
+    """The temporal divergence profile over layers (arrays of length ``n_layers``)."""
+
+    rel: np.ndarray
+    rel_std: np.ndarray
+    cos: np.ndarray
+    tau: torch.Tensor  # [n_layers, d_model], mean tau over pairs
+    n_pairs: int
+    taus: Optional[torch.Tensor] = field(default=None, repr=False)  # [n_pairs, n_layers, d_model]
+    model_name: str = ""
+
+    @property
+    def n_layers(self) -> int:
+        return int(len(self.rel))
+
+    @property
+    def peak_layer(self) -> int:
+        return int(np.argmax(self.rel))
+
+    source_layer = peak_layer
+
+    @property
+    def spread(self) -> np.ndarray:
+        return self.rel_std
+
+    def weights(self) -> np.ndarray:
+        """``w_l = rel_l / max(rel)``."""
+        return self.rel / float(np.max(self.rel))
+
+    def schedule(self, source: Optional[int] = None):
+        """A :class:`steerkit.vectors.LayerSchedule` with ``w_l`` for every layer after ``source``."""
+        from steerkit.vectors import LayerSchedule
+        s = self.peak_layer if source is None else int(source)
+        w = self.weights()
+        return LayerSchedule({l: float(w[l]) for l in range(s + 1, self.n_layers)})
+
+    def to_dict(self) -> dict:
+        return {"model": self.model_name, "n_pairs": self.n_pairs, "peak_layer": self.peak_layer,
+                "rel": [float(x) for x in self.rel], "rel_std": [float(x) for x in self.rel_std],
+                "cos": [float(x) for x in self.cos]}
+
+    def plot(self, title: str | None = None):
+        """A plotly ``Figure``: rel_l with a +-1 std band, cos_l on a second axis, the source layer marked."""
+        import plotly.graph_objects as go
+        x = list(range(self.n_layers))
+        fig = go.Figure()
+        fig.add_trace(go.Scatter(x=x + x[::-1], y=list(self.rel + self.rel_std) + list((self.rel - self.rel_std)[::-1]),
+                                 fill="toself", line=dict(width=0), opacity=0.2, name="+-1 std", hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=x, y=list(self.rel), mode="lines+markers", name="rel = ||tau|| / ||h||"))
+        fig.add_trace(go.Scatter(x=x, y=list(self.cos), mode="lines", name="cos(h(x), h(x_rev))", yaxis="y2"))
+        fig.add_vline(x=self.peak_layer, line_dash="dash", line_color="gray")
+        fig.update_layout(title=title or f"temporal divergence (n={self.n_pairs}, peak layer {self.peak_layer})",
+                          xaxis_title="layer", yaxis_title="rel", yaxis2=dict(title="cos", overlaying="y", side="right"))
+        return fig
+
+
+def _texts(pairs) -> tuple[list[str], list[str]]:
+    if not pairs:
+        raise InputError("expected at least one (ordered, reversed) pair, found none")
+    fw, rv = [], []
+    for i, p in enumerate(pairs):
+        if isinstance(p, TemporalPair):
+            fw.append(p.text), rv.append(p.text_rev)
+        elif isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(s, str) for s in p):
+            fw.append(p[0]), rv.append(p[1])
+        else:
+            raise InputError(f"expected pairs as TemporalPair or (text, reversed_text), found "
+                             f"{type(p).__name__} at index {i}")
+    return fw, rv
+
+
+def last_token_states(sm, prompts: Sequence[str], layers: Optional[Sequence[int]] = None, *, batch_size: int = 16,
+                      chat: bool = True) -> torch.Tensor:
+    """``[n_prompts, n_layers, d_model]`` block outputs at the last prompt token (float32, CPU)."""
+    from steerkit.hooknames import resid_post
+    layers = list(range(sm.n_layers)) if layers is None else list(layers)
+    names = resid_post(layers)
+    out = []
+    for i in range(0, len(prompts), batch_size):
+        with sm.record(names, positions="last") as cache:
+            sm.forward(list(prompts[i:i + batch_size]), chat=chat)
+        out.append(torch.stack([cache[n] for n in names], 1).float().cpu())
+    return torch.cat(out)
+
+
+def temporal_profile(sm, pairs, *, batch_size: int = 16, chat: bool = True, keep_taus: bool = True,
+                     progress=None) -> Profile:
+    """The profile of ``pairs`` (``TemporalPair`` or ``(text, reversed_text)``) on ``sm``."""
+    fw, rv = _texts(pairs)
+    h = last_token_states(sm, fw, batch_size=batch_size, chat=chat)
+    if progress:
+        progress(len(fw))
+    hr = last_token_states(sm, rv, batch_size=batch_size, chat=chat)
+    if progress:
+        progress(len(rv))
+    return profile_from_states(h, hr, keep_taus=keep_taus, model_name=getattr(sm, "name", ""))
+
+
+def profile_from_states(h: torch.Tensor, h_rev: torch.Tensor, *, keep_taus: bool = True,
+                        model_name: str = "") -> Profile:
+    """The profile from recorded states ``[n, n_layers, d]`` of the ordered and reversed prompts."""
+    h, h_rev = h.double(), h_rev.double()
+    tau = h - h_rev
+    rel = tau.norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)  # [n, L]
+    cos = torch.nn.functional.cosine_similarity(h, h_rev, dim=-1)
+    n = h.shape[0]
+    return Profile(rel=rel.mean(0).numpy(), rel_std=(rel.std(0) if n > 1 else torch.zeros_like(rel[0])).numpy(),
+                   cos=cos.mean(0).numpy(), tau=tau.mean(0).float(), n_pairs=n,
+                   taus=tau.float() if keep_taus else None, model_name=model_name)
+
+
+# --------------------------------------------------------------------------- injection
+def linear_decay(source: int, n_layers: int):
+    """Fallback schedule without a profile: ``w_l`` falls linearly from 1 (layer after the source) to
+    ``1 / (n_layers - 1 - source)`` at the last layer."""
+    from steerkit.vectors import LayerSchedule
+    after = list(range(source + 1, n_layers))
+    k = len(after)
+    return LayerSchedule({l: (k - i) / k for i, l in enumerate(after)})
+
+
+def injection_spec(tau_source: torch.Tensor, schedule, beta: float) -> dict:
+    """``{blocks.l.hook_resid_post: SteerConfig.injection(tau_source, beta * w_l)}`` for every layer in
+    the schedule with a nonzero weight. Apply with ``sm.steer(spec, positions="last")`` (prefill only)."""
+    from steerkit.kernels import SteerConfig
+    weights = schedule.weights if hasattr(schedule, "weights") else dict(schedule)
+    v = torch.as_tensor(tau_source, dtype=torch.float32).reshape(-1)
+    return {f"blocks.{int(l)}.hook_resid_post": SteerConfig.injection(v, float(beta) * float(w))
+            for l, w in weights.items() if w != 0.0}
+
+
+def inject(sm, tau_source, schedule, beta: float):
+    """Register Temporal Activation Injection on ``sm`` (a handle; use with ``with``): ``tau_source``
+    ``[d_model]`` for every row, or ``[batch, d_model]`` for per-input taus (one spec per row)."""
+    t = torch.as_tensor(tau_source, dtype=torch.float32)
+    if t.dim() == 1:
+        return sm.steer(injection_spec(t, schedule, beta), positions="last")
+    return sm.steer([injection_spec(r, schedule, beta) for r in t], positions="last")
+
+
+def per_input_taus(sm, prompts: Sequence[str], reversed_prompts: Sequence[str], source: int, *,
+                   batch_size: int = 16, chat: bool = True) -> torch.Tensor:
+    """``[n, d_model]``: tau at the source layer for each input (needs the reversed pass)."""
+    h = last_token_states(sm, prompts, [source], batch_size=batch_size, chat=chat)[:, 0]
+    hr = last_token_states(sm, reversed_prompts, [source], batch_size=batch_size, chat=chat)[:, 0]
+    return h - hr
+
+
+def _choice_ids(sm, choices: Sequence[str]) -> list[int]:
+    ids = []
+    for c in choices:
+        t = sm.tokenizer(c, add_special_tokens=False)["input_ids"]
+        if not t:
+            raise InputError(f"expected a choice that tokenizes to at least one token, found {c!r}")
+        ids.append(t[0])
+    return ids
+
+
+def choice_accuracy(sm, items: Sequence[OrderItem], *, steering=None, batch_size: int = 16,
+                    chat: bool = True) -> dict:
+    """Accuracy (argmax over the choices' first tokens at the next position) with a Wilson 95% interval.
+
+    ``steering``: ``None``, a fixed spec dict (applied at the last prompt token), or a callable
+    ``(batch_items) -> spec | list of specs``."""
+    correct = []
+    for i in range(0, len(items), batch_size):
+        batch = list(items[i:i + batch_size])
+        spec = steering(batch) if callable(steering) else steering
+        ctx = sm.steer(spec, positions="last") if spec else _null()  # empty: source is the last layer
+        with ctx:
+            logits = sm.forward([it.prompt for it in batch], chat=chat)[:, -1].float()
+        for r, it in enumerate(batch):
+            ids = _choice_ids(sm, it.choices)
+            correct.append(int(int(torch.argmax(logits[r, ids])) == it.answer))
+    n, k = len(correct), sum(correct)
+    return {"n": n, "accuracy": k / n if n else float("nan"), "ci95": list(wilson(k, n))}
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, c - h), min(1.0, c + h))
+
+
+def choose_beta(sm, dev_items: Sequence[OrderItem], tau_source, schedule, betas: Sequence[float], **kw) -> tuple[float, list]:
+    """The beta with the best dev accuracy (ties: the smallest |beta|); never pass the reported split."""
+    rows = []
+    for b in betas:
+        spec = None if b == 0 else injection_spec(tau_source, schedule, b)
+        rows.append((float(b), choice_accuracy(sm, dev_items, steering=spec, **kw)["accuracy"]))
+    best = max(rows, key=lambda r: (r[1], -abs(r[0])))
+    return best[0], rows

@@ -1,0 +1,205 @@
+"""``steerkit temporal | norms | mi-peaks | caa``: published methods on a model (default: the embedded
+SmolLM2-135M-Instruct), with progress on stderr, a JSON report (``--report``) and artifacts saved to
+the vector store (``--out``, default ``$STEERKIT_STORE`` or ``./steerkit-store``; ``--no-save``).
+
+* ``temporal``: the temporal divergence profile on generated event pairs; saves ``temporal-tau``
+  (a ``SteeringVector``: the dataset-mean tau of the source layer, injected at every later layer with
+  the profile's ``LayerSchedule``) and ``temporal-schedule``; ``--eval N`` also measures order-question
+  accuracy with and without injection (beta picked on a separate dev split).
+* ``norms``: residual norm per layer on a prompts file (or built-in prompts).
+* ``mi-peaks``: MI (HSIC) per generation step against the reference solution on GSM8K questions.
+* ``caa``: the CAA vector on the project's A/B set; saves ``caa-vector`` (all layers) and evaluates
+  p(matching letter) per layer and multiplier.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+_DEFAULT_PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "Explain photosynthesis briefly.",
+                    "List three prime numbers.", "How do I boil an egg?", "Tell me a joke about cats."]
+
+
+def register(subparsers) -> None:
+    def common(p):
+        p.add_argument("--model", default=None, help="model folder, .gguf or cached hub id (default: embedded "
+                       "SmolLM2-135M-Instruct)")
+        p.add_argument("--out", default=None, help="vector store folder")
+        p.add_argument("--no-save", action="store_true")
+        p.add_argument("--report", default=None, metavar="FILE", help="write all numbers as JSON")
+        p.add_argument("--quiet", action="store_true")
+
+    p = subparsers.add_parser("temporal", help="temporal divergence profile and injection (Shin et al.)")
+    common(p)
+    p.add_argument("--n-pairs", type=int, default=60)
+    p.add_argument("--eval", type=int, default=0, metavar="N", help="order questions to evaluate (0: skip)")
+    p.add_argument("--n-dev", type=int, default=40)
+    p.add_argument("--betas", default="0,0.5,1,2,4")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--source", type=int, default=None, help="source layer (default: the profile's peak; when "
+                   "that is the last layer, the peak among the earlier layers, since nothing follows it)")
+    p.set_defaults(func=run, method="temporal")
+
+    p = subparsers.add_parser("norms", help="residual norm growth per layer")
+    common(p)
+    p.add_argument("prompts", nargs="?", default=None, help="prompts file (default: built-in prompts)")
+    p.set_defaults(func=run, method="norms")
+
+    p = subparsers.add_parser("mi-peaks", help="MI (HSIC) per generation step and its peaks (Qian et al.)")
+    common(p)
+    p.add_argument("--data", default=None, help="jsonl with question/answer (default: ../shared/datasets/"
+                   "reasoning/gsm8k_test_first300.jsonl)")
+    p.add_argument("--n", type=int, default=3)
+    p.add_argument("--layer", type=int, default=None, help="default: two thirds deep")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--k", type=float, default=2.0, help="peak threshold mean + k std")
+    p.set_defaults(func=run, method="mi-peaks")
+
+    p = subparsers.add_parser("caa", help="Contrastive Activation Addition vector (Rimsky et al.)")
+    common(p)
+    p.add_argument("--layers", default=None, help="comma-separated layers to evaluate (default: every 3rd)")
+    p.add_argument("--multipliers", default="-2,-1,0,1,2")
+    p.set_defaults(func=run, method="caa")
+
+
+def _log(args, *a):
+    if not args.quiet:
+        print(*a, file=sys.stderr)
+
+
+def _store(args):
+    from steerkit.vectors import Store
+    return Store(args.out) if args.out else Store()
+
+
+def run(args) -> int:
+    from steerkit import load_model
+    torch_threads()
+    sm = load_model(args.model)
+    report = {"model": sm.name}
+    fn = {"temporal": _temporal, "norms": _norms, "mi-peaks": _mi, "caa": _caa}[args.method]
+    fn(sm, args, report)
+    if args.report:
+        Path(args.report).write_text(json.dumps(report, indent=1), encoding="utf-8")
+        print(f"wrote the report to {args.report}")
+    return 0
+
+
+def torch_threads():
+    import os
+    import torch
+    if os.environ.get("STEERKIT_THREADS"):
+        torch.set_num_threads(int(os.environ["STEERKIT_THREADS"]))
+
+
+def _bar(args, total, desc):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=args.quiet)
+
+
+def _temporal(sm, args, report):
+    from steerkit.errors import InputError
+    from steerkit.probes import temporal as T
+    from steerkit.vectors import SteeringVector
+    if args.n_pairs < 2:
+        raise InputError(f"expected --n-pairs >= 2, found {args.n_pairs}")
+    pairs = T.temporal_pairs(args.n_pairs, seed=args.seed)
+    with _bar(args, 2 * len(pairs), "temporal profile") as bar:
+        prof = T.temporal_profile(sm, pairs, progress=bar.update)
+    report["profile"] = prof.to_dict()
+    src = prof.peak_layer
+    print(f"temporal divergence on {sm.name} ({len(pairs)} pairs): peak layer {src}, rel[peak] "
+          f"{prof.rel[src]:.4f} +- {prof.rel_std[src]:.4f}")
+    print("  rel: " + " ".join(f"{x:.3f}" for x in prof.rel))
+    print("  cos: " + " ".join(f"{x:.4f}" for x in prof.cos))
+    if args.source is not None:
+        if not 0 <= args.source < sm.n_layers - 1:
+            raise InputError(f"expected --source in 0..{sm.n_layers - 2} (a later layer must exist), found {args.source}")
+        src = args.source
+    elif src == sm.n_layers - 1:
+        src = int(prof.rel[:-1].argmax())
+        print(f"  note: the peak is the last layer, with no later layer to inject into; using the peak among "
+              f"the earlier layers, {src}")
+        report["note"] = f"peak is the last layer; source {src} = argmax over layers < {sm.n_layers - 1}"
+    report["source_layer"] = src
+    sched = prof.schedule(src)
+    if args.eval:
+        items = T.order_questions(args.n_dev + args.eval, seed=args.seed + 1)
+        dev, test = items[: args.n_dev], items[args.n_dev:]
+        betas = [float(b) for b in args.betas.split(",")]
+        tau = prof.tau[src]
+        beta, rows = T.choose_beta(sm, dev, tau, sched, betas)
+        base = T.choice_accuracy(sm, test)
+        fixed = T.choice_accuracy(sm, test, steering=T.injection_spec(tau, sched, beta))
+
+        def per_input(batch):
+            taus = T.per_input_taus(sm, [it.prompt for it in batch], [it.prompt_rev for it in batch], src)
+            return [T.injection_spec(t, sched, beta) for t in taus]
+        per = T.choice_accuracy(sm, test, steering=per_input)
+        report["eval"] = {"dev_rows": rows, "beta": beta, "base": base, "fixed_tau": fixed, "per_input_tau": per}
+        for k, r in (("no injection", base), (f"fixed tau, beta={beta}", fixed), (f"per-input tau, beta={beta}", per)):
+            print(f"  {k:28s} acc {r['accuracy']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] (n={r['n']})")
+    if not args.no_save:
+        store = _store(args)
+        sv = SteeringVector.from_direction(prof.tau[src], list(sched.weights), sm, method="temporal-injection",
+                                           metrics={"source_layer": src, "rel": [float(x) for x in prof.rel]})
+        sv.schedule = sched
+        refs = [store.save("temporal-tau", sv), store.save("temporal-schedule", sched)]
+        print(f"saved {', '.join(refs)} to {store.root}")
+
+
+def _norms(sm, args, report):
+    from steerkit.cli import read_prompts
+    from steerkit.probes.norms import norm_profile
+    prompts = read_prompts(args.prompts) if args.prompts else _DEFAULT_PROMPTS
+    with _bar(args, 1, "norms") as bar:
+        prof = norm_profile(sm, prompts)
+        bar.update(1)
+    report["norms"] = prof.to_dict()
+    print(f"residual norms on {sm.name} ({prof.n_tokens} tokens, {len(prompts)} prompts)")
+    for l in range(prof.n_layers):
+        print(f"  layer {l:2d}  mean {prof.mean[l]:9.2f}  std {prof.std[l]:9.2f}  w/o first {prof.mean_no_first[l]:8.2f}"
+              f"  first {prof.first[l]:9.2f}")
+
+
+def _mi(sm, args, report):
+    from steerkit.errors import InputError
+    from steerkit.probes.mi import mi_trajectory
+    path = Path(args.data) if args.data else Path(__file__).resolve().parents[2] / "shared/datasets/reasoning/gsm8k_test_first300.jsonl"
+    if not path.is_file():
+        raise InputError(f"expected a jsonl of question/answer at {path}, found nothing there")
+    rows = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()][: args.n]
+    layer = args.layer if args.layer is not None else (2 * sm.n_layers) // 3
+    out = []
+    with _bar(args, len(rows), "mi-peaks") as bar:
+        for r in rows:
+            q, a = r.get("question") or r.get("prompt"), r.get("answer") or r.get("solution")
+            tr = mi_trajectory(sm, q, a, layer, max_new_tokens=args.max_new_tokens, k=args.k)
+            out.append(tr.to_dict())
+            bar.update(1)
+            print(f"  layer {layer}: {len(tr.mi)} steps, MI mean {tr.mi.mean():.3f} max {tr.mi.max():.3f}; "
+                  f"peaks at {tr.peaks} tokens {tr.peak_tokens}")
+    report["mi"] = out
+
+
+def _caa(sm, args, report):
+    from steerkit.probes import caa as C
+    from steerkit.vectors import SteeringVector
+    items = C.AB_ITEMS
+    with _bar(args, 1, "caa vector") as bar:
+        v = C.caa_vector(sm, items)
+        bar.update(1)
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else list(range(0, sm.n_layers, 3))
+    mults = [float(x) for x in args.multipliers.split(",")]
+    rows = C.caa_eval(sm, v, items, layers, mults)
+    report["caa"] = {"rows": rows, "norms": [float(x) for x in v.norm(dim=-1)]}
+    print(f"CAA on {sm.name} ({len(items)} A/B items, myopic reward; in-sample)")
+    for l in layers:
+        print(f"  layer {l:2d}: " + "  ".join(f"x{r['multiplier']:+.0f}: {r['p_matching']:.3f}" for r in rows
+                                            if r["layer"] == l))
+    if not args.no_save:
+        store = _store(args)
+        sv = SteeringVector({l: v[l] for l in range(sm.n_layers)}, provenance=SteeringVector.from_direction(
+            v[0], 0, sm, method="caa").provenance)
+        print(f"saved {store.save('caa-vector', sv)} to {store.root}")

@@ -1,0 +1,267 @@
+"""Temporal profile + injection, norm growth, HSIC MI peaks and CAA (probes/temporal, norms, mi, caa).
+
+Mechanics on tiny random models with planted structure; one short end-to-end check on the default
+model (SmolLM2-135M-Instruct).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from steerkit.model import wrap
+from steerkit.probes import caa as C
+from steerkit.probes import mi as M
+from steerkit.probes import norms as N
+from steerkit.probes import temporal as T
+from tiny_models import tiny_model
+
+torch.set_num_threads(1)
+
+
+SHORT = [("x then y", "y then x"), ("a; b; c", "c; b; a"), ("up, down", "down, up"), ("1 2 3", "3 2 1"),
+         ("go then stop", "stop then go"), ("eat, sleep", "sleep, eat")]
+SHORT_AB = [C.ABItem("Pick?", "now", "later", "A"), C.ABItem("Take?", "more later", "less now", "B"),
+            C.ABItem("Get?", "1 now", "5 soon", "A"), C.ABItem("Want?", "big later", "small now", "B"),
+            C.ABItem("Eat?", "a bit now", "a lot later", "A"), C.ABItem("Go?", "far later", "near now", "B")]
+
+
+def _sm(arch="llama", **kw):
+    model, tok = tiny_model(arch, **kw)
+    return wrap(model, tok, name=f"tiny-{arch}")
+
+
+# --------------------------------------------------------------------------- temporal
+def test_pairs_and_questions_generator():
+    pairs = T.temporal_pairs(60, seed=0)
+    assert len(pairs) == 60 and len({p.text for p in pairs}) >= 50
+    for p in pairs[:10]:
+        assert p.text != p.text_rev and len(p.events) >= 2
+        assert p.events[0] in p.text and p.events[-1] in p.text_rev
+    qs = T.order_questions(200, seed=1)
+    assert len(qs) == 200
+    assert {q.kind for q in qs} == {"yesno", "choice"}
+    assert 60 < sum(q.answer == 0 for q in qs) < 140
+    assert all(q.prompt_rev and q.prompt_rev != q.prompt for q in qs)
+
+
+def test_profile_from_planted_states_finds_the_peak():
+    g = torch.Generator().manual_seed(0)
+    n, L, d = 40, 6, 32
+    h = torch.randn(n, L, d, generator=g) * 10
+    scales = torch.tensor([0.1, 0.3, 0.5, 2.0, 0.7, 0.4])
+    u = torch.randn(d, generator=g)
+    u = u / u.norm()
+    hr = h - (scales[None, :, None] * 10) * u
+    prof = T.profile_from_states(h, hr)
+    assert prof.peak_layer == 3
+    ref = ((h - hr).norm(dim=-1) / h.norm(dim=-1)).mean(0)
+    assert np.allclose(prof.rel, ref.numpy(), atol=1e-6)
+    assert torch.allclose(prof.tau[3], 20 * u, atol=1e-4)
+    w = prof.weights()
+    assert w.max() == pytest.approx(1.0)
+    sched = prof.schedule()
+    assert sorted(sched.weights) == [4, 5] and sched.weights[4] == pytest.approx(w[4])
+
+
+def test_temporal_profile_on_tiny_model_with_planted_direction():
+    sm = _sm(num_hidden_layers=3)
+    pairs = SHORT
+    same = T.temporal_profile(sm, [(p[0], p[0]) for p in pairs])
+    assert same.rel.shape == (3,) and np.allclose(same.rel, 0, atol=1e-6) and np.allclose(same.cos, 1, atol=1e-5)
+    u = torch.randn(sm.d_model)
+    u = 5 * u / u.norm()
+    calls = {"n": 0}
+
+    def plant(sign):  # the ordered prompts only (temporal_profile runs them first, in one batch)
+        def fn(x):
+            if calls["n"] == 0:
+                return x + sign * u
+            return x
+        return fn
+
+    def count(x):
+        calls["n"] += 1
+        return x
+    with sm.edit_op("fn", {"blocks.1.hook_resid_post": plant(1), "blocks.2.hook_resid_pre": plant(-1)}), \
+            sm.edit_op("fn", {"blocks.2.hook_resid_post": count}):
+        prof = T.temporal_profile(sm, [(p[0], p[0]) for p in pairs], batch_size=16)
+    # identical texts: the only ordered-vs-reversed difference is the planted one, at block 1's output
+    assert prof.peak_layer == 1
+    assert prof.rel[1] > 0.1 and max(prof.rel[0], prof.rel[2]) < 1e-4
+    assert torch.allclose(prof.tau[1], u, atol=1e-4)
+    assert prof.taus.shape == (6, 3, sm.d_model)
+    assert sm.hook_count() == 0
+
+
+def test_injection_applied_only_at_last_prompt_token_and_scheduled_layers():
+    sm = _sm(num_hidden_layers=3)
+    g = torch.Generator().manual_seed(3)
+    tau = torch.randn(sm.d_model, generator=g)
+    sched = T.linear_decay(0, 3)
+    assert sched.weights == {1: 1.0, 2: 0.5}
+    prompts = ["the cat sat", "a much longer prompt here"]
+    names = ["blocks.2.hook_resid_pre", "blocks.1.hook_resid_pre"]
+    with sm.record(names) as base:
+        sm.forward(prompts, chat=False)
+    # only layer 1 in the schedule: block 2's input differs by beta * w_1 * tau exactly at the last token
+    one = T.injection_spec(tau, {1: 0.75}, beta=2.0)
+    assert list(one) == ["blocks.1.hook_resid_post"]
+    with sm.steer(one, positions="last"), sm.record(names) as st:
+        sm.forward(prompts, chat=False)
+    diff = st["blocks.2.hook_resid_pre"] - base["blocks.2.hook_resid_pre"]
+    lens = base.lengths("blocks.2.hook_resid_pre")
+    for r in range(2):
+        k = int(lens[r])
+        assert torch.allclose(diff[r, k - 1], 1.5 * tau, atol=1e-4)
+        assert float(diff[r, : k - 1].abs().max()) == 0.0
+    assert torch.equal(st["blocks.1.hook_resid_pre"], base["blocks.1.hook_resid_pre"])
+    # prefill only: generated positions are never edited (tokens kept equal by a tiny tau)
+    small = T.injection_spec(tau * 1e-4, {0: 1.0}, beta=1.0)
+    with sm.record("blocks.1.hook_resid_pre", positions="generated") as b2:
+        t0 = sm.generate(prompts, max_new_tokens=3, chat=False, return_tokens=True)
+    with sm.steer(small, positions="last"), sm.record("blocks.1.hook_resid_pre", positions="generated") as s2:
+        t1 = sm.generate(prompts, max_new_tokens=3, chat=False, return_tokens=True)
+    assert t0 == t1
+    assert torch.equal(b2["blocks.1.hook_resid_pre"], s2["blocks.1.hook_resid_pre"])
+    # per-input taus: a different vector per row
+    taus = torch.stack([tau, -tau])
+    with T.inject(sm, taus, {1: 1.0}, beta=1.0), sm.record(names) as pr:
+        sm.forward(prompts, chat=False)
+    d2 = pr["blocks.2.hook_resid_pre"] - base["blocks.2.hook_resid_pre"]
+    assert torch.allclose(d2[0, int(lens[0]) - 1], tau, atol=1e-4)
+    assert torch.allclose(d2[1, int(lens[1]) - 1], -tau, atol=1e-4)
+    assert sm.hook_count() == 0
+
+
+def test_choice_accuracy_and_beta_on_dev():
+    sm = _sm()
+    items = [T.OrderItem(f"{a}? Yes or No", ["Y", "N"], i % 2, "yesno", f"{b}?") for i, (a, b) in enumerate(SHORT)]
+    base = T.choice_accuracy(sm, items, chat=False)
+    assert base["n"] == 6 and 0 <= base["accuracy"] <= 1 and base["ci95"][0] <= base["accuracy"] <= base["ci95"][1]
+    beta, rows = T.choose_beta(sm, items[:4], torch.zeros(sm.d_model), {1: 1.0}, [0.0, 1.0], chat=False)
+    assert beta == 0.0 and len(rows) == 2
+
+
+# --------------------------------------------------------------------------- norms
+def test_norm_profile_mechanics():
+    sm = _sm(num_hidden_layers=3)
+    prompts = ["hello there", "abc", "a longer prompt with more tokens"]
+    prof = N.norm_profile(sm, prompts, chat=False)
+    assert prof.mean.shape == (3,) and prof.growth.shape == (2,)
+    assert prof.n_tokens == sum(len(p) for p in prompts)
+    with sm.record("blocks.2.hook_resid_post", positions="prompt") as c:
+        sm.forward(prompts, chat=False)
+    x, lens = c["blocks.2.hook_resid_post"], c.lengths("blocks.2.hook_resid_post")
+    allv = torch.cat([x[r, : int(lens[r])].norm(dim=-1) for r in range(3)])
+    assert prof.mean[2] == pytest.approx(float(allv.mean()), rel=1e-5)
+    assert prof.first[2] == pytest.approx(float(torch.stack([x[r, 0].norm() for r in range(3)]).mean()), rel=1e-5)
+
+
+# --------------------------------------------------------------------------- MI
+def _hsic_direct(x, y, sigma=50.0, eps=1e-5):
+    """Direct small-matrix computation, element by element, in float64."""
+    x = np.asarray(x, float).reshape(-1, 1)
+    y = np.asarray(y, float).reshape(-1, 1)
+    m = len(x)
+    H = np.eye(m) - np.ones((m, m)) / m
+
+    def K(z):
+        D = np.array([[float(((z[i] - z[j]) ** 2).sum()) for j in range(m)] for i in range(m)])
+        return np.exp(-D / (2 * sigma ** 2 * z.shape[1])) @ H
+    Kx, Ky = K(x), K(y)
+    Rx = Kx @ np.linalg.inv(Kx + eps * m * np.eye(m))
+    Ry = Ky @ np.linalg.inv(Ky + eps * m * np.eye(m))
+    return float((Rx * Ry.T).sum())
+
+
+def test_hsic_matches_direct_computation():
+    g = np.random.default_rng(0)
+    x = g.normal(size=24) * 30
+    y = x * 0.5 + g.normal(size=24) * 5
+    z = g.normal(size=24) * 30
+    for a, b in [(x, y), (x, z)]:
+        assert M.hsic_mi(a, b, dtype=torch.float64) == pytest.approx(_hsic_direct(a, b), rel=1e-8)
+        assert M.hsic_mi(a, b) == pytest.approx(_hsic_direct(a, b), rel=3e-2)  # float32 as the reference: ill-conditioned inverse
+    assert M.hsic_mi(x, y) > M.hsic_mi(x, z)
+    assert M.hsic_mi(x, x) >= M.hsic_mi(x, y)
+
+
+def test_find_peaks_and_trajectory():
+    v = [1.0] * 20 + [10.0] + [1.0] * 5
+    assert M.find_peaks(v) == [20]
+    sm = _sm()
+    tr = M.mi_trajectory(sm, "hello", "the answer is 4", layer=1, max_new_tokens=6, chat=False)
+    assert len(tr.mi) == len(tr.tokens) >= 1 and np.isfinite(tr.mi).all()
+
+
+# --------------------------------------------------------------------------- CAA
+def test_caa_vector_is_mean_difference_at_answer_letter():
+    sm = _sm()
+    items = SHORT_AB[:4]
+    v = C.caa_vector(sm, items, chat=False)
+    assert v.shape == (sm.n_layers, sm.d_model)
+    with sm.record("blocks.1.hook_resid_post", positions="last") as c:
+        sm.forward([it.text + "(" + it.matching for it in items], chat=False)
+        sm.forward([it.text + "(" + it.not_matching for it in items], chat=False)
+    a = c["blocks.1.hook_resid_post"]
+    assert torch.allclose(v[1], a[:4].mean(0) - a[4:].mean(0), atol=1e-5)
+    rows = C.caa_eval(sm, v, items, layers=[1], multipliers=[-1.0, 0.0, 1.0], chat=False)
+    assert len(rows) == 3 and all(0 <= r["p_matching"] <= 1 for r in rows)
+    assert sm.hook_count() == 0
+
+
+def test_caa_planted_direction_moves_the_letter():
+    sm = _sm()
+    items = SHORT_AB
+    ids = {l: sm.tokenizer(l, add_special_tokens=False)["input_ids"][0] for l in "AB"}
+    W = sm.hf_model.lm_head.weight.detach()
+    v = W[ids["A"]] - W[ids["B"]]  # at the last block's output this favours "A"
+    items_a = [it for it in items if it.matching == "A"]
+    p0 = C.matching_prob(sm, items_a, chat=False)
+    p1 = C.matching_prob(sm, items_a, vector=v, layer=sm.n_layers - 1, multiplier=3.0, chat=False)
+    assert p1 > p0
+
+
+# --------------------------------------------------------------------------- default model (short)
+def test_default_model_end_to_end(sm):
+    pairs = T.temporal_pairs(8, seed=0)
+    prof = T.temporal_profile(sm, pairs)
+    assert prof.rel.shape == (sm.n_layers,) and 0 <= prof.peak_layer < sm.n_layers
+    assert (prof.rel > 0).all() and (prof.cos < 1).all()
+    items = T.order_questions(4, seed=5)
+    acc = T.choice_accuracy(sm, items, steering=T.injection_spec(prof.tau[prof.peak_layer], prof.schedule(), 1.0))
+    assert acc["n"] == 4
+    norms = N.norm_profile(sm, ["What is 2+2?", "Name a color."])
+    assert norms.mean.shape == (sm.n_layers,)
+    v = C.caa_vector(sm, C.AB_ITEMS[:4])
+    assert v.shape == (sm.n_layers, sm.d_model) and float(v.norm()) > 0
+
+
+def test_cli_registers_the_method_commands():
+    from steerkit.cli import build_parser
+    p = build_parser()
+    for argv in (["temporal", "--n-pairs", "8"], ["norms"], ["mi-peaks", "--n", "1"], ["caa", "--layers", "3"]):
+        a = p.parse_args(argv)
+        assert a.func is not None and a.method == argv[0]
+
+
+def test_cli_norms_on_default_model(sm, tmp_path, capsys):
+    from steerkit.cli import main
+    f = tmp_path / "p.txt"
+    f.write_text("Hello\nWhat is 2+2?\n")
+    rep = tmp_path / "r.json"
+    assert main(["norms", str(f), "--quiet", "--report", str(rep)]) == 0
+    import json
+    r = json.loads(rep.read_text())
+    assert len(r["norms"]["mean"]) == sm.n_layers
+
+
+def test_result_objects_plot():
+    pytest.importorskip("plotly")
+    p = T.profile_from_states(torch.randn(4, 5, 8), torch.randn(4, 5, 8))
+    assert len(p.plot().data) == 3
+    n = N.NormProfile(np.ones(3), np.zeros(3), np.ones(3), np.ones(3), 5)
+    assert len(n.plot().data) == 3
+    tr = M.MITrajectory(1, np.array([1.0, 3.0, 1.0]), ["a", "b", "c"], [1])
+    assert len(tr.plot().data) == 2
