@@ -71,7 +71,11 @@ def server(tmp_path_factory):
     store, results = root / "store", root / "results"
     results.mkdir()
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # the app is its own program: keep settings other tests put in this process's environment out
+    # of it (TRITON_INTERPRET from the kernel tests, OMP_WAIT_POLICY from the llama.cpp tests: with
+    # them the server hung during the store export -- an open bug, see the closing note of the session)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OMP_WAIT_POLICY")}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
     log = open(root / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "steerkit.apps", "--port", str(port), "--threads", "1",
                              "--store", str(store), "--results", str(results)], stdout=log, stderr=subprocess.STDOUT,
