@@ -196,7 +196,13 @@ def tensors_to_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str,
     """Serialise tensors in the safetensors layout (bytes are identical to what the library writes)."""
     from safetensors.torch import save
 
-    clean = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    clean, seen = {}, set()
+    for k, v in tensors.items():
+        t = v.detach().to("cpu").contiguous()
+        if t.untyped_storage().data_ptr() in seen:  # the same vector at two layers: store each on its own
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        clean[k] = t
     return save(clean, metadata=metadata)
 
 

@@ -190,3 +190,15 @@ def test_round_trip_exact_property(tmp_path_factory, layers, values, fmt, dtype)
     d = tmp_path_factory.mktemp("rt")
     back = import_artifact(export(v, fmt, d / f"v{SUFFIX[fmt]}")[-1])
     assert back == v
+
+
+def test_same_tensor_at_two_layers_round_trips(tmp_path):
+    """Found by hypothesis: one tensor object reused for two layers shares memory; safetensors refused it."""
+    import torch
+    from steerkit.vectors import SteeringVector, export, import_artifact
+    v = torch.randn(16)
+    sv = SteeringVector(directions={3: v, 4: v})
+    p = export(sv, "safetensors", tmp_path / "shared.safetensors")
+    back = import_artifact(p[0] if isinstance(p, (list, tuple)) else p)
+    assert set(back.directions) == {3, 4}
+    assert all(torch.equal(back.directions[l], v) for l in (3, 4))
