@@ -51,9 +51,12 @@ def create_app(model: Any = None, *, store: Optional[str] = None, results: Optio
     app = Dash(__name__, title="steerkit explorer", background_callback_manager=manager,
                suppress_callback_exceptions=False, update_title=None)
     n_layers = host.get().n_layers if host.loaded else 30
-    label = (f"model: {host.get().name} · {n_layers} layers · d_model {host.get().d_model}" if host.loaded
-             else f"model: {model or 'default'} (loads on first use)")
-    app.layout = layout.shell(label, n_layers, str(store), str(results))
+    label = (layout.model_label(host.get()) if host.loaded else f"model: {model or 'default'} (loads on first use)")
+    from steerkit.loading import local_models
+    spec = host.spec
+    current = layout.DEFAULT_MODEL_VALUE if spec is None else str(spec)
+    app.layout = layout.shell(label, n_layers, str(store), str(results), models=local_models(),
+                              current_model=current)
     env = AppEnv(host=host, store_path=str(store), results_path=str(results))
     callbacks.register(app, env)
     app.steerkit_env = env  # for tests and benchmarks

@@ -18,7 +18,7 @@ from dash.exceptions import PreventUpdate
 
 from . import compute, figures
 from .compute import Cancelled
-from .layout import FIGURES, PAGES, PANE, UPLOAD_MAX_BYTES
+from .layout import CONTRASTS, DEFAULT_MODEL_VALUE, FIGURES, PAGES, PANE, UPLOAD_MAX_BYTES, layer_marks, model_label
 from .runtime import cache_key, should_stop
 
 HIDDEN = {"display": "none"}
@@ -82,6 +82,34 @@ def register(app, env):
                 "borderBottom": "2px solid #1f77b4" if p == path else "none"} for p, _ in PAGES]
         return styles + nav
 
+    # ------------------------------------------------------------------ model
+    @app.callback(
+        Output("model-label", "children"), Output("model-status", "children"), Output("prof-layer", "max"),
+        Output("prof-layer", "marks"), Output("prof-key", "data", allow_duplicate=True),
+        Output("model-path", "value"),
+        Input("model-load", "n_clicks"), State("model-pick", "value"), State("model-path", "value"),
+        background=True, prevent_initial_call=True,
+        running=[(Output("model-load", "disabled"), True, False),
+                 (Output("model-progress", "style"), {"width": "120px", "visibility": "visible"},
+                  {"width": "120px", "visibility": "hidden"})],
+    )
+    def load_model(_, picked, path):
+        from steerkit.errors import InputError
+        try:
+            spec = (path or "").strip() or picked
+            if not spec:
+                raise InputError("expected a model: pick one from the list or type a folder, .gguf file or hub id")
+            spec = None if spec == DEFAULT_MODEL_VALUE else spec
+            if spec is not None and (len(spec) > 1000 or "\n" in spec):
+                raise InputError(f"expected a model folder, .gguf file or hub id, found {len(spec)} characters")
+            sm = host.switch(spec)
+            return (model_label(sm), _ok(f"Loaded {sm.name} in {host.load_seconds:.1f}s: {sm.n_layers} layers, "
+                                         f"d_model {sm.d_model}. Every page now uses it."),
+                    max(0, sm.n_layers - 1), layer_marks(sm.n_layers), None, "")
+        except Exception as e:  # noqa: BLE001 - a model that does not load keeps the current one
+            return no_update, [explain(e), html.Span(f" The current model ({host.get().name}) stays loaded.")], \
+                no_update, no_update, no_update, no_update
+
     # ------------------------------------------------------------------ profiles
     @app.callback(Output("prof-custom", "style"), Input("prof-contrast", "value"))
     def show_custom(contrast):
@@ -118,6 +146,9 @@ def register(app, env):
             if prof is None or prof.mean_diff is None:
                 raise InputError("expected the profile behind this direction in the cache, found it evicted; "
                                  "compute the profile again")
+            if prof.model_name and prof.model_name != sm.name:
+                raise InputError(f"expected a direction of the current model {sm.name}, found one computed on "
+                                 f"{prof.model_name}; compute the profile again on this model")
             layer = int(layer)
             return {layer: prof.mean_diff[prof.layers.index(layer)]}, f"profile mean difference @ L{layer}"
         if kind == "store":
@@ -198,7 +229,7 @@ def register(app, env):
 
             prof, hit = host.cached(key, lambda: compute.divergence_profile(
                 sm, a, b, contrast=contrast, edit_a=edit_a, progress=prog, should_stop=should_stop))
-            msg = (f"{prof.n_pairs} pairs × {len(prof.layers)} layers; peak relative divergence at layer "
+            msg = (f"{CONTRASTS[contrast]}: {prof.n_pairs} pairs × {len(prof.layers)} layers; peak relative divergence at layer "
                    f"{prof.peak_layer} ({prof.rel_mean[prof.peak_index]:.3f}); "
                    + ("from the cache." if hit else f"computed in {prof.seconds:.1f}s."))
             return {"key": key}, _ok(msg)
@@ -387,15 +418,17 @@ def register(app, env):
 
     # ------------------------------------------------------------------ store
     @app.callback(Output("store-table", "data"), Output("store-path", "children"), Output("store-status", "children"),
-                  Output("store-format", "options"),
-                  Input("store-refresh", "n_clicks"), Input("url", "pathname"), Input("prof-dir-status", "children"))
-    def store_rows(_, path, __):
+                  Output("store-table", "selected_rows"),
+                  Input("store-refresh", "n_clicks"), Input("url", "pathname"), Input("prof-dir-status", "children"),
+                  State("store-table", "selected_rows"), State("store-table", "data"))
+    def store_rows(_, path, __, selected, old_rows):
         label = f"store: {env.store_path}"
+        # a refresh keeps the selected artifact selected (a reset selection made a later export fail)
+        sel_ref = old_rows[selected[0]]["ref"] if selected and old_rows and selected[0] < len(old_rows) else None
         try:
-            from steerkit.vectors import FORMATS, Store
+            from steerkit.vectors import Store
         except ImportError as e:
             return [], label, _warn(f"The vector store is not available yet ({e})."), []
-        fmts = [{"label": f, "value": f} for f in FORMATS]
         try:
             st = Store(env.store_path)
             rows = st.list() if Path(env.store_path).exists() else []
@@ -422,9 +455,13 @@ def register(app, env):
                                  html.Code("steerkit vectors import FILE --name NAME"), "."], style={"color": "#666"})
             else:
                 msg = f"{len(out)} artifact versions."
-            return out, label, msg, fmts
+            if out == (old_rows or []):
+                # unchanged: leave the table (and a selection made since this request left) alone
+                return no_update, label, msg, no_update
+            refs = [r["ref"] for r in out]
+            return out, label, msg, ([refs.index(sel_ref)] if sel_ref in refs else [])
         except Exception as e:  # noqa: BLE001
-            return [], label, explain(e), fmts
+            return [], label, explain(e), []
 
     @app.callback(Output("store-detail", "children"), Input("store-table", "selected_rows"), State("store-table", "data"))
     def store_detail(sel, data):
@@ -443,6 +480,8 @@ def register(app, env):
     def store_export(_, sel, data, fmt):
         if not sel or not data or sel[0] >= len(data):
             return no_update, _warn("Select an artifact in the table first.")
+        if not fmt:
+            return no_update, _warn("Choose an export format first.")
         try:
             from steerkit.vectors import Store, export
             ref = data[sel[0]]["ref"]
@@ -506,25 +545,30 @@ def register(app, env):
             return no_update, explain(e)
 
     @app.callback(Output("probe-heatmap", "figure"), Output("probe-status", "children"),
-                  Input("probe-file", "value"), State("probe-upload-data", "data"))
-    def probe_heatmap(value, uploaded):
+                  Output("probe-method", "options"), Output("probe-method", "value"),
+                  Input("probe-file", "value"), Input("probe-method", "value"), State("probe-upload-data", "data"))
+    def probe_heatmap(value, method, uploaded):
         if not value:
-            msg = html.Span(["No probe sweep results yet — run a probe sweep (", html.Code("steerkit probes sweep"),
-                             " / steerkit.probes) and save its table as ", html.Code("*sweep*.json"), " or ",
-                             html.Code("*sweep*.csv"), f" under {env.results_path}, or upload one here."],
-                            style={"color": "#666"})
-            return figures.empty_figure("No probe sweep yet"), msg
+            msg = html.Span(["No probe sweep results yet — run ", html.Code("steerkit probe sweep --pos P --neg N "
+                             f"--out {env.results_path}/NAME_sweep.json"), " (or save a ", html.Code("steerkit.probes"),
+                             " sweep with ", html.Code(".save('..._sweep.json')"), ") under ", html.Code(env.results_path),
+                             ", or upload a sweep table here."], style={"color": "#666"})
+            return figures.empty_figure("No probe sweep yet"), msg, [], None
         try:
+            method = method if ctx.triggered_id == "probe-method" else None
             if value == "upload" and uploaded:
-                sw = compute.parse_sweep(uploaded["text"], uploaded["name"])
+                sw = compute.parse_sweep(uploaded["text"], uploaded["name"], method=method)
             else:
-                sw = compute.load_sweep(value)
+                sw = compute.load_sweep(value, method=method)
             best = sw.best_per_layer()
             i = int(np.nanargmax(best))
-            return figures.probe_heatmap(sw), _ok(f"{sw.name}: {len(sw.layers)} layers × {len(sw.positions)} positions; "
-                                                  f"best AUROC {best[i]:.3f} at layer {sw.layers[i]}.")
+            opts = [{"label": m, "value": m} for m in sw.methods]
+            what = f" ({sw.method})" if sw.method else ""
+            return (figures.probe_heatmap(sw), _ok(f"{sw.name}{what}: {len(sw.layers)} layers × {len(sw.positions)} "
+                                                   f"positions; best AUROC {best[i]:.3f} at layer {sw.layers[i]}."),
+                    opts, sw.method or None)
         except Exception as e:  # noqa: BLE001
-            return figures.empty_figure("Could not read this sweep"), explain(e)
+            return figures.empty_figure("Could not read this sweep"), explain(e), [], None
 
     # ------------------------------------------------------------------ diagnostics
     @app.callback(
@@ -557,16 +601,34 @@ def register(app, env):
             return figures.empty_figure(m), figures.empty_figure(m)
         return figures.norm_figure(res), figures.sink_figure(res)
 
-    @app.callback(Output("diag-mi", "figure"), Output("diag-mi-status", "children"), Input("url", "pathname"))
-    def draw_mi(path):
-        files = compute.find_mi(env.results_path)
-        if not files:
+    @app.callback(Output("diag-mi-pick", "options"), Output("diag-mi-pick", "value"), Input("url", "pathname"),
+                  State("diag-mi-pick", "value"))
+    def mi_options(path, current):
+        opts = []
+        for f in compute.find_mi(env.results_path):
+            try:
+                n = len(compute.load_mi_all(f))
+            except Exception:  # noqa: BLE001 - listed, and the figure callback explains what is wrong
+                n = 1
+            rel = f.relative_to(env.results_path) if env.results_path else f
+            opts += [{"label": f"{rel}" + (f" · #{i}" if n > 1 else ""), "value": f"{i}:{f}"} for i in range(n)]
+        values = [o["value"] for o in opts]
+        return opts, current if current in values else (values[0] if values else None)
+
+    @app.callback(Output("diag-mi", "figure"), Output("diag-mi-status", "children"), Input("diag-mi-pick", "value"))
+    def draw_mi(value):
+        if not value:
             return (figures.empty_figure("No MI results yet"),
-                    html.Span(["No MI-per-step results yet — run the MI peaks method (", html.Code("steerkit.probes"),
-                               ") and save its result as ", html.Code("mi_*.json"), f" under {env.results_path}."],
-                              style={"color": "#666"}))
+                    html.Span(["No MI-per-step results yet — run ", html.Code(
+                        f"steerkit mi-peaks --report {env.results_path}/mi_gsm8k.json"),
+                        " (or save ", html.Code("MITrajectory.to_dict()"), " as ", html.Code("mi_*.json"), ") under ",
+                        html.Code(env.results_path), "."], style={"color": "#666"}))
         try:
-            mi = compute.load_mi(files[0])
-            return figures.mi_figure(mi), _ok(f"{files[0].name}: {len(mi.steps)} steps, peaks at {mi.peaks}.")
+            i, _, f = value.partition(":")
+            allmi = compute.load_mi_all(f)
+            mi = allmi[min(int(i), len(allmi) - 1)]
+            toks = [repr(mi.tokens[mi.steps.index(p)]) for p in mi.peaks if mi.tokens and p in mi.steps]
+            return figures.mi_figure(mi), _ok(f"{mi.name}: {len(mi.steps)} steps, peaks at {mi.peaks}"
+                                              + (f" (tokens {', '.join(toks[:8])})." if toks else "."))
         except Exception as e:  # noqa: BLE001
             return figures.empty_figure("Could not read the MI result"), explain(e)

@@ -200,7 +200,8 @@ def mi_figure(mi) -> go.Figure:
         fig.add_trace(go.Scatter(x=ps, y=ys, mode="markers+text", name="peaks", text=lab, textposition="top center",
                                  marker=dict(color=PEAK_COLOR, size=11, symbol="star")))
     fig.update_layout(template=TEMPLATE, title=f"Mutual information per generation step — {mi.name}",
-                      xaxis_title="generation step", yaxis_title="MI (nats)", margin=dict(l=60, r=20, t=60, b=50),
+                      xaxis_title="generation step",
+                      yaxis_title=("MI estimate (HSIC)" if getattr(mi, "measure", "MI") == "HSIC" else "MI (nats)"), margin=dict(l=60, r=20, t=60, b=50),
                       height=360)
     return fig
 

@@ -63,15 +63,46 @@ def message(id_):
     return html.Div(id=id_, style=MSG, role="status")
 
 
-def profiles_page(n_layers: int):
+DEFAULT_MODEL_VALUE = "__default__"
+
+CONTRASTS = {"temporal": "Temporal reversal pairs", "harmful": "Harmful vs harmless",
+             "steered": "Steered vs unsteered (Steer page settings)", "custom": "My own two prompt lists"}
+
+
+def model_label(sm) -> str:
+    return f"model: {sm.name} · {sm.n_layers} layers · d_model {sm.d_model}"
+
+
+def layer_marks(n_layers: int) -> dict:
+    return {i: str(i) for i in range(0, n_layers, max(1, n_layers // 15))}
+
+
+def model_card(models, current_value):
+    """The model picker: one model per app process; loading another replaces it for every page."""
+    opts = [{"label": m["label"], "value": DEFAULT_MODEL_VALUE if m["value"] is None else m["value"]} for m in models]
+    if current_value not in [o["value"] for o in opts]:
+        opts.append({"label": str(current_value), "value": current_value})
     return html.Div([
+        html.Div([
+            field("Model", dcc.Dropdown(id="model-pick", clearable=False, value=current_value, options=opts,
+                                        style={"width": "420px"})),
+            field("or a local folder, .gguf file or cached hub id",
+                  dcc.Input(id="model-path", type="text", value="", placeholder="/path/to/model or org/name",
+                            debounce=False, style={"width": "300px"})),
+            html.Button("Load model", id="model-load", n_clicks=0, style=BTN2),
+            html.Progress(id="model-progress", style={"width": "120px", "visibility": "hidden"}),
+        ], style={**ROW, "alignItems": "center"}),
+        message("model-status"),
+    ], style=CARD)
+
+
+def profiles_page(n_layers: int, models=(), current_model=DEFAULT_MODEL_VALUE):
+    return html.Div([
+        model_card(list(models), current_model),
         html.Div([
             html.Div([
                 field("Contrast", dcc.Dropdown(id="prof-contrast", clearable=False, value="temporal", options=[
-                    {"label": "Temporal reversal pairs", "value": "temporal"},
-                    {"label": "Harmful vs harmless", "value": "harmful"},
-                    {"label": "Steered vs unsteered (Steer page settings)", "value": "steered"},
-                    {"label": "My own two prompt lists", "value": "custom"}]), width="330px"),
+                    {"label": label, "value": value} for value, label in CONTRASTS.items()]), width="330px"),
                 field("Pairs", dcc.Input(id="prof-n", type="number", min=1, max=200, step=1, value=8,
                                          style={"width": "80px"})),
                 field("Spread", dcc.RadioItems(id="prof-spread", value="std", inline=True, options=[
@@ -97,7 +128,7 @@ def profiles_page(n_layers: int):
         html.Div([graph("prof-graph", 440),
                   html.Div([html.Label("Layer (click the plot or slide)", style=LABEL),
                             dcc.Slider(id="prof-layer", min=0, max=max(0, n_layers - 1), step=1, value=0,
-                                       marks={i: str(i) for i in range(0, n_layers, max(1, n_layers // 15))},
+                                       marks=layer_marks(n_layers),
                                        tooltip={"placement": "bottom"})], style={"padding": "0 30px"})], style=CARD),
         html.Div([
             html.Div([graph("prof-pairs")], style={"flex": "3 1 0", "minWidth": "380px"}),
@@ -121,6 +152,7 @@ def probes_page():
         html.Div([
             html.Div([
                 field("Saved sweep", dcc.Dropdown(id="probe-file", clearable=False, style={"width": "420px"})),
+                field("Method", dcc.Dropdown(id="probe-method", clearable=False, options=[], style={"width": "200px"})),
                 html.Button("Rescan", id="probe-rescan", n_clicks=0, style=BTN2),
                 dcc.Upload(id="probe-upload", children=html.A("or upload a sweep table (.json/.csv)"),
                            max_size=UPLOAD_MAX_BYTES, style={"fontSize": "13px"}),
@@ -169,6 +201,14 @@ def steer_page():
     ], id="page-steer")
 
 
+def export_formats() -> list[dict]:
+    try:
+        from steerkit.vectors import FORMATS
+    except ImportError:  # pragma: no cover - the vectors package is part of steerkit
+        return [{"label": "safetensors", "value": "safetensors"}]
+    return [{"label": f, "value": f} for f in FORMATS]
+
+
 def store_page():
     return html.Div([
         html.Div([
@@ -185,8 +225,9 @@ def store_page():
         ], style=CARD),
         html.Div([
             html.Div([
+                # options fixed at build time: a dropdown whose options arrive later can drop its value
                 field("Export format", dcc.Dropdown(id="store-format", clearable=False, value="safetensors",
-                                                    style={"width": "200px"})),
+                                                    options=export_formats(), style={"width": "200px"})),
                 html.Button("Download export", id="store-export", n_clicks=0, style=BTN),
             ], style=ROW),
             message("store-export-status"),
@@ -209,11 +250,14 @@ def diagnostics_page():
                   html.Div(graph("diag-sink", 380), style={"flex": "1", "minWidth": "380px"})],
                  style={**CARD, "display": "flex", "gap": "12px", "flexWrap": "wrap"}),
         html.Div([html.H4("Mutual information per generation step", style={"margin": "0 0 6px"}),
+                  field("MI result", dcc.Dropdown(id="diag-mi-pick", clearable=False, options=[],
+                                                  style={"width": "520px"})),
                   message("diag-mi-status"), graph("diag-mi", 360)], style=CARD),
     ], id="page-diagnostics")
 
 
-def shell(model_label: str, n_layers: int, store_path: str, results_path: str):
+def shell(model_label: str, n_layers: int, store_path: str, results_path: str, models=(),
+          current_model=DEFAULT_MODEL_VALUE):
     nav = html.Div([html.Span("steerkit explorer", style={"fontWeight": "bold", "marginRight": "24px"})]
                    + [dcc.Link(label, href=path, id=f"nav-{path.strip('/')}",
                                style={"marginRight": "18px", "textDecoration": "none"}) for path, label in PAGES]
@@ -226,7 +270,7 @@ def shell(model_label: str, n_layers: int, store_path: str, results_path: str):
         dcc.Store(id="prof-key"), dcc.Store(id="direction"), dcc.Store(id="diag-key"), dcc.Store(id="probe-upload-data"),
         dcc.Download(id="download-fig"), dcc.Download(id="download-export"),
         nav,
-        html.Div([profiles_page(n_layers), probes_page(), steer_page(), store_page(), diagnostics_page()],
+        html.Div([profiles_page(n_layers, models, current_model), probes_page(), steer_page(), store_page(), diagnostics_page()],
                  style={"padding": "14px 18px", "maxWidth": "1280px", "margin": "0 auto"}),
         html.Div(f"store: {store_path} · results: {results_path}",
                  style={"fontSize": "11px", "color": "#999", "padding": "6px 18px"}),

@@ -119,6 +119,28 @@ class ModelHost:
                           flush=True)
         return self._sm
 
+    @property
+    def spec(self):
+        """What the current model was loaded from (``None``: the default model)."""
+        return self._spec if (self._spec is None or isinstance(self._spec, str) or hasattr(self._spec, "__fspath__")) \
+            else getattr(self._sm, "name", None)
+
+    def switch(self, spec: Any):
+        """Replace this process's model by ``spec`` (a name or path for ``steerkit.load_model``, or
+        ``None`` for the default). Waits for the running model work (``lock``), loads the new model,
+        and only then drops the old one: a failed load leaves the current model in place. Cached
+        results stay (their keys carry the model name), so switching back finds them again."""
+        import steerkit
+        with self.lock, self._load_lock:
+            t = time.perf_counter()
+            print(f"steerkit app: switching to model {spec or '(default)'} ...", file=sys.stderr, flush=True)
+            sm = steerkit.load_model(spec)
+            self._sm, self._spec = sm, spec
+            self.load_seconds = time.perf_counter() - t
+            self.loads += 1
+            print(f"steerkit app: model {sm.name} ready in {self.load_seconds:.1f}s", file=sys.stderr, flush=True)
+        return sm
+
     # --- results ------------------------------------------------------------------------
     def put(self, key: str, value: Any) -> str:
         with self._results_lock:

