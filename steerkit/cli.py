@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_demo)
 
     for modname in ("steerkit.cli_vectors", "steerkit.cli_probes", "steerkit.cli_refusal", "steerkit.cli_app",
-                    "steerkit.cli_methods"):
+                    "steerkit.cli_methods", "steerkit.cli_serve"):
         try:
             mod = __import__(modname, fromlist=["register"])
         except ModuleNotFoundError as e:  # an optional part not installed; real import errors surface
@@ -163,7 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from .errors import SteerkitError
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough = []
+    if argv[:1] == ["serve"] and "--" in argv:  # steerkit serve DIR [options] -- [vLLM's own options]
+        i = argv.index("--")
+        argv, passthrough = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
+    if passthrough:
+        args.vllm_args = passthrough
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -76,9 +76,15 @@ def _layers_of(a: Any) -> list[int]:
 
 def check_compatible(artifact: Any, model: Any, *, override: bool = False) -> list[str]:
     """Check ``artifact`` against ``model``; returns warnings, raises ModelMismatchError on a mismatch."""
+    return check_against(artifact, {**_model_facts(model), "fingerprint": fingerprint_of(model)}, override=override,
+                         stacklevel=4)
+
+
+def check_against(artifact: Any, facts: dict, *, override: bool = False, stacklevel: int = 3) -> list[str]:
+    """:func:`check_compatible` against plain facts about a model (``{"name", "d_model", "n_layers",
+    "fingerprint"}``), for a model this process does not hold (e.g. one a vLLM server serves)."""
     p = artifact.provenance
-    facts = _model_facts(model)
-    fp = fingerprint_of(model)
+    fp = facts.get("fingerprint")
     ours = (f"this model is {facts['name']!r} (fingerprint {fp}, d_model={facts['d_model']}, "
             f"n_layers={facts['n_layers']})")
     theirs = (f"the artifact was made for {p.model_name!r} (fingerprint {p.model_fingerprint}, "
@@ -105,7 +111,7 @@ def check_compatible(artifact: Any, model: Any, *, override: bool = False) -> li
     if p.model_fingerprint is None:
         notes.append(f"the artifact records no model fingerprint, so it cannot be checked against {facts['name']!r}")
     for n in notes:
-        warnings.warn(n, stacklevel=3)
+        warnings.warn(n, stacklevel=stacklevel)
     return notes
 
 

@@ -89,6 +89,12 @@ def _config_dict(hf_model: Any) -> dict:
 
 def _fingerprint_tensors(hf_model: Any) -> list[tuple[str, torch.Tensor]]:
     named = dict(hf_model.named_parameters())
+    return [(k, named[k]) for k in _fingerprint_keys(list(named))]
+
+
+def _fingerprint_keys(names: list[str]) -> list[str]:
+    """Which parameters the fingerprint hashes, in order (chosen from the parameter names only)."""
+    named = names
     keys = [k for k in named if k.endswith("embed_tokens.weight")]
     layer_keys = sorted({k for k in named if ".layers." in k})
     if layer_keys:
@@ -100,7 +106,7 @@ def _fingerprint_tensors(hf_model: Any) -> list[tuple[str, torch.Tensor]]:
     if not keys:  # unknown architecture: first and last parameter
         names = list(named)
         keys = names[:1] + names[-1:]
-    return [(k, named[k]) for k in dict.fromkeys(keys)]
+    return list(dict.fromkeys(keys))
 
 
 @torch.no_grad()
@@ -111,9 +117,50 @@ def model_fingerprint(model: Any) -> str:
     one (a ``SteerModel``).  Returns ``"sk1:<24 hex digits>"``.
     """
     hf = _unwrap(model)
+    return _fingerprint_of(_config_dict(hf), _fingerprint_tensors(hf))
+
+
+def folder_fingerprint(folder: Any) -> str:
+    """:func:`model_fingerprint` of a Hugging Face model folder, without loading the model.
+
+    A folder written by ``steerkit.export_hf`` records the fingerprint of the model it was exported
+    from (``steerkit_export.json``), which is what artifacts made on that model carry. Otherwise the
+    config is read with ``transformers.AutoConfig`` and only the hashed tensors are read from the
+    safetensors files, so this equals ``model_fingerprint(load_model(folder))``."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    meta = folder / "steerkit_export.json"
+    if meta.is_file():
+        fp = json.loads(meta.read_text(encoding="utf-8")).get("model_fingerprint")
+        if fp:
+            return str(fp)
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+
+    class _Cfg:
+        config = cfg
+
+    where: dict[str, Any] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():
+                where.setdefault(k, f)
+    if not where:
+        raise FileNotFoundError(f"expected *.safetensors weights in {folder}, found none")
+    tensors = []
+    for k in _fingerprint_keys(list(where)):
+        with safe_open(str(where[k]), framework="pt") as fh:
+            tensors.append((k, fh.get_tensor(k)))
+    return _fingerprint_of(_config_dict(_Cfg), tensors)
+
+
+def _fingerprint_of(config: dict, tensors: list) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps(_config_dict(hf), sort_keys=True, default=str).encode())
-    for name, p in _fingerprint_tensors(hf):
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, p in tensors:
         flat = p.detach().reshape(-1)
         sample = torch.cat([flat[:8192], flat[-8192:]]) if flat.numel() > 16384 else flat
         b = sample.to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes()

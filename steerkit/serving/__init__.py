@@ -1,0 +1,25 @@
+"""Serving steerkit artifacts at scale: per-request steering inside stock vLLM.
+
+* :mod:`.spec` -- the request's steering spec (artifacts from the store with a scale each, small
+  inline operations), its validation, its prefix-cache salt, :func:`request_args` /
+  :func:`request_body` to build requests, and :func:`resolve` (spec -> kernel configurations per
+  site, the same translation ``SteerModel.steer`` uses).
+* :mod:`.plan` -- one engine step's plan: per hooked site, the rows of the flattened batch to edit
+  and one stacked ``SteerTable``, so each site makes one ``fused_steer`` call per step.
+* :mod:`.vllm_plugin` -- the vLLM general plugin (entry point ``steerkit`` in
+  ``vllm.general_plugins``; enable with ``VLLM_PLUGINS=steerkit STEERKIT_STORE=/path``).
+
+In the serving process::
+
+    from vllm import LLM, SamplingParams
+    from steerkit.serving import request_args
+    llm = LLM(model=model_dir, enforce_eager=True)
+    out = llm.generate(prompts, [SamplingParams(max_tokens=20, temperature=0, extra_args=request_args("happy@1")),
+                                 SamplingParams(max_tokens=20, temperature=0)])
+
+``steerkit serve MODEL_DIR --store STORE`` starts vLLM's OpenAI-compatible server with the plugin;
+``steerkit model export --format hf DIR`` writes the default model as a folder vLLM loads.
+"""
+from .spec import KEY, Spec, SpecError, parse_spec, request_args, request_body, resolve, salt
+
+__all__ = ["KEY", "Spec", "SpecError", "parse_spec", "request_args", "request_body", "resolve", "salt"]

