@@ -1,0 +1,206 @@
+"""The serving package without vLLM: specs, salts, request helpers, per-step plans, the HF export,
+folder fingerprints and the CLI wiring (the real vLLM runs in tests/test_vllm.py)."""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from steerkit.serving import SpecError, parse_spec, request_args, request_body, salt
+from steerkit.serving.plan import Block, TableCache, plan_step
+from steerkit.serving.spec import KEY, resolve
+
+
+def test_parse_spec_accepts_json_and_dicts_and_says_what_is_wrong():
+    s = parse_spec('{"artifacts": [{"ref": "happy@1", "scale": 2}], "ops": [{"op": "add", "layer": 3, '
+                   '"vector": [1, 0], "positions": "generated"}]}')
+    assert s.artifacts[0].ref == "happy@1" and s.artifacts[0].scale == 2.0
+    assert s.ops[0].layers == (3,) and s.ops[0].positions == "generated"
+    assert parse_spec({"artifacts": ["a@1"]}).artifacts[0].scale == 1.0
+    bad = [("{x", "JSON object"), ("[1]", "JSON object with 'artifacts'"), ({"artifact": []}, "only the keys"),
+           ({"artifacts": [{"ref": 3}]}, "artifacts[0]"), ({"artifacts": [{"ref": "a", "scale": "x"}]}, "number"),
+           ({"artifacts": [{"ref": "a", "scale": float("nan")}]}, "finite"),
+           ({"ops": [{"op": "region", "layers": [1], "vector": [1.0]}]}, "ops[0].op"),
+           ({"ops": [{"op": "add", "layers": [], "vector": [1.0]}]}, "non-empty list"),
+           ({"ops": [{"op": "add", "layers": [1], "vector": [1.0], "positions": "middle"}]}, "positions"),
+           ({"ops": [{"op": "add", "layers": [1], "vector": [1.0], "positions": [-1]}]}, ">= 0"),
+           ({"ops": [{"op": "ablate", "layers": [1], "vectors": [[1.0], [1.0, 2.0]]}]}, "one length"),
+           ({"ops": [{"op": "add", "layers": [1], "vectors": [[1.0], [2.0]]}]}, "one vector")]
+    for spec, msg in bad:
+        with pytest.raises(SpecError, match=re.escape(msg)):
+            parse_spec(spec)  # noqa: PT012
+
+
+def test_salt_and_request_helpers():
+    a, b = request_args("happy@1", scale=1.0), request_args("happy@1", scale=0.5)
+    assert json.loads(a[KEY]) == {"artifacts": [{"ref": "happy@1", "scale": 1.0}]}
+    assert salt(a[KEY]) == salt(json.loads(a[KEY])) != salt(b[KEY])  # equal specs share, others never
+    assert salt(a[KEY], "user") == "user-" + salt(a[KEY])
+    two = json.loads(request_args("a@1", "b@2", scale=[1.0, 0.5])[KEY])
+    assert [x["scale"] for x in two["artifacts"]] == [1.0, 0.5]
+    assert json.loads(request_args({"a@1": 2.0})[KEY])["artifacts"] == [{"ref": "a@1", "scale": 2.0}]
+    with pytest.raises(SpecError, match="one scale per artifact"):
+        request_args("a@1", "b@2", scale=[1.0])
+    body = request_body("m", "happy@1", prompt="hi", max_tokens=5)
+    assert body["vllm_xargs"] == a and body["cache_salt"] == salt(a[KEY]) and body["max_tokens"] == 5
+    assert "vllm_xargs" not in request_body("m", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(SpecError, match="exactly one of prompt"):
+        request_body("m", "happy@1")
+
+
+class _Store:
+    def __init__(self, arts):
+        self.arts, self.root = arts, "memory"
+
+    def load(self, ref):
+        if ref not in self.arts:
+            raise KeyError(f"no {ref}")
+        return self.arts[ref]
+
+
+def _facts(sm):
+    from steerkit.vectors.apply import fingerprint_of
+    return {"name": sm.name, "d_model": sm.d_model, "n_layers": sm.n_layers, "fingerprint": fingerprint_of(sm)}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    import steerkit
+    from tests.tiny_models import tiny_model
+    m, tok = tiny_model("llama")
+    return steerkit.wrap(m, tok)
+
+
+def test_resolve_checks_artifacts_and_maps_sites(tiny):
+    from steerkit.vectors import DirectionSet, SteeringVector
+    d = tiny.d_model
+    v = torch.randn(d)
+    store = _Store({"add@1": SteeringVector.from_direction(v, 1, tiny),
+                    "abl@1": DirectionSet.from_directions(torch.randn(1, d), tiny, layers=None),
+                    "pre@1": SteeringVector.from_direction(v, 1, tiny, hook_site="hook_resid_pre")})
+    facts = _facts(tiny)
+    r = resolve(parse_spec({"artifacts": [{"ref": "add@1", "scale": 2.0}]}), store=store, facts=facts)
+    (site, ops), = r.sites.items()
+    assert site == ("resid_post", 1) and ops[0].config.add_scale == 2.0
+    r = resolve(parse_spec({"artifacts": ["abl@1"]}), store=store, facts=facts)
+    assert set(r.sites) == {("embed", 0)} | {(k, l) for l in range(tiny.n_layers) for k in ("attn_out", "mlp_out")}
+    r = resolve(parse_spec({"artifacts": ["pre@1"]}), store=store, facts=facts)
+    assert set(r.sites) == {("resid_post", 0)}  # resid_pre of block 1 is resid_post of block 0
+    with pytest.raises(SpecError, match="expected an artifact 'nope@1'"):
+        resolve(parse_spec({"artifacts": ["nope@1"]}), store=store, facts=facts)
+    with pytest.raises(SpecError, match="fingerprint differs"):
+        resolve(parse_spec({"artifacts": ["add@1"]}), store=store, facts={**facts, "fingerprint": "sk1:x"})
+    r = resolve(parse_spec({"artifacts": ["add@1"], "override": True}), store=store, facts={**facts, "fingerprint": "sk1:x"})
+    assert any("override" in n for n in r.notes)
+    with pytest.raises(SpecError, match="d_model"):
+        resolve(parse_spec({"artifacts": ["add@1"]}), store=store, facts={**facts, "d_model": d + 1})
+    with pytest.raises(SpecError, match="orthonormal"):  # two overlapping ablations at one site
+        u = [1.0] + [0.0] * (d - 1)
+        w = [0.6, 0.8] + [0.0] * (d - 2)
+        resolve(parse_spec({"ops": [{"op": "ablate", "layers": [0], "vector": u},
+                                    {"op": "ablate", "layers": [0], "vector": w}]}), store=store, facts=facts)
+
+
+def test_plan_steers_exactly_the_rows_asked_for(tiny):
+    """Three requests flattened as a server does: A (add, all positions) prefilling 4 rows, an
+    unsteered one, and B (add on generated tokens only, plus a clamp on its last prompt token)
+    decoding; each steered row equals fused_steer with its own configuration, the rest is unchanged."""
+    from steerkit.kernels import fused_steer
+    d = tiny.d_model
+    g = torch.Generator().manual_seed(0)
+    va, vb, u = torch.randn(d, generator=g), torch.randn(d, generator=g), torch.randn(d, generator=g)
+    u = u / u.norm()
+    facts = _facts(tiny)
+    ra = resolve(parse_spec({"ops": [{"op": "add", "layers": [1], "vector": va.tolist(), "scale": 3.0}]}),
+                 store=_Store({}), facts=facts)
+    rb = resolve(parse_spec({"ops": [{"op": "add", "layers": [1], "vector": vb.tolist(), "positions": "generated"},
+                                     {"op": "clamp", "layers": [1], "vector": u.tolist(), "value": 2.0,
+                                      "positions": [5, 6]}]}), store=_Store({}), facts=facts)
+    blocks = [Block(0, 4, np.arange(4), 4, ra), Block(4, 6, np.arange(2), 2, None),
+              Block(6, 9, np.array([4, 5, 6]), 6, rb)]  # B: prompt of 6; rows at positions 4 (prompt), 5, 6
+    plans = plan_step(blocks, TableCache(d, None))
+    assert set(plans) == {("resid_post", 1)}
+    h = torch.randn(9, d, generator=g)
+    out = plans[("resid_post", 1)].apply(h)
+    assert torch.equal(out[4:7], h[4:7])  # the unsteered request, and B's row at position 4
+    assert torch.allclose(out[:4], h[:4] + 3.0 * va, atol=1e-5)
+    # position 5: the last prompt token (clamp only); position 6: generated (add) and in the list (clamp)
+    clamped5 = h[7] + (2.0 - h[7] @ u) * u
+    assert torch.allclose(out[7], clamped5, atol=1e-4)
+    want6 = fused_steer(h[8:9], basis=u[None], target=torch.tensor([2.0]), add=vb[None]).squeeze(0)
+    assert torch.allclose(out[8], want6, atol=1e-4)
+    assert plan_step([Block(0, 3, np.arange(3), 3, None)], TableCache(d, None)) == {}
+
+
+def test_plan_matches_steerkit_generation_on_a_model(tiny):
+    """The plan's edit at resid_post, applied through a hook on the HF blocks, gives the same
+    logits as steerkit's own add edit at that site."""
+    from steerkit.serving.plan import single_request_plan
+    from steerkit.vectors import SteeringVector
+    d = tiny.d_model
+    v = torch.randn(d)
+    store = _Store({"a@1": SteeringVector.from_direction(v, 1, tiny)})
+    res = resolve(parse_spec({"artifacts": [{"ref": "a@1", "scale": 2.0}]}), store=store, facts=_facts(tiny))
+    toks = tiny.tokenize(["hello there"], chat=False)
+    T = toks.input_ids.shape[1]
+    sp = single_request_plan(res, T, T, d_model=d)[("resid_post", 1)]
+    block = tiny.adapter.block(tiny.model, 1)
+
+    def hook(_m, _a, out):
+        h = out[0] if isinstance(out, tuple) else out
+        new = sp.apply(h[0])[None]
+        return (new, *out[1:]) if isinstance(out, tuple) else new
+
+    hd = block.register_forward_hook(hook)
+    try:
+        got = tiny.model(input_ids=toks.input_ids, attention_mask=toks.attention_mask).logits
+    finally:
+        hd.remove()
+    with tiny.steer(store.load("a@1"), scale=2.0):
+        want = tiny.forward(toks)
+    want = want.logits if hasattr(want, "logits") else want
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_export_hf_and_folder_fingerprint(tiny, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    import steerkit
+    from steerkit.errors import InputError
+    from steerkit.export_hf import export_hf
+    from steerkit.vectors.provenance import folder_fingerprint, model_fingerprint
+    out = export_hf(tiny, tmp_path / "m")
+    meta = json.loads((out / "steerkit_export.json").read_text())
+    assert meta["model_fingerprint"] == model_fingerprint(tiny) == folder_fingerprint(out)
+    cfg = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in cfg and cfg["architectures"] == [type(tiny.model).__name__]
+    back = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert torch.allclose(back(ids).logits, tiny.model(ids).logits, atol=1e-5)  # eager vs sdpa attention
+    with pytest.raises(InputError, match="overwrite=True"):
+        export_hf(tiny, out)
+    export_hf(tiny, out, overwrite=True)
+    # a plain HF folder (no steerkit_export.json): the fingerprint read from its files equals the
+    # fingerprint of the model load_model makes from it
+    (out / "steerkit_export.json").unlink()
+    assert folder_fingerprint(out) == model_fingerprint(steerkit.load_model(str(out)))
+
+
+def test_cli_model_export_and_serve_dry_run(tiny, tmp_path, capsys):
+    from steerkit.cli import main
+    src = tmp_path / "src"
+    tiny.model.save_pretrained(src)
+    tiny.tokenizer.save_pretrained(src)
+    assert main(["model", "export", "--format", "hf", str(tmp_path / "exp"), "--model", str(src)]) == 0
+    assert (tmp_path / "exp" / "model.safetensors").is_file()
+    assert main(["serve", str(tmp_path / "exp"), "--store", str(tmp_path / "st"), "--port", "8123", "--dry-run",
+                 "--", "--max-model-len", "512"]) == 0
+    err = capsys.readouterr().err
+    assert "VLLM_PLUGINS=steerkit" in err and f"STEERKIT_STORE={tmp_path / 'st'}" in err
+    assert "--enforce-eager" in err and err.rstrip().endswith("--max-model-len 512")
+    assert main(["serve", str(tmp_path / "nothing"), "--dry-run"]) == 2  # no model folder: a clear error
+    assert "steerkit model export" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path / "exp"), "--host", "0.0.0.0", "--dry-run"]) == 2
