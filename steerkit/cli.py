@@ -15,36 +15,49 @@ import sys
 from pathlib import Path
 
 
-def read_prompts(path: str) -> list[str]:
-    """Prompts from a file: ``.jsonl`` (field ``prompt``/``instruction``/``text``), ``.json`` list, or one per line."""
+PROMPT_KEYS = ("prompt", "instruction", "text", "question")
+
+
+def read_records(path: str) -> list[dict]:
+    """Records ``{"prompt": str, **fields}`` from a .json list, a .jsonl file or a text file (one per
+    line); objects give their first field among :data:`PROMPT_KEYS` as the prompt."""
     from .errors import InputError
     p = Path(path)
     if not p.is_file():
         raise InputError(f"expected a prompts file at {p}, found nothing there")
     text = p.read_text(encoding="utf-8")
-    keys = ("prompt", "instruction", "text", "question")
 
-    def pick(obj, where):
+    def rec(obj, where):
         if isinstance(obj, str):
-            return obj
+            return {"prompt": obj}
         if isinstance(obj, dict):
-            for k in keys:
+            for k in PROMPT_KEYS:
                 if isinstance(obj.get(k), str):
-                    return obj[k]
-        raise InputError(f"expected a string or an object with one of {keys} at {where}, found {str(obj)[:80]!r}")
+                    return {**obj, "prompt": obj[k]}
+        raise InputError(f"expected a string or an object with one of {PROMPT_KEYS} at {where}, found "
+                         f"{str(obj)[:80]!r}")
 
-    if p.suffix == ".jsonl":
-        out = [pick(json.loads(l), f"{p}:{i + 1}") for i, l in enumerate(text.splitlines()) if l.strip()]
-    elif p.suffix == ".json":
-        data = json.loads(text)
-        if not isinstance(data, list):
-            raise InputError(f"expected a JSON list of prompts in {p}, found {type(data).__name__}")
-        out = [pick(o, f"{p}[{i}]") for i, o in enumerate(data)]
-    else:
-        out = [l for l in text.splitlines() if l.strip()]
+    try:
+        if p.suffix == ".jsonl":
+            out = [rec(json.loads(l), f"{p}:{i + 1}") for i, l in enumerate(text.splitlines()) if l.strip()]
+        elif p.suffix == ".json":
+            data = json.loads(text)
+            if not isinstance(data, list):
+                raise InputError(f"expected a JSON list of prompts in {p}, found {type(data).__name__}")
+            out = [rec(o, f"{p}[{i}]") for i, o in enumerate(data)]
+        else:
+            out = [{"prompt": l} for l in text.splitlines() if l.strip()]
+    except json.JSONDecodeError as e:
+        raise InputError(f"expected valid JSON in {p}, found a parse error: {e}") from None
     if not out:
         raise InputError(f"expected at least one prompt in {p}, found none")
     return out
+
+
+def read_prompts(path: str) -> list[str]:
+    """Prompts from a file: ``.jsonl`` / ``.json`` list (strings or objects with a field of
+    :data:`PROMPT_KEYS`), or one per line (see :func:`read_records`)."""
+    return [r["prompt"] for r in read_records(path)]
 
 
 def _hooks_arg(spec: str, n_layers: int) -> list[str]:

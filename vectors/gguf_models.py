@@ -35,7 +35,7 @@ import numpy as np
 
 from .artifacts import DirectionSet
 from .errors import ArtifactFormatError, ExportError
-from .safety import fsync_dir, make_temp
+from .safety import atomic_path
 
 _RESID_WRITERS = re.compile(r"^blk\.\d+\.(attn_output|ffn_down)\.weight$")
 
@@ -74,8 +74,7 @@ def rewrite_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str =
     arch = str(arch_f.contents())
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp(dst)
-    try:
+    with atomic_path(dst) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
         _copy_metadata(reader, writer, 0 if dtype == "f32" else 1)
         tensors: dict[str, np.ndarray] = {}
@@ -94,16 +93,6 @@ def rewrite_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str =
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dst)
-        fsync_dir(dst.parent)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
     return dst
 
 

@@ -26,13 +26,15 @@ unbounded memory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -100,10 +102,11 @@ def read_bounded(path: str | os.PathLike, max_bytes: int = MAX_FILE_BYTES) -> by
     return data
 
 
-def _umask_mode() -> int:
+def _umask_mode(folder: bool = False) -> int:
+    """The mode a new file (or folder) gets under the current umask."""
     mask = os.umask(0)
     os.umask(mask)
-    return 0o666 & ~mask
+    return (0o777 if folder else 0o666) & ~mask
 
 
 def make_temp(target: Path) -> str:
@@ -127,15 +130,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, rename."""
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+    """Yield a temporary file path next to ``path``; when the block succeeds the file is fsynced and
+    renamed onto ``path`` (readers see the old file or the whole new one), else it is removed."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp(p)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
+        yield tmp
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
@@ -145,6 +149,46 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             pass
         raise
     fsync_dir(p.parent)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike, *, if_exists: str = "error") -> Iterator[Path]:
+    """Yield a temporary folder next to ``path``, renamed onto ``path`` when the block succeeds (else
+    removed), so nobody ever sees a half-written folder. If ``path`` exists by then: ``"keep"`` it
+    (another process finished first; the new one is dropped), ``"replace"`` it (the old folder is
+    restored if the swap fails), or ``"error"``."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, _umask_mode(folder=True))  # mkdtemp makes 0700
+        if not p.exists():
+            os.replace(tmp, p)
+        elif if_exists == "keep":
+            shutil.rmtree(tmp)
+        elif if_exists == "replace":
+            old = Path(tempfile.mkdtemp(prefix=f".{p.name}.old-", dir=p.parent))
+            os.replace(p, old / "x")
+            try:
+                os.replace(tmp, p)
+            except BaseException:
+                os.replace(old / "x", p)  # put the previous folder back
+                raise
+            finally:
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            raise FileExistsError(f"expected nothing at {p}, found an existing folder")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(p.parent)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, rename."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
 
 
 # --------------------------------------------------------------------------- JSON
@@ -414,10 +458,7 @@ def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, Any], tensors: 
     """
     import gguf
 
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp(p)
-    try:
+    with atomic_path(path) as tmp:
         w = gguf.GGUFWriter(tmp, arch)
         for k, v in kv.items():
             if isinstance(v, bool):
@@ -444,13 +485,3 @@ def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, Any], tensors: 
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-        fsync_dir(p.parent)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -158,3 +158,26 @@ def test_fuzz_structured_json_importers(tmp_path_factory, payload):
             import_artifact(p)
         except VectorsError as e:
             assert str(e)
+
+
+def test_atomic_folder_publishes_whole_folders_only(tmp_path):
+    from steerkit.vectors.safety import atomic_folder
+    dst = tmp_path / "out"
+    with atomic_folder(dst) as t:
+        (t / "a").write_text("1")
+    assert (dst / "a").read_text() == "1" and oct(dst.stat().st_mode & 0o777) != oct(0o700)
+    with pytest.raises(RuntimeError):  # a failure leaves the published folder as it was, and no temp
+        with atomic_folder(dst, if_exists="replace") as t:
+            (t / "a").write_text("2")
+            raise RuntimeError("boom")
+    assert (dst / "a").read_text() == "1"
+    with atomic_folder(dst, if_exists="keep") as t:
+        (t / "a").write_text("3")
+    assert (dst / "a").read_text() == "1"
+    with atomic_folder(dst, if_exists="replace") as t:
+        (t / "b").write_text("4")
+    assert not (dst / "a").exists() and (dst / "b").read_text() == "4"
+    with pytest.raises(FileExistsError):
+        with atomic_folder(dst) as t:
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
