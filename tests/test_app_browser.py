@@ -377,6 +377,22 @@ def test_bad_input_shows_a_message(server, browser_page):
     page.fill("#prof-b", "")
     page.click("#prof-run")
     wait_text(page, "#prof-status", "non-empty")
+    # a vector made for another model (fingerprint differs): a message on the Steer page
+    import torch
+
+    from steerkit.vectors import SteeringVector, Store
+    other = SteeringVector.from_direction(torch.ones(576), 5)
+    other.provenance = other.provenance.replace(model_name="someone/else", model_fingerprint="sk1:" + "0" * 24,
+                                                d_model=576, n_layers=30)
+    Store(server["store"]).save("wrong-model", other)
+    page.goto(server["url"] + "/steer")
+    page.wait_for_selector("#steer-run")
+    pick(page, "steer-artifact", "wrong-model@1 (steering_vector, ?)")
+    page.fill("#steer-layers", "5")
+    page.click("#steer-run")
+    wait_text(page, "#steer-status", "fingerprint differs")
+    status = page.inner_text("#steer-status")
+    assert "Traceback" not in status and "someone/else" in status
     # a non-local bind is refused without the explicit flag
     r = subprocess.run([sys.executable, "-m", "steerkit.apps", "--host", "0.0.0.0", "--port", "1"],
                        capture_output=True, text=True, timeout=120)
