@@ -16,7 +16,8 @@ How it fits together
 * ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli_probes`) wraps these.
 
 The published methods built on these finders (the refusal direction of Arditi et al. 2024 in
-:mod:`.refusal`, and later ones) return artifacts that :mod:`steerkit.vectors` stores.
+:mod:`.refusal`, and later ones; the concise-reasoning region of Hou et al. in :mod:`.region`) return
+artifacts that :mod:`steerkit.vectors` stores.
 """
 from .directions import DIRECTION_METHODS, Direction, diff_of_means, find_direction, pca_center, pca_diff
 from .linear import (METHODS, direction_to_probe, fit_logistic, fit_probe, logistic_pipeline, pipeline_to_probe,
@@ -43,4 +44,13 @@ __all__ += [
     "linear_decay", "order_questions", "per_input_taus", "profile_from_states", "temporal_pairs",
     "temporal_profile", "NormProfile", "norm_profile", "MITrajectory", "find_peaks", "hsic_mi", "mi_trajectory",
     "AB_ITEMS", "ABItem", "caa_activations", "caa_eval", "caa_vector", "matching_prob",
+]
+from .region import (CONCISE_PROMPT, EVAL_PROMPT, VERBOSE_PROMPT, Problem, RegionResult, Solution, StepBoundaries,
+                     arithmetic_problems, fit_region, gsm8k_problems, parse_answer, region_eval, region_features,
+                     region_spec, run_region, steer_region, step_boundaries, steering_positions)
+
+__all__ += [
+    "Problem", "Solution", "RegionResult", "StepBoundaries", "arithmetic_problems", "gsm8k_problems", "parse_answer",
+    "step_boundaries", "steering_positions", "region_features", "fit_region", "region_spec", "steer_region",
+    "region_eval", "run_region", "VERBOSE_PROMPT", "CONCISE_PROMPT", "EVAL_PROMPT",
 ]

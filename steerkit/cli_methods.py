@@ -1,4 +1,4 @@
-"""``steerkit temporal | norms | mi-peaks | caa``: published methods on a model (default: the embedded
+"""``steerkit temporal | norms | mi-peaks | caa | region``: published methods on a model (default: the embedded
 SmolLM2-135M-Instruct), with progress on stderr, a JSON report (``--report``) and artifacts saved to
 the vector store (``--out``, default ``$STEERKIT_STORE`` or ``./steerkit-store``; ``--no-save``).
 
@@ -10,6 +10,10 @@ the vector store (``--out``, default ``$STEERKIT_STORE`` or ``./steerkit-store``
 * ``mi-peaks``: MI (HSIC) per generation step against the reference solution on GSM8K questions.
 * ``caa``: the CAA vector on the project's A/B set; saves ``caa-vector`` (all layers) and evaluates
   p(matching letter) per layer and multiplier.
+* ``region``: the concise-reasoning region (Hou et al.): verbose and concise solutions of training
+  problems by the model, features at step-boundary tokens, the fitted polyhedron saved as
+  ``region-concise`` (a ``Region``), and generated tokens / accuracy with and without the projection on
+  held-out problems.
 """
 from __future__ import annotations
 
@@ -48,8 +52,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("mi-peaks", help="MI (HSIC) per generation step and its peaks (Qian et al.)")
     common(p)
-    p.add_argument("--data", default=None, help="jsonl with question/answer (default: ../shared/datasets/"
-                   "reasoning/gsm8k_test_first300.jsonl)")
+    p.add_argument("--data", default=None, help="jsonl with question/answer (default: the vendored "
+                   "steerkit/data/reasoning/gsm8k_test_first300.jsonl)")
     p.add_argument("--n", type=int, default=3)
     p.add_argument("--layer", type=int, default=None, help="default: two thirds deep")
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -61,6 +65,26 @@ def register(subparsers) -> None:
     p.add_argument("--layers", default=None, help="comma-separated layers to evaluate (default: every 3rd)")
     p.add_argument("--multipliers", default="-2,-1,0,1,2")
     p.set_defaults(func=run, method="caa")
+
+    p = subparsers.add_parser("region", help="concise-reasoning region and its projection (Hou et al.)")
+    common(p)
+    p.add_argument("--data", default="arith", choices=["arith", "gsm8k", "mix"],
+                   help="templated arithmetic, the vendored GSM8K problems, or half of each")
+    p.add_argument("--level", default="easy", choices=["easy", "medium"], help="arithmetic difficulty")
+    p.add_argument("--n-train", type=int, default=40)
+    p.add_argument("--n-test", type=int, default=30, help="held-out problems to evaluate (0: fit only)")
+    p.add_argument("--layer", type=int, default=None, help="default: two thirds deep")
+    p.add_argument("--n-components", type=int, default=10)
+    p.add_argument("--n-clusters", type=int, default=8)
+    p.add_argument("--strength", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=96, help="evaluation budget per problem")
+    p.add_argument("--train-max-new-tokens", type=int, default=96)
+    p.add_argument("--keep", default="correct", choices=["correct", "answered", "all"],
+                   help="training solutions to fit on (correct falls back to answered below --min-kept)")
+    p.add_argument("--min-kept", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run, method="region")
 
 
 def _log(args, *a):
@@ -78,7 +102,7 @@ def run(args) -> int:
     torch_threads()
     sm = load_model(args.model)
     report = {"model": sm.name}
-    fn = {"temporal": _temporal, "norms": _norms, "mi-peaks": _mi, "caa": _caa}[args.method]
+    fn = {"temporal": _temporal, "norms": _norms, "mi-peaks": _mi, "caa": _caa, "region": _region}[args.method]
     fn(sm, args, report)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1), encoding="utf-8")
@@ -166,7 +190,7 @@ def _norms(sm, args, report):
 def _mi(sm, args, report):
     from steerkit.errors import InputError
     from steerkit.probes.mi import mi_trajectory
-    path = Path(args.data) if args.data else Path(__file__).resolve().parents[2] / "shared/datasets/reasoning/gsm8k_test_first300.jsonl"
+    path = Path(args.data) if args.data else Path(__file__).resolve().parent / "data/reasoning/gsm8k_test_first300.jsonl"
     if not path.is_file():
         raise InputError(f"expected a jsonl of question/answer at {path}, found nothing there")
     rows = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()][: args.n]
@@ -203,3 +227,58 @@ def _caa(sm, args, report):
         sv = SteeringVector({l: v[l] for l in range(sm.n_layers)}, provenance=SteeringVector.from_direction(
             v[0], 0, sm, method="caa").provenance)
         print(f"saved {store.save('caa-vector', sv)} to {store.root}")
+
+
+def _region(sm, args, report):
+    from steerkit.errors import InputError
+    from steerkit.probes import region as R
+    if args.n_train < 2 or args.n_test < 0:
+        raise InputError(f"expected --n-train >= 2 and --n-test >= 0, found {args.n_train} and {args.n_test}")
+    if args.data != "arith" and args.n_train + args.n_test > 300:
+        raise InputError(f"expected --n-train + --n-test <= 300 (the vendored GSM8K problems), found "
+                         f"{args.n_train + args.n_test}")
+
+    def problems(n, seed, offset, exclude=()):
+        if n == 0:
+            return []
+        n_g = {"arith": 0, "gsm8k": n, "mix": n // 2}[args.data]
+        out = R.gsm8k_problems(n_g, offset=offset) if n_g else []
+        return out + R.arithmetic_problems(n - n_g, seed=seed, level=args.level, exclude=exclude)
+    train = problems(args.n_train, args.seed, 0)
+    test = problems(args.n_test, args.seed + 1, 300 - args.n_test, exclude=[p.question for p in train])
+    total = 2 * len(train) + 2 * len(test)
+    with _bar(args, total, "region") as bar:
+        res = R.run_region(sm, train, test, layer=args.layer, n_components=args.n_components,
+                           n_clusters=args.n_clusters, strength=args.strength, max_new_tokens=args.max_new_tokens,
+                           train_max_new_tokens=args.train_max_new_tokens, batch_size=args.batch_size,
+                           seed=args.seed, keep=args.keep, min_kept=args.min_kept, progress=bar.update)
+    d = res.to_dict()
+    report["region"] = {**d, "args": {k: getattr(args, k) for k in ("data", "level", "n_train", "n_test", "layer",
+                                                                      "n_components", "n_clusters", "strength",
+                                                                      "max_new_tokens", "train_max_new_tokens",
+                                                                      "keep", "min_kept", "seed")}}
+    fit = d["fit"]
+    print(f"concise region on {sm.name}, layer {res.layer} ({args.data}, {len(train)} training problems)")
+    for s in ("verbose", "concise"):
+        t = d["train"][s]
+        print(f"  {s:8s} solutions: acc {t['accuracy']:.3f}, {t['tokens_mean']:.1f} tokens; kept "
+              f"{d['n_' + s + '_kept']} ({d['selection'][s]}), {d['n_points'][s]} boundary points")
+    print(f"  fit: {fit['n_components']} PCA dims ({fit['explained_variance']:.2f} of the variance), "
+          f"{fit['n_clusters']} half-spaces; inside: concise {fit['concise_inside']:.2f}, verbose {fit['verbose_inside']:.2f}")
+    if d["eval"]:
+        ev = d["eval"]
+        for k in ("baseline", "projected"):
+            r = ev[k]
+            print(f"  {k:9s} tokens {r['tokens_mean']:6.1f} [{r['tokens_ci95'][0]:.1f}, {r['tokens_ci95'][1]:.1f}]  "
+                  f"acc {r['accuracy']:.3f} [{r['accuracy_ci95'][0]:.3f}, {r['accuracy_ci95'][1]:.3f}]  "
+                  f"finished {r['finished']:.2f}  (n={r['n']})")
+        pdiff = ev["paired_token_diff"]
+        print(f"  projected - baseline tokens: {pdiff['mean']:+.1f} [{pdiff['ci95'][0]:+.1f}, {pdiff['ci95'][1]:+.1f}] "
+              f"(paired, bootstrap 95%)")
+    if not args.no_save:
+        store = _store(args)
+        reg = res.region
+        if d["eval"]:
+            ev = d["eval"]
+            reg.provenance.metrics["eval"] = {k: ev[k] for k in ("baseline", "projected", "paired_token_diff")}
+        print(f"saved {store.save('region-concise', reg)} to {store.root}")

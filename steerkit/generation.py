@@ -76,7 +76,7 @@ def generate(sm, prompts, *, max_new_tokens: int = 32, chat: bool = True, do_sam
     texts = [""] * B
     mask = toks.attention_mask
     backend = sm.backend
-    with sm.hooks.runs.running(toks.attention_mask):
+    with sm.hooks.runs.running(toks.attention_mask, toks.input_ids) as run:
         cache = backend.new_cache()
         pos = toks.position_ids
         logits, cache = backend.step(toks.input_ids, mask, pos, cache)
@@ -102,6 +102,7 @@ def generate(sm, prompts, *, max_new_tokens: int = 32, chat: bool = True, do_sam
             if bool(done.all()) or (last and not _wants_generated_rows(sm)):
                 break
             mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=dev)], 1)
+            run.append_tokens(nxt.unsqueeze(1))  # token-pattern position specs read the fed ids
             logits, cache = backend.step(nxt.unsqueeze(1), mask, next_pos, cache)
             next_pos = next_pos + 1
     if return_tokens:

@@ -28,7 +28,7 @@ from torch import Tensor
 from .edits import Edit
 from .errors import InputError
 from .hooknames import Site
-from .positions import PositionSpec, RunState, chunk_mask, validate_positions
+from .positions import PositionSpec, RunState, chunk_mask, selects_generated, validate_positions
 
 
 @dataclass
@@ -76,9 +76,10 @@ class RunHolder:
         self.run: Optional[RunState] = None
 
     @contextlib.contextmanager
-    def running(self, attention_mask: Tensor):
+    def running(self, attention_mask: Tensor, input_ids: Optional[Tensor] = None):
+        """A new run over a prompt batch; ``input_ids`` (``[batch, P]``) lets token-pattern specs see tokens."""
         prev = self.run
-        self.run = RunState(attention_mask, next(self._ids))
+        self.run = RunState(attention_mask, next(self._ids), input_ids)
         try:
             yield self.run
         finally:
@@ -289,7 +290,7 @@ class HookManager:
             return fn
 
         h = self.register([(self.parse(n), make(n)) for n in names], label=f"record {names}")
-        h._records_generated = isinstance(positions, str) and positions in ("all", "generated")
+        h._records_generated = selects_generated(positions)
         return h, cache
 
     def edit(self, edits: dict[str, Edit], label: str = "edit") -> HookHandle:

@@ -133,7 +133,7 @@ class SteerModel:
     def forward(self, prompts: Prompts | Tokens, *, chat: bool = True) -> Float[Tensor, "batch pos vocab"]:
         """Logits ``[batch, pos, vocab]`` of a left-padded batch (chat template by default)."""
         toks = self.tokenize(prompts, chat=chat)
-        with self.hooks.runs.running(toks.attention_mask):
+        with self.hooks.runs.running(toks.attention_mask, toks.input_ids):
             return self.backend.forward(toks.input_ids, toks.attention_mask, toks.position_ids)
 
     __call__ = forward

@@ -16,20 +16,97 @@ spec                positions selected (padding is never selected)
                     end, ``-1`` is the last prompt token)
 ``range``/``slice`` the same, as a range
 bool tensor         ``[batch, P]`` mask over the padded prompt
+:class:`TokenMatch` positions whose input token (with the tokens before it)
+                    matches a pattern of token-id sets, within ``"all"``,
+                    ``"prompt"`` or ``"generated"`` positions
+:class:`AnyOf`      the union of several specs, e.g.
+                    ``AnyOf("last", TokenMatch(ids, within="generated"))``
 ==================  =========================================================
+
+Token patterns need the token ids of the run: :meth:`RunState.chunk_ids` reads them
+from the prompt ids given to the run and from the tokens the generation loop feeds
+back (:meth:`RunState.append_tokens`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Iterable, Optional, Union
 
 import torch
 from torch import Tensor
 
 from .errors import InputError
 
-PositionSpec = Union[str, int, list, tuple, range, slice, Tensor]
 _NAMED = ("all", "prompt", "generated", "last")
+_WITHIN = ("all", "prompt", "generated")
+
+
+class TokenMatch:
+    """Positions whose input token matches a pattern of token-id sets.
+
+    ``TokenMatch(ids)`` selects every position holding a token in ``ids``;
+    ``TokenMatch(prev_ids, ids)`` also needs the token before it in ``prev_ids``
+    (two tokens that together spell, e.g., ``"\\n\\n"``), and so on for longer
+    patterns: the last set is for the position itself. ``within`` restricts the
+    match to ``"all"`` real tokens, ``"prompt"`` tokens or ``"generated"`` tokens.
+    Padding never matches, and a pattern never reaches back into padding.
+    """
+
+    def __init__(self, *pattern: Iterable[int], within: str = "all"):
+        if not pattern:
+            raise InputError("expected at least one set of token ids in TokenMatch, found none")
+        sets = []
+        for i, ids in enumerate(pattern):
+            if isinstance(ids, int) and not isinstance(ids, bool):
+                ids = [ids]
+            try:
+                s = sorted({int(t) for t in ids})
+            except (TypeError, ValueError):
+                raise InputError(f"expected token ids (ints) in set {i} of TokenMatch, found {ids!r:.100}") from None
+            if not s:
+                raise InputError(f"expected a non-empty set of token ids at index {i} of TokenMatch, found none")
+            sets.append(tuple(s))
+        if within not in _WITHIN:
+            raise InputError(f"expected within to be one of {_WITHIN}, found {within!r}")
+        self.pattern: tuple[tuple[int, ...], ...] = tuple(sets)
+        self.within = within
+        self._t: dict = {}
+
+    def ids(self, i: int, device) -> Tensor:
+        key = (i, device)
+        if key not in self._t:
+            self._t[key] = torch.tensor(self.pattern[i], dtype=torch.long, device=device)
+        return self._t[key]
+
+    def __repr__(self):
+        sets = ", ".join(f"<{len(s)} ids>" if len(s) > 4 else repr(set(s)) for s in self.pattern)
+        return f"TokenMatch({sets}, within={self.within!r})"
+
+
+class AnyOf:
+    """The union of position specs (each validated like a spec of its own)."""
+
+    def __init__(self, *specs):
+        if not specs:
+            raise InputError("expected at least one position spec in AnyOf, found none")
+        self.specs = tuple(validate_positions(s) for s in specs)
+
+    def __repr__(self):
+        return f"AnyOf{self.specs!r}"
+
+
+PositionSpec = Union[str, int, list, tuple, range, slice, Tensor, TokenMatch, AnyOf]
+
+
+def selects_generated(spec: PositionSpec) -> bool:
+    """Whether ``spec`` can select generated positions (a record then wants the last sampled token fed)."""
+    if isinstance(spec, str):
+        return spec in ("all", "generated")
+    if isinstance(spec, TokenMatch):
+        return spec.within in ("all", "generated")
+    if isinstance(spec, AnyOf):
+        return any(selects_generated(s) for s in spec.specs)
+    return False
 
 
 @dataclass
@@ -43,7 +120,32 @@ class RunState:
 
     attention_mask: Tensor
     run_id: int = 0
+    input_ids: Optional[Tensor] = None  # [batch, P] prompt token ids, when known (token-pattern specs)
     _cache: dict = field(default_factory=dict, repr=False)
+    _fed: list = field(default_factory=list, repr=False)  # [(start, ids [batch, t])] fed after the prompt
+
+    def append_tokens(self, ids: Tensor) -> None:
+        """Record the token ids ``[batch, t]`` the next step feeds (they follow everything so far)."""
+        if self.input_ids is None:
+            return
+        start = self.prompt_len + sum(int(c.shape[1]) for _, c in self._fed)
+        self._fed.append((start, ids.reshape(self.batch, -1)))
+
+    def chunk_ids(self, start: int, T: int, device) -> Tensor:
+        """``[batch, T]`` input token ids at positions ``[start, start + T)`` (pattern lookback included)."""
+        if self.input_ids is None:
+            raise InputError("expected the run's token ids for a token-pattern position spec, found none; "
+                             "run the model through SteerModel.forward/generate")
+        for s0, c in reversed(self._fed):  # a decoding step: the chunk is the latest fed token(s)
+            if s0 <= start and start + T <= s0 + c.shape[1]:
+                return c[:, start - s0:start - s0 + T].to(device)
+            if s0 + c.shape[1] <= start:
+                break
+        full = torch.cat([self.input_ids.to(device)] + [c.to(device) for _, c in self._fed], 1)
+        if start + T > full.shape[1] or start < 0:
+            raise InputError(f"expected token ids for positions {start}..{start + T - 1}, found {full.shape[1]} "
+                             "known ids; feed generated tokens with RunState.append_tokens")
+        return full[:, start:start + T]
 
     @property
     def batch(self) -> int:
@@ -89,15 +191,15 @@ def validate_positions(spec: PositionSpec) -> PositionSpec:
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in spec):
             raise InputError(f"expected a list of ints as positions, found {spec!r}")
         return list(spec)
-    if isinstance(spec, (range, slice)):
+    if isinstance(spec, (range, slice, TokenMatch, AnyOf)):
         return spec
     if isinstance(spec, Tensor):
         if spec.dtype != torch.bool or spec.dim() != 2:
             raise InputError(f"expected a bool mask [batch, prompt_len] as positions, found "
                              f"dtype {spec.dtype} with shape {tuple(spec.shape)}")
         return spec
-    raise InputError(f"expected a position spec ({_NAMED}, int, list, range, slice or bool mask), "
-                     f"found {type(spec).__name__}")
+    raise InputError(f"expected a position spec ({_NAMED}, int, list, range, slice, bool mask, TokenMatch "
+                     f"or AnyOf), found {type(spec).__name__}")
 
 
 def chunk_mask(spec: PositionSpec, run: RunState | None, start: int, T: int, B: int,
@@ -128,8 +230,45 @@ def chunk_mask(spec: PositionSpec, run: RunState | None, start: int, T: int, B: 
     return out
 
 
+def _token_mask(spec: TokenMatch, run: RunState, start: int, T: int, B: int, device) -> Tensor:
+    n = len(spec.pattern)
+    lo = max(0, start - (n - 1))
+    ids = run.chunk_ids(lo, start + T - lo, device)  # [B, lookback + T]
+    P = run.prompt_len
+    absall = torch.arange(lo, start + T, device=device)
+    am = run.attention_mask.to(device)
+    real = torch.ones(B, absall.shape[0], dtype=torch.bool, device=device)
+    inp = absall < P
+    if bool(inp.any()):
+        real[:, inp] = am[:, absall[inp]].bool()
+    off = start - lo
+    out = torch.ones(B, T, dtype=torch.bool, device=device)
+    for j in range(n):  # set j is for the token (n - 1 - j) places before the position
+        back = n - 1 - j
+        if off - back < 0:  # the pattern reaches before the sequence start for the first positions
+            pad = torch.zeros(B, back - off, dtype=torch.bool, device=device)
+            seg = slice(0, T - (back - off))
+            hit = torch.isin(ids[:, seg], spec.ids(j, device)) & real[:, seg]
+            out &= torch.cat([pad, hit], 1)
+        else:
+            seg = slice(off - back, off - back + T)
+            out &= torch.isin(ids[:, seg], spec.ids(j, device)) & real[:, seg]
+    scope = _chunk_mask(spec.within, run, start, T, B, device)
+    return out if scope is None else out & scope
+
+
 def _chunk_mask(spec: PositionSpec, run: RunState, start: int, T: int, B: int,
                 device: torch.device) -> Tensor | None:
+    if isinstance(spec, TokenMatch):
+        return _token_mask(spec, run, start, T, B, device)
+    if isinstance(spec, AnyOf):
+        out = torch.zeros(B, T, dtype=torch.bool, device=device)
+        for s in spec.specs:
+            m = _chunk_mask(s, run, start, T, B, device)
+            if m is None:
+                return None
+            out = out | m
+        return out
     P = run.prompt_len
     abspos = torch.arange(start, start + T, device=device)  # [T]
     in_prompt = abspos < P

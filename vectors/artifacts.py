@@ -644,6 +644,38 @@ class Region(_Artifact):
         s = self.coordinates(x) @ self.normals.to(x).T
         return (s <= self.offsets.to(x) + tol).all(dim=-1)
 
+    def project(self, z: Float[Tensor, "... k"], *, tol: float | None = None,
+                max_iter: int | None = None) -> Float[Tensor, "... k"]:
+        """The closest point of the polyhedron ``{x : normals @ x <= offsets}`` to each ``z`` (subspace
+        coordinates, see :meth:`coordinates`), solved in float64 by the fused kernel's own solver
+        (:func:`steerkit.kernels.solve_polyhedron_projection`, the same row normalisation and step),
+        to natural residual ``tol`` in distance units (default the kernel's, 1e-4). Points inside come
+        back unchanged."""
+        from steerkit.kernels.reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL,
+                                                solve_polyhedron_projection)
+        zt = _as_tensor(z, "z")
+        k = int(self.projection.shape[0])
+        if zt.ndim == 0 or zt.shape[-1] != k:
+            raise VectorsError(f"expected coordinates [..., {k}] (the region's subspace), found {tuple(zt.shape)}")
+        flat = zt.reshape(-1, k).to(torch.float64)
+        W = self.normals.to(device=flat.device, dtype=torch.float64)
+        c = self.offsets.to(device=flat.device, dtype=torch.float64)
+        nrm = W.norm(dim=1).clamp_min(1e-30)
+        W, c = W / nrm[:, None], c / nrm
+        step = 1.0 / max(torch.linalg.matrix_norm(W, ord=2).item() ** 2, 1e-12)
+        n = flat.shape[0]
+        out, _ = solve_polyhedron_projection(flat, W.expand(n, *W.shape), c.expand(n, *c.shape),
+                                             torch.full((n,), step, dtype=torch.float64, device=flat.device),
+                                             DEFAULT_REGION_TOL if tol is None else float(tol),
+                                             DEFAULT_REGION_MAX_ITER if max_iter is None else int(max_iter))
+        return out.reshape(zt.shape).to(zt.dtype)
+
+    def to_kernel(self, strength: float = 1.0):
+        """The fused kernel's :class:`steerkit.kernels.Region` (``h += strength * P^T (z* - z)``)."""
+        from steerkit.kernels import Region as KernelRegion
+        return KernelRegion(mean=self.mean.float(), components=self.projection.float(), W=self.normals.float(),
+                            c=self.offsets.float(), strength=float(strength))
+
     def _map_tensors(self, fn) -> "Region":
         return dataclasses.replace(self, mean=fn(self.mean), projection=fn(self.projection),
                                    normals=fn(self.normals), offsets=fn(self.offsets))

@@ -1,0 +1,688 @@
+"""Efficient reasoning by projection onto a concise region (Hou et al., "Efficient reasoning via
+constrained optimization in latent space").
+
+Verbose and concise step-by-step solutions leave the residual stream in different places at the
+points where a new reasoning step starts. The method fits a polyhedron around the concise states and,
+while the model reasons, moves the state at each new step to the closest point of that polyhedron.
+
+* Features (:func:`region_features`): the output of block ``l`` (``blocks.{l}.hook_resid_post``,
+  default ``l = 2 * n_layers // 3``) at the *step-boundary tokens* of a solution: the tokens that
+  begin a blank line. :func:`step_boundaries` finds them in the tokenizer at run time: every token
+  whose text (after ``\\r\\n`` -> ``\\n``) holds ``"\\n\\n"`` with no letter or digit before it
+  (``"\\n\\n"``, ``"\\n\\n   "``, ``" \\n\\n"``, ``".\\n\\n"``, ``"\\n\\nThe"``), and -- since
+  byte-level BPE models often write a paragraph break as two ``"\\n"`` tokens -- the second of two
+  tokens that spell a blank line together (a token ending in a single newline, then a token
+  starting with one). Solutions are recorded teacher-forced after one common prompt
+  (:data:`EVAL_PROMPT`), so the two classes differ only in the text of the solution.
+* Fit (:func:`fit_region`): centre by the mean of all points, PCA to ``n_components`` (10)
+  dimensions; KMeans on the verbose points (``n_clusters`` = 8, fewer when there are fewer than
+  ``min_cluster_size`` points per cluster); one linear SVM per cluster separating the concise points
+  (0) from that cluster (1); half-space ``w_k . z <= c_k`` with ``c_k = max(q90(w_k . z_concise),
+  w_k . mean(z_concise))``. The result is a :class:`steerkit.vectors.Region` (store-able; its
+  ``project`` solves the same QP as the fused kernel).
+* Steering (:func:`steer_region`): at the last prompt token and at every generated token whose
+  *input* token is a step boundary, ``z = P (h - mean)``, ``z*`` = the closest point of the
+  polyhedron, ``h += s P^T (z* - z)`` (``s = 1``), one fused-kernel call per step
+  (``SteerConfig(region=...)``) with the position spec ``AnyOf("last", TokenMatch(...,
+  within="generated"))`` (:func:`steering_positions`).
+* Data: templated multi-step arithmetic word problems (:func:`arithmetic_problems`) and the vendored
+  first 300 GSM8K test problems (:func:`gsm8k_problems`). Verbose and concise solutions come from the
+  model itself (:data:`VERBOSE_PROMPT` / :data:`CONCISE_PROMPT`); the correct ones are kept
+  (:func:`parse_answer` reads the final number; :func:`select_solutions` falls back to the answered
+  ones when too few are correct), and re-paragraphed one step per sentence or line, each followed by
+  a blank line (:func:`segment_steps`) before recording, since short solutions rarely contain one.
+  :func:`region_eval` compares generated tokens and accuracy with and without projection.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from steerkit.errors import InputError
+
+from .temporal import wilson
+
+METHOD = "region-hou"
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class Problem:
+    """A word problem with a numeric ``answer``; ``source`` is ``"arith"`` or ``"gsm8k"``."""
+
+    question: str
+    answer: float
+    source: str = "arith"
+    solution: str = ""
+
+
+_NAMES = ["Tom", "Anna", "Sam", "Mia", "Ben", "Lisa", "Omar", "Kim", "Raj", "Eva", "Leo", "Zoe"]
+_ITEMS = ["apples", "pencils", "stickers", "marbles", "cookies", "books", "cards", "shells"]
+
+
+def _t_buy_give(r):
+    n, it = r.choice(_NAMES), r.choice(_ITEMS)
+    a, b = r.randint(5, 30), r.randint(2, 20)
+    c = r.randint(1, a + b - 1)
+    return f"{n} has {a} {it}. {n} buys {b} more and then gives {c} to a friend. How many {it} does {n} have now?", a + b - c
+
+
+def _t_packs(r):
+    n, it = r.choice(_NAMES), r.choice(_ITEMS)
+    a, b = r.randint(2, 9), r.randint(3, 12)
+    c = r.randint(1, a * b - 1)
+    return f"{n} buys {a} packs of {it} with {b} {it} in each pack and then loses {c} of them. How many {it} does {n} have left?", a * b - c
+
+
+def _t_change(r):
+    n = r.choice(_NAMES)
+    p, a = r.randint(2, 9), r.randint(2, 6)
+    bill = next(x for x in (10, 20, 50, 100) if x > p * a)
+    return f"A shop sells notebooks for {p} dollars each. {n} buys {a} notebooks and pays with a {bill} dollar bill. How much change does {n} get?", bill - p * a
+
+
+def _t_pages(r):
+    n = r.choice(_NAMES)
+    a, b, c = r.randint(5, 25), r.randint(2, 7), r.randint(3, 30)
+    return f"{n} reads {a} pages a day for {b} days and then reads {c} more pages. How many pages does {n} read in total?", a * b + c
+
+
+def _t_chairs(r):
+    a, b = r.randint(3, 12), r.randint(4, 10)
+    c = r.randint(1, a * b - 1)
+    return f"A hall has {a} rows of chairs with {b} chairs in each row. Then {c} chairs are taken away. How many chairs are left?", a * b - c
+
+
+def _t_money(r):
+    n = r.choice(_NAMES)
+    a, b, c = r.randint(20, 90), r.randint(3, 15), r.randint(5, 40)
+    b = min(b, a - 1)
+    return f"{n} has {a} dollars. {n} spends {b} dollars on lunch and then earns {c} dollars. How many dollars does {n} have now?", a - b + c
+
+
+def _t_share(r):
+    k, b, c = r.randint(2, 9), r.randint(2, 6), r.randint(1, 9)
+    return f"{k * b} cookies are shared equally by {b} children. Then each child gets {c} more cookies. How many cookies does each child have?", k + c
+
+
+def _t_expr(r):
+    a, b, c, d = r.randint(2, 15), r.randint(2, 15), r.randint(2, 6), r.randint(1, 20)
+    if r.random() < 0.5:
+        return f"What is ({a} + {b}) * {c} - {d}?", (a + b) * c - d
+    return f"What is {a} * {c} + {b} - {d}?", a * c + b - d
+
+
+_TEMPLATES = {"medium": [_t_buy_give, _t_packs, _t_change, _t_pages, _t_chairs, _t_money, _t_share, _t_expr]}
+
+
+def _e_sum3(r):
+    a, b, c = r.randint(1, 9), r.randint(1, 9), r.randint(1, 9)
+    return f"What is {a} + {b} + {c}?", a + b + c
+
+
+def _e_buy_twice(r):
+    n, it = r.choice(_NAMES), r.choice(_ITEMS)
+    a, b, c = r.randint(1, 9), r.randint(1, 9), r.randint(1, 9)
+    return f"{n} has {a} {it}. {n} buys {b} more {it}, and then {c} more. How many {it} does {n} have now?", a + b + c
+
+
+def _e_mul_add(r):
+    a, b, c = r.randint(1, 9), r.randint(2, 5), r.randint(1, 9)
+    return f"What is {a} + {b} * {c}?", a + b * c
+
+
+def _e_give_twice(r):
+    n, it = r.choice(_NAMES), r.choice(_ITEMS)
+    a, b, c = r.randint(1, 9), r.randint(1, 9), r.randint(1, 9)
+    return (f"{n} has {a + b + c} {it}. {n} gives {a} {it} to a friend and {b} {it} to a neighbour. "
+            f"How many {it} does {n} have left?"), c
+
+
+def _e_add_sub(r):
+    a, b = r.randint(2, 9), r.randint(2, 9)
+    c = r.randint(1, a + b - 1)
+    return f"What is {a} + {b} - {c}?", a + b - c
+
+
+def _e_bags(r):
+    n, it = r.choice(_NAMES), r.choice(_ITEMS)
+    a, b, c = r.randint(2, 4), r.randint(2, 5), r.randint(1, 9)
+    return f"{n} has {a} bags with {b} {it} in each bag and {c} more {it}. How many {it} does {n} have in total?", a * b + c
+
+
+_TEMPLATES["easy"] = [_e_sum3, _e_buy_twice, _e_mul_add, _e_give_twice, _e_add_sub, _e_bags]
+
+
+def arithmetic_problems(n: int = 60, seed: int = 0, *, level: str = "easy", exclude: Sequence[str] = ()) -> list[Problem]:
+    """``n`` distinct templated multi-step (2-3 operations) arithmetic problems, templates cycled in a
+    random order; deterministic in ``seed``. ``level``: ``"easy"`` (one-digit numbers, the level a
+    135M model sometimes solves) or ``"medium"`` (two-digit numbers, change, rates, sharing). Questions
+    in ``exclude`` are skipped (held-out sets: pass the training questions)."""
+    if level not in _TEMPLATES:
+        raise InputError(f"expected level in {sorted(_TEMPLATES)}, found {level!r}")
+    templates = _TEMPLATES[level]
+    r = random.Random(seed)
+    seen = set(exclude)
+    out: list[Problem] = []
+    order = list(range(len(templates)))
+    tries = 0
+    while len(out) < n:
+        if tries > 200 * max(n, 1):
+            raise InputError(f"expected to find {n} distinct arithmetic problems, found only {len(out)}")
+        tries += 1
+        if len(out) % len(order) == 0:
+            r.shuffle(order)
+        q, a = templates[order[len(out) % len(order)]](r)
+        if q in seen:
+            continue
+        seen.add(q)
+        out.append(Problem(q, float(a), "arith"))
+    return out
+
+
+def gsm8k_problems(n: Optional[int] = None, *, offset: int = 0, path=None) -> list[Problem]:
+    """GSM8K test problems (the vendored first 300, MIT; see ``steerkit/data/README.md``), rows
+    ``offset .. offset + n``; ``path`` reads another jsonl with ``question`` / ``answer`` (``#### N``)."""
+    if path is None:
+        text = (resources.files("steerkit") / "data" / "reasoning" / "gsm8k_test_first300.jsonl").read_text(encoding="utf-8")
+    else:
+        from pathlib import Path
+        p = Path(path)
+        if not p.is_file():
+            raise InputError(f"expected a jsonl of GSM8K-style problems at {p}, found nothing there")
+        text = p.read_text(encoding="utf-8")
+    rows = [json.loads(l) for l in text.splitlines() if l.strip()]
+    rows = rows[offset:] if n is None else rows[offset:offset + n]
+    out = []
+    for i, r in enumerate(rows):
+        sol = r.get("answer", "")
+        m = re.search(r"####\s*(-?[\d,]*\.?\d+)", sol)
+        if not m or not isinstance(r.get("question"), str):
+            raise InputError(f"expected a question and an answer ending in '#### <number>' in row {offset + i}, "
+                             f"found {str(r)[:80]!r}")
+        out.append(Problem(r["question"], float(m.group(1).replace(",", "")), "gsm8k", sol))
+    return out
+
+
+VERBOSE_PROMPT = ("{question}\nExplain your reasoning in detail, step by step, and finish with "
+                  "'The answer is <number>.'")
+CONCISE_PROMPT = ("{question}\nBe brief: give only the key calculation in one short line, then "
+                  "'The answer is <number>.'")
+EVAL_PROMPT = "{question}\nSolve the problem step by step and finish with 'The answer is <number>.'"
+STYLES = {"verbose": VERBOSE_PROMPT, "concise": CONCISE_PROMPT, "eval": EVAL_PROMPT}
+_STOP = ("\nQuestion:",)  # a model that goes on with a new problem
+
+_NUM = r"-?\$?\s?-?[\d,]*\.?\d+"
+_ANSWER_RE = re.compile(r"answer\s*(?:is|:|=)\s*\**\s*(" + _NUM + ")", re.IGNORECASE)
+
+
+def _num(s: str) -> Optional[float]:
+    s = s.replace("$", "").replace(",", "").replace(" ", "")
+    try:
+        return float(s.rstrip("."))
+    except ValueError:
+        return None
+
+
+def parse_answer(text: str) -> Optional[float]:
+    """The final number of a solution: the first ``answer is N`` (or ``answer: N``), else ``#### N``,
+    else ``\\boxed{N}``, else the last number in the text; ``None`` when there is no number."""
+    m = _ANSWER_RE.search(text)
+    if m:
+        v = _num(m.group(1))
+        if v is not None:
+            return v
+    for pat in (r"####\s*(" + _NUM + ")", r"\\boxed\{\s*(" + _NUM + r")\s*\}"):
+        m = re.search(pat, text)
+        if m and _num(m.group(1)) is not None:
+            return _num(m.group(1))
+    nums = re.findall(r"-?\d[\d,]*\.?\d*", text)
+    for s in reversed(nums):
+        v = _num(s)
+        if v is not None:
+            return v
+    return None
+
+
+def is_correct(text: str, answer: float, tol: float = 1e-6) -> bool:
+    v = parse_answer(text)
+    return v is not None and abs(v - float(answer)) <= tol * max(1.0, abs(float(answer)))
+
+
+_SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(])")
+
+
+def segment_steps(text: str) -> str:
+    """The solution with one step per paragraph: split at line breaks and at sentence ends, each step
+    followed by a blank line, so that a step boundary follows every step, the last one included (a
+    short solution often has no blank line of its own; the last boundary is where a verbose solution
+    goes on and a concise one stops)."""
+    steps = []
+    for line in re.split(r"\n+", text):
+        steps += [x.strip() for x in _SENT.split(line.strip()) if x.strip()]
+    return "".join(x + "\n\n" for x in steps)
+
+
+def _trim(text: str) -> str:
+    """The solution up to and including its first answer statement (a few-shot prompt invites the
+    model to go on with another question)."""
+    for s in _STOP:
+        i = text.find(s)
+        if i >= 0:
+            text = text[:i]
+    m = _ANSWER_RE.search(text)
+    if m:
+        end = m.end()
+        if end < len(text) and text[end] == ".":
+            end += 1
+        text = text[:end]
+    return text.rstrip()
+
+
+# --------------------------------------------------------------------------- step boundaries
+_ALNUM = re.compile(r"[^\W_]", re.UNICODE)
+
+
+@dataclass(frozen=True)
+class StepBoundaries:
+    """Token ids at which a new reasoning step begins: ``single`` tokens that hold a blank line
+    themselves, and pairs ``(first, second)`` that spell one together (the second token is the
+    boundary)."""
+
+    single: tuple[int, ...]
+    first: tuple[int, ...]
+    second: tuple[int, ...]
+
+    def spec(self, within: str = "generated"):
+        """The position spec selecting the boundary tokens (``within`` all | prompt | generated)."""
+        from steerkit.positions import AnyOf, TokenMatch
+        parts = []
+        if self.single:
+            parts.append(TokenMatch(self.single, within=within))
+        if self.first and self.second:
+            parts.append(TokenMatch(self.first, self.second, within=within))
+        if not parts:
+            raise InputError("expected the tokenizer to have step-boundary tokens (a blank line), found none")
+        return parts[0] if len(parts) == 1 else AnyOf(*parts)
+
+    def mask(self, ids: Sequence[int]) -> list[bool]:
+        """Which positions of the token list ``ids`` are step boundaries (a reference for tests)."""
+        s, f, sc = set(self.single), set(self.first), set(self.second)
+        return [t in s or (i > 0 and ids[i - 1] in f and t in sc) for i, t in enumerate(ids)]
+
+
+_BOUNDARY_CACHE: dict = {}
+
+
+def step_boundaries(tokenizer) -> StepBoundaries:
+    """The step-boundary tokens of ``tokenizer`` (every vocabulary entry decoded once; cached)."""
+    key = (id(tokenizer), len(tokenizer))
+    hit = _BOUNDARY_CACHE.get(key)
+    if hit is not None and hit[0] is tokenizer:
+        return hit[1]
+    single, first, second = [], [], []
+    for i in range(len(tokenizer)):
+        try:
+            s = tokenizer.decode([i])
+        except Exception:  # ids the tokenizer cannot decode
+            continue
+        if not s or "\n" not in s:
+            continue
+        s = s.replace("\r\n", "\n").replace("\r", "\n")
+        j = s.find("\n\n")
+        if j >= 0 and not _ALNUM.search(s[:j]):
+            single.append(i)
+            continue
+        body = s.rstrip(" \t")
+        if body.endswith("\n") and s.count("\n") == 1 and not _ALNUM.search(body):
+            first.append(i)
+        if s.lstrip(" \t").startswith("\n"):
+            second.append(i)
+    out = StepBoundaries(tuple(single), tuple(first), tuple(second))
+    _BOUNDARY_CACHE[key] = (tokenizer, out)
+    return out
+
+
+def steering_positions(tokenizer, *, last: bool = True):
+    """``AnyOf("last", <generated step-boundary tokens>)``: where :func:`steer_region` edits."""
+    from steerkit.positions import AnyOf
+    b = step_boundaries(tokenizer).spec("generated")
+    return AnyOf("last", b) if last else b
+
+
+# --------------------------------------------------------------------------- features
+def default_layer(n_layers: int) -> int:
+    """Two thirds deep: ``2 * n_layers // 3``."""
+    return (2 * int(n_layers)) // 3
+
+
+def _hook(layer: int) -> str:
+    return f"blocks.{int(layer)}.hook_resid_post"
+
+
+@torch.inference_mode()
+def region_features(sm, texts: Sequence, layer: Optional[int] = None, *, prompts: Optional[Sequence[str]] = None,
+                    chat: bool = True, batch_size: int = 8, return_counts: bool = False):
+    """``[n_points, d_model]`` (float32, CPU): block ``layer``'s output at the step-boundary tokens of
+    ``texts``, recorded teacher-forced.
+
+    With ``prompts`` (one per text), each input is ``sm.format(prompt, chat)`` followed by the text
+    (a string, or the generated token ids), and only boundaries inside the text count; without, each
+    text is a whole input (tokenized with ``chat``) and every boundary counts. ``return_counts`` also
+    returns the number of points of each text."""
+    from steerkit.model import Tokens
+    texts = list(texts)
+    if prompts is not None and len(prompts) != len(texts):
+        raise InputError(f"expected one prompt per text ({len(texts)}), found {len(prompts)}")
+    layer = default_layer(sm.n_layers) if layer is None else int(layer)
+    if not 0 <= layer < sm.n_layers:
+        raise InputError(f"expected a layer in 0..{sm.n_layers - 1}, found {layer}")
+    name = _hook(layer)
+    spec = step_boundaries(sm.tokenizer).spec("all")
+    tok = sm.tokenizer
+    feats, counts = [], []
+    for i in range(0, len(texts), batch_size):
+        chunk = texts[i:i + batch_size]
+        if prompts is None:
+            if not all(isinstance(t, str) for t in chunk):
+                raise InputError("expected texts as strings when no prompts are given")
+            toks = sm.tokenize(chunk, chat=chat)
+            starts = [0] * len(chunk)
+        else:
+            ids, starts = [], []
+            for p, t in zip(prompts[i:i + batch_size], chunk):
+                pid = tok(sm.format(p, chat), add_special_tokens=not (chat and getattr(tok, "chat_template", None)))["input_ids"]
+                rid = tok(t, add_special_tokens=False)["input_ids"] if isinstance(t, str) else [int(x) for x in t]
+                ids.append(list(pid) + list(rid))
+                starts.append(len(pid))
+            toks = sm.pad(ids)
+            P = toks.input_ids.shape[1]
+            lens = toks.attention_mask.sum(1).tolist()
+            starts = [P - int(n) + s for n, s in zip(lens, starts)]  # absolute index of the text's first token
+        with sm.record(name, positions=spec) as cache:
+            sm.forward(Tokens(toks.input_ids, toks.attention_mask), chat=False)
+        x, pos = cache[name], cache.positions(name)
+        for r in range(len(chunk)):
+            keep = pos[r] >= max(starts[r], 0)
+            keep &= pos[r] >= 0
+            feats.append(x[r][keep.to(x.device)].float().cpu())
+            counts.append(int(keep.sum()))
+    out = torch.cat(feats) if feats else torch.zeros(0, sm.d_model)
+    return (out, counts) if return_counts else out
+
+
+# --------------------------------------------------------------------------- fit
+def _np64(x, what: str) -> np.ndarray:
+    if isinstance(x, Tensor):
+        x = x.detach().cpu().double().numpy()
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim != 2:
+        raise InputError(f"expected {what} as a matrix [n, d_model], found shape {a.shape}")
+    if not np.isfinite(a).all():
+        raise InputError(f"expected finite {what} features, found NaN or inf")
+    return a
+
+
+def fit_region(concise, verbose, *, n_components: int = 10, n_clusters: int = 8, layer: Optional[int] = None,
+               quantile: float = 0.9, min_cluster_size: int = 5, C: float = 1.0, seed: int = 0, model=None,
+               hook_site: str = "hook_resid_post", prompts: Optional[Sequence[str]] = None,
+               metrics: Optional[dict] = None):
+    """Fit the concise region: a :class:`steerkit.vectors.Region` from concise and verbose feature
+    matrices ``[n, d_model]`` (tensors or arrays).
+
+    PCA (``n_components``, at most the rank) on all points centred by their mean; KMeans with
+    ``min(n_clusters, n_verbose // min_cluster_size)`` (at least 1) clusters on the verbose points; per
+    cluster a linear SVM (``LinearSVC``, balanced classes) of concise (0) vs that cluster (1), giving a
+    unit normal ``w_k``; offset ``c_k = max(quantile_q(w_k . z_concise), w_k . mean(z_concise))``.
+    ``layer`` (default two thirds of ``model``'s depth, or 0 without a model), ``model`` and ``prompts``
+    go into the provenance; the fit's numbers are in ``region.provenance.metrics``.
+    """
+    from sklearn.cluster import KMeans
+    from sklearn.svm import LinearSVC
+
+    from steerkit.kernels import MAX_HALFSPACES, MAX_M
+    from steerkit.vectors import Region
+    from steerkit.vectors.provenance import Provenance, prompts_hash
+
+    Xc, Xv = _np64(concise, "concise"), _np64(verbose, "verbose")
+    if Xc.shape[1] != Xv.shape[1]:
+        raise InputError(f"expected concise and verbose features of the same width, found {Xc.shape[1]} and {Xv.shape[1]}")
+    if len(Xc) < 2 or len(Xv) < 2:
+        raise InputError(f"expected at least 2 concise and 2 verbose points, found {len(Xc)} and {len(Xv)}")
+    if not 1 <= n_components <= MAX_M:
+        raise InputError(f"expected n_components in 1..{MAX_M} (the kernel's subspace limit), found {n_components}")
+    if not 1 <= n_clusters <= MAX_HALFSPACES:
+        raise InputError(f"expected n_clusters in 1..{MAX_HALFSPACES} (the kernel's half-space limit), found {n_clusters}")
+    if not 0.0 < quantile <= 1.0:
+        raise InputError(f"expected quantile in (0, 1], found {quantile}")
+    X = np.concatenate([Xc, Xv])
+    mean = X.mean(0)
+    _, S, Vt = np.linalg.svd(X - mean, full_matrices=False)
+    rank = int((S > S[0] * 1e-10).sum()) if S.size and S[0] > 0 else 0
+    m = min(int(n_components), rank)
+    if m < 1:
+        raise InputError("expected features that vary, found identical points")
+    P = Vt[:m]
+    P = P * np.sign(P[np.arange(m), np.abs(P).argmax(1)])[:, None]  # deterministic signs
+    Zc, Zv = (Xc - mean) @ P.T, (Xv - mean) @ P.T
+    k = max(1, min(int(n_clusters), len(Zv) // max(1, int(min_cluster_size))))
+    labels = KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(Zv) if k > 1 else np.zeros(len(Zv), int)
+    normals, offsets, per = [], [], []
+    for j in range(k):
+        Zj = Zv[labels == j]
+        if len(Zj) == 0:
+            continue
+        Xj = np.concatenate([Zc, Zj])
+        y = np.r_[np.zeros(len(Zc)), np.ones(len(Zj))]
+        svm = LinearSVC(C=C, class_weight="balanced", max_iter=20000, random_state=seed).fit(Xj, y)
+        w = svm.coef_[0]
+        nw = float(np.linalg.norm(w))
+        if not np.isfinite(nw) or nw < 1e-12:
+            continue
+        w = w / nw
+        sc = Zc @ w
+        c = max(float(np.quantile(sc, quantile)), float(Zc.mean(0) @ w))
+        normals.append(w)
+        offsets.append(c)
+        per.append({"cluster": j, "size": int(len(Zj)), "svm_train_acc": float(svm.score(Xj, y)),
+                    "verbose_outside": float(((Zj @ w) > c).mean())})
+    if not normals:
+        raise InputError("expected at least one separating half-space, found none (are the classes identical?)")
+    W, c = np.stack(normals), np.asarray(offsets)
+    inside_c = ((Zc @ W.T) <= c + 1e-12).all(1)
+    inside_v = ((Zv @ W.T) <= c + 1e-12).all(1)
+    ev = (S[:m] ** 2).sum() / max(float((S ** 2).sum()), 1e-300)
+    met = {"n_concise": int(len(Xc)), "n_verbose": int(len(Xv)), "n_components": int(m), "n_clusters": int(len(W)),
+           "explained_variance": float(ev), "concise_inside": float(inside_c.mean()),
+           "verbose_inside": float(inside_v.mean()), "clusters": per, **(metrics or {})}
+    params = {"n_components": int(n_components), "n_clusters": int(n_clusters), "quantile": float(quantile),
+              "min_cluster_size": int(min_cluster_size), "C": float(C), "seed": int(seed)}
+    if layer is None:
+        layer = default_layer(model.n_layers) if model is not None and getattr(model, "n_layers", None) else 0
+    kw = dict(method=METHOD, method_params=params, prompts_hash=prompts_hash(prompts), metrics=met,
+              hook_site=hook_site, operation="read")
+    prov = Provenance.from_model(model, **kw) if model is not None else Provenance(d_model=int(X.shape[1]), **kw)
+    f32 = torch.float32
+    return Region(mean=torch.tensor(mean, dtype=f32), projection=torch.tensor(P, dtype=f32),
+                  normals=torch.tensor(W, dtype=f32), offsets=torch.tensor(c, dtype=f32), layer=int(layer),
+                  hook_site=hook_site, provenance=prov)
+
+
+# --------------------------------------------------------------------------- steering
+def region_spec(region, strength: float = 1.0) -> dict:
+    """``{blocks.l.<site>: SteerConfig(region=...)}`` for :meth:`SteerModel.steer` / ``generate(steering=)``."""
+    from steerkit.kernels import SteerConfig
+    return {f"blocks.{region.layer}.{region.hook_site}": SteerConfig(region=region.to_kernel(strength))}
+
+
+def steer_region(sm, region, strength: float = 1.0, *, positions=None, override: bool = False):
+    """Register the projection on ``sm`` (a handle; use with ``with``): at the last prompt token and at
+    generated step-boundary tokens (``positions`` overrides), ``h += s P^T (z* - z)`` at the region's
+    layer, through the fused kernel. The region is checked against the model first."""
+    from steerkit.vectors.apply import check_compatible
+    check_compatible(region, sm, override=override)
+    pos = steering_positions(sm.tokenizer) if positions is None else positions
+    return sm.steer(region_spec(region, strength), positions=pos)
+
+
+# --------------------------------------------------------------------------- solving / evaluating
+@dataclass
+class Solution:
+    """One generated solution: its text (trimmed for training styles), token ids, whether it is correct,
+    and whether it ended before ``max_new_tokens``."""
+
+    problem: Problem
+    style: str
+    text: str
+    tokens: list[int] = field(repr=False)
+    correct: bool
+    finished: bool
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+def solve(sm, problems: Sequence[Problem], style: str = "eval", *, max_new_tokens: int = 96, batch_size: int = 16,
+          region=None, strength: float = 1.0, chat: bool = True, progress: Optional[Callable[[int], None]] = None
+          ) -> list[Solution]:
+    """Greedy solutions of ``problems`` with the ``style`` prompt (``"verbose"``, ``"concise"`` or
+    ``"eval"``), with the region projection when ``region`` is given. Verbose/concise texts are trimmed
+    after their first answer statement."""
+    if style not in STYLES:
+        raise InputError(f"expected style in {sorted(STYLES)}, found {style!r}")
+    tpl = STYLES[style]
+    out: list[Solution] = []
+    for i in range(0, len(problems), batch_size):
+        batch = list(problems[i:i + batch_size])
+        prompts = [tpl.format(question=p.question) for p in batch]
+        if region is not None:
+            with steer_region(sm, region, strength):
+                toks = sm.generate(prompts, max_new_tokens=max_new_tokens, chat=chat, return_tokens=True)
+        else:
+            toks = sm.generate(prompts, max_new_tokens=max_new_tokens, chat=chat, return_tokens=True)
+        for p, t in zip(batch, toks):
+            text = sm.tokenizer.decode(t, skip_special_tokens=True)
+            finished = len(t) < max_new_tokens
+            if style != "eval":
+                text = _trim(text)
+            out.append(Solution(p, style, text, list(t), is_correct(text, p.answer), finished))
+        if progress:
+            progress(len(batch))
+    return out
+
+
+def _boot_ci(x: np.ndarray, n_boot: int = 2000, seed: int = 0) -> list[float]:
+    if len(x) < 2:
+        return [float("nan"), float("nan")]
+    g = np.random.default_rng(seed)
+    means = x[g.integers(0, len(x), (n_boot, len(x)))].mean(1)
+    return [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]
+
+
+def summarize(sols: Sequence[Solution]) -> dict:
+    """Mean generated tokens (bootstrap 95% interval), accuracy (Wilson 95%), fraction finished."""
+    n = len(sols)
+    t = np.array([s.n_tokens for s in sols], float)
+    k = sum(s.correct for s in sols)
+    return {"n": n, "tokens_mean": float(t.mean()) if n else float("nan"), "tokens_ci95": _boot_ci(t),
+            "accuracy": k / n if n else float("nan"), "accuracy_ci95": list(wilson(k, n)),
+            "finished": float(np.mean([s.finished for s in sols])) if n else float("nan")}
+
+
+def region_eval(sm, problems: Sequence[Problem], region, *, strength: float = 1.0, max_new_tokens: int = 96,
+                batch_size: int = 16, progress=None, keep_texts: int = 3) -> dict:
+    """Generated tokens and accuracy on ``problems`` (the :data:`EVAL_PROMPT`) without and with the
+    projection; ``paired_token_diff`` is projected minus baseline per problem (bootstrap 95%)."""
+    base = solve(sm, problems, "eval", max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress)
+    proj = solve(sm, problems, "eval", max_new_tokens=max_new_tokens, batch_size=batch_size, region=region,
+                 strength=strength, progress=progress)
+    d = np.array([b.n_tokens - a.n_tokens for a, b in zip(base, proj)], float)
+    both = sum(a.correct and b.correct for a, b in zip(base, proj))
+    return {"baseline": summarize(base), "projected": summarize(proj), "strength": float(strength),
+            "paired_token_diff": {"mean": float(d.mean()) if len(d) else float("nan"), "ci95": _boot_ci(d)},
+            "correct_both": int(both),
+            "examples": [{"question": a.problem.question, "answer": a.problem.answer, "baseline": a.text,
+                          "projected": b.text} for a, b in list(zip(base, proj))[:keep_texts]],
+            "_solutions": (base, proj)}
+
+
+@dataclass
+class RegionResult:
+    """Everything one run of the method produced (see :func:`run_region`)."""
+
+    region: object
+    layer: int
+    n_train: int
+    n_verbose_kept: int
+    n_concise_kept: int
+    n_points: dict
+    eval: Optional[dict] = None
+    train_summary: dict = field(default_factory=dict)
+    selection: dict = field(default_factory=dict)  # style -> how its solutions were kept
+
+    def to_dict(self) -> dict:
+        ev = None if self.eval is None else {k: v for k, v in self.eval.items() if not k.startswith("_")}
+        return {"layer": self.layer, "n_train": self.n_train, "n_verbose_kept": self.n_verbose_kept,
+                "n_concise_kept": self.n_concise_kept, "selection": self.selection, "n_points": self.n_points,
+                "fit": dict(self.region.provenance.metrics), "train": self.train_summary, "eval": ev}
+
+
+def select_solutions(sols: Sequence[Solution], keep: str = "correct", min_kept: int = 8) -> tuple[list[Solution], str]:
+    """The solutions to fit on and how they were chosen: ``keep="correct"`` keeps the correct ones, and
+    falls back to the *answered* ones (an answer statement, or finished with a number) when fewer than ``min_kept`` are
+    correct (a small model solves few problems); ``"answered"`` / ``"all"`` skip the correctness test."""
+    if keep not in ("correct", "answered", "all"):
+        raise InputError(f"expected keep in ('correct', 'answered', 'all'), found {keep!r}")
+    answered = [x for x in sols if _ANSWER_RE.search(x.text) or (x.finished and parse_answer(x.text) is not None)]
+    if keep == "all":
+        return list(sols), "all"
+    if keep == "answered":
+        return answered, "answered"
+    correct = [x for x in sols if x.correct]
+    if len(correct) >= min_kept:
+        return correct, "correct"
+    return answered, f"answered (fallback: {len(correct)} correct < min_kept={min_kept})"
+
+
+def run_region(sm, train: Sequence[Problem], test: Sequence[Problem] = (), *, layer: Optional[int] = None,
+               n_components: int = 10, n_clusters: int = 8, strength: float = 1.0, max_new_tokens: int = 96,
+               train_max_new_tokens: int = 96, batch_size: int = 16, seed: int = 0, keep: str = "correct",
+               min_kept: int = 8, segment: bool = True, progress=None) -> RegionResult:
+    """The whole method: verbose and concise solutions of ``train`` by the model, the kept ones'
+    (:func:`select_solutions`) features after :data:`EVAL_PROMPT` (texts re-paragraphed by
+    :func:`segment_steps` when ``segment``), the fitted region, and (when ``test`` is given) the
+    evaluation."""
+    layer = default_layer(sm.n_layers) if layer is None else int(layer)
+    sols = {s: solve(sm, train, s, max_new_tokens=train_max_new_tokens, batch_size=batch_size, progress=progress)
+            for s in ("verbose", "concise")}
+    chosen = {s: select_solutions(v, keep, min_kept) for s, v in sols.items()}
+    keep_ = {s: c[0] for s, c in chosen.items()}
+    feats = {}
+    for s, v in keep_.items():
+        if not v:
+            raise InputError(f"expected at least one kept {s} solution to fit the region, found none "
+                             f"(of {len(sols[s])}, rule {chosen[s][1]!r}); use more or easier problems")
+        feats[s] = region_features(sm, [segment_steps(x.text) if segment else x.text for x in v], layer,
+                                   prompts=[EVAL_PROMPT.format(question=x.problem.question) for x in v],
+                                   batch_size=max(1, batch_size // 2))
+    region = fit_region(feats["concise"], feats["verbose"], n_components=n_components, n_clusters=n_clusters,
+                        layer=layer, seed=seed, model=sm, prompts=[p.question for p in train],
+                        metrics={"n_train_problems": len(train)})
+    res = RegionResult(region, layer, len(train), len(keep_["verbose"]), len(keep_["concise"]),
+                       {s: int(f.shape[0]) for s, f in feats.items()},
+                       train_summary={s: summarize(v) for s, v in sols.items()},
+                       selection={s: c[1] for s, c in chosen.items()})
+    if test:
+        res.eval = region_eval(sm, test, region, strength=strength, max_new_tokens=max_new_tokens,
+                               batch_size=batch_size, progress=progress)
+    return res
