@@ -69,11 +69,31 @@ def setup(default_model, tmp_path_factory):
     bad = SteeringVector.from_direction(va, 12, sm, method="test")
     bad.provenance = bad.provenance.replace(model_fingerprint="sk1:000000000000000000000000")
     store.save("other-model", bad)
+    # a per-layer schedule (folded into the directions) and a region (polyhedron in a 4-d subspace)
+    import dataclasses
+
+    from steerkit.vectors import LayerSchedule, Region
+    vs = torch.randn(sm.d_model, generator=g)
+    sched = SteeringVector.from_direction(vs / vs.norm() * 24, [10, 11, 12, 13], sm, method="test")
+    store.save("sched", dataclasses.replace(sched, schedule=LayerSchedule({10: 1.0, 11: 0.75, 12: 0.5, 13: 0.25})))
+    with sm.record("blocks.10.hook_resid_post", positions="last") as cache:
+        sm.forward(PROMPTS[:4])
+    q, _ = torch.linalg.qr(cache["blocks.10.hook_resid_post"].float().T)  # [d, 4] orthonormal columns
+    region = Region(mean=torch.zeros(sm.d_model), projection=q.T.contiguous(), normals=torch.eye(4),
+                    offsets=torch.full((4,), -5.0), layer=10)
+    region.provenance = region.provenance.replace(**{k: v for k, v in dataclasses.asdict(sched.provenance).items()
+                                                     if k in ("model_name", "model_fingerprint", "d_model",
+                                                              "n_layers")})
+    store.save("region", region)
     vc = torch.randn(sm.d_model, generator=g)
     clamp_op = {"op": "clamp", "layers": [8], "vector": (vc / vc.norm()).tolist(), "value": 30.0}
 
     def hf(prompt, art=None, scale=1.0, clamp=False):
-        if art is not None:
+        if art == "region@1":  # steerkit's own per-row steering with the region's kernel config
+            from steerkit.kernels import SteerConfig
+            cfg = SteerConfig(region=store.load(art).to_kernel(strength=scale))
+            out = sm.generate([prompt], MAX_NEW, return_tokens=True, steering=[{"blocks.10.hook_resid_post": cfg}])
+        elif art is not None:
             with sm.steer(store.load(art), scale=scale):
                 out = sm.generate([prompt], MAX_NEW, return_tokens=True)
         elif clamp:
@@ -107,23 +127,26 @@ def req(setup, prompt, args=None, max_tokens=MAX_NEW, salt=None):
 
 def test_offline_mixed_batch_matches_hf_row_by_row(setup):
     """A: add at layer 12; none; B: ablation at every block input / attention / MLP output; A at scale
-    0; an inline clamp. With at most 2 sequences running and 64-token prefill chunks, requests join
+    0; an inline clamp; A on a long prompt and that prompt unsteered; a vector with a per-layer
+    schedule over layers 10-13; a region projection at layer 10. With at most 2 sequences running and 64-token prefill chunks, requests join
     and leave the running batch and prompts are prefilled in chunks."""
     a = setup["args"]
     p = PROMPTS
     batch = [req(setup, p[0], a("happy@1", scale=1.0)), req(setup, p[1]), req(setup, p[2], a("calm@1")),
              req(setup, p[3], a("happy@1", scale=0.0)), req(setup, p[4], a(ops=[setup["clamp_op"]])),
-             req(setup, LONG, a("happy@1", scale=1.0)), req(setup, LONG)]
+             req(setup, LONG, a("happy@1", scale=1.0)), req(setup, LONG), req(setup, p[1], a("sched@1")),
+             req(setup, p[2], a("region@1"))]
     out = run_offline(setup, [batch], engine={"max_num_seqs": 2, "max_num_batched_tokens": 64,
                                               "enable_chunked_prefill": True}, name="mixed")[0]
     hf = setup["hf"]
     want = [hf(p[0], "happy@1"), hf(p[1]), hf(p[2], "calm@1"), hf(p[3], "happy@1", 0.0), hf(p[4], clamp=True),
-            hf(LONG, "happy@1"), hf(LONG)]
+            hf(LONG, "happy@1"), hf(LONG), hf(p[1], "sched@1"), hf(p[2], "region@1")]
     got = [strip_eos(o["token_ids"], setup["eos"]) for o in out]
     for i, (g, w) in enumerate(zip(got, want)):
         assert g == w, f"row {i}: vLLM {g} != HF {w}"
     # the steering really changes the rows it is meant for
     assert want[0] != hf(p[0]) and want[2] != hf(p[2]) and want[4] != hf(p[4]) and want[5] != want[6]
+    assert want[7] != hf(p[1]) and want[8] != hf(p[2])
     assert want[3] == hf(p[3])  # scale 0 == unsteered
 
 

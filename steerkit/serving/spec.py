@@ -331,7 +331,7 @@ def artifact_ops(art: Any, scale: float, n_layers: int) -> list[tuple[tuple[str,
         if to_kernel is None:
             raise SpecError("expected a Region artifact with to_kernel(); update steerkit")
         return [(_site_of(f"blocks.{art.layer}.{art.hook_site}", n_layers),
-                 SiteOp(to_kernel(strength=float(scale)), "all", "region"))]
+                 SiteOp(SteerConfig(region=to_kernel(strength=float(scale))), "all", "region"))]
     try:
         edits = edits_for(art, n_layers, scale)
     except Exception as e:  # noqa: BLE001 - VectorsError: not appliable
