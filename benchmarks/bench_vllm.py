@@ -84,6 +84,8 @@ def main() -> None:
     v_plain = [n_tok / s for s in secs[0::2]]
     v_steer = [n_tok / s for s in secs[1::2]]
 
+    print(f"vLLM batch seconds (warm-up, then unsteered/steered pairs): {[round(x, 2) for x in out['seconds']]}",
+          flush=True)
     # steerkit's own HF generation of the same batch (prompts as text, chat template as above)
     h_plain, h_steer = [], []
     rows = [{f"blocks.{l}.hook_resid_post": SteerConfig.injection(v, 1.0)} for l, v in vecs]
