@@ -86,14 +86,15 @@ def register(app, env):
     @app.callback(
         Output("model-label", "children"), Output("model-status", "children"), Output("prof-layer", "max"),
         Output("prof-layer", "marks"), Output("prof-key", "data", allow_duplicate=True),
-        Output("model-path", "value"),
+        Output("model-path", "value"), Output("model-pick", "options"), Output("model-pick", "value"),
         Input("model-load", "n_clicks"), State("model-pick", "value"), State("model-path", "value"),
+        State("model-pick", "options"),
         background=True, prevent_initial_call=True,
         running=[(Output("model-load", "disabled"), True, False),
                  (Output("model-progress", "style"), {"width": "120px", "visibility": "visible"},
                   {"width": "120px", "visibility": "hidden"})],
     )
-    def load_model(_, picked, path):
+    def load_model(_, picked, path, options):
         from steerkit.errors import InputError
         try:
             spec = (path or "").strip() or picked
@@ -103,12 +104,16 @@ def register(app, env):
             if spec is not None and (len(spec) > 1000 or "\n" in spec):
                 raise InputError(f"expected a model folder, .gguf file or hub id, found {len(spec)} characters")
             sm = host.switch(spec)
+            value = DEFAULT_MODEL_VALUE if spec is None else spec
+            options = list(options or [])
+            if value not in [o["value"] for o in options]:  # a typed path: list it, so the picker shows it
+                options.append({"label": f"{sm.name} ({spec})", "value": value})
             return (model_label(sm), _ok(f"Loaded {sm.name} in {host.load_seconds:.1f}s: {sm.n_layers} layers, "
                                          f"d_model {sm.d_model}. Every page now uses it."),
-                    max(0, sm.n_layers - 1), layer_marks(sm.n_layers), None, "")
+                    max(0, sm.n_layers - 1), layer_marks(sm.n_layers), None, "", options, value)
         except Exception as e:  # noqa: BLE001 - a model that does not load keeps the current one
             return no_update, [explain(e), html.Span(f" The current model ({host.get().name}) stays loaded.")], \
-                no_update, no_update, no_update, no_update
+                no_update, no_update, no_update, no_update, no_update, no_update
 
     # ------------------------------------------------------------------ profiles
     @app.callback(Output("prof-custom", "style"), Input("prof-contrast", "value"))
@@ -245,6 +250,8 @@ def register(app, env):
                 sw = compute.load_sweep(p)
                 if sw.model_name and prof.model_name and sw.model_name not in prof.model_name \
                         and prof.model_name not in sw.model_name:
+                    continue
+                if not set(sw.layers) <= set(prof.layers):  # layers this model does not have: another model's
                     continue
                 return sw.best_per_layer(), sw.layers
         except Exception:  # noqa: BLE001 - an unreadable sweep must not break the profile

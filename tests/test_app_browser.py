@@ -352,6 +352,8 @@ def test_model_picker_switches_every_page(server, browser_page, tmp_path_factory
     page.wait_for_function("(n) => { const d = document.querySelector('#prof-graph .js-plotly-plot');"
                            " const t = d && d.data && d.data.find(t => t.name === 'relative divergence');"
                            " return t && t.x.length === n; }", arg=N_LAYERS)
+    assert trace_points(page, "prof-graph", "probe AUROC") == -1  # the 30-layer sweep is another model's
+    assert "tiny-llama" in page.inner_text("#model-pick")
     shot(page, server, "profiles_model_picker")
     # back to the embedded default, picked from the list
     pick(page, "model-pick", "HuggingFaceTB/SmolLM2-135M-Instruct (embedded default)")
