@@ -54,3 +54,12 @@ __all__ += [
     "step_boundaries", "steering_positions", "region_features", "fit_region", "region_spec", "steer_region",
     "region_eval", "run_region", "VERBOSE_PROMPT", "CONCISE_PROMPT", "EVAL_PROMPT",
 ]
+from .critique import (ArithTrace, CritiqueResult, CritiqueVector, arithmetic_traces, critique_activations,
+                       critique_sweep, critique_vector, detection_eval, detection_scores, f1_score,
+                       gsm8k_error_traces, logit_lens_tokens, run_critique, steer_critique, trace_pairs)
+
+__all__ += [
+    "ArithTrace", "CritiqueResult", "CritiqueVector", "arithmetic_traces", "critique_activations", "critique_sweep",
+    "critique_vector", "detection_eval", "detection_scores", "f1_score", "gsm8k_error_traces", "logit_lens_tokens",
+    "run_critique", "steer_critique", "trace_pairs",
+]

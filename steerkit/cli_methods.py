@@ -1,4 +1,4 @@
-"""``steerkit temporal | norms | mi-peaks | caa | region``: published methods on a model (default: the embedded
+"""``steerkit temporal | norms | mi-peaks | caa | region | critique``: published methods on a model (default: the embedded
 SmolLM2-135M-Instruct), with progress on stderr, a JSON report (``--report``) and artifacts saved to
 the vector store (``--out``, default ``$STEERKIT_STORE`` or ``./steerkit-store``; ``--no-save``).
 
@@ -14,6 +14,10 @@ the vector store (``--out``, default ``$STEERKIT_STORE`` or ``./steerkit-store``
   problems by the model, features at step-boundary tokens, the fitted polyhedron saved as
   ``region-concise`` (a ``Region``), and generated tokens / accuracy with and without the projection on
   held-out problems.
+* ``critique``: the hidden critique vector (Phan et al.): block outputs over the final-answer span of
+  templated arithmetic traces with an inserted error (recoveries, or error-containing traces when the
+  model rarely recovers) minus clean traces; error-detection F1 ("Is there a wrong step?", Yes vs No
+  logits) per layer and alpha on held-out traces; saves ``critique-vector`` (one layer) with provenance.
 """
 from __future__ import annotations
 
@@ -86,6 +90,24 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run, method="region")
 
+    p = subparsers.add_parser("critique", help="hidden critique vector and error-detection F1 (Phan et al.)")
+    common(p)
+    p.add_argument("--n", type=int, default=40, help="training questions (clean + corrupted trace each)")
+    p.add_argument("--n-eval", type=int, default=None, help="held-out step sequences to score, half of them "
+                   "erroneous (default: --n)")
+    p.add_argument("--layers", default=None, help="comma-separated layers to sweep (default: every 5th layer "
+                   "and the last, a subset to save CPU time; the API default is every layer)")
+    p.add_argument("--alphas", default=",".join(f"{a:g}" for a in [round(-1 + 0.2 * i, 1) for i in range(11)]),
+                   help="comma-separated steering strengths (default -1..1 step 0.2)")
+    p.add_argument("--contrast", default="auto", choices=["auto", "recovery", "error"],
+                   help="recoveries vs clean, error-containing vs clean, or recovery when enough items recover")
+    p.add_argument("--min-recoveries", type=int, default=4)
+    p.add_argument("--layer", type=int, default=None, help="layer whose vector is saved (default: the layer "
+                   "of the best F1 among the swept ones)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run, method="critique")
+
 
 def _log(args, *a):
     if not args.quiet:
@@ -102,7 +124,8 @@ def run(args) -> int:
     torch_threads()
     sm = load_model(args.model)
     report = {"model": sm.name}
-    fn = {"temporal": _temporal, "norms": _norms, "mi-peaks": _mi, "caa": _caa, "region": _region}[args.method]
+    fn = {"temporal": _temporal, "norms": _norms, "mi-peaks": _mi, "caa": _caa, "region": _region,
+          "critique": _critique}[args.method]
     fn(sm, args, report)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1), encoding="utf-8")
@@ -282,3 +305,45 @@ def _region(sm, args, report):
             ev = d["eval"]
             reg.provenance.metrics["eval"] = {k: ev[k] for k in ("baseline", "projected", "paired_token_diff")}
         print(f"saved {store.save('region-concise', reg)} to {store.root}")
+
+
+def _critique(sm, args, report):
+    from steerkit.errors import InputError
+    from steerkit.probes import critique as K
+    n_eval = args.n if args.n_eval is None else args.n_eval
+    if args.n < 1 or n_eval < 2:
+        raise InputError(f"expected --n >= 1 and --n-eval >= 2, found {args.n} and {n_eval}")
+    try:
+        alphas = [float(x) for x in args.alphas.split(",") if x.strip()]
+        layers = ([int(x) for x in args.layers.split(",") if x.strip()] if args.layers else
+                  sorted(set(range(0, sm.n_layers, 5)) | {sm.n_layers - 1}))
+    except ValueError as e:
+        raise InputError(f"expected comma-separated numbers in --alphas / --layers, found {e}") from None
+    if args.layer is not None and args.layer not in layers:
+        raise InputError(f"expected --layer among the swept layers {layers}, found {args.layer}")
+    total = 2 * args.n + len(layers) * len(alphas)  # traces recorded, then one step per (layer, alpha) row
+    with _bar(args, total, "critique") as bar:
+        res = K.run_critique(sm, args.n, n_eval=n_eval, layers=layers, alphas=alphas, contrast=args.contrast,
+                             min_recoveries=args.min_recoveries, seed=args.seed, batch_size=args.batch_size,
+                             progress=bar.update)
+    d = res.to_dict()
+    report["critique"] = {**d, "args": {k: getattr(args, k) for k in ("n", "n_eval", "layers", "alphas", "contrast",
+                                                                        "min_recoveries", "layer", "seed")}}
+    print(f"hidden critique vector on {sm.name}: {res.n_train} training questions, contrast {res.contrast} "
+          f"({res.n_pos} vs {res.n_neg} traces; {res.n_recovered} recoveries)")
+    base = res.baseline()
+    if base is not None:
+        print(f"  unsteered: F1 {base['f1']:.3f} (acc erroneous {base['acc_error']:.3f}, correct "
+              f"{base['acc_correct']:.3f}; n={base['n_error']}+{base['n_correct']})")
+    for l in layers:
+        print(f"  layer {l:2d} |v| {res.norms[l]:7.2f}: " + "  ".join(
+            f"{r['alpha']:+.1f}: {r['f1']:.2f}" for r in res.rows if r["layer"] == l))
+    for l in layers:
+        print(f"  lens {l:2d} top: " + " ".join(repr(t) for t, _ in res.lens.get(l, {}).get("top", [])[:8]))
+    best = res.best()
+    layer = args.layer if args.layer is not None else best["layer"]
+    report["critique"]["saved_layer"] = layer
+    if not args.no_save:
+        store = _store(args)
+        sv = K.to_artifact(sm, res, layer, seed=args.seed)
+        print(f"saved {store.save('critique-vector', sv)} (layer {layer}) to {store.root}")

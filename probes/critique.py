@@ -1,0 +1,547 @@
+"""The hidden critique vector (Phan et al. 2026, "hidden critique ability" of reasoning models).
+
+Reasoning models that make an arithmetic error and still reach the right final answer carry, in the
+residual stream over the final-answer tokens, a trace of having noticed the error. The method contrasts
+those *recoveries* with clean traces of the same questions and steers along the difference to change
+how readily the model says a solution contains a wrong step.
+
+* Data (:func:`arithmetic_traces`, :func:`trace_pairs`): templated multi-step arithmetic
+  ("Start with 12. Add 7. Multiply by 3. ...") solved one step per line, clean or with one corrupted
+  step whose written result is off by a nonzero amount; later steps compute correctly from the
+  written (wrong) value, so the final answer as written is wrong, while :meth:`ArithTrace.recovered`
+  is the same erroneous trace with the *right* final answer. Deterministic for a seed. The vendored
+  GSM8K error prefixes (:func:`gsm8k_error_traces`; MIT, see ``steerkit/data/README.md``) are
+  available as extra erroneous reasoning.
+* Activations (:func:`critique_activations`): the output of block ``l``
+  (``blocks.{l}.hook_resid_post``) averaged over the final-answer span -- the tokens of the answer
+  sentence ``"The answer is N."`` appended after the reasoning (teacher-forced, chat-formatted
+  question, the reasoning as the assistant's text).
+* Vector (:func:`critique_vector`): ``v_l = mean(error traces with the right final answer) -
+  mean(clean traces of the same questions)``, every layer, not normalised. Which error traces count
+  as recoveries is decided by the model: given the erroneous steps, its greedy answer after
+  ``"The answer is"`` equals the true one. A small model rarely recovers; when fewer than
+  ``min_recoveries`` items recover (``contrast="auto"``), the contrast falls back to *error vs clean*:
+  every corrupted trace as written (wrong final answer) against the clean traces. The contrast used is
+  in :attr:`CritiqueResult.contrast` and the artifact's ``method_params``.
+* Steering (:func:`steer_critique`): ``alpha * v_l`` added to block ``l``'s output at every position.
+* Evaluation (:func:`detection_eval`, :func:`critique_sweep`): the yes/no prompt "Is there a wrong
+  step in this solution?" on erroneous and correct step sequences (held-out questions); the model's
+  answer is ``logit("Yes") > logit("No")`` at the answer position (token ids from the tokenizer at run
+  time). Error-detection F1 = harmonic mean of the accuracy on erroneous and on correct sequences,
+  per alpha and layer (also the AUROC of the Yes-No margin, a threshold-free diagnostic that is not
+  in the paper). :func:`logit_lens_tokens` reads the vector's top tokens through the final norm
+  and the unembedding (``steerkit.apps.compute.logit_lens``).
+
+Deviations from the paper: a small non-reasoning model (default SmolLM2-135M-Instruct) instead of
+reasoning models with their own traces; templated arithmetic traces (teacher-forced, not generated);
+the contrast falls back to error-vs-clean where recoveries are too rare.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from importlib import resources
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from steerkit.errors import InputError
+
+METHOD = "critique-phan"
+DETECT_QUESTION = "Is there a wrong step in this solution?"
+SOLVE_PROMPT = "{question}\nSolve it step by step and finish with 'The answer is <number>.'"
+DETECT_PROMPT = "{question}\n\nSolution:\n{solution}\n\n" + DETECT_QUESTION + " Answer Yes or No."
+DEFAULT_ALPHAS = tuple(round(-1.0 + 0.2 * i, 1) for i in range(11))
+CONTRASTS = ("auto", "recovery", "error")
+
+# --------------------------------------------------------------------------- data
+
+_OPS = {"add": ("Add {b}.", "{a} + {b} = {r}", lambda a, b: a + b),
+        "sub": ("Subtract {b}.", "{a} - {b} = {r}", lambda a, b: a - b),
+        "mul": ("Multiply by {b}.", "{a} * {b} = {r}", lambda a, b: a * b)}
+_STEP_RE = re.compile(r"^Step \d+: (-?\d+) ([+\-*]) (-?\d+) = (-?\d+)\.$")
+
+
+@dataclass
+class ArithTrace:
+    """A multi-step arithmetic question and a step-by-step trace of it.
+
+    ``steps[i]`` is ``"Step i+1: a op b = r."`` with ``r`` = ``values[i]`` as written. ``corrupted``
+    is the index of the wrong step (``-1``: clean); ``answer`` is the final answer the trace states,
+    ``true_answer`` the right one (``answer != true_answer`` for a corrupted trace as written, equal in
+    its :meth:`recovered` version).
+    """
+
+    question: str
+    steps: list
+    values: list
+    corrupted: int
+    answer: int
+    true_answer: int
+    ops: list = field(default_factory=list)  # (op, operand) per step
+
+    @property
+    def reasoning(self) -> str:
+        return "\n".join(self.steps)
+
+    @property
+    def answer_sentence(self) -> str:
+        return f"The answer is {self.answer}."
+
+    @property
+    def text(self) -> str:
+        """The whole trace: the steps, then the answer sentence on its own line."""
+        return self.reasoning + "\n" + self.answer_sentence
+
+    @property
+    def is_recovery(self) -> bool:
+        return self.corrupted >= 0 and self.answer == self.true_answer
+
+    def recovered(self) -> ArithTrace:
+        """The same steps with the right final answer (unchanged for a clean trace)."""
+        return replace(self, answer=self.true_answer)
+
+
+def _chain(r: random.Random, n_steps: int):
+    start = r.randint(2, 30)
+    ops = []
+    v = start
+    for _ in range(n_steps):
+        kind = r.choice(["add", "sub", "mul"] if abs(v) < 200 else ["add", "sub"])
+        b = r.randint(2, 5) if kind == "mul" else r.randint(2, 40)
+        ops.append((kind, b))
+        v = _OPS[kind][2](v, b)
+    return start, ops
+
+
+def _write(start: int, ops, corrupt: int, delta: int):
+    steps, values = [], []
+    a = start
+    for i, (kind, b) in enumerate(ops):
+        r = _OPS[kind][2](a, b) + (delta if i == corrupt else 0)
+        steps.append(f"Step {i + 1}: " + _OPS[kind][1].format(a=a, b=b, r=r) + ".")
+        values.append(r)
+        a = r
+    return steps, values
+
+
+def make_trace(question_seed: int, *, corrupt: bool, n_steps: int | None = None) -> ArithTrace:
+    """One trace; the same ``question_seed`` gives the same question with or without ``corrupt``."""
+    r = random.Random(question_seed)
+    k = n_steps if n_steps is not None else r.randint(3, 5)
+    if k < 2:
+        raise InputError(f"expected at least 2 steps per trace, found {k}")
+    start, ops = _chain(r, k)
+    j = r.randrange(k)
+    delta = r.choice([-1, 1]) * r.randint(1, 9)
+    question = f"Start with {start}. " + " ".join(_OPS[kind][0].format(b=b) for kind, b in ops) + \
+        " What is the result?"
+    clean_steps, clean_values = _write(start, ops, -1, 0)
+    true = clean_values[-1]
+    if not corrupt:
+        return ArithTrace(question, clean_steps, clean_values, -1, true, true, list(ops))
+    steps, values = _write(start, ops, j, delta)
+    if values[-1] == true:  # the error cancelled out (a product with 0 cannot happen: b >= 2); shift it
+        steps, values = _write(start, ops, j, delta + (1 if delta > 0 else -1))
+    return ArithTrace(question, steps, values, j, values[-1], true, list(ops))
+
+
+def arithmetic_traces(n: int = 40, seed: int = 0, *, error_rate: float = 0.5,
+                      n_steps: int | None = None) -> list[ArithTrace]:
+    """``n`` traces of distinct questions; each is corrupted with probability ``error_rate`` (seeded)."""
+    if n < 0 or not 0.0 <= error_rate <= 1.0:
+        raise InputError(f"expected n >= 0 and 0 <= error_rate <= 1, found n={n}, error_rate={error_rate}")
+    r = random.Random(f"critique-{seed}")
+    out = []
+    for i in range(n):
+        out.append(make_trace(seed * 1_000_003 + i, corrupt=r.random() < error_rate, n_steps=n_steps))
+    return out
+
+
+def trace_pairs(n: int = 40, seed: int = 0, *, n_steps: int | None = None) -> list[tuple[ArithTrace, ArithTrace]]:
+    """``(clean, corrupted)`` traces of the same ``n`` questions."""
+    if n < 0:
+        raise InputError(f"expected n >= 0, found {n}")
+    return [(make_trace(seed * 1_000_003 + i, corrupt=False, n_steps=n_steps),
+             make_trace(seed * 1_000_003 + i, corrupt=True, n_steps=n_steps)) for i in range(n)]
+
+
+def check_step(step: str) -> bool:
+    """Whether a written step ``"Step k: a op b = r."`` is arithmetically right."""
+    m = _STEP_RE.match(step)
+    if not m:
+        raise InputError(f"expected a step like 'Step 1: 3 + 4 = 7.', found {step!r}")
+    a, op, b, r = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+    return {"+": a + b, "-": a - b, "*": a * b}[op] == r
+
+
+def gsm8k_error_traces(n: int | None = None, *, offset: int = 0, path=None) -> list[dict]:
+    """Rows of the vendored GSM8K error prefixes (``question``, ``ground_truth``, ``search``: a reasoning
+    prefix ending right after its first wrong calculation); Phan et al., MIT (``steerkit/data/README.md``)."""
+    if path is None:
+        text = (resources.files("steerkit") / "data" / "critique" / "gsm8k_train_error_first300.jsonl"
+                ).read_text(encoding="utf-8")
+    else:
+        from pathlib import Path
+        p = Path(path)
+        if not p.is_file():
+            raise InputError(f"expected a jsonl of question/ground_truth/search rows at {p}, found nothing there")
+        text = p.read_text(encoding="utf-8")
+    rows = [json.loads(l) for l in text.splitlines() if l.strip()]
+    rows = rows[offset:] if n is None else rows[offset:offset + n]
+    for i, r in enumerate(rows):
+        if not all(isinstance(r.get(k), str) for k in ("question", "ground_truth", "search")):
+            raise InputError(f"expected question, ground_truth and search strings in row {offset + i}, "
+                             f"found keys {sorted(r)}")
+    return rows
+
+
+# --------------------------------------------------------------------------- activations
+
+def _hook(layer: int) -> str:
+    return f"blocks.{layer}.hook_resid_post"
+
+
+def _ids(sm, text: str, first: bool) -> list:
+    tok = sm.tokenizer
+    chat = bool(getattr(tok, "chat_template", None))
+    return tok(text, add_special_tokens=first and not chat)["input_ids"]
+
+
+def _split(sm, trace: ArithTrace, chat: bool) -> tuple[list, list]:
+    """Token ids of (prompt + reasoning + newline) and of the answer sentence."""
+    prefix = sm.format(SOLVE_PROMPT.format(question=trace.question), chat) + trace.reasoning + "\n"
+    return _ids(sm, prefix, True), _ids(sm, trace.answer_sentence, False)
+
+
+def _check_traces(traces, what: str) -> list:
+    traces = list(traces)
+    if not traces:
+        raise InputError(f"expected at least one {what} trace, found none")
+    bad = [t for t in traces if not isinstance(t, ArithTrace)]
+    if bad:
+        raise InputError(f"expected ArithTrace items as {what} traces, found {type(bad[0]).__name__}")
+    return traces
+
+
+def critique_activations(sm, traces: Sequence[ArithTrace], *, layers: Sequence[int] | None = None,
+                         chat: bool = True, batch_size: int = 16,
+                         progress: Callable[[int], None] | None = None) -> Tensor:
+    """``[n_traces, n_layers, d_model]`` (float32, CPU): block outputs averaged over the answer span."""
+    traces = _check_traces(traces, "input")
+    layers = list(range(sm.n_layers)) if layers is None else [int(l) for l in layers]
+    for l in layers:
+        if not 0 <= l < sm.n_layers:
+            raise InputError(f"expected layers in 0..{sm.n_layers - 1}, found {l}")
+    names = [_hook(l) for l in layers]
+    out = []
+    for i in range(0, len(traces), batch_size):
+        batch = traces[i:i + batch_size]
+        parts = [_split(sm, t, chat) for t in batch]
+        ids = [p + s for p, s in parts]
+        toks = sm.pad(ids)
+        P = toks.input_ids.shape[1]
+        mask = torch.zeros(len(batch), P, dtype=torch.bool)
+        for r, (p, s) in enumerate(parts):
+            mask[r, P - len(s):] = True
+        with sm.record(names, positions=mask.to(sm.device)) as cache:
+            sm.forward(toks, chat=False)
+        lens = torch.tensor([len(s) for _, s in parts], dtype=torch.float32)
+        acts = torch.stack([cache[n].float().cpu().sum(1) / lens[:, None] for n in names], 1)
+        out.append(acts)
+        if progress:
+            progress(len(batch))
+    return torch.cat(out)
+
+
+def model_answers(sm, traces: Sequence[ArithTrace], *, chat: bool = True, batch_size: int = 16,
+                  max_new_tokens: int = 8) -> list[int | None]:
+    """The model's greedy final answer after each trace's steps and ``"The answer is"``."""
+    traces = _check_traces(traces, "input")
+    out = []
+    for i in range(0, len(traces), batch_size):
+        batch = traces[i:i + batch_size]
+        prompts = [sm.format(SOLVE_PROMPT.format(question=t.question), chat) + t.reasoning + "\nThe answer is"
+                   for t in batch]
+        texts = sm.generate(prompts, max_new_tokens=max_new_tokens, chat=False)
+        for t in texts:
+            m = re.match(r"\s*\$?\s*(-?\d[\d,]*)", t)
+            out.append(int(m.group(1).replace(",", "")) if m else None)
+    return out
+
+
+@dataclass
+class CritiqueVector:
+    """``vectors[l]`` per layer (``[n_layers, d_model]``), the contrast used and its counts."""
+
+    vectors: Tensor
+    contrast: str
+    n_pos: int
+    n_neg: int
+    n_recovered: int
+    n_items: int
+
+
+def vector_from_activations(pos: Tensor, neg: Tensor) -> Tensor:
+    """``mean(pos) - mean(neg)`` over the first axis (not normalised)."""
+    pos, neg = torch.as_tensor(pos), torch.as_tensor(neg)
+    if pos.shape[0] == 0 or neg.shape[0] == 0:
+        raise InputError(f"expected both activation sets non-empty, found {pos.shape[0]} positive and "
+                         f"{neg.shape[0]} negative rows")
+    if pos.shape[1:] != neg.shape[1:]:
+        raise InputError(f"expected activation sets of the same trailing shape, found {tuple(pos.shape[1:])} "
+                         f"and {tuple(neg.shape[1:])}")
+    return pos.float().mean(0) - neg.float().mean(0)
+
+
+def critique_vector(sm, clean: Sequence[ArithTrace], corrupted: Sequence[ArithTrace], *, contrast: str = "auto",
+                    min_recoveries: int = 4, recovered: Sequence[bool] | None = None, chat: bool = True,
+                    batch_size: int = 16, progress: Callable[[int], None] | None = None) -> CritiqueVector:
+    """The critique vector at every layer from paired clean / corrupted traces of the same questions.
+
+    ``contrast``: ``"recovery"`` (corrupted traces the model recovers on, written with the right final
+    answer, minus the clean traces of those questions), ``"error"`` (every corrupted trace as written
+    minus every clean trace) or ``"auto"`` (recovery when at least ``min_recoveries`` items recover,
+    else error). ``recovered`` (one bool per item) skips asking the model which items it recovers on.
+    """
+    clean, corrupted = _check_traces(clean, "clean"), _check_traces(corrupted, "corrupted")
+    if len(clean) != len(corrupted):
+        raise InputError(f"expected one clean trace per corrupted trace (same questions), found {len(clean)} "
+                         f"clean and {len(corrupted)} corrupted")
+    if contrast not in CONTRASTS:
+        raise InputError(f"expected contrast in {CONTRASTS}, found {contrast!r}")
+    for i, (c, e) in enumerate(zip(clean, corrupted)):
+        if c.question != e.question or c.corrupted != -1 or e.corrupted < 0:
+            raise InputError(f"expected pair {i} to be a clean and a corrupted trace of the same question, found "
+                             f"corrupted indices {c.corrupted} and {e.corrupted}"
+                             + ("" if c.question == e.question else " and different questions"))
+    if recovered is None:
+        if contrast == "error":
+            recovered = [False] * len(clean)
+        else:
+            answers = model_answers(sm, corrupted, chat=chat, batch_size=batch_size)
+            recovered = [a == e.true_answer for a, e in zip(answers, corrupted)]
+    recovered = [bool(x) for x in recovered]
+    if len(recovered) != len(clean):
+        raise InputError(f"expected one recovered flag per item ({len(clean)}), found {len(recovered)}")
+    n_rec = sum(recovered)
+    used = contrast
+    if contrast == "auto":
+        used = "recovery" if n_rec >= max(1, min_recoveries) else "error"
+    if used == "recovery":
+        idx = [i for i, r in enumerate(recovered) if r]
+        if not idx:
+            raise InputError("expected at least one recovery (a corrupted trace the model still answers right) "
+                             "for contrast='recovery', found none; use contrast='error' or 'auto'")
+        pos_t = [corrupted[i].recovered() for i in idx]
+        neg_t = [clean[i] for i in idx]
+    else:
+        pos_t, neg_t = list(corrupted), list(clean)
+    pos = critique_activations(sm, pos_t, chat=chat, batch_size=batch_size, progress=progress)
+    neg = critique_activations(sm, neg_t, chat=chat, batch_size=batch_size, progress=progress)
+    return CritiqueVector(vector_from_activations(pos, neg), used, len(pos_t), len(neg_t), n_rec, len(clean))
+
+
+# --------------------------------------------------------------------------- steering and evaluation
+
+def steer_critique(sm, vector, layer: int, alpha: float):
+    """A handle adding ``alpha * vector`` to block ``layer``'s output at every position (use with ``with``)."""
+    if not 0 <= int(layer) < sm.n_layers:
+        raise InputError(f"expected layer in 0..{sm.n_layers - 1}, found {layer}")
+    v = torch.as_tensor(vector, dtype=torch.float32)
+    return sm.edit_op("add", {_hook(int(layer)): v}, scale=float(alpha), positions="all")
+
+
+def yes_no_ids(tokenizer) -> tuple[int, int]:
+    """Token ids of ``"Yes"`` and ``"No"`` (the first token of each), checked to differ."""
+    y = tokenizer("Yes", add_special_tokens=False)["input_ids"]
+    n = tokenizer("No", add_special_tokens=False)["input_ids"]
+    if not y or not n or y[0] == n[0]:
+        raise InputError(f"expected distinct first tokens for 'Yes' and 'No', found {y} and {n}")
+    return int(y[0]), int(n[0])
+
+
+def detection_prompt(trace: ArithTrace) -> str:
+    return DETECT_PROMPT.format(question=trace.question, solution=trace.reasoning)
+
+
+def f1_score(acc_error: float, acc_correct: float) -> float:
+    """Harmonic mean of the accuracies on erroneous and on correct sequences (0 when both are 0)."""
+    s = acc_error + acc_correct
+    return 0.0 if s == 0 else 2.0 * acc_error * acc_correct / s
+
+
+def detection_scores(pred_error: Sequence[bool], is_error: Sequence[bool]) -> dict:
+    """Accuracy on erroneous (``is_error``) and correct sequences, and their harmonic mean ``f1``."""
+    p, y = np.asarray(pred_error, bool), np.asarray(is_error, bool)
+    if p.shape != y.shape:
+        raise InputError(f"expected one prediction per sequence, found {p.size} predictions for {y.size} sequences")
+    if not y.any() or y.all():
+        raise InputError(f"expected both erroneous and correct sequences, found {int(y.sum())} erroneous of {y.size}")
+    acc_e, acc_c = float(p[y].mean()), float((~p[~y]).mean())
+    return {"f1": f1_score(acc_e, acc_c), "acc_error": acc_e, "acc_correct": acc_c, "n_error": int(y.sum()),
+            "n_correct": int((~y).sum())}
+
+
+def yes_no_margins(sm, traces: Sequence[ArithTrace], *, vector=None, layer: int | None = None,
+                   alpha: float = 0.0, chat: bool = True, batch_size: int = 16) -> np.ndarray:
+    """``logit(Yes) - logit(No)`` at the answer position of each detection prompt (steered when given)."""
+    traces = _check_traces(traces, "evaluation")
+    yes, no = yes_no_ids(sm.tokenizer)
+    out = []
+    for i in range(0, len(traces), batch_size):
+        batch = traces[i:i + batch_size]
+        prompts = [detection_prompt(t) for t in batch]
+        if vector is not None and alpha != 0.0:
+            with steer_critique(sm, vector, layer, alpha):
+                logits = sm.forward(prompts, chat=chat)[:, -1].float()
+        else:
+            logits = sm.forward(prompts, chat=chat)[:, -1].float()
+        out.append((logits[:, yes] - logits[:, no]).cpu().numpy())
+    return np.concatenate(out)
+
+
+def detection_eval(sm, traces: Sequence[ArithTrace], *, vector=None, layer: int | None = None,
+                   alpha: float = 0.0, chat: bool = True, batch_size: int = 16) -> dict:
+    """Error-detection scores (:func:`detection_scores`) with ``alpha * vector`` at block ``layer``."""
+    traces = _check_traces(traces, "evaluation")
+    m = yes_no_margins(sm, traces, vector=vector, layer=layer, alpha=alpha, chat=chat, batch_size=batch_size)
+    y = [t.corrupted >= 0 for t in traces]
+    d = detection_scores(m > 0, y)
+    from .metrics import auroc
+    d["mean_margin"] = float(m.mean())
+    d["auroc"] = auroc(np.asarray(y), m)  # threshold-free: do erroneous sequences get a higher Yes-No margin?
+    return d
+
+
+def critique_sweep(sm, vectors: Tensor, traces: Sequence[ArithTrace], layers: Sequence[int] | None = None,
+                   alphas: Sequence[float] = DEFAULT_ALPHAS, *, chat: bool = True, batch_size: int = 16,
+                   progress: Callable[[int], None] | None = None) -> list[dict]:
+    """Rows ``{layer, alpha, f1, acc_error, acc_correct, ...}`` over layers x alphas (``alpha = 0`` is
+    the unsteered model, computed once)."""
+    traces = _check_traces(traces, "evaluation")
+    vectors = torch.as_tensor(vectors)
+    layers = list(range(sm.n_layers)) if layers is None else [int(l) for l in layers]
+    alphas = [float(a) for a in alphas]
+    if not layers or not alphas:
+        raise InputError(f"expected at least one layer and one alpha, found {len(layers)} and {len(alphas)}")
+    if vectors.ndim != 2 or vectors.shape[0] != sm.n_layers:
+        raise InputError(f"expected vectors [n_layers={sm.n_layers}, d_model], found {tuple(vectors.shape)}")
+    base = None
+    rows = []
+    for l in layers:
+        if not 0 <= l < sm.n_layers:
+            raise InputError(f"expected layers in 0..{sm.n_layers - 1}, found {l}")
+        for a in alphas:
+            if a == 0.0:
+                if base is None:
+                    base = detection_eval(sm, traces, chat=chat, batch_size=batch_size)
+                d = dict(base)
+            else:
+                d = detection_eval(sm, traces, vector=vectors[l], layer=l, alpha=a, chat=chat, batch_size=batch_size)
+            rows.append({"layer": l, "alpha": a, **d})
+            if progress:
+                progress(1)
+    return rows
+
+
+def logit_lens_tokens(sm, v, k: int = 10) -> dict:
+    """Top and bottom ``k`` tokens of ``unembed(final_norm(v))``."""
+    from steerkit.apps.compute import logit_lens
+    top, bottom = logit_lens(sm, v, k)
+    return {"top": top, "bottom": bottom}
+
+
+# --------------------------------------------------------------------------- one run
+
+@dataclass
+class CritiqueResult:
+    """Everything one run of the method produced (see :func:`run_critique`)."""
+
+    vectors: Tensor  # [n_layers, d_model]
+    contrast: str
+    n_pos: int
+    n_neg: int
+    n_recovered: int
+    n_train: int
+    layers: list
+    alphas: list
+    rows: list  # critique_sweep rows
+    lens: dict = field(default_factory=dict)  # layer -> {"top", "bottom"}
+    model_name: str = ""
+    seconds: float = 0.0
+
+    @property
+    def norms(self) -> list:
+        return [float(x) for x in self.vectors.norm(dim=-1)]
+
+    def baseline(self) -> dict | None:
+        r = [x for x in self.rows if x["alpha"] == 0.0]
+        return r[0] if r else None
+
+    def best(self) -> dict | None:
+        """The row with the highest F1 (ties: the smaller |alpha|, then the earlier layer)."""
+        if not self.rows:
+            return None
+        return max(self.rows, key=lambda r: (r["f1"], -abs(r["alpha"]), -r["layer"]))
+
+    def to_dict(self) -> dict:
+        return {"method": METHOD, "model": self.model_name, "contrast": self.contrast, "n_pos": self.n_pos,
+                "n_neg": self.n_neg, "n_recovered": self.n_recovered, "n_train": self.n_train,
+                "layers": list(self.layers), "alphas": list(self.alphas), "rows": self.rows, "norms": self.norms,
+                "lens": {str(k): v for k, v in self.lens.items()}, "best": self.best(), "seconds": self.seconds}
+
+    def plot(self, title: str | None = None):
+        """A plotly ``Figure``: error-detection F1 against alpha, one line per layer."""
+        import plotly.graph_objects as go
+        fig = go.Figure()
+        for l in self.layers:
+            rs = sorted((r for r in self.rows if r["layer"] == l), key=lambda r: r["alpha"])
+            fig.add_trace(go.Scatter(x=[r["alpha"] for r in rs], y=[r["f1"] for r in rs], mode="lines+markers",
+                                     name=f"layer {l}"))
+        fig.update_layout(title=title or f"error-detection F1 vs alpha ({self.contrast} contrast)",
+                          xaxis_title="alpha", yaxis_title="F1", yaxis_range=[0, 1])
+        return fig
+
+
+def run_critique(sm, n: int = 40, *, n_eval: int | None = None, layers: Sequence[int] | None = None,
+                 alphas: Sequence[float] = DEFAULT_ALPHAS, contrast: str = "auto", min_recoveries: int = 4,
+                 seed: int = 0, chat: bool = True, batch_size: int = 16, lens_k: int = 10,
+                 progress: Callable[[int], None] | None = None) -> CritiqueResult:
+    """Vector from ``n`` question pairs (seed ``seed``); detection F1 on ``n_eval`` (default ``n``) held-out
+    questions (seed ``seed + 1``), half of them corrupted, over ``layers`` x ``alphas``."""
+    if n < 1:
+        raise InputError(f"expected n >= 1 training questions, found {n}")
+    n_eval = n if n_eval is None else n_eval
+    if n_eval < 2:
+        raise InputError(f"expected n_eval >= 2 (erroneous and correct sequences), found {n_eval}")
+    t0 = time.perf_counter()
+    pairs = trace_pairs(n, seed)
+    cv = critique_vector(sm, [c for c, _ in pairs], [e for _, e in pairs], contrast=contrast,
+                         min_recoveries=min_recoveries, chat=chat, batch_size=batch_size, progress=progress)
+    ev_pairs = trace_pairs(n_eval, seed + 1)
+    ev = [e if i % 2 else c for i, (c, e) in enumerate(ev_pairs)]
+    layers = list(range(sm.n_layers)) if layers is None else [int(l) for l in layers]
+    rows = critique_sweep(sm, cv.vectors, ev, layers, alphas, chat=chat, batch_size=batch_size, progress=progress)
+    lens = {l: logit_lens_tokens(sm, cv.vectors[l], lens_k) for l in layers} if lens_k else {}
+    return CritiqueResult(cv.vectors, cv.contrast, cv.n_pos, cv.n_neg, cv.n_recovered, n, layers,
+                          [float(a) for a in alphas], rows, lens, sm.name, time.perf_counter() - t0)
+
+
+def to_artifact(sm, result: CritiqueResult, layer: int, *, seed: int = 0):
+    """The vector at ``layer`` as a ``SteeringVector`` with provenance (contrast, counts) and metrics."""
+    from steerkit.vectors import SteeringVector
+    if not 0 <= layer < result.vectors.shape[0]:
+        raise InputError(f"expected layer in 0..{result.vectors.shape[0] - 1}, found {layer}")
+    rows = [r for r in result.rows if r["layer"] == layer]
+    return SteeringVector.from_direction(
+        result.vectors[layer], layer, sm, method=METHOD,
+        method_params={"contrast": result.contrast, "n_pos": result.n_pos, "n_neg": result.n_neg,
+                       "n_recovered": result.n_recovered, "n_train": result.n_train, "seed": seed,
+                       "span": "final-answer sentence", "hook": _hook(layer)},
+        metrics={"rows": rows, "norm": result.norms[layer], "lens": result.lens.get(layer, {})})
