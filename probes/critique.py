@@ -38,13 +38,11 @@ the contrast falls back to error-vs-clean where recoveries are too rare.
 """
 from __future__ import annotations
 
-import json
 import random
 import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from importlib import resources
 
 import numpy as np
 import torch
@@ -183,17 +181,9 @@ def check_step(step: str) -> bool:
 def gsm8k_error_traces(n: int | None = None, *, offset: int = 0, path=None) -> list[dict]:
     """Rows of the vendored GSM8K error prefixes (``question``, ``ground_truth``, ``search``: a reasoning
     prefix ending right after its first wrong calculation); Phan et al., MIT (``steerkit/data/README.md``)."""
-    if path is None:
-        text = (resources.files("steerkit") / "data" / "critique" / "gsm8k_train_error_first300.jsonl"
-                ).read_text(encoding="utf-8")
-    else:
-        from pathlib import Path
-        p = Path(path)
-        if not p.is_file():
-            raise InputError(f"expected a jsonl of question/ground_truth/search rows at {p}, found nothing there")
-        text = p.read_text(encoding="utf-8")
-    rows = [json.loads(l) for l in text.splitlines() if l.strip()]
-    rows = rows[offset:] if n is None else rows[offset:offset + n]
+    from steerkit.datafiles import read_jsonl
+    rows = read_jsonl("critique/gsm8k_train_error_first300.jsonl", path=path, n=n, offset=offset,
+                      what="question/ground_truth/search rows")
     for i, r in enumerate(rows):
         if not all(isinstance(r.get(k), str) for k in ("question", "ground_truth", "search")):
             raise InputError(f"expected question, ground_truth and search strings in row {offset + i}, "

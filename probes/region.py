@@ -35,11 +35,9 @@ while the model reasons, moves the state at each new step to the closest point o
 """
 from __future__ import annotations
 
-import json
 import random
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -192,16 +190,9 @@ def arithmetic_problems(n: int = 60, seed: int = 0, *, level: str = "easy", excl
 def gsm8k_problems(n: Optional[int] = None, *, offset: int = 0, path=None) -> list[Problem]:
     """GSM8K test problems (the vendored first 300, MIT; see ``steerkit/data/README.md``), rows
     ``offset .. offset + n``; ``path`` reads another jsonl with ``question`` / ``answer`` (``#### N``)."""
-    if path is None:
-        text = (resources.files("steerkit") / "data" / "reasoning" / "gsm8k_test_first300.jsonl").read_text(encoding="utf-8")
-    else:
-        from pathlib import Path
-        p = Path(path)
-        if not p.is_file():
-            raise InputError(f"expected a jsonl of GSM8K-style problems at {p}, found nothing there")
-        text = p.read_text(encoding="utf-8")
-    rows = [json.loads(l) for l in text.splitlines() if l.strip()]
-    rows = rows[offset:] if n is None else rows[offset:offset + n]
+    from steerkit.datafiles import read_jsonl
+    rows = read_jsonl("reasoning/gsm8k_test_first300.jsonl", path=path, n=n, offset=offset,
+                      what="GSM8K-style problems")
     out = []
     for i, r in enumerate(rows):
         sol = r.get("answer", "")

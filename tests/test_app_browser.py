@@ -14,14 +14,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests._servers import free_port, stop, wait_until_up
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -62,12 +62,6 @@ def download(page, selector, timeout_ms=120_000, tries=2):
                                      "responses:\n" + "\n".join(map(str, log[-40:]))) from None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("app")
@@ -84,26 +78,9 @@ def server(tmp_path_factory):
                              "--store", str(store), "--results", str(results)], stdout=log, stderr=subprocess.STDOUT,
                             env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the app exited with {proc.returncode}:\n{(root / 'server.log').read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.time() > deadline:
-            proc.kill()
-            raise RuntimeError("the app did not answer within 300 s")
-        time.sleep(1)
+    wait_until_up(proc, url + "/", root / "server.log", 300, "the app")
     yield {"url": url, "root": root, "store": store, "results": results, "log": root / "server.log"}
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop(proc)
     log.close()
 
 

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests._servers import free_port, stop, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PY = Path(os.environ.get("STEERKIT_VLLM_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python")
@@ -183,12 +182,6 @@ def test_bad_requests_get_clear_errors_and_the_engine_keeps_serving(setup):
 
 
 # ------------------------------------------------------------------------------ OpenAI server
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(setup):
     port = free_port()
@@ -197,26 +190,9 @@ def server(setup):
            "--port", str(port), "--", "--dtype", "float32", "--max-model-len", "2048", "--seed", "0"]
     proc = subprocess.Popen(cmd, env=env_for(setup["store"]), stdout=log, stderr=subprocess.STDOUT, cwd=setup["root"])
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 600
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{(setup['root'] / 'server.log').read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.time() > deadline:
-            proc.kill()
-            raise RuntimeError("vLLM did not answer /health within 600 s")
-        time.sleep(2)
+    wait_until_up(proc, url + "/health", setup["root"] / "server.log", 600, "vLLM", poll=2)
     yield url
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop(proc, 30)
     log.close()
 
 
