@@ -94,17 +94,15 @@ def _fingerprint_tensors(hf_model: Any) -> list[tuple[str, torch.Tensor]]:
 
 def _fingerprint_keys(names: list[str]) -> list[str]:
     """Which parameters the fingerprint hashes, in order (chosen from the parameter names only)."""
-    named = names
-    keys = [k for k in named if k.endswith("embed_tokens.weight")]
-    layer_keys = sorted({k for k in named if ".layers." in k})
+    keys = [k for k in names if k.endswith("embed_tokens.weight")]
+    layer_keys = sorted({k for k in names if ".layers." in k})
     if layer_keys:
         idx = sorted({int(k.split(".layers.")[1].split(".")[0]) for k in layer_keys})
         for li in (idx[0], idx[-1]):
             for suffix in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
-                keys += [k for k in named if k.endswith(f".layers.{li}.{suffix}")]
-    keys += [k for k in named if k.endswith("model.norm.weight")]
+                keys += [k for k in names if k.endswith(f".layers.{li}.{suffix}")]
+    keys += [k for k in names if k.endswith("model.norm.weight")]
     if not keys:  # unknown architecture: first and last parameter
-        names = list(named)
         keys = names[:1] + names[-1:]
     return list(dict.fromkeys(keys))
 
