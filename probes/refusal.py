@@ -19,7 +19,12 @@ Method, as published (reference code: github.com/andyrdt/refusal_direction):
    at ``blocks.{l}.hook_resid_pre`` at every position; *KL* = mean KL(base || ablated) of the
    next-token distribution at the last position of harmless prompts. Candidates in the last 20%
    of layers, with KL > 0.1, with a negative induce score or with a NaN are discarded; the lowest
-   bypass score wins. ``lazy=True`` (the default) computes the bypass score of every candidate
+   bypass score wins. When *no* candidate passes (a small model that barely refuses: the induce
+   score, an absolute log-odds, stays negative everywhere), ``fallback="relative"`` (the default)
+   selects again with the induce rule relaxed to "addition raises the harmless refusal score above
+   its baseline" (``induce > baseline``), keeps the layer and KL rules, and records this in
+   ``Selection.rule`` and the result's notes; ``fallback=None`` raises instead, as the reference code
+   would. ``lazy=True`` (the default) computes the bypass score of every candidate
    and the induce score and KL only in bypass order until one passes: the same winner as the
    exhaustive search, at about a third of the cost (``lazy=False`` fills the whole table).
 5. **Interventions**: directional ablation ``x - r r^T x`` at every block input, attention
@@ -325,6 +330,7 @@ class Selection:
     best: Candidate
     baseline_harmful: float
     baseline_harmless: float
+    rule: str = "paper"  # "paper": induce >= induce_min; "relative": induce > baseline harmless (fallback)
 
     @property
     def direction(self) -> Tensor:
@@ -335,8 +341,13 @@ class Selection:
 def select_direction(sm, candidates: Tensor, positions: list[int], harmful_val: Sequence[str],
                      harmless_val: Sequence[str], refusal_ids: Sequence[int], *, prune_frac: float = 0.2,
                      kl_max: float = 0.1, induce_min: float = 0.0, lazy: bool = True, batch_size: int = 16,
-                     layers: Sequence[int] | None = None, progress=None) -> Selection:
+                     layers: Sequence[int] | None = None, progress=None,
+                     fallback: Optional[str] = "relative") -> Selection:
     """Score every candidate on the validation prompts and pick one (see the module docstring).
+
+    ``fallback``: ``"relative"`` selects again with ``induce > baseline harmless score`` when no
+    candidate passes ``induce >= induce_min`` (``Selection.rule`` says which rule chose); ``None``
+    raises :class:`InputError` instead.
 
     ``layers``: evaluate only candidates at these layers (default: all; a compute-saving
     deviation from the paper when given). ``progress(n)`` is called after each candidate.
@@ -380,21 +391,39 @@ def select_direction(sm, candidates: Tensor, positions: list[int], harmful_val: 
             induce(c)
         if progress is not None:
             progress(1)
-    if lazy:
+    def lazy_search(floor: float):
         for c in sorted(live, key=lambda c: (math.isnan(c.bypass), c.bypass)):
             if math.isnan(c.bypass):
                 break
-            induce(c)
-            if c.induce < induce_min or math.isnan(c.induce):
+            if math.isnan(c.induce):
+                induce(c)
+            if c.induce < floor or math.isnan(c.induce):
                 continue
-            kl_only(c)
+            if math.isnan(c.kl):
+                kl_only(c)
             if not (c.kl > kl_max or math.isnan(c.kl)):
                 break
-    best = choose(table, L, prune_frac=prune_frac, kl_max=kl_max, induce_min=induce_min)
+
+    if fallback not in (None, "relative"):
+        raise InputError(f"expected fallback None or 'relative', found {fallback!r}")
+    if lazy:
+        lazy_search(induce_min)
+    rule = "paper"
+    try:
+        best = choose(table, L, prune_frac=prune_frac, kl_max=kl_max, induce_min=induce_min)
+    except InputError:
+        if fallback is None:
+            raise
+        # strictly above the baseline: the smallest float above it
+        floor = math.nextafter(base_a, math.inf)
+        if lazy:
+            lazy_search(floor)
+        best = choose(table, L, prune_frac=prune_frac, kl_max=kl_max, induce_min=floor)
+        rule = "relative"
     for c in table:
         if c.layer < cut and c.layer not in allowed:
             c.status = "not evaluated (layer not in the evaluated set)"
-    return Selection(candidates, list(positions), table, best, base_h, base_a)
+    return Selection(candidates, list(positions), table, best, base_h, base_a, rule)
 
 
 # --------------------------------------------------------------------------- weight orthogonalisation
@@ -542,6 +571,7 @@ class RefusalConfig:
     prune_frac: float = 0.2
     kl_max: float = 0.1
     induce_min: float = 0.0
+    fallback: Optional[str] = "relative"  # see select_direction; None: raise when nothing passes the paper's rule
     lazy: bool = True
     probe: bool = True
     n_positions: Optional[int] = None  # use only the last k post-instruction positions (default: all)
@@ -566,6 +596,8 @@ class RefusalResult:
     def summary_rows(self) -> list[tuple[str, str]]:
         m = self.metrics
         rows = [("selected layer (resid_pre)", str(m["layer"])),
+                ("selection rule", "paper (induce >= 0)" if m.get("selection_rule", "paper") == "paper"
+                 else "relaxed (induce > baseline; nothing passed induce >= 0)"),
                 ("selected position", f"{m['position']} ({m['position_token']!r})"),
                 ("bypass score (harmful val, ablated)", f"{m['bypass']:.3f} (baseline {m['baseline_harmful_val']:.3f})"),
                 ("induce score (harmless val, added)", f"{m['induce']:.3f} (baseline {m['baseline_harmless_val']:.3f})"),
@@ -626,10 +658,15 @@ def run_refusal(sm, config: RefusalConfig | None = None, *, judge: Judge = subst
     cut = int(sm.n_layers * (1 - cfg.prune_frac))
     sel = select_direction(sm, cands, positions, keep[("val", "harmful")], keep[("val", "harmless")], rid,
                            prune_frac=cfg.prune_frac, kl_max=cfg.kl_max, induce_min=cfg.induce_min, lazy=cfg.lazy,
+                           fallback=cfg.fallback,
                            batch_size=bs, layers=range(0, sm.n_layers, cfg.layer_step),
                            progress=tick("select", len(positions) * len(range(0, cut, cfg.layer_step))))
     b = sel.best
     v = sel.direction
+    if sel.rule == "relative":
+        notes.append(f"no candidate passed the paper's induce >= {cfg.induce_min:g} rule (the harmless refusal "
+                     f"score stays below it with every candidate added); selected with the relaxed rule "
+                     f"induce > baseline harmless score ({sel.baseline_harmless:.3f}), KL and layer rules unchanged")
     log(f"selected layer {b.layer} position {b.pos}: bypass {b.bypass:.3f} induce {b.induce:.3f} kl {b.kl:.4f}")
 
     # 5. evaluate on the held-out test prompts: refusal scores and judged greedy generations
@@ -675,7 +712,7 @@ def run_refusal(sm, config: RefusalConfig | None = None, *, judge: Judge = subst
         first[kind] = dict(sorted(counts.items(), key=lambda kv: -kv[1]))
     metrics = {
         "layer": b.layer, "position": b.pos, "position_token": ptoks[positions.index(b.pos)],
-        "bypass": b.bypass, "induce": b.induce, "kl": b.kl,
+        "bypass": b.bypass, "induce": b.induce, "kl": b.kl, "selection_rule": sel.rule,
         "baseline_harmful_val": sel.baseline_harmful, "baseline_harmless_val": sel.baseline_harmless,
         "direction_norm": float(v.norm()), "refusal_rate": rate, "refusal_score": score,
         "refusal_tokens": rtoks, "refusal_ids": rid, "n_candidates": len(sel.table),

@@ -38,6 +38,8 @@ def register(subparsers) -> None:
     p.add_argument("--kl-max", type=float, default=0.1, help="discard candidates whose KL under ablation exceeds this")
     p.add_argument("--induce-min", type=float, default=0.0, help="discard candidates whose induce score (absolute "
                    "refusal score of harmless prompts under addition) is below this (paper: 0)")
+    p.add_argument("--no-fallback", action="store_true", help="fail when no candidate passes the paper's induce "
+                   "rule instead of selecting with the relaxed rule induce > baseline (the default fallback)")
     p.add_argument("--exhaustive", action="store_true", help="score induce/KL for every candidate (slower; "
                    "the default lazy search selects the same direction)")
     p.add_argument("--positions", type=int, default=None, metavar="K", help="candidates at the last K "
@@ -108,6 +110,7 @@ def run(args) -> int:
     cfg = RefusalConfig(n_train=args.n_train, n_val=args.n_val, n_test=args.n_test, seed=args.seed,
                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, refusal_words=words,
                         min_keep=args.min_keep, kl_max=args.kl_max, induce_min=args.induce_min, lazy=not args.exhaustive,
+                        fallback=None if args.no_fallback else "relative",
                         probe=not args.no_probe, n_positions=args.positions, layer_step=args.layer_step)
     sm = load_model(args.model)
     prog = _Progress(args.quiet)

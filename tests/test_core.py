@@ -220,3 +220,25 @@ def test_right_padding_positions_mean_real_tokens(sm):
         sm.forward(steerkit.Tokens(r_ids, r_mask))
     torch.testing.assert_close(c_left[H], c_right[H], atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(i_left[H], i_right[H], atol=2e-4, rtol=1e-4)
+
+
+def test_row_arena_keeps_copies_in_shared_blocks():
+    """Recorded rows are copied into a few large blocks (see RowArena): values, not views of the
+    activation; a new block starts when one is full; dtypes never share a block."""
+    from steerkit.hooks import RowArena
+
+    arena = RowArena()
+    arena.block_bytes = 4 * 1024  # 1024 float32 per block: forces block changes
+    src = torch.arange(200, dtype=torch.float32).reshape(2, 100)
+    rows = [arena.keep(src[:, :50] * k) for k in range(12)]  # 100 floats each: 10 per block
+    src.zero_()
+    for k, r in enumerate(rows):
+        assert r.shape == (2, 50)
+        torch.testing.assert_close(r, torch.arange(200, dtype=torch.float32).reshape(2, 100)[:, :50] * k)
+    storages = {r.untyped_storage().data_ptr() for r in rows}
+    assert len(storages) == 2  # 10 rows in the first block, 2 in the second
+    idx = arena.keep(torch.tensor([3, 1, 2]))
+    assert idx.dtype == torch.long and idx.tolist() == [3, 1, 2]
+    assert idx.untyped_storage().data_ptr() not in storages
+    big = torch.ones(4096)  # a quarter block or more: kept as its own tensor
+    assert arena.keep(big) is big

@@ -300,3 +300,26 @@ def test_refusal_direction_on_default_model(sm):
     assert float(abl_h.mean()) < float(base_h.mean())
     assert float(add_a.mean()) > float(base_a.mean())
     assert sm.hook_count() == 0
+
+
+def test_selection_falls_back_to_the_relative_induce_rule_and_says_so():
+    """When nothing passes the paper's absolute induce rule, the relaxed rule (addition raises the
+    harmless refusal score above its baseline) selects; lazy and exhaustive agree; fallback=None raises."""
+    sm = _sm(num_hidden_layers=5)
+    torch.manual_seed(1)
+    cands = torch.randn(2, sm.n_layers, sm.d_model) * 2.0
+    ids = R.refusal_token_ids(sm.tokenizer, ["I", "A"])
+    kw = dict(kl_max=1e9, induce_min=1e9)  # unreachable: nothing passes the paper's rule
+    with pytest.raises(InputError, match="induce"):
+        R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, fallback=None, **kw)
+    lazy = R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, lazy=True, **kw)
+    full = R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, lazy=False, **kw)
+    assert lazy.rule == full.rule == "relative"
+    assert (lazy.best.pos, lazy.best.layer) == (full.best.pos, full.best.layer)
+    eligible = [c for c in full.table if c.layer < 4 and c.induce > full.baseline_harmless]
+    assert eligible, "planted candidates should include one that raises the harmless score"
+    assert full.best.induce > full.baseline_harmless
+    assert full.best.bypass == min(c.bypass for c in eligible)
+    assert sm.hook_count() == 0
+    with pytest.raises(InputError, match="fallback"):
+        R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, fallback="loose", **kw)
