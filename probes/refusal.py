@@ -497,18 +497,25 @@ def orthogonalize_weights(model: nn.Module, direction: Tensor, adapter=None, *, 
     return m
 
 
-def save_orthogonalized(sm, direction: Tensor, out_dir: str | Path) -> Path:
-    """Write a loadable Hugging Face folder (weights + tokenizer) with ``direction`` orthogonalised out."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+def save_orthogonalized(sm, direction: Tensor, out_dir: str | Path, *, overwrite: bool = False) -> Path:
+    """Write a loadable Hugging Face folder (weights + tokenizer) with ``direction`` orthogonalised out.
+
+    Written with :func:`steerkit.export_hf.export_hf` (atomic; works for the GGUF-loaded default
+    model, which ``save_pretrained`` refuses); ``steerkit_orthogonalized.json`` in the folder
+    records the source model and the direction's norm. Load it with ``steerkit.load_model(out_dir)``.
+    """
+    from types import SimpleNamespace
+
+    from steerkit.export_hf import export_hf
     m = orthogonalize_weights(sm.hf_model, direction, sm.adapter)
-    m.save_pretrained(out)
-    sm.tokenizer.save_pretrained(out)
-    (out / "steerkit_orthogonalized.json").write_text(json.dumps({
-        "method": "refusal direction weight orthogonalisation (Arditi et al. 2024)",
-        "source_model": sm.name, "direction_norm": float(torch.as_tensor(direction).norm())}, indent=1))
-    del m
-    return out
+    view = SimpleNamespace(hf_model=m, tokenizer=sm.tokenizer, name=f"{sm.name} (refusal direction orthogonalised)",
+                           source_gguf=None, n_layers=sm.n_layers, d_model=sm.d_model)
+    note = json.dumps({"method": "refusal direction weight orthogonalisation (Arditi et al. 2024)",
+                       "source_model": sm.name, "direction_norm": float(torch.as_tensor(direction).norm())}, indent=1)
+    try:
+        return export_hf(view, out_dir, overwrite=overwrite, extra_files={"steerkit_orthogonalized.json": note})
+    finally:
+        del m, view
 
 
 # --------------------------------------------------------------------------- judging and generation

@@ -112,6 +112,12 @@ def run(args) -> int:
                         min_keep=args.min_keep, kl_max=args.kl_max, induce_min=args.induce_min, lazy=not args.exhaustive,
                         fallback=None if args.no_fallback else "relative",
                         probe=not args.no_probe, n_positions=args.positions, layer_step=args.layer_step)
+    if args.orthogonalized:  # fail now, not after the run
+        from pathlib import Path
+        o = Path(args.orthogonalized).expanduser()
+        if o.exists():
+            raise InputError(f"expected --orthogonalized to name a folder that does not exist yet, found {o}; "
+                             "choose another path or remove it")
     sm = load_model(args.model)
     prog = _Progress(args.quiet)
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr))
@@ -143,13 +149,13 @@ def run(args) -> int:
         if res.probe is not None:
             refs.append(store.save("refusal-probe", res.probe.probe))
         print(f"saved {', '.join(refs)} to {store.root}")
-    if args.orthogonalized:
-        out = save_orthogonalized(sm, res.selection.direction, args.orthogonalized)
-        print(f"wrote the weight-orthogonalised model to {out}")
     if args.report:
         with open(args.report, "w", encoding="utf-8") as f:
             json.dump(result_report(res), f, indent=1)
         print(f"wrote the report to {args.report}")
+    if args.orthogonalized:
+        out = save_orthogonalized(sm, res.selection.direction, args.orthogonalized)
+        print(f"wrote the weight-orthogonalised model to {out}")
     return 0
 
 

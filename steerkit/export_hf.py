@@ -79,13 +79,14 @@ def _tensors_to_save(model, dtype: torch.dtype | None) -> tuple[dict[str, torch.
 
 
 def export_hf(sm, out_dir: str | os.PathLike, *, dtype: torch.dtype | str | None = None,
-              overwrite: bool = False) -> Path:
+              overwrite: bool = False, extra_files: dict[str, str] | None = None) -> Path:
     """Write ``sm``'s model and tokenizer as a plain HF folder at ``out_dir``; return its path.
 
     ``sm``: a :class:`~steerkit.SteerModel` (its ``hf_model`` is exported).
     ``dtype``: cast floating weights (``"bfloat16"``, ``torch.float16``...); ``None`` keeps
     the model's dtype. ``overwrite``: replace an existing ``out_dir``; without it an
-    existing folder is an error.
+    existing folder is an error. ``extra_files``: ``{file name: text}`` written into the folder
+    with the rest (e.g. how the weights were edited).
 
     The result loads with ``AutoModelForCausalLM.from_pretrained(out_dir)`` and with
     ``vllm.LLM(model=out_dir)``.
@@ -149,6 +150,8 @@ def export_hf(sm, out_dir: str | os.PathLike, *, dtype: torch.dtype | str | None
             # what artifacts made on ``sm`` carry: lets a server check them against this folder
             "model_fingerprint": model_fingerprint(model),
         }, indent=1) + "\n")
+        for fname, text in (extra_files or {}).items():
+            (tmp / fname).write_text(text)
         for f in tmp.iterdir():
             os.chmod(f, 0o644)  # safetensors writes 0600 files
     return out_dir

@@ -9,10 +9,25 @@ asks for generated positions, one extra step feeds the last sampled token, so
 the cache holds one row per generated token.
 
 Greedy decoding gives the same tokens as ``transformers``' ``generate``.
+
+Two generation options of Qian et al. (NeurIPS 2025, "thinking tokens are information peaks"):
+
+* ``recycle=Recycle(layer, tokens)`` (*representation recycling*): at a step whose greedy/sampled
+  next token is a thinking token, the step is run again with block ``layer`` applied twice at
+  the newest position (its output from the first run replaces its input at that position, the
+  reference code's extract/inject hooks), and the token of the re-run is kept. The KV cache is
+  cropped back before the re-run, so the cache holds the recycled keys and values; the hooks'
+  position tracking is told the re-run repeats the same positions (``RunState.chunk_start``),
+  and a record scope keeps the re-run's rows.
+* :func:`continue_thinking` (*thinking-token continuation*, TTTS): after the answer, append a
+  thinking word ("Wait", "Therefore", ...) and keep generating, then ask for the final answer.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import contextlib
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -40,6 +55,96 @@ def _sample(logits: Tensor, do_sample: bool, temperature: float, top_p: float, t
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
+@dataclass
+class Recycle:
+    """Representation recycling at block ``layer`` on steps whose next token is in ``tokens``.
+
+    ``tokens``: token ids, or words (each word's token ids with and without a leading space are
+    used, when the word is a single token). ``prob``: chance of recycling a qualifying step (the
+    reference code uses 0.5; default 1.0, deterministic); ``seed`` seeds that draw. ``events``
+    is filled during generation with ``(row, step)`` of every recycled step.
+    """
+
+    layer: int
+    tokens: Sequence
+    prob: float = 1.0
+    seed: Optional[int] = None
+    events: list = field(default_factory=list)
+
+    def token_ids(self, tokenizer) -> set[int]:
+        ids: set[int] = set()
+        for t in self.tokens:
+            if isinstance(t, int):
+                ids.add(int(t))
+                continue
+            if not isinstance(t, str) or not t.strip():
+                raise InputError(f"expected thinking tokens as ids or non-empty words, found {t!r}")
+            found = False
+            for form in (t, " " + t.lstrip()):
+                enc = tokenizer.encode(form, add_special_tokens=False)
+                if len(enc) == 1:
+                    ids.add(int(enc[0]))
+                    found = True
+            if not found:
+                raise InputError(f"expected each thinking word to be a single token, found {t!r} -> "
+                                 f"{tokenizer.tokenize(t)}; pass token ids for multi-token words")
+        return ids
+
+
+class _Recycler:
+    """The extract (block output) and inject (block input) edits of one generate call."""
+
+    def __init__(self, sm, spec: Recycle):
+        if not 0 <= int(spec.layer) < sm.n_layers:
+            raise InputError(f"expected a recycle layer in [0, {sm.n_layers}), found {spec.layer}")
+        if not 0.0 <= spec.prob <= 1.0:
+            raise InputError(f"expected a recycle probability in [0, 1], found {spec.prob}")
+        self.sm, self.spec = sm, spec
+        self.ids = spec.token_ids(sm.tokenizer)
+        self.rng = random.Random(spec.seed)
+        self.out: Optional[Tensor] = None  # [batch, d_model] block output at the newest position
+        self.rows: Optional[Tensor] = None  # [batch] bool: rows injected in the re-run
+
+    def _extract(self, x: Tensor) -> Tensor:
+        if self.rows is None:
+            self.out = x[:, -1].clone()
+        return x
+
+    def _inject(self, x: Tensor) -> Tensor:
+        if self.rows is None:
+            return x
+        y = x.clone()
+        y[self.rows, -1] = self.out[self.rows].to(y.dtype)
+        return y
+
+    def scope(self):
+        l = int(self.spec.layer)
+        stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(self.sm.edit(f"blocks.{l}.hook_resid_post", fn=self._extract))
+            stack.enter_context(self.sm.edit(f"blocks.{l}.hook_resid_pre", fn=self._inject))
+        except BaseException:
+            stack.close()
+            raise
+        return stack
+
+    def select(self, nxt: Tensor, done: Tensor) -> Optional[Tensor]:
+        rows = torch.tensor([not bool(done[b]) and int(nxt[b]) in self.ids and
+                             (self.spec.prob >= 1.0 or self.rng.random() < self.spec.prob)
+                             for b in range(nxt.shape[0])], dtype=torch.bool, device=nxt.device)
+        return rows if bool(rows.any()) else None
+
+
+def _crop(backend, cache, keep: int):
+    """The KV cache cut back to its first ``keep`` positions (a fresh cache for 0)."""
+    if keep == 0:
+        return backend.new_cache()
+    extra = int(cache.get_seq_length()) - keep
+    if extra > 0:
+        cache.crop(-extra)  # negative: remove that many (transformers 4.x and 5.x alike)
+    return cache
+
+
 def _wants_generated_rows(sm) -> bool:
     return any(getattr(h, "_records_generated", False) for h in sm.hooks.handles)
 
@@ -47,11 +152,13 @@ def _wants_generated_rows(sm) -> bool:
 @torch.inference_mode()
 def generate(sm, prompts, *, max_new_tokens: int = 32, chat: bool = True, do_sample: bool = False,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (),
-             seed: int | None = None, stream: Callable | None = None, return_tokens: bool = False):
+             seed: int | None = None, stream: Callable | None = None, return_tokens: bool = False,
+             recycle: Recycle | None = None):
     """Generate up to ``max_new_tokens`` per prompt; returns a list of strings (or token lists).
 
     ``stream(row, token_id, text_so_far)`` is called for every new token. A row stops at
     its EOS token or when its text contains one of ``stop`` (the stop string is cut off).
+    ``recycle``: representation recycling on thinking tokens (see :class:`Recycle`).
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise InputError(f"expected max_new_tokens >= 1, found {max_new_tokens!r}")
@@ -76,14 +183,31 @@ def generate(sm, prompts, *, max_new_tokens: int = 32, chat: bool = True, do_sam
     texts = [""] * B
     mask = toks.attention_mask
     backend = sm.backend
-    with sm.hooks.runs.running(toks.attention_mask, toks.input_ids) as run:
+    rec = _Recycler(sm, recycle) if recycle is not None else None
+    with (rec.scope() if rec is not None else contextlib.nullcontext()), \
+            sm.hooks.runs.running(toks.attention_mask, toks.input_ids) as run:
         cache = backend.new_cache()
         pos = toks.position_ids
+        if rec is not None:
+            run.chunk_start = 0
+        last_in = (toks.input_ids, mask, pos, 0)  # what the step that made ``logits`` fed, and where
         logits, cache = backend.step(toks.input_ids, mask, pos, cache)
         next_pos = pos[:, -1:] + 1
         for step in range(max_new_tokens):
             nxt = _sample(logits, do_sample, temperature, top_p, top_k, gen)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+            rows = rec.select(nxt, done) if rec is not None else None
+            if rows is not None:  # re-run the step with the block applied twice on these rows
+                ids_in, mask_in, pos_in, start = last_in
+                cache = _crop(backend, cache, start)
+                run.chunk_start, rec.rows = start, rows
+                try:
+                    again, cache = backend.step(ids_in, mask_in, pos_in, cache)
+                finally:
+                    rec.rows = None
+                logits = torch.where(rows[:, None], again, logits)
+                nxt = torch.where(rows, _sample(logits, do_sample, temperature, top_p, top_k, gen), nxt)
+                rec.spec.events.extend((int(b), step) for b in rows.nonzero().flatten().tolist())
             for b in range(B):
                 if done[b]:
                     continue
@@ -103,6 +227,9 @@ def generate(sm, prompts, *, max_new_tokens: int = 32, chat: bool = True, do_sam
                 break
             mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=dev)], 1)
             run.append_tokens(nxt.unsqueeze(1))  # token-pattern position specs read the fed ids
+            if rec is not None:
+                run.chunk_start = P + step
+            last_in = (nxt.unsqueeze(1), mask, next_pos, P + step)
             logits, cache = backend.step(nxt.unsqueeze(1), mask, next_pos, cache)
             next_pos = next_pos + 1
     if return_tokens:
@@ -116,3 +243,47 @@ def generate(sm, prompts, *, max_new_tokens: int = 32, chat: bool = True, do_sam
                 txt = txt[:i]
         res.append(txt)
     return res
+
+
+@dataclass
+class Continuation:
+    """The three parts of a thinking-token continuation, one entry per prompt."""
+
+    answer: list[str]  # the first greedy answer
+    continued: list[str]  # what the model wrote after the thinking word
+    final: list[str]  # its reply to the final-answer prompt ("" when none was asked)
+    word: str
+    final_prompt: Optional[str]
+
+    @property
+    def texts(self) -> list[str]:
+        """The whole response: answer, thinking word, continuation, final prompt and final answer."""
+        fp = self.final_prompt or ""
+        return [f"{a} {self.word}{c}{fp if self.final_prompt else ''}{f}"
+                for a, c, f in zip(self.answer, self.continued, self.final)]
+
+
+def continue_thinking(sm, prompts, word: str = "Wait", *, max_new_tokens: int = 256, continue_tokens: int = 256,
+                      final_prompt: Optional[str] = " Final answer:", final_tokens: int = 16, chat: bool = True,
+                      **gen_kw) -> Continuation:
+    """Thinking-token continuation (Qian et al. 2025, "TTTS"): generate an answer, append
+    ``" " + word`` (a thinking token such as "Wait", "Hmm", "Therefore") and continue for up to
+    ``continue_tokens``, then append ``final_prompt`` and generate ``final_tokens`` for the final
+    answer (skipped when ``final_prompt`` is None). Every stage works on token ids, so the
+    continuation sees exactly the tokens the model produced; other keyword arguments go to
+    :func:`generate` at every stage (sampling, ``recycle``, ...).
+    """
+    if not isinstance(word, str) or not word.strip():
+        raise InputError(f"expected a non-empty thinking word, found {word!r}")
+    toks = sm.tokenize(prompts, chat=chat)
+    rows = [toks.input_ids[b][toks.attention_mask[b].bool()].tolist() for b in range(len(toks))]
+    answer = generate(sm, toks, max_new_tokens=max_new_tokens, return_tokens=True, **gen_kw)
+    enc = lambda s: sm.tokenizer.encode(s, add_special_tokens=False)
+    ids = [r + a + enc(" " + word.strip()) for r, a in zip(rows, answer)]
+    cont = generate(sm, sm.pad(ids), max_new_tokens=continue_tokens, return_tokens=True, **gen_kw)
+    final = [[] for _ in rows]
+    if final_prompt:
+        ids = [i + c + enc(final_prompt) for i, c in zip(ids, cont)]
+        final = generate(sm, sm.pad(ids), max_new_tokens=final_tokens, return_tokens=True, **gen_kw)
+    dec = lambda xs: [sm.tokenizer.decode(x, skip_special_tokens=True) for x in xs]
+    return Continuation(dec(answer), dec(cont), dec(final), word.strip(), final_prompt)

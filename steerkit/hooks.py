@@ -62,6 +62,8 @@ class PositionTracker:
             return SiteCall(0, T, B, None)
         if run.run_id != self.run_id:
             self.run_id, self.offset = run.run_id, 0
+        if run.chunk_start is not None:  # the caller placed this chunk (a re-run step repeats positions)
+            self.offset = run.chunk_start
         c = SiteCall(self.offset, T, B, run)
         self.offset += T
         return c
@@ -170,7 +172,8 @@ class ActivationCache:
     ``cache.positions(name)`` ``[batch, n]`` the absolute position of each
     entry (``-1`` on padding; generated tokens have positions >= the padded
     prompt length). Several forward calls inside one scope append along the
-    batch axis.
+    batch axis. A position recorded twice in one run (a generation step that was
+    re-run, as representation recycling does) keeps its last recording.
     """
 
     def __init__(self, names: list[str], positions: PositionSpec, device=None):
@@ -224,9 +227,16 @@ class ActivationCache:
             b = torch.cat(seg["b"]); p = torch.cat(seg["p"]); v = torch.cat(seg["v"])
             for r in range(seg["B"]):
                 sel = (b == r).nonzero(as_tuple=True)[0]
-                order = p[sel].argsort()
+                order = p[sel].argsort(stable=True)
+                ps = p[sel][order]
+                if ps.numel() > 1 and bool((ps[1:] == ps[:-1]).any()):
+                    # a re-run step (representation recycling) recorded these positions again:
+                    # the last recording of a position is the one the run kept
+                    last = torch.ones_like(ps, dtype=torch.bool)
+                    last[:-1] = ps[1:] != ps[:-1]
+                    order, ps = order[last], ps[last]
                 rows_v.append(v[sel[order.to(sel.device)].to(v.device)])
-                rows_p.append(p[sel][order])
+                rows_p.append(ps)
         n = max(int(r.shape[0]) for r in rows_v)
         ref = segs[0]["v"][0]
         d = ref.shape[-1]

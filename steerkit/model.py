@@ -142,24 +142,25 @@ class SteerModel:
                  do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  stop: Sequence[str] = (), seed: int | None = None, stream: Callable | None = None,
                  return_tokens: bool = False, steering=None, steer_positions: PositionSpec = "all",
-                 preserve_norm: bool = False):
+                 preserve_norm: bool = False, recycle=None):
         """Generate continuations (greedy by default) with the KV cache; returns the new texts.
 
         ``steering``: ``{hook: SteerConfig}`` for every row, or a list with one per prompt
         (``None`` for an unsteered row); applied with one fused call per hooked layer per step.
+        ``recycle``: a :class:`steerkit.generation.Recycle` (representation recycling on thinking
+        tokens, Qian et al. 2025).
         """
         from .generation import generate
+        kw = dict(max_new_tokens=max_new_tokens, chat=chat, do_sample=do_sample, temperature=temperature,
+                  top_p=top_p, top_k=top_k, stop=stop, seed=seed, stream=stream, return_tokens=return_tokens,
+                  recycle=recycle)
         if steering is None:
-            return generate(self, prompts, max_new_tokens=max_new_tokens, chat=chat, do_sample=do_sample,
-                            temperature=temperature, top_p=top_p, top_k=top_k, stop=stop, seed=seed,
-                            stream=stream, return_tokens=return_tokens)
+            return generate(self, prompts, **kw)
         n = 1 if isinstance(prompts, str) else len(prompts)
         if isinstance(steering, (list, tuple)) and len(steering) != n:
             raise InputError(f"expected one steering spec per prompt ({n}), found {len(steering)}")
         with self.steer(steering, positions=steer_positions, preserve_norm=preserve_norm):
-            return generate(self, prompts, max_new_tokens=max_new_tokens, chat=chat, do_sample=do_sample,
-                            temperature=temperature, top_p=top_p, top_k=top_k, stop=stop, seed=seed,
-                            stream=stream, return_tokens=return_tokens)
+            return generate(self, prompts, **kw)
 
     # --- hooks -------------------------------------------------------------------
     @contextlib.contextmanager

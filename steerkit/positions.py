@@ -121,6 +121,9 @@ class RunState:
     attention_mask: Tensor
     run_id: int = 0
     input_ids: Optional[Tensor] = None  # [batch, P] prompt token ids, when known (token-pattern specs)
+    # Absolute start of the chunk the next forward processes, when the caller says so (a generation
+    # loop that re-runs a step, e.g. representation recycling); None: each site counts for itself.
+    chunk_start: Optional[int] = None
     _cache: dict = field(default_factory=dict, repr=False)
     _fed: list = field(default_factory=list, repr=False)  # [(start, ids [batch, t])] fed after the prompt
 

@@ -83,11 +83,17 @@ def test_orthogonalized_weights_equal_runtime_ablation(arch, kw, tmp_path):
         return float((x - ablated)[real].abs().max())
     assert err(so.forward(PROMPTS)) < 1e-5
     assert float((so.forward(PROMPTS) - base)[real].abs().max()) > 1e-3  # the edit does something
-    if arch == "llama":  # the saved folder reloads to the same logits
+    if arch == "llama" or kw:  # the saved folder reloads (steerkit and plain transformers) to the same logits
         from transformers import AutoModelForCausalLM
-        ortho.save_pretrained(tmp_path)
-        back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+
+        import steerkit
+        out = R.save_orthogonalized(sm, r, tmp_path / "ortho")
+        assert (out / "steerkit_orthogonalized.json").exists()
+        back = AutoModelForCausalLM.from_pretrained(out).eval()
         assert err(wrap(back, sm.tokenizer).forward(PROMPTS)) < 1e-5
+        assert err(steerkit.load_model(str(out)).forward(PROMPTS)) < 1e-5
+        with pytest.raises(InputError, match="not to exist"):
+            R.save_orthogonalized(sm, r, out)
 
 
 def test_orthogonalize_refuses_post_norm_and_absolute_positions():
@@ -299,6 +305,28 @@ def test_refusal_direction_on_default_model(sm):
         add_a = R.refusal_scores(sm, av, ids)
     assert float(abl_h.mean()) < float(base_h.mean())
     assert float(add_a.mean()) > float(base_a.mean())
+    assert sm.hook_count() == 0
+
+
+@pytest.mark.slow
+def test_orthogonalized_default_model_saves_loads_and_equals_runtime_ablation(sm, tmp_path):
+    """The GGUF-loaded default model (which save_pretrained refuses) exports orthogonalised, reloads
+    with steerkit, and gives the run-time-ablated logits."""
+    import steerkit
+    data = R.sample_splits(8, 1, 1, seed=0)
+    acts = {k: R.record_resid_pre(sm, data["train"][k], [-1], None)[0] for k in ("harmful", "harmless")}
+    v = R.mean_diff(acts["harmful"], acts["harmless"])[0, 9]
+    prompts = data["val"]["harmful"] + data["val"]["harmless"]
+    with R.ablation(sm, v):
+        ablated = sm.forward(prompts)
+    base = sm.forward(prompts)
+    out = R.save_orthogonalized(sm, v, tmp_path / "ortho")
+    so = steerkit.load_model(str(out))
+    real = sm.tokenize(prompts).attention_mask.bool()
+    got = so.forward(prompts)
+    scale = float(ablated[real].abs().max())
+    assert float((got - ablated)[real].abs().max()) < 1e-4 * scale
+    assert float((got - base)[real].abs().max()) > 1e-2 * scale
     assert sm.hook_count() == 0
 
 

@@ -1,0 +1,156 @@
+"""Representation recycling and thinking-token continuation (Qian et al. 2025) as generation options.
+
+Checked on a tiny random Llama against an independent computation with plain PyTorch hooks on
+the Hugging Face model (no KV cache): the recycled step runs block ``l`` twice at the newest
+position, the steps after it see the recycled keys and values, other rows are untouched.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from steerkit.errors import InputError
+from steerkit.generation import Recycle, continue_thinking
+from steerkit.model import wrap
+from tiny_models import tiny_model
+
+torch.set_num_threads(1)
+PROMPTS = ["ab c", "hello there"]
+
+
+@pytest.fixture(scope="module")
+def sm():
+    model, tok = tiny_model("llama", seed=1)
+    return wrap(model, tok, name="tiny-llama")
+
+
+def _ids(sm, prompt):
+    return sm.tokenizer.encode(prompt, add_special_tokens=False)
+
+
+@torch.inference_mode()
+def _doubled_argmax(sm, ids, layer, at):
+    """Greedy next token of ``ids`` when block ``layer`` runs twice at position ``at`` (no cache)."""
+    blocks = sm.model.model.layers
+    x = torch.tensor([ids])
+    grabbed = {}
+
+    def grab(m, i, o):
+        grabbed["h"] = (o[0] if isinstance(o, tuple) else o)[:, at].clone()  # returns None: output unchanged
+
+    h = blocks[layer].register_forward_hook(grab)
+    try:
+        sm.model(input_ids=x)
+    finally:
+        h.remove()
+
+    def pre(m, args, kwargs):
+        hs = args[0] if args else kwargs["hidden_states"]
+        hs = hs.clone()
+        hs[:, at] = grabbed["h"]
+        if args:
+            return (hs,) + tuple(args[1:]), kwargs
+        kwargs["hidden_states"] = hs
+        return args, kwargs
+
+    h = blocks[layer].register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        return int(sm.model(input_ids=x).logits[0, -1].argmax())
+    finally:
+        h.remove()
+
+
+def test_recycling_reruns_exactly_the_thinking_step(sm):
+    base = sm.generate(PROMPTS, max_new_tokens=10, chat=False, return_tokens=True)
+    p0 = _ids(sm, PROMPTS[0])
+    chosen = None
+    for layer in range(sm.n_layers):
+        for k in range(1, 8):
+            tok = base[0][k]
+            if tok in base[0][:k] or tok in base[1]:
+                continue
+            if _doubled_argmax(sm, p0 + base[0][:k], layer, -1) != tok:  # recycling changes this token
+                chosen = (layer, k, tok)
+                break
+        if chosen:
+            break
+    assert chosen, "no step of the tiny model where recycling changes the token; pick another seed"
+    layer, k, tok = chosen
+    n_hooks = sm.hook_count()
+    rec = Recycle(layer=layer, tokens=[tok])
+    out = sm.generate(PROMPTS, max_new_tokens=10, chat=False, return_tokens=True, recycle=rec)
+    assert sm.hook_count() == n_hooks
+    assert out[0][:k] == base[0][:k]
+    assert rec.events[0] == (0, k)
+    new = _doubled_argmax(sm, p0 + base[0][:k], layer, -1)
+    assert out[0][k] == new != tok
+    assert out[1] == base[1]  # the other row is untouched
+    assert out[0][k + 1] != tok and len(rec.events) == 1  # so the next step is a plain one ...
+    ref = _doubled_argmax(sm, p0 + out[0][:k + 1], layer, len(p0) + k - 1)
+    assert out[0][k + 1] == ref  # ... that reads the recycled keys and values of step k
+
+
+def test_recycling_at_prefill_and_record_keeps_the_rerun_rows(sm):
+    base = sm.generate(PROMPTS[:1], max_new_tokens=6, chat=False, return_tokens=True)
+    name = "blocks.1.hook_resid_post"
+    with sm.record(name, positions="all") as plain:
+        sm.generate(PROMPTS[:1], max_new_tokens=6, chat=False)
+    rec = Recycle(layer=1, tokens=[base[0][0]])  # the first generated token: the prefill step re-runs
+    with sm.record(name, positions="all") as cache:
+        out = sm.generate(PROMPTS[:1], max_new_tokens=6, chat=False, return_tokens=True, recycle=rec)
+    assert rec.events[0] == (0, 0)
+    p0 = _ids(sm, PROMPTS[0])
+    assert out[0][0] == _doubled_argmax(sm, p0, 1, -1)
+    pos = cache.positions(name)[0]
+    n = int(cache.lengths(name)[0])
+    assert n == int(plain.lengths(name)[0]) or n == len(p0) + len(out[0])
+    assert bool((pos[1:n] > pos[:n - 1]).all()), "each position once"
+    # prompt rows before the last are not recycled: identical to the plain run
+    torch.testing.assert_close(cache[name][0, :len(p0) - 1], plain[name][0, :len(p0) - 1])
+    # the last prompt row is the re-run's: block 1 applied twice there
+    assert not torch.allclose(cache[name][0, len(p0) - 1], plain[name][0, len(p0) - 1])
+
+
+def test_recycle_bad_input_leaves_nothing_behind(sm):
+    n = sm.hook_count()
+    with pytest.raises(InputError, match="recycle layer"):
+        sm.generate(PROMPTS, max_new_tokens=2, chat=False, recycle=Recycle(layer=99, tokens=[5]))
+    with pytest.raises(InputError, match="probability"):
+        sm.generate(PROMPTS, max_new_tokens=2, chat=False, recycle=Recycle(layer=0, tokens=[5], prob=1.5))
+    with pytest.raises(InputError, match="single token"):
+        sm.generate(PROMPTS, max_new_tokens=2, chat=False, recycle=Recycle(layer=0, tokens=["Wait"]))
+    assert sm.hook_count() == n
+    rec = Recycle(layer=0, tokens=["a", "b", 7])  # single characters are single tokens here
+    assert rec.token_ids(sm.tokenizer) == {sm.tokenizer.convert_tokens_to_ids("a"),
+                                           sm.tokenizer.convert_tokens_to_ids("b"), 7}
+    with pytest.raises(InputError, match="non-empty"):
+        Recycle(layer=0, tokens=[" "]).token_ids(sm.tokenizer)
+
+
+def test_recycle_probability_zero_is_plain_generation(sm):
+    base = sm.generate(PROMPTS, max_new_tokens=8, chat=False, return_tokens=True)
+    rec = Recycle(layer=1, tokens=list(range(100)), prob=0.0)
+    assert sm.generate(PROMPTS, max_new_tokens=8, chat=False, return_tokens=True, recycle=rec) == base
+    assert rec.events == []
+
+
+def test_continue_thinking_matches_plain_hf_greedy(sm):
+    res = continue_thinking(sm, PROMPTS, word="w", chat=False, max_new_tokens=5, continue_tokens=4,
+                            final_prompt=" =", final_tokens=3)
+    eos = sm.tokenizer.eos_token_id
+    for i, p in enumerate(PROMPTS):
+        ids = _ids(sm, p)
+        with torch.inference_mode():
+            g = sm.model.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False, eos_token_id=eos,
+                                  pad_token_id=sm.tokenizer.pad_token_id)[0, len(ids):].tolist()
+        g = [t for t in g if t != eos]
+        assert res.answer[i] == sm.tokenizer.decode(g)
+        ids2 = ids + g + _ids(sm, " w")
+        with torch.inference_mode():
+            c = sm.model.generate(torch.tensor([ids2]), max_new_tokens=4, do_sample=False, eos_token_id=eos,
+                                  pad_token_id=sm.tokenizer.pad_token_id)[0, len(ids2):].tolist()
+        c = [t for t in c if t != eos]
+        assert res.continued[i] == sm.tokenizer.decode(c)
+        assert res.texts[i].startswith(res.answer[i] + " w" + res.continued[i] + " =")
+    with pytest.raises(InputError, match="thinking word"):
+        continue_thinking(sm, PROMPTS, word=" ", chat=False)
