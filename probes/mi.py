@@ -8,8 +8,15 @@ each vector is reshaped to ``[-1, 1]`` (its coordinates are the samples), Gaussi
 :func:`mi_trajectory` generates greedily and, at every step t, estimates the MI between a layer's
 output at the newest token and the representation of the reference solution (its last token at
 the same layer, as MI-Peaks' ``reps[layer][0]`` of the reference pass); :func:`find_peaks` marks the
-steps above ``mean + k * std``. Representation recycling and thinking-token continuation are not
-implemented.
+steps above ``mean + k * std``; :func:`peak_token_counts` pools the tokens at the peaks of many
+trajectories (the paper's "thinking tokens" are the frequent ones).
+
+The paper's two uses of thinking tokens are generation options of :mod:`steerkit.generation`:
+representation recycling (``sm.generate(..., recycle=Recycle(layer, tokens))``: a step whose next
+token is a thinking token is re-run with the block applied twice) and thinking-token continuation
+(:func:`steerkit.generation.continue_thinking`). :func:`thinking_eval` compares them with plain
+greedy decoding on arithmetic or GSM8K problems (accuracy with Wilson intervals, generated tokens,
+recycled steps).
 """
 from __future__ import annotations
 
@@ -118,6 +125,94 @@ def mi_trajectory(sm, prompt: str, reference: str, layer: int, *, max_new_tokens
     n = min(len(tokens), states.shape[0])
     mi = np.array([hsic_mi(states[t], ref, sigma=sigma, eps=eps) for t in range(n)])
     return MITrajectory(layer, mi, tokens[:n], find_peaks(mi, k), text, k)
+
+
+# The words the paper finds at MI peaks (reflection / transition tokens), as a default set.
+THINKING_WORDS = ("So", "Wait", "Hmm", "Therefore", "Let", "Now", "Then", "First", "But")
+
+
+def thinking_token_ids(tokenizer, words: Sequence[str] = THINKING_WORDS) -> tuple[list[int], list[str]]:
+    """``(ids, dropped)``: the single-token forms (with and without a leading space) of ``words``, and
+    the words that have no single-token form in this tokenizer."""
+    ids, dropped = [], []
+    for w in words:
+        found = False
+        for form in (w, " " + w):
+            enc = tokenizer.encode(form, add_special_tokens=False)
+            if len(enc) == 1 and int(enc[0]) not in ids:
+                ids.append(int(enc[0]))
+                found = True
+            elif len(enc) == 1:
+                found = True
+        if not found:
+            dropped.append(w)
+    return ids, dropped
+
+
+def peak_token_counts(trajectories: Sequence[MITrajectory]) -> dict[str, int]:
+    """How often each token (stripped) sits at an MI peak over ``trajectories``, most frequent first."""
+    counts: dict[str, int] = {}
+    for tr in trajectories:
+        for t in tr.peak_tokens:
+            counts[t.strip() or repr(t)] = counts.get(t.strip() or repr(t), 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def thinking_eval(sm, problems, *, layer: Optional[int] = None, words: Sequence[str] = THINKING_WORDS,
+                  continue_with: Optional[str] = "Wait", max_new_tokens: int = 96, continue_tokens: int = 64,
+                  batch_size: int = 8, progress=None, keep_texts: int = 3) -> dict:
+    """Accuracy of greedy decoding, representation recycling at ``layer`` (default two thirds deep)
+    on the thinking ``words``, and thinking-token continuation with ``continue_with`` (skipped when
+    None), on ``problems`` (:class:`steerkit.probes.region.Problem`, asked with its EVAL_PROMPT).
+
+    Returns ``{condition: {"accuracy", "ci95", "n", "tokens_mean", ...}, "layer", "thinking_ids",
+    "examples"}``; ``progress(n)`` is called per batch and condition.
+    """
+    from steerkit.generation import Recycle, continue_thinking
+    from steerkit.errors import InputError
+
+    from .region import EVAL_PROMPT, is_correct
+    from .temporal import wilson
+    problems = list(problems)
+    if not problems:
+        raise InputError("expected at least one problem, found none")
+    layer = (2 * sm.n_layers) // 3 if layer is None else int(layer)
+    ids, dropped = thinking_token_ids(sm.tokenizer, words)
+    if not ids:
+        raise InputError(f"expected at least one thinking word with a single-token form, found none in {list(words)}")
+    prompts = [EVAL_PROMPT.format(question=p.question) for p in problems]
+    tick = progress or (lambda n: None)
+    texts: dict[str, list[str]] = {"greedy": [], "recycling": []}
+    recycled = 0
+    if continue_with:
+        texts["continuation"] = []
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i:i + batch_size]
+        texts["greedy"] += sm.generate(chunk, max_new_tokens=max_new_tokens)
+        tick(1)
+        rec = Recycle(layer=layer, tokens=ids)
+        texts["recycling"] += sm.generate(chunk, max_new_tokens=max_new_tokens, recycle=rec)
+        recycled += len(rec.events)
+        tick(1)
+        if continue_with:
+            c = continue_thinking(sm, chunk, continue_with, max_new_tokens=max_new_tokens,
+                                  continue_tokens=continue_tokens, final_prompt=" The answer is", final_tokens=12)
+            texts["continuation"] += c.texts
+            tick(1)
+    out: dict = {"layer": layer, "thinking_ids": ids, "thinking_tokens": [sm.tokenizer.decode([t]) for t in ids],
+                 "dropped_words": dropped, "n": len(problems), "recycled_steps": recycled}
+    tok = lambda t: len(sm.tokenizer.encode(t, add_special_tokens=False))
+    for cond, ts in texts.items():
+        if cond == "continuation":  # judge the answer given after the final prompt
+            ok = [is_correct(t.rsplit(" The answer is", 1)[-1], p.answer) for t, p in zip(ts, problems)]
+        else:
+            ok = [is_correct(t, p.answer) for t, p in zip(ts, problems)]
+        k = sum(ok)
+        out[cond] = {"accuracy": k / len(ok), "correct": k, "ci95": list(wilson(k, len(ok))),
+                     "tokens_mean": float(np.mean([tok(t) for t in ts]))}
+    out["examples"] = [{"question": p.question, "answer": p.answer, **{c: texts[c][j] for c in texts}}
+                       for j, p in enumerate(problems[:keep_texts])]
+    return out
 
 
 def _new_ids(out) -> list[int]:

@@ -62,6 +62,16 @@ def register(subparsers) -> None:
     p.add_argument("--layer", type=int, default=None, help="default: two thirds deep")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--k", type=float, default=2.0, help="peak threshold mean + k std")
+    p.add_argument("--eval", default=None, choices=["arith", "gsm8k"], help="also compare greedy decoding, "
+                   "representation recycling and thinking-token continuation on these problems")
+    p.add_argument("--n-eval", type=int, default=30, help="problems for --eval (default 30)")
+    p.add_argument("--recycle-layer", type=int, default=None, help="block run twice on thinking tokens "
+                   "(default: --layer)")
+    p.add_argument("--thinking-words", default=None, help="comma-separated thinking words (default: "
+                   "So,Wait,Hmm,Therefore,Let,Now,Then,First,But)")
+    p.add_argument("--continue-with", default="Wait", help="thinking word appended for the continuation "
+                   "(empty: skip that condition)")
+    p.add_argument("--eval-tokens", type=int, default=96, help="new tokens per answer in --eval")
     p.set_defaults(func=run, method="mi-peaks")
 
     p = subparsers.add_parser("caa", help="Contrastive Activation Addition vector (Rimsky et al.)")
@@ -212,13 +222,13 @@ def _norms(sm, args, report):
 
 def _mi(sm, args, report):
     from steerkit.errors import InputError
-    from steerkit.probes.mi import mi_trajectory
+    from steerkit.probes.mi import mi_trajectory, peak_token_counts
     path = Path(args.data) if args.data else Path(__file__).resolve().parent / "data/reasoning/gsm8k_test_first300.jsonl"
     if not path.is_file():
         raise InputError(f"expected a jsonl of question/answer at {path}, found nothing there")
     rows = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()][: args.n]
     layer = args.layer if args.layer is not None else (2 * sm.n_layers) // 3
-    out = []
+    out, trs = [], []
     with _bar(args, len(rows), "mi-peaks") as bar:
         for r in rows:
             q, a = r.get("question") or r.get("prompt"), r.get("answer") or r.get("solution")
@@ -227,7 +237,29 @@ def _mi(sm, args, report):
             bar.update(1)
             print(f"  layer {layer}: {len(tr.mi)} steps, MI mean {tr.mi.mean():.3f} max {tr.mi.max():.3f}; "
                   f"peaks at {tr.peaks} tokens {tr.peak_tokens}")
+            trs.append(tr)
     report["mi"] = out
+    report["peak_tokens"] = peak_token_counts(trs)
+    print(f"tokens at MI peaks over {len(trs)} questions: {report['peak_tokens']}")
+    if args.eval:
+        from steerkit.probes import region as RG
+        from steerkit.probes.mi import THINKING_WORDS, thinking_eval
+        probs = (RG.arithmetic_problems(args.n_eval, seed=1) if args.eval == "arith"
+                 else RG.gsm8k_problems(args.n_eval))
+        words = [w for w in args.thinking_words.split(",") if w] if args.thinking_words else THINKING_WORDS
+        rl = args.recycle_layer if args.recycle_layer is not None else layer
+        steps = -(-len(probs) // 8) * (3 if args.continue_with else 2)
+        with _bar(args, steps, "thinking eval") as bar:
+            ev = thinking_eval(sm, probs, layer=rl, words=words, continue_with=args.continue_with or None,
+                               max_new_tokens=args.eval_tokens, progress=bar.update)
+        report["thinking_eval"] = ev
+        print(f"{args.eval} problems (n={ev['n']}), recycling at block {ev['layer']} on {ev['thinking_tokens']} "
+              f"({ev['recycled_steps']} recycled steps):")
+        for cond in ("greedy", "recycling", "continuation"):
+            if cond in ev:
+                r = ev[cond]
+                print(f"  {cond:<13} accuracy {r['accuracy']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]  "
+                      f"({r['correct']}/{ev['n']}), mean tokens {r['tokens_mean']:.1f}")
 
 
 def _caa(sm, args, report):

@@ -6,6 +6,7 @@ position, the steps after it see the recycled keys and values, other rows are un
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -154,3 +155,24 @@ def test_continue_thinking_matches_plain_hf_greedy(sm):
         assert res.texts[i].startswith(res.answer[i] + " w" + res.continued[i] + " =")
     with pytest.raises(InputError, match="thinking word"):
         continue_thinking(sm, PROMPTS, word=" ", chat=False)
+
+
+def test_thinking_eval_and_peak_tokens_on_a_tiny_model(sm):
+    from steerkit.probes.mi import MITrajectory, peak_token_counts, thinking_eval, thinking_token_ids
+    from steerkit.probes.region import Problem
+
+    ids, dropped = thinking_token_ids(sm.tokenizer, ["a", "Wait", "b"])
+    assert dropped == ["Wait"] and len(ids) == 2
+    probs = [Problem("1+1?", 2.0), Problem("2+3?", 5.0), Problem("4+4?", 8.0)]
+    ev = thinking_eval(sm, probs, layer=1, words=["e", "a", "t"], continue_with="o", max_new_tokens=6,
+                       continue_tokens=3, batch_size=2)
+    assert ev["n"] == 3 and ev["layer"] == 1
+    for cond in ("greedy", "recycling", "continuation"):
+        r = ev[cond]
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["ci95"][0] <= r["accuracy"] <= r["ci95"][1]
+        assert r["correct"] == round(r["accuracy"] * 3)
+    assert len(ev["examples"]) == 3 and all("recycling" in e for e in ev["examples"])
+    with pytest.raises(InputError, match="single-token"):
+        thinking_eval(sm, probs, words=["Wait"])
+    tr = lambda toks, peaks: MITrajectory(0, np.zeros(len(toks)), toks, peaks)
+    assert peak_token_counts([tr([" So", "x", " Wait"], [0, 2]), tr([" So"], [0])]) == {"So": 2, "Wait": 1}
