@@ -1,15 +1,27 @@
-"""Residual norm growth per layer (the norm part of Eldenk et al.'s diagnostic).
+"""Residual norm growth and attention drift (Eldenk et al.'s diagnostic).
 
-:func:`norm_profile` records the output of every block (``blocks.{l}.hook_resid_post``) at every real
-prompt token and returns a :class:`NormProfile`: per layer the mean and std of ``||h||`` over tokens,
-the same without the first token (the attention sink, whose norm is often an outlier), and the
-growth ratio between consecutive layers. Attention-mass drift during generation and the
-re-applied-blocks chain are not implemented here.
+* :func:`norm_profile` records the output of every block (``blocks.{l}.hook_resid_post``) at every
+  real prompt token and returns a :class:`NormProfile`: per layer the mean and std of ``||h||`` over
+  tokens, the same without the first token (the attention sink, whose norm is often an outlier),
+  and the growth ratio between consecutive layers.
+* :func:`attention_drift` generates greedily, then re-reads prompt + generated tokens in one
+  teacher-forced pass with eager attention (causal attention makes row ``q`` of that pass exactly
+  the attention of the generation step at position ``q``). Per layer and generation step it
+  returns an :class:`AttentionDrift`: the attention mass (mean over heads and prompts) on the first
+  real token (the sink), on the ``window`` most recent tokens, on the rest of the prompt and on
+  older generated tokens (the four sum to one; a key counts once, in that order of priority), and
+  the residual norm at the newest token.
+* :func:`norm_chain` re-applies the model's blocks after the last one (``passes`` times through the
+  whole stack, each block with the very arguments it received in the real pass: mask, position
+  embeddings), recording the mean norm after every block application: norm growth with depth
+  beyond the model's own depth. A :class:`NormChain`.
+
+All three results have ``to_dict()`` and ``plot()`` (plotly figures).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -87,3 +99,243 @@ def norm_profile(sm, prompts: Sequence[str], *, batch_size: int = 16, chat: bool
                        std=np.array([float(a.std()) if a.numel() > 1 else 0.0 for a in A]),
                        mean_no_first=np.array([mean_of(a) for a in R]), first=np.array([mean_of(a) for a in F]),
                        n_tokens=int(A[0].numel()), model_name=getattr(sm, "name", ""))
+
+
+# --------------------------------------------------------------------------- attention drift
+@dataclass
+class AttentionDrift:
+    """Attention mass and residual norm per layer and generation step (step 0: the last prompt
+    token, which produces the first new token; step s: the s-th generated token fed back)."""
+
+    sink: np.ndarray  # [n_layers, n_steps] mass on the first real token
+    recent: np.ndarray  # [n_layers, n_steps] mass on the `window` most recent tokens (query included)
+    prompt: np.ndarray  # [n_layers, n_steps] mass on the other prompt tokens
+    generated: np.ndarray  # [n_layers, n_steps] mass on older generated tokens
+    norm: np.ndarray  # [n_layers, n_steps] mean ||h_l|| (block output) at the newest token
+    window: int
+    n_prompts: int
+    rows_per_step: np.ndarray  # [n_steps] prompts still generating at each step
+    model_name: str = ""
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.sink.shape[0])
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.sink.shape[1])
+
+    def to_dict(self) -> dict:
+        f = lambda a: [[float(x) for x in row] for row in a]
+        return {"model": self.model_name, "window": self.window, "n_prompts": self.n_prompts,
+                "rows_per_step": [int(x) for x in self.rows_per_step], "sink": f(self.sink),
+                "recent": f(self.recent), "prompt": f(self.prompt), "generated": f(self.generated),
+                "norm": f(self.norm)}
+
+    def plot(self, layers: Optional[Sequence[int]] = None, title: str | None = None):
+        """A plotly ``Figure``: sink / prompt / recent / generated mass per step for a few layers (top),
+        and the sink mass and the newest token's norm as layer x step heatmaps (bottom)."""
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+        L = self.n_layers
+        layers = list(layers) if layers is not None else sorted({0, L // 3, (2 * L) // 3, L - 1})
+        fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], vertical_spacing=0.15,
+                            subplot_titles=("attention mass per step", "sink mass (layer x step)",
+                                            "||h|| at the newest token (layer x step)"))
+        steps = list(range(self.n_steps))
+        dash = {"sink": "solid", "prompt": "dot", "recent": "dash", "generated": "dashdot"}
+        for l in layers:
+            for part in ("sink", "prompt", "recent", "generated"):
+                fig.add_trace(go.Scatter(x=steps, y=list(getattr(self, part)[l]), mode="lines",
+                                         line_dash=dash[part], name=f"L{l} {part}", legendgroup=f"L{l}"),
+                              row=1, col=1)
+        fig.add_trace(go.Heatmap(z=self.sink.tolist(), x=steps, colorscale="Viridis", showscale=False),
+                      row=2, col=1)
+        fig.add_trace(go.Heatmap(z=np.log10(np.maximum(self.norm, 1e-6)).tolist(), x=steps, colorscale="Magma",
+                                 colorbar=dict(title="log10 ||h||", len=0.4, y=0.2)), row=2, col=2)
+        fig.update_xaxes(title_text="generation step")
+        fig.update_yaxes(title_text="mass", row=1, col=1)
+        fig.update_yaxes(title_text="layer", row=2, col=1)
+        fig.update_yaxes(title_text="layer", row=2, col=2)
+        fig.update_layout(title=title or f"attention drift during generation ({self.n_prompts} prompts, "
+                          f"recent window {self.window})", height=800)
+        return fig
+
+
+def _set_attn(model, impl: str) -> str:
+    """Switch the attention implementation; returns the previous one."""
+    prev = getattr(model.config, "_attn_implementation", None) or "eager"
+    if prev != impl:
+        if not hasattr(model, "set_attn_implementation"):
+            raise InputError(f"expected a transformers model that can switch to {impl!r} attention "
+                             f"(set_attn_implementation), found {type(model).__name__}")
+        model.set_attn_implementation(impl)
+    return prev
+
+
+@torch.inference_mode()
+def attention_drift(sm, prompts: Sequence[str], *, max_new_tokens: int = 32, window: int = 4,
+                    chat: bool = True, batch_size: int = 8) -> AttentionDrift:
+    """Attention mass on sink / prompt / recent / older generated tokens and the residual norm at the
+    newest token, per layer and greedy generation step (see the module docstring)."""
+    from steerkit.hooknames import resid_post
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    prompts = list(prompts)
+    if not prompts:
+        raise InputError("expected at least one prompt, found none")
+    if window < 1:
+        raise InputError(f"expected a recent-token window >= 1, found {window}")
+    L, S = sm.n_layers, max_new_tokens
+    acc = {k: np.zeros((L, S)) for k in ("sink", "recent", "prompt", "generated", "norm")}
+    count = np.zeros(S)
+    names = resid_post(range(L))
+    model = sm.hf_model
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i:i + batch_size]
+        toks = sm.tokenize(chunk, chat=chat)
+        gen = sm.generate(toks, max_new_tokens=max_new_tokens, return_tokens=True)
+        rows = [toks.input_ids[b][toks.attention_mask[b].bool()].tolist() for b in range(len(chunk))]
+        full = sm.pad([r + g for r, g in zip(rows, gen)])
+        T = int(full.input_ids.shape[1])
+        with sm.record(names, positions="all") as cache:
+            sm.forward(full)
+        prev = _set_attn(model, "eager")
+        try:
+            out = model(input_ids=full.input_ids, attention_mask=full.attention_mask,
+                        position_ids=full.position_ids, output_attentions=True, use_cache=False)
+        finally:
+            _set_attn(model, prev)
+        atts = out.attentions
+        if atts is None or len(atts) != L:
+            raise InputError(f"expected attention weights for {L} layers, found "
+                             f"{None if atts is None else len(atts)}; the architecture does not return them")
+        for b in range(len(chunk)):
+            P, g = len(rows[b]), len(gen[b])
+            o = T - P - g  # left padding
+            steps = min(g, S)  # step s: query at o + P - 1 + s
+            if steps == 0:
+                continue
+            q = torch.arange(steps) + o + P - 1
+            k = torch.arange(T)
+            cat = torch.full((steps, T), -1, dtype=torch.long)  # 0 sink 1 recent 2 prompt 3 generated
+            real = (k[None, :] >= o) & (k[None, :] <= q[:, None])
+            cat[real & (k[None, :] >= o + P)] = 3
+            cat[real & (k[None, :] < o + P)] = 2
+            cat[real & (k[None, :] > q[:, None] - window)] = 1
+            cat[:, o] = 0
+            for l in range(L):
+                a = atts[l][b].float().mean(0)[q]  # [steps, T], mean over heads
+                for c, key in enumerate(("sink", "recent", "prompt", "generated")):
+                    acc[key][l, :steps] += (a * (cat == c)).sum(-1).numpy()
+                h = cache[names[l]][b]  # [n_real, d]: real tokens in order
+                acc["norm"][l, :steps] += h[P - 1:P - 1 + steps].float().norm(dim=-1).numpy()
+            count[:steps] += 1
+    keep = count > 0
+    mean = {k: v[:, keep] / count[keep] for k, v in acc.items()}
+    return AttentionDrift(mean["sink"], mean["recent"], mean["prompt"], mean["generated"], mean["norm"], window,
+                          len(prompts), count[keep].astype(int), getattr(sm, "name", ""))
+
+
+# --------------------------------------------------------------------------- re-applied blocks
+@dataclass
+class NormChain:
+    """Mean residual norm after every block application: ``passes`` x ``n_layers`` applications,
+    the first pass being the model's own forward."""
+
+    norms: np.ndarray  # [passes * n_layers] mean ||h|| over real tokens without the first one
+    first: np.ndarray  # [passes * n_layers] mean ||h|| at the first (sink) token
+    n_layers: int
+    passes: int
+    model_name: str = ""
+
+    @property
+    def growth_per_pass(self) -> np.ndarray:
+        """Norm at the end of each pass over the norm at the end of the previous one."""
+        ends = self.norms[self.n_layers - 1::self.n_layers]
+        return ends[1:] / np.maximum(ends[:-1], 1e-12)
+
+    def to_dict(self) -> dict:
+        f = lambda a: [float(x) for x in a]
+        return {"model": self.model_name, "n_layers": self.n_layers, "passes": self.passes,
+                "norms": f(self.norms), "first": f(self.first), "growth_per_pass": f(self.growth_per_pass)}
+
+    def plot(self, title: str | None = None):
+        import plotly.graph_objects as go
+        x = list(range(len(self.norms)))
+        fig = go.Figure()
+        fig.add_trace(go.Scatter(x=x, y=list(self.norms), mode="lines+markers", name="without first token"))
+        fig.add_trace(go.Scatter(x=x, y=list(self.first), mode="lines", line_dash="dot", name="first token"))
+        for p in range(1, self.passes):
+            fig.add_vline(x=p * self.n_layers - 0.5, line_dash="dash", line_color="grey")
+        fig.update_layout(title=title or f"norm along {self.passes} passes through the {self.n_layers} blocks",
+                          xaxis_title="block application", yaxis_title="||h||", yaxis_type="log")
+        return fig
+
+
+@torch.inference_mode()
+def norm_chain(sm, prompts: Sequence[str], *, passes: int = 3, chat: bool = True) -> NormChain:
+    """Run the prompts once, then push the last block's output through all blocks ``passes - 1`` more
+    times, each block called with the arguments it got in the real pass (see the module docstring)."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    prompts = list(prompts)
+    if not prompts:
+        raise InputError("expected at least one prompt, found none")
+    if passes < 1:
+        raise InputError(f"expected passes >= 1, found {passes}")
+    model = sm.hf_model
+    blocks = list(sm.adapter.block_list(model))
+    L = len(blocks)
+    toks = sm.tokenize(prompts, chat=chat)
+    real = toks.attention_mask.bool().clone()
+    first_idx = real.float().argmax(1)  # left padding: the first real token of each row
+    rest = real.clone()
+    rest[torch.arange(len(prompts)), first_idx] = False
+    calls: list = [None] * L
+    outs: list = [None] * L
+
+    def hidden(o):
+        return o[0] if isinstance(o, (tuple, list)) else o
+
+    def pre(l):
+        def f(mod, args, kwargs):
+            calls[l] = (tuple(args[1:]), dict(kwargs))
+        return f
+
+    def post(l):
+        def f(mod, args, kwargs, out):
+            outs[l] = hidden(out)
+        return f
+
+    handles = []
+    try:
+        for l, blk in enumerate(blocks):
+            handles.append(blk.register_forward_pre_hook(pre(l), with_kwargs=True))
+            handles.append(blk.register_forward_hook(post(l), with_kwargs=True))
+        model(input_ids=toks.input_ids, attention_mask=toks.attention_mask, position_ids=toks.position_ids,
+              use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    if any(c is None for c in calls):
+        raise InputError("expected every block to run once in the forward pass, found blocks that did not")
+
+    def stats(h):
+        n = h.float().norm(dim=-1)
+        return float(n[rest].mean()), float(n[torch.arange(len(prompts)), first_idx].mean())
+
+    norms, firsts = [], []
+    for l in range(L):
+        a, f0 = stats(outs[l])
+        norms.append(a); firsts.append(f0)
+    h = outs[-1]
+    for _ in range(passes - 1):
+        for l, blk in enumerate(blocks):
+            args, kwargs = calls[l]
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "past_key_values", "past_key_value",
+                                                                 "cache", "layer_past")}
+            h = hidden(blk(h, *args, **kwargs))
+            a, f0 = stats(h)
+            norms.append(a); firsts.append(f0)
+    return NormChain(np.array(norms), np.array(firsts), L, passes, getattr(sm, "name", ""))

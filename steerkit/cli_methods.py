@@ -52,6 +52,12 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("norms", help="residual norm growth per layer")
     common(p)
     p.add_argument("prompts", nargs="?", default=None, help="prompts file (default: built-in prompts)")
+    p.add_argument("--drift-tokens", type=int, default=32, help="greedy tokens for the attention-drift part "
+                   "(sink / prompt / recent / generated mass per layer and step; 0 skips it)")
+    p.add_argument("--window", type=int, default=4, help="recent-token window of the drift part (default 4)")
+    p.add_argument("--passes", type=int, default=3, help="passes through the blocks in the re-applied-blocks "
+                   "chain (1: the model only; default 3)")
+    p.add_argument("--html", default=None, metavar="FILE", help="write the three figures to one HTML file")
     p.set_defaults(func=run, method="norms")
 
     p = subparsers.add_parser("mi-peaks", help="MI (HSIC) per generation step and its peaks (Qian et al.)")
@@ -208,7 +214,7 @@ def _temporal(sm, args, report):
 
 def _norms(sm, args, report):
     from steerkit.cli import read_prompts
-    from steerkit.probes.norms import norm_profile
+    from steerkit.probes.norms import attention_drift, norm_chain, norm_profile
     prompts = read_prompts(args.prompts) if args.prompts else _DEFAULT_PROMPTS
     with _bar(args, 1, "norms") as bar:
         prof = norm_profile(sm, prompts)
@@ -218,6 +224,31 @@ def _norms(sm, args, report):
     for l in range(prof.n_layers):
         print(f"  layer {l:2d}  mean {prof.mean[l]:9.2f}  std {prof.std[l]:9.2f}  w/o first {prof.mean_no_first[l]:8.2f}"
               f"  first {prof.first[l]:9.2f}")
+    figs = [prof.plot()]
+    if args.passes > 1:
+        chain = norm_chain(sm, prompts, passes=args.passes)
+        report["chain"] = chain.to_dict()
+        figs.append(chain.plot())
+        L = chain.n_layers
+        ends = ", ".join(f"{chain.norms[(p + 1) * L - 1]:.1f}" for p in range(chain.passes))
+        print(f"re-applied blocks ({chain.passes} passes x {L} blocks): norm (w/o first token) at the end of each "
+              f"pass {ends}; growth per extra pass {[round(float(g), 2) for g in chain.growth_per_pass]}")
+    if args.drift_tokens > 0:
+        with _bar(args, 1, "attention drift") as bar:
+            d = attention_drift(sm, prompts, max_new_tokens=args.drift_tokens, window=args.window)
+            bar.update(1)
+        report["drift"] = d.to_dict()
+        figs.append(d.plot())
+        print(f"attention mass during generation ({d.n_steps} steps, recent window {d.window}; first -> last step):")
+        for l in sorted({0, d.n_layers // 3, (2 * d.n_layers) // 3, d.n_layers - 1}):
+            parts = "  ".join(f"{k} {getattr(d, k)[l, 0]:.2f}->{getattr(d, k)[l, -1]:.2f}"
+                              for k in ("sink", "prompt", "recent", "generated"))
+            print(f"  layer {l:2d}  {parts}  ||h|| {d.norm[l, 0]:.1f}->{d.norm[l, -1]:.1f}")
+    if args.html:
+        with open(args.html, "w", encoding="utf-8") as f:
+            for i, fig in enumerate(figs):
+                f.write(fig.to_html(full_html=i == 0, include_plotlyjs="cdn" if i == 0 else False))
+        print(f"wrote the figures to {args.html}")
 
 
 def _mi(sm, args, report):

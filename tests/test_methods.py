@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from steerkit.errors import InputError
 from steerkit.model import wrap
 from steerkit.probes import caa as C
 from steerkit.probes import mi as M
@@ -156,6 +157,72 @@ def test_norm_profile_mechanics():
     allv = torch.cat([x[r, : int(lens[r])].norm(dim=-1) for r in range(3)])
     assert prof.mean[2] == pytest.approx(float(allv.mean()), rel=1e-5)
     assert prof.first[2] == pytest.approx(float(torch.stack([x[r, 0].norm() for r in range(3)]).mean()), rel=1e-5)
+
+
+def test_attention_drift_masses_sum_to_one_and_match_the_attention_weights():
+    model, tok = tiny_model("llama", num_hidden_layers=3, attn_implementation="sdpa")
+    sm = wrap(model, tok, name="tiny-llama")
+    prompts = ["hello there", "abc"]
+    d = N.attention_drift(sm, prompts, max_new_tokens=5, window=2, chat=False)
+    assert model.config._attn_implementation == "sdpa"  # switched to eager for the pass, then back
+    assert d.sink.shape == (3, d.n_steps) and 1 <= d.n_steps <= 5 and d.rows_per_step[0] == 2
+    total = d.sink + d.recent + d.prompt + d.generated
+    np.testing.assert_allclose(total, 1.0, atol=1e-5)
+    assert (d.norm > 0).all()
+    # window 1: "recent" is the mass a query puts on itself; check one row against the weights
+    one = N.attention_drift(sm, prompts[:1], max_new_tokens=4, window=1, chat=False)
+    gen = sm.generate(prompts[:1], max_new_tokens=4, chat=False, return_tokens=True)[0]
+    ids = tok.encode(prompts[0], add_special_tokens=False) + gen
+    model.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            att = model(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation("sdpa")
+    P = len(ids) - len(gen)
+    for l in range(3):
+        a = att[l][0].mean(0)  # [T, T]
+        for s in range(one.n_steps):
+            q = P - 1 + s
+            assert one.recent[l, s] == pytest.approx(float(a[q, q]), abs=1e-5)
+            assert one.sink[l, s] == pytest.approx(float(a[q, 0]), abs=1e-5)
+            assert one.prompt[l, s] == pytest.approx(float(a[q, 1:min(P, q)].sum()), abs=1e-5)
+    fig = d.plot()
+    assert len(fig.data) > 4
+    with pytest.raises(InputError, match="window"):
+        N.attention_drift(sm, prompts, window=0)
+
+
+def test_norm_chain_first_pass_is_the_model_and_later_passes_reapply_the_blocks():
+    sm = _sm(num_hidden_layers=3)
+    prompts = ["hello there", "abc", "a longer prompt"]
+    one = N.norm_chain(sm, prompts, passes=1, chat=False)
+    prof = N.norm_profile(sm, prompts, chat=False)
+    np.testing.assert_allclose(one.norms, prof.mean_no_first, rtol=1e-5)
+    np.testing.assert_allclose(one.first, prof.first, rtol=1e-5)
+    two = N.norm_chain(sm, prompts, passes=2, chat=False)
+    assert two.norms.shape == (6,) and two.growth_per_pass.shape == (1,)
+    np.testing.assert_allclose(two.norms[:3], one.norms, rtol=1e-6)
+    # independent: feed the last block's output back as input embeddings (Llama: blocks 0..L-1 again)
+    toks = sm.tokenize(prompts, chat=False)
+    outs = []
+    blocks = sm.hf_model.model.layers
+    hs = [b.register_forward_hook(lambda m, i, o: outs.append(o[0] if isinstance(o, tuple) else o)) for b in blocks]
+    try:
+        with torch.inference_mode():
+            kw = dict(attention_mask=toks.attention_mask, position_ids=toks.position_ids, use_cache=False)
+            sm.hf_model(input_ids=toks.input_ids, **kw)
+            sm.hf_model(inputs_embeds=outs[2].clone(), **kw)
+    finally:
+        for h in hs:
+            h.remove()
+    real = toks.attention_mask.bool().clone()
+    real[torch.arange(3), real.float().argmax(1)] = False
+    ref = [float(o.norm(dim=-1)[real].mean()) for o in outs[3:]]
+    np.testing.assert_allclose(two.norms[3:], ref, rtol=1e-5)
+    assert len(two.plot().data) == 2
+    with pytest.raises(InputError, match="passes"):
+        N.norm_chain(sm, prompts, passes=0)
 
 
 # --------------------------------------------------------------------------- MI
