@@ -111,8 +111,8 @@ def register(subparsers) -> None:
     p.add_argument("--n", type=int, default=40, help="training questions (clean + corrupted trace each)")
     p.add_argument("--n-eval", type=int, default=None, help="held-out step sequences to score, half of them "
                    "erroneous (default: --n)")
-    p.add_argument("--layers", default=None, help="comma-separated layers to sweep (default: every 5th layer "
-                   "and the last, a subset to save CPU time; the API default is every layer)")
+    p.add_argument("--layers", default=None, help="comma-separated layers to sweep, or 'all' (default: every "
+                   "5th layer and the last, a subset to save CPU time; the API default is every layer)")
     p.add_argument("--alphas", default=",".join(f"{a:g}" for a in [round(-1 + 0.2 * i, 1) for i in range(11)]),
                    help="comma-separated steering strengths (default -1..1 step 0.2)")
     p.add_argument("--contrast", default="auto", choices=["auto", "recovery", "error"],
@@ -378,7 +378,8 @@ def _critique(sm, args, report):
         raise InputError(f"expected --n >= 1 and --n-eval >= 2, found {args.n} and {n_eval}")
     try:
         alphas = [float(x) for x in args.alphas.split(",") if x.strip()]
-        layers = ([int(x) for x in args.layers.split(",") if x.strip()] if args.layers else
+        layers = (list(range(sm.n_layers)) if args.layers == "all" else
+                  [int(x) for x in args.layers.split(",") if x.strip()] if args.layers else
                   sorted(set(range(0, sm.n_layers, 5)) | {sm.n_layers - 1}))
     except ValueError as e:
         raise InputError(f"expected comma-separated numbers in --alphas / --layers, found {e}") from None
