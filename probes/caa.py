@@ -117,10 +117,27 @@ def caa_vector(sm, items: Sequence[ABItem] | None = None, *, chat: bool = True, 
     return pos.mean(0) - neg.mean(0)
 
 
+def after_instruction(sm, *, chat: bool = True, answer_prefix: str = "("):
+    """CAA's steering positions: every token after the instruction -- the chat template's
+    post-instruction tokens and the ``answer_prefix`` (``"("``) of the prompt -- and every
+    generated token. Without a chat template, only the answer prefix and the generated tokens."""
+    from steerkit.positions import AnyOf
+
+    from .refusal import post_instruction_positions
+    k = len(sm.tokenizer(answer_prefix, add_special_tokens=False)["input_ids"]) if answer_prefix else 0
+    has_template = chat and getattr(sm.tokenizer, "chat_template", None)
+    if has_template:
+        k += len(post_instruction_positions(sm, chat=True)[0])
+    return AnyOf(range(-k, 0), "generated") if k else "generated"
+
+
 def matching_prob(sm, items: Sequence[ABItem], *, vector=None, layer: int | None = None, multiplier: float = 0.0,
-                  chat: bool = True, batch_size: int = 16) -> float:
+                  chat: bool = True, batch_size: int = 16, positions=None) -> float:
     """Mean over items of p(matching letter) / (p(A) + p(B)) after ``"("``, with ``multiplier * vector``
-    added at block ``layer``'s output (every position)."""
+    added at block ``layer``'s output at ``positions`` (default :func:`after_instruction`, as the
+    paper: every position after the instruction; ``"all"`` adds it everywhere)."""
+    if positions is None:
+        positions = after_instruction(sm, chat=chat)
     ids = {l: sm.tokenizer(l, add_special_tokens=False)["input_ids"][0] for l in ("A", "B")}
     probs = []
     for i in range(0, len(items), batch_size):
@@ -128,7 +145,7 @@ def matching_prob(sm, items: Sequence[ABItem], *, vector=None, layer: int | None
         prompts = [sm.format(it.text, chat) + "(" for it in batch]
         if vector is not None and multiplier != 0.0:
             ctx = sm.edit(f"blocks.{layer}.hook_resid_post", add=torch.as_tensor(vector, dtype=torch.float32),
-                          scale=float(multiplier))
+                          scale=float(multiplier), positions=positions)
         else:
             ctx = None
         try:

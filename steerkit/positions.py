@@ -14,7 +14,8 @@ spec                positions selected (padding is never selected)
 ``"last"``          the last real prompt token of each row
 ``int`` / list      indices among the real prompt tokens (negative: from the
                     end, ``-1`` is the last prompt token)
-``range``/``slice`` the same, as a range
+``range``           the indices it holds (``range(-3, 0)``: the last three)
+``slice``           Python slice semantics over each row's real prompt tokens
 bool tensor         ``[batch, P]`` mask over the padded prompt
 :class:`TokenMatch` positions whose input token (with the tokens before it)
                     matches a pattern of token-id sets, within ``"all"``,
@@ -225,12 +226,24 @@ def chunk_mask(spec: PositionSpec, run: RunState | None, start: int, T: int, B: 
             run._cache[key] = torch.zeros(B, T, dtype=torch.bool, device=device)
         return run._cache[key]
     # every hook of one step asks for the same mask: compute it once per (spec, chunk)
-    key = ("mask", spec if isinstance(spec, (str, int)) else id(spec), start, T, B, device)
-    if key in run._cache:
-        return run._cache[key]
+    key = ("mask", _spec_key(spec), start, T, B, device)
+    hit = run._cache.get(key)
+    if hit is not None:  # (an id-keyed entry holds its spec, so that id cannot be reused meanwhile)
+        return hit[1]
     out = _chunk_mask(spec, run, start, T, B, device)
-    run._cache[key] = out
+    run._cache[key] = (spec, out)  # the spec is kept: an id-keyed entry can never match a new object
     return out
+
+
+def _spec_key(spec):
+    """A cache key for ``spec``: its value where it has a simple one, else its identity."""
+    if isinstance(spec, (str, int)):
+        return spec
+    if isinstance(spec, (range, slice)):
+        return (type(spec).__name__, spec.start, spec.stop, spec.step)
+    if isinstance(spec, (list, tuple)) and all(isinstance(i, int) for i in spec):
+        return ("idx",) + tuple(spec)
+    return ("id", id(spec))
 
 
 def _token_mask(spec: TokenMatch, run: RunState, start: int, T: int, B: int, device) -> Tensor:
@@ -300,8 +313,10 @@ def _chunk_mask(spec: PositionSpec, run: RunState, start: int, T: int, B: int,
     # index-like specs: indices among the real prompt tokens
     ri = run.real_index().to(device)[:, idx_p]  # [B, T]
     nr = run.n_real().to(device).unsqueeze(1)  # [B, 1]
-    if isinstance(spec, (slice, range)):
-        sl = slice(spec.start, spec.stop, spec.step) if isinstance(spec, range) else spec
+    if isinstance(spec, range):  # the indices it holds, like a list: range(-3, 0) is [-3, -2, -1]
+        spec = list(spec)
+    if isinstance(spec, slice):  # Python slice semantics over each row's real prompt tokens
+        sl = spec
         out = torch.zeros(B, T, dtype=torch.bool, device=device)
         for b in range(B):
             n = int(nr[b, 0])

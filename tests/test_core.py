@@ -242,3 +242,18 @@ def test_row_arena_keeps_copies_in_shared_blocks():
     assert idx.untyped_storage().data_ptr() not in storages
     big = torch.ones(4096)  # a quarter block or more: kept as its own tensor
     assert arena.keep(big) is big
+
+
+def test_range_positions_are_their_indices_and_slices_are_slices():
+    """range(-2, 0) means the last two real prompt tokens (as [-2, -1]), not the empty slice(-2, 0)."""
+    from steerkit.positions import RunState, chunk_mask
+
+    mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])  # row 0 left-padded
+    run = RunState(mask)
+
+    def sel(spec):
+        return chunk_mask(spec, run, 0, 5, 2, "cpu").nonzero().tolist()
+    last2 = [[0, 3], [0, 4], [1, 3], [1, 4]]
+    assert sel(range(-2, 0)) == sel([-2, -1]) == sel(slice(-2, None)) == last2
+    assert sel(range(0, 2)) == sel([0, 1]) == sel(slice(0, 2)) == [[0, 1], [0, 2], [1, 0], [1, 1]]
+    assert sel(slice(-1, 0)) == []  # a slice keeps Python's meaning

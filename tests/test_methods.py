@@ -290,6 +290,31 @@ def test_caa_planted_direction_moves_the_letter():
     assert p1 > p0
 
 
+def test_caa_adds_after_the_instruction_and_at_generated_tokens_only():
+    sm = _sm()
+    sm.tokenizer.chat_template = ("{% for m in messages %}<u>{{ m['content'] }}</u>{% endfor %}"
+                                  "{% if add_generation_prompt %}<a>{% endif %}")
+    spec = C.after_instruction(sm)  # "</u><a>" (7 characters) and "(" -> the last 8 prompt tokens
+    prompts = [sm.format(q, True) + "(" for q in ("Pick one?", "Which?")]
+    v = torch.randn(sm.d_model)
+    name = "blocks.1.hook_resid_post"
+    with sm.record(name, positions="all") as base:
+        sm.generate(prompts, max_new_tokens=3, chat=False)
+    with sm.edit(name, add=v, scale=2.0, positions=spec), sm.record(name, positions="all") as new:
+        sm.generate(prompts, max_new_tokens=3, chat=False)
+    for r, p in enumerate(prompts):
+        n_prompt = len(p)  # one token per character
+        n = int(base.lengths(name)[r])
+        d = new[name][r, :n] - base[name][r, :n]
+        assert float(d[: n_prompt - 8].abs().max()) == 0.0  # the instruction itself: untouched
+        # after the instruction the edit is there (the first edited position exactly 2v; later ones
+        # also carry the changed attention, so only "changed" is asserted)
+        torch.testing.assert_close(d[n_prompt - 8], 2.0 * v, atol=1e-5, rtol=1e-5)
+        assert bool((d[n_prompt - 8:].abs().amax(-1) > 1e-3).all())
+    assert C.after_instruction(sm, chat=False).__class__.__name__ == "AnyOf"
+    assert sm.hook_count() == 0
+
+
 # --------------------------------------------------------------------------- default model (short)
 def test_default_model_end_to_end(sm):
     pairs = T.temporal_pairs(8, seed=0)
