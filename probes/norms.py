@@ -29,6 +29,14 @@ import torch
 from steerkit.errors import InputError
 
 
+def _prompt_list(prompts) -> list[str]:
+    """``prompts`` as a non-empty list (a single string is one prompt)."""
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not prompts:
+        raise InputError("expected at least one prompt, found none")
+    return prompts
+
+
 @dataclass
 class NormProfile:
     mean: np.ndarray  # [n_layers] mean ||h_l|| over all real prompt tokens
@@ -73,10 +81,7 @@ class NormProfile:
 def norm_profile(sm, prompts: Sequence[str], *, batch_size: int = 16, chat: bool = True) -> NormProfile:
     """Per-layer residual norms of ``prompts`` on ``sm``."""
     from steerkit.hooknames import resid_post
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if not prompts:
-        raise InputError("expected at least one prompt, found none")
+    prompts = _prompt_list(prompts)
     names = resid_post(range(sm.n_layers))
     alls, firsts, rests = [[] for _ in names], [[] for _ in names], [[] for _ in names]
     for i in range(0, len(prompts), batch_size):
@@ -179,11 +184,7 @@ def attention_drift(sm, prompts: Sequence[str], *, max_new_tokens: int = 32, win
     """Attention mass on sink / prompt / recent / older generated tokens and the residual norm at the
     newest token, per layer and greedy generation step (see the module docstring)."""
     from steerkit.hooknames import resid_post
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    prompts = list(prompts)
-    if not prompts:
-        raise InputError("expected at least one prompt, found none")
+    prompts = _prompt_list(prompts)
     if window < 1:
         raise InputError(f"expected a recent-token window >= 1, found {window}")
     L, S = sm.n_layers, max_new_tokens
@@ -277,11 +278,7 @@ class NormChain:
 def norm_chain(sm, prompts: Sequence[str], *, passes: int = 3, chat: bool = True) -> NormChain:
     """Run the prompts once, then push the last block's output through all blocks ``passes - 1`` more
     times, each block called with the arguments it got in the real pass (see the module docstring)."""
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    prompts = list(prompts)
-    if not prompts:
-        raise InputError("expected at least one prompt, found none")
+    prompts = _prompt_list(prompts)
     if passes < 1:
         raise InputError(f"expected passes >= 1, found {passes}")
     model = sm.hf_model
