@@ -226,3 +226,18 @@ def test_hook_count_back_to_baseline_after_exception(hf, others, toks, ref_logit
         assert sm.hook_count() == base and not h2.active, name
         tol = TOL.get(name, dict(rtol=0.0, atol=0.0))
         torch.testing.assert_close(_real(sm.forward(toks), toks), _real(ref_logits, toks), **tol)
+
+
+def test_recycling_agrees_across_backends(hf, others):
+    """Representation recycling re-runs steps (cache cropped, positions repeated) on every backend."""
+    from steerkit.generation import Recycle
+    plain = hf.generate(PROMPTS[:2], 8, return_tokens=True)
+    thinking = sorted({t for row in plain for t in row[2:5]})  # steps 2-4 of each row re-run
+    rec = Recycle(layer=10, tokens=thinking)
+    want = hf.generate(PROMPTS[:2], 8, return_tokens=True, recycle=rec)
+    assert rec.events, "some step should have been recycled"
+    for name, sm in others.items():
+        r = Recycle(layer=10, tokens=thinking)
+        assert sm.generate(PROMPTS[:2], 8, return_tokens=True, recycle=r) == want, name
+        assert r.events == rec.events, name
+    assert hf.hook_count() == 0
