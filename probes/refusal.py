@@ -473,6 +473,7 @@ def orthogonalize_weights(model: nn.Module, direction: Tensor, adapter=None, *, 
         raise UnsupportedArchitectureError(f"adapter {adapter.name!r}: learned absolute position embeddings "
                                            "also write into the residual stream; not supported")
     m = model if inplace else copy.deepcopy(model)
+    cfg = adapter.text_config(m)  # the copy's: untying below must not touch the original's config
     d = adapter.d_model(m)
     r = _unit(direction, d).double()
     emb = adapter.embed_module(m)

@@ -73,9 +73,11 @@ def test_orthogonalized_weights_equal_runtime_ablation(arch, kw, tmp_path):
     with R.ablation(sm, r):
         ablated = sm.forward(PROMPTS)
     base = sm.forward(PROMPTS)
+    cfg_before = sm.hf_model.config.to_dict()
     ortho = R.orthogonalize_weights(sm.hf_model, r, sm.adapter)
-    # the original model is untouched (a copy was edited), including a tied unembedding
+    # the original model is untouched (a copy was edited), including a tied unembedding and its config
     torch.testing.assert_close(sm.forward(PROMPTS), base, atol=0, rtol=0)
+    assert sm.hf_model.config.to_dict() == cfg_before
     so = wrap(ortho, sm.tokenizer, name="ortho")
     real = sm.tokenize(PROMPTS).attention_mask.bool()  # run-time edits skip padding; compare real tokens
 
@@ -320,7 +322,9 @@ def test_orthogonalized_default_model_saves_loads_and_equals_runtime_ablation(sm
     with R.ablation(sm, v):
         ablated = sm.forward(prompts)
     base = sm.forward(prompts)
+    tied_before = sm.hf_model.config.tie_word_embeddings
     out = R.save_orthogonalized(sm, v, tmp_path / "ortho")
+    assert sm.hf_model.config.tie_word_embeddings == tied_before  # the session's model is untouched
     so = steerkit.load_model(str(out))
     real = sm.tokenize(prompts).attention_mask.bool()
     got = so.forward(prompts)
