@@ -63,10 +63,12 @@ def interleave(runners: dict, batches, repeats: int, log) -> dict:
     for B in batches:  # warm-up: one short run of each condition
         for c, fn in runners.items():
             fn(B, warm=True)
+    conds = list(runners)
     for r in range(repeats):
         for B in batches:
-            for c, fn in runners.items():
-                clk, steps = fn(B)
+            order = conds[r % len(conds):] + conds[:r % len(conds)]  # rotate: no condition always runs first
+            for c in order:
+                clk, steps = runners[c](B)
                 res[f"{c}@{B}"]["wall"].append(clk.wall)
                 res[f"{c}@{B}"]["cpu"].append(clk.cpu)
                 res[f"{c}@{B}"]["steps"].append(steps)
@@ -237,8 +239,14 @@ def summarize(name: str, res: dict, batches, clock: str) -> list[list]:
             r = res[f"{c}@{B}"]
             step = per_step(r, clock)
             steps = sorted(set(r["steps"] + base["steps"]))
+            # paired: each repeat's steered run against the base run of the same repeat (adjacent in time)
+            pr = sorted((t / max(s, 1)) / (bt / max(bs, 1))
+                        for t, s, bt, bs in zip(r[clock], r["steps"], base[clock], base["steps"]))
+            q = lambda f: pr[min(len(pr) - 1, max(0, round(f * (len(pr) - 1))))]
             rows.append([name, c, B, f"{bstep * 1e3:.1f}", f"{step * 1e3:.1f}", step / bstep,
-                         f"{(step / bstep - 1) * 100:+.1f}%", f"{(per_step(r, other) / per_step(base, other) - 1) * 100:+.1f}%",
+                         f"{(step / bstep - 1) * 100:+.1f}%", f"{(C.median(pr) - 1) * 100:+.1f}% "
+                         f"[{(q(0.25) - 1) * 100:+.1f}, {(q(0.75) - 1) * 100:+.1f}]",
+                         f"{(per_step(r, other) / per_step(base, other) - 1) * 100:+.1f}%",
                          "/".join(map(str, steps))])
     return rows
 
@@ -320,7 +328,7 @@ def main(argv=None) -> int:
     print()
     other = "wall" if a.clock == "cpu" else "cpu"
     print(C.table(["library", "edit", "batch", f"base {a.clock} ms/step", f"steered {a.clock} ms/step", "ratio",
-                   "overhead", f"overhead ({other})", "steps"],
+                   "overhead", "paired overhead, median [IQR]", f"overhead ({other})", "steps"],
                   rows, title=f"Steered vs unsteered greedy generation ({tokens} new tokens, medians of "
                               f"{repeats} interleaved repeats, ratios of {a.clock} time; target for steerkit: "
                               f"overhead <= 3%)"))
