@@ -35,15 +35,18 @@ __all__ = [
 from .temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, inject, injection_spec,
                        linear_decay, order_questions, per_input_taus, profile_from_states, temporal_pairs,
                        temporal_profile)
-from .norms import NormProfile, norm_profile
-from .mi import MITrajectory, find_peaks, hsic_mi, mi_trajectory
-from .caa import AB_ITEMS, ABItem, caa_activations, caa_eval, caa_vector, matching_prob
+from .norms import AttentionDrift, NormChain, NormProfile, attention_drift, norm_chain, norm_profile
+from .mi import (THINKING_WORDS, MITrajectory, find_peaks, hsic_mi, mi_trajectory, peak_token_counts, thinking_eval,
+                 thinking_token_ids)
+from .caa import AB_ITEMS, ABItem, after_instruction, caa_activations, caa_eval, caa_vector, matching_prob
 
 __all__ += [
     "OrderItem", "Profile", "TemporalPair", "choice_accuracy", "choose_beta", "inject", "injection_spec",
     "linear_decay", "order_questions", "per_input_taus", "profile_from_states", "temporal_pairs",
-    "temporal_profile", "NormProfile", "norm_profile", "MITrajectory", "find_peaks", "hsic_mi", "mi_trajectory",
-    "AB_ITEMS", "ABItem", "caa_activations", "caa_eval", "caa_vector", "matching_prob",
+    "temporal_profile", "NormProfile", "norm_profile", "AttentionDrift", "attention_drift", "NormChain", "norm_chain",
+    "MITrajectory", "find_peaks", "hsic_mi", "mi_trajectory", "peak_token_counts", "thinking_eval",
+    "thinking_token_ids", "THINKING_WORDS", "AB_ITEMS", "ABItem", "after_instruction", "caa_activations", "caa_eval",
+    "caa_vector", "matching_prob",
 ]
 from .region import (CONCISE_PROMPT, EVAL_PROMPT, VERBOSE_PROMPT, Problem, RegionResult, Solution, StepBoundaries,
                      arithmetic_problems, fit_region, gsm8k_problems, parse_answer, region_eval, region_features,

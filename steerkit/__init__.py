@@ -21,13 +21,14 @@ from .edits import Edit, orthonormalize
 from .errors import HookNameError, InputError, ModelNotFoundError, SteerkitError, UnsupportedArchitectureError
 from .hooknames import layer_names, resid_post, resid_pre
 from .hooks import ActivationCache, HookHandle
+from .generation import Recycle, continue_thinking
 from .model import SteerModel, Tokens, load_model, wrap
 
 __all__ = [
     "__version__", "load_model", "wrap", "SteerModel", "Tokens", "Adapter", "adapter_for", "register_adapter",
     "Edit", "orthonormalize", "ActivationCache", "HookHandle", "layer_names", "resid_post", "resid_pre",
     "SteerkitError", "HookNameError", "InputError", "ModelNotFoundError", "UnsupportedArchitectureError",
-    "generate",
+    "generate", "Recycle", "continue_thinking",
 ]
 
 
