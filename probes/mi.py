@@ -20,7 +20,7 @@ recycled steps).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -134,19 +134,8 @@ THINKING_WORDS = ("So", "Wait", "Hmm", "Therefore", "Let", "Now", "Then", "First
 def thinking_token_ids(tokenizer, words: Sequence[str] = THINKING_WORDS) -> tuple[list[int], list[str]]:
     """``(ids, dropped)``: the single-token forms (with and without a leading space) of ``words``, and
     the words that have no single-token form in this tokenizer."""
-    ids, dropped = [], []
-    for w in words:
-        found = False
-        for form in (w, " " + w):
-            enc = tokenizer.encode(form, add_special_tokens=False)
-            if len(enc) == 1 and int(enc[0]) not in ids:
-                ids.append(int(enc[0]))
-                found = True
-            elif len(enc) == 1:
-                found = True
-        if not found:
-            dropped.append(w)
-    return ids, dropped
+    from steerkit.generation import single_token_ids
+    return single_token_ids(tokenizer, words)
 
 
 def peak_token_counts(trajectories: Sequence[MITrajectory]) -> dict[str, int]:

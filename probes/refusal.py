@@ -352,6 +352,8 @@ def select_direction(sm, candidates: Tensor, positions: list[int], harmful_val: 
     ``layers``: evaluate only candidates at these layers (default: all; a compute-saving
     deviation from the paper when given). ``progress(n)`` is called after each candidate.
     """
+    if fallback not in (None, "relative"):  # before any scoring
+        raise InputError(f"expected fallback None or 'relative', found {fallback!r}")
     n_pos, L, d = candidates.shape
     if len(positions) != n_pos or L != sm.n_layers or d != sm.d_model:
         raise InputError(f"expected candidates [{len(positions)}, {sm.n_layers}, {sm.d_model}], found {tuple(candidates.shape)}")
@@ -404,8 +406,6 @@ def select_direction(sm, candidates: Tensor, positions: list[int], harmful_val: 
             if not (c.kl > kl_max or math.isnan(c.kl)):
                 break
 
-    if fallback not in (None, "relative"):
-        raise InputError(f"expected fallback None or 'relative', found {fallback!r}")
     if lazy:
         lazy_search(induce_min)
     rule = "paper"
@@ -513,10 +513,7 @@ def save_orthogonalized(sm, direction: Tensor, out_dir: str | Path, *, overwrite
                            source_gguf=None, n_layers=sm.n_layers, d_model=sm.d_model)
     note = json.dumps({"method": "refusal direction weight orthogonalisation (Arditi et al. 2024)",
                        "source_model": sm.name, "direction_norm": float(torch.as_tensor(direction).norm())}, indent=1)
-    try:
-        return export_hf(view, out_dir, overwrite=overwrite, extra_files={"steerkit_orthogonalized.json": note})
-    finally:
-        del m, view
+    return export_hf(view, out_dir, overwrite=overwrite, extra_files={"steerkit_orthogonalized.json": note})
 
 
 # --------------------------------------------------------------------------- judging and generation

@@ -252,12 +252,9 @@ def _norms(sm, args, report):
 
 
 def _mi(sm, args, report):
-    from steerkit.errors import InputError
+    from steerkit.datafiles import read_jsonl
     from steerkit.probes.mi import mi_trajectory, peak_token_counts
-    path = Path(args.data) if args.data else Path(__file__).resolve().parent / "data/reasoning/gsm8k_test_first300.jsonl"
-    if not path.is_file():
-        raise InputError(f"expected a jsonl of question/answer at {path}, found nothing there")
-    rows = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()][: args.n]
+    rows = read_jsonl("reasoning/gsm8k_test_first300.jsonl", path=args.data, n=args.n, what="question/answer rows")
     layer = args.layer if args.layer is not None else (2 * sm.n_layers) // 3
     out, trs = [], []
     with _bar(args, len(rows), "mi-peaks") as bar:
@@ -279,10 +276,11 @@ def _mi(sm, args, report):
                  else RG.gsm8k_problems(args.n_eval))
         words = [w for w in args.thinking_words.split(",") if w] if args.thinking_words else THINKING_WORDS
         rl = args.recycle_layer if args.recycle_layer is not None else layer
-        steps = -(-len(probs) // 8) * (3 if args.continue_with else 2)
+        bs = 8
+        steps = -(-len(probs) // bs) * (3 if args.continue_with else 2)
         with _bar(args, steps, "thinking eval") as bar:
             ev = thinking_eval(sm, probs, layer=rl, words=words, continue_with=args.continue_with or None,
-                               max_new_tokens=args.eval_tokens, progress=bar.update)
+                               max_new_tokens=args.eval_tokens, batch_size=bs, progress=bar.update)
         report["thinking_eval"] = ev
         print(f"{args.eval} problems (n={ev['n']}), recycling at block {ev['layer']} on {ev['thinking_tokens']} "
               f"({ev['recycled_steps']} recycled steps):")

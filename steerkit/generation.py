@@ -72,23 +72,31 @@ class Recycle:
     events: list = field(default_factory=list)
 
     def token_ids(self, tokenizer) -> set[int]:
-        ids: set[int] = set()
-        for t in self.tokens:
-            if isinstance(t, int):
-                ids.add(int(t))
-                continue
+        ids = {int(t) for t in self.tokens if isinstance(t, int)}
+        words = [t for t in self.tokens if not isinstance(t, int)]
+        for t in words:
             if not isinstance(t, str) or not t.strip():
                 raise InputError(f"expected thinking tokens as ids or non-empty words, found {t!r}")
-            found = False
-            for form in (t, " " + t.lstrip()):
-                enc = tokenizer.encode(form, add_special_tokens=False)
-                if len(enc) == 1:
-                    ids.add(int(enc[0]))
-                    found = True
-            if not found:
-                raise InputError(f"expected each thinking word to be a single token, found {t!r} -> "
-                                 f"{tokenizer.tokenize(t)}; pass token ids for multi-token words")
-        return ids
+        found, missing = single_token_ids(tokenizer, words)
+        if missing:
+            t = missing[0]
+            raise InputError(f"expected each thinking word to be a single token, found {t!r} -> "
+                             f"{tokenizer.tokenize(t)}; pass token ids for multi-token words")
+        return ids | set(found)
+
+
+def single_token_ids(tokenizer, words: Sequence[str]) -> tuple[list[int], list[str]]:
+    """``(ids, missing)``: the ids of the single-token forms of ``words`` (as written, and with one
+    leading space), in order and without repeats, and the words that have no single-token form."""
+    ids: list[int] = []
+    missing: list[str] = []
+    for w in words:
+        forms = [tokenizer.encode(f, add_special_tokens=False) for f in (w, " " + w.lstrip())]
+        singles = [int(e[0]) for e in forms if len(e) == 1]
+        if not singles:
+            missing.append(w)
+        ids += [i for i in singles if i not in ids]
+    return ids, missing
 
 
 class _Recycler:
@@ -259,7 +267,7 @@ class Continuation:
     def texts(self) -> list[str]:
         """The whole response: answer, thinking word, continuation, final prompt and final answer."""
         fp = self.final_prompt or ""
-        return [f"{a} {self.word}{c}{fp if self.final_prompt else ''}{f}"
+        return [f"{a} {self.word}{c}{fp}{f}"
                 for a, c, f in zip(self.answer, self.continued, self.final)]
 
 
