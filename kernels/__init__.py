@@ -21,12 +21,12 @@ can be optimised by gradient.
 from ._backend import HAS_TRITON, get_impl, interpret_mode, resolve_impl, set_impl, use_impl
 from .config import (MAX_HALFSPACES, MAX_K, MAX_M, Region, SteerConfig, SteerConfigError, SteerTable,
                      orthonormalize)
-from .fused import ablate, clamp, fused_steer, inject, project_region, table_from_tensors
+from .fused import ablate, bind_steer, clamp, fused_steer, inject, project_region, table_from_tensors
 from .reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref,
                         solve_polyhedron_projection)
 
 __all__ = [
-    "fused_steer", "ablate", "clamp", "inject", "project_region",
+    "fused_steer", "bind_steer", "ablate", "clamp", "inject", "project_region",
     "SteerConfig", "SteerTable", "Region", "SteerConfigError", "orthonormalize", "table_from_tensors",
     "fused_steer_ref", "solve_polyhedron_projection",
     "use_impl", "set_impl", "get_impl", "resolve_impl", "interpret_mode", "HAS_TRITON",

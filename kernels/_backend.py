@@ -25,6 +25,9 @@ _VALID = ("auto", "triton", "torch")
 
 _state = threading.local()
 _global_override: str = "auto"
+# Bumped whenever an override changes (set_impl, use_impl enter/exit): a caller that cached a
+# choice (``fused.bind_steer``) re-decides when the epoch it cached under is no longer current.
+EPOCH = [0]
 
 try:  # Triton is optional (the `kernels` extra); the torch path never needs it.
     import triton  # noqa: F401
@@ -55,6 +58,7 @@ def set_impl(impl: Impl) -> None:
     global _global_override
     _check_name(impl)
     _global_override = impl
+    EPOCH[0] += 1
 
 
 def get_impl() -> str:
@@ -73,10 +77,12 @@ def use_impl(impl: Impl) -> Iterator[None]:
     if stack is None:
         stack = _state.stack = []
     stack.append(impl)
+    EPOCH[0] += 1
     try:
         yield
     finally:
         stack.pop()
+        EPOCH[0] += 1
 
 
 def resolve_impl(impl: str, h: torch.Tensor) -> str:

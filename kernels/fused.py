@@ -21,7 +21,7 @@ How a call runs:
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -30,7 +30,7 @@ from torch import Tensor
 from . import _backend
 from .config import (MAX_K, Region, SteerConfig, SteerConfigError, SteerTable, _check_orthonormal,
                      _finite)
-from .reference import DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref
+from .reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, _acc_dtype, fused_steer_ref, table_plan)
 
 Number = Union[int, float]
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -432,12 +432,14 @@ def fused_steer(
     projection stops at natural residual ``region_tol`` (distance units) or
     ``region_max_iter`` iterations.
     """
-    if (table is not None and not validate and row_config is None and mask is None and layer is None
-            and h.device.type != "cuda" and impl in ("auto", "torch") and _backend.get_impl() in (None, "auto", "torch")
-            and not (torch.is_grad_enabled() and h.requires_grad) and table.d_model == h.shape[-1]):
-        # the per-step hook path on CPU: no checks (validate=False), straight to the reference
-        return fused_steer_ref(h.reshape(-1, h.shape[-1]), table, None, None, layer_weight, preserve_norm,
-                               region_tol, region_max_iter).reshape(h.shape)
+    if table is not None and not validate and row_config is None and mask is None and layer is None:
+        # the per-step hook path: no checks (validate=False); on CPU straight to the prepared reference
+        plan = _hook_plan(h, table, layer_weight, preserve_norm, impl)
+        if plan is not None:
+            return plan(h)
+        if _torch_path(h, table, impl):
+            return fused_steer_ref(h.reshape(-1, h.shape[-1]), table, None, None, layer_weight, preserve_norm,
+                                   region_tol, region_max_iter).reshape(h.shape)
     if not isinstance(h, Tensor):
         raise TypeError(f"h must be a torch.Tensor [rows, d_model]; found {type(h).__name__}.")
     if h.dim() < 1:
@@ -549,6 +551,52 @@ def fused_steer(
     else:
         out = _launch_fused(h2, tab, g, mk, layer_weight, preserve_norm, region_tol, region_max_iter)
     return out.reshape(h.shape)
+
+
+_EPOCH = _backend.EPOCH
+
+
+def _torch_path(h: Tensor, table: SteerTable, impl: str = "auto") -> bool:
+    """Whether an unvalidated one-table call on ``h`` runs the torch reference (not Triton, no autograd)."""
+    return (h.device.type != "cuda" and impl in ("auto", "torch") and _backend.get_impl() in (None, "auto", "torch")
+            and not (h.requires_grad and torch.is_grad_enabled()) and table.d_model == h.shape[-1])
+
+
+def _hook_plan(h: Tensor, table: SteerTable, layer_weight: float, preserve_norm: bool, impl: str = "auto"):
+    """The table's prepared one-configuration plan when ``h`` takes the torch path, else None."""
+    if not _torch_path(h, table, impl):
+        return None
+    return table_plan(table, _acc_dtype(h), h.device, layer_weight, preserve_norm)
+
+
+def bind_steer(table: SteerTable, *, layer_weight: float = 1.0, preserve_norm: bool = False
+               ) -> Callable[[Tensor, Optional[Tensor]], Tensor]:
+    """``f(h, mask=None)`` = ``fused_steer(h, table, mask=mask, layer_weight=..., preserve_norm=...,
+    validate=False)``, bound once for a hook that calls it at every step.
+
+    The kernel choice is made on the first unmasked call and kept while the override in force
+    (:func:`use_impl`, :func:`set_impl`) and the input's dtype stay the same: when it is the torch
+    path, later calls go straight to the table's prepared plan
+    (:class:`~steerkit.kernels.reference.OneConfigPlan`), without the general entry point's
+    argument handling. Inside a CPU decode step at batch 1 that handling cost as much as the
+    edit itself (60 us a call, measured in the model with the interpreter's data out of cache).
+    CUDA inputs always take :func:`fused_steer` (Triton).
+    """
+    fast: list = [None, None, -1]  # plan function, dtype, override epoch
+
+    def run(h: Float[Tensor, "*batch d_model"], mask: Optional[Bool[Tensor, "*batch"]] = None
+            ) -> Float[Tensor, "*batch d_model"]:
+        if mask is None:
+            if fast[1] is h.dtype and fast[2] == _EPOCH[0] and not h.is_cuda:
+                return fast[0](h)
+            if _torch_path(h, table):
+                plan = table_plan(table, _acc_dtype(h), h.device, layer_weight, preserve_norm)
+                if plan is not None:
+                    fast[:] = [plan.fn, h.dtype, _EPOCH[0]]
+                    return plan.fn(h)
+        return fused_steer(h, table, mask=mask, layer_weight=layer_weight, preserve_norm=preserve_norm,
+                           validate=False)
+    return run
 
 
 def ablate(

@@ -14,7 +14,7 @@ at once and the columns of its own configuration are gathered.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -185,25 +185,12 @@ def fused_steer_ref(
     where ``active`` is false are returned unchanged. ``g=None`` means configuration 0
     for every row and ``active=None`` every row active."""
     acc = _acc_dtype(h)
+    plan = table_plan(table, acc, h.device, layer_weight, preserve_norm) if g is None and active is None else None
+    if plan is not None:
+        # one configuration for every row, no gate, no region: the prepared formulas without
+        # gathers (the per-step path of hooks, where a few microseconds per call matter)
+        return plan(h)
     x0 = h if h.dtype == acc else h.to(acc)
-    if (g is None and active is None and table.n_configs == 1 and not table.has_gate
-            and not table.has_region):
-        # one configuration for every row, no gate, no region: the same formulas without gathers
-        # (the per-step path of hooks, where a few microseconds per call matter)
-        x = x0
-
-        def c(t):
-            return t if t.dtype == acc else t.to(acc)
-        if table.has_ablate:
-            b = c(table.basis[0])
-            x = x - ((x @ b.T - c(table.target[0])) * c(table.strength[0])) @ b
-        if table.has_add:
-            x = x + (c(table.add_scale[0]) * layer_weight) * c(table.add[0])
-        if preserve_norm:
-            n0 = x0.norm(dim=-1, keepdim=True)
-            n1 = x.norm(dim=-1, keepdim=True)
-            x = x * torch.where(n1 > 0, n0 / n1.clamp_min(1e-30), torch.ones_like(n1))
-        return x if x.dtype == h.dtype else x.to(h.dtype)
     if g is None:
         g = torch.zeros(h.shape[0], dtype=torch.long, device=h.device)
     if active is None:
@@ -232,3 +219,114 @@ def fused_steer_ref(
         x = x * torch.where(n1 > 0, n0 / n1.clamp_min(1e-30), torch.ones_like(n1))
     out = torch.where(active[:, None], x, x0)
     return out.to(h.dtype)
+
+
+def one_config(table) -> bool:
+    """True when ``table`` holds one configuration without gate or region (:class:`OneConfigPlan`'s case)."""
+    return table.n_configs == 1 and not table.has_gate and not table.has_region
+
+
+def _needs_grad(table) -> bool:
+    return any(t is not None and t.requires_grad
+               for t in (table.basis, table.strength, table.target, table.add, table.add_scale))
+
+
+class OneConfigPlan:
+    """:func:`fused_steer_ref` for one configuration on every row (no gate, no region), with its
+    tensors prepared once (so not for tables whose tensors require grad):
+    ``x - ((x B^T - target) * strength) B + scale * w * add``, then the optional norm
+    preservation, accumulated in ``acc``.
+
+    Why: this is what a steering hook runs at every decoding step on CPU, where the hidden state
+    is ``[batch, 1, d_model]`` and each torch op costs microseconds. Indexing the padded table,
+    casting, multiplying by a strength of 1 or subtracting a target of 0 cost more than the edit
+    itself (``benchmarks/bench_step_overhead.py`` times steerkit's hook call inside the model next
+    to a bare two-op torch hook). Here the projection is one matmul and the removal one
+    ``addmm``; a strength of exactly 1 and a target of exactly 0 are skipped (multiplying by 1 and
+    subtracting 0 are exact, so results match the general formula up to the fused multiply-add of
+    ``addmm``), and the injection ``scale * w * add`` is one precomputed vector (computed as the
+    general formula computes it: bit-identical).
+    """
+
+    def __init__(self, table, acc: torch.dtype, device, layer_weight: float = 1.0, preserve_norm: bool = False):
+        def c(t):
+            return t.to(device=device, dtype=acc)
+        self.acc, self.preserve_norm, self.d = acc, preserve_norm, table.d_model
+        self.src = (table.basis, table.strength, table.target, table.add, table.add_scale)
+        self.B = self.BT = self.target = self.strength = self.add = None
+        if table.has_ablate:
+            b = c(table.basis[0])
+            self.B, self.BT = b.contiguous(), b.T.contiguous()
+            t, s = c(table.target[0]), c(table.strength[0])
+            self.target = None if bool((t == 0).all()) else t
+            self.strength = None if bool((s == 1).all()) else s
+        if table.has_add:
+            self.add = (c(table.add_scale[0]) * layer_weight) * c(table.add[0])
+
+        self.fn = self._specialised()
+
+    def __call__(self, h: Float[Tensor, "*rows d"]) -> Float[Tensor, "*rows d"]:
+        return self.fn(h)
+
+    def _specialised(self) -> Callable[[Tensor], Tensor]:
+        """The common cases (ablation alone, injection alone, no target, strength 1, no norm
+        preservation, input already in ``acc``) as closures over their tensors: inside a decode
+        step the interpreter's data is out of the CPU caches, and every attribute read counts."""
+        acc, d, B, BT, add, general = self.acc, self.d, self.B, self.BT, self.add, self._general
+        if self.preserve_norm or self.target is not None or self.strength is not None:
+            return general
+        if B is not None and add is None:
+            def ablate_only(h):
+                if h.dtype is not acc:
+                    return general(h)
+                x2 = h.reshape(-1, d)
+                return torch.addmm(x2, x2 @ BT, B, alpha=-1).view(h.shape)
+            return ablate_only
+        if B is None and add is not None:
+            def add_only(h):
+                return h + add if h.dtype is acc else general(h)
+            return add_only
+        return general
+
+    def _general(self, h: Float[Tensor, "*rows d"]) -> Float[Tensor, "*rows d"]:
+        acc = self.acc
+        x = h if h.dtype == acc else h.to(acc)
+        B, add = self.B, self.add
+        if B is not None:
+            x2 = x.reshape(-1, self.d)
+            p = x2 @ self.BT  # [rows, K]
+            if self.target is not None:
+                p = p - self.target
+            if self.strength is not None:
+                p = p * self.strength
+            y = torch.addmm(x2, p, B, alpha=-1).view(x.shape)
+            if add is not None:
+                y.add_(add)  # y is a new tensor: in place is safe
+        elif add is not None:
+            y = x + add
+        else:
+            y = x.clone() if x is h else x
+        if self.preserve_norm:
+            n0 = x.norm(dim=-1, keepdim=True)
+            n1 = y.norm(dim=-1, keepdim=True)
+            y = y * torch.where(n1 > 0, n0 / n1.clamp_min(1e-30), torch.ones_like(n1))
+        return y if y.dtype == h.dtype else y.to(h.dtype)
+
+
+def table_plan(table, acc: torch.dtype, device, layer_weight: float = 1.0,
+               preserve_norm: bool = False) -> Optional[OneConfigPlan]:
+    """The table's :class:`OneConfigPlan` for these settings, built on first use and kept on the
+    table (rebuilt if the table's tensors were replaced since); ``None`` when the table is not
+    :func:`one_config` or its tensors require grad (the general reference serves those)."""
+    plans = table.__dict__.get("_plans")
+    if plans is None:
+        plans = table.__dict__["_plans"] = {}
+    key = (acc, device, layer_weight, preserve_norm)
+    plan = plans.get(key, False)
+    if plan is not False and (plan is None or (plan.src[0] is table.basis and plan.src[3] is table.add
+                                                and plan.src[1] is table.strength and plan.src[2] is table.target
+                                                and plan.src[4] is table.add_scale)):
+        return plan
+    ok = one_config(table) and not _needs_grad(table)
+    plan = plans[key] = OneConfigPlan(table, acc, device, layer_weight, preserve_norm) if ok else None
+    return plan

@@ -17,7 +17,10 @@ selects in ``x [batch, pos, d_model]``:
 Unselected rows are returned bit-for-bit unchanged. ``add``, ``ablate`` and
 ``clamp`` run as one :func:`steerkit.kernels.fused_steer` call (Triton on CUDA,
 the torch reference elsewhere) from a configuration table built once per
-device; ``replace`` and ``fn`` are plain torch.
+device and bound once (:func:`steerkit.kernels.bind_steer`: on CPU an unmasked
+call goes straight to the table's prepared formulas, which matters at batch 1
+where each Python layer costs as much as the edit); ``replace`` and ``fn`` are
+plain torch.
 """
 from __future__ import annotations
 
@@ -134,6 +137,16 @@ class Edit:
             self._cast[key] = t
         return t
 
+    def runner(self, device: torch.device) -> Callable:
+        """``f(x, mask)`` applying this add / ablate / clamp edit: the fused kernel call bound once
+        per device (:func:`steerkit.kernels.bind_steer`), what a hook calls at every step."""
+        key = ("run", device)
+        f = self._cast.get(key)
+        if f is None:
+            from steerkit.kernels import bind_steer
+            f = self._cast[key] = bind_steer(self.table(device))
+        return f
+
     def cast(self, like: Tensor) -> Tensor:
         key = (like.device, like.dtype)
         t = self._cast.get(key)
@@ -155,8 +168,7 @@ class Edit:
         elif self.op == "replace":
             y = (self.scale * self.cast(x)).expand_as(x)
         else:  # add / ablate / clamp: one fused kernel call
-            from steerkit.kernels import fused_steer
-            return fused_steer(x, self.table(x.device), mask=mask, validate=False)
+            return self.runner(x.device)(x, mask)
         if mask is None:
             return y
         return torch.where(mask.unsqueeze(-1), y, x)

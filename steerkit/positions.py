@@ -128,6 +128,9 @@ class RunState:
     _cache: dict = field(default_factory=dict, repr=False)
     _fed: list = field(default_factory=list, repr=False)  # [(start, ids [batch, t])] fed after the prompt
 
+    def __post_init__(self):
+        self.P = int(self.attention_mask.shape[1])  # prompt length, read by hooks at every call
+
     def append_tokens(self, ids: Tensor) -> None:
         """Record the token ids ``[batch, t]`` the next step feeds (they follow everything so far)."""
         if self.input_ids is None:
@@ -157,7 +160,7 @@ class RunState:
 
     @property
     def prompt_len(self) -> int:
-        return int(self.attention_mask.shape[1])
+        return self.P
 
     def real_index(self) -> Tensor:
         """``[batch, P]`` index of each prompt token among the real ones (-1 on padding)."""

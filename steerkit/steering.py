@@ -83,7 +83,7 @@ def steer(sm, steering, *, positions: PositionSpec = "all", preserve_norm: bool 
 
     With a per-row list, every forward inside the scope must have exactly ``len(steering)`` rows.
     """
-    from steerkit.kernels import fused_steer
+    from steerkit.kernels import bind_steer, fused_steer
 
     specs, per_row = _as_specs(steering)
     if not specs:
@@ -94,13 +94,18 @@ def steer(sm, steering, *, positions: PositionSpec = "all", preserve_norm: bool 
     row_ids = torch.arange(len(specs), device=sm.device) if per_row else None
     pairs = []
     for h, (table, layer) in tables.items():
-        def fn(x, call, table=table, layer=layer):
+        # one configuration for every row and no layer schedule: the call bound once (bind_steer)
+        bound = bind_steer(table, preserve_norm=preserve_norm) if n_rows is None and table.schedule is None else None
+
+        def fn(x, call, table=table, layer=layer, bound=bound):
             if n_rows is not None and x.shape[0] != n_rows:
                 raise InputError(f"expected a batch of {n_rows} rows (one per steering spec), found "
                                  f"{x.shape[0]}")
             mask = None if positions == "all" and call.run is None else call.mask(positions, x.device)
             if mask is not None and not bool(mask.any()):
                 return None
+            if bound is not None:
+                return bound(x, mask)
             return fused_steer(x, table, row_config=row_ids, mask=mask,
                                layer=layer if table.schedule is not None else None,
                                preserve_norm=preserve_norm, validate=False)
