@@ -31,7 +31,7 @@ from .hooknames import Site
 from .positions import PositionSpec, RunState, chunk_mask, selects_generated, validate_positions
 
 
-@dataclass
+@dataclass(slots=True)
 class SiteCall:
     """One call of a hooked site: positions ``[start, start + T)`` of run ``run``."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from torch import nn
+from torch import Tensor, nn
 
 
 def first(out):
@@ -54,9 +54,9 @@ class TorchHooks:
 
     def _edit_output(self, module: nn.Module, fn, tracker) -> Callable[[], None]:
         def post(mod, args, out):
-            x = first(out)
+            x = out if type(out) is Tensor else first(out)  # (a block that returns a tensor: no call)
             y = fn(x, tracker.call(x))
-            return None if y is None else with_first(out, y)
+            return y if y is None or x is out else with_first(out, y)
         return self._track(module.register_forward_hook(post))
 
     def _edit_mid(self, resid_in: nn.Module, resid_in_is_input: bool, attn_out: nn.Module, fn,
