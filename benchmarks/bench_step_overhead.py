@@ -17,7 +17,7 @@ Overheads are medians of the per-round ratio steered / base, with a bootstrap 95
 Also printed: the time of one steerkit hook call measured inside the model (the interpreter's data
 is out of the CPU caches there, so a call costs several times its time in a tight loop).
 
-Usage: python benchmarks/bench_step_overhead.py [--batches 1,8] [--rounds 300] [--context 64]
+Usage: python benchmarks/bench_step_overhead.py [--batches 1,8] [--rounds 300] [--context 64] [--quick]
 """
 from __future__ import annotations
 
@@ -129,7 +129,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--context", type=int, default=64, help="KV-cache length the timed step extends")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="batch 1, 10 rounds, 16-token context (a smoke run)")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.batches, a.rounds, a.context = "1", 10, 16
     import steerkit
 
     threads = C.set_threads(a.threads)
