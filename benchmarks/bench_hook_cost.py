@@ -10,6 +10,10 @@ and on CPU time with one torch thread:
 3. the implied overhead = n_sites x (2) / (1), for add at one layer and ablate at all 30 blocks;
 4. the end-to-end ratio as well, with interleaved repeats, for reference.
 
+Caveat: (2) is timed in a tight loop, where the interpreter's data stays in the CPU caches; inside a
+decode step the same call costs several times more (``bench_step_overhead.py`` times it there and
+measures the overhead step by step), so (3) is a lower bound.
+
 Usage: python benchmarks/bench_hook_cost.py [--tokens 16] [--repeats 5]
 """
 from __future__ import annotations
