@@ -54,6 +54,26 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def boot_ci(xs: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Bootstrap 95% interval of the median of ``xs``."""
+    import random
+    rng = random.Random(seed)
+    meds = sorted(median(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+
+ADD_NORM = 4.0
+
+
+def steering_vectors(d_model: int):
+    """The benchmarks' fixed steering pair: ``v`` (norm 4, to add) and ``u`` (unit, to ablate)."""
+    import torch
+    g = torch.Generator().manual_seed(1234)
+    v = torch.randn(d_model, generator=g)
+    u = torch.randn(d_model, generator=g)
+    return v / v.norm() * ADD_NORM, u / u.norm()
+
+
 def timed(fn):
     t = time.perf_counter()
     r = fn()

@@ -34,17 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 LAYER = 15
-ADD_NORM = 4.0
 CONDS = ("base", "add", "ablate")
 LIBS = ("steerkit", "nnsight", "steering-vectors", "repeng")
-
-
-def vectors(d_model: int):
-    import torch
-    g = torch.Generator().manual_seed(1234)
-    v = torch.randn(d_model, generator=g)
-    u = torch.randn(d_model, generator=g)
-    return v / v.norm() * ADD_NORM, u / u.norm()
 
 
 class Clock:
@@ -80,7 +71,7 @@ def interleave(runners: dict, batches, repeats: int, log) -> dict:
 
 # --- in-process libraries (project venv) ----------------------------------------------------
 def bench_steerkit(sm, ids, cfg, log) -> dict:
-    v, u = vectors(sm.d_model)
+    v, u = C.steering_vectors(sm.d_model)
     all_post = [f"blocks.{l}.hook_resid_post" for l in range(sm.n_layers)]
     T = cfg["tokens"]
 
@@ -113,7 +104,7 @@ def bench_nnsight(sm, ids, cfg, log) -> dict:
     import warnings
     warnings.filterwarnings("ignore", message=".*deprecated.*")
     lm = LanguageModel(sm.model, tokenizer=sm.tokenizer)
-    v, u = vectors(sm.d_model)
+    v, u = C.steering_vectors(sm.d_model)
     layers = lm.model.layers
     T = cfg["tokens"]
     pad = sm.tokenizer.pad_token_id
@@ -167,7 +158,7 @@ def worker(cfg: dict) -> dict:
     model.tie_weights()
     model.eval()
     d, L = model.config.hidden_size, model.config.num_hidden_layers
-    v, u = vectors(d)
+    v, u = C.steering_vectors(d)
     T, pad = cfg["tokens"], cfg["pad_token_id"]
     logs = []
 
@@ -232,14 +223,6 @@ def worker(cfg: dict) -> dict:
 
 
 # --- driver -------------------------------------------------------------------------------
-def boot_ci(xs: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Bootstrap 95% interval of the median of ``xs``."""
-    import random
-    rng = random.Random(seed)
-    meds = sorted(C.median(rng.choices(xs, k=len(xs))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
-
-
 def summarize(name: str, res: dict, batches, clock: str) -> list[list]:
     """One row per (edit, batch); column 5 is the paired median ratio, column 6 its 95% upper bound."""
     other = "wall" if clock == "cpu" else "cpu"
@@ -257,7 +240,7 @@ def summarize(name: str, res: dict, batches, clock: str) -> list[list]:
             # paired: each repeat's steered run against the base run of the same repeat (adjacent in time)
             pr = [(t / max(s, 1)) / (bt / max(bs, 1))
                   for t, s, bt, bs in zip(r[clock], r["steps"], base[clock], base["steps"])]
-            lo, hi = boot_ci(pr)
+            lo, hi = C.boot_ci(pr)
             rows.append([name, c, B, f"{bstep * 1e3:.1f}", f"{step * 1e3:.1f}", C.median(pr), hi,
                          f"{(step / bstep - 1) * 100:+.1f}%",
                          f"{(C.median(pr) - 1) * 100:+.1f}% [{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]",
@@ -363,7 +346,7 @@ def main(argv=None) -> int:
         print("note: " + n)
     if a.profile:
         import cProfile
-        v, u = vectors(sm.d_model)
+        v, u = C.steering_vectors(sm.d_model)
         prof = cProfile.Profile()
         with sm.edit([f"blocks.{l}.hook_resid_post" for l in range(sm.n_layers)], ablate=u):
             prof.enable()

@@ -22,7 +22,6 @@ Usage: python benchmarks/bench_step_overhead.py [--batches 1,8] [--rounds 300] [
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import time
@@ -34,23 +33,13 @@ import _common as C  # noqa: E402
 LAYER = 15
 
 
-def boot_ci(xs: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
-
-
 def run_batch(sm, B: int, rounds: int, context: int, log) -> dict:
     import torch
     import steerkit
     import steerkit.backends._torch as BT
 
     d, n = sm.d_model, sm.n_layers
-    g = torch.Generator().manual_seed(1234)
-    v = torch.randn(d, generator=g)
-    v = v / v.norm() * 4.0
-    u = torch.randn(d, generator=g)
-    u = u / u.norm()
+    v, u = C.steering_vectors(d)
     blocks = [sm.adapter.block(sm.hf_model, l) for l in range(n)]
     uT, u1 = u[:, None].contiguous(), u[None, :].contiguous()
 
@@ -147,7 +136,7 @@ def main(argv=None) -> int:
         base = t["base"]
         for c in ("add", "ablate", "torch-ablate", "base-2"):
             ratios = [s / b - 1 for s, b in zip(t[c], base)]
-            lo, hi = boot_ci(ratios)
+            lo, hi = C.boot_ci(ratios)
             calls = out["per_call"].get(c)
             rows.append([B, c, f"{statistics.median(base) * 1e3:.1f}", f"{statistics.median(t[c]) * 1e3:.1f}",
                          f"{statistics.median(ratios) * 100:+.2f}%", f"[{lo * 100:+.2f}, {hi * 100:+.2f}]",

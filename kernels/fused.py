@@ -432,14 +432,12 @@ def fused_steer(
     projection stops at natural residual ``region_tol`` (distance units) or
     ``region_max_iter`` iterations.
     """
-    if table is not None and not validate and row_config is None and mask is None and layer is None:
-        # the per-step hook path: no checks (validate=False); on CPU straight to the prepared reference
-        plan = _hook_plan(h, table, layer_weight, preserve_norm, impl)
-        if plan is not None:
-            return plan(h)
-        if _torch_path(h, table, impl):
-            return fused_steer_ref(h.reshape(-1, h.shape[-1]), table, None, None, layer_weight, preserve_norm,
-                                   region_tol, region_max_iter).reshape(h.shape)
+    if (table is not None and not validate and row_config is None and mask is None and layer is None
+            and _torch_path(h, table, impl)):
+        # the per-step hook path on CPU: no checks (validate=False), straight to the reference
+        # (which takes the table's prepared plan when it has one configuration)
+        return fused_steer_ref(h.reshape(-1, h.shape[-1]), table, None, None, layer_weight, preserve_norm,
+                               region_tol, region_max_iter).reshape(h.shape)
     if not isinstance(h, Tensor):
         raise TypeError(f"h must be a torch.Tensor [rows, d_model]; found {type(h).__name__}.")
     if h.dim() < 1:
@@ -560,13 +558,6 @@ def _torch_path(h: Tensor, table: SteerTable, impl: str = "auto") -> bool:
     """Whether an unvalidated one-table call on ``h`` runs the torch reference (not Triton, no autograd)."""
     return (h.device.type != "cuda" and impl in ("auto", "torch") and _backend.get_impl() in (None, "auto", "torch")
             and not (h.requires_grad and torch.is_grad_enabled()) and table.d_model == h.shape[-1])
-
-
-def _hook_plan(h: Tensor, table: SteerTable, layer_weight: float, preserve_norm: bool, impl: str = "auto"):
-    """The table's prepared one-configuration plan when ``h`` takes the torch path, else None."""
-    if not _torch_path(h, table, impl):
-        return None
-    return table_plan(table, _acc_dtype(h), h.device, layer_weight, preserve_norm)
 
 
 def bind_steer(table: SteerTable, *, layer_weight: float = 1.0, preserve_norm: bool = False

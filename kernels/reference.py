@@ -226,9 +226,13 @@ def one_config(table) -> bool:
     return table.n_configs == 1 and not table.has_gate and not table.has_region
 
 
+def _plan_sources(table) -> tuple:
+    """The table tensors a :class:`OneConfigPlan` is prepared from."""
+    return (table.basis, table.strength, table.target, table.add, table.add_scale)
+
+
 def _needs_grad(table) -> bool:
-    return any(t is not None and t.requires_grad
-               for t in (table.basis, table.strength, table.target, table.add, table.add_scale))
+    return any(t is not None and t.requires_grad for t in _plan_sources(table))
 
 
 class OneConfigPlan:
@@ -252,7 +256,7 @@ class OneConfigPlan:
         def c(t):
             return t.to(device=device, dtype=acc)
         self.acc, self.preserve_norm, self.d = acc, preserve_norm, table.d_model
-        self.src = (table.basis, table.strength, table.target, table.add, table.add_scale)
+        self.src = _plan_sources(table)
         self.B = self.BT = self.target = self.strength = self.add = None
         if table.has_ablate:
             b = c(table.basis[0])
@@ -323,9 +327,7 @@ def table_plan(table, acc: torch.dtype, device, layer_weight: float = 1.0,
         plans = table.__dict__["_plans"] = {}
     key = (acc, device, layer_weight, preserve_norm)
     plan = plans.get(key, False)
-    if plan is not False and (plan is None or (plan.src[0] is table.basis and plan.src[3] is table.add
-                                                and plan.src[1] is table.strength and plan.src[2] is table.target
-                                                and plan.src[4] is table.add_scale)):
+    if plan is not False and (plan is None or all(a is b for a, b in zip(plan.src, _plan_sources(table)))):
         return plan
     ok = one_config(table) and not _needs_grad(table)
     plan = plans[key] = OneConfigPlan(table, acc, device, layer_weight, preserve_norm) if ok else None
