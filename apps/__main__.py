@@ -1,7 +1,7 @@
 """``python -m steerkit.apps``: the same as ``steerkit app``."""
 import sys
 
-from steerkit.cli_app import main
+from steerkit.cli.app import main
 
 if __name__ == "__main__":
     sys.exit(main())

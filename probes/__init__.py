@@ -13,7 +13,7 @@ How it fits together
 * :mod:`.sweep` -- :func:`sweep`: record once, then cross-validate every layer x position x
   method; a tidy :class:`SweepResult` that saves, plots and fits the chosen cell.
 * :mod:`.scoring` -- :func:`score_prompts`: a stored probe scores new prompts.
-* ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli_probes`) wraps these.
+* ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these.
 
 The published methods built on these finders (the refusal direction of Arditi et al. 2024 in
 :mod:`.refusal`, and later ones; the concise-reasoning region of Hou et al. in :mod:`.region`) return

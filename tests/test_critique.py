@@ -211,7 +211,7 @@ def test_cli_registers_critique_and_saves_the_vector(tiny, tmp_path, capsys):
     from steerkit.vectors import Store
 
     from steerkit.cli import build_parser
-    from steerkit.cli_methods import _critique
+    from steerkit.cli.methods import _critique
     a = build_parser().parse_args(["critique", "--n", "2", "--n-eval", "2", "--layers", "0,1", "--alphas=-1,0,1",
                                    "--out", str(tmp_path), "--quiet"])
     assert a.func is not None and a.method == "critique" and a.contrast == "auto"

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from steerkit.cli_vectors import main
+from steerkit.cli.vectors import main
 from steerkit.vectors import Provenance, SteeringVector, Store, import_artifact
 
 
@@ -18,7 +18,7 @@ def test_cli_verbs(tmp_path, capsys):
     s.save("happy", v)
     s.save("happy", v * 2)
     def cli(*a):
-        from steerkit import cli_vectors
+        from steerkit.cli import vectors as cli_vectors
         import argparse
 
         p = argparse.ArgumentParser()

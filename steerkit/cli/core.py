@@ -1,0 +1,79 @@
+"""Core verbs: ``info`` (a model summary and its hook names), ``record`` (a prompts file into a
+sharded, resumable activations folder) and ``demo`` (the quick-start pipeline)."""
+from __future__ import annotations
+
+import json
+
+from steerkit.cli._common import _hooks_arg, read_prompts
+
+
+def cmd_info(args) -> int:
+    from steerkit import load_model
+    sm = load_model(args.model, backend=args.backend)
+    info = {"name": sm.name, "backend": sm.backend_name, "adapter": sm.adapter.name,
+            "architecture": type(sm.hf_model).__name__, "n_layers": sm.n_layers, "d_model": sm.d_model,
+            "n_ctx": sm.n_ctx, "dtype": str(sm.dtype), "device": str(sm.device),
+            "parameters": sum(p.numel() for p in sm.hf_model.parameters()), "fingerprint": sm.fingerprint(),
+            "source_gguf": str(sm.source_gguf) if sm.source_gguf else None}
+    if args.json:
+        print(json.dumps({**info, "hooks": sm.hook_names()}, indent=1))
+        return 0
+    for k, v in info.items():
+        print(f"{k:12s} {v}")
+    names = sm.hook_names()
+    print(f"hooks        {len(names)} (blocks.{{0..{sm.n_layers - 1}}}.hook_resid_pre|resid_mid|resid_post|"
+          "attn_out|mlp_out, ln_final.hook_normalized)")
+    if args.all_hooks:
+        print("\n".join(names))
+    return 0
+
+
+def cmd_record(args) -> int:
+    from steerkit import load_model
+    from steerkit.dataset import record_dataset
+    prompts = read_prompts(args.prompts)
+    sm = load_model(args.model, backend=args.backend)
+    hooks = _hooks_arg(args.hooks, sm.n_layers)
+    pos = args.positions
+    if pos not in ("all", "prompt", "generated", "last"):
+        pos = [int(x) for x in pos.split(",")]
+    ds = record_dataset(sm, prompts, hooks, args.out, positions=pos, batch_size=args.batch_size,
+                        shard_size=args.shard_size, chat=not args.no_chat, progress=not args.quiet)
+    print(f"recorded {len(ds)} prompts x {len(hooks)} hooks into {args.out} ({len(ds.shards)} shards)")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from steerkit.demo import main as demo_main
+    return demo_main(quick=args.quick)
+
+
+def model_args(sp) -> None:
+    sp.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: "
+                    "the embedded SmolLM2-135M-Instruct)")
+    sp.add_argument("--backend", default="hf", choices=["hf", "tlens", "nnsight"])
+
+
+def register(sub) -> None:
+    sp = sub.add_parser("info", help="model summary and hook names")
+    model_args(sp)
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--all-hooks", action="store_true", help="list every hook name")
+    sp.set_defaults(func=cmd_info)
+
+    sp = sub.add_parser("record", help="record activations of a prompts file into sharded safetensors")
+    model_args(sp)
+    sp.add_argument("prompts", help="prompts file: .jsonl, .json list, or one prompt per line")
+    sp.add_argument("-o", "--out", required=True, help="output folder (resumable)")
+    sp.add_argument("--hooks", default="resid_post:all", help="e.g. resid_post:all, resid_pre:10-14, "
+                    "or comma-separated hook names (default: resid_post:all)")
+    sp.add_argument("--positions", default="last", help="last | all | prompt | comma-separated indices")
+    sp.add_argument("--batch-size", type=int, default=16)
+    sp.add_argument("--shard-size", type=int, default=256)
+    sp.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    sp.add_argument("--quiet", action="store_true", help="no progress bar")
+    sp.set_defaults(func=cmd_record)
+
+    sp = sub.add_parser("demo", help="the quick-start pipeline on the default model")
+    sp.add_argument("--quick", action="store_true")
+    sp.set_defaults(func=cmd_demo)
