@@ -19,6 +19,7 @@ Writes $OUT/gpu_kernels.json when OUT is set (or --json PATH).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -33,9 +34,6 @@ try:
 except Exception:  # not installed (e.g. a bare GPU machine): load kernels/ from the checkout
     sys.path.insert(0, str(ROOT))
     import kernels as K  # type: ignore
-from importlib import import_module
-
-_fused_mod = import_module(K.__name__ + ".fused")
 
 
 def bench(fn, smoke: bool) -> float:
@@ -147,32 +145,31 @@ def main() -> None:
 
 
 def run_case(name, rows, d, dt, opts, device, smoke, results):
-    if True:
-        case = make_case(name, rows, d, dt, device, **opts)
-        h, tab, rc, norm = case["h"], case["table"], case["row_config"], case["norm"]
+    case = make_case(name, rows, d, dt, device, **opts)
+    h, tab, rc, norm = case["h"], case["table"], case["row_config"], case["norm"]
 
-        def fused(impl):
-            return lambda: K.fused_steer(h, tab, row_config=rc, preserve_norm=norm, impl=impl, validate=False)
+    def fused(impl):
+        return lambda: K.fused_steer(h, tab, row_config=rc, preserve_norm=norm, impl=impl, validate=False)
 
-        out_t = fused("triton")()
-        out_r = fused("torch")()
-        err = (out_t.float() - out_r.float()).abs().max().item()
-        scale_ = out_r.float().abs().max().item()
-        buf = torch.empty_like(h)
-        t_fused = bench(fused("triton"), smoke)
-        t_copy = bench(lambda: buf.copy_(h), smoke)
-        t_ref = bench(fused("torch"), smoke)
-        t_naive = bench(naive_eager(case), smoke) if not opts.get("region") and not opts.get("gate") else float("nan")
-        nbytes = 2 * h.numel() * h.element_size()
-        row = dict(case=name, rows=rows, d_model=d, dtype=str(dt).replace("torch.", ""), fused_ms=t_fused,
-                   copy_ms=t_copy, fused_GBps=nbytes / t_fused / 1e6, copy_GBps=nbytes / t_copy / 1e6,
-                   frac_of_copy=t_copy / t_fused, ref_ms=t_ref, speedup_vs_ref=t_ref / t_fused,
-                   naive_ms=t_naive, speedup_vs_naive=t_naive / t_fused, max_abs_err=err, ref_max_abs=scale_)
-        results.append(row)
-        print(f"{name:34s} {rows:>5d} x {d:<5d} {row['dtype']:>8s} {t_fused:9.4f} {t_copy:8.4f} "
-              f"{row['fused_GBps']:7.0f} {row['frac_of_copy']:9.2f} {t_ref:8.4f} {row['speedup_vs_ref']:6.1f} "
-              f"{t_naive:8.4f} {row['speedup_vs_naive']:7.1f} {err:9.2e}")
-        del case, h, buf, out_t, out_r
+    out_t = fused("triton")()
+    out_r = fused("torch")()
+    err = (out_t.float() - out_r.float()).abs().max().item()
+    scale_ = out_r.float().abs().max().item()
+    buf = torch.empty_like(h)
+    t_fused = bench(fused("triton"), smoke)
+    t_copy = bench(lambda: buf.copy_(h), smoke)
+    t_ref = bench(fused("torch"), smoke)
+    t_naive = bench(naive_eager(case), smoke) if not opts.get("region") and not opts.get("gate") else float("nan")
+    nbytes = 2 * h.numel() * h.element_size()
+    row = dict(case=name, rows=rows, d_model=d, dtype=str(dt).replace("torch.", ""), fused_ms=t_fused,
+               copy_ms=t_copy, fused_GBps=nbytes / t_fused / 1e6, copy_GBps=nbytes / t_copy / 1e6,
+               frac_of_copy=t_copy / t_fused, ref_ms=t_ref, speedup_vs_ref=t_ref / t_fused,
+               naive_ms=t_naive, speedup_vs_naive=t_naive / t_fused, max_abs_err=err, ref_max_abs=scale_)
+    results.append(row)
+    print(f"{name:34s} {rows:>5d} x {d:<5d} {row['dtype']:>8s} {t_fused:9.4f} {t_copy:8.4f} "
+          f"{row['fused_GBps']:7.0f} {row['frac_of_copy']:9.2f} {t_ref:8.4f} {row['speedup_vs_ref']:6.1f} "
+          f"{t_naive:8.4f} {row['speedup_vs_naive']:7.1f} {err:9.2e}")
+    del case, out_t, out_r
 
 
 def _sweep_one(label, case, smoke, grid, sweep, extra=None):
@@ -182,18 +179,16 @@ def _sweep_one(label, case, smoke, grid, sweep, extra=None):
     t_copy = bench(lambda: buf.copy_(h), smoke)
     print(f"\nlaunch sweep, {label} {tuple(h.shape)} {str(h.dtype)[6:]} (copy {t_copy:.4f} ms)")
     for br, bd, nw in grid:
-        _fused_mod.TUNING.clear()
-        _fused_mod.TUNING.update(block_r=br, block_d=bd, num_warps=nw, **(extra or {}))
+        launch = K.LaunchParams(block_d=bd, block_r=br, num_warps=nw, **(extra or {}))
         try:
-            t = bench(lambda: K.fused_steer(h, tab, row_config=rc, preserve_norm=norm, impl="triton",
-                                            validate=False), smoke)
+            t = bench(functools.partial(K.fused_steer, h, tab, row_config=rc, preserve_norm=norm, impl="triton",
+                                        validate=False, launch=launch), smoke)
             sweep.append(dict(case=label, block_r=br, block_d=bd, num_warps=nw, ms=t, frac_of_copy=t_copy / t,
                               **(extra or {})))
             print(f"  block_r={br:2d} block_d={bd:4d} num_warps={nw:2d} {extra or ''}: {t:.4f} ms  "
                   f"frac of copy {t_copy / t:.2f}", flush=True)
         except Exception as e:  # a launch that does not fit (registers) is reported, not fatal
             print(f"  block_r={br:2d} block_d={bd:4d} num_warps={nw:2d}: failed {type(e).__name__}: {str(e)[:80]}")
-    _fused_mod.TUNING.clear()
 
 
 def gpu_check(device, smoke):
@@ -204,31 +199,30 @@ def gpu_check(device, smoke):
     shapes = [(37, 200, torch.float32)] if smoke else [
         (1000, 1000, torch.float32), (1000, 1000, torch.bfloat16), (4099, 4096, torch.bfloat16), (3, 5120, torch.float16)]
     for rows, d, dt in shapes:
-        if True:
-            h = (torch.randn(rows, d, generator=gen) * 3).to(device=device, dtype=dt)
-            B = torch.stack([K.orthonormalize(torch.randn(4, d, generator=gen, dtype=torch.float64))
-                             for _ in range(3)]).float().to(device)
-            rc = torch.randint(0, 3, (rows,), generator=gen).to(device)
-            msk = (torch.rand(rows, generator=gen) > 0.2).to(device)
-            V = torch.randn(3, d, generator=gen).to(device)
-            u = torch.randn(d, generator=gen).to(device)
-            kws = {
-                "headline": dict(basis=B[0], strength=torch.linspace(0.5, 1, 4).to(device), add=V[0], scale=1.5),
-                "ablate16": dict(basis=K.orthonormalize(torch.randn(16, d, generator=gen, dtype=torch.float64))
-                                 .float().to(device), strength=0.9),
-                "inject": dict(add=V[0], scale=0.7),
-                "per-row all": dict(basis=B, strength=1.0, target=torch.tensor([0., 1., -1., 2.]).to(device),
-                                    add=V, scale=torch.tensor([0.5, 1., 2.]).to(device), row_config=rc,
-                                    mask=msk, gate_direction=u, gate_threshold=0.02),
-            }
-            for name, kw in kws.items():
-                for pn in (True, False):
-                    o_t = K.fused_steer(h, **kw, preserve_norm=pn, impl="triton")
-                    o_r = K.fused_steer(h, **kw, preserve_norm=pn, impl="torch")
-                    atol, rtol = tols[dt]
-                    excess = ((o_t.float() - o_r.float()).abs() - (atol + rtol * o_r.float().abs())).max().item()
-                    worst.append(dict(rows=rows, d=d, dtype=str(dt)[6:], case=name, norm=pn, excess=excess,
-                                      ok=excess <= 0))
+        h = (torch.randn(rows, d, generator=gen) * 3).to(device=device, dtype=dt)
+        B = torch.stack([K.orthonormalize(torch.randn(4, d, generator=gen, dtype=torch.float64))
+                         for _ in range(3)]).float().to(device)
+        rc = torch.randint(0, 3, (rows,), generator=gen).to(device)
+        msk = (torch.rand(rows, generator=gen) > 0.2).to(device)
+        V = torch.randn(3, d, generator=gen).to(device)
+        u = torch.randn(d, generator=gen).to(device)
+        kws = {
+            "headline": dict(basis=B[0], strength=torch.linspace(0.5, 1, 4).to(device), add=V[0], scale=1.5),
+            "ablate16": dict(basis=K.orthonormalize(torch.randn(16, d, generator=gen, dtype=torch.float64))
+                             .float().to(device), strength=0.9),
+            "inject": dict(add=V[0], scale=0.7),
+            "per-row all": dict(basis=B, strength=1.0, target=torch.tensor([0., 1., -1., 2.]).to(device),
+                                add=V, scale=torch.tensor([0.5, 1., 2.]).to(device), row_config=rc,
+                                mask=msk, gate_direction=u, gate_threshold=0.02),
+        }
+        for name, kw in kws.items():
+            for pn in (True, False):
+                o_t = K.fused_steer(h, **kw, preserve_norm=pn, impl="triton")
+                o_r = K.fused_steer(h, **kw, preserve_norm=pn, impl="torch")
+                atol, rtol = tols[dt]
+                excess = ((o_t.float() - o_r.float()).abs() - (atol + rtol * o_r.float().abs())).max().item()
+                worst.append(dict(rows=rows, d=d, dtype=str(dt)[6:], case=name, norm=pn, excess=excess,
+                                  ok=excess <= 0))
     bad = [w for w in worst if not w["ok"]]
     print(f"\ngpu check: {len(worst) - len(bad)}/{len(worst)} within the test tolerances"
           + ("" if not bad else f"; FAILED: {bad[:6]}"))

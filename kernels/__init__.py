@@ -12,23 +12,27 @@ position mask.
 Three layers per op, as in Liger-Kernel: the ``@triton.jit`` kernels in
 ``_triton.py``, their host launchers and the public functions in ``fused.py``, and
 a pure-torch reference for each step in ``reference.py``, equal in meaning. The
-choice is made once per call (``_backend.resolve_impl``: Triton on CUDA tensors,
-torch elsewhere) and can be forced with ``impl=`` or :func:`use_impl`. Ablation
-and injection have analytic backward passes (Triton kernel or torch), so vectors
-can be optimised by gradient.
+choice between them is made from the device (``_backend.resolve_impl``: Triton on
+CUDA tensors, torch elsewhere): by :func:`fused_steer` at every call, and by
+:func:`bind_steer` once, for a table a hook applies at every step. It can be forced
+with ``impl=`` or :func:`use_impl` / :func:`set_impl` (read when the choice is
+made). The Triton kernel's tiles come from :func:`launch_params`, or from a
+:class:`LaunchParams` passed as ``launch=``. Ablation and injection have analytic
+backward passes (Triton kernel or torch), so vectors can be optimised by gradient.
 """
 
-from ._backend import HAS_TRITON, get_impl, interpret_mode, resolve_impl, set_impl, use_impl
-from .config import (MAX_HALFSPACES, MAX_K, MAX_M, Region, SteerConfig, SteerConfigError, SteerTable,
+from ._backend import HAS_TRITON, get_impl, interpret_mode, resolve_impl, resolve_impl_for, set_impl, use_impl
+from .config import (MAX_HALFSPACES, MAX_K, MAX_M, ORTHO_TOL, Region, SteerConfig, SteerConfigError, SteerTable,
                      orthonormalize)
-from .fused import ablate, bind_steer, clamp, fused_steer, inject, project_region, table_from_tensors
+from .fused import (BoundSteer, LaunchParams, ablate, bind_steer, clamp, fused_steer, inject, launch_params,
+                    project_region, table_from_tensors)
 from .reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref,
                         solve_polyhedron_projection)
 
 __all__ = [
-    "fused_steer", "bind_steer", "ablate", "clamp", "inject", "project_region",
+    "fused_steer", "bind_steer", "BoundSteer", "ablate", "clamp", "inject", "project_region",
     "SteerConfig", "SteerTable", "Region", "SteerConfigError", "orthonormalize", "table_from_tensors",
-    "fused_steer_ref", "solve_polyhedron_projection",
-    "use_impl", "set_impl", "get_impl", "resolve_impl", "interpret_mode", "HAS_TRITON",
-    "MAX_K", "MAX_M", "MAX_HALFSPACES", "DEFAULT_REGION_TOL", "DEFAULT_REGION_MAX_ITER",
+    "fused_steer_ref", "solve_polyhedron_projection", "LaunchParams", "launch_params",
+    "use_impl", "set_impl", "get_impl", "resolve_impl", "resolve_impl_for", "interpret_mode", "HAS_TRITON",
+    "MAX_K", "MAX_M", "MAX_HALFSPACES", "ORTHO_TOL", "DEFAULT_REGION_TOL", "DEFAULT_REGION_MAX_ITER",
 ]

@@ -1,14 +1,19 @@
 """Choice between the Triton kernels and the pure-torch references.
 
-The choice is made once per call from the tensors' device: ``impl="auto"``
-picks Triton for CUDA tensors when Triton imports, and the torch reference
-everywhere else. ``impl="triton"`` forces the kernels; on CPU tensors that
+The choice is made from a device: ``impl="auto"`` picks Triton for CUDA
+tensors when Triton imports, and the torch reference everywhere else.
+:func:`~steerkit.kernels.fused_steer` makes it at every call (from its input's
+device, :func:`resolve_impl`); :func:`~steerkit.kernels.bind_steer` makes it
+once, when it binds (from the device it binds for, :func:`resolve_impl_for`),
+and the bound call keeps it. ``impl="triton"`` forces the kernels; on CPU tensors that
 only works under ``TRITON_INTERPRET=1`` (Triton's interpreter, used by CPU CI).
 ``impl="torch"`` forces the reference.
 
 Tests and callers can override "auto" for a whole block of code with
 :func:`use_impl` (a context manager) or for the process with :func:`set_impl`;
-an explicit ``impl=`` argument other than "auto" always wins.
+the override is read when the choice is made (so a bound call keeps the one in
+force when it was bound). An explicit ``impl=`` argument other than "auto"
+always wins.
 """
 
 from __future__ import annotations
@@ -20,14 +25,13 @@ from typing import Iterator, Literal
 
 import torch
 
+from steerkit.errors import BackendUnavailableError, InputError
+
 Impl = Literal["auto", "triton", "torch"]
 _VALID = ("auto", "triton", "torch")
 
 _state = threading.local()
 _global_override: str = "auto"
-# Bumped whenever an override changes (set_impl, use_impl enter/exit): a caller that cached a
-# choice (``fused.bind_steer``) re-decides when the epoch it cached under is no longer current.
-EPOCH = [0]
 
 try:  # Triton is optional (the `kernels` extra); the torch path never needs it.
     import triton  # noqa: F401
@@ -47,7 +51,7 @@ def interpret_mode() -> bool:
 
 def _check_name(impl: str) -> None:
     if impl not in _VALID:
-        raise ValueError(
+        raise InputError(
             f"impl must be one of {_VALID}; found {impl!r}. "
             "Pass impl='auto' to let steerkit choose from the tensor's device."
         )
@@ -58,7 +62,6 @@ def set_impl(impl: Impl) -> None:
     global _global_override
     _check_name(impl)
     _global_override = impl
-    EPOCH[0] += 1
 
 
 def get_impl() -> str:
@@ -77,31 +80,36 @@ def use_impl(impl: Impl) -> Iterator[None]:
     if stack is None:
         stack = _state.stack = []
     stack.append(impl)
-    EPOCH[0] += 1
     try:
         yield
     finally:
         stack.pop()
-        EPOCH[0] += 1
 
 
 def resolve_impl(impl: str, h: torch.Tensor) -> str:
-    """Return "triton" or "torch" for this call, or raise with what to do."""
+    """Return "triton" or "torch" for a call on ``h``, or raise with what to do."""
+    return resolve_impl_for(impl, h.device)
+
+
+def resolve_impl_for(impl: str, device: torch.device | str) -> str:
+    """Return "triton" or "torch" for tensors on ``device`` under the override in force now
+    (:func:`get_impl`), or raise with what to do."""
     _check_name(impl)
     if impl == "auto":
         impl = get_impl()
+    is_cuda = (device if isinstance(device, torch.device) else torch.device(device)).type == "cuda"
     if impl == "auto":
-        return "triton" if (HAS_TRITON and h.is_cuda) else "torch"
+        return "triton" if (HAS_TRITON and is_cuda) else "torch"
     if impl == "triton":
         if not HAS_TRITON:
-            raise RuntimeError(
+            raise BackendUnavailableError(
                 "impl='triton' was asked for but Triton does not import "
                 f"({_TRITON_IMPORT_ERROR!r}). Install the 'kernels' extra "
                 "(pip install 'steerkit[kernels]') or pass impl='torch'."
             )
-        if not h.is_cuda and not interpret_mode():
-            raise RuntimeError(
-                f"impl='triton' needs CUDA tensors; found a tensor on {h.device}. "
+        if not is_cuda and not interpret_mode():
+            raise BackendUnavailableError(
+                f"impl='triton' needs CUDA tensors; found tensors on {device}. "
                 "Move the tensors to a GPU, set TRITON_INTERPRET=1 before importing "
                 "triton to run the kernels on CPU (slow, for tests), or pass impl='torch'."
             )

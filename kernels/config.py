@@ -31,22 +31,53 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from steerkit.errors import InputError
+
 MAX_K = 16  # directions per basis
 MAX_M = 32  # dimensions of a region's subspace
 MAX_HALFSPACES = 32  # half-spaces of a region's polyhedron
-ORTHO_TOL = 1e-3  # max |B B^T - I| accepted for a basis / the region components
+ORTHO_TOL = 1e-3  # max |B B^T - I| accepted for a basis / the region components (the whole package)
 
 Number = Union[int, float]
 
 
-class SteerConfigError(ValueError):
+class SteerConfigError(InputError):
     """A configuration or a table does not have the shape, dtype or values expected."""
 
 
-def orthonormalize(vectors: Float[Tensor, "k d_model"]) -> Float[Tensor, "k d_model"]:
-    """Orthonormal rows spanning the same space as ``vectors`` (QR in float64)."""
-    q, _ = torch.linalg.qr(vectors.detach().to(torch.float64).T)
-    return q.T.to(vectors.dtype)
+def orthonormalize(
+    vectors: Union[Float[Tensor, "k d_model"], Float[Tensor, " d_model"]],
+) -> Float[Tensor, "r d_model"]:
+    """An orthonormal basis (rows) of the span of ``vectors``: QR in float64, rank-revealing.
+
+    A 1-D vector is one direction. Directions that depend on the earlier ones (``|R_ii|`` at most
+    ``1e-8`` times the largest) are dropped and the QR is redone without them (a dependent column
+    left in would give its row of Q an arbitrary direction, and the later rows would miss part of
+    their vectors), so ``r <= k`` rows come back, spanning the vectors, in the order of the
+    directions they complete; an all-zero input gives ``[0, d_model]``. The result has the input's
+    floating dtype (the default dtype for integer input) and passes the orthonormality check of
+    :class:`SteerConfig` (``ORTHO_TOL``).
+    """
+    v = torch.as_tensor(vectors)
+    if v.dim() == 1:
+        v = v.unsqueeze(0)
+    if v.dim() != 2:
+        raise SteerConfigError(
+            f"orthonormalize expects vectors of shape (k, d_model) or (d_model,); found "
+            f"{tuple(v.shape)}. Stack the directions as rows."
+        )
+    out_dtype = v.dtype if v.is_floating_point() else torch.get_default_dtype()
+    x = v.to(torch.float64).T  # columns = directions
+    while x.shape[1]:
+        q, r = torch.linalg.qr(x)
+        diag = r.diagonal().abs()  # min(d_model, columns) entries
+        keep = diag > 1e-8 * diag.max().clamp_min(1e-30)
+        if bool(keep.all()):
+            return q.T.to(device=v.device, dtype=out_dtype)
+        cols = torch.ones(x.shape[1], dtype=torch.bool, device=x.device)
+        cols[: keep.numel()] = keep
+        x = x[:, cols]
+    return torch.zeros(0, v.shape[1], dtype=out_dtype, device=v.device)
 
 
 def _finite(name: str, t: Tensor) -> None:
@@ -79,10 +110,10 @@ class Region:
     and ``z*`` is the closest point of ``{x : W x <= c}`` to ``z``.
     """
 
-    mean: Float[Tensor, "d_model"]
+    mean: Float[Tensor, " d_model"]
     components: Float[Tensor, "m d_model"]  # orthonormal rows, m <= 32
     W: Float[Tensor, "n_halfspaces m"]  # n_halfspaces <= 32
-    c: Float[Tensor, "n_halfspaces"]
+    c: Float[Tensor, " n_halfspaces"]
     strength: float = 1.0
 
     def validate(self, d_model: int) -> None:
@@ -131,13 +162,13 @@ class SteerConfig:
     """What to do to the rows of one sequence (see the module docstring)."""
 
     basis: Optional[Float[Tensor, "k d_model"]] = None
-    strength: Union[Number, Float[Tensor, "k"]] = 1.0
-    target: Union[None, Number, Float[Tensor, "k"]] = None
-    gate_direction: Optional[Float[Tensor, "d_model"]] = None
+    strength: Union[Number, Float[Tensor, " k"]] = 1.0
+    target: Union[None, Number, Float[Tensor, " k"]] = None
+    gate_direction: Optional[Float[Tensor, " d_model"]] = None
     gate_threshold: float = 0.0
     gate_mode: Literal["above", "below"] = "above"
-    add: Union[None, Float[Tensor, "d_model"], Float[Tensor, "n_add d_model"]] = None
-    add_scale: Union[Number, Float[Tensor, "n_add"]] = 1.0
+    add: Union[None, Float[Tensor, " d_model"], Float[Tensor, "n_add d_model"]] = None
+    add_scale: Union[Number, Float[Tensor, " n_add"]] = 1.0
     region: Optional[Region] = None
 
     @classmethod
@@ -157,7 +188,8 @@ class SteerConfig:
     def identity(cls) -> "SteerConfig":
         return cls()
 
-    def with_gate(self, direction: Tensor, threshold: float, mode: str = "above") -> "SteerConfig":
+    def with_gate(self, direction: Tensor, threshold: float,
+                  mode: Literal["above", "below"] = "above") -> "SteerConfig":
         return replace(self, gate_direction=direction, gate_threshold=threshold, gate_mode=mode)
 
 
@@ -240,13 +272,14 @@ class SteerTable:
         return float(self.schedule[layer])
 
     def to(self, device=None) -> "SteerTable":
-        kw = {}
-        for name in ("basis", "strength", "target", "gate_dir", "gate_thr", "gate_sign", "add",
-                     "add_scale", "region_mean", "region_proj", "region_W", "region_c",
-                     "region_s", "region_step"):
-            t = getattr(self, name)
-            kw[name] = None if t is None else t.to(device)
-        return replace(self, **kw)
+        def mv(t: Optional[Tensor]) -> Optional[Tensor]:
+            return None if t is None else t.to(device)
+
+        return replace(self, basis=mv(self.basis), strength=mv(self.strength), target=mv(self.target),
+                       gate_dir=mv(self.gate_dir), gate_thr=mv(self.gate_thr), gate_sign=mv(self.gate_sign),
+                       add=mv(self.add), add_scale=mv(self.add_scale), region_mean=mv(self.region_mean),
+                       region_proj=mv(self.region_proj), region_W=mv(self.region_W), region_c=mv(self.region_c),
+                       region_s=mv(self.region_s), region_step=mv(self.region_step))
 
     # -- construction --------------------------------------------------------
     @classmethod
@@ -276,8 +309,6 @@ class SteerTable:
                 "cannot infer d_model: no configuration holds a vector; pass d_model=."
             )
         n = len(configs)
-        f32 = dict(dtype=torch.float32)
-
         def vec(t: Tensor, name: str) -> Tensor:
             t = t.detach().to(torch.float32).cpu()
             if t.shape[-1] != d_model:
@@ -298,9 +329,9 @@ class SteerTable:
                     f"a basis may hold at most {MAX_K} directions; found k={K}. "
                     "Keep the strongest directions or split them over two layers."
                 )
-            basis = torch.zeros(n, K, d_model, **f32)
-            strength = torch.zeros(n, K, **f32)
-            target = torch.zeros(n, K, **f32)
+            basis = torch.zeros(n, K, d_model, dtype=torch.float32)
+            strength = torch.zeros(n, K, dtype=torch.float32)
+            target = torch.zeros(n, K, dtype=torch.float32)
             for i, cf in enumerate(configs):
                 if cf.basis is None:
                     continue
@@ -323,9 +354,9 @@ class SteerTable:
             tab.basis, tab.strength, tab.target = basis, strength, target
         # gate
         if any(cf.gate_direction is not None for cf in configs):
-            gd = torch.zeros(n, d_model, **f32)
-            thr = torch.zeros(n, **f32)
-            sign = torch.zeros(n, **f32)
+            gd = torch.zeros(n, d_model, dtype=torch.float32)
+            thr = torch.zeros(n, dtype=torch.float32)
+            sign = torch.zeros(n, dtype=torch.float32)
             for i, cf in enumerate(configs):
                 if cf.gate_direction is None:
                     continue
@@ -343,7 +374,7 @@ class SteerTable:
             tab.gate_dir, tab.gate_thr, tab.gate_sign = gd, thr, sign
         # injection
         if any(cf.add is not None for cf in configs):
-            add = torch.zeros(n, d_model, **f32)
+            add = torch.zeros(n, d_model, dtype=torch.float32)
             for i, cf in enumerate(configs):
                 if cf.add is None:
                     continue
@@ -359,7 +390,7 @@ class SteerTable:
                     )
                 _finite(f"config {i} add_scale", sc)
                 add[i] = (sc[:, None] * v2).sum(0)
-            tab.add, tab.add_scale = add, torch.ones(n, **f32)
+            tab.add, tab.add_scale = add, torch.ones(n, dtype=torch.float32)
         # regions
         if any(cf.region is not None for cf in configs):
             regs = [cf.region for cf in configs]
@@ -371,12 +402,12 @@ class SteerTable:
                         raise SteerConfigError(f"config {i}: {e}") from None
             M = max(r.components.shape[0] for r in regs if r is not None)
             NH = max(r.W.shape[0] for r in regs if r is not None)
-            tab.region_mean = torch.zeros(n, d_model, **f32)
-            tab.region_proj = torch.zeros(n, M, d_model, **f32)
-            tab.region_W = torch.zeros(n, NH, M, **f32)
-            tab.region_c = torch.zeros(n, NH, **f32)
-            tab.region_s = torch.zeros(n, **f32)
-            tab.region_step = torch.ones(n, **f32)
+            tab.region_mean = torch.zeros(n, d_model, dtype=torch.float32)
+            tab.region_proj = torch.zeros(n, M, d_model, dtype=torch.float32)
+            tab.region_W = torch.zeros(n, NH, M, dtype=torch.float32)
+            tab.region_c = torch.zeros(n, NH, dtype=torch.float32)
+            tab.region_s = torch.zeros(n, dtype=torch.float32)
+            tab.region_step = torch.ones(n, dtype=torch.float32)
             for i, r in enumerate(regs):
                 if r is None:
                     continue

@@ -10,18 +10,23 @@ How a call runs:
    over positions.
 2. :func:`~steerkit.kernels._backend.resolve_impl` picks the Triton kernel
    (CUDA tensors, or CPU under ``TRITON_INTERPRET=1``) or the torch reference.
-3. Without gradients the kernel (``_launch_fused``) or the reference runs once.
+3. Without gradients the kernel (``_launch_fused``, tiles from :func:`launch_params`
+   unless ``launch=`` says otherwise) or the reference runs once.
    With gradients, ablation + injection (no gate, region or norm rescale) go
    through :class:`_AblateInjectFn`, whose backward is analytic (a Triton
    kernel or the same formulas in torch); any other combination runs the
    forward kernel and, in backward, differentiates the torch reference
    (recompute).
+
+:func:`bind_steer` makes steps 1-2 once for a table that a hook applies at every
+step, and returns a :class:`BoundSteer`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -30,51 +35,70 @@ from torch import Tensor
 from . import _backend
 from .config import (MAX_K, Region, SteerConfig, SteerConfigError, SteerTable, _check_orthonormal,
                      _finite)
-from .reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, _acc_dtype, fused_steer_ref, table_plan)
+from .reference import DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref, table_plan
 
 Number = Union[int, float]
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_D_MODEL = 32768
 
-# Launch parameters; the GPU benchmark may override them
-# (keys: block_r, block_d, num_warps, norm_fast).
-TUNING: dict = {}
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-# --------------------------------------------------------------------------- launchers
-def _launch_params(d: int, region: bool) -> tuple[int, int, int]:
-    """Whole-row tiles for the backward kernel: (BLOCK_D >= d, rows per program, warps)."""
+# --------------------------------------------------------------------------- launch settings
+@dataclass(frozen=True)
+class LaunchParams:
+    """Tiles of the forward kernel: ``block_r`` rows per program, swept over d in ``block_d``
+    columns (a power of two), ``num_warps`` warps; ``norm_fast`` allows the norm rescale to take
+    |x|^2 from the first pass's dot products where the table allows it (False: always the exact
+    extra pass). Pass one as ``fused_steer(..., launch=LaunchParams(...))`` to override
+    :func:`launch_params`."""
+
+    block_d: int
+    block_r: int
+    num_warps: int = 4
+    norm_fast: bool = True
+
+    def __post_init__(self):
+        for name in ("block_d", "block_r", "num_warps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise SteerConfigError(
+                    f"LaunchParams.{name} must be a positive power of two; found {v!r}."
+                )
+
+
+def launch_params(d: int, k: int, dtype: torch.dtype, region: bool, interpret: bool = False) -> LaunchParams:
+    """The forward kernel's tiles for ``d`` columns, ``k`` padded directions (1 without a basis),
+    hidden states of ``dtype``, with or without a region step, on a GPU or (``interpret``) under
+    Triton's CPU interpreter.
+
+    Defaults from the H200 sweep in docs/RESULTS.md (bf16, and the same for float16 and float32):
+    16 x 512, 4 warps for k <= 8; 16 x 128, 8 warps for more directions, whose per-chunk basis
+    vectors cost registers; 4 rows per program with a region (its solver keeps per-row state in
+    registers). The interpreter pays per op, not per element: one chunk per row, 32 rows."""
+    del dtype  # the sweep found no dtype that wants other tiles
+    if interpret:
+        return LaunchParams(block_d=_next_pow2(d), block_r=4 if region else 32, num_warps=4)
+    return LaunchParams(block_d=min(_next_pow2(d), 512 if k <= 8 else 128), block_r=4 if region else 16,
+                        num_warps=8 if k > 8 else 4)
+
+
+def _bwd_launch_params(d: int, interpret: bool) -> LaunchParams:
+    """Tiles of the backward kernel, which holds whole rows: ``block_d >= d``."""
     block_d = _next_pow2(d)
-    block_r = max(1, min(16, 16384 // block_d))
-    if _backend.interpret_mode():
-        block_r = 32  # the CPU interpreter pays per op, not per element: fewer, larger tiles
-    if region:
-        block_r = min(block_r, 4)
-    num_warps = 4 if block_r * block_d <= 4096 else 8 if block_r * block_d <= 8192 else 16
-    return block_d, block_r, num_warps
+    block_r = 32 if interpret else max(1, min(16, 16384 // block_d))
+    tile = block_r * block_d
+    return LaunchParams(block_d=block_d, block_r=block_r,
+                        num_warps=4 if tile <= 4096 else 8 if tile <= 8192 else 16, norm_fast=False)
 
 
-def _fwd_launch_params(d: int, k: int, region: bool) -> tuple[int, int, int]:
-    """Forward kernel tiles: BLOCK_R rows per program, swept over d in BLOCK_D chunks
-    (the basis chunk is loaded once per program and used for all BLOCK_R rows).
-    Defaults from the H200 sweep in docs/RESULTS.md (16 x 512, 4 warps for k <= 8;
-    16 x 128, 8 warps for more directions, whose per-chunk basis vectors cost registers)."""
-    if _backend.interpret_mode():  # the interpreter pays per op: one chunk, many rows
-        block_d = TUNING.get("block_d") or _next_pow2(d)
-        block_r = TUNING.get("block_r") or (4 if region else 32)
-        return block_d, block_r, TUNING.get("num_warps") or 4
-    block_d = TUNING.get("block_d") or min(_next_pow2(d), 512 if k <= 8 else 128)
-    block_r = TUNING.get("block_r") or (4 if region else 16)
-    num_warps = TUNING.get("num_warps") or (8 if k > 8 else 4)
-    return block_d, block_r, num_warps
-
-
+# --------------------------------------------------------------------------- launchers
 def _launch_fused(h: Tensor, tab, g: Optional[Tensor], mask: Optional[Tensor], layer_weight: float,
-                  preserve_norm: bool, tol: float, max_iter: int) -> Tensor:
+                  preserve_norm: bool, tol: float, max_iter: int, launch: Optional[LaunchParams] = None
+                  ) -> Tensor:
     from ._triton import _fused_steer_kernel
 
     rows, d = h.shape
@@ -82,7 +106,7 @@ def _launch_fused(h: Tensor, tab, g: Optional[Tensor], mask: Optional[Tensor], l
     if rows == 0:
         return out
     K = tab.basis.shape[1] if tab.has_ablate else 1
-    block_d, block_r, num_warps = _fwd_launch_params(d, K, tab.has_region)
+    lp = launch or launch_params(d, K, h.dtype, tab.has_region, _backend.interpret_mode())
     M = tab.region_proj.shape[1] if tab.has_region else 1
     NH = tab.region_W.shape[1] if tab.has_region else 1
     dummy = h
@@ -94,11 +118,9 @@ def _launch_fused(h: Tensor, tab, g: Optional[Tensor], mask: Optional[Tensor], l
     one_cfg = tab.n_configs == 1
     # |x|^2 from dot products gathered in the first pass (no extra pass over d) where the
     # vectors are the same for every row; a per-program guard falls back to the exact pass.
-    norm_fast = bool(preserve_norm) and not (tab.has_gate or tab.has_region) \
+    norm_fast = lp.norm_fast and bool(preserve_norm) and not (tab.has_gate or tab.has_region) \
         and (shared or not tab.has_ablate) and (one_cfg or not tab.has_add)
-    if "norm_fast" in TUNING:
-        norm_fast = norm_fast and bool(TUNING["norm_fast"])
-    grid = (triton_cdiv(rows, block_r),)
+    grid = (triton_cdiv(rows, lp.block_r),)
     _fused_steer_kernel[grid](
         h, out, dummy if g is None else g, dummy if mask is None else mask,
         f(tab.basis), f(tab.strength), f(tab.target),
@@ -109,12 +131,12 @@ def _launch_fused(h: Tensor, tab, g: Optional[Tensor], mask: Optional[Tensor], l
         rows, d, h.stride(0), out.stride(0),
         float(layer_weight), float(tol), int(max_iter),
         K=K, KB=_next_pow2(K), M=M, MB=_next_pow2(M), NH=NH, NHB=_next_pow2(NH),
-        BLOCK_R=block_r, BLOCK_D=block_d,
+        BLOCK_R=lp.block_r, BLOCK_D=lp.block_d,
         HAS_IDX=g is not None, HAS_MASK=mask is not None, SHARED_BASIS=shared,
         ONE_CFG=one_cfg,
         HAS_ABLATE=tab.has_ablate, HAS_GATE=tab.has_gate, HAS_ADD=tab.has_add,
         HAS_REGION=tab.has_region, PRESERVE_NORM=bool(preserve_norm), NORM_FAST=norm_fast,
-        num_warps=num_warps,
+        num_warps=lp.num_warps,
     )
     return out
 
@@ -134,20 +156,20 @@ def _launch_ablate_inject_bwd(go: Tensor, h: Tensor, tab, g, mask):
     dv = torch.zeros(rows, device=go.device, dtype=torch.float32)
     if rows == 0:
         return dh, pt, q, dv
-    block_d, block_r, num_warps = _launch_params(d, False)
+    lp = _bwd_launch_params(d, _backend.interpret_mode())
     dummy = go
 
     def f(t):
         return dummy if t is None else t.detach().contiguous()
 
-    _ablate_inject_bwd_kernel[(triton_cdiv(rows, block_r),)](
+    _ablate_inject_bwd_kernel[(triton_cdiv(rows, lp.block_r),)](
         go, h, dh, dummy if g is None else g, dummy if mask is None else mask,
         f(tab.basis), f(tab.strength), f(tab.target), f(tab.add),
         pt, q, dv, rows, d, go.stride(0), h.stride(0), dh.stride(0),
-        K=K, KB=_next_pow2(K), BLOCK_R=block_r, BLOCK_D=block_d,
+        K=K, KB=_next_pow2(K), BLOCK_R=lp.block_r, BLOCK_D=lp.block_d,
         HAS_IDX=g is not None, HAS_MASK=mask is not None,
         SHARED_BASIS=tab.has_ablate and tab.basis.shape[0] == 1,
-        HAS_ABLATE=tab.has_ablate, HAS_ADD=tab.has_add, num_warps=num_warps,
+        HAS_ABLATE=tab.has_ablate, HAS_ADD=tab.has_add, num_warps=lp.num_warps,
     )
     return dh, pt, q, dv
 
@@ -182,7 +204,7 @@ class _AblateInjectFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, impl, h, basis, strength, target, add, add_scale, g, mask, layer_weight,
-                n_configs):
+                n_configs, launch):
         tab = SimpleNamespace(basis=basis, strength=strength, target=target, add=add,
                               add_scale=add_scale, has_ablate=basis is not None,
                               has_add=add is not None, has_gate=False, has_region=False,
@@ -193,7 +215,7 @@ class _AblateInjectFn(torch.autograd.Function):
         gi = g.long() if g is not None else torch.zeros(rows, dtype=torch.long, device=h.device)
         act = mask.bool() if mask is not None else torch.ones(rows, dtype=torch.bool, device=h.device)
         if impl == "triton":
-            out = _launch_fused(h, tab, g, mask, layer_weight, False, 0.0, 0)
+            out = _launch_fused(h, tab, g, mask, layer_weight, False, 0.0, 0, launch)
         else:
             with torch.no_grad():
                 out = fused_steer_ref(h, tab, gi, act, layer_weight)
@@ -209,12 +231,11 @@ class _AblateInjectFn(torch.autograd.Function):
         acc = torch.float64 if h.dtype == torch.float64 else torch.float32
         act = act_b.to(acc)
         go = go.contiguous()
+        go_acc, h_acc = go.to(acc), h.to(acc)
         if ctx.impl == "triton":
             dh, pt, q, dv = _launch_ablate_inject_bwd(go, h, tab, g_raw if ctx.has_g else None,
                                                       mask_raw if ctx.has_mask else None)
-            go_acc, h_acc = go.to(acc), h.to(acc)
         else:
-            go_acc, h_acc = go.to(acc), h.to(acc)
             dh, pt, q, dv = _ablate_inject_bwd_torch(go_acc, h_acc, tab, gi, act)
         n = tab.n_configs
         rows, d = go.shape
@@ -242,7 +263,7 @@ class _AblateInjectFn(torch.autograd.Function):
             if ctx.needs_input_grad[6]:
                 da = torch.zeros(n, dtype=acc, device=h.device).index_add_(0, gi, dv.to(acc) * w)
                 da = da.to(tab.add_scale.dtype)
-        return None, dh.to(h.dtype), dB, dc, dt, dV, da, None, None, None, None
+        return None, dh.to(h.dtype), dB, dc, dt, dV, da, None, None, None, None, None
 
 
 _TAB_FIELDS = ("basis", "strength", "target", "gate_dir", "gate_thr", "gate_sign", "add", "add_scale",
@@ -260,7 +281,7 @@ class _RecomputeFn(torch.autograd.Function):
         ctx.save_for_backward(h, g, active, *[t if t is not None else torch.empty(0) for t in tensors])
         ctx.present = [t is not None for t in tensors]
         return _launch_fused(h, tab, meta["g_raw"], mask, meta["layer_weight"], meta["preserve_norm"],
-                             meta["tol"], meta["max_iter"])
+                             meta["tol"], meta["max_iter"], meta["launch"])
 
     @staticmethod
     def backward(ctx, go):
@@ -275,9 +296,9 @@ class _RecomputeFn(torch.autograd.Function):
                              **dict(zip(_TAB_FIELDS, leaves)))
             out = fused_steer_ref(hh, tab, g, active, meta["layer_weight"], meta["preserve_norm"],
                                   meta["tol"], meta["max_iter"])
-            inputs = [hh] + [t for t in leaves if t is not None and t.requires_grad]
-            inputs = [t for t in inputs if t.requires_grad]
-            grads = torch.autograd.grad(out, inputs, go, allow_unused=True) if inputs else []
+            # backward runs only when h or a table tensor requires grad: inputs is never empty
+            inputs = [t for t in (hh, *leaves) if t is not None and t.requires_grad]
+            grads = torch.autograd.grad(out, inputs, go, allow_unused=True)
         it = iter(grads)
         dh = next(it) if hh.requires_grad else None
         dts = [next(it) if (t is not None and t.requires_grad) else None for t in leaves]
@@ -313,8 +334,6 @@ def table_from_tensors(
     regions = None if region is None else (list(region) if isinstance(region, (list, tuple)) else [region])
     n = _n_from((basis, 3), (strength, 2), (target, 2), (add, 2), (scale, 1), (gate_direction, 2),
                 (gate_threshold, 1))
-    if isinstance(scale, Tensor) and scale.dim() == 1 and scale.shape[0] == 1 and n == 1:
-        pass
     if regions is not None and len(regions) > 1:
         if n != 1 and len(regions) != n:
             raise SteerConfigError(
@@ -346,7 +365,7 @@ def table_from_tensors(
                     f"{name} must be a number, shape ({K},) or (n_configs, {K}); found {tuple(v.shape)}."
                 )
         tab.basis = B.contiguous()
-        tab.strength = c.expand(n, K).contiguous() if c.dim() < 2 else c.expand(n, K).contiguous()
+        tab.strength = c.expand(n, K).contiguous()
         tab.target = t.expand(n, K).contiguous()
         if validate:
             _check_orthonormal("basis", B)
@@ -400,12 +419,12 @@ def fused_steer(
     table: Optional[SteerTable] = None,
     *,
     basis: Union[None, Float[Tensor, "k d_model"], Float[Tensor, "n_configs k d_model"]] = None,
-    strength: Union[Number, Float[Tensor, "k"], Float[Tensor, "n_configs k"]] = 1.0,
-    target: Union[None, Number, Float[Tensor, "k"], Float[Tensor, "n_configs k"]] = None,
-    add: Union[None, Float[Tensor, "d_model"], Float[Tensor, "n_configs d_model"]] = None,
-    scale: Union[Number, Float[Tensor, "n_configs"]] = 1.0,
-    gate_direction: Union[None, Float[Tensor, "d_model"], Float[Tensor, "n_configs d_model"]] = None,
-    gate_threshold: Union[Number, Float[Tensor, "n_configs"]] = 0.0,
+    strength: Union[Number, Float[Tensor, " k"], Float[Tensor, "n_configs k"]] = 1.0,
+    target: Union[None, Number, Float[Tensor, " k"], Float[Tensor, "n_configs k"]] = None,
+    add: Union[None, Float[Tensor, " d_model"], Float[Tensor, "n_configs d_model"]] = None,
+    scale: Union[Number, Float[Tensor, " n_configs"]] = 1.0,
+    gate_direction: Union[None, Float[Tensor, " d_model"], Float[Tensor, "n_configs d_model"]] = None,
+    gate_threshold: Union[Number, Float[Tensor, " n_configs"]] = 0.0,
     gate_mode: str = "above",
     region: Union[None, Region, Sequence[Optional[Region]]] = None,
     row_config: Optional[Int[Tensor, "*batch"]] = None,
@@ -417,6 +436,7 @@ def fused_steer(
     region_tol: float = DEFAULT_REGION_TOL,
     region_max_iter: int = DEFAULT_REGION_MAX_ITER,
     validate: bool = True,
+    launch: Optional[LaunchParams] = None,
 ) -> Float[Tensor, "*batch d_model"]:
     """Apply, per row and in this order, ablation/clamp, gate, injection, region
     projection and norm preservation, each where asked for; returns a new tensor
@@ -430,7 +450,8 @@ def fused_steer(
     is false are returned unchanged. The injection is scaled by ``layer_weight``
     times the table's schedule weight for ``layer``. The region's polyhedron
     projection stops at natural residual ``region_tol`` (distance units) or
-    ``region_max_iter`` iterations.
+    ``region_max_iter`` iterations. ``launch`` overrides the Triton kernel's tiles
+    (default: :func:`launch_params`); the torch reference ignores it.
     """
     if (table is not None and not validate and row_config is None and mask is None and layer is None
             and _torch_path(h, table, impl)):
@@ -439,7 +460,7 @@ def fused_steer(
         return fused_steer_ref(h.reshape(-1, h.shape[-1]), table, None, None, layer_weight, preserve_norm,
                                region_tol, region_max_iter).reshape(h.shape)
     if not isinstance(h, Tensor):
-        raise TypeError(f"h must be a torch.Tensor [rows, d_model]; found {type(h).__name__}.")
+        raise SteerConfigError(f"h must be a torch.Tensor [rows, d_model]; found {type(h).__name__}.")
     if h.dim() < 1:
         raise SteerConfigError("h must have at least one dimension (d_model); found a scalar.")
     if h.dtype not in _FLOAT_DTYPES + (torch.float64,):
@@ -533,7 +554,7 @@ def fused_steer(
         out = h2.clone()  # nothing asked for (a gate alone steers nothing)
     elif needs_grad and simple and (tab.has_ablate or tab.has_add):
         out = _AblateInjectFn.apply(which, h2, tab.basis, tab.strength, tab.target, tab.add,
-                                    tab.add_scale, g, mk, float(layer_weight), tab.n_configs)
+                                    tab.add_scale, g, mk, float(layer_weight), tab.n_configs, launch)
     elif which == "torch" and g is None and mk is None:
         out = fused_steer_ref(h2, tab, None, None, layer_weight, preserve_norm, region_tol,
                               region_max_iter)
@@ -544,56 +565,113 @@ def fused_steer(
     elif needs_grad:
         gi, active = _gi_active()
         meta = dict(n_configs=tab.n_configs, g_raw=g, layer_weight=float(layer_weight),
-                    preserve_norm=preserve_norm, tol=region_tol, max_iter=region_max_iter)
+                    preserve_norm=preserve_norm, tol=region_tol, max_iter=region_max_iter, launch=launch)
         out = _RecomputeFn.apply(h2, gi, active, mk, meta, *tensors)
     else:
-        out = _launch_fused(h2, tab, g, mk, layer_weight, preserve_norm, region_tol, region_max_iter)
+        out = _launch_fused(h2, tab, g, mk, layer_weight, preserve_norm, region_tol, region_max_iter,
+                            launch)
     return out.reshape(h.shape)
 
 
-_EPOCH = _backend.EPOCH
-
-
-def _torch_path(h: Tensor, table: SteerTable, impl: str = "auto") -> bool:
+def _torch_path(h: Tensor, table: SteerTable, impl: str) -> bool:
     """Whether an unvalidated one-table call on ``h`` runs the torch reference (not Triton, no autograd)."""
-    return (h.device.type != "cuda" and impl in ("auto", "torch") and _backend.get_impl() in (None, "auto", "torch")
-            and not (h.requires_grad and torch.is_grad_enabled()) and table.d_model == h.shape[-1])
+    if h.is_cuda or (h.requires_grad and torch.is_grad_enabled()) or table.d_model != h.shape[-1]:
+        return False
+    return (_backend.get_impl() if impl == "auto" else impl) in ("auto", "torch")
 
 
-def bind_steer(table: SteerTable, *, layer_weight: float = 1.0, preserve_norm: bool = False
-               ) -> Callable[[Tensor, Optional[Tensor]], Tensor]:
-    """``f(h, mask=None)`` = ``fused_steer(h, table, mask=mask, layer_weight=..., preserve_norm=...,
-    validate=False)``, bound once for a hook that calls it at every step.
+class BoundSteer:
+    """``f(h, mask=None, row_config=None)`` = ``fused_steer(h, table, mask=mask,
+    row_config=row_config, layer_weight=..., preserve_norm=..., impl=<impl>, validate=False)``
+    with the implementation chosen once, by :func:`bind_steer`. Made by :func:`bind_steer`."""
 
-    The kernel choice is made on the first unmasked call and kept while the override in force
-    (:func:`use_impl`, :func:`set_impl`) and the input's dtype stay the same: when it is the torch
-    path, later calls go straight to the table's prepared plan
-    (:class:`~steerkit.kernels.reference.OneConfigPlan`), without the general entry point's
-    argument handling. Inside a CPU decode step at batch 1 that handling cost as much as the
-    edit itself (60 us a call, measured in the model with the interpreter's data out of cache).
-    CUDA inputs always take :func:`fused_steer` (Triton).
+    __slots__ = ("table", "impl", "device", "dtype", "layer_weight", "preserve_norm")
+
+    def __init__(self, table: SteerTable, impl: str, device: torch.device, dtype: torch.dtype,
+                 layer_weight: float, preserve_norm: bool):
+        self.table, self.impl, self.device, self.dtype = table, impl, device, dtype
+        self.layer_weight, self.preserve_norm = float(layer_weight), bool(preserve_norm)
+
+    def __call__(self, h: Float[Tensor, "*batch d_model"], mask: Optional[Bool[Tensor, "*batch"]] = None,
+                 row_config: Optional[Int[Tensor, "*batch"]] = None) -> Float[Tensor, "*batch d_model"]:
+        return fused_steer(h, self.table, mask=mask, row_config=row_config, layer_weight=self.layer_weight,
+                           preserve_norm=self.preserve_norm, impl=self.impl, validate=False)
+
+    def _extra(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(impl={self.impl!r}{self._extra()}, n_configs={self.table.n_configs}, "
+                f"d_model={self.table.d_model}, device={str(self.device)!r}, dtype={self.dtype}, "
+                f"layer_weight={self.layer_weight}, preserve_norm={self.preserve_norm})")
+
+
+class _PlannedSteer(BoundSteer):
+    """:class:`BoundSteer` whose unmasked calls without ``row_config`` on the bound dtype are the
+    table's prepared plan (:class:`~steerkit.kernels.reference.OneConfigPlan`), nothing else."""
+
+    __slots__ = ("plan", "fn")
+
+    def __init__(self, table, impl, device, dtype, layer_weight, preserve_norm, plan):
+        super().__init__(table, impl, device, dtype, layer_weight, preserve_norm)
+        self.plan, self.fn = plan, plan.fn
+
+    def __call__(self, h: Float[Tensor, "*batch d_model"], mask: Optional[Bool[Tensor, "*batch"]] = None,
+                 row_config: Optional[Int[Tensor, "*batch"]] = None) -> Float[Tensor, "*batch d_model"]:
+        if mask is None and row_config is None and h.dtype is self.dtype:
+            return self.fn(h)
+        return fused_steer(h, self.table, mask=mask, row_config=row_config, layer_weight=self.layer_weight,
+                           preserve_norm=self.preserve_norm, impl=self.impl, validate=False)
+
+    def _extra(self) -> str:
+        return ", plan=OneConfigPlan"
+
+
+def bind_steer(table: SteerTable, *, device: Union[str, torch.device], dtype: torch.dtype, impl: str = "auto",
+               layer_weight: float = 1.0, preserve_norm: bool = False) -> BoundSteer:
+    """``table`` bound for hidden states on ``device`` in ``dtype``, for a hook that applies it at
+    every step: ``f(h, mask=None, row_config=None)`` is ``fused_steer(h, table, mask=mask,
+    row_config=row_config, layer_weight=layer_weight, preserve_norm=preserve_norm, validate=False)``.
+
+    The implementation is chosen here, once (:func:`~steerkit.kernels._backend.resolve_impl_for`:
+    ``impl``, or for "auto" the :func:`use_impl` / :func:`set_impl` override in force now, then the
+    device), and the bound call keeps it whatever override is in force when it runs. The table is
+    moved to ``device`` here. When the choice is the torch reference and the table holds one
+    configuration without gate or region and no tensor that requires grad, its plan
+    (:class:`~steerkit.kernels.reference.OneConfigPlan`, accumulating in float64 for float64,
+    float32 otherwise) is prepared here, and an unmasked call without ``row_config`` on ``dtype``
+    is that plan and nothing else: inside a CPU decode step at batch 1 the general entry point's
+    argument handling costs as much as the edit itself. Inputs of another dtype, masks and
+    ``row_config`` take :func:`fused_steer` with the bound choice.
     """
-    fast: list = [None, None, -1]  # plan function, dtype, override epoch
-
-    def run(h: Float[Tensor, "*batch d_model"], mask: Optional[Bool[Tensor, "*batch"]] = None
-            ) -> Float[Tensor, "*batch d_model"]:
-        if mask is None:
-            if fast[1] is h.dtype and fast[2] == _EPOCH[0] and not h.is_cuda:
-                return fast[0](h)
-            if _torch_path(h, table):
-                plan = table_plan(table, _acc_dtype(h), h.device, layer_weight, preserve_norm)
-                if plan is not None:
-                    fast[:] = [plan.fn, h.dtype, _EPOCH[0]]
-                    return plan.fn(h)
-        return fused_steer(h, table, mask=mask, layer_weight=layer_weight, preserve_norm=preserve_norm,
-                           validate=False)
-    return run
+    if not isinstance(table, SteerTable):
+        raise SteerConfigError(f"bind_steer needs a SteerTable; found {type(table).__name__}. "
+                               "Build one with SteerTable.from_configs(...).")
+    if dtype not in _FLOAT_DTYPES + (torch.float64,):
+        raise SteerConfigError(
+            f"bind_steer dtype must be float32, float16, bfloat16 or float64; found {dtype}. "
+            "Pass the dtype of the hidden states the hook will see."
+        )
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    which = _backend.resolve_impl_for(impl, dev)
+    if which == "triton" and dtype == torch.float64:
+        raise SteerConfigError(
+            "impl='triton' supports float32, float16 and bfloat16; found float64. Use impl='torch'."
+        )
+    ref = next((getattr(table, f) for f in _TAB_FIELDS if getattr(table, f) is not None), None)
+    tab = table if ref is None or ref.device == dev else table.to(dev)
+    if which == "torch":
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        plan = table_plan(tab, acc, dev, float(layer_weight), bool(preserve_norm))
+        if plan is not None:
+            return _PlannedSteer(tab, which, dev, dtype, layer_weight, preserve_norm, plan)
+    return BoundSteer(tab, which, dev, dtype, layer_weight, preserve_norm)
 
 
 def ablate(
     h: Float[Tensor, "*batch d_model"],
     basis: Union[Float[Tensor, "k d_model"], Float[Tensor, "n_configs k d_model"]],
-    strength: Union[Number, Float[Tensor, "k"], Float[Tensor, "n_configs k"]] = 1.0,
+    strength: Union[Number, Float[Tensor, " k"], Float[Tensor, "n_configs k"]] = 1.0,
     *,
     row_config: Optional[Int[Tensor, "*batch"]] = None,
     mask: Optional[Bool[Tensor, "*batch"]] = None,
@@ -607,8 +685,8 @@ def ablate(
 
 def clamp(
     h: Float[Tensor, "*batch d_model"],
-    directions: Union[Float[Tensor, "d_model"], Float[Tensor, "k d_model"]],
-    value: Union[Number, Float[Tensor, "k"], Float[Tensor, "n_configs k"]],
+    directions: Union[Float[Tensor, " d_model"], Float[Tensor, "k d_model"]],
+    value: Union[Number, Float[Tensor, " k"], Float[Tensor, "n_configs k"]],
     *,
     row_config: Optional[Int[Tensor, "*batch"]] = None,
     mask: Optional[Bool[Tensor, "*batch"]] = None,
@@ -622,8 +700,8 @@ def clamp(
 
 def inject(
     h: Float[Tensor, "*batch d_model"],
-    add: Union[Float[Tensor, "d_model"], Float[Tensor, "n_configs d_model"]],
-    scale: Union[Number, Float[Tensor, "n_configs"]] = 1.0,
+    add: Union[Float[Tensor, " d_model"], Float[Tensor, "n_configs d_model"]],
+    scale: Union[Number, Float[Tensor, " n_configs"]] = 1.0,
     *,
     layer_weight: float = 1.0,
     row_config: Optional[Int[Tensor, "*batch"]] = None,

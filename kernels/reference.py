@@ -33,7 +33,7 @@ def ablate_ref(
     basis: Float[Tensor, "n_b K d"],
     strength: Float[Tensor, "n K"],
     target: Float[Tensor, "n K"],
-    g: Int[Tensor, "rows"],
+    g: Int[Tensor, " rows"],
 ) -> Float[Tensor, "rows d"]:
     """``x - sum_i strength_i (b_i . x - target_i) b_i`` with the row's own configuration."""
     n_b, K, d = basis.shape
@@ -55,10 +55,10 @@ def ablate_ref(
 def gate_ref(
     x: Float[Tensor, "rows d"],
     gate_dir: Float[Tensor, "n d"],
-    gate_thr: Float[Tensor, "n"],
-    gate_sign: Float[Tensor, "n"],
-    g: Int[Tensor, "rows"],
-) -> Float[Tensor, "rows"]:
+    gate_thr: Float[Tensor, " n"],
+    gate_sign: Float[Tensor, " n"],
+    g: Int[Tensor, " rows"],
+) -> Float[Tensor, " rows"]:
     """1.0 where the row's gate fires, else 0.0 (no gradient flows through the test)."""
     dot = (x * gate_dir[g]).sum(-1)
     nrm = x.norm(dim=-1)
@@ -71,10 +71,10 @@ def gate_ref(
 def inject_ref(
     x: Float[Tensor, "rows d"],
     add: Float[Tensor, "n d"],
-    add_scale: Float[Tensor, "n"],
+    add_scale: Float[Tensor, " n"],
     layer_weight: float,
-    g: Int[Tensor, "rows"],
-    fire: Optional[Float[Tensor, "rows"]] = None,
+    g: Int[Tensor, " rows"],
+    fire: Optional[Float[Tensor, " rows"]] = None,
 ) -> Float[Tensor, "rows d"]:
     """``x + layer_weight * add_scale[g] * add[g]`` on rows where the gate fires."""
     a = add_scale[g] * layer_weight
@@ -87,7 +87,7 @@ def solve_polyhedron_projection(
     z: Float[Tensor, "rows M"],
     W: Float[Tensor, "rows NH M"],
     c: Float[Tensor, "rows NH"],
-    step: Float[Tensor, "rows"],
+    step: Float[Tensor, " rows"],
     tol: float = DEFAULT_REGION_TOL,
     max_iter: int = DEFAULT_REGION_MAX_ITER,
     live: Optional[Tensor] = None,
@@ -140,11 +140,11 @@ def region_ref(
     proj: Float[Tensor, "n M d"],
     W: Float[Tensor, "n NH M"],
     c: Float[Tensor, "n NH"],
-    s: Float[Tensor, "n"],
-    step: Float[Tensor, "n"],
-    g: Int[Tensor, "rows"],
-    fire: Optional[Float[Tensor, "rows"]] = None,
-    live: Optional[Bool[Tensor, "rows"]] = None,
+    s: Float[Tensor, " n"],
+    step: Float[Tensor, " n"],
+    g: Int[Tensor, " rows"],
+    fire: Optional[Float[Tensor, " rows"]] = None,
+    live: Optional[Bool[Tensor, " rows"]] = None,
     tol: float = DEFAULT_REGION_TOL,
     max_iter: int = DEFAULT_REGION_MAX_ITER,
 ) -> Float[Tensor, "rows d"]:
@@ -174,8 +174,8 @@ def region_ref(
 def fused_steer_ref(
     h: Float[Tensor, "rows d"],
     table,
-    g: Optional[Int[Tensor, "rows"]],
-    active: Optional[Bool[Tensor, "rows"]],
+    g: Optional[Int[Tensor, " rows"]],
+    active: Optional[Bool[Tensor, " rows"]],
     layer_weight: float = 1.0,
     preserve_norm: bool = False,
     region_tol: float = DEFAULT_REGION_TOL,
@@ -257,7 +257,11 @@ class OneConfigPlan:
             return t.to(device=device, dtype=acc)
         self.acc, self.preserve_norm, self.d = acc, preserve_norm, table.d_model
         self.src = _plan_sources(table)
-        self.B = self.BT = self.target = self.strength = self.add = None
+        self.B: Optional[Tensor] = None  # [K, d] basis, and BT its transpose [d, K]: set together
+        self.BT: Optional[Tensor] = None
+        self.target: Optional[Tensor] = None
+        self.strength: Optional[Tensor] = None
+        self.add: Optional[Tensor] = None
         if table.has_ablate:
             b = c(table.basis[0])
             self.B, self.BT = b.contiguous(), b.T.contiguous()
@@ -295,10 +299,10 @@ class OneConfigPlan:
     def _general(self, h: Float[Tensor, "*rows d"]) -> Float[Tensor, "*rows d"]:
         acc = self.acc
         x = h if h.dtype == acc else h.to(acc)
-        B, add = self.B, self.add
-        if B is not None:
+        B, BT, add = self.B, self.BT, self.add
+        if B is not None and BT is not None:
             x2 = x.reshape(-1, self.d)
-            p = x2 @ self.BT  # [rows, K]
+            p = x2 @ BT  # [rows, K]
             if self.target is not None:
                 p = p - self.target
             if self.strength is not None:

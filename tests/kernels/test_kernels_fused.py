@@ -213,6 +213,62 @@ def test_impl_choice_and_override():
         K.resolve_impl("cuda", h)
 
 
+def test_impl_choice_for_a_device():
+    assert K.resolve_impl_for("auto", "cpu") == "torch"
+    assert K.resolve_impl_for("auto", torch.device("cpu")) == "torch"
+    with K.use_impl("triton"):  # TRITON_INTERPRET=1 here: Triton on CPU is allowed
+        assert K.resolve_impl_for("auto", "cpu") == "triton"
+        assert K.resolve_impl_for("torch", "cpu") == "torch"
+    with pytest.raises(ValueError, match="impl must be one of"):
+        K.resolve_impl_for("gpu", "cpu")
+
+
+def test_impl_triton_without_interpreter_says_what_to_do(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match=r"needs CUDA tensors; found tensors on cpu.*impl='torch'"):
+        K.resolve_impl_for("triton", "cpu")
+    with pytest.raises(RuntimeError, match=r"needs CUDA tensors"):
+        K.resolve_impl("triton", torch.zeros(2))
+
+
+# ---------------------------------------------------------------- orthonormalize / launch settings
+def test_orthonormalize_drops_dependent_directions():
+    gen = torch.Generator().manual_seed(4)
+    a, b = torch.randn(2, 20, generator=gen, dtype=torch.float64)
+    assert K.orthonormalize(torch.stack([a, 2 * a, b, a - 3 * b])).shape == (2, 20)
+    a, b = a.float(), b.float()
+    B = K.orthonormalize(torch.stack([a, 2 * a, b]))  # 2a is exact in float32
+    assert B.shape == (2, 20) and B.dtype == torch.float32
+    gram = B.double() @ B.double().T
+    assert (gram - torch.eye(2, dtype=torch.float64)).abs().max() < K.ORTHO_TOL
+    # the span is kept: a and b are reproduced by their projections
+    for v in (a, b):
+        assert torch.allclose((v @ B.T) @ B, v, atol=1e-5)
+    u = K.orthonormalize(a)  # one direction, 1-D
+    assert u.shape == (1, 20) and torch.allclose(u[0].abs(), (a / a.norm()).abs(), atol=1e-6)
+    assert K.orthonormalize(torch.zeros(3, 20)).shape == (0, 20)
+    assert K.orthonormalize(torch.zeros(0, 20)).shape == (0, 20)
+    full = K.orthonormalize(torch.stack([a[:2], 2 * a[:2], b[:2]]))  # more vectors than dimensions
+    assert full.shape == (2, 2) and torch.allclose(full @ full.T, torch.eye(2), atol=1e-6)
+    assert K.orthonormalize(a.double()).dtype == torch.float64
+    assert K.orthonormalize([[1, 0, 0], [0, 2, 0]]).dtype == torch.get_default_dtype()
+    assert K.config.orthonormalize is K.orthonormalize
+    SteerTable.from_configs([SteerConfig.ablation(B)])  # passes the table's orthonormality check
+    with pytest.raises(ValueError, match=r"shape \(k, d_model\) or \(d_model,\); found \(2, 3, 4\)"):
+        K.orthonormalize(torch.zeros(2, 3, 4))
+
+
+def test_launch_params_are_a_pure_function():
+    lp = K.launch_params(4096, 4, torch.bfloat16, False)
+    assert lp == K.LaunchParams(block_d=512, block_r=16, num_warps=4, norm_fast=True)
+    assert K.launch_params(4096, 16, torch.float32, False) == K.LaunchParams(128, 16, 8)
+    assert K.launch_params(4096, 1, torch.float16, True).block_r == 4
+    assert K.launch_params(200, 4, torch.float32, False, interpret=True) == K.LaunchParams(256, 32, 4)
+    assert K.launch_params(4096, 4, torch.bfloat16, False) == lp  # same inputs, same answer
+    with pytest.raises(ValueError, match=r"block_d must be a positive power of two; found 100"):
+        K.LaunchParams(block_d=100, block_r=8)
+
+
 # ---------------------------------------------------------------- errors say expected / found / what to do
 def test_error_messages():
     gen = torch.Generator().manual_seed(0)

@@ -70,7 +70,7 @@ def test_zero_injection_is_bit_identical_and_input_untouched():
     h = torch.randn(3, 1, 576)
     keep = h.clone()
     tab = SteerTable.from_configs([SteerConfig.injection(torch.zeros(576), 4.0)], d_model=576)
-    out = bind_steer(tab)(h)
+    out = bind_steer(tab, device="cpu", dtype=torch.float32)(h)
     assert torch.equal(out, keep) and torch.equal(h, keep)
 
 
@@ -79,7 +79,7 @@ def test_bind_steer_equals_fused_steer_with_and_without_mask():
     h = torch.randn(4, 3, 40, generator=gen)
     tab = SteerTable.from_configs([SteerConfig(basis=rand_orthonormal(2, 40, gen),
                                                add=torch.randn(40, generator=gen))], d_model=40)
-    run = bind_steer(tab, preserve_norm=True)
+    run = bind_steer(tab, device="cpu", dtype=torch.float32, preserve_norm=True)
     mask = torch.rand(4, 3, generator=gen) > 0.5
     for m in (None, mask):
         want = fused_steer(h, tab, mask=m, preserve_norm=True)
@@ -88,8 +88,7 @@ def test_bind_steer_equals_fused_steer_with_and_without_mask():
     assert torch.equal(out[~mask], h[~mask])  # unmasked rows bit-for-bit
 
 
-def test_bind_steer_redecides_when_the_impl_override_changes(monkeypatch):
-    """The cached CPU choice must not outlive a ``use_impl`` override (tests force Triton that way)."""
+def _count_launches(monkeypatch) -> list:
     launches = []
     real = F._launch_fused
 
@@ -97,18 +96,74 @@ def test_bind_steer_redecides_when_the_impl_override_changes(monkeypatch):
         launches.append(1)
         return real(*a, **k)
     monkeypatch.setattr(F, "_launch_fused", counting)
+    return launches
+
+
+def test_bind_steer_chooses_the_impl_when_it_binds(monkeypatch):
+    """The override in force at bind time is the one the bound call keeps (TRITON_INTERPRET=1 in
+    these tests: the Triton kernel runs on CPU)."""
+    launches = _count_launches(monkeypatch)
     gen = torch.Generator().manual_seed(2)
     h = torch.randn(2, 1, 64, generator=gen)
     tab = SteerTable.from_configs([SteerConfig.ablation(rand_orthonormal(1, 64, gen))], d_model=64)
-    run = bind_steer(tab)
-    ref = run(h)  # torch path, now cached
-    assert launches == []
-    with K.use_impl("triton"):  # TRITON_INTERPRET=1 in these tests: the kernel runs on CPU
-        tri = run(h)
+    with K.use_impl("triton"):
+        tri_run = bind_steer(tab, device="cpu", dtype=torch.float32)
+    torch_run = bind_steer(tab, device="cpu", dtype=torch.float32)
+    assert tri_run.impl == "triton" and torch_run.impl == "torch"
+    assert "impl='triton'" in repr(tri_run) and "n_configs=1" in repr(tri_run)
+    assert "impl='torch'" in repr(torch_run) and "OneConfigPlan" in repr(torch_run)
+
+    tri = tri_run(h)  # bound under use_impl("triton"), called after leaving it
     assert launches == [1]
-    assert_close_report(tri, ref, *TOLS[torch.float32], "triton vs cached plan")
-    run(h)
-    assert launches == [1]  # back to the cached torch plan
+    with K.use_impl("triton"):  # bound outside: the torch plan, whatever the override now
+        ref = torch_run(h)
+        assert launches == [1]
+        torch_run(h, torch.ones(2, 1, dtype=torch.bool))  # the masked call keeps torch too
+        assert launches == [1]
+    with K.use_impl("torch"):
+        tri_run(h, torch.ones(2, 1, dtype=torch.bool))
+    assert launches == [1, 1]
+    assert_close_report(tri, ref, *TOLS[torch.float32], "triton (bound) vs torch plan (bound)")
+    assert_close_report(ref, fused_steer(h, tab, impl="torch"), *TOLS[torch.float32], "plan vs fused_steer")
+
+
+def test_bind_steer_explicit_impl_and_errors():
+    tab = SteerTable.from_configs([SteerConfig.injection(torch.ones(8))], d_model=8)
+    assert bind_steer(tab, device="cpu", dtype=torch.float32, impl="torch").impl == "torch"
+    with K.use_impl("triton"):
+        assert bind_steer(tab, device="cpu", dtype=torch.float32, impl="torch").impl == "torch"
+    with pytest.raises(ValueError, match="impl must be one of"):
+        bind_steer(tab, device="cpu", dtype=torch.float32, impl="cuda")
+    with pytest.raises(ValueError, match=r"supports float32.*found float64"):
+        bind_steer(tab, device="cpu", dtype=torch.float64, impl="triton")
+    with pytest.raises(ValueError, match=r"dtype must be float32.*found torch.int64"):
+        bind_steer(tab, device="cpu", dtype=torch.int64)
+
+
+@pytest.mark.parametrize("bound", [torch.float32, torch.bfloat16, torch.float64],
+                         ids=lambda t: str(t).split(".")[-1])
+def test_bind_steer_other_dtype_and_row_config_take_the_general_path(bound):
+    gen = torch.Generator().manual_seed(3)
+    d = 48
+    cfg = SteerConfig(basis=rand_orthonormal(2, d, gen), add=torch.randn(d, generator=gen), add_scale=0.5)
+    tab = SteerTable.from_configs([cfg], d_model=d)
+    run = bind_steer(tab, device="cpu", dtype=bound, layer_weight=0.7)
+    for dt in DTYPES:
+        h = (torch.randn(3, 2, d, generator=gen) * 3).to(dt)
+        got = run(h)
+        want = fused_steer(h, tab, layer_weight=0.7, impl="torch")
+        assert got.dtype == dt
+        assert_close_report(got, want, *TOL[dt], f"bound {bound} called with {dt}")
+    # several configurations, picked per row
+    tab3 = SteerTable.from_configs([cfg, SteerConfig.identity(), SteerConfig.injection(torch.ones(d), 2.0)],
+                                   d_model=d)
+    run3 = bind_steer(tab3, device="cpu", dtype=bound)
+    assert "OneConfigPlan" not in repr(run3) and "n_configs=3" in repr(run3)
+    h = (torch.randn(3, 2, d, generator=gen) * 3).to(bound)
+    rc = torch.tensor([2, 0, 1])
+    assert_close_report(run3(h, row_config=rc), fused_steer(h, tab3, row_config=rc, impl="torch"), *TOL[bound],
+                        "bound row_config")
+    assert torch.equal(run3(h, row_config=rc)[2], h[2])  # the identity configuration
 
 
 def test_no_plan_for_trainable_tables_and_gradients_flow():
