@@ -14,20 +14,24 @@ See ``docs/ARCHITECTURE.md`` for how data flows through the package.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__
 
 from .adapters import Adapter, adapter_for, register_adapter
-from .edits import Edit, orthonormalize
-from .errors import HookNameError, InputError, ModelNotFoundError, SteerkitError, UnsupportedArchitectureError
+from .errors import (BackendUnavailableError, HookNameError, InputError, ModelNotFoundError, RowIndexError,
+                     SteerkitError, UnsupportedArchitectureError)
 from .hooknames import layer_names, resid_post, resid_pre
-from .hooks import ActivationCache, HookHandle
+from .hooks import ActivationCache, HookHandle, RecordHandle
+from .interventions import CompiledSteering, Gate, Intervention, ModelFacts
+from .kernels import orthonormalize
 from .generation import Recycle, continue_thinking
 from .model import SteerModel, Tokens, load_model, wrap
 
 __all__ = [
     "__version__", "load_model", "wrap", "SteerModel", "Tokens", "Adapter", "adapter_for", "register_adapter",
-    "Edit", "orthonormalize", "ActivationCache", "HookHandle", "layer_names", "resid_post", "resid_pre",
+    "Intervention", "Gate", "ModelFacts", "CompiledSteering", "orthonormalize", "ActivationCache", "HookHandle",
+    "RecordHandle", "layer_names", "resid_post", "resid_pre",
     "SteerkitError", "HookNameError", "InputError", "ModelNotFoundError", "UnsupportedArchitectureError",
+    "BackendUnavailableError", "RowIndexError",
     "generate", "Recycle", "continue_thinking",
 ]
 

@@ -22,6 +22,7 @@ Adapters are registered per ``config.model_type`` with :func:`register_adapter`;
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -80,8 +81,9 @@ class Adapter:
             f"found none on {type(config).__name__}; register an adapter with the right names"
         )
 
-    def text_config(self, model: nn.Module):
-        cfg = model.config
+    def text_config(self, model: nn.Module) -> Any:
+        # a transformers PretrainedConfig (nn.Module.__getattr__ types attributes as Tensor | Module)
+        cfg: Any = model.config
         return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
     def n_layers(self, model: nn.Module) -> int:
@@ -126,6 +128,79 @@ class Adapter:
     def unembed_module(self, model: nn.Module) -> nn.Module:
         return get_module(model, self.unembed)
 
+    def residual_writer(self, model: nn.Module, layer: int, which: str) -> nn.Linear:
+        """The ``nn.Linear`` whose output the attention (``which="attn"``) or MLP (``"mlp"``) sub-layer
+        of block ``layer`` adds to the residual stream: what weight orthogonalisation rewrites.
+
+        Raises :class:`UnsupportedArchitectureError` where the sub-layer's output passes through a
+        norm before the residual (Gemma 2/3, OLMo 2): a projection does not commute with that norm."""
+        if which not in ("attn", "mlp"):
+            raise UnsupportedArchitectureError(f"expected which='attn' or 'mlp', found {which!r}")
+        d_model = self.d_model(model)
+        mod = self.attn_out_module(model, layer) if which == "attn" else self.mlp_out_module(model, layer)
+        cls = type(mod).__name__.lower()
+        if "norm" in cls:
+            raise UnsupportedArchitectureError(
+                f"adapter {self.name!r}: the {which} output passes through {type(mod).__name__} before the "
+                "residual stream; a projection does not commute with that norm, so an ablation cannot be "
+                "folded into the weights. Use run-time ablation instead")
+        if isinstance(mod, nn.Dropout) or "dropout" in cls:  # Phi-3 / GPT-NeoX: the writer sits in attn / mlp
+            mod = getattr(self.block(model, layer), self.attn if which == "attn" else "mlp")
+        return _output_linear(mod, d_model)
+
+
+_OUT_NAMES = ("o_proj", "down_proj", "out_proj", "dense", "c_proj", "fc2", "dense_4h_to_h")
+
+
+def _output_linear(module: nn.Module, d_model: int) -> nn.Linear:
+    if isinstance(module, nn.Linear) and module.out_features == d_model:
+        return module
+    for n in _OUT_NAMES:
+        m = getattr(module, n, None)
+        if isinstance(m, nn.Linear) and m.out_features == d_model:
+            return m
+    lin = [m for m in module.modules() if isinstance(m, nn.Linear) and m.out_features == d_model]
+    if not lin:
+        raise UnsupportedArchitectureError(f"expected a Linear layer writing d_model={d_model} features in "
+                                           f"{type(module).__name__}, found none")
+    return lin[-1]
+
+
+# vLLM's text models keep their decoder blocks at ``model.layers`` (Llama, Mistral, Qwen2/3, Gemma,
+# Phi-3, OLMo, Mixtral...), or one level down in multimodal wrappers; each block has ``self_attn`` and
+# (dense or MoE) ``mlp``; blocks of other pipeline ranks are placeholders without them.
+_VLLM_BLOCK_PATHS = ("model", "language_model.model", "model.language_model")
+
+
+@dataclass(frozen=True)
+class VLLMLayout:
+    """The modules of a vLLM decoder model that steering hooks: blocks (absolute indices; ``None``
+    for a block another pipeline rank holds), each block's attention and MLP, and the embedding."""
+
+    blocks: tuple
+    attn: tuple
+    mlp: tuple
+    embed: object
+
+
+def vllm_layout(model: nn.Module) -> VLLMLayout:
+    """Where a vLLM model keeps what :class:`VLLMLayout` names (the plugin asks this, nothing else)."""
+    for path in _VLLM_BLOCK_PATHS:
+        m: object = model
+        for part in path.split("."):
+            m = getattr(m, part, None)
+            if m is None:
+                break
+        if m is not None and hasattr(m, "layers"):
+            blocks = tuple(b if hasattr(b, "self_attn") else None for b in m.layers)
+            return VLLMLayout(blocks=blocks,
+                              attn=tuple(None if b is None else b.self_attn for b in blocks),
+                              mlp=tuple(None if b is None else getattr(b, "mlp", None) for b in blocks),
+                              embed=getattr(m, "embed_tokens", None))
+    raise UnsupportedArchitectureError(
+        f"expected a vLLM decoder model with its blocks at one of {_VLLM_BLOCK_PATHS} (.layers), found "
+        f"{type(model).__name__}; add its layout to steerkit.adapters.vllm_layout")
+
 
 _REGISTRY: dict[str, Adapter] = {}
 
@@ -166,37 +241,38 @@ def adapter_for(model: nn.Module) -> Adapter:
 # Gemma scales the embeddings inside GemmaModel.forward, before block 0: hook_resid_pre of
 # block 0 sees the scaled embeddings. Qwen3's q/k norms and SmolLM3's NoPE layers live inside
 # self_attn and change nothing here.
-_LLAMA_LIKE = dict(blocks="model.layers", embed="model.embed_tokens", final_norm="model.norm",
-                   unembed="lm_head", attn_out="self_attn", mlp_out="mlp")
+def _llama_like(name: str, model_types: tuple[str, ...], *, attn_out: str = "self_attn", mlp_out: str = "mlp",
+                blocks: str = "model.layers", embed: str = "model.embed_tokens", final_norm: str = "model.norm",
+                pre_attn_norm: str = "input_layernorm") -> Adapter:
+    """An adapter with the Llama layout, some of its module paths replaced."""
+    return Adapter(name=name, model_types=model_types, blocks=blocks, embed=embed, final_norm=final_norm,
+                   unembed="lm_head", attn_out=attn_out, mlp_out=mlp_out, pre_attn_norm=pre_attn_norm)
 
-register_adapter(Adapter(name="llama", model_types=("llama", "mistral", "qwen2", "qwen3", "gemma",
-                                                    "olmo", "smollm3"), **_LLAMA_LIKE))
+
+register_adapter(_llama_like("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "smollm3")))
 # Not Granite: its block adds ``residual_multiplier * self_attn(...)``, a product no module
 # outputs, so hook_attn_out/hook_mlp_out (and resid_mid edits) would be off by that factor.
 
 # Phi-3: Llama layout, but the residual receives resid_attn_dropout(self_attn(...)) and
 # resid_mlp_dropout(mlp(...)); hooking the dropouts keeps resid_pre + attn_out + mlp_out ==
 # resid_post exact in train mode too (in eval they are the identity).
-register_adapter(Adapter(name="phi3", model_types=("phi3",),
-                         **{**_LLAMA_LIKE, "attn_out": "resid_attn_dropout",
-                            "mlp_out": "resid_mlp_dropout"}))
+register_adapter(_llama_like("phi3", ("phi3",), attn_out="resid_attn_dropout", mlp_out="resid_mlp_dropout"))
 
 # Post-sub-layer norms: the residual receives the *normed* sub-layer output.
 # Gemma 2 / Gemma 3 text: h += post_attention_layernorm(self_attn(input_layernorm(h)));
 # h += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))). Gemma 3 scales the
 # embeddings inside its embedding module (Gemma3TextScaledWordEmbedding).
-_POST_NORM = {"attn_out": "post_attention_layernorm", "mlp_out": "post_feedforward_layernorm"}
-register_adapter(Adapter(name="gemma2", model_types=("gemma2", "gemma3_text"), **{**_LLAMA_LIKE, **_POST_NORM}))
+_POST_ATTN, _POST_MLP = "post_attention_layernorm", "post_feedforward_layernorm"
+register_adapter(_llama_like("gemma2", ("gemma2", "gemma3_text"), attn_out=_POST_ATTN, mlp_out=_POST_MLP))
 # Gemma 3 multimodal (Gemma3ForConditionalGeneration, config.model_type "gemma3"): the same
 # decoder, one level down at model.language_model; lm_head stays at the top.
-register_adapter(Adapter(name="gemma3", model_types=("gemma3",),
-                         **{**_LLAMA_LIKE, **_POST_NORM, "blocks": "model.language_model.layers",
-                            "embed": "model.language_model.embed_tokens",
-                            "final_norm": "model.language_model.norm"}))
+register_adapter(_llama_like("gemma3", ("gemma3",), attn_out=_POST_ATTN, mlp_out=_POST_MLP,
+                             blocks="model.language_model.layers", embed="model.language_model.embed_tokens",
+                             final_norm="model.language_model.norm"))
 # OLMo 2 / OLMo 3: h += post_attention_layernorm(self_attn(h)); h += post_feedforward_layernorm(mlp(h)).
 # There is no pre-attention norm: self_attn itself receives the residual.
-register_adapter(Adapter(name="olmo2", model_types=("olmo2", "olmo3"),
-                         **{**_LLAMA_LIKE, **_POST_NORM, "pre_attn_norm": "self_attn"}))
+register_adapter(_llama_like("olmo2", ("olmo2", "olmo3"), attn_out=_POST_ATTN, mlp_out=_POST_MLP,
+                             pre_attn_norm="self_attn"))
 
 # GPT-2: transformer.h[i] computes h += attn(ln_1(h))[0]; h += mlp(ln_2(h)) (the attention
 # returns (output, weights) and applies resid_dropout itself; the MLP applies its dropout).

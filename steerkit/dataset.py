@@ -22,12 +22,15 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-from .errors import InputError
+from .errors import HookNameError, InputError, RowIndexError
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 MANIFEST = "manifest.json"
 FORMAT = "steerkit.activations/1"
@@ -50,7 +53,7 @@ def _prompts_hash(prompts: Sequence[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def record_dataset(sm, prompts: Sequence[str], hooks, out_dir, *, positions="last", batch_size: int = 16,
+def record_dataset(sm: "SteerModel", prompts: Sequence[str], hooks, out_dir, *, positions="last", batch_size: int = 16,
                    shard_size: int = 256, chat: bool = True, dtype: torch.dtype | None = None,
                    progress: bool = True) -> "ActivationDataset":
     """Record ``hooks`` at ``positions`` for every prompt into sharded safetensors under ``out_dir``."""
@@ -147,7 +150,8 @@ class ActivationDataset:
 
     def _check(self, hook: str) -> None:
         if hook not in self.hooks:
-            raise KeyError(f"expected one of the recorded hooks {self.hooks}, found {hook!r}")
+            raise HookNameError(f"expected one of the recorded hooks {self.hooks}, found {hook!r}; "
+                                "ask for one of those or record this hook too")
 
     def iter(self, hook: str) -> Iterator[Tensor]:
         """Yield the tensor of ``hook`` shard by shard (``[n, d_model]``)."""
@@ -185,7 +189,7 @@ class ActivationDataset:
                              "positions use ds.load(hook) with ds.lengths(hook)")
         n = len(self)
         if not -n <= i < n:
-            raise IndexError(f"expected a row index in [{-n}, {n}), found {i}")
+            raise RowIndexError(f"expected a row index in [{-n}, {n}), found {i}; this recording has {n} rows")
         i %= n
         for s in self.shards:
             cnt = self.meta["shards"][s]
@@ -193,4 +197,5 @@ class ActivationDataset:
                 with safe_open(str(self.path / s), framework="pt") as f:
                     return f.get_slice(hook)[i:i + 1][0]
             i -= cnt
-        raise IndexError(i)
+        raise RowIndexError(f"expected row {key[1]} in one of the shards of {self.path}, found none: the shard "
+                            "counts in its meta.json do not add up; record the prompts again")

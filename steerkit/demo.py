@@ -11,6 +11,9 @@ import time
 
 import torch
 
+from .hooknames import resid_post
+from .model import load_model
+
 POSITIVE = [
     "I just got wonderful news and I feel fantastic!", "What a beautiful, sunny, joyful morning.",
     "I love spending time with my wonderful friends.", "This is the happiest day of my life!",
@@ -27,12 +30,10 @@ TEST_PROMPTS = ["Tell me about your weekend.", "Describe the city you live in.",
 
 
 def main(quick: bool = False, layer: int = 12, scale: float = 6.0) -> int:
-    import steerkit
-
     t0 = time.time()
-    sm = steerkit.load_model()
+    sm = load_model()
     print(f"loaded {sm} in {time.time() - t0:.1f}s")
-    hooks = steerkit.resid_post(range(sm.n_layers))
+    hooks = resid_post(range(sm.n_layers))
     with sm.record(hooks, positions="last") as cache:
         sm.forward(POSITIVE)
         sm.forward(NEGATIVE)

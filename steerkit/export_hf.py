@@ -27,6 +27,8 @@ the weights and are not exported.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import os
 from pathlib import Path
@@ -34,6 +36,12 @@ from pathlib import Path
 import torch
 
 from .errors import InputError
+from .files import atomic_folder
+from .fingerprint import model_fingerprint
+from .version import __version__
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 __all__ = ["export_hf"]
 
@@ -54,9 +62,10 @@ def _tensors_to_save(model, dtype: torch.dtype | None) -> tuple[dict[str, torch.
     in_emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     in_key, out_key = _named_weight(model, in_emb), _named_weight(model, out_emb)
-    tied = bool(in_key and out_key and in_key != out_key and (
-        in_emb.weight is out_emb.weight
-        or (in_emb.weight.data_ptr() == out_emb.weight.data_ptr() and in_emb.weight.shape == out_emb.weight.shape)))
+    tied = False
+    if in_key and out_key and in_key != out_key and in_emb is not None and out_emb is not None:
+        tied = bool(in_emb.weight is out_emb.weight or (in_emb.weight.data_ptr() == out_emb.weight.data_ptr()
+                                                        and in_emb.weight.shape == out_emb.weight.shape))
     if tied and not bool(getattr(model.config, "tie_word_embeddings", True)):
         raise InputError(
             "expected the config's tie_word_embeddings to be true for a model whose output embedding is its "
@@ -78,7 +87,7 @@ def _tensors_to_save(model, dtype: torch.dtype | None) -> tuple[dict[str, torch.
     return out, tied
 
 
-def export_hf(sm, out_dir: str | os.PathLike, *, dtype: torch.dtype | str | None = None,
+def export_hf(sm: "SteerModel", out_dir: str | os.PathLike, *, dtype: torch.dtype | str | None = None,
               overwrite: bool = False, extra_files: dict[str, str] | None = None) -> Path:
     """Write ``sm``'s model and tokenizer as a plain HF folder at ``out_dir``; return its path.
 
@@ -96,13 +105,17 @@ def export_hf(sm, out_dir: str | os.PathLike, *, dtype: torch.dtype | str | None
     if model is None or tokenizer is None or not hasattr(model, "state_dict") or not hasattr(model, "config"):
         raise InputError(f"expected a SteerModel (from steerkit.load_model), found {type(sm).__name__}; "
                          "wrap a transformers model and tokenizer with steerkit.wrap(model, tokenizer) first")
+    cast: torch.dtype | None
     if isinstance(dtype, str):
-        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        named = getattr(torch, dtype, None)
+        if not isinstance(named, torch.dtype):
             raise InputError(f"expected dtype to name a torch dtype such as 'float32' or 'bfloat16', "
                              f"found {dtype!r}")
-        dtype = getattr(torch, dtype)
-    if dtype is not None and not dtype.is_floating_point:
-        raise InputError(f"expected a floating dtype, found {dtype}")
+        cast = named
+    else:
+        cast = dtype
+    if cast is not None and not cast.is_floating_point:
+        raise InputError(f"expected a floating dtype, found {cast}")
     out_dir = Path(out_dir).expanduser().resolve()
     if out_dir.exists():
         if not out_dir.is_dir():
@@ -114,10 +127,8 @@ def export_hf(sm, out_dir: str | os.PathLike, *, dtype: torch.dtype | str | None
 
     from safetensors.torch import save_file
 
-    from .fingerprint import model_fingerprint
-
-    tensors, tied = _tensors_to_save(model, dtype)
-    saved_dtype = dtype or next(iter(t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
+    tensors, tied = _tensors_to_save(model, cast)
+    saved_dtype = cast or next(iter(t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
 
     config = json.loads(model.config.to_json_string(use_diff=True))  # what save_pretrained writes
     config.pop("quantization_config", None)
@@ -128,7 +139,6 @@ def export_hf(sm, out_dir: str | os.PathLike, *, dtype: torch.dtype | str | None
     if tied:
         config["tie_word_embeddings"] = True
 
-    from steerkit.vectors.safety import atomic_folder
     with atomic_folder(out_dir, if_exists="replace") as tmp:  # the old export stays if this one fails
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del tensors
@@ -137,7 +147,6 @@ def export_hf(sm, out_dir: str | os.PathLike, *, dtype: torch.dtype | str | None
         if gen is not None:
             gen.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        from . import __version__
         (tmp / "steerkit_export.json").write_text(json.dumps({
             "steerkit_version": __version__,
             "name": getattr(sm, "name", None),

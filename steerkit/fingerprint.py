@@ -1,11 +1,124 @@
-"""Model fingerprints: one definition, shared with the artifacts' provenance.
+"""Model fingerprints: a short, stable hash of a model's config and a few of its weight tensors.
 
-See :func:`steerkit.vectors.provenance.model_fingerprint`: a hash of the config
-and a few weight tensors (cast so float32 and bfloat16 loads agree), cheap
-enough to compute on every load.
+Artifacts record the fingerprint of the model they were made on (their provenance), and steering
+checks it against the model it is applied to. The tensors are cast to bfloat16 before hashing, so
+float32 and bfloat16 loads of one model agree; only the first and last 8192 values of each hashed
+tensor are read, so it is cheap enough to compute on every load. :func:`folder_fingerprint` gives the
+same value for a model folder without loading the model (a server's front end uses it).
 """
 from __future__ import annotations
 
-from steerkit.vectors.provenance import model_fingerprint
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
 
-__all__ = ["model_fingerprint"]
+import torch
+from safetensors import safe_open
+
+from steerkit.errors import ModelNotFoundError
+
+__all__ = ["model_fingerprint", "folder_fingerprint"]
+
+# Config keys that do not change what the network computes.
+_VOLATILE_CONFIG_KEYS = {
+    "_name_or_path", "transformers_version", "torch_dtype", "dtype", "_commit_hash",
+    "_attn_implementation", "_attn_implementation_autoset", "attn_implementation",
+    "use_cache", "output_attentions", "output_hidden_states", "return_dict",
+    "_attn_implementation_internal", "architectures", "name_or_path",
+}
+
+
+def _unwrap(model: Any) -> Any:
+    """Accept a SteerModel-like wrapper (with ``.model``) or a bare HF model."""
+    inner = getattr(model, "model", None)
+    if inner is not None and hasattr(inner, "config") and not hasattr(model, "config"):
+        return inner
+    return model
+
+
+def _config_dict(hf_model: Any) -> dict:
+    cfg = getattr(hf_model, "config", None)
+    if cfg is None:
+        return {}
+    d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
+    return {k: v for k, v in d.items() if k not in _VOLATILE_CONFIG_KEYS}
+
+
+def _fingerprint_tensors(hf_model: Any) -> list[tuple[str, torch.Tensor]]:
+    named = dict(hf_model.named_parameters())
+    return [(k, named[k]) for k in _fingerprint_keys(list(named))]
+
+
+def _fingerprint_keys(names: list[str]) -> list[str]:
+    """Which parameters the fingerprint hashes, in order (chosen from the parameter names only)."""
+    keys = [k for k in names if k.endswith("embed_tokens.weight")]
+    layer_keys = sorted({k for k in names if ".layers." in k})
+    if layer_keys:
+        idx = sorted({int(k.split(".layers.")[1].split(".")[0]) for k in layer_keys})
+        for li in (idx[0], idx[-1]):
+            for suffix in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+                keys += [k for k in names if k.endswith(f".layers.{li}.{suffix}")]
+    keys += [k for k in names if k.endswith("model.norm.weight")]
+    if not keys:  # unknown architecture: first and last parameter
+        keys = names[:1] + names[-1:]
+    return list(dict.fromkeys(keys))
+
+
+@torch.no_grad()
+def model_fingerprint(model: Any) -> str:
+    """A short, stable hash of a model's config and a few of its weight tensors.
+
+    Accepts a Hugging Face ``PreTrainedModel`` or anything with ``.model`` being
+    one (a ``SteerModel``).  Returns ``"sk1:<24 hex digits>"``.
+    """
+    hf = _unwrap(model)
+    return _fingerprint_of(_config_dict(hf), _fingerprint_tensors(hf))
+
+
+def folder_fingerprint(folder: Any) -> str:
+    """:func:`model_fingerprint` of a Hugging Face model folder, without loading the model.
+
+    A folder written by ``steerkit.export_hf`` records the fingerprint of the model it was exported
+    from (``steerkit_export.json``), which is what artifacts made on that model carry. Otherwise the
+    config is read with ``transformers.AutoConfig`` and only the hashed tensors are read from the
+    safetensors files, so this equals ``model_fingerprint(load_model(folder))``."""
+    folder = Path(folder)
+    meta = folder / "steerkit_export.json"
+    if meta.is_file():
+        fp = json.loads(meta.read_text(encoding="utf-8")).get("model_fingerprint")
+        if fp:
+            return str(fp)
+    from transformers import AutoConfig  # heavy: only for folders
+
+    cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+
+    class _Cfg:
+        config = cfg
+
+    where: dict[str, Any] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():
+                where.setdefault(k, f)
+    if not where:
+        raise ModelNotFoundError(f"expected *.safetensors weights in {folder}, found none; point at the "
+                                 "folder holding the model's safetensors files")
+    tensors = []
+    for k in _fingerprint_keys(list(where)):
+        with safe_open(str(where[k]), framework="pt") as fh:
+            tensors.append((k, fh.get_tensor(k)))
+    return _fingerprint_of(_config_dict(_Cfg), tensors)
+
+
+def _fingerprint_of(config: dict, tensors: list) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, p in tensors:
+        flat = p.detach().reshape(-1)
+        sample = torch.cat([flat[:8192], flat[-8192:]]) if flat.numel() > 16384 else flat
+        b = sample.to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes()
+        h.update(name.encode())
+        h.update(str(tuple(p.shape)).encode())
+        h.update(b)
+    return "sk1:" + h.hexdigest()[:24]

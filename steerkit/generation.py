@@ -27,12 +27,15 @@ from __future__ import annotations
 import contextlib
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from .errors import InputError
+from .errors import InputError, SteerkitError
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 
 def _sample(logits: Tensor, do_sample: bool, temperature: float, top_p: float, top_k: int,
@@ -102,7 +105,7 @@ def single_token_ids(tokenizer, words: Sequence[str]) -> tuple[list[int], list[s
 class _Recycler:
     """The extract (block output) and inject (block input) edits of one generate call."""
 
-    def __init__(self, sm, spec: Recycle):
+    def __init__(self, sm: "SteerModel", spec: Recycle):
         if not 0 <= int(spec.layer) < sm.n_layers:
             raise InputError(f"expected a recycle layer in [0, {sm.n_layers}), found {spec.layer}")
         if not 0.0 <= spec.prob <= 1.0:
@@ -121,6 +124,10 @@ class _Recycler:
     def _inject(self, x: Tensor) -> Tensor:
         if self.rows is None:
             return x
+        if self.out is None:
+            raise SteerkitError("expected the recycled block's output from the first run of this step before "
+                                "the re-run, found none; representation recycling re-runs a step only after "
+                                "running it once, so this is a steerkit bug to report")
         y = x.clone()
         y[self.rows, -1] = self.out[self.rows].to(y.dtype)
         return y
@@ -153,12 +160,12 @@ def _crop(backend, cache, keep: int):
     return cache
 
 
-def _wants_generated_rows(sm) -> bool:
-    return any(getattr(h, "_records_generated", False) for h in sm.hooks.handles)
+def _wants_generated_rows(sm: "SteerModel") -> bool:
+    return any(getattr(h, "records_generated", False) for h in sm.hooks.handles)
 
 
 @torch.inference_mode()
-def generate(sm, prompts, *, max_new_tokens: int = 32, chat: bool = True, do_sample: bool = False,
+def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool = True, do_sample: bool = False,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (),
              seed: int | None = None, stream: Callable | None = None, return_tokens: bool = False,
              recycle: Recycle | None = None):
@@ -205,7 +212,7 @@ def generate(sm, prompts, *, max_new_tokens: int = 32, chat: bool = True, do_sam
             nxt = _sample(logits, do_sample, temperature, top_p, top_k, gen)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
             rows = rec.select(nxt, done) if rec is not None else None
-            if rows is not None:  # re-run the step with the block applied twice on these rows
+            if rec is not None and rows is not None:  # re-run the step with the block applied twice on these rows
                 ids_in, mask_in, pos_in, start = last_in
                 cache = _crop(backend, cache, start)
                 run.chunk_start, rec.rows = start, rows
@@ -271,7 +278,7 @@ class Continuation:
                 for a, c, f in zip(self.answer, self.continued, self.final)]
 
 
-def continue_thinking(sm, prompts, word: str = "Wait", *, max_new_tokens: int = 256, continue_tokens: int = 256,
+def continue_thinking(sm: "SteerModel", prompts, word: str = "Wait", *, max_new_tokens: int = 256, continue_tokens: int = 256,
                       final_prompt: Optional[str] = " Final answer:", final_tokens: int = 16, chat: bool = True,
                       **gen_kw) -> Continuation:
     """Thinking-token continuation (Qian et al. 2025, "TTTS"): generate an answer, append
@@ -286,12 +293,18 @@ def continue_thinking(sm, prompts, word: str = "Wait", *, max_new_tokens: int = 
     toks = sm.tokenize(prompts, chat=chat)
     rows = [toks.input_ids[b][toks.attention_mask[b].bool()].tolist() for b in range(len(toks))]
     answer = generate(sm, toks, max_new_tokens=max_new_tokens, return_tokens=True, **gen_kw)
-    enc = lambda s: sm.tokenizer.encode(s, add_special_tokens=False)
+
+    def enc(s: str) -> list[int]:
+        return sm.tokenizer.encode(s, add_special_tokens=False)
+
     ids = [r + a + enc(" " + word.strip()) for r, a in zip(rows, answer)]
     cont = generate(sm, sm.pad(ids), max_new_tokens=continue_tokens, return_tokens=True, **gen_kw)
-    final = [[] for _ in rows]
+    final: list[list[int]] = [[] for _ in rows]
     if final_prompt:
         ids = [i + c + enc(final_prompt) for i, c in zip(ids, cont)]
         final = generate(sm, sm.pad(ids), max_new_tokens=final_tokens, return_tokens=True, **gen_kw)
-    dec = lambda xs: [sm.tokenizer.decode(x, skip_special_tokens=True) for x in xs]
+
+    def dec(xs: list[list[int]]) -> list[str]:
+        return [sm.tokenizer.decode(x, skip_special_tokens=True) for x in xs]
+
     return Continuation(dec(answer), dec(cont), dec(final), word.strip(), final_prompt)

@@ -27,6 +27,14 @@ class Site:
     kind: str
     layer: int | None
 
+    @property
+    def block_index(self) -> int:
+        """``layer`` of a block hook; :class:`HookNameError` for ``ln_final``, which has no block."""
+        if self.layer is None:
+            raise HookNameError(f"expected a block hook name such as 'blocks.0.hook_resid_post', which names a "
+                                f"layer, found {self.name!r}, which names none; use a block hook here")
+        return self.layer
+
 
 def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
     """Parse and check a hook name against a model with ``n_layers`` blocks."""

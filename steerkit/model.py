@@ -10,21 +10,42 @@ what it computes alone.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Callable, Iterable, Iterator, Sequence, Union
+import dataclasses
+from typing import Callable, Iterable, Sequence, Union
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from . import hooknames
+from . import hooknames, loading
 from .adapters import Adapter, adapter_for
-from .edits import Edit
+from .backends import BACKENDS
+from .backends.hf import HFBackend
+from .backends.nnsight import NNsightBackend
+from .backends.tlens import TLensBackend
 from .errors import InputError
-from .hooks import ActivationCache, HookHandle, HookManager
+from .fingerprint import model_fingerprint
+from .generation import generate as _generate
+from .hooks import HookHandle, HookManager, RecordHandle
+from .interventions import KERNEL_OPS, CompiledSteering, Intervention, ModelFacts, compile, lower
 from .positions import PositionSpec
 
 Prompts = Union[str, Sequence[str]]
+
+
+def per_row_steering(steering) -> bool:
+    """A list is one steering per batch row unless every element is an :class:`Intervention`."""
+    return isinstance(steering, (list, tuple)) and bool(steering) and not all(
+        isinstance(s, Intervention) for s in steering)
+
+
+EDIT_OPS: dict[str, Callable] = {
+    "add": lambda h, t, scale, value, pos: Intervention.add(h, t, scale, positions=pos),
+    "ablate": lambda h, t, scale, value, pos: Intervention.ablate(h, t, scale, positions=pos),
+    "clamp": lambda h, t, scale, value, pos: Intervention.clamp(h, t, value, positions=pos),
+    "replace": lambda h, t, scale, value, pos: Intervention.replace(h, t, scale, positions=pos),
+    "fn": lambda h, t, scale, value, pos: Intervention.apply(h, t, positions=pos),
+}
 
 
 class Tokens:
@@ -81,8 +102,17 @@ class SteerModel:
 
     def fingerprint(self) -> str:
         """A hash of the config and a few weight tensors, stored in artifacts' provenance."""
-        from .fingerprint import model_fingerprint
         return model_fingerprint(self.hf_model)
+
+    @property
+    def facts(self) -> ModelFacts:
+        """This model as lowering sees it (:class:`~steerkit.interventions.ModelFacts`), computed once."""
+        f = self.__dict__.get("_facts")
+        if f is None:
+            f = self.__dict__["_facts"] = ModelFacts(name=self.name, n_layers=self.n_layers, d_model=self.d_model,
+                                                     fingerprint=self.fingerprint(),
+                                                     has_resid_mid=self.hooks.has_resid_mid)
+        return f
 
     # --- tokens ------------------------------------------------------------------
     def format(self, prompt: str, chat: bool = True) -> str:
@@ -92,7 +122,7 @@ class SteerModel:
                                                       add_generation_prompt=True, tokenize=False)
         return prompt
 
-    def tokenize(self, prompts: Prompts, *, chat: bool = True) -> Tokens:
+    def tokenize(self, prompts: Prompts | Tokens, *, chat: bool = True) -> Tokens:
         """Left-padded token ids of ``prompts`` (with the chat template when ``chat``)."""
         if isinstance(prompts, Tokens):
             return prompts
@@ -141,37 +171,33 @@ class SteerModel:
     def generate(self, prompts: Prompts | Tokens, max_new_tokens: int = 32, *, chat: bool = True,
                  do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  stop: Sequence[str] = (), seed: int | None = None, stream: Callable | None = None,
-                 return_tokens: bool = False, steering=None, steer_positions: PositionSpec = "all",
+                 return_tokens: bool = False, steering=None, steer_positions: PositionSpec | None = None,
                  preserve_norm: bool = False, recycle=None):
         """Generate continuations (greedy by default) with the KV cache; returns the new texts.
 
-        ``steering``: ``{hook: SteerConfig}`` for every row, or a list with one per prompt
-        (``None`` for an unsteered row); applied with one fused call per hooked layer per step.
+        ``steering``: anything :meth:`steer` takes, for every row, or a list with one per prompt
+        (``None`` for an unsteered row); applied with one fused call per hooked site per step.
+        ``steer_positions`` replaces the positions of every intervention when given.
         ``recycle``: a :class:`steerkit.generation.Recycle` (representation recycling on thinking
         tokens, Qian et al. 2025).
         """
-        from .generation import generate
         kw = dict(max_new_tokens=max_new_tokens, chat=chat, do_sample=do_sample, temperature=temperature,
                   top_p=top_p, top_k=top_k, stop=stop, seed=seed, stream=stream, return_tokens=return_tokens,
                   recycle=recycle)
         if steering is None:
-            return generate(self, prompts, **kw)
+            return _generate(self, prompts, **kw)
         n = 1 if isinstance(prompts, str) else len(prompts)
-        if isinstance(steering, (list, tuple)) and len(steering) != n:
+        if per_row_steering(steering) and len(steering) != n:
             raise InputError(f"expected one steering spec per prompt ({n}), found {len(steering)}")
         with self.steer(steering, positions=steer_positions, preserve_norm=preserve_norm):
-            return generate(self, prompts, **kw)
+            return _generate(self, prompts, **kw)
 
     # --- hooks -------------------------------------------------------------------
-    @contextlib.contextmanager
     def record(self, hooks: str | Iterable[str], positions: PositionSpec = "all", *,
-               device=None) -> Iterator[ActivationCache]:
-        """Record ``hooks`` at ``positions`` during every forward/generate inside the scope."""
-        handle, cache = self.hooks.record(hooks, positions, device=device)
-        try:
-            yield cache
-        finally:
-            handle.remove()
+               device=None) -> RecordHandle:
+        """Record ``hooks`` at ``positions`` during every forward/generate until the handle is removed:
+        ``with sm.record(hooks) as cache: ...`` (or ``h = sm.record(...)``, ``h.cache``, ``h.remove()``)."""
+        return self.hooks.record(hooks, positions, device=device)
 
     def edit(self, hooks: str | Iterable[str] | dict | None = None, *, add=None, ablate=None, replace=None,
              clamp=None, value: float = 0.0, fn: Callable | None = None, scale: float = 1.0,
@@ -179,9 +205,10 @@ class SteerModel:
         """Edit activations at ``hooks``; returns a handle (use it with ``with``, or call ``.remove()``).
 
         Exactly one of ``add`` (vector ``[d_model]``), ``ablate`` (``[d_model]`` or an orthonormal
-        ``[k, d_model]``), ``replace``, ``clamp`` (direction; its projection becomes ``value``) or
-        ``fn`` (callable on ``[batch, pos, d_model]``). ``hooks`` may also be a dict
-        ``{hook_name: vector}`` for one operation with a different vector per hook.
+        ``[k, d_model]``; ``scale`` is its strength), ``replace``, ``clamp`` (direction; its projection
+        becomes ``value``) or ``fn`` (callable on ``[batch, pos, d_model]``). ``hooks`` may also be a dict
+        ``{hook_name: tensor}`` for one operation ``op=`` with a different tensor per hook. Each becomes
+        an :class:`~steerkit.interventions.Intervention` (see :meth:`steer`).
         """
         ops = {k: v for k, v in dict(add=add, ablate=ablate, replace=replace, clamp=clamp, fn=fn).items()
                if v is not None}
@@ -189,45 +216,55 @@ class SteerModel:
             if ops:
                 raise InputError("with a {hook_name: tensor} dict, name the operation with op='add'|'ablate'|"
                                  "'replace'|'clamp'|'fn' and pass no tensor keyword")
-            return self.edit_op(op or "add", hooks, scale=scale, value=value, positions=positions)
-        if len(ops) != 1:
-            raise InputError(f"expected exactly one of add=, ablate=, replace=, clamp=, fn=, found "
-                             f"{sorted(ops) or 'none'}")
-        op, t = next(iter(ops.items()))
-        if hooks is None:
-            raise InputError("expected hook names to edit, found None; e.g. 'blocks.15.hook_resid_post'")
-        names = self.hooks._names(hooks)
-        return self.edit_op(op, {n: t for n in names}, scale=scale, value=value, positions=positions)
+            per_hook, op = hooks, op or "add"
+        else:
+            if len(ops) != 1:
+                raise InputError(f"expected exactly one of add=, ablate=, replace=, clamp=, fn=, found "
+                                 f"{sorted(ops) or 'none'}")
+            if hooks is None:
+                raise InputError("expected hook names to edit, found None; e.g. 'blocks.15.hook_resid_post'")
+            op, t = next(iter(ops.items()))
+            per_hook = {n: t for n in self.hooks._names(hooks)}
+        if op not in EDIT_OPS:
+            raise InputError(f"expected an edit operation in {tuple(EDIT_OPS)}, found {op!r}")
+        return self.steer([EDIT_OPS[op](h, t, scale, value, positions) for h, t in per_hook.items()],
+                          label=f"{op} {list(per_hook)}")
 
-    def edit_op(self, op: str, per_hook: dict, *, scale: float = 1.0, value: float = 0.0,
-                positions: PositionSpec = "all") -> HookHandle:
-        """One operation with its own tensor (or callable) per hook name."""
-        edits = {}
-        for name, t in per_hook.items():
-            self.hooks.parse(name)
-            if op == "fn":
-                edits[name] = Edit.make("fn", fn=t, d_model=self.d_model, scale=scale, positions=positions)
-            else:
-                edits[name] = Edit.make(op, t, d_model=self.d_model, scale=scale, value=value,
-                                        positions=positions)
-        return self.hooks.edit(edits, label=f"{op} {list(per_hook)}")
+    def steer(self, steering, scale: float = 1.0, *, positions: PositionSpec | None = None,
+              preserve_norm: bool = False, override: bool = False, label: str | None = None) -> HookHandle:
+        """Apply a steering until the handle is removed (``with sm.steer(...):`` or ``.remove()``).
 
-    def steer(self, steering, scale: float = 1.0, *, positions: PositionSpec = "all", preserve_norm: bool = False,
-              override: bool = False):
-        """Apply steering inside a ``with`` block.
-
-        ``steering`` is either a stored artifact (``steerkit.vectors.SteeringVector`` /
-        ``DirectionSet``: checked against this model's d_model, n_layers and fingerprint unless
-        ``override``; ``scale`` multiplies it), or ``{hook: SteerConfig}`` / a list of them, one per
-        batch row, applied by the fused kernel (see ``steerkit.steering``).
+        ``steering``: an :class:`~steerkit.interventions.Intervention` or a list of them; a stored
+        artifact (anything with ``to_interventions``: checked against this model's d_model, depth and
+        fingerprint unless ``override``; ``scale`` multiplies it); a ``{hook: SteerConfig}`` dict; or a
+        list with one of those (or ``None``) per batch row, which steers each row its own way in the same
+        kernel call. Everything is lowered to interventions and compiled once here
+        (:func:`steerkit.interventions.compile`); ``positions`` replaces every intervention's own.
         """
-        if isinstance(steering, (dict, list, tuple)):
-            from .steering import steer
-            if scale != 1.0:
-                raise InputError("scale= applies to artifacts; put the scale in each SteerConfig")
-            return steer(self, steering, positions=positions, preserve_norm=preserve_norm)
-        from steerkit.vectors.apply import steer as steer_artifact
-        return steer_artifact(self, steering, scale, override=override)
+        compiled = self.compile(steering, scale, positions=positions, preserve_norm=preserve_norm,
+                                override=override)
+        return self.hooks.install(compiled, label=label or f"steer {list(compiled.programs)}"
+                                  + (f" per-row x{compiled.n_groups}" if compiled.n_groups > 1 else ""))
+
+    def compile(self, steering, scale: float = 1.0, *, positions: PositionSpec | None = None,
+                preserve_norm: bool = False, override: bool = False) -> CompiledSteering:
+        """:meth:`steer`'s lowering and compilation, without registering anything."""
+        if steering is None:
+            raise InputError("expected a steering (interventions, an artifact, a {hook: SteerConfig} dict or "
+                             "a per-row list), found None")
+        facts = self.facts
+        per_row = per_row_steering(steering)
+        rows: list
+        if per_row:
+            rows = [None if s is None else lower(s, facts, scale=scale, override=override) for s in steering]
+        else:
+            rows = lower(steering, facts, scale=scale, override=override)
+        if preserve_norm:
+            def keep_norm(g):
+                return None if g is None else [dataclasses.replace(p, preserve_norm=True) if p.op in KERNEL_OPS
+                                               else p for p in g]
+            rows = [keep_norm(g) for g in rows] if per_row else keep_norm(rows)
+        return compile(rows, facts, per_row=per_row, device=self.device, dtype=self.dtype, positions=positions)
 
     def reset(self) -> None:
         """Remove every hook steerkit registered on this model."""
@@ -238,15 +275,11 @@ class SteerModel:
 
 
 def _make_backend(name: str, sm: SteerModel):
-    from .backends import BACKENDS
     if name == "hf":
-        from .backends.hf import HFBackend
         return HFBackend(sm.model, sm.adapter)
     if name == "tlens":
-        from .backends.tlens import TLensBackend
         return TLensBackend(sm)
     if name == "nnsight":
-        from .backends.nnsight import NNsightBackend
         return NNsightBackend(sm)
     raise InputError(f"expected backend in {BACKENDS}, found {name!r}")
 
@@ -259,15 +292,13 @@ def load_model(name_or_path=None, *, backend: str = "hf", dtype: torch.dtype | s
     local HF cache. ``backend``: ``"hf"`` (PyTorch hooks), ``"tlens"`` (TransformerLens 4
     ``TransformerBridge``) or ``"nnsight"``.
     """
-    from . import loading
-    from .backends import BACKENDS
-
     if backend not in BACKENDS:
         raise InputError(f"expected backend in {BACKENDS}, found {backend!r}")
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+    dt = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        raise InputError(f"expected a floating-point torch dtype (or its name, e.g. 'bfloat16'), found {dtype!r}")
     name, folder, gguf = loading.resolve(name_or_path)
-    model, tok = loading.load_hf(folder, dtype=dtype, device=device)
+    model, tok = loading.load_hf(folder, dtype=dt, device=device)
     return wrap(model, tok, name=name, backend=backend, source_gguf=gguf)
 
 

@@ -229,12 +229,12 @@ def chunk_mask(spec: PositionSpec, run: RunState | None, start: int, T: int, B: 
             run._cache[key] = torch.zeros(B, T, dtype=torch.bool, device=device)
         return run._cache[key]
     # every hook of one step asks for the same mask: compute it once per (spec, chunk)
-    key = ("mask", _spec_key(spec), start, T, B, device)
-    hit = run._cache.get(key)
+    mask_key = ("mask", _spec_key(spec), start, T, B, device)
+    hit = run._cache.get(mask_key)
     if hit is not None:  # (an id-keyed entry holds its spec, so that id cannot be reused meanwhile)
         return hit[1]
     out = _chunk_mask(spec, run, start, T, B, device)
-    run._cache[key] = (spec, out)  # the spec is kept: an id-keyed entry can never match a new object
+    run._cache[mask_key] = (spec, out)  # the spec is kept: an id-keyed entry can never match a new object
     return out
 
 
@@ -327,6 +327,9 @@ def _chunk_mask(spec: PositionSpec, run: RunState, start: int, T: int, B: int,
             if wanted.numel():
                 out[b] = pm[b] & torch.isin(ri[b], wanted)
         return out
+    if not isinstance(spec, (list, tuple)):
+        raise InputError(f"expected a position spec ({_NAMED}, a list of ints, a range, a slice, a bool mask, "
+                         f"TokenMatch or AnyOf), found {spec!r}; check it with validate_positions first")
     out = torch.zeros(B, T, dtype=torch.bool, device=device)
     for i in spec:
         target = nr + i if i < 0 else torch.full_like(nr, i)

@@ -59,16 +59,17 @@ def test_one_fused_call_per_hooked_layer_per_step(sm, specs, monkeypatch):
         calls.append(a[0].shape)
         return real(*a, **k)
     monkeypatch.setattr(K, "fused_steer", counting)
-    real_bind = K.bind_steer
+    import steerkit.interventions as I
+    real_bind = I.bind_steer
 
-    def counting_bind(*a, **k):  # a call bound once (one configuration): count its calls
+    def counting_bind(*a, **k):  # the call compile binds once per site: count its calls
         run = real_bind(*a, **k)
 
-        def counted(h, mask=None):
+        def counted(h, mask=None, row_config=None):
             calls.append(h.shape)
-            return run(h, mask)
+            return run(h, mask, row_config)
         return counted
-    monkeypatch.setattr(K, "bind_steer", counting_bind)
+    monkeypatch.setattr(I, "bind_steer", counting_bind)
     n_new = 5
     out = sm.generate(P[:3], max_new_tokens=n_new, steering=specs[:3], return_tokens=True)
     hooks = {h for s in specs[:3] if s for h in s}

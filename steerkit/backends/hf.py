@@ -44,11 +44,11 @@ class HFBackend(TorchHooks):
         if site.kind == "ln_final":
             return a.final_norm_module(m)
         if site.kind in ("hook_resid_pre", "hook_resid_post"):
-            return a.block(m, site.layer)
+            return a.block(m, site.block_index)
         if site.kind == "hook_attn_out":
-            return a.attn_out_module(m, site.layer)
+            return a.attn_out_module(m, site.block_index)
         if site.kind == "hook_mlp_out":
-            return a.mlp_out_module(m, site.layer)
+            return a.mlp_out_module(m, site.block_index)
         raise AssertionError(site)
 
     def register(self, site: Site, fn, tracker) -> Callable[[], None]:
@@ -66,8 +66,8 @@ class HFBackend(TorchHooks):
                 return args, kwargs
             return self._track(self._module_for(site).register_forward_pre_hook(pre, with_kwargs=True))
         if site.kind == "hook_resid_mid":
-            return self._edit_mid(self.adapter.pre_attn_norm_module(self.model, site.layer), True,
-                                  self.adapter.attn_out_module(self.model, site.layer), fn, tracker)
+            return self._edit_mid(self.adapter.pre_attn_norm_module(self.model, site.block_index), True,
+                                  self.adapter.attn_out_module(self.model, site.block_index), fn, tracker)
         return self._edit_output(self._module_for(site), fn, tracker)
 
     def hook_count(self) -> int:

@@ -33,12 +33,19 @@ import inspect
 import itertools
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from torch import Tensor
 
+from ..errors import InputError, SteerkitError
 from ..hooknames import Site
 from ._torch import first as _first, with_first as _with_first
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
+
+if TYPE_CHECKING:
+    from ..hooks import PositionTracker
 
 
 def _envoy(root, path: str):
@@ -52,7 +59,7 @@ def _envoy(root, path: str):
 class _Entry:
     site: Site
     fn: Callable
-    tracker: object
+    tracker: PositionTracker
     order: int
 
 
@@ -64,11 +71,10 @@ _STAGE = {"hook_resid_pre": 0, "hook_attn_out": 2, "hook_resid_mid": 2, "hook_ml
 class NNsightBackend:
     name = "nnsight"
 
-    def __init__(self, sm):
+    def __init__(self, sm: "SteerModel"):
         try:
             from nnsight import LanguageModel
         except ImportError as e:  # pragma: no cover - depends on the install
-            from ..errors import InputError
             raise InputError("the 'nnsight' backend needs nnsight 0.8: pip install 'steerkit[backends]'") from e
         self.sm = sm
         self.adapter = sm.adapter
@@ -120,6 +126,9 @@ class NNsightBackend:
         """Run hook functions on one activation; resid_mid entries see ``stash + x``."""
         for e in entries:
             if e.site.kind == "hook_resid_mid":
+                if stash is None:
+                    raise SteerkitError(f"expected the input of the pre-attention norm for {e.site.name}, found "
+                                        "none; hook_resid_mid reads it there, so this is a steerkit bug to report")
                 mid = stash + x
                 y = e.fn(mid, e.tracker.call(mid))
                 if y is not None:

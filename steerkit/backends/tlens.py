@@ -51,13 +51,17 @@ import copy
 import inspect
 import logging
 import warnings
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError, UnsupportedArchitectureError
 from ..hooknames import Site
 from ._torch import TorchHooks
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 
 def _cache_alias_pre_hook(mod, args, kwargs):
@@ -72,11 +76,10 @@ def _cache_alias_pre_hook(mod, args, kwargs):
 class TLensBackend(TorchHooks):
     name = "tlens"
 
-    def __init__(self, sm):
+    def __init__(self, sm: "SteerModel"):
         try:
             from transformer_lens.model_bridge import TransformerBridge
         except ImportError as e:  # pragma: no cover - depends on the install
-            from ..errors import InputError
             raise InputError("the 'tlens' backend needs transformer-lens 4: "
                              "pip install 'steerkit[backends]'") from e
         self.sm = sm
@@ -121,7 +124,9 @@ class TLensBackend(TorchHooks):
             hp = self._hooks.get(name)
             if hp is not None:
                 return hp
-        raise AssertionError(f"TransformerBridge has none of the hook points {names}")
+        raise UnsupportedArchitectureError(
+            f"expected the TransformerBridge to have one of the hook points {names}, found none; use "
+            "backend='hf' for this model or a hook this architecture exposes")
 
     def _point_for(self, site: Site) -> nn.Module:
         l = site.layer

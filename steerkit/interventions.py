@@ -1,0 +1,600 @@
+"""Interventions: the one value every way of steering lowers to, and the one step that compiles them.
+
+An :class:`Intervention` says, at one site (a hook name), what to do to the activations: ``add`` a
+vector, ``ablate`` an orthonormal basis, ``clamp`` projections to values, ``replace`` with a vector,
+``project`` into a polyhedral region, or ``apply`` any callable; optionally behind a conditional
+``gate``, at some ``positions``, with norm preservation. A list of interventions is a *steering*.
+
+Everything that steers lowers to interventions: keyword calls (``sm.edit(hook, add=v)``), kernel
+specs (``{hook: SteerConfig}``), stored artifacts (``artifact.to_interventions(facts)``), a vLLM
+request's spec, the app's Steer page and the published methods.
+
+:func:`compile` is the one lowering step: it turns the interventions of a batch (one steering for
+every row, or one per row) into a :class:`CompiledSteering`, one :class:`SiteProgram` per site,
+made once at registration: per site ONE kernel table holding every configuration a row can need
+(the combination of that row's kernel interventions whose positions select a token), the fused call
+bound once (:func:`steerkit.kernels.bind_steer`, the implementation chosen then), and the torch
+steps (``replace`` / ``apply``). At run time a program only builds masks and row indices:
+
+- local backends (hf, tlens, nnsight) call ``program(x, call)`` from their hook functions;
+- the vLLM worker calls ``program.apply(h, groups, mask_of)`` on the flattened rows of a step.
+
+Order at one site: the kernel's operations (ablate / clamp, gate, add, region, norm preservation),
+then ``replace`` and ``apply`` in the order given.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Literal, Mapping, Optional, Sequence, Union
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from steerkit.errors import InputError
+from steerkit.hooknames import parse as parse_hook
+from steerkit.kernels import ORTHO_TOL, Region, SteerConfig, SteerTable, bind_steer
+from steerkit.positions import PositionSpec, RunState, chunk_mask, validate_positions
+
+Op = Literal["add", "ablate", "clamp", "replace", "project", "apply"]
+OPS: tuple[str, ...] = ("add", "ablate", "clamp", "replace", "project", "apply")
+KERNEL_OPS = ("add", "ablate", "clamp", "project")
+#: distinct position specs among one row's kernel interventions at one site (2^n - 1 combinations)
+MAX_POSITION_SPECS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """What lowering needs to know of a model, without the model: its name, depth, width, whether
+    blocks have a ``hook_resid_mid`` (sequential blocks) and its weight fingerprint."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    fingerprint: Optional[str] = None
+    has_resid_mid: bool = True
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """Steer a row (its ``add`` / ``project`` part) only where ``|u . h| / |h|`` is ``above`` / ``below``
+    ``threshold`` (``u`` the unit ``direction``)."""
+
+    direction: Float[Tensor, " d_model"]
+    threshold: float
+    mode: Literal["above", "below"] = "above"
+
+    def __post_init__(self):
+        if self.mode not in ("above", "below"):
+            raise InputError(f"expected a gate mode 'above' or 'below', found {self.mode!r}")
+        object.__setattr__(self, "direction", _vector(self.direction, "the gate direction"))
+        object.__setattr__(self, "threshold", _number(self.threshold, "the gate threshold"))
+
+
+def _number(x, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        if isinstance(x, Tensor) and x.numel() == 1:
+            x = float(x)
+        else:
+            raise InputError(f"expected {what} to be a finite number, found {type(x).__name__} {x!r:.60}")
+    x = float(x)
+    if not math.isfinite(x):
+        raise InputError(f"expected {what} to be a finite number, found {x}")
+    return x
+
+
+def _tensor(v, what: str) -> Tensor:
+    if not isinstance(v, Tensor):
+        try:
+            v = torch.as_tensor(v)
+        except Exception:
+            raise InputError(f"expected {what} as a tensor, found {type(v).__name__}") from None
+    if not torch.is_floating_point(v):
+        v = v.float()
+    v = v.detach()
+    if v.numel() and not bool(torch.isfinite(v).all()):
+        n = int((~torch.isfinite(v)).sum())
+        raise InputError(f"expected {what} with finite values, found {n} NaN/inf entries; check how the "
+                         "vector was computed (empty set? division by zero?)")
+    return v
+
+
+def _vector(v, what: str) -> Tensor:
+    t = _tensor(v, what)
+    if t.dim() == 2 and t.shape[0] == 1:
+        t = t[0]
+    if t.dim() != 1 or t.shape[0] == 0:
+        raise InputError(f"expected {what} of shape [d_model], found {tuple(t.shape)}")
+    return t
+
+
+def _basis(v, what: str) -> Tensor:
+    """Rows of an orthonormal basis ``[k, d_model]``: one vector is normalised; several must already
+    be orthonormal (say ``steerkit.orthonormalize(vectors)`` otherwise)."""
+    t = _tensor(v, what)
+    if t.dim() == 1:
+        t = t.unsqueeze(0)
+    if t.dim() != 2 or t.shape[1] == 0 or t.shape[0] == 0:
+        raise InputError(f"expected {what} of shape [d_model] or [k, d_model], found {tuple(t.shape)}")
+    norms = t.norm(dim=-1)
+    if bool((norms < 1e-12).any()):
+        raise InputError(f"expected nonzero directions in {what}, found a zero vector")
+    if t.shape[0] == 1:
+        return t / norms.unsqueeze(-1)
+    g = t.double() @ t.double().T
+    err = float((g - torch.eye(t.shape[0], dtype=g.dtype)).abs().max())
+    if err > ORTHO_TOL:
+        raise InputError(f"expected an orthonormal basis in {what} (max |B B^T - I| <= {ORTHO_TOL}), found "
+                         f"{err:.3g}; pass steerkit.orthonormalize(vectors) instead")
+    return t
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Intervention:
+    """One operation at one site. Build it with the class methods, which validate everything:
+
+    - ``Intervention.add(site, v, scale)``: ``h + scale * v``
+    - ``Intervention.ablate(site, B, strength=1)``: ``h - strength * B^T (B h)`` (``B`` orthonormal rows)
+    - ``Intervention.clamp(site, u, value)``: the projections on ``u``'s rows become ``value``
+    - ``Intervention.replace(site, v, scale=1)``: ``h := scale * v``
+    - ``Intervention.project(site, region, strength=1)``: move ``h`` towards a polyhedral region
+    - ``Intervention.apply(site, fn)``: ``fn(h)`` for any callable on ``[batch, pos, d_model]``
+
+    ``positions`` (see :mod:`steerkit.positions`) limits it to some tokens; ``gate`` (add / project)
+    makes it conditional; ``preserve_norm`` rescales edited rows to their original norm.
+    """
+
+    site: str
+    op: str
+    tensor: Optional[Tensor] = None  # add / replace: [d_model]; ablate / clamp: [k, d_model] orthonormal
+    scale: float = 1.0  # add / replace: multiplier; ablate: strength; project: strength
+    value: Optional[Tensor] = None  # clamp: target per direction [k]
+    region: Optional[Region] = None
+    fn: Optional[Callable[[Tensor], Tensor]] = None
+    positions: PositionSpec = "all"
+    gate: Optional[Gate] = None
+    preserve_norm: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.site, str) or not self.site:
+            raise InputError(f"expected a hook name as the site, found {self.site!r:.80}")
+        if self.op not in OPS:
+            raise InputError(f"expected an operation in {OPS}, found {self.op!r}")
+        object.__setattr__(self, "positions", validate_positions(self.positions))
+        object.__setattr__(self, "scale", _number(self.scale, "scale"))
+        if self.gate is not None and self.op not in ("add", "project"):
+            raise InputError(f"expected a gate only on add or project interventions, found one on {self.op!r}")
+
+    # --- construction -------------------------------------------------------------
+    @classmethod
+    def add(cls, site: str, vector, scale: float = 1.0, *, positions: PositionSpec = "all",
+            gate: Optional[Gate] = None, preserve_norm: bool = False) -> "Intervention":
+        return cls(site, "add", _vector(vector, "the add vector"), scale, positions=positions, gate=gate,
+                   preserve_norm=preserve_norm)
+
+    @classmethod
+    def ablate(cls, site: str, basis, strength: float = 1.0, *, positions: PositionSpec = "all",
+               preserve_norm: bool = False) -> "Intervention":
+        return cls(site, "ablate", _basis(basis, "the ablation basis"), strength, positions=positions,
+                   preserve_norm=preserve_norm)
+
+    @classmethod
+    def clamp(cls, site: str, direction, value=0.0, *, positions: PositionSpec = "all",
+              preserve_norm: bool = False) -> "Intervention":
+        b = _basis(direction, "the clamp direction")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            v = torch.full((b.shape[0],), _number(value, "the clamp value"))
+        else:
+            v = _tensor(value, "the clamp values").reshape(-1).float()
+            if v.numel() == 1:
+                v = v.expand(b.shape[0]).clone()
+            if v.numel() != b.shape[0]:
+                raise InputError(f"expected one clamp value per direction ({b.shape[0]}), found {v.numel()}")
+        return cls(site, "clamp", b, 1.0, value=v, positions=positions, preserve_norm=preserve_norm)
+
+    @classmethod
+    def replace(cls, site: str, vector, scale: float = 1.0, *, positions: PositionSpec = "all") -> "Intervention":
+        return cls(site, "replace", _vector(vector, "the replacement vector"), scale, positions=positions)
+
+    @classmethod
+    def project(cls, site: str, region: Region, strength: float = 1.0, *, positions: PositionSpec = "all",
+                gate: Optional[Gate] = None, preserve_norm: bool = False) -> "Intervention":
+        if not isinstance(region, Region):
+            raise InputError(f"expected a steerkit.kernels.Region to project into, found {type(region).__name__}; "
+                             "a stored region artifact gives one with .to_kernel()")
+        return cls(site, "project", None, strength, region=region, positions=positions, gate=gate,
+                   preserve_norm=preserve_norm)
+
+    @classmethod
+    def apply(cls, site: str, fn: Callable[[Tensor], Tensor], *, positions: PositionSpec = "all") -> "Intervention":
+        if not callable(fn):
+            raise InputError(f"expected a callable taking and returning [batch, pos, d_model], found {fn!r:.80}")
+        return cls(site, "apply", fn=fn, positions=positions)
+
+    def at(self, positions: PositionSpec) -> "Intervention":
+        """The same intervention at other positions."""
+        return dataclasses.replace(self, positions=positions)
+
+    @property
+    def d_model(self) -> Optional[int]:
+        if self.tensor is not None:
+            return int(self.tensor.shape[-1])
+        if self.region is not None:
+            return int(self.region.mean.shape[0])
+        return None
+
+    def config(self) -> SteerConfig:
+        """This (kernel) intervention as one kernel configuration."""
+        cfg = SteerConfig()
+        if self.op == "add" and self.tensor is not None:
+            cfg = SteerConfig(add=self.tensor.float(), add_scale=self.scale)
+        elif self.op == "ablate" and self.tensor is not None:
+            cfg = SteerConfig(basis=self.tensor.float(), strength=self.scale)
+        elif self.op == "clamp" and self.tensor is not None:
+            cfg = SteerConfig(basis=self.tensor.float(), strength=1.0, target=self.value)
+        elif self.op == "project" and self.region is not None:
+            cfg = SteerConfig(region=dataclasses.replace(self.region, strength=self.scale))
+        else:
+            raise InputError(f"expected a kernel operation {KERNEL_OPS} with its tensor, found {self.op!r}")
+        g = self.gate
+        return cfg if g is None else cfg.with_gate(g.direction, g.threshold, g.mode)
+
+    def __repr__(self):
+        shape = "" if self.tensor is None else f", {tuple(self.tensor.shape)}"
+        return f"Intervention({self.site!r}, {self.op}{shape}, scale={self.scale}, positions={self.positions!r})"
+
+
+Steering = Sequence[Intervention]
+
+
+def from_config(site: str, cfg: SteerConfig, *, positions: PositionSpec = "all",
+                preserve_norm: bool = False) -> list[Intervention]:
+    """The interventions a kernel :class:`SteerConfig` stands for (basis, injection, region)."""
+    if not isinstance(cfg, SteerConfig):
+        raise InputError(f"expected a steerkit.kernels.SteerConfig at {site!r}, found {type(cfg).__name__}; "
+                         "build one with SteerConfig.injection(v, scale) etc.")
+    gate = None
+    if cfg.gate_direction is not None:
+        gate = Gate(cfg.gate_direction, cfg.gate_threshold, cfg.gate_mode)
+    out: list[Intervention] = []
+    kw: dict = dict(positions=positions, preserve_norm=preserve_norm)
+    if cfg.basis is not None:
+        b = _tensor(cfg.basis, f"the basis at {site!r}")
+        b = b if b.dim() == 2 else b[None]
+        s = torch.as_tensor(cfg.strength, dtype=torch.float32).reshape(-1)
+        if cfg.target is None:
+            if s.numel() == 1:
+                out.append(Intervention(site, "ablate", _basis(b, f"the basis at {site!r}"), float(s), **kw))
+            else:
+                for i in range(b.shape[0]):
+                    out.append(Intervention(site, "ablate", _basis(b[i], f"the basis at {site!r}"), float(s[i]), **kw))
+        else:
+            if bool((s != 1).any()):
+                raise InputError(f"expected strength 1 with a clamp target at {site!r}, found {s.tolist()}; "
+                                 "a partial clamp is an ablation of strength s towards the target: split it")
+            out.append(Intervention.clamp(site, b, torch.as_tensor(cfg.target, dtype=torch.float32), **kw))
+    if cfg.add is not None:
+        a = _tensor(cfg.add, f"the add vector at {site!r}")
+        a = a if a.dim() == 2 else a[None]
+        sc = torch.as_tensor(cfg.add_scale, dtype=torch.float32).reshape(-1)
+        if sc.numel() == 1:
+            sc = sc.expand(a.shape[0])
+        if sc.numel() != a.shape[0]:
+            raise InputError(f"expected one add_scale per add vector at {site!r} ({a.shape[0]}), found {sc.numel()}")
+        for i in range(a.shape[0]):
+            out.append(Intervention(site, "add", _vector(a[i], "the add vector"), float(sc[i]), gate=gate, **kw))
+    if cfg.region is not None:
+        out.append(Intervention(site, "project", None, float(cfg.region.strength), region=cfg.region, gate=gate, **kw))
+    return out
+
+
+def lower(steering, facts: ModelFacts, *, scale: float = 1.0, override: bool = False) -> list[Intervention]:
+    """One steering (for every row) as a list of interventions: an :class:`Intervention`, a list of
+    them, a ``{hook: SteerConfig | [SteerConfig, ...]}`` dict, or anything with
+    ``to_interventions(facts, scale=..., override=...)`` (every stored artifact kind)."""
+    if isinstance(steering, Intervention):
+        return [steering]
+    to = getattr(steering, "to_interventions", None)
+    if to is not None:
+        return list(to(facts, scale=scale, override=override))
+    if scale != 1.0:
+        raise InputError("expected scale= only with an artifact; put the scale in each intervention")
+    if isinstance(steering, Mapping):
+        out: list[Intervention] = []
+        for h, c in steering.items():
+            for cfg in (c if isinstance(c, (list, tuple)) else [c]):
+                out += from_config(h, cfg)
+        return out
+    if isinstance(steering, (list, tuple)):
+        out = []
+        for i, s in enumerate(steering):
+            if isinstance(s, Intervention):
+                out.append(s)
+            elif getattr(s, "to_interventions", None) is not None or isinstance(s, Mapping):
+                out += lower(s, facts, override=override)
+            else:
+                raise InputError(f"expected interventions, artifacts or {{hook: SteerConfig}} dicts in the "
+                                 f"steering, found {type(s).__name__} at index {i}")
+        return out
+    raise InputError(f"expected a steering: an Intervention, a list of them, a stored artifact or a "
+                     f"{{hook: SteerConfig}} dict, found {type(steering).__name__}")
+
+
+# =============================================================================== compiled programs
+def _spec_id(spec) -> object:
+    """Equal specs share a mask: by value where the spec has a plain value, else by identity."""
+    if isinstance(spec, str):
+        return spec
+    if isinstance(spec, list):
+        return ("idx",) + tuple(spec)
+    if isinstance(spec, range):
+        return ("range", spec.start, spec.stop, spec.step)
+    return ("id", id(spec))
+
+
+def _combine(parts: Sequence[Intervention], where: str) -> SteerConfig:
+    """One kernel configuration doing all of ``parts`` (one row's kernel interventions at one site
+    whose positions select a token): bases stacked (orthonormal together), injections summed, at
+    most one region and one gate."""
+    if len(parts) == 1:
+        return parts[0].config()
+    bases, strengths, targets, adds, add_scales, regions, gates = [], [], [], [], [], [], []
+    for p in parts:
+        t = p.tensor
+        if p.op in ("ablate", "clamp") and t is not None:
+            k = t.shape[0]
+            bases.append(t.float())
+            strengths.append(torch.full((k,), p.scale if p.op == "ablate" else 1.0))
+            targets.append(p.value.float() if p.op == "clamp" and p.value is not None else torch.zeros(k))
+        elif p.op == "add" and t is not None:
+            adds.append(t.float()[None])
+            add_scales.append(torch.tensor([p.scale], dtype=torch.float32))
+        elif p.op == "project" and p.region is not None:
+            regions.append(dataclasses.replace(p.region, strength=p.scale))
+        if p.gate is not None:
+            gates.append(p.gate)
+    if len(regions) > 1:
+        raise InputError(f"expected at most one region projection per row at {where}, found {len(regions)}")
+    if gates and (len(gates) != sum(p.op in ("add", "project") for p in parts) or any(
+            not torch.equal(g.direction, gates[0].direction) or g.threshold != gates[0].threshold
+            or g.mode != gates[0].mode for g in gates)):
+        raise InputError(f"expected one gate for every add / project applied together at {where}, found "
+                         "different (or missing) gates; apply them at different sites or positions")
+    kw: dict = {}
+    if bases:
+        B = torch.cat(bases)
+        err = float((B.double() @ B.double().T - torch.eye(B.shape[0], dtype=torch.float64)).abs().max())
+        if err > ORTHO_TOL:
+            raise InputError(f"expected the ablate / clamp directions applied together at {where} to be orthonormal "
+                             f"(max |B B^T - I| = {err:.3g}), found overlapping ones; apply them at different "
+                             "sites or pass one basis from steerkit.orthonormalize")
+        kw.update(basis=B, strength=torch.cat(strengths), target=torch.cat(targets))
+    if adds:
+        kw.update(add=torch.cat(adds), add_scale=torch.cat(add_scales))
+    if regions:
+        kw["region"] = regions[0]
+    if gates:
+        g = gates[0]
+        kw.update(gate_direction=g.direction, gate_threshold=g.threshold, gate_mode=g.mode)
+    return SteerConfig(**kw)
+
+
+MaskOf = Callable[[PositionSpec], Optional[Tensor]]
+
+
+class SiteProgram:
+    """What one site does for a whole batch, compiled once (see the module docstring).
+
+    ``groups``: row groups (one steering each: every row for a shared steering, one group per batch
+    row or per served request otherwise). ``kernel``: the bound fused call over ONE table with, per
+    group, a configuration for every non-empty subset of its distinct position specs (subset ``b`` of
+    group ``g`` is row ``base[g] + b - 1``). ``steps``: torch operations with the groups they apply to.
+    """
+
+    __slots__ = ("site", "n_groups", "kernel", "table", "specs", "bit_weight", "base", "steps", "simple",
+                 "decode_fast", "preserve_norm")
+
+    def __init__(self, site: str, per_group: Sequence[Sequence[Intervention]], *, d_model: int, device, dtype,
+                 impl: str):
+        self.site = site
+        self.n_groups = len(per_group)
+        specs: dict = {}  # spec id -> (index, spec)
+        kernel_parts: list[list[Intervention]] = [[p for p in g if p.op in KERNEL_OPS] for g in per_group]
+        norm = {p.preserve_norm for g in kernel_parts for p in g}
+        if len(norm) > 1:
+            raise InputError(f"expected preserve_norm to be the same for every kernel intervention at {site!r}, "
+                             "found both; apply them at different sites")
+        self.preserve_norm = bool(norm and norm.pop())
+        configs: list[SteerConfig] = []
+        base: list[int] = []
+        local_bits: list[dict] = []
+        for gi, parts in enumerate(kernel_parts):
+            local: dict = {}
+            for p in parts:
+                sid = _spec_id(p.positions)
+                if sid not in specs:
+                    specs[sid] = (len(specs), p.positions)
+                local.setdefault(specs[sid][0], len(local))
+            if len(local) > MAX_POSITION_SPECS:
+                raise InputError(f"expected at most {MAX_POSITION_SPECS} different position specs among one row's "
+                                 f"interventions at {site!r}, found {len(local)}; merge them (steerkit.AnyOf) or "
+                                 "use other sites")
+            base.append(len(configs))
+            local_bits.append(local)
+            for b in range(1, 1 << len(local)):
+                chosen = [p for p in parts if b >> local[specs[_spec_id(p.positions)][0]] & 1]
+                configs.append(_combine(chosen, f"{site} (row group {gi})"))
+        self.specs = [s for _, s in sorted(specs.values(), key=lambda t: t[0])]
+        self.table = self.kernel = None
+        if configs:
+            try:
+                self.table = SteerTable.from_configs(configs, d_model=d_model, device=device)
+            except InputError as e:
+                raise InputError(f"steering at {site!r}: {e}") from None
+            self.kernel = bind_steer(self.table, device=device, dtype=dtype, impl=impl,
+                                     preserve_norm=self.preserve_norm)
+        bw = torch.zeros(self.n_groups, max(1, len(self.specs)), dtype=torch.long)
+        for gi, local in enumerate(local_bits):
+            for j, bit in local.items():
+                bw[gi, j] = 1 << bit
+        self.bit_weight = bw.to(device)
+        self.base = torch.tensor(base or [0], dtype=torch.long, device=device)
+        self.steps = []  # [(intervention, groups: Tensor[n_groups] bool | None for all)]
+        order: dict = {}
+        for gi, g in enumerate(per_group):
+            for p in g:
+                if p.op not in KERNEL_OPS:
+                    order.setdefault(id(p), [p, set()])[1].add(gi)
+        for p, gs in order.values():
+            sel = None if len(gs) == self.n_groups else torch.tensor([i in gs for i in range(self.n_groups)],
+                                                                        device=device)
+            self.steps.append((p, sel))
+        # one configuration, one spec for every row: the bound call alone (with the spec's mask)
+        self.simple = self.n_groups == 1 and len(self.specs) == 1 and self.table is not None \
+            and self.table.n_configs == 1
+        # ... and a spec that selects every position of a decoding step: no mask at all there
+        self.decode_fast = self.simple and not self.steps and self.specs[0] in ("all", "generated")
+
+    # --- run --------------------------------------------------------------------------
+    def __call__(self, x: Float[Tensor, "batch pos d_model"], call) -> Optional[Tensor]:
+        """The hook function of a local backend: ``x`` of one call with its :class:`~steerkit.hooks.SiteCall`."""
+        run, kernel = call.run, self.kernel
+        if self.decode_fast and kernel is not None and run is not None and call.start >= run.P:
+            return kernel(x)  # a decoding step: every token, one configuration
+        if self.n_groups > 1 and x.shape[0] != self.n_groups:
+            raise InputError(f"expected a batch of {self.n_groups} rows (one per steering), found {x.shape[0]}")
+
+        def mask_of(spec):
+            if spec == "all" and run is None:
+                return None
+            return call.mask(spec, x.device)
+        groups = None
+        if self.n_groups > 1:
+            groups = torch.arange(self.n_groups, device=x.device)[:, None].expand(x.shape[0], x.shape[1])
+        return self.apply(x, groups, mask_of)
+
+    def apply(self, h: Float[Tensor, "*rows d_model"], groups: Optional[Tensor], mask_of: MaskOf
+              ) -> Optional[Tensor]:
+        """``h`` steered (a new tensor), or ``None`` when nothing applies. ``groups``: each row's group
+        (``h.shape[:-1]``, ``-1`` for rows no steering owns), ``None`` when every row is group 0.
+        ``mask_of(spec)``: the rows a position spec selects (``None``: all of them)."""
+        out = None
+        if self.kernel is not None:
+            if self.simple:
+                m = mask_of(self.specs[0])
+                if m is None:
+                    out = self.kernel(h)
+                elif bool(m.any()):
+                    out = self.kernel(h, m)
+            else:
+                lead = h.shape[:-1]
+                g = torch.zeros(lead, dtype=torch.long, device=h.device) if groups is None else groups
+                owned = g >= 0
+                gc = g.clamp_min(0)
+                bits = torch.zeros(lead, dtype=torch.long, device=h.device)
+                for j, spec in enumerate(self.specs):
+                    m = mask_of(spec)
+                    w = self.bit_weight[gc, j]
+                    bits += w if m is None else w * m
+                active = owned & (bits > 0)
+                if bool(active.any()):
+                    rc = self.base[gc] + bits - 1
+                    out = self.kernel(h, active, rc.clamp_min(0))
+        for p, sel in self.steps:
+            m = mask_of(p.positions)
+            if sel is not None or groups is not None:  # only the rows of the groups that have it
+                g = torch.zeros(h.shape[:-1], dtype=torch.long, device=h.device) if groups is None else groups
+                mine = (g >= 0) & (True if sel is None else sel[g.clamp_min(0)])
+                m = mine if m is None else m & mine
+            if m is not None and not bool(m.any()):
+                continue
+            x = h if out is None else out
+            if p.op == "replace" and p.tensor is not None:
+                y = (p.scale * p.tensor.to(device=x.device, dtype=x.dtype)).expand_as(x)
+            elif p.fn is not None:
+                y = p.fn(x)
+            else:  # pragma: no cover - the constructors never build one
+                raise InputError(f"expected a callable in the apply intervention at {self.site!r}, found None")
+                if not isinstance(y, Tensor) or y.shape != x.shape:
+                    raise InputError(f"expected the intervention's fn at {self.site!r} to return a tensor of shape "
+                                     f"{tuple(x.shape)}, found {getattr(y, 'shape', type(y).__name__)}")
+            out = y if m is None else torch.where(m.unsqueeze(-1), y, x)
+        return out
+
+    def __repr__(self):
+        n = 0 if self.table is None else self.table.n_configs
+        return (f"SiteProgram({self.site!r}, groups={self.n_groups}, configs={n}, torch_steps={len(self.steps)}, "
+                f"kernel={self.kernel!r})")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledSteering:
+    """A steering compiled for one model: ``{site: SiteProgram}`` (``n_groups`` row groups)."""
+
+    programs: Mapping[str, SiteProgram]
+    n_groups: int
+    interventions: tuple
+
+    def __iter__(self):
+        return iter(self.programs.items())
+
+    def __len__(self):
+        return len(self.programs)
+
+
+def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: ModelFacts, *, per_row: bool = False,
+            device=None, dtype: torch.dtype = torch.float32, impl: str = "auto",
+            positions: Optional[PositionSpec] = None) -> CompiledSteering:
+    """THE lowering step: interventions -> one :class:`SiteProgram` per site.
+
+    ``steering``: a list of :class:`Intervention` (every row), or with ``per_row=True`` a list with one
+    list (or ``None``) per row group. Sites are checked against ``facts`` (depth, resid_mid) and tensors
+    against its ``d_model`` before anything is built. ``positions``, when given, replaces every
+    intervention's own. ``impl`` and any :func:`steerkit.kernels.use_impl` in force are read here.
+    """
+    groups: list[list[Intervention]]
+    if per_row:
+        if not isinstance(steering, (list, tuple)) or not steering:
+            raise InputError("expected a non-empty list with one steering per row, found "
+                             f"{type(steering).__name__}")
+        groups = [list(g or []) for g in steering]
+    else:
+        groups = [list(steering)]  # type: ignore[arg-type]
+    if positions is not None:
+        positions = validate_positions(positions)
+        groups = [[p.at(positions) for p in g] for g in groups]
+    sites: dict[str, list[list[Intervention]]] = {}
+    for gi, g in enumerate(groups):
+        for p in g:
+            if not isinstance(p, Intervention):
+                raise InputError(f"expected Intervention values, found {type(p).__name__} (row group {gi})")
+            parse_hook(p.site, facts.n_layers, has_resid_mid=facts.has_resid_mid)
+            d = p.d_model
+            if d is not None and d != facts.d_model:
+                shape = tuple(p.tensor.shape) if p.tensor is not None else (d,)
+                raise InputError(f"expected the {p.op} vector of shape [{facts.d_model}] (d_model={facts.d_model} of "
+                                 f"this model) at {p.site!r}, found {shape}; was it computed on another model or "
+                                 "at another site?")
+            sites.setdefault(p.site, [[] for _ in groups])[gi].append(p)
+    if not sites:
+        raise InputError("expected at least one intervention in the steering, found none")
+    device = torch.device("cpu") if device is None else torch.device(device)
+    programs = {s: SiteProgram(s, per_group, d_model=facts.d_model, device=device, dtype=dtype, impl=impl)
+                for s, per_group in sites.items()}
+    return CompiledSteering(programs, len(groups), tuple(tuple(g) for g in groups))
+
+
+def server_mask_of(positions: Tensor, n_prompt: int) -> MaskOf:
+    """``mask_of`` for rows of ONE request with absolute ``positions`` (contiguous, as a server feeds
+    them) and a prompt of ``n_prompt`` tokens, in the position vocabulary of :mod:`steerkit.positions`."""
+    start, T = int(positions[0]), int(positions.shape[0])
+    run = RunState(torch.ones(1, n_prompt, dtype=torch.long, device=positions.device))
+
+    def mask_of(spec):
+        m = chunk_mask(spec, run, start, T, 1, positions.device)
+        return None if m is None else m[0]
+    return mask_of
