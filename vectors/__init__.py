@@ -11,7 +11,8 @@ How it fits together
 * :mod:`.exports` -- :func:`export` / :func:`import_artifact` for llama.cpp, repeng, EasySteer,
   TransformerLens specs, IBM ``.svec`` and safetensors; :func:`load_artifact` reads any of
   them or a store reference.
-* :mod:`.apply` -- :func:`check_compatible` and :func:`steer` (apply an artifact to a model).
+* :mod:`.apply` -- :func:`check_compatible`: an artifact against a model, before it steers
+  (every artifact lowers itself with ``to_interventions(facts)``; ``sm.steer(artifact)`` applies it).
 * :mod:`.gguf_models` -- float32 copies of quantised model GGUFs and weight-orthogonalised
   GGUFs that deploy directional ablation to llama.cpp.
 * :mod:`.llamacpp` -- a thin runner over ``llama-cpp-python`` (optional extra ``llamacpp``)
@@ -21,10 +22,10 @@ Layer convention everywhere: layer ``l`` is the 0-based block index and a vector
 on the block's output (``blocks.{l}.hook_resid_post``), as llama.cpp's ``direction.{l}``.
 """
 
-from .apply import check_compatible, edits_for, steer
+from .apply import check_against, check_compatible, facts_of, fingerprint_of
 from .artifacts import ARTIFACT_KINDS, DirectionSet, LayerSchedule, Probe, Region, SteeringVector
 from .errors import (
-    ArtifactFormatError, ExportError, ModelMismatchError, StoreError, UnsafeNameError, VectorsError,
+    ArtifactFormatError, ExportError, ModelMismatchError, PathExistsError, StoreError, UnsafeNameError, VectorsError,
 )
 from .exports import FORMATS, easysteer_request, export, import_artifact, load_artifact, save_artifact
 from .gguf_models import write_dequantized_gguf, write_orthogonalized_gguf
@@ -35,6 +36,7 @@ __all__ = [
     "SteeringVector", "DirectionSet", "Probe", "Region", "LayerSchedule", "ARTIFACT_KINDS",
     "Provenance", "model_fingerprint", "prompts_hash", "LAYER_BASE", "SCHEMA_VERSION",
     "Store", "parse_ref", "export", "import_artifact", "load_artifact", "save_artifact", "easysteer_request",
-    "FORMATS", "steer", "check_compatible", "edits_for", "write_dequantized_gguf", "write_orthogonalized_gguf",
+    "FORMATS", "check_compatible", "check_against", "facts_of", "fingerprint_of", "write_dequantized_gguf", "write_orthogonalized_gguf",
     "VectorsError", "ArtifactFormatError", "UnsafeNameError", "ModelMismatchError", "ExportError", "StoreError",
+    "PathExistsError",
 ]

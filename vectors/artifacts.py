@@ -38,6 +38,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from steerkit.interventions import Intervention, ModelFacts
+from steerkit.kernels import DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, ORTHO_TOL, solve_polyhedron_projection
+from steerkit.kernels import Region as KernelRegion
+
+from .apply import check_against
 from .errors import ArtifactFormatError, ModelMismatchError, VectorsError
 from .provenance import Provenance, prompts_hash
 
@@ -95,6 +100,13 @@ class _Artifact:
         raise NotImplementedError
 
     def _map_tensors(self, fn) -> "_Artifact":
+        raise NotImplementedError
+
+    def to_payload(self) -> tuple[dict[str, Tensor], dict]:  # overridden
+        raise NotImplementedError
+
+    @classmethod
+    def from_payload(cls, tensors: dict[str, Tensor], meta: dict) -> "_Artifact":  # overridden
         raise NotImplementedError
 
     def to(self, *args: Any, **kwargs: Any):
@@ -188,7 +200,7 @@ class SteeringVector(_Artifact):
     hook site ``hook_resid_post`` is the block's output.
     """
 
-    directions: dict[int, Float[Tensor, "d_model"]]
+    directions: dict[int, Float[Tensor, " d_model"]]
     scale: float = 1.0
     operation: str = "add"
     hook_site: str = "hook_resid_post"
@@ -241,7 +253,7 @@ class SteeringVector(_Artifact):
     @classmethod
     def from_direction(
         cls,
-        v: Float[Tensor, "d_model"] | np.ndarray,
+        v: Float[Tensor, " d_model"] | np.ndarray,
         layer: int | Iterable[int],
         model: Any = None,
         *,
@@ -259,7 +271,7 @@ class SteeringVector(_Artifact):
         if t.ndim == 2 and t.shape[0] == 1:
             t = t[0]
         layers = [layer] if isinstance(layer, (int, np.integer)) else list(layer)
-        kw = dict(method=method, method_params=dict(method_params or {}), prompts_hash=prompts_hash(prompts),
+        kw: dict[str, Any] = dict(method=method, method_params=dict(method_params or {}), prompts_hash=prompts_hash(prompts),
                   metrics=dict(metrics or {}), hook_site=hook_site, operation=operation)
         prov = Provenance.from_model(model, **kw) if model is not None else Provenance(d_model=int(t.shape[-1]) if t.ndim else None, **kw)
         if t.ndim != 1:
@@ -289,6 +301,21 @@ class SteeringVector(_Artifact):
         if self.schedule is not None and self.schedule.position_weights is not None:
             sched = LayerSchedule({l: 1.0 for l in dirs}, self.schedule.position_weights, self.schedule.provenance)
         return dataclasses.replace(self, directions=dirs, scale=1.0, schedule=sched)
+
+    def to_interventions(self, facts: ModelFacts, *, scale: float = 1.0, override: bool = False) -> list[Intervention]:
+        """What this vector does, as interventions (checked against ``facts`` first): ``add`` puts
+        ``scale * self.scale * w_l * v_l`` at each layer ``l`` (``w_l`` the schedule's weight);
+        ``project`` clamps the component along ``v_l`` to ``scale * self.scale * w_l * |v_l|``."""
+        check_against(self, facts, override=override)
+        if self.schedule is not None and self.schedule.position_weights is not None:
+            raise VectorsError("expected a schedule without per-token weights, found position_weights; drop "
+                               "them or apply the vector per position with sm.edit(..., positions=...)")
+        eff = self.effective()
+        pos = self.positions if self.positions is not None else "all"
+        if self.operation == "add":
+            return [Intervention.add(self.hook_name(l), d, scale, positions=pos) for l, d in eff.directions.items()]
+        return [Intervention.clamp(self.hook_name(l), d / d.norm(), float(scale * d.norm()), positions=pos)
+                for l, d in eff.directions.items()]
 
     def _map_tensors(self, fn) -> "SteeringVector":
         return dataclasses.replace(self, directions={l: fn(d) for l, d in self.directions.items()})
@@ -342,7 +369,7 @@ class SteeringVector(_Artifact):
         if not isinstance(k, (int, float, np.floating, np.integer)) or isinstance(k, bool):
             return NotImplemented
         if float(k) == 0.0:
-            raise ZeroDivisionError("cannot divide a steering vector by zero")
+            raise VectorsError("expected a nonzero divisor for a steering vector, found 0; scale it with * instead")
         return dataclasses.replace(self, directions={l: d / float(k) for l, d in self.directions.items()})
 
     def __neg__(self) -> "SteeringVector":
@@ -414,7 +441,6 @@ class DirectionSet(_Artifact):
     hook_site: str = "hook_resid_post"
     provenance: Provenance = dataclasses.field(default_factory=lambda: Provenance(operation="ablate"))
     kind: ClassVar[str] = "direction_set"
-    ORTHONORMAL_TOL: ClassVar[float] = 1e-3
 
     def __post_init__(self) -> None:
         b = _as_tensor(self.basis, "basis")
@@ -425,9 +451,9 @@ class DirectionSet(_Artifact):
         _check_finite(b, "the basis")
         gram = b.double() @ b.double().T
         err = float((gram - torch.eye(b.shape[0], dtype=torch.float64)).abs().max())
-        if err > self.ORTHONORMAL_TOL:
+        if err > ORTHO_TOL:
             raise ArtifactFormatError(
-                f"expected an orthonormal basis (|B B^T - I| <= {self.ORTHONORMAL_TOL}), found deviation {err:.3g}; "
+                f"expected an orthonormal basis (|B B^T - I| <= {ORTHO_TOL}), found deviation {err:.3g}; "
                 "build it with DirectionSet.from_directions(...), which orthonormalises"
             )
         self.basis = b
@@ -451,7 +477,8 @@ class DirectionSet(_Artifact):
         if bool((r.diagonal().abs() < 1e-8).any()):
             raise VectorsError("expected linearly independent directions, found a dependent set; drop redundant rows")
         basis = (q.T * torch.sign(r.diagonal())[:, None]).to(d.dtype)
-        kw = dict(method=method, prompts_hash=prompts_hash(prompts), metrics=dict(metrics or {}), operation="ablate")
+        kw: dict[str, Any] = dict(method=method, prompts_hash=prompts_hash(prompts), metrics=dict(metrics or {}),
+                                  operation="ablate")
         prov = Provenance.from_model(model, **kw) if model is not None else Provenance(d_model=int(d.shape[1]), **kw)
         return cls(basis, layers=layers, provenance=prov)
 
@@ -462,6 +489,20 @@ class DirectionSet(_Artifact):
     @property
     def k(self) -> int:
         return int(self.basis.shape[0])
+
+    def hook_names(self, n_layers: int) -> list[str]:
+        """Where the basis is ablated: ``blocks.{l}.{hook_site}`` for each layer, or everywhere
+        (``layers=None``): the embedding output and every attention and MLP output."""
+        if self.layers is None:
+            return ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.{h}" for l in range(n_layers)
+                                                  for h in ("hook_attn_out", "hook_mlp_out")]
+        return [f"blocks.{l}.{self.hook_site}" for l in self.layers]
+
+    def to_interventions(self, facts: ModelFacts, *, scale: float = 1.0, override: bool = False) -> list[Intervention]:
+        """The ablation as interventions (checked against ``facts`` first); ``scale`` is its strength
+        (1: the component in the basis' span is removed, 0.5: halved)."""
+        check_against(self, facts, override=override)
+        return [Intervention.ablate(h, self.basis, scale) for h in self.hook_names(facts.n_layers)]
 
     def project_out(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         b = self.basis.to(x.device, x.dtype)
@@ -503,11 +544,11 @@ class Probe(_Artifact):
     ``logits = z @ weight.T + bias`` (``projection`` optional; ``mean``/``scale`` optional)."""
 
     weight: Float[Tensor, "n_out k"]
-    bias: Float[Tensor, "n_out"]
+    bias: Float[Tensor, " n_out"]
     layer: int
     classes: list[str] = dataclasses.field(default_factory=list)
-    mean: Float[Tensor, "d_model"] | None = None
-    scale: Float[Tensor, "d_model"] | None = None
+    mean: Float[Tensor, " d_model"] | None = None
+    scale: Float[Tensor, " d_model"] | None = None
     projection: Float[Tensor, "k d_model"] | None = None
     hook_site: str = "hook_resid_post"
     probe_kind: str = "logistic"
@@ -567,8 +608,12 @@ class Probe(_Artifact):
         return torch.softmax(s, dim=-1)
 
     def _map_tensors(self, fn) -> "Probe":
-        return dataclasses.replace(self, weight=fn(self.weight), bias=fn(self.bias),
-                                   **{n: (fn(getattr(self, n)) if getattr(self, n) is not None else None) for n in self._OPTIONAL})
+        def opt(t: Tensor | None) -> Tensor | None:
+            return fn(t) if t is not None else None
+
+        # the optional tensors are the fields named in _OPTIONAL
+        return dataclasses.replace(self, weight=fn(self.weight), bias=fn(self.bias), mean=opt(self.mean),
+                                   scale=opt(self.scale), projection=opt(self.projection))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Probe):
@@ -606,10 +651,10 @@ class Probe(_Artifact):
 class Region(_Artifact):
     """A polyhedron in a PCA subspace: inside iff ``normals @ (projection @ (x - mean)) <= offsets``."""
 
-    mean: Float[Tensor, "d_model"]
+    mean: Float[Tensor, " d_model"]
     projection: Float[Tensor, "k d_model"]
     normals: Float[Tensor, "m k"]
-    offsets: Float[Tensor, "m"]
+    offsets: Float[Tensor, " m"]
     layer: int
     hook_site: str = "hook_resid_post"
     provenance: Provenance = dataclasses.field(default_factory=lambda: Provenance(operation="read"))
@@ -651,8 +696,6 @@ class Region(_Artifact):
         (:func:`steerkit.kernels.solve_polyhedron_projection`, the same row normalisation and step),
         to natural residual ``tol`` in distance units (default the kernel's, 1e-4). Points inside come
         back unchanged."""
-        from steerkit.kernels.reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL,
-                                                solve_polyhedron_projection)
         zt = _as_tensor(z, "z")
         k = int(self.projection.shape[0])
         if zt.ndim == 0 or zt.shape[-1] != k:
@@ -670,9 +713,14 @@ class Region(_Artifact):
                                              DEFAULT_REGION_MAX_ITER if max_iter is None else int(max_iter))
         return out.reshape(zt.shape).to(zt.dtype)
 
-    def to_kernel(self, strength: float = 1.0):
+    def to_interventions(self, facts: ModelFacts, *, scale: float = 1.0, override: bool = False) -> list[Intervention]:
+        """The projection into this region at ``blocks.{layer}.{hook_site}`` (checked against ``facts``
+        first); ``scale`` is its strength."""
+        check_against(self, facts, override=override)
+        return [Intervention.project(f"blocks.{self.layer}.{self.hook_site}", self.to_kernel(), scale)]
+
+    def to_kernel(self, strength: float = 1.0) -> KernelRegion:
         """The fused kernel's :class:`steerkit.kernels.Region` (``h += strength * P^T (z* - z)``)."""
-        from steerkit.kernels import Region as KernelRegion
         return KernelRegion(mean=self.mean.float(), components=self.projection.float(), W=self.normals.float(),
                             c=self.offsets.float(), strength=float(strength))
 
@@ -703,7 +751,7 @@ class Region(_Artifact):
 
 
 # --------------------------------------------------------------------------- payload helpers
-ARTIFACT_KINDS: dict[str, type] = {c.kind: c for c in (SteeringVector, DirectionSet, Probe, Region, LayerSchedule)}
+ARTIFACT_KINDS: dict[str, type[_Artifact]] = {c.kind: c for c in (SteeringVector, DirectionSet, Probe, Region, LayerSchedule)}
 Artifact = SteeringVector | DirectionSet | Probe | Region | LayerSchedule
 
 
@@ -733,7 +781,8 @@ def _expect_keys(tensors: dict, required: set, optional: set, kind: str) -> None
 
 
 def artifact_to_payload(obj: Any) -> tuple[dict[str, Tensor], dict]:
-    if not isinstance(obj, tuple(ARTIFACT_KINDS.values())):
+    # (every registered kind is an _Artifact; the first test tells the type checker so)
+    if not (isinstance(obj, _Artifact) and isinstance(obj, tuple(ARTIFACT_KINDS.values()))):
         raise VectorsError(f"expected a steerkit artifact ({', '.join(ARTIFACT_KINDS)}), found {type(obj).__name__}")
     return obj.to_payload()
 

@@ -1,14 +1,19 @@
 """Exceptions raised by steerkit.vectors.
 
-Every error is a subclass of ``VectorsError`` (itself a ``ValueError``) so callers
-can catch one type.  Messages follow one pattern: what was expected, what was
+Every error is a subclass of ``VectorsError`` (itself a
+:class:`steerkit.errors.SteerkitError` and a ``ValueError``) so callers can
+catch one type.  Messages follow one pattern: what was expected, what was
 found, and what to do about it.
 """
 
 from __future__ import annotations
 
+from steerkit.errors import PathExistsError  # noqa: F401  (a write target exists: shared with the core)
 
-class VectorsError(ValueError):
+from steerkit.errors import SteerkitError
+
+
+class VectorsError(SteerkitError, ValueError):
     """Base class of every error raised by steerkit.vectors."""
 
 

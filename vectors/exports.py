@@ -58,6 +58,7 @@ import torch
 
 from .artifacts import DirectionSet, SteeringVector, artifact_to_payload, payload_to_artifact
 from .errors import ArtifactFormatError, ExportError, ModelMismatchError, VectorsError
+from .store import Store
 from .provenance import Provenance
 from .safety import (
     MAX_FILE_BYTES, atomic_write_bytes, parse_gguf, parse_safetensors, read_bounded,
@@ -263,7 +264,7 @@ def _import_gguf_vector(path: Path, fmt_hint: str | None, model: Any, max_bytes:
             "a model GGUF is not a steering vector"
         )
     dirs: dict[int, torch.Tensor] = {}
-    width = None
+    width: int | None = None  # set with the first direction
     for name, arr in tensors.items():
         m = re.fullmatch(r"direction\.(\d{1,6})", name)
         if not m:
@@ -272,7 +273,7 @@ def _import_gguf_vector(path: Path, fmt_hint: str | None, model: Any, max_bytes:
             raise ArtifactFormatError(f"expected 1-D direction tensors of equal length in {path}, found {name} with shape {arr.shape}")
         width = arr.shape[0]
         dirs[int(m.group(1))] = torch.from_numpy(arr.astype(np.float32))
-    if not dirs:
+    if not dirs or width is None:
         raise ArtifactFormatError(f"expected at least one direction.N tensor in {path}, found none")
     prov_json = meta.get("steerkit.provenance")
     if prov_json is not None:
@@ -300,7 +301,6 @@ def _export_tlens(a: Any, path: Path, model: Any) -> list[Path]:
         for l, d in base.directions.items():
             spec[a.hook_name(l)] = {"op": a.operation, "value": _json_floats(d), "pos": a.positions, "scale": a.scale}
         dtype = _dtype_name(next(iter(a.directions.values())))
-        layer_weights = None
     elif isinstance(a, DirectionSet):
         prov = _model_fill(a.provenance, model, a.d_model)
         value = [_json_floats(r) for r in a.basis]
@@ -545,6 +545,4 @@ def load_artifact(path_or_ref: str | os.PathLike, fmt: str | None = None, *, mod
     p = Path(path_or_ref)
     if p.exists():
         return import_artifact(p, fmt, model=model)
-    from .store import Store
-
     return (store or Store()).load(str(path_or_ref))

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .apply import check_compatible
 from .artifacts import DirectionSet
 from .errors import ArtifactFormatError, ExportError
 from .safety import atomic_path
@@ -143,8 +144,6 @@ def write_orthogonalized_gguf(src: str | os.PathLike, directions: DirectionSet, 
             f"{directions.layers}. Use DirectionSet(..., layers=None) or apply it at run time with steer()"
         )
     if model is not None:
-        from .apply import check_compatible
-
         check_compatible(directions, model, override=override)
     basis = directions.basis.detach().cpu().double().numpy()
     return rewrite_gguf(src, dst, dtype=dtype, extra=lambda ts: orthogonalize_tensors(ts, basis))

@@ -32,6 +32,7 @@ import numpy as np
 
 from .artifacts import SteeringVector
 from .errors import ExportError, VectorsError
+from .exports import import_artifact
 
 # See _llama_cpp(): must be in the environment before llama_cpp (and its libgomp) is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -101,8 +102,6 @@ class LlamaCppRunner:
 
     def set_vector_file(self, path: str | os.PathLike, scale: float = 1.0) -> SteeringVector:
         """Load a control-vector GGUF (as llama.cpp's loader would) and install it."""
-        from .exports import import_artifact
-
         vec = import_artifact(path)
         self.set_vector(vec, scale)
         return vec

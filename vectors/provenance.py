@@ -28,22 +28,18 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import hashlib
-import json
 from typing import Any, Iterable
 
-import torch
+from steerkit.fingerprint import _unwrap, folder_fingerprint, model_fingerprint
+
+from .errors import ArtifactFormatError
+
+# the fingerprints of steerkit.fingerprint are part of this module's interface
+__all__ = ["SCHEMA_VERSION", "LAYER_BASE", "Provenance", "steerkit_version", "utc_now", "prompts_hash",
+           "model_fingerprint", "folder_fingerprint"]
 
 SCHEMA_VERSION = 1
 LAYER_BASE = "0-based block index; the vector acts on the output of block l (blocks.{l}.hook_resid_post)"
-
-# Config keys that do not change what the network computes.
-_VOLATILE_CONFIG_KEYS = {
-    "_name_or_path", "transformers_version", "torch_dtype", "dtype", "_commit_hash",
-    "_attn_implementation", "_attn_implementation_autoset", "attn_implementation",
-    "use_cache", "output_attentions", "output_hidden_states", "return_dict",
-    "_attn_implementation_internal", "architectures", "name_or_path",
-}
-
 
 def steerkit_version() -> str:
     """Installed steerkit version, or ``"0+unknown"`` when running from a bare checkout."""
@@ -69,103 +65,6 @@ def prompts_hash(prompts: Iterable[str] | None) -> str | None:
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
     return "sha256:" + h.hexdigest()
-
-
-def _unwrap(model: Any) -> Any:
-    """Accept a SteerModel-like wrapper (with ``.model``) or a bare HF model."""
-    inner = getattr(model, "model", None)
-    if inner is not None and hasattr(inner, "config") and not hasattr(model, "config"):
-        return inner
-    return model
-
-
-def _config_dict(hf_model: Any) -> dict:
-    cfg = getattr(hf_model, "config", None)
-    if cfg is None:
-        return {}
-    d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
-    return {k: v for k, v in d.items() if k not in _VOLATILE_CONFIG_KEYS}
-
-
-def _fingerprint_tensors(hf_model: Any) -> list[tuple[str, torch.Tensor]]:
-    named = dict(hf_model.named_parameters())
-    return [(k, named[k]) for k in _fingerprint_keys(list(named))]
-
-
-def _fingerprint_keys(names: list[str]) -> list[str]:
-    """Which parameters the fingerprint hashes, in order (chosen from the parameter names only)."""
-    keys = [k for k in names if k.endswith("embed_tokens.weight")]
-    layer_keys = sorted({k for k in names if ".layers." in k})
-    if layer_keys:
-        idx = sorted({int(k.split(".layers.")[1].split(".")[0]) for k in layer_keys})
-        for li in (idx[0], idx[-1]):
-            for suffix in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
-                keys += [k for k in names if k.endswith(f".layers.{li}.{suffix}")]
-    keys += [k for k in names if k.endswith("model.norm.weight")]
-    if not keys:  # unknown architecture: first and last parameter
-        keys = names[:1] + names[-1:]
-    return list(dict.fromkeys(keys))
-
-
-@torch.no_grad()
-def model_fingerprint(model: Any) -> str:
-    """A short, stable hash of a model's config and a few of its weight tensors.
-
-    Accepts a Hugging Face ``PreTrainedModel`` or anything with ``.model`` being
-    one (a ``SteerModel``).  Returns ``"sk1:<24 hex digits>"``.
-    """
-    hf = _unwrap(model)
-    return _fingerprint_of(_config_dict(hf), _fingerprint_tensors(hf))
-
-
-def folder_fingerprint(folder: Any) -> str:
-    """:func:`model_fingerprint` of a Hugging Face model folder, without loading the model.
-
-    A folder written by ``steerkit.export_hf`` records the fingerprint of the model it was exported
-    from (``steerkit_export.json``), which is what artifacts made on that model carry. Otherwise the
-    config is read with ``transformers.AutoConfig`` and only the hashed tensors are read from the
-    safetensors files, so this equals ``model_fingerprint(load_model(folder))``."""
-    from pathlib import Path
-
-    folder = Path(folder)
-    meta = folder / "steerkit_export.json"
-    if meta.is_file():
-        fp = json.loads(meta.read_text(encoding="utf-8")).get("model_fingerprint")
-        if fp:
-            return str(fp)
-    from safetensors import safe_open
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-
-    class _Cfg:
-        config = cfg
-
-    where: dict[str, Any] = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as fh:
-            for k in fh.keys():
-                where.setdefault(k, f)
-    if not where:
-        raise FileNotFoundError(f"expected *.safetensors weights in {folder}, found none")
-    tensors = []
-    for k in _fingerprint_keys(list(where)):
-        with safe_open(str(where[k]), framework="pt") as fh:
-            tensors.append((k, fh.get_tensor(k)))
-    return _fingerprint_of(_config_dict(_Cfg), tensors)
-
-
-def _fingerprint_of(config: dict, tensors: list) -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps(config, sort_keys=True, default=str).encode())
-    for name, p in tensors:
-        flat = p.detach().reshape(-1)
-        sample = torch.cat([flat[:8192], flat[-8192:]]) if flat.numel() > 16384 else flat
-        b = sample.to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes()
-        h.update(name.encode())
-        h.update(str(tuple(p.shape)).encode())
-        h.update(b)
-    return "sk1:" + h.hexdigest()[:24]
 
 
 @dataclasses.dataclass
@@ -216,8 +115,6 @@ class Provenance:
 
     @classmethod
     def from_dict(cls, d: Any) -> "Provenance":
-        from .errors import ArtifactFormatError
-
         if not isinstance(d, dict):
             raise ArtifactFormatError(
                 f"expected provenance to be a JSON object, found {type(d).__name__}; "

@@ -18,28 +18,36 @@ unbounded memory.
 * :func:`parse_gguf` -- a small bounded GGUF v2/v3 parser (metadata + F32/F16/BF16
   tensors), enough for control-vector files; quantised model files are read with
   ``gguf.GGUFReader`` elsewhere and are trusted inputs.
-* :func:`atomic_write_bytes` -- write to a temporary file in the same folder, flush,
-  fsync, rename over the target, fsync the folder.
+* :func:`atomic_write_bytes` (from :mod:`steerkit.files`) -- write to a temporary file in the same
+  folder, flush, fsync, rename over the target, fsync the folder.
 * :func:`check_name` -- artifact names: letters, digits, ``._-``; no path separators,
   no ``..``; anything else is refused with :class:`UnsafeNameError`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
 import struct
-import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
-from .errors import ArtifactFormatError, UnsafeNameError
+from steerkit.files import atomic_folder, atomic_path, atomic_write_bytes, fsync_dir
+
+from .errors import ArtifactFormatError, ExportError, UnsafeNameError
+
+# the crash-safe writers of steerkit.files are part of this module's interface
+__all__ = [
+    "MAX_FILE_BYTES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_TENSORS", "MAX_DIMS", "MAX_HEADER_BYTES",
+    "MAX_GGUF_KV", "MAX_STRING_BYTES", "NAME_RE", "GGUF_MAGIC",
+    "check_name", "inside", "read_bounded", "read_json_bytes", "read_json", "dump_json",
+    "tensors_to_safetensors", "parse_safetensors", "parse_gguf", "write_gguf",
+    "atomic_folder", "atomic_path", "atomic_write_bytes", "fsync_dir",
+]
 
 MAX_FILE_BYTES = 1 << 30  # 1 GiB for artifact files (model GGUFs are not read here)
 MAX_JSON_BYTES = 64 << 20
@@ -100,95 +108,6 @@ def read_bounded(path: str | os.PathLike, max_bytes: int = MAX_FILE_BYTES) -> by
     if len(data) > max_bytes:
         raise ArtifactFormatError(f"{p} grew past {max_bytes} bytes while reading; refusing it")
     return data
-
-
-def _umask_mode(folder: bool = False) -> int:
-    """The mode a new file (or folder) gets under the current umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return (0o777 if folder else 0o666) & ~mask
-
-
-def make_temp(target: Path) -> str:
-    """A temporary file next to ``target`` (same filesystem, so rename is atomic), normal permissions."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
-    os.close(fd)
-    os.chmod(tmp, _umask_mode())
-    return tmp
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[str]:
-    """Yield a temporary file path next to ``path``; when the block succeeds the file is fsynced and
-    renamed onto ``path`` (readers see the old file or the whole new one), else it is removed."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp(p)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(p.parent)
-
-
-@contextlib.contextmanager
-def atomic_folder(path: str | os.PathLike, *, if_exists: str = "error") -> Iterator[Path]:
-    """Yield a temporary folder next to ``path``, renamed onto ``path`` when the block succeeds (else
-    removed), so nobody ever sees a half-written folder. If ``path`` exists by then: ``"keep"`` it
-    (another process finished first; the new one is dropped), ``"replace"`` it (the old folder is
-    restored if the swap fails), or ``"error"``."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
-    try:
-        yield tmp
-        os.chmod(tmp, _umask_mode(folder=True))  # mkdtemp makes 0700
-        if not p.exists():
-            os.replace(tmp, p)
-        elif if_exists == "keep":
-            shutil.rmtree(tmp)
-        elif if_exists == "replace":
-            old = Path(tempfile.mkdtemp(prefix=f".{p.name}.old-", dir=p.parent))
-            os.replace(p, old / "x")
-            try:
-                os.replace(tmp, p)
-            except BaseException:
-                os.replace(old / "x", p)  # put the previous folder back
-                raise
-            finally:
-                shutil.rmtree(old, ignore_errors=True)
-        else:
-            raise FileExistsError(f"expected nothing at {p}, found an existing folder")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(p.parent)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, rename."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(data)
 
 
 # --------------------------------------------------------------------------- JSON
@@ -478,7 +397,8 @@ def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, Any], tensors: 
             elif isinstance(v, (list, tuple)):
                 w.add_array(k, list(v))
             else:
-                raise TypeError(f"cannot write GGUF metadata {k!r} of type {type(v).__name__}")
+                raise ExportError(f"expected GGUF metadata {k!r} as str, bool, int, float or a list of those, "
+                                  f"found {type(v).__name__}; convert it before writing")
         for name, arr in tensors.items():
             w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
         w.write_header_to_file()

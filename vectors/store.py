@@ -30,6 +30,7 @@ References: ``name`` or ``name@latest`` (newest version), ``name@3`` (version 3)
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import os
 import shutil
@@ -296,7 +297,7 @@ class Store:
                 rows.append({"ref": f"{n}@{v}", "name": n, "version": v, "tags": tags, **entry["versions"][str(v)]})
         return rows
 
-    def search(self, text: str | None = None, **filters: Any) -> list[dict]:
+    def search(self, text: str | None = None, **filters: Any) -> builtins.list[dict]:  # Store.list shadows the builtin
         """Rows whose name/method/model/tags contain ``text`` and whose fields equal ``filters``
         (e.g. ``kind="steering_vector"``, ``model_name=...``, ``tag="prod"``)."""
         tag = filters.pop("tag", None)
@@ -312,7 +313,7 @@ class Store:
             out.append(row)
         return out
 
-    def names(self) -> list[str]:
+    def names(self) -> builtins.list[str]:
         return [n for n, e in sorted(self._read_index()["artifacts"].items()) if e["versions"]]
 
     def __iter__(self) -> Iterator[dict]:

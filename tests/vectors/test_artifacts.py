@@ -66,7 +66,7 @@ def test_arithmetic_matches_tensor_arithmetic():
     assert torch.equal((-a).directions[5], -a.directions[5])
     assert sum([a, b]) == a + b
     assert s.provenance.method == "combination"
-    with pytest.raises(ZeroDivisionError):
+    with pytest.raises(VectorsError, match="nonzero divisor"):
         a / 0
 
 

@@ -18,13 +18,7 @@ def test_cli_verbs(tmp_path, capsys):
     s.save("happy", v)
     s.save("happy", v * 2)
     def cli(*a):
-        from steerkit.cli import vectors as cli_vectors
-        import argparse
-
-        p = argparse.ArgumentParser()
-        cli_vectors.register(p.add_subparsers(dest="command"))
-        args = p.parse_args(["vectors", "--store", str(root), *a])
-        return cli_vectors.run(args)
+        return main(["--store", str(root), *a])
 
     assert cli("list") == 0
     out = capsys.readouterr().out
@@ -44,18 +38,19 @@ def test_cli_verbs(tmp_path, capsys):
     assert cli("search", "caa", "--json") == 0
     assert {r["name"] for r in json.loads(capsys.readouterr().out)} == {"happy", "imported"}
     assert cli("rm", "happy@1") == 0 and "removed happy@1" in capsys.readouterr().out
-    # errors: exit 1 with a message on stderr
-    assert cli("show", "happy@1") == 1
-    assert "error: expected version 1" in capsys.readouterr().err
-    assert cli("show", "../etc") == 1
+    # errors: exit 2 with one line on stderr
+    assert cli("show", "happy@1") == 2
+    assert capsys.readouterr().err.startswith("steerkit: error: expected version 1")
+    assert cli("show", "../etc") == 2
+    assert capsys.readouterr().err.count("\n") == 1
     assert cli("export", "happy@2", "--format", "svec", "-o", str(tmp_path / "no" / "x.svec")) == 0
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF\x03\x00")
-    assert cli("import", str(bad), "--name", "bad") == 1
+    assert cli("import", str(bad), "--name", "bad") == 2
     assert "truncated" in capsys.readouterr().err
     zero = SteeringVector({0: torch.randn(8)}, provenance=Provenance(d_model=8, n_layers=6))
     s.save("zero", zero)
-    assert cli("export", "zero", "--format", "llama.cpp", "-o", str(tmp_path / "z.gguf")) == 1
+    assert cli("export", "zero", "--format", "llama.cpp", "-o", str(tmp_path / "z.gguf")) == 2
     assert "block 0" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         cli("export", "happy", "--format", "onnx", "-o", "x")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from steerkit.vectors import DirectionSet, SteeringVector, export, import_artifact, steer
+from steerkit.vectors import DirectionSet, SteeringVector, export, import_artifact
 from steerkit.vectors.gguf_models import write_dequantized_gguf, write_orthogonalized_gguf
 
 from steerkit.vectors.llamacpp import LlamaCppRunner, cvec_buffer  # noqa: E402
@@ -96,7 +96,7 @@ def test_f32_gguf_steering_matches_pytorch(lm, token_ids, f32_gguf, happy_vector
     base_pt = torch_last_logits(lm, token_ids)
     with lm.edit(happy_vector.hook_name(LAYER), add=happy_vector.directions[LAYER], scale=happy_vector.scale):
         steered_pt = torch_last_logits(lm, token_ids)
-    with steer(lm, import_artifact(path)):  # the imported file through steerkit's own apply path
+    with lm.steer(import_artifact(path)):  # the imported file through the one steering path
         steered_pt2 = torch_last_logits(lm, token_ids)
 
     effect = np.abs(steered_pt - base_pt).max()
@@ -122,7 +122,7 @@ def test_q4_1_steering_effect_correlates(lm, token_ids, happy_vector, tmp_path, 
         runner.set_vector_file(export(happy_vector, "llama.cpp", tmp_path / "happy.gguf", model=lm)[0])
         steered_lc = llama_last_logits(runner, token_ids)
     base_pt = torch_last_logits(lm, token_ids)
-    with steer(lm, happy_vector):
+    with lm.steer(happy_vector):
         steered_pt = torch_last_logits(lm, token_ids)
     d_lc, d_pt = (steered_lc - base_lc).reshape(-1), (steered_pt - base_pt).reshape(-1)
     r = float(np.corrcoef(d_lc, d_pt)[0, 1])
@@ -137,7 +137,7 @@ def test_orthogonalized_gguf_matches_runtime_ablation(lm, token_ids, happy_vecto
     with LlamaCppRunner(out) as runner:
         ablated_lc = llama_last_logits(runner, token_ids)
     base_pt = torch_last_logits(lm, token_ids)
-    with steer(lm, ds):
+    with lm.steer(ds):
         ablated_pt = torch_last_logits(lm, token_ids)
     effect = np.abs(ablated_pt - base_pt).max()
     diff = np.abs(ablated_lc - ablated_pt).max()
