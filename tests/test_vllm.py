@@ -96,7 +96,7 @@ def setup(default_model, tmp_path_factory):
             with sm.steer(store.load(art), scale=scale):
                 out = sm.generate([prompt], MAX_NEW, return_tokens=True)
         elif clamp:
-            with sm.edit_op("clamp", {"blocks.8.hook_resid_post": vc / vc.norm()}, value=30.0):
+            with sm.edit({"blocks.8.hook_resid_post": vc / vc.norm()}, op="clamp", value=30.0):
                 out = sm.generate([prompt], MAX_NEW, return_tokens=True)
         else:
             out = sm.generate([prompt], MAX_NEW, return_tokens=True)

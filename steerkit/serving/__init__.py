@@ -2,10 +2,11 @@
 
 * :mod:`.spec` -- the request's steering spec (artifacts from the store with a scale each, small
   inline operations), its validation, its prefix-cache salt, :func:`request_args` /
-  :func:`request_body` to build requests, and :func:`resolve` (spec -> kernel configurations per
-  site, the same translation ``SteerModel.steer`` uses).
-* :mod:`.plan` -- one engine step's plan: per hooked site, the rows of the flattened batch to edit
-  and one stacked ``SteerTable``, so each site makes one ``fused_steer`` call per step.
+  :func:`request_body` to build requests, and :func:`resolve` (spec -> interventions, the one
+  steering value: artifacts lower themselves exactly as ``SteerModel.steer`` lowers them).
+* :mod:`.plan` -- one engine step's plan: the step's steered requests compiled together by
+  :func:`steerkit.interventions.compile` (cached across steps), and per hooked site the rows of the
+  flattened batch it steers, so each site makes one call of its compiled program per step.
 * :mod:`.vllm_plugin` -- the vLLM general plugin (entry point ``steerkit`` in
   ``vllm.general_plugins``; enable with ``VLLM_PLUGINS=steerkit STEERKIT_STORE=/path``).
 

@@ -1,17 +1,19 @@
-"""One engine step's steering plan: which token rows each hooked site edits, with which configuration.
+"""One engine step's steering plan: which rows of the flattened batch each hooked site steers, and
+the compiled program (:class:`steerkit.interventions.SiteProgram`) that steers them.
 
 An inference server flattens a step's batch into rows ``[total_tokens, d_model]``: request ``i``
 owns rows ``start_i:end_i`` (a prefill chunk or one decode token), each row with its absolute
-position in the sequence. :func:`plan_step` takes those blocks and each request's
-:class:`~steerkit.serving.spec.Resolved` operations and returns, per site, a :class:`SitePlan`:
-the rows to edit, one stacked ``SteerTable`` (cached across steps by the configurations in it),
-and each row's index into it. A hook then makes ONE ``fused_steer`` call on those rows
-(:meth:`SitePlan.apply`); rows of unsteered requests are never touched.
-
-Position rules per operation: ``"all"``, ``"prompt"`` (position < prompt length), ``"generated"``
-(position >= prompt length: the tokens the model produced, fed back), ``"last"`` (the last prompt
-token) or a tuple of absolute positions. Rows where several operations of one site apply get their
-combination (``Resolved.combined``), made once per (spec, site, subset) and cached.
+position in the sequence. :func:`plan_step` takes those blocks with each request's
+:class:`~steerkit.serving.spec.Resolved` interventions and returns a :class:`StepPlan`. The
+steered requests of a step are compiled together by :func:`steerkit.interventions.compile`
+(``per_row=True``: one row group per distinct steering), the same compile the local backends use;
+the compiled steering is cached by the step's steering keys (:class:`SteeringCache`), so a steady
+decode batch compiles once. Per site the plan holds the rows of the requests steered there, their
+groups, and ``mask_of``: each request's rows evaluated by
+:func:`steerkit.interventions.server_mask_of` (the position vocabulary of :mod:`steerkit.positions`
+with the request's prompt length), concatenated. A hook then calls
+``program.apply(h[rows], groups, mask_of)`` (:meth:`StepPlan.steered`); rows of unsteered
+requests are never touched.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from steerkit.errors import InputError
+from steerkit.interventions import CompiledSteering, ModelFacts, SiteProgram, compile, server_mask_of
+
 
 @dataclasses.dataclass
 class Block:
@@ -31,97 +36,145 @@ class Block:
 
     start: int
     end: int
-    positions: np.ndarray  # [end - start] absolute positions
+    positions: np.ndarray  # [end - start] absolute positions (contiguous)
     n_prompt: int
-    resolved: Any  # spec.Resolved
+    resolved: Any  # spec.Resolved or None (unsteered)
 
 
-@dataclasses.dataclass
-class SitePlan:
-    rows: Tensor  # [n] int64 row indices into the flattened step
-    table: Any  # SteerTable
-    row_config: Tensor  # [n] int32
+class SteeringCache:
+    """:class:`~steerkit.interventions.CompiledSteering` per tuple of steering keys (one row group per
+    key, in that order), least recently used dropped."""
 
-    def apply(self, h: Float[Tensor, "tokens d_model"]) -> Float[Tensor, "tokens d_model"]:
-        """``h`` with this plan's rows steered (a new tensor; ``h`` is not modified)."""
-        from steerkit.kernels import fused_steer
-        out = h.clone()
-        out[self.rows] = fused_steer(h[self.rows], self.table, row_config=self.row_config, validate=False)
-        return out
+    def __init__(self, facts: ModelFacts, device=None, dtype: torch.dtype = torch.float32, max_entries: int = 128):
+        self.facts, self.device, self.dtype, self.max = facts, device, dtype, max_entries
+        self._d: "OrderedDict[tuple, CompiledSteering]" = OrderedDict()
 
-    def steered(self, h: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_model"]:
-        """The steered values of this plan's rows, given those rows of the hidden states."""
-        from steerkit.kernels import fused_steer
-        return fused_steer(h, self.table, row_config=self.row_config, validate=False)
+    def __len__(self) -> int:
+        return len(self._d)
 
-
-def rule_mask(rule, pos: np.ndarray, n_prompt: int) -> np.ndarray:
-    if rule == "all":
-        return np.ones(pos.shape, dtype=bool)
-    if rule == "prompt":
-        return pos < n_prompt
-    if rule == "generated":
-        return pos >= n_prompt
-    if rule == "last":
-        return pos == n_prompt - 1
-    return np.isin(pos, np.asarray(rule, dtype=np.int64))
-
-
-class TableCache:
-    """``SteerTable`` per tuple of configurations (by identity), least recently used dropped."""
-
-    def __init__(self, d_model: int, device, max_entries: int = 512):
-        self.d_model, self.device, self.max = d_model, device, max_entries
-        self._d: "OrderedDict[tuple, tuple]" = OrderedDict()
-
-    def get(self, configs: Sequence[Any]):
-        from steerkit.kernels import SteerTable
-        key = tuple(id(c) for c in configs)
+    def get(self, resolved: Sequence[Any]) -> CompiledSteering:
+        """The compiled steering of ``resolved`` (distinct keys), row group ``i`` for ``resolved[i]``."""
+        key = tuple(r.key for r in resolved)
         hit = self._d.get(key)
         if hit is not None:
             self._d.move_to_end(key)
-            return hit[0]
-        table = SteerTable.from_configs(list(configs), d_model=self.d_model, device=self.device)
-        self._d[key] = (table, list(configs))  # keep the configs alive: their ids are the key
+            return hit
+        cs = compile([list(r.interventions) for r in resolved], self.facts, per_row=True, device=self.device,
+                     dtype=self.dtype)
+        self._d[key] = cs
         while len(self._d) > self.max:
             self._d.popitem(last=False)
-        return table
+        return cs
 
 
-def plan_step(blocks: Sequence[Block], tables: TableCache, device=None) -> dict:
-    """``{site: SitePlan}`` for this step (empty when no block is steered)."""
-    per_site: dict = {}
-    for b in blocks:
-        if b.resolved is None or b.end <= b.start:
-            continue
-        pos = np.asarray(b.positions, dtype=np.int64)
-        for site, ops in b.resolved.sites.items():
-            bits = np.zeros(pos.shape, dtype=np.int64)
-            for j, op in enumerate(ops):
-                bits |= rule_mask(op.positions, pos, b.n_prompt).astype(np.int64) << j
-            for v in np.unique(bits):
-                if v == 0:
-                    continue
-                rows = np.nonzero(bits == v)[0] + b.start
-                per_site.setdefault(site, []).append((rows, b.resolved.combined(site, int(v))))
-    plans = {}
-    for site, parts in per_site.items():
-        configs, index, rows, rc = [], {}, [], []
-        for r, cfg in parts:
-            j = index.setdefault(id(cfg), len(configs))
-            if j == len(configs):
-                configs.append(cfg)
-            rows.append(r)
-            rc.append(np.full(len(r), j, dtype=np.int32))
-        plans[site] = SitePlan(rows=torch.from_numpy(np.concatenate(rows)).to(device),
-                               table=tables.get(configs),
-                               row_config=torch.from_numpy(np.concatenate(rc)).to(device))
-    return plans
+@dataclasses.dataclass
+class SiteRows:
+    """The rows of the step one site steers: ``rows`` into the flattened step, each row's ``groups``
+    (its request's row group) and the blocks they come from (for ``mask_of``)."""
+
+    program: SiteProgram
+    rows: Tensor  # [n] int64
+    groups: Tensor  # [n] int64
+    blocks: tuple  # indices into StepPlan.blocks
 
 
-def single_request_plan(resolved: Any, n_tokens: int, n_prompt: int, start_pos: int = 0,
-                        tables: Optional[TableCache] = None, d_model: Optional[int] = None) -> dict:
-    """The plan for one request's rows ``[start_pos, start_pos + n_tokens)`` (for tests and notebooks)."""
-    tables = tables or TableCache(d_model, None)
+class StepPlan:
+    """What every hooked site does in one step (see the module docstring)."""
+
+    def __init__(self, blocks: Sequence[Block], steering: CompiledSteering, sites: dict, device):
+        self.blocks = list(blocks)
+        self.steering = steering
+        self.sites: dict[str, SiteRows] = sites
+        self.device = device
+        self._block_masks = [server_mask_of(torch.from_numpy(np.asarray(b.positions, dtype=np.int64)), b.n_prompt)
+                             for b in self.blocks]
+        self._masks: dict = {}  # (block indices, spec id) -> (spec, mask on device | None)
+
+    def __contains__(self, site: str) -> bool:
+        return site in self.sites
+
+    def rows(self, site: str) -> Tensor:
+        return self.sites[site].rows
+
+    def mask_of(self, site: str):
+        """``mask_of(spec)`` over the rows of ``site``: each block's rows through ``server_mask_of``."""
+        sr = self.sites[site]
+
+        def mask_of(spec):
+            key = (sr.blocks, id(spec))
+            hit = self._masks.get(key)
+            if hit is not None:
+                return hit[1]
+            parts = [self._block_masks[i](spec) for i in sr.blocks]
+            if all(m is None for m in parts):
+                out = None
+            else:
+                out = torch.cat([torch.ones(self.blocks[i].end - self.blocks[i].start, dtype=torch.bool)
+                                 if m is None else m for i, m in zip(sr.blocks, parts)]).to(self.device)
+            self._masks[key] = (spec, out)  # the spec is held: its id cannot be reused meanwhile
+            return out
+        return mask_of
+
+    def steered(self, site: str, h_rows: Float[Tensor, "n d_model"]) -> Optional[Float[Tensor, "n d_model"]]:
+        """The steered values of ``site``'s rows given those rows of the hidden states (``h[rows]``),
+        or ``None`` where nothing applies to them in this step."""
+        sr = self.sites[site]
+        return sr.program.apply(h_rows, sr.groups, self.mask_of(site))
+
+    def apply(self, site: str, h: Float[Tensor, "tokens d_model"]) -> Float[Tensor, "tokens d_model"]:
+        """``h`` (every row of the step) with ``site``'s rows steered: a new tensor, or ``h`` itself
+        where nothing applies."""
+        rows = self.sites[site].rows
+        new = self.steered(site, h[rows])
+        if new is None:
+            return h
+        out = h.clone()
+        out[rows] = new.to(h.dtype)
+        return out
+
+
+def plan_step(blocks: Sequence[Block], compiler: SteeringCache) -> Optional[StepPlan]:
+    """The :class:`StepPlan` of this step, or ``None`` when no block is steered."""
+    steered = [(i, b) for i, b in enumerate(blocks) if b.resolved is not None and b.end > b.start
+               and b.resolved.interventions]
+    if not steered:
+        return None
+    keys: dict[str, int] = {}
+    resolved: list = []
+    for _, b in sorted(steered, key=lambda t: t[1].resolved.key):  # order-free: reordered batches hit
+        if b.resolved.key not in keys:
+            keys[b.resolved.key] = len(resolved)
+            resolved.append(b.resolved)
+    cs = compiler.get(resolved)
+    device = compiler.device
+    per_site: dict[str, list[int]] = {}
+    for j, (_, b) in enumerate(steered):
+        for site in b.resolved.sites:
+            per_site.setdefault(site, []).append(j)
+    plan_blocks = [b for _, b in steered]
+    shared: dict = {}  # block subsets shared by several sites share their index tensors
+    sites: dict[str, SiteRows] = {}
+    for site, js in per_site.items():
+        sub = tuple(js)
+        if sub not in shared:
+            rows = np.concatenate([np.arange(plan_blocks[j].start, plan_blocks[j].end) for j in sub])
+            groups = np.concatenate([np.full(plan_blocks[j].end - plan_blocks[j].start, keys[plan_blocks[j].resolved.key])
+                                     for j in sub])
+            shared[sub] = (torch.from_numpy(rows.astype(np.int64)).to(device),
+                           torch.from_numpy(groups.astype(np.int64)).to(device))
+        rows_t, groups_t = shared[sub]
+        sites[site] = SiteRows(cs.programs[site], rows_t, groups_t, sub)
+    return StepPlan(plan_blocks, cs, sites, device)
+
+
+def single_request_plan(resolved: Any, n_tokens: int, n_prompt: int, start_pos: int = 0, *,
+                        compiler: Optional[SteeringCache] = None, facts: Optional[ModelFacts] = None,
+                        device=None, dtype: torch.dtype = torch.float32) -> Optional[StepPlan]:
+    """The plan for one request's rows at positions ``[start_pos, start_pos + n_tokens)`` (for tests
+    and notebooks); ``compiler`` or the served model's ``facts``."""
+    if compiler is None:
+        if facts is None:
+            raise InputError("expected compiler= or the served model's facts=, found neither")
+        compiler = SteeringCache(facts, device, dtype)
     blk = Block(0, n_tokens, np.arange(start_pos, start_pos + n_tokens), n_prompt, resolved)
-    return plan_step([blk], tables)
+    return plan_step([blk], compiler)

@@ -1,5 +1,5 @@
 """What a request asks for: the steering spec, its parsing, its cache salt, and its resolution into
-per-site kernel configurations.
+interventions (:class:`steerkit.Intervention`), the one value every way of steering lowers to.
 
 A request carries one entry in ``SamplingParams.extra_args`` (the OpenAI-compatible server fills
 ``extra_args`` from the body's ``vllm_xargs``, whose values must be flat, so the spec travels as
@@ -11,16 +11,23 @@ The spec (a JSON object; a ``dict`` works too offline)::
 
     {"artifacts": [{"ref": "name@version", "scale": 1.0}, ...],        # from the steerkit store
      "ops": [{"op": "add", "layers": [15], "vector": [...], "scale": 4.0,
-              "positions": "all" | "prompt" | "generated" | "last" | [absolute positions]},
+              "positions": "all" | "prompt" | "generated" | "last" | [prompt token indices]},
              {"op": "ablate", "layers": [10], "vectors": [[...], ...]},  # orthonormalised here
              {"op": "clamp", "layers": [10], "vector": [...], "value": 2.0}],
      "override": false}                                                 # fingerprint mismatch -> warning
 
+Positions are those of :mod:`steerkit.positions`: ``"all"``, ``"prompt"``, ``"generated"``,
+``"last"`` (the last prompt token), or ints: indices among the prompt tokens, negative ones counting
+from the end of the prompt (``-1`` is the last prompt token). Inline ops act at
+``blocks.{l}.hook_resid_post``.
+
 :func:`parse_spec` validates the shape of a spec (no model or store needed: it runs in the server's
-front end for every request). :func:`resolve` turns a parsed spec into ``{site: [SiteOp]}`` with
-sites ``("resid_post", l)``, ``("attn_out", l)``, ``("mlp_out", l)`` and ``("embed", 0)``,
-using the same translation of artifacts as ``SteerModel.steer`` (``vectors.apply.edits_for``), so
-a request steers a row exactly like steerkit's own generation steers it. :func:`salt` gives the
+front end for every request). :func:`resolve` turns a parsed spec into interventions: stored
+artifacts lower themselves (``artifact.to_interventions(facts, ...)``, exactly what
+``SteerModel.steer`` compiles), inline ops through the :class:`~steerkit.Intervention`
+constructors; sites are made canonical for the server (``blocks.{l}.hook_resid_pre`` with ``l > 0``
+is ``blocks.{l-1}.hook_resid_post``) and the whole steering is compiled once on the CPU, so a spec
+that cannot run fails in the front end, not inside the server's forward pass. :func:`salt` gives the
 prefix-cache salt that keeps KV computed under one steering away from requests with another.
 """
 from __future__ import annotations
@@ -29,20 +36,27 @@ import dataclasses
 import hashlib
 import json
 import math
+import warnings
 from typing import Any, Optional, Sequence, Union
 
 import torch
+
+from steerkit.errors import HookNameError, InputError, SteerkitError
+from steerkit.hooknames import parse as parse_hook
+from steerkit.interventions import Intervention, ModelFacts, compile
+from steerkit.kernels import orthonormalize
+from steerkit.positions import AnyOf, TokenMatch
 
 KEY = "steerkit"
 MAX_ARTIFACTS = 32
 MAX_OPS = 64
 MAX_FLOATS = 1 << 17  # inline numbers per request (a 4096-wide model: 32 vectors)
 MAX_SPEC_CHARS = 4 << 20
-POSITION_RULES = ("all", "prompt", "generated", "last")
+NAMED_POSITIONS = ("all", "prompt", "generated", "last")
 INLINE_OPS = ("add", "ablate", "clamp")
 
 
-class SpecError(ValueError):
+class SpecError(InputError):
     """A steering spec that cannot be applied; the message says what was expected and found."""
 
 
@@ -97,17 +111,14 @@ def _positions(x: Any, what: str) -> Union[str, tuple[int, ...]]:
     if x is None:
         return "all"
     if isinstance(x, str):
-        if x not in POSITION_RULES:
-            raise SpecError(f"expected positions in {POSITION_RULES} or a list of token positions for {what}, "
+        if x not in NAMED_POSITIONS:
+            raise SpecError(f"expected positions in {NAMED_POSITIONS} or a list of prompt token indices for {what}, "
                             f"found {x!r}")
         return x
     if isinstance(x, (list, tuple)) and len(x) <= 65536:
-        ps = tuple(_int(p, f"{what} positions") for p in x)
-        if any(p < 0 for p in ps):
-            raise SpecError(f"expected absolute token positions >= 0 for {what}, found {min(ps)} (negative "
-                            "positions count from the end, which a server does not know while generating)")
-        return ps
-    raise SpecError(f"expected positions as one of {POSITION_RULES} or a list of ints for {what}, found "
+        # indices among the prompt tokens; negative ones count from the end of the prompt
+        return tuple(_int(p, f"{what} positions") for p in x)
+    raise SpecError(f"expected positions as one of {NAMED_POSITIONS} or a list of ints for {what}, found "
                     f"{type(x).__name__}")
 
 
@@ -204,12 +215,12 @@ def request_args(*refs: Union[str, dict], scale: Union[float, Sequence[float]] =
         else:
             arts.append({"ref": r})
     plain = [a for a in arts if "scale" not in a]
-    scales = list(scale) if isinstance(scale, (list, tuple)) else [scale] * len(plain)
+    scales: list = list(scale) if isinstance(scale, (list, tuple)) else [scale] * len(plain)
     if len(scales) != len(plain):
         raise SpecError(f"expected one scale per artifact ({len(plain)}), found {len(scales)}")
     for a, s in zip(plain, scales):
         a["scale"] = float(s)
-    spec = {"artifacts": arts}
+    spec: dict[str, Any] = {"artifacts": arts}
     if ops:
         spec["ops"] = ops
     if override:
@@ -239,182 +250,153 @@ def request_body(model: str, *refs: Union[str, dict], prompt: Optional[str] = No
 
 
 # ------------------------------------------------------------------------------ resolution
-@dataclasses.dataclass
-class SiteOp:
-    """One operation at one site: a kernel configuration and the positions it applies to."""
-
-    config: Any  # steerkit.kernels.SteerConfig
-    positions: Union[str, tuple[int, ...]] = "all"
-    #: ablate/clamp rows, for combining several operations at one site
-    kind: str = "add"
+#: the sites the vLLM plugin hooks (``blocks.0.hook_resid_pre`` is the embedding output)
+SERVER_SITES = ("hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
+MAX_PER_SITE = 30
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Resolved:
-    """A spec turned into operations per site, ready for the planner (see ``plan.py``)."""
+    """A spec as interventions at canonical server sites, ready for the planner (see ``plan.py``).
+    ``key``: the spec's canonical text (equal specs, equal steering)."""
 
     key: str
-    sites: dict  # {(kind, layer): [SiteOp]}
-    notes: list = dataclasses.field(default_factory=list)
-    _combined: dict = dataclasses.field(default_factory=dict, repr=False)
+    interventions: tuple  # tuple[Intervention, ...]
+    notes: tuple = ()
 
-    def combined(self, site, bits: int):
-        """One kernel configuration for the operations of ``site`` whose bit is set in ``bits``."""
-        hit = self._combined.get((site, bits))
-        if hit is None:
-            ops = [op for j, op in enumerate(self.sites[site]) if bits >> j & 1]
-            hit = self._combined[(site, bits)] = combine([op.config for op in ops], where=f"{site[0]} {site[1]}")
-        return hit
+    @property
+    def sites(self) -> tuple:
+        """The sites the interventions act at, in first-use order."""
+        return tuple(dict.fromkeys(iv.site for iv in self.interventions))
 
 
-def combine(configs: list, where: str = ""):
-    """One ``SteerConfig`` doing all of ``configs`` in the kernel's order (ablate/clamp, add, region).
-
-    Injections are summed; ablation and clamp directions are stacked (they must be orthonormal
-    together, as the kernel projects on all of them at once); at most one region."""
-    from steerkit.kernels import SteerConfig
-    if len(configs) == 1:
-        return configs[0]
-    bases, strengths, targets, adds, add_scales, regions = [], [], [], [], [], []
-    for c in configs:
-        if c.basis is not None:
-            k = c.basis.shape[0]
-            bases.append(c.basis.float())
-            strengths.append(torch.as_tensor(c.strength, dtype=torch.float32).expand(k))
-            targets.append(torch.zeros(k) if c.target is None else torch.as_tensor(c.target, dtype=torch.float32).expand(k))
-        if c.add is not None:
-            a = c.add.float() if c.add.dim() == 2 else c.add.float()[None]
-            adds.append(a)
-            add_scales.append(torch.as_tensor(c.add_scale, dtype=torch.float32).expand(a.shape[0]))
-        if c.region is not None:
-            regions.append(c.region)
-    if len(regions) > 1:
-        raise SpecError(f"expected at most one region per site, found {len(regions)} at {where}")
-    kw: dict[str, Any] = {}
-    if bases:
-        B = torch.cat(bases)
-        gram = B @ B.T
-        if (gram - torch.eye(B.shape[0])).abs().max() > 1e-3:
-            raise SpecError(f"expected the ablate/clamp directions applied together at {where} to be orthonormal, "
-                            "found overlapping ones; apply them at different layers or orthogonalise them first")
-        kw.update(basis=B, strength=torch.cat(strengths), target=torch.cat(targets))
-    if adds:
-        kw.update(add=torch.cat(adds), add_scale=torch.cat(add_scales))
-    if regions:
-        kw["region"] = regions[0]
-    return SteerConfig(**kw)
+def _facts(facts: Union[ModelFacts, dict]) -> ModelFacts:
+    if isinstance(facts, ModelFacts):
+        return facts
+    if isinstance(facts, dict):
+        try:
+            return ModelFacts(name=str(facts["name"]), n_layers=int(facts["n_layers"]), d_model=int(facts["d_model"]),
+                              fingerprint=facts.get("fingerprint"), has_resid_mid=bool(facts.get("has_resid_mid", True)))
+        except KeyError as e:
+            raise SpecError(f"expected the served model's facts with name, n_layers, d_model, found no {e}") from None
+    raise SpecError(f"expected the served model's facts as steerkit.ModelFacts, found {type(facts).__name__}")
 
 
-def _site_of(hook: str, n_layers: int) -> tuple[str, int]:
-    from steerkit.hooknames import parse
+def _server_positions(spec, where: str) -> None:
+    """Refuse position specs a server cannot evaluate (it sees no token ids and no padded batch)."""
+    if isinstance(spec, AnyOf):
+        for s in spec.specs:
+            _server_positions(s, where)
+    elif isinstance(spec, TokenMatch):
+        raise SpecError(f"expected positions a server can evaluate at {where} ({NAMED_POSITIONS}, prompt token "
+                        f"indices, ranges, slices), found a token pattern {spec!r}; steer with it in steerkit itself")
+    elif isinstance(spec, torch.Tensor):
+        raise SpecError(f"expected positions a server can evaluate at {where} ({NAMED_POSITIONS}, prompt token "
+                        "indices, ranges, slices), found a bool mask over a padded batch")
+
+
+def canonical_site(iv: Intervention, facts: ModelFacts) -> Intervention:
+    """``iv`` at the site the server hooks for its tensor: ``blocks.{l}.hook_resid_pre`` with ``l > 0``
+    is ``blocks.{l-1}.hook_resid_post``; a site the plugin cannot hook raises :class:`SpecError`."""
     try:
-        s = parse(hook, n_layers)
-    except Exception as e:  # noqa: BLE001 - HookNameError
+        s = parse_hook(iv.site, facts.n_layers, has_resid_mid=facts.has_resid_mid)
+    except HookNameError as e:
         raise SpecError(str(e)) from None
-    if s.kind == "hook_resid_post":
-        return ("resid_post", s.layer)
-    if s.kind == "hook_resid_pre":
-        return ("embed", 0) if s.layer == 0 else ("resid_post", s.layer - 1)
-    if s.kind in ("hook_attn_out", "hook_mlp_out"):
-        return (s.kind[5:], s.layer)
-    raise SpecError(f"expected a site the vLLM plugin can edit (hook_resid_pre/post, hook_attn_out, hook_mlp_out), "
-                    f"found {hook!r}")
+    if s.kind not in SERVER_SITES:
+        raise SpecError(f"expected a site the vLLM plugin can edit (blocks.{{l}}.{{{'|'.join(SERVER_SITES)}}}), "
+                        f"found {iv.site!r}")
+    _server_positions(iv.positions, repr(iv.site))
+    if s.kind == "hook_resid_pre" and s.layer is not None and s.layer > 0:
+        return dataclasses.replace(iv, site=f"blocks.{s.layer - 1}.hook_resid_post")
+    return iv
 
 
-def artifact_ops(art: Any, scale: float, n_layers: int) -> list[tuple[tuple[str, int], SiteOp]]:
-    """The operations of a stored artifact, as ``SteerModel.steer(art, scale)`` applies them."""
-    from steerkit.kernels import SteerConfig
-    from steerkit.vectors import Region
-    from steerkit.vectors.apply import edits_for
-    if isinstance(art, Region):
-        to_kernel = getattr(art, "to_kernel", None)
-        if to_kernel is None:
-            raise SpecError("expected a Region artifact with to_kernel(); update steerkit")
-        return [(_site_of(f"blocks.{art.layer}.{art.hook_site}", n_layers),
-                 SiteOp(SteerConfig(region=to_kernel(strength=float(scale))), "all", "region"))]
-    try:
-        edits = edits_for(art, n_layers, scale)
-    except Exception as e:  # noqa: BLE001 - VectorsError: not appliable
-        raise SpecError(str(e)) from None
-    out = []
-    for op, per_hook, kw in edits:
-        pos = kw.get("positions", "all")
-        pos = _positions(list(pos) if isinstance(pos, (list, tuple)) else pos, "the artifact")
-        for hook, t in per_hook.items():
-            t = t.detach().float().cpu()
-            if op == "add":
-                cfg, kind = SteerConfig.injection(t, float(kw.get("scale", 1.0))), "add"
-            elif op == "clamp":
-                cfg, kind = SteerConfig.clamp(t, float(kw.get("value", 0.0))), "clamp"
-            elif op == "ablate":
-                cfg, kind = SteerConfig.ablation(t if t.dim() == 2 else t[None]), "ablate"
-            else:  # pragma: no cover - edits_for only makes these three
-                raise SpecError(f"expected add, clamp or ablate from the artifact, found {op}")
-            out.append((_site_of(hook, n_layers), SiteOp(cfg, pos, kind)))
-    return out
+def artifact_interventions(art: Any, ref: str, scale: float, facts: ModelFacts, *, override: bool,
+                           check: bool) -> tuple[list[Intervention], list[str]]:
+    """What a stored artifact does (``art.to_interventions``, checked against ``facts``), with the
+    warnings of its check as notes. ``check=False`` applies it whatever its fingerprint says."""
+    to = getattr(art, "to_interventions", None)
+    if to is None:
+        raise SpecError(f"expected artifact {ref!r} to be a kind that steers (a vector, direction set or region), "
+                        f"found {type(art).__name__}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            ivs = to(facts, scale=scale, override=override if check else True)
+        except SteerkitError as e:  # ModelMismatchError, VectorsError, InputError
+            raise SpecError(f"artifact {ref!r} does not fit the served model: {e}") from None
+    notes = [str(w.message) for w in caught] if check else []
+    return list(ivs), notes
 
 
-def inline_ops(op: InlineOp, d_model: int, n_layers: int) -> list[tuple[tuple[str, int], SiteOp]]:
-    from steerkit.kernels import SteerConfig
-    from steerkit.kernels.config import orthonormalize
+def inline_interventions(op: InlineOp, facts: ModelFacts) -> list[Intervention]:
+    """An inline op as interventions at ``blocks.{l}.hook_resid_post`` for each of its layers."""
+    d_model, n_layers = facts.d_model, facts.n_layers
     V = torch.tensor(op.vectors, dtype=torch.float32)
     if V.shape[1] != d_model:
         raise SpecError(f"expected inline vectors of d_model={d_model}, found length {V.shape[1]}")
     bad = [l for l in op.layers if not 0 <= l < n_layers]
     if bad:
         raise SpecError(f"expected layers in 0..{n_layers - 1}, found {bad}")
-    if op.op == "add":
-        cfg = SteerConfig.injection(V[0], op.scale)
-    elif op.op == "clamp":
-        n = V[0].norm()
-        if n == 0:
-            raise SpecError("expected a non-zero clamp direction, found the zero vector")
-        cfg = SteerConfig.clamp(V[0] / n, op.value)
-    else:
+    pos = list(op.positions) if isinstance(op.positions, tuple) else op.positions
+    sites = [f"blocks.{l}.hook_resid_post" for l in op.layers]
+    try:
+        if op.op == "add":
+            return [Intervention.add(s, V[0], op.scale, positions=pos) for s in sites]
+        if op.op == "clamp":
+            if float(V[0].norm()) == 0.0:
+                raise SpecError("expected a non-zero clamp direction, found the zero vector")
+            return [Intervention.clamp(s, V[0], op.value, positions=pos) for s in sites]
         if V.shape[0] > 16:
             raise SpecError(f"expected at most 16 ablation directions, found {V.shape[0]}")
-        cfg = SteerConfig.ablation(orthonormalize(V))
-    return [(("resid_post", l), SiteOp(cfg, op.positions, op.op)) for l in op.layers]
+        B = orthonormalize(V)
+        if B.shape[0] == 0:
+            raise SpecError("expected non-zero ablation directions, found only zero vectors")
+        return [Intervention.ablate(s, B, positions=pos) for s in sites]
+    except SpecError:
+        raise
+    except InputError as e:
+        raise SpecError(f"inline {op.op} at layers {list(op.layers)} is not valid: {e}") from None
 
 
-def resolve(spec: Spec, *, store: Any, facts: dict, check: bool = True) -> Resolved:
-    """Load the spec's artifacts from ``store`` and turn everything into operations per site.
+def check_compiles(interventions: Sequence[Intervention], facts: ModelFacts) -> None:
+    """Compile the steering once on the CPU, one site at a time, so whatever the server's compile
+    would refuse is refused here with its site named."""
+    per_site: dict[str, list[Intervention]] = {}
+    for iv in interventions:
+        per_site.setdefault(iv.site, []).append(iv)
+    for site, ivs in per_site.items():
+        if len(ivs) > MAX_PER_SITE:
+            raise SpecError(f"expected at most {MAX_PER_SITE} operations at one site, found {len(ivs)} at {site!r}")
+        try:
+            compile(ivs, facts, device="cpu")
+        except (InputError, HookNameError) as e:  # shapes, orthonormality, gates, regions, positions
+            raise SpecError(f"steering at {site!r} is not valid: {e}") from None
 
-    ``facts``: the served model's ``{"name", "d_model", "n_layers", "fingerprint"}``; with
-    ``check`` every artifact is checked against them (``override`` in the spec turns a fingerprint
-    or depth mismatch into a note)."""
-    import warnings
 
-    from steerkit.vectors.apply import check_against
-    d_model, n_layers = int(facts["d_model"]), int(facts["n_layers"])
-    sites: dict = {}
-    notes: list = []
+def resolve(spec: Spec, *, store: Any, facts: Union[ModelFacts, dict], check: bool = True) -> Resolved:
+    """Load the spec's artifacts from ``store`` and turn everything into interventions at canonical
+    server sites (see the module docstring), compiled once on the CPU to check them.
+
+    ``facts``: the served model's :class:`~steerkit.ModelFacts` (or a ``{"name", "d_model",
+    "n_layers", "fingerprint"}`` dict); with ``check`` every artifact is checked against them
+    (``override`` in the spec turns a fingerprint or depth mismatch into a note); ``check=False``
+    (the worker: the front end has checked) applies them as they are."""
+    facts = _facts(facts)
+    ivs: list[Intervention] = []
+    notes: list[str] = []
     for a in spec.artifacts:
         try:
             art = store.load(a.ref)
         except Exception as e:  # noqa: BLE001 - unknown name, unsafe name, damaged file
             raise SpecError(f"expected an artifact {a.ref!r} in the store {getattr(store, 'root', store)}, could not "
                             f"load it: {e}") from None
-        if check:
-            try:
-                with warnings.catch_warnings(record=True):
-                    warnings.simplefilter("always")
-                    notes += check_against(art, facts, override=spec.override)
-            except Exception as e:  # noqa: BLE001 - ModelMismatchError
-                raise SpecError(f"artifact {a.ref!r} does not fit the served model: {e}") from None
-        for site, op in artifact_ops(art, a.scale, n_layers):
-            sites.setdefault(site, []).append(op)
+        got, n = artifact_interventions(art, a.ref, a.scale, facts, override=spec.override, check=check)
+        ivs += got
+        notes += n
     for op in spec.ops:
-        for site, sop in inline_ops(op, d_model, n_layers):
-            sites.setdefault(site, []).append(sop)
-    from steerkit.kernels import SteerTable
-    for site, ops in sites.items():  # fail now, in the front end, not inside the server's forward pass
-        if len(ops) > 30:
-            raise SpecError(f"expected at most 30 operations at one site, found {len(ops)} at {site}")
-        try:
-            SteerTable.from_configs([combine([o.config for o in ops], where=f"{site[0]} {site[1]}")], d_model=d_model)
-        except SpecError:
-            raise
-        except ValueError as e:  # SteerConfigError: shapes, orthonormality, region sizes
-            raise SpecError(f"steering at {site[0]} {site[1]} is not valid: {e}") from None
-    return Resolved(spec.canonical(), sites, notes)
+        ivs += inline_interventions(op, facts)
+    ivs = [canonical_site(iv, facts) for iv in ivs]
+    if ivs:
+        check_compiles(ivs, facts)
+    return Resolved(spec.canonical(), tuple(ivs), tuple(notes))

