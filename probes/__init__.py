@@ -10,59 +10,52 @@ How it fits together
   balanced) and every probe as a pickle-free :class:`steerkit.vectors.Probe`
   (:func:`fit_probe`, :func:`pipeline_to_probe`, :func:`probe_scores`).
 * :mod:`.metrics` -- AUROC, Youden thresholds, balanced accuracy, bootstrap intervals, folds.
-* :mod:`.sweep` -- :func:`sweep`: record once, then cross-validate every layer x position x
-  method; a tidy :class:`SweepResult` that saves, plots and fits the chosen cell.
+* :mod:`.sweep` -- :func:`sweep` (``sweep(sm, prompts, labels, ...)``): record once, then
+  cross-validate every layer x position x method; :func:`sweep_activations` on recorded
+  activations; a tidy :class:`SweepResult` that saves, plots and fits the chosen cell.
 * :mod:`.scoring` -- :func:`score_prompts`: a stored probe scores new prompts.
 * ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these.
 
-The published methods built on these finders (the refusal direction of Arditi et al. 2024 in
-:mod:`.refusal`, and later ones; the concise-reasoning region of Hou et al. in :mod:`.region`) return
-artifacts that :mod:`steerkit.vectors` stores.
+The published methods built on these tools live in :mod:`steerkit.probes.methods` (the refusal
+direction of Arditi et al. 2024 in :mod:`.methods.refusal`, the concise-reasoning region of Hou et
+al. in :mod:`.methods.region`, ...), each with a config dataclass and ``run(sm, config)``, listed in
+:data:`steerkit.probes.methods.REGISTRY`; their results save artifacts that :mod:`steerkit.vectors`
+stores. Their public names are re-exported here.
 """
 from .directions import DIRECTION_METHODS, Direction, diff_of_means, find_direction, pca_center, pca_diff
 from .linear import (METHODS, direction_to_probe, fit_logistic, fit_probe, logistic_pipeline, pipeline_to_probe,
                      probe_direction, probe_scores)
 from .metrics import auroc, balanced_accuracy, bootstrap_auroc_ci, youden_threshold
 from .scoring import score_prompts
-from .sweep import SweepResult, cross_validate, record_activations, sweep, sweep_activations
+from .sweep import SweepResult, cross_validate, labels_for, record_activations, sweep, sweep_activations
+from .methods.temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, inject, injection_spec,
+                               linear_decay, order_questions, per_input_taus, profile_from_states, temporal_pairs,
+                               temporal_profile)
+from .methods.norms import AttentionDrift, NormChain, NormProfile, attention_drift, norm_chain, norm_profile
+from .methods.mi import (THINKING_WORDS, MITrajectory, find_peaks, hsic_mi, mi_trajectory, peak_token_counts, thinking_eval,
+                         thinking_token_ids)
+from .methods.caa import AB_ITEMS, ABItem, after_instruction, caa_activations, caa_eval, caa_vector, matching_prob
+from .methods.region import (CONCISE_PROMPT, EVAL_PROMPT, VERBOSE_PROMPT, Problem, RegionResult, Solution, StepBoundaries,
+                             arithmetic_problems, fit_region, gsm8k_problems, parse_answer, region_eval, region_features,
+                             region_spec, run_region, steer_region, step_boundaries, steering_positions)
+from .methods.critique import (ArithTrace, CritiqueResult, CritiqueVector, arithmetic_traces, critique_activations,
+                               critique_sweep, critique_vector, detection_eval, detection_scores, f1_score,
+                               gsm8k_error_traces, logit_lens_tokens, run_critique, steer_critique, trace_pairs)
 
 __all__ = [
     "DIRECTION_METHODS", "METHODS", "Direction", "diff_of_means", "pca_diff", "pca_center", "find_direction",
     "logistic_pipeline", "fit_logistic", "pipeline_to_probe", "direction_to_probe", "fit_probe", "probe_scores",
-    "probe_direction", "auroc", "balanced_accuracy", "bootstrap_auroc_ci", "youden_threshold", "sweep",
-    "sweep_activations", "record_activations", "cross_validate", "SweepResult", "score_prompts",
-]
-from .temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, inject, injection_spec,
-                       linear_decay, order_questions, per_input_taus, profile_from_states, temporal_pairs,
-                       temporal_profile)
-from .norms import AttentionDrift, NormChain, NormProfile, attention_drift, norm_chain, norm_profile
-from .mi import (THINKING_WORDS, MITrajectory, find_peaks, hsic_mi, mi_trajectory, peak_token_counts, thinking_eval,
-                 thinking_token_ids)
-from .caa import AB_ITEMS, ABItem, after_instruction, caa_activations, caa_eval, caa_vector, matching_prob
-
-__all__ += [
-    "OrderItem", "Profile", "TemporalPair", "choice_accuracy", "choose_beta", "inject", "injection_spec",
-    "linear_decay", "order_questions", "per_input_taus", "profile_from_states", "temporal_pairs",
-    "temporal_profile", "NormProfile", "norm_profile", "AttentionDrift", "attention_drift", "NormChain", "norm_chain",
-    "MITrajectory", "find_peaks", "hsic_mi", "mi_trajectory", "peak_token_counts", "thinking_eval",
-    "thinking_token_ids", "THINKING_WORDS", "AB_ITEMS", "ABItem", "after_instruction", "caa_activations", "caa_eval",
-    "caa_vector", "matching_prob",
-]
-from .region import (CONCISE_PROMPT, EVAL_PROMPT, VERBOSE_PROMPT, Problem, RegionResult, Solution, StepBoundaries,
-                     arithmetic_problems, fit_region, gsm8k_problems, parse_answer, region_eval, region_features,
-                     region_spec, run_region, steer_region, step_boundaries, steering_positions)
-
-__all__ += [
+    "probe_direction", "auroc", "balanced_accuracy", "bootstrap_auroc_ci", "youden_threshold", "sweep", "labels_for",
+    "sweep_activations", "record_activations", "cross_validate", "SweepResult", "score_prompts", "OrderItem",
+    "Profile", "TemporalPair", "choice_accuracy", "choose_beta", "inject", "injection_spec", "linear_decay",
+    "order_questions", "per_input_taus", "profile_from_states", "temporal_pairs", "temporal_profile", "NormProfile",
+    "norm_profile", "AttentionDrift", "attention_drift", "NormChain", "norm_chain", "MITrajectory", "find_peaks",
+    "hsic_mi", "mi_trajectory", "peak_token_counts", "thinking_eval", "thinking_token_ids", "THINKING_WORDS",
+    "AB_ITEMS", "ABItem", "after_instruction", "caa_activations", "caa_eval", "caa_vector", "matching_prob",
     "Problem", "Solution", "RegionResult", "StepBoundaries", "arithmetic_problems", "gsm8k_problems", "parse_answer",
     "step_boundaries", "steering_positions", "region_features", "fit_region", "region_spec", "steer_region",
-    "region_eval", "run_region", "VERBOSE_PROMPT", "CONCISE_PROMPT", "EVAL_PROMPT",
-]
-from .critique import (ArithTrace, CritiqueResult, CritiqueVector, arithmetic_traces, critique_activations,
-                       critique_sweep, critique_vector, detection_eval, detection_scores, f1_score,
-                       gsm8k_error_traces, logit_lens_tokens, run_critique, steer_critique, trace_pairs)
-
-__all__ += [
-    "ArithTrace", "CritiqueResult", "CritiqueVector", "arithmetic_traces", "critique_activations", "critique_sweep",
-    "critique_vector", "detection_eval", "detection_scores", "f1_score", "gsm8k_error_traces", "logit_lens_tokens",
-    "run_critique", "steer_critique", "trace_pairs",
+    "region_eval", "run_region", "VERBOSE_PROMPT", "CONCISE_PROMPT", "EVAL_PROMPT", "ArithTrace", "CritiqueResult",
+    "CritiqueVector", "arithmetic_traces", "critique_activations", "critique_sweep", "critique_vector",
+    "detection_eval", "detection_scores", "f1_score", "gsm8k_error_traces", "logit_lens_tokens", "run_critique",
+    "steer_critique", "trace_pairs",
 ]

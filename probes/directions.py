@@ -36,6 +36,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.errors import InputError
+from steerkit.vectors import Probe, Provenance, SteeringVector, prompts_hash
 
 from .metrics import check_labels
 
@@ -44,6 +45,7 @@ __all__ = ["DIRECTION_METHODS", "Direction", "diff_of_means", "pca_diff", "pca_c
 
 DIRECTION_METHODS = ("diffmean", "pca_diff", "pca_center")
 PAIRED_METHODS = ("pca_diff", "pca_center")
+DEFAULT_CLASSES = ("negative", "positive")
 ArrayLike = Tensor | np.ndarray | Sequence
 
 
@@ -129,21 +131,21 @@ def _direction_np(X: np.ndarray, y: np.ndarray, method: str) -> np.ndarray:
 
 
 def diff_of_means(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayLike | None = None
-                  ) -> Float[Tensor, "d_model"]:
+                  ) -> Float[Tensor, " d_model"]:
     """``mean(pos) - mean(neg)``, unnormalised (float64)."""
     X, y = split_xy(pos, neg, labels=labels)
     return torch.from_numpy(X[y == 1].mean(0) - X[y == 0].mean(0))
 
 
 def pca_diff(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayLike | None = None
-             ) -> Float[Tensor, "d_model"]:
+             ) -> Float[Tensor, " d_model"]:
     """Unit first principal component of the (centred) paired differences, positive side up."""
     X, y = split_xy(pos, neg, labels=labels)
     return torch.from_numpy(_direction_np(X, y, "pca_diff"))
 
 
 def pca_center(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayLike | None = None
-               ) -> Float[Tensor, "d_model"]:
+               ) -> Float[Tensor, " d_model"]:
     """Unit first principal component of pair-centred activations, positive side up."""
     X, y = split_xy(pos, neg, labels=labels)
     return torch.from_numpy(_direction_np(X, y, "pca_center"))
@@ -156,13 +158,13 @@ class Direction:
     ``vector`` ``[d_model]`` has unit norm; ``score(x) = (x - midpoint) . vector``.
     """
 
-    vector: Float[Tensor, "d_model"]
+    vector: Float[Tensor, " d_model"]
     method: str
-    pos_mean: Float[Tensor, "d_model"]
-    neg_mean: Float[Tensor, "d_model"]
+    pos_mean: Float[Tensor, " d_model"]
+    neg_mean: Float[Tensor, " d_model"]
 
     @property
-    def midpoint(self) -> Float[Tensor, "d_model"]:
+    def midpoint(self) -> Float[Tensor, " d_model"]:
         return (self.pos_mean + self.neg_mean) / 2
 
     @property
@@ -170,7 +172,7 @@ class Direction:
         """Gap between the class means along the direction (positive by construction)."""
         return float((self.pos_mean - self.neg_mean) @ self.vector)
 
-    def score(self, x: Float[Tensor, "n d_model"] | np.ndarray) -> Float[Tensor, "n"]:
+    def score(self, x: Float[Tensor, "n d_model"] | np.ndarray) -> Float[Tensor, " n"]:
         X = torch.from_numpy(as_matrix(x))
         return (X - self.midpoint) @ self.vector
 
@@ -179,14 +181,12 @@ class Direction:
                            metrics: dict | None = None, position=None):
         """A :class:`~steerkit.vectors.SteeringVector`: the unit direction times the class-mean gap
         along it (for ``diffmean`` that is exactly ``mean(pos) - mean(neg)``)."""
-        from steerkit.vectors import SteeringVector
         return SteeringVector.from_direction(
             (self.vector * self.separation).float(), layer, model, scale=scale, hook_site=hook_site,
             method=self.method, method_params={"position": position}, prompts=prompts, metrics=metrics)
 
     def to_probe(self, layer: int, model: Any = None, **kw):
         """A :class:`~steerkit.vectors.Probe` scoring ``(x - midpoint) . v`` (see :func:`direction_to_probe`)."""
-        from .linear import direction_to_probe
         return direction_to_probe(self, layer, model, **kw)
 
 
@@ -200,3 +200,21 @@ def find_direction(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: Arra
     v = _direction_np(X, y, method)
     return Direction(torch.from_numpy(v), method, torch.from_numpy(X[y == 1].mean(0)),
                      torch.from_numpy(X[y == 0].mean(0)))
+
+
+def _provenance(model: Any, method: str, params: dict, prompts, metrics: dict | None, hook_site: str, d: int):
+    kw = dict(method=method, method_params=dict(params), prompts_hash=prompts_hash(prompts),
+              metrics=dict(metrics or {}), hook_site=hook_site, operation="read")
+    return Provenance.from_model(model, **kw) if model is not None else Provenance(d_model=d, **kw)
+
+
+def direction_to_probe(direction: Direction, layer: int, model: Any = None, *, hook_site: str = "hook_resid_post",
+                       classes: Sequence[str] = DEFAULT_CLASSES, position=None, chat: bool = True,
+                       prompts: Iterable[str] | None = None, metrics: dict | None = None):
+    """Store a direction as a linear :class:`~steerkit.vectors.Probe` scoring ``(x - midpoint) . v``."""
+    v = direction.vector.double()
+    b = -(direction.midpoint.double() @ v)
+    params = {"position": position, "chat": chat, "separation": direction.separation}
+    prov = _provenance(model, direction.method, params, prompts, metrics, hook_site, int(v.shape[0]))
+    return Probe(v[None, :].clone(), b.reshape(1), layer=int(layer), classes=list(classes), hook_site=hook_site,
+                 probe_kind=direction.method, provenance=prov)

@@ -33,13 +33,15 @@ from torch import Tensor
 
 from steerkit.errors import InputError
 
-from .directions import DIRECTION_METHODS, ArrayLike, Direction, _direction_np, as_matrix, find_direction, split_xy
+from steerkit.vectors import Probe
+
+from .directions import (DEFAULT_CLASSES, DIRECTION_METHODS, ArrayLike, _direction_np, _provenance,
+                         as_matrix, direction_to_probe, find_direction, split_xy)
 
 __all__ = ["METHODS", "logistic_pipeline", "fit_logistic", "pipeline_to_probe", "direction_to_probe",
            "probe_scores", "probe_direction", "fit_probe", "fit_scorer"]
 
 METHODS = (*DIRECTION_METHODS, "logistic")
-DEFAULT_CLASSES = ("negative", "positive")
 
 
 def logistic_pipeline(n_samples: int, d_model: int, *, C: float = 1.0, max_components: int = 100, seed: int = 0):
@@ -76,18 +78,10 @@ def fit_logistic(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayL
     return _fit_pipeline(X, y, C=C, seed=seed)
 
 
-def _provenance(model: Any, method: str, params: dict, prompts, metrics: dict | None, hook_site: str, d: int):
-    from steerkit.vectors import Provenance, prompts_hash
-    kw = dict(method=method, method_params=dict(params), prompts_hash=prompts_hash(prompts),
-              metrics=dict(metrics or {}), hook_site=hook_site, operation="read")
-    return Provenance.from_model(model, **kw) if model is not None else Provenance(d_model=d, **kw)
-
-
 def pipeline_to_probe(pipe, layer: int, model: Any = None, *, hook_site: str = "hook_resid_post",
                       classes: Sequence[str] = DEFAULT_CLASSES, position=None, chat: bool = True,
                       prompts: Iterable[str] | None = None, metrics: dict | None = None):
     """Store a fitted logistic pipeline as a :class:`~steerkit.vectors.Probe` (arrays only)."""
-    from steerkit.vectors import Probe
     try:
         sc, pca, lr = pipe.named_steps["scaler"], pipe.named_steps["pca"], pipe.named_steps["logreg"]
     except (AttributeError, KeyError):
@@ -111,20 +105,7 @@ def pipeline_to_probe(pipe, layer: int, model: Any = None, *, hook_site: str = "
                  projection=torch.from_numpy(comps), hook_site=hook_site, probe_kind="logistic", provenance=prov)
 
 
-def direction_to_probe(direction: Direction, layer: int, model: Any = None, *, hook_site: str = "hook_resid_post",
-                       classes: Sequence[str] = DEFAULT_CLASSES, position=None, chat: bool = True,
-                       prompts: Iterable[str] | None = None, metrics: dict | None = None):
-    """Store a direction as a linear :class:`~steerkit.vectors.Probe` scoring ``(x - midpoint) . v``."""
-    from steerkit.vectors import Probe
-    v = direction.vector.double()
-    b = -(direction.midpoint.double() @ v)
-    params = {"position": position, "chat": chat, "separation": direction.separation}
-    prov = _provenance(model, direction.method, params, prompts, metrics, hook_site, int(v.shape[0]))
-    return Probe(v[None, :].clone(), b.reshape(1), layer=int(layer), classes=list(classes), hook_site=hook_site,
-                 probe_kind=direction.method, provenance=prov)
-
-
-def probe_scores(probe, x: Float[Tensor, "n d_model"] | np.ndarray) -> Float[np.ndarray, "n"]:
+def probe_scores(probe, x: Float[Tensor, "n d_model"] | np.ndarray) -> Float[np.ndarray, " n"]:
     """Decision values (logits; higher = positive class) of a stored probe, in float64."""
     X = torch.from_numpy(as_matrix(x))
     if X.shape[1] != probe.d_model:
@@ -136,7 +117,7 @@ def probe_scores(probe, x: Float[Tensor, "n d_model"] | np.ndarray) -> Float[np.
     return s[:, 0].numpy()
 
 
-def probe_direction(probe) -> Float[Tensor, "d_model"]:
+def probe_direction(probe) -> Float[Tensor, " d_model"]:
     """The probe's decision direction in activation space (unit norm): ``d score / d x``."""
     w = probe.weight.double()[0]
     if probe.projection is not None:

@@ -47,7 +47,7 @@ def check_labels(y, n: int | None = None, *, what: str = "labels") -> np.ndarray
     return y.astype(np.int64)
 
 
-def auroc(y: Int[np.ndarray, "n"], scores: Float[np.ndarray, "n"]) -> float:
+def auroc(y: Int[np.ndarray, " n"], scores: Float[np.ndarray, " n"]) -> float:
     """Area under the ROC curve (probability a random positive outscores a random negative)."""
     y = np.asarray(y).astype(bool)
     s = np.asarray(scores, dtype=np.float64)
@@ -59,14 +59,14 @@ def auroc(y: Int[np.ndarray, "n"], scores: Float[np.ndarray, "n"]) -> float:
 
 
 def auroc_rows(pos_scores: Float[np.ndarray, "b n_pos"], neg_scores: Float[np.ndarray, "b n_neg"]
-               ) -> Float[np.ndarray, "b"]:
+               ) -> Float[np.ndarray, " b"]:
     """AUROC of each row: positives' scores in ``pos_scores[i]``, negatives' in ``neg_scores[i]``."""
     n_pos, n_neg = pos_scores.shape[1], neg_scores.shape[1]
     r = rankdata(np.concatenate([pos_scores, neg_scores], axis=1), axis=1)
     return (r[:, :n_pos].sum(1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
-def youden_threshold(y: Int[np.ndarray, "n"], scores: Float[np.ndarray, "n"]) -> float:
+def youden_threshold(y: Int[np.ndarray, " n"], scores: Float[np.ndarray, " n"]) -> float:
     """The cut maximising TPR - FPR on these scores; predict positive when ``score > threshold``.
 
     Candidates are the midpoints between consecutive distinct scores, and one below the
@@ -87,14 +87,14 @@ def youden_threshold(y: Int[np.ndarray, "n"], scores: Float[np.ndarray, "n"]) ->
     return float(cand[int(np.argmax(tpr - fpr))])
 
 
-def balanced_accuracy(y: Int[np.ndarray, "n"], pred: Int[np.ndarray, "n"]) -> float:
+def balanced_accuracy(y: Int[np.ndarray, " n"], pred: Int[np.ndarray, " n"]) -> float:
     """Mean of the true-positive and true-negative rates."""
     y = np.asarray(y).astype(bool)
     p = np.asarray(pred).astype(bool)
     return float(0.5 * ((p & y).sum() / y.sum() + (~p & ~y).sum() / (~y).sum()))
 
 
-def bootstrap_auroc_ci(y: Int[np.ndarray, "n"], scores: Float[np.ndarray, "n"], *, n_boot: int = 500,
+def bootstrap_auroc_ci(y: Int[np.ndarray, " n"], scores: Float[np.ndarray, " n"], *, n_boot: int = 500,
                        alpha: float = 0.05, seed: int = 0) -> tuple[float, float]:
     """Percentile ``1 - alpha`` interval of the AUROC over a stratified bootstrap of the samples."""
     y = np.asarray(y).astype(bool)
@@ -110,8 +110,8 @@ def bootstrap_auroc_ci(y: Int[np.ndarray, "n"], scores: Float[np.ndarray, "n"], 
     return float(lo), float(hi)
 
 
-def make_folds(y: Int[np.ndarray, "n"], n_folds: int = 5, *, groups: Int[np.ndarray, "n"] | None = None,
-               seed: int = 0) -> Int[np.ndarray, "n"]:
+def make_folds(y: Int[np.ndarray, " n"], n_folds: int = 5, *, groups: Int[np.ndarray, " n"] | None = None,
+               seed: int = 0) -> Int[np.ndarray, " n"]:
     """A fold id in ``[0, n_folds)`` per sample: stratified K-fold, or K-fold over ``groups``."""
     y = np.asarray(y)
     if n_folds < 2:

@@ -13,15 +13,19 @@ logits: higher means the probe's positive class (``probe.classes[-1]``); the pro
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from jaxtyping import Float
 
 from steerkit.errors import InputError
+from steerkit.vectors import ModelMismatchError, check_compatible
 
 from .linear import probe_scores
 from .sweep import record_activations
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 __all__ = ["score_prompts", "probe_position"]
 
@@ -31,10 +35,9 @@ def probe_position(probe) -> int | str:
     return "last" if p is None else p
 
 
-def score_prompts(sm, probe, prompts: Sequence[str], *, chat: bool | None = None, batch_size: int = 16,
-                  override: bool = False) -> Float[np.ndarray, "n"]:
+def score_prompts(sm: "SteerModel", probe, prompts: Sequence[str], *, chat: bool | None = None, batch_size: int = 16,
+                  override: bool = False) -> Float[np.ndarray, " n"]:
     """Per-prompt probe scores (logits, float64) at the probe's layer, hook and position."""
-    from steerkit.vectors import ModelMismatchError, check_compatible
     try:
         check_compatible(probe, sm, override=override)
     except ModelMismatchError as e:

@@ -22,18 +22,20 @@ How it works
    picks its ``best`` cell, plots (``plot``: plotly, imported lazily, else matplotlib) and fits
    a stored :class:`~steerkit.vectors.Probe` on every sample at any cell (``fit``).
 
-:func:`sweep` is the one-call entry point: ``sweep(sm, pos_prompts, neg_prompts, ...)`` records
-then sweeps; ``sweep(acts, labels=y)`` or ``sweep(pos_acts, neg_acts)`` sweeps given
-activations (``[layer, n, d_model]`` or a ``{position: tensor}`` dict).
+:func:`sweep` is the one-call entry point on a model: ``sweep(sm, prompts, labels, hooks=...,
+positions=..., method=...)`` records then sweeps (``sweep(sm, *labels_for(pos, neg), ...)`` for two
+prompt sets); :func:`sweep_activations` sweeps activations already recorded (``[layer, n, d_model]`` or
+a ``{position: tensor}`` dict) with their labels.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -41,14 +43,19 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.errors import InputError
+from steerkit.hooknames import resid_post
+from steerkit.vectors.provenance import prompts_hash
 
 from .directions import PAIRED_METHODS, pair_indices
 from .linear import METHODS, fit_probe, fit_scorer
 from .metrics import (auroc, balanced_accuracy, bootstrap_auroc_ci, check_labels, make_folds,
                       youden_threshold)
 
-__all__ = ["record_activations", "sweep_activations", "sweep", "SweepResult", "cross_validate", "CVResult",
-           "position_label"]
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
+
+__all__ = ["record_activations", "sweep_activations", "sweep", "labels_for", "SweepResult", "cross_validate",
+           "CVResult", "position_label"]
 
 COLUMNS = ("layer", "hook", "position", "method", "auroc", "auroc_ci_low", "auroc_ci_high", "balanced_accuracy",
            "n_pos", "n_neg", "n_folds")
@@ -66,7 +73,7 @@ def position_label(p) -> str:
 
 
 @torch.inference_mode()
-def record_activations(sm, prompts: Sequence[str], *, hooks: str | Iterable[str] | None = None,
+def record_activations(sm: "SteerModel", prompts: Sequence[str], *, hooks: str | Iterable[str] | None = None,
                        positions: Sequence[int | str] = ("last",), chat: bool = True, batch_size: int = 16
                        ) -> dict[str, Float[Tensor, "hook n d_model"]]:
     """Record ``hooks`` (default: every block's ``hook_resid_post``) in one pass; one tensor per position.
@@ -79,7 +86,6 @@ def record_activations(sm, prompts: Sequence[str], *, hooks: str | Iterable[str]
     causal model's activation there does not depend on later tokens). Returns float32
     ``{position: [hook, n, d]}``.
     """
-    import contextlib
     prompts = list(prompts)
     if not prompts:
         raise InputError("expected at least one prompt to record, found an empty list")
@@ -88,7 +94,6 @@ def record_activations(sm, prompts: Sequence[str], *, hooks: str | Iterable[str]
     labels = list(dict.fromkeys(position_label(p) for p in positions))
     if not labels:
         raise InputError("expected at least one position, found none")
-    from steerkit.hooknames import resid_post
     names = sm.hooks._names(hooks if hooks is not None else resid_post(range(sm.n_layers)))
     specs = {p: ("prompt" if p == "mean" else "last" if p == "last" else "generated" if p == "first_generated"
                  else [int(p)]) for p in labels}
@@ -160,11 +165,11 @@ def cross_validate(X: Float[np.ndarray, "n d"], y, method: str, folds, *, seed: 
     return CVResult(scores, pred, thr, folds)
 
 
-def _normalize_acts(acts) -> dict[str, np.ndarray]:
+def _normalize_acts(acts, position: str = "given") -> dict[str, np.ndarray]:
     if isinstance(acts, Mapping):
         items = list(acts.items())
     else:
-        items = [("-", acts)]
+        items = [(position, acts)]
     out = {}
     for p, a in items:
         if isinstance(a, Tensor):
@@ -186,8 +191,11 @@ def sweep_activations(acts: Float[Tensor, "layer n d_model"] | Float[np.ndarray,
                       labels, *, method: str | Sequence[str] = "logistic", layers: Sequence[int] | None = None,
                       hooks: Sequence[str] | None = None, n_folds: int = 5, n_boot: int = 500, seed: int = 0,
                       meta: dict | None = None, paired: bool | None = None, folds=None,
-                      n_threads: int | None = 1) -> "SweepResult":
+                      n_threads: int | None = 1, position: str = "given") -> "SweepResult":
     """Sweep every layer x position x method of ``acts`` (``[layer, n, d]`` or ``{position: [layer, n, d]}``).
+
+    ``labels``: one 0/1 label per sample (the ``n`` axis). ``position``: the position label the rows
+    of a bare ``[layer, n, d]`` array get (a dict names its positions itself).
 
     ``paired``: fold over contrast pairs (the k-th positive with the k-th negative) rather than
     over samples. ``None`` (default) pairs only when a paired method is in the sweep; pass
@@ -202,12 +210,16 @@ def sweep_activations(acts: Float[Tensor, "layer n d_model"] | Float[np.ndarray,
     from threadpoolctl import threadpool_limits
     with threadpool_limits(limits=n_threads):
         return _sweep_activations(acts, labels, method=method, layers=layers, hooks=hooks, n_folds=n_folds,
-                                  n_boot=n_boot, seed=seed, meta=meta, paired=paired, folds=folds)
+                                  n_boot=n_boot, seed=seed, meta=meta, paired=paired, folds=folds,
+                                  position=str(position))
 
 
-def _sweep_activations(acts, labels, *, method, layers, hooks, n_folds, n_boot, seed, meta, paired, folds
-                       ) -> "SweepResult":
-    A = _normalize_acts(acts)
+def _sweep_activations(acts, labels, *, method, layers, hooks, n_folds, n_boot, seed, meta, paired, folds,
+                       position) -> "SweepResult":
+    if labels is None:
+        raise InputError("expected sweep_activations(acts, labels, ...) with one 0/1 label per sample, found "
+                         "labels=None")
+    A = _normalize_acts(acts, position)
     L, n, d = next(iter(A.values())).shape
     y = check_labels(labels.cpu().numpy() if isinstance(labels, Tensor) else labels, n)
     for p, a in A.items():
@@ -259,57 +271,52 @@ def _sweep_activations(acts, labels, *, method, layers, hooks, n_folds, n_boot, 
     return SweepResult(rows, info, _acts=A, _labels=y, _layers=layers, _hooks=hooks)
 
 
-def sweep(sm_or_acts, pos=None, neg=None, *, labels=None, hooks=None, positions: Sequence[int | str] = ("last",),
-          method: str | Sequence[str] = "logistic", n_folds: int = 5, n_boot: int = 500, seed: int = 0,
-          chat: bool = True, batch_size: int = 16, paired: bool | None = None, n_threads: int | None = 1
-          ) -> "SweepResult":
-    """Record once and sweep every hook x position (x method); or sweep given activations.
+def labels_for(pos: Sequence[str], neg: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """``(pos + neg, labels)``: the prompts of two sets and their 0/1 labels (1 = ``pos``), for
+    ``sweep(sm, *labels_for(pos, neg), ...)``."""
+    for what, xs in (("pos", pos), ("neg", neg)):
+        if isinstance(xs, str):
+            raise InputError(f"expected a list of {what} prompts, found a single string; wrap it in a list")
+    pos, neg = list(pos), list(neg)
+    return pos + neg, np.r_[np.ones(len(pos), np.int64), np.zeros(len(neg), np.int64)]
 
-    ``sweep(sm, pos_prompts, neg_prompts, hooks=..., positions=[-1, "mean"], method="logistic")``,
-    ``sweep(sm, prompts, labels=y, ...)``, ``sweep(acts, labels=y)`` or ``sweep(pos_acts, neg_acts)``.
+
+def _is_acts(x) -> bool:
+    return isinstance(x, (Tensor, np.ndarray, Mapping))
+
+
+def sweep(sm: "SteerModel", prompts: Sequence[str], labels=None, *, hooks=None,
+          positions: Sequence[int | str] = ("last",), method: str | Sequence[str] = "logistic", n_folds: int = 5,
+          n_boot: int = 500, seed: int = 0, chat: bool = True, batch_size: int = 16, paired: bool | None = None,
+          n_threads: int | None = 1) -> "SweepResult":
+    """Record ``prompts`` once and sweep every hook x position x method against ``labels`` (one 0/1 per prompt).
+
+    ``sweep(sm, prompts, labels, hooks=..., positions=[-1, "mean"], method="logistic")``; for two prompt
+    sets, ``sweep(sm, *labels_for(pos, neg), ...)``. Activations already recorded go to
+    :func:`sweep_activations`.
     """
-    if isinstance(sm_or_acts, (Tensor, np.ndarray, Mapping)):
-        if pos is not None and labels is not None:
-            raise InputError("expected sweep(acts, labels=y) or sweep(pos_acts, neg_acts), found both")
-        if pos is not None:
-            P, N = _normalize_acts(sm_or_acts), _normalize_acts(pos)
-            if P.keys() != N.keys():
-                raise InputError(f"expected the same positions for both sets, found {list(P)} and {list(N)}")
-            acts = {k: np.concatenate([P[k], N[k]], 1) for k in P}
-            n_p, n_n = next(iter(P.values())).shape[1], next(iter(N.values())).shape[1]
-            labels = np.r_[np.ones(n_p, np.int64), np.zeros(n_n, np.int64)]
-            if isinstance(sm_or_acts, (Tensor, np.ndarray)):
-                acts = acts["-"]
-        else:
-            acts = sm_or_acts
-        if labels is None:
-            raise InputError("expected labels=... (or a second activation set) with activations, found none")
-        return sweep_activations(acts, labels, method=method, n_folds=n_folds, n_boot=n_boot, seed=seed,
-                                 paired=paired, n_threads=n_threads)
-    sm = sm_or_acts
-    if pos is None:
-        raise InputError("expected prompts: sweep(sm, pos_prompts, neg_prompts) or sweep(sm, prompts, labels=y)")
-    if isinstance(pos, str) or isinstance(neg, str):
-        raise InputError("expected lists of prompts, found a single string; wrap it in a list")
-    if neg is not None and labels is not None:
-        raise InputError("expected sweep(sm, pos_prompts, neg_prompts) or sweep(sm, prompts, labels=y), found "
-                         "both neg prompts and labels")
-    if neg is not None:
-        prompts = list(pos) + list(neg)
-        labels = np.r_[np.ones(len(pos), np.int64), np.zeros(len(neg), np.int64)]
-    elif labels is None:
-        raise InputError("expected neg prompts or labels=..., found neither")
-    else:
-        prompts = list(pos)
-    from steerkit.hooknames import resid_post
+    if _is_acts(sm) or _is_acts(prompts):
+        found = sm if _is_acts(sm) else prompts
+        raise InputError(f"expected sweep(sm, prompts, labels, ...) with a model and a list of prompts, found "
+                         f"{type(found).__name__} activations; sweep recorded activations with "
+                         "sweep_activations(acts, labels, ...)")
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise InputError(f"expected a list of prompts, found {type(prompts).__name__}; wrap a single prompt in "
+                         "a list")
+    prompts = list(prompts)
+    if labels is None or isinstance(labels, str) or (
+            isinstance(labels, Sequence) and any(isinstance(x, str) for x in labels)):
+        raise InputError("expected sweep(sm, prompts, labels, ...) with one 0/1 label per prompt, found "
+                         f"{'no labels' if labels is None else 'prompts (strings) as labels'}; for two prompt sets "
+                         "call sweep(sm, *labels_for(pos, neg), ...)")
     names = sm.hooks._names(hooks if hooks is not None else resid_post(range(sm.n_layers)))
     layers = [sm.hooks.parse(h).layer for h in names]
     if any(l is None for l in layers):
         layers = list(range(len(names)))
+    y = check_labels(labels.cpu().numpy() if isinstance(labels, Tensor) else labels, len(prompts))
     acts = record_activations(sm, prompts, hooks=names, positions=positions, chat=chat, batch_size=batch_size)
-    from steerkit.vectors.provenance import prompts_hash
     meta = {"model": sm.name, "chat": chat, "prompts_hash": prompts_hash(prompts)}
-    res = sweep_activations(acts, labels, method=method, layers=layers, hooks=names, n_folds=n_folds,
+    res = sweep_activations(acts, y, method=method, layers=layers, hooks=names, n_folds=n_folds,
                             n_boot=n_boot, seed=seed, meta=meta, paired=paired, n_threads=n_threads)
     res._model = sm
     res._prompts = prompts
@@ -469,7 +476,10 @@ class SweepResult:
             ax.plot(x, [r[metric] for r in rs], marker="o", label=f"{m} @ {pos}")
             if band:
                 ax.fill_between(x, [r["auroc_ci_low"] for r in rs], [r["auroc_ci_high"] for r in rs], alpha=0.2)
-        ax.set_xlabel("layer"); ax.set_ylabel(metric); ax.set_title(title); ax.legend()
+        ax.set_xlabel("layer")
+        ax.set_ylabel(metric)
+        ax.set_title(title)
+        ax.legend()
         return fig
 
     # --- fitting the chosen cell --------------------------------------------------

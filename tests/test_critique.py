@@ -1,14 +1,16 @@
-"""The hidden critique vector (Phan et al. 2026; probes/critique.py).
+"""The hidden critique vector (Phan et al. 2026; probes/methods/critique.py).
 
 Generator properties, the vector and the steering on a tiny random model (checked against independent
 computations), the F1 arithmetic, input errors, and one tiny end-to-end run on the default model.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
-from steerkit.probes import critique as K
+from steerkit.probes.methods import critique as K
 from tiny_models import tiny_model
 
 from steerkit.errors import InputError
@@ -154,6 +156,8 @@ def test_sweep_rows_and_result(tiny):
     assert len(d["lens"]["0"]["top"]) == 3
     fig = res.plot()
     assert len(fig.data) == 2 and list(fig.data[0].x) == [-1.0, 0.0, 1.0]
+    j = json.loads(json.dumps(res.to_json()))
+    assert j["rows"] == json.loads(json.dumps(d["rows"])) and j["saved_layer"] == res.best()["layer"]
     sv = K.to_artifact(sm, res, 1)
     assert sv.layers == [1] and sv.provenance.method == K.METHOD
     assert sv.provenance.method_params["contrast"] == "error"

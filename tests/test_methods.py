@@ -1,9 +1,15 @@
-"""Temporal profile + injection, norm growth, HSIC MI peaks and CAA (probes/temporal, norms, mi, caa).
+"""Temporal profile + injection, norm growth, HSIC MI peaks and CAA (probes/methods/temporal, norms, mi, caa),
+and the registry of every method (steerkit.probes.methods.REGISTRY).
 
 Mechanics on tiny random models with planted structure; one short end-to-end check on the default
 model (SmolLM2-135M-Instruct).
 """
 from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import sys
 
 import numpy as np
 import pytest
@@ -11,10 +17,14 @@ import torch
 
 from steerkit.errors import InputError
 from steerkit.model import wrap
-from steerkit.probes import caa as C
-from steerkit.probes import mi as M
-from steerkit.probes import norms as N
-from steerkit.probes import temporal as T
+from steerkit.probes.methods import REGISTRY, Method
+from steerkit.probes.methods import caa as C
+from steerkit.probes.methods import critique as K
+from steerkit.probes.methods import mi as M
+from steerkit.probes.methods import norms as N
+from steerkit.probes.methods import refusal as R
+from steerkit.probes.methods import region as RG
+from steerkit.probes.methods import temporal as T
 from tiny_models import tiny_model
 
 torch.set_num_threads(1)
@@ -84,8 +94,8 @@ def test_temporal_profile_on_tiny_model_with_planted_direction():
     def count(x):
         calls["n"] += 1
         return x
-    with sm.edit_op("fn", {"blocks.1.hook_resid_post": plant(1), "blocks.2.hook_resid_pre": plant(-1)}), \
-            sm.edit_op("fn", {"blocks.2.hook_resid_post": count}):
+    with sm.edit({"blocks.1.hook_resid_post": plant(1), "blocks.2.hook_resid_pre": plant(-1)}, op="fn"), \
+            sm.edit({"blocks.2.hook_resid_post": count}, op="fn"):
         prof = T.temporal_profile(sm, [(p[0], p[0]) for p in pairs], batch_size=16)
     # identical texts: the only ordered-vs-reversed difference is the planted one, at block 1's output
     assert prof.peak_layer == 1
@@ -357,3 +367,68 @@ def test_result_objects_plot():
     assert len(n.plot().data) == 3
     tr = M.MITrajectory(1, np.array([1.0, 3.0, 1.0]), ["a", "b", "c"], [1])
     assert len(tr.plot().data) == 2
+    for r in (p, n, tr):  # JSON round trip of the to_json form
+        assert json.loads(json.dumps(r.to_json())) == r.to_dict()
+    assert json.loads(json.dumps(tr.to_json()))["peak_tokens"] == ["b"]
+
+
+# --------------------------------------------------------------------------- the registry
+def _tiny_configs():
+    return {
+        "refusal": R.RefusalConfig(n_train=6, n_val=4, n_test=4, max_new_tokens=3, min_keep=100),
+        "temporal": T.TemporalConfig(n_pairs=4, eval=4, n_dev=4, betas=(0.0, 1.0)),
+        "norms": N.NormsConfig(prompts=("hi", "what is 2+2?"), drift_tokens=3, passes=2),
+        "mi-peaks": M.MIConfig(n=1, max_new_tokens=4, eval="arith", n_eval=2, eval_tokens=4, thinking_words=("a", "e")),
+        "caa": C.CAAConfig(layers=(0, 1), multipliers=(-1.0, 0.0, 1.0)),
+        "region": RG.RegionConfig(n_train=4, n_test=2, max_new_tokens=8, train_max_new_tokens=8, keep="all",
+                                  n_components=2, n_clusters=2),
+        "critique": K.CritiqueConfig(n=2, n_eval=2, layers=(0, 1), alphas=(-1.0, 0.0, 1.0)),
+    }
+
+
+KEYS = {"refusal": {"metrics", "candidates", "probe", "samples"}, "temporal": {"profile", "source_layer", "eval"},
+        "norms": {"norms", "chain", "drift"}, "mi-peaks": {"mi", "peak_tokens", "thinking_eval"}, "caa": {"caa"},
+        "region": {"layer", "fit", "train", "eval"}, "critique": {"rows", "norms", "best", "saved_layer"}}
+
+
+def _result_type(m):
+    ann = inspect.signature(m.run).return_annotation
+    return getattr(sys.modules[m.run.__module__], ann) if isinstance(ann, str) else ann
+
+
+def test_every_registry_entry_has_a_cli_verb_a_config_and_a_result_with_to_json_and_plot():
+    from steerkit.cli import build_parser
+    from steerkit.cli import refusal as cli_refusal
+    assert set(REGISTRY) == set(_tiny_configs()) == {"refusal", "temporal", "norms", "mi-peaks", "caa", "region",
+                                                     "critique"}
+    p = build_parser()
+    for name, m in REGISTRY.items():
+        assert isinstance(m, Method) and m.name == name and m.summary and callable(m.run)
+        assert dataclasses.is_dataclass(m.config) and isinstance(m.config(), m.config)  # defaults build
+        assert list(inspect.signature(m.run).parameters)[:2] == ["sm", "config"]
+        a = p.parse_args([name])  # the CLI verb of the same name
+        assert a.func is (cli_refusal.run if name == "refusal" else a.func) and callable(a.func)
+        if name != "refusal":
+            assert a.method == name
+        res_t = _result_type(m)
+        assert callable(getattr(res_t, "to_json", None)) and callable(getattr(res_t, "plot", None)), name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        REGISTRY["caa"].name = "other"
+
+
+def test_every_registry_method_runs_on_a_tiny_model_and_its_result_serialises_and_plots():
+    pytest.importorskip("plotly")
+    sm = _sm(max_position_embeddings=2048)
+    for name, cfg in _tiny_configs().items():
+        m = REGISTRY[name]
+        assert isinstance(cfg, m.config)
+        res = m.run(sm, cfg, progress=False)
+        assert isinstance(res, _result_type(m)), name
+        d = res.to_json()
+        back = json.loads(json.dumps(d, allow_nan=False))  # plain JSON: no NaN, no tensors
+        assert isinstance(d, dict) and set(back) == set(d) and KEYS[name] <= set(back), (name, sorted(back))
+        fig = res.plot()
+        assert type(fig).__name__ == "Figure" and len(fig.data) >= 1, name
+        if hasattr(res, "artifacts"):
+            assert all(isinstance(k, str) for k in res.artifacts(sm)), name
+        assert sm.hook_count() == 0, name

@@ -15,7 +15,7 @@ import torch
 from steerkit.errors import InputError
 from steerkit.probes import (SweepResult, auroc, balanced_accuracy, bootstrap_auroc_ci, cross_validate,
                              diff_of_means, find_direction, fit_logistic, fit_probe, logistic_pipeline,
-                             pca_center, pca_diff, pipeline_to_probe, probe_direction, probe_scores,
+                             labels_for, pca_center, pca_diff, pipeline_to_probe, probe_direction, probe_scores,
                              record_activations, score_prompts, sweep, sweep_activations, youden_threshold)
 from steerkit.probes.metrics import make_folds
 
@@ -52,7 +52,7 @@ def test_planted_direction_recovered_and_found_by_sweep():
     p = fit_probe(acts[2], labels=y, layer=2)
     assert float(probe_direction(p) @ torch.from_numpy(u)) > 0.8  # the scaled/PCA'd classifier, roughly
 
-    res = sweep(acts, labels=y, method=["logistic", "diffmean", "pca_diff", "pca_center"])
+    res = sweep_activations(acts, y, method=["logistic", "diffmean", "pca_diff", "pca_center"])
     assert len(res) == 5 * 4 and res.meta["fold_unit"] == "pair"  # paired methods fold by pair
     for r in res.rows:
         if r["layer"] == 2:
@@ -61,8 +61,8 @@ def test_planted_direction_recovered_and_found_by_sweep():
             assert abs(r["auroc"] - 0.5) < 0.2, r
         assert r["auroc_ci_low"] <= r["auroc"] <= r["auroc_ci_high"]
     assert res.best()["layer"] == 2
-    # the same through the two-set form, and the [layer, n, d] tensor form
-    res2 = sweep(torch.from_numpy(acts[:, :40]), torch.from_numpy(acts[:, 40:]), method="diffmean", paired=True)
+    # the same from a [layer, n, d] tensor
+    res2 = sweep_activations(torch.from_numpy(acts), torch.from_numpy(y), method="diffmean", paired=True)
     assert [r["auroc"] for r in res2.rows] == [r["auroc"] for r in res.select(method="diffmean")]
 
 
@@ -186,32 +186,54 @@ def test_bad_inputs_give_clear_errors():
     X = rng.normal(size=(20, 8))
     y = np.r_[np.ones(10), np.zeros(10)].astype(int)
     with pytest.raises(InputError, match="both classes"):
-        sweep(X[None], labels=np.ones(20, int))
+        sweep_activations(X[None], np.ones(20, int))
     with pytest.raises(InputError, match="at least n_folds=5 samples of each class"):
-        sweep(X[None, :8], labels=np.r_[np.ones(4), np.zeros(4)].astype(int))
+        sweep_activations(X[None, :8], np.r_[np.ones(4), np.zeros(4)].astype(int))
     with pytest.raises(InputError, match="same width"):
         diff_of_means(X[:10], X[10:, :7])
     with pytest.raises(InputError, match="expected 20 labels"):
         find_direction(X, labels=y[:19])
     with pytest.raises(InputError, match=r"\[layer, n_samples, d_model\]"):
-        sweep(np.zeros((2, 3, 4, 5)), labels=y)
+        sweep_activations(np.zeros((2, 3, 4, 5)), y)
     bad = X.copy()
     bad[3, 2] = np.nan
     with pytest.raises(InputError, match=r"NaN or inf in rows \[3\]"):
         fit_probe(bad, labels=y, layer=0)
     with pytest.raises(InputError, match="NaN or inf"):
-        sweep(bad[None], labels=y)
+        sweep_activations(bad[None], y)
     with pytest.raises(InputError, match="as many positives as negatives"):
         pca_diff(X[:10], X[10:18])
     with pytest.raises(InputError, match="expected methods in"):
-        sweep(X[None], labels=y, method="svm")
+        sweep_activations(X[None], y, method="svm")
     with pytest.raises(InputError, match="binary labels"):
         find_direction(X, labels=np.arange(20) % 3)
 
 
+def test_sweep_takes_a_model_prompts_and_labels_only(tiny_dir):
+    import steerkit
+    acts, y, _ = planted(L=2, n=10, d=4, layer=1)
+    with pytest.raises(InputError, match=r"sweep_activations\(acts, labels"):
+        sweep(acts, y)
+    with pytest.raises(InputError, match=r"sweep_activations\(acts, labels"):
+        sweep({"last": acts}, y)
+    sm = steerkit.load_model(tiny_dir)
+    with pytest.raises(InputError, match=r"labels_for\(pos, neg\)"):
+        sweep(sm, POS, NEG)  # two prompt sets: labels_for builds (prompts, labels)
+    with pytest.raises(InputError, match="one 0/1 label per prompt"):
+        sweep(sm, POS + NEG, None)
+    with pytest.raises(InputError, match="expected 12 labels"):
+        sweep(sm, POS + NEG, [1, 0])
+    prompts, labels = labels_for(POS, NEG)
+    assert prompts == POS + NEG and labels.tolist() == [1] * 6 + [0] * 6
+    with pytest.raises(InputError, match="single string"):
+        labels_for("one prompt", NEG)
+    res = sweep_activations(acts[:, :, :], y, method="diffmean", n_boot=20, position="last")
+    assert {r["position"] for r in res.rows} == {"last"}
+
+
 def test_sweep_result_saves_reloads_and_plots(tmp_path):
     acts, y, _ = planted(L=3, n=20, d=8, layer=1)
-    res = sweep({"last": acts, "mean": acts[::-1].copy()}, labels=y, method="diffmean", n_boot=100)
+    res = sweep_activations({"last": acts, "mean": acts[::-1].copy()}, y, method="diffmean", n_boot=100)
     assert len(res) == 6 and {r["position"] for r in res.rows} == {"last", "mean"}
     assert res.best(position="mean")["layer"] == 1 and res.best(position="last")["layer"] == 1
     text = res.to_csv(tmp_path / "s.csv")
@@ -253,7 +275,7 @@ def test_record_sweep_fit_and_score_on_tiny_model(tiny_dir):
         sm.forward(POS + NEG)
     torch.testing.assert_close(acts["last"], c1.stack(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(acts["-3"], c3.stack()[:, :, 0], atol=1e-5, rtol=1e-5)
-    res = sweep(sm, POS, NEG, positions=["last", -3], method=["diffmean", "logistic"], n_folds=3, n_boot=50)
+    res = sweep(sm, *labels_for(POS, NEG), positions=["last", -3], method=["diffmean", "logistic"], n_folds=3, n_boot=50)
     assert len(res) == 2 * 2 * 2 and res.meta["model"] == sm.name and sm.hook_count() == 0
     probe = res.fit(layer=1, position=-3, method="logistic")
     assert (probe.layer, probe.provenance.method_params["position"]) == (1, -3)
@@ -300,6 +322,13 @@ def test_cli_probe_fit_and_score_round_trip(tiny_dir, tmp_path, capsys):
                  *common]) == 0
     out = capsys.readouterr().out
     assert "AUROC" in out and len(out.strip().splitlines()) == 2 + len(test) + 1
+    # the sweep verb: two prompt files, labelled 1 / 0 (labels_for), every layer x position
+    assert main(["probe", "sweep", "--pos", str(tmp_path / "pos.json"), "--neg", str(tmp_path / "neg.txt"),
+                 "--positions", "last,-2", "--method", "diffmean", "--folds", "3", "--n-boot", "20", "--json",
+                 "--model", str(tiny_dir)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert len(got["rows"]) == 2 * 2 and {r["position"] for r in got["rows"]} == {"last", "-2"}
+    assert all(r["n_pos"] == len(POS) and r["n_neg"] == len(NEG) for r in got["rows"])
 
     # errors: exit code 2 with a message saying what was expected
     Store(store).save("vec", SteeringVector.from_direction(torch.ones(64), 1))
@@ -338,7 +367,7 @@ def test_sentiment_sweep_on_default_model(sm):
     # Every other layer and 8 pairs without the chat template keep this to a few seconds of compute.
     import steerkit
     hooks = steerkit.resid_post(range(0, sm.n_layers, 2))
-    res = sweep(sm, SENT_POS[:8], SENT_NEG[:8], hooks=hooks, positions=["last"], method="logistic", paired=True,
+    res = sweep(sm, *labels_for(SENT_POS[:8], SENT_NEG[:8]), hooks=hooks, positions=["last"], method="logistic", paired=True,
                 chat=False)
     assert len(res) == len(hooks) and res.meta["fold_unit"] == "pair" and sm.hook_count() == 0
     middle = [r for r in res.rows if sm.n_layers // 4 <= r["layer"] < 3 * sm.n_layers // 4]

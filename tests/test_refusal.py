@@ -14,8 +14,7 @@ import torch
 
 from steerkit.errors import InputError, UnsupportedArchitectureError
 from steerkit.model import wrap
-from steerkit.probes import refusal as R
-from steerkit.probes import refusal_probe as RP
+from steerkit.probes.methods import refusal as R
 from tiny_models import tiny_model
 
 PROMPTS = ["hello there", "how do I bake bread?", "x", "tell me a story about a cat"]
@@ -217,7 +216,7 @@ def test_record_resid_pre_shapes_and_scores():
 # --------------------------------------------------------------------------- first-token probe
 def test_first_token_activations_match_teacher_forcing():
     sm = _sm()
-    comps, acts = RP.first_token_activations(sm, PROMPTS[:3], max_new_tokens=3, batch_size=2)
+    comps, acts = R.first_token_activations(sm, PROMPTS[:3], max_new_tokens=3, batch_size=2)
     assert acts["first_generated"].shape == (sm.n_layers, 3, sm.d_model)
     assert acts["last_prompt"].shape == (sm.n_layers, 3, sm.d_model)
     toks = sm.generate(PROMPTS[:3], max_new_tokens=1, return_tokens=True)
@@ -230,7 +229,7 @@ def test_first_token_activations_match_teacher_forcing():
             torch.testing.assert_close(acts["first_generated"][l, i], c[n][0, 1], atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(acts["last_prompt"][l, i], c[n][0, 0], atol=1e-4, rtol=1e-4)
     with pytest.raises(InputError):
-        RP.first_token_activations(sm, PROMPTS, max_new_tokens=1)
+        R.first_token_activations(sm, PROMPTS, max_new_tokens=1)
 
 
 def test_probe_rows_on_planted_direction_and_bad_input():
@@ -245,26 +244,26 @@ def test_probe_rows_on_planted_direction_and_bad_input():
 
     Xtr, ytr = make(20)
     Xte, yte = make(10)
-    acts = {"train": {p: Xtr for p in RP.POSITIONS}, "test": {p: Xte for p in RP.POSITIONS}}
+    acts = {"train": {p: Xtr for p in R.POSITIONS}, "test": {p: Xte for p in R.POSITIONS}}
     beh_tr = np.zeros_like(ytr)
     beh_tr[:2] = 1  # too few refusals for 5 folds
     labels = {"train": {"prompt": ytr, "behaviour": beh_tr}, "test": {"prompt": yte, "behaviour": np.zeros_like(yte)}}
     notes = []
-    rows = RP.probe_rows(acts, labels, n_boot=50, notes=notes)
+    rows = R.probe_rows(acts, labels, n_boot=50, notes=notes)
     assert {r["labels"] for r in rows} == {"prompt"} and any("behaviour" in n for n in notes)
-    best = RP.best_row(rows, "prompt")
+    best = R.best_row(rows, "prompt")
     assert best["cv_auroc"] > 0.95 and best["test_auroc"] > 0.95
     assert best["test_ci"][0] <= best["test_auroc"] <= best["test_ci"][1]
     with pytest.raises(InputError):  # a single class
-        RP.heldout_auroc(Xtr[0].numpy(), np.ones(40), Xte[0].numpy(), yte)
+        R.heldout_auroc(Xtr[0].numpy(), np.ones(40), Xte[0].numpy(), yte)
     with pytest.raises(InputError):  # mismatched shapes
-        RP.heldout_auroc(Xtr[0].numpy(), ytr, Xte[0].numpy()[:, :5], yte)
+        R.heldout_auroc(Xtr[0].numpy(), ytr, Xte[0].numpy()[:, :5], yte)
     with pytest.raises(InputError):  # labels do not match the samples
-        RP.heldout_auroc(Xtr[0].numpy(), ytr[:-1], Xte[0].numpy(), yte)
+        R.heldout_auroc(Xtr[0].numpy(), ytr[:-1], Xte[0].numpy(), yte)
     bad = Xte[0].numpy().copy()
     bad[0, 0] = np.nan
     with pytest.raises(InputError):
-        RP.heldout_auroc(Xtr[0].numpy(), ytr, bad, yte)
+        R.heldout_auroc(Xtr[0].numpy(), ytr, bad, yte)
 
 
 def test_vendored_data_and_splits_are_disjoint():

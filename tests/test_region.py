@@ -1,4 +1,4 @@
-"""The efficient-reasoning region (Hou et al.; probes/region.py), the Region artifact's projection, and
+"""The efficient-reasoning region (Hou et al.; probes/methods/region.py), the Region artifact's projection, and
 token-pattern positions (positions.TokenMatch / AnyOf).
 
 Mechanics on synthetic data and tiny random models; one short end-to-end check on the default model.
@@ -11,7 +11,7 @@ import torch
 
 from steerkit.model import wrap
 from steerkit.positions import AnyOf, TokenMatch
-from steerkit.probes import region as R
+from steerkit.probes.methods import region as R
 from steerkit.vectors import Region
 from tiny_models import tiny_model
 

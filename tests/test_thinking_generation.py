@@ -158,8 +158,8 @@ def test_continue_thinking_matches_plain_hf_greedy(sm):
 
 
 def test_thinking_eval_and_peak_tokens_on_a_tiny_model(sm):
-    from steerkit.probes.mi import MITrajectory, peak_token_counts, thinking_eval, thinking_token_ids
-    from steerkit.probes.region import Problem
+    from steerkit.probes.methods.mi import MITrajectory, peak_token_counts, thinking_eval, thinking_token_ids
+    from steerkit.probes.methods.region import Problem
 
     ids, dropped = thinking_token_ids(sm.tokenizer, ["a", "Wait", "b"])
     assert dropped == ["Wait"] and len(ids) == 2

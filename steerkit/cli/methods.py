@@ -2,6 +2,10 @@
 SmolLM2-135M-Instruct), with progress on stderr, a JSON report (``--report``) and artifacts saved to
 the vector store (``--out``, default ``$STEERKIT_STORE`` or ``./steerkit-store``; ``--no-save``).
 
+Each verb builds the method's config from its flags and calls the ``run`` of
+:data:`steerkit.probes.methods.REGISTRY` under the verb's name; the result's ``to_json()`` is the
+report and its ``artifacts(sm)`` what is saved.
+
 * ``temporal``: the temporal divergence profile on generated event pairs; saves ``temporal-tau``
   (a ``SteeringVector``: the dataset-mean tau of the source layer, injected at every later layer with
   the profile's ``LayerSchedule``) and ``temporal-schedule``; ``--eval N`` also measures order-question
@@ -21,12 +25,29 @@ the vector store (``--out``, default ``$STEERKIT_STORE`` or ``./steerkit-store``
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
+import os
 import sys
 from pathlib import Path
 
-_DEFAULT_PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "Explain photosynthesis briefly.",
-                    "List three prime numbers.", "How do I boil an egg?", "Tell me a joke about cats."]
+import torch
+
+from steerkit import load_model
+from steerkit.cli._common import read_prompts
+from steerkit.errors import InputError
+from steerkit.probes.methods import REGISTRY
+from steerkit.probes.methods.caa import CAAConfig
+from steerkit.probes.methods.critique import CritiqueConfig
+from steerkit.probes.methods.mi import MIConfig
+from steerkit.probes.methods.norms import NormsConfig
+from steerkit.probes.methods.region import RegionConfig
+from steerkit.probes.methods.temporal import TemporalConfig
+from steerkit.vectors import Store
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 
 def register(subparsers) -> None:
@@ -131,12 +152,34 @@ def _log(args, *a):
 
 
 def _store(args):
-    from steerkit.vectors import Store
     return Store(args.out) if args.out else Store()
 
 
+def _floats(text: str, flag: str) -> tuple:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise InputError(f"expected comma-separated numbers in {flag}, found {text!r} ({e})") from None
+
+
+def _ints(text: str, flag: str) -> tuple:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise InputError(f"expected comma-separated layer indices in {flag}, found {text!r} ({e})") from None
+
+
+def _save(sm: "SteerModel", args, res) -> list[str]:
+    """Save the result's artifacts (unless ``--no-save``) and say where."""
+    if args.no_save:
+        return []
+    store = _store(args)
+    refs = [store.save(name, art) for name, art in res.artifacts(sm).items()]
+    print(f"saved {', '.join(refs)} to {store.root}")
+    return refs
+
+
 def run(args) -> int:
-    from steerkit import load_model
     torch_threads()
     sm = load_model(args.model)
     report = {"model": sm.name}
@@ -150,95 +193,55 @@ def run(args) -> int:
 
 
 def torch_threads():
-    import os
-    import torch
     if os.environ.get("STEERKIT_THREADS"):
         torch.set_num_threads(int(os.environ["STEERKIT_THREADS"]))
 
 
-def _bar(args, total, desc):
-    from tqdm import tqdm
-    return tqdm(total=total, desc=desc, file=sys.stderr, disable=args.quiet)
-
-
-def _temporal(sm, args, report):
-    from steerkit.errors import InputError
-    from steerkit.probes import temporal as T
-    from steerkit.vectors import SteeringVector
+def _temporal(sm: "SteerModel", args, report):
+    if args.source is not None and not 0 <= args.source < sm.n_layers - 1:
+        raise InputError(f"expected --source in 0..{sm.n_layers - 2} (a later layer must exist), found {args.source}")
     if args.n_pairs < 2:
         raise InputError(f"expected --n-pairs >= 2, found {args.n_pairs}")
-    pairs = T.temporal_pairs(args.n_pairs, seed=args.seed)
-    with _bar(args, 2 * len(pairs), "temporal profile") as bar:
-        prof = T.temporal_profile(sm, pairs, progress=bar.update)
-    report["profile"] = prof.to_dict()
-    src = prof.peak_layer
-    print(f"temporal divergence on {sm.name} ({len(pairs)} pairs): peak layer {src}, rel[peak] "
-          f"{prof.rel[src]:.4f} +- {prof.rel_std[src]:.4f}")
+    cfg = TemporalConfig(n_pairs=args.n_pairs, eval=args.eval, n_dev=args.n_dev, betas=_floats(args.betas, "--betas"),
+                         seed=args.seed, source=args.source)
+    res = REGISTRY["temporal"].run(sm, cfg, progress=not args.quiet)
+    report.update(res.to_json())
+    prof, src = res.profile, res.source
+    peak = prof.peak_layer
+    print(f"temporal divergence on {sm.name} ({prof.n_pairs} pairs): peak layer {peak}, rel[peak] "
+          f"{prof.rel[peak]:.4f} +- {prof.rel_std[peak]:.4f}")
     print("  rel: " + " ".join(f"{x:.3f}" for x in prof.rel))
     print("  cos: " + " ".join(f"{x:.4f}" for x in prof.cos))
-    if args.source is not None:
-        if not 0 <= args.source < sm.n_layers - 1:
-            raise InputError(f"expected --source in 0..{sm.n_layers - 2} (a later layer must exist), found {args.source}")
-        src = args.source
-    elif src == sm.n_layers - 1:
-        src = int(prof.rel[:-1].argmax())
+    if res.note:
         print(f"  note: the peak is the last layer, with no later layer to inject into; using the peak among "
               f"the earlier layers, {src}")
-        report["note"] = f"peak is the last layer; source {src} = argmax over layers < {sm.n_layers - 1}"
-    report["source_layer"] = src
-    sched = prof.schedule(src)
-    if args.eval:
-        items = T.order_questions(args.n_dev + args.eval, seed=args.seed + 1)
-        dev, test = items[: args.n_dev], items[args.n_dev:]
-        betas = [float(b) for b in args.betas.split(",")]
-        tau = prof.tau[src]
-        beta, rows = T.choose_beta(sm, dev, tau, sched, betas)
-        base = T.choice_accuracy(sm, test)
-        fixed = T.choice_accuracy(sm, test, steering=T.injection_spec(tau, sched, beta))
-
-        def per_input(batch):
-            taus = T.per_input_taus(sm, [it.prompt for it in batch], [it.prompt_rev for it in batch], src)
-            return [T.injection_spec(t, sched, beta) for t in taus]
-        per = T.choice_accuracy(sm, test, steering=per_input)
-        report["eval"] = {"dev_rows": rows, "beta": beta, "base": base, "fixed_tau": fixed, "per_input_tau": per}
-        for k, r in (("no injection", base), (f"fixed tau, beta={beta}", fixed), (f"per-input tau, beta={beta}", per)):
+    if res.eval is not None:
+        ev = res.eval
+        beta = ev["beta"]
+        for k, r in (("no injection", ev["base"]), (f"fixed tau, beta={beta}", ev["fixed_tau"]),
+                     (f"per-input tau, beta={beta}", ev["per_input_tau"])):
             print(f"  {k:28s} acc {r['accuracy']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] (n={r['n']})")
-    if not args.no_save:
-        store = _store(args)
-        sv = SteeringVector.from_direction(prof.tau[src], list(sched.weights), sm, method="temporal-injection",
-                                           metrics={"source_layer": src, "rel": [float(x) for x in prof.rel]})
-        sv.schedule = sched
-        refs = [store.save("temporal-tau", sv), store.save("temporal-schedule", sched)]
-        print(f"saved {', '.join(refs)} to {store.root}")
+    _save(sm, args, res)
 
 
-def _norms(sm, args, report):
-    from steerkit.cli._common import read_prompts
-    from steerkit.probes.norms import attention_drift, norm_chain, norm_profile
-    prompts = read_prompts(args.prompts) if args.prompts else _DEFAULT_PROMPTS
-    with _bar(args, 1, "norms") as bar:
-        prof = norm_profile(sm, prompts)
-        bar.update(1)
-    report["norms"] = prof.to_dict()
-    print(f"residual norms on {sm.name} ({prof.n_tokens} tokens, {len(prompts)} prompts)")
+def _norms(sm: "SteerModel", args, report):
+    prompts = tuple(read_prompts(args.prompts)) if args.prompts else None
+    cfg = NormsConfig(prompts=prompts, drift_tokens=args.drift_tokens, window=args.window, passes=args.passes)
+    res = REGISTRY["norms"].run(sm, cfg, progress=not args.quiet)
+    report.update(res.to_json())
+    prof = res.profile
+    print(f"residual norms on {sm.name} ({prof.n_tokens} tokens, {res.n_prompts} prompts)")
     for l in range(prof.n_layers):
         print(f"  layer {l:2d}  mean {prof.mean[l]:9.2f}  std {prof.std[l]:9.2f}  w/o first {prof.mean_no_first[l]:8.2f}"
               f"  first {prof.first[l]:9.2f}")
-    figs = [prof.plot()]
-    if args.passes > 1:
-        chain = norm_chain(sm, prompts, passes=args.passes)
-        report["chain"] = chain.to_dict()
-        figs.append(chain.plot())
+    if res.chain is not None:
+        chain = res.chain
         L = chain.n_layers
         ends = ", ".join(f"{chain.norms[(p + 1) * L - 1]:.1f}" for p in range(chain.passes))
         print(f"re-applied blocks ({chain.passes} passes x {L} blocks): norm (w/o first token) at the end of each "
               f"pass {ends}; growth per extra pass {[round(float(g), 2) for g in chain.growth_per_pass]}")
-    if args.drift_tokens > 0:
-        with _bar(args, 1, "attention drift") as bar:
-            d = attention_drift(sm, prompts, max_new_tokens=args.drift_tokens, window=args.window)
-            bar.update(1)
-        report["drift"] = d.to_dict()
-        figs.append(d.plot())
+    if res.drift is not None:
+        d = res.drift
         print(f"attention mass during generation ({d.n_steps} steps, recent window {d.window}; first -> last step):")
         for l in sorted({0, d.n_layers // 3, (2 * d.n_layers) // 3, d.n_layers - 1}):
             parts = "  ".join(f"{k} {getattr(d, k)[l, 0]:.2f}->{getattr(d, k)[l, -1]:.2f}"
@@ -246,42 +249,24 @@ def _norms(sm, args, report):
             print(f"  layer {l:2d}  {parts}  ||h|| {d.norm[l, 0]:.1f}->{d.norm[l, -1]:.1f}")
     if args.html:
         with open(args.html, "w", encoding="utf-8") as f:
-            for i, fig in enumerate(figs):
+            for i, fig in enumerate(res.figures()):
                 f.write(fig.to_html(full_html=i == 0, include_plotlyjs="cdn" if i == 0 else False))
         print(f"wrote the figures to {args.html}")
 
 
-def _mi(sm, args, report):
-    from steerkit.datafiles import read_jsonl
-    from steerkit.probes.mi import mi_trajectory, peak_token_counts
-    rows = read_jsonl("reasoning/gsm8k_test_first300.jsonl", path=args.data, n=args.n, what="question/answer rows")
-    layer = args.layer if args.layer is not None else (2 * sm.n_layers) // 3
-    out, trs = [], []
-    with _bar(args, len(rows), "mi-peaks") as bar:
-        for r in rows:
-            q, a = r.get("question") or r.get("prompt"), r.get("answer") or r.get("solution")
-            tr = mi_trajectory(sm, q, a, layer, max_new_tokens=args.max_new_tokens, k=args.k)
-            out.append(tr.to_dict())
-            bar.update(1)
-            print(f"  layer {layer}: {len(tr.mi)} steps, MI mean {tr.mi.mean():.3f} max {tr.mi.max():.3f}; "
-                  f"peaks at {tr.peaks} tokens {tr.peak_tokens}")
-            trs.append(tr)
-    report["mi"] = out
-    report["peak_tokens"] = peak_token_counts(trs)
-    print(f"tokens at MI peaks over {len(trs)} questions: {report['peak_tokens']}")
-    if args.eval:
-        from steerkit.probes import region as RG
-        from steerkit.probes.mi import THINKING_WORDS, thinking_eval
-        probs = (RG.arithmetic_problems(args.n_eval, seed=1) if args.eval == "arith"
-                 else RG.gsm8k_problems(args.n_eval))
-        words = [w for w in args.thinking_words.split(",") if w] if args.thinking_words else THINKING_WORDS
-        rl = args.recycle_layer if args.recycle_layer is not None else layer
-        bs = 8
-        steps = -(-len(probs) // bs) * (3 if args.continue_with else 2)
-        with _bar(args, steps, "thinking eval") as bar:
-            ev = thinking_eval(sm, probs, layer=rl, words=words, continue_with=args.continue_with or None,
-                               max_new_tokens=args.eval_tokens, batch_size=bs, progress=bar.update)
-        report["thinking_eval"] = ev
+def _mi(sm: "SteerModel", args, report):
+    words = tuple(w for w in args.thinking_words.split(",") if w) if args.thinking_words else None
+    cfg = MIConfig(data=args.data, n=args.n, layer=args.layer, max_new_tokens=args.max_new_tokens, k=args.k,
+                   eval=args.eval, n_eval=args.n_eval, recycle_layer=args.recycle_layer, thinking_words=words,
+                   continue_with=args.continue_with, eval_tokens=args.eval_tokens)
+    res = REGISTRY["mi-peaks"].run(sm, cfg, progress=not args.quiet)
+    report.update(res.to_json())
+    for tr in res.trajectories:
+        print(f"  layer {res.layer}: {len(tr.mi)} steps, MI mean {tr.mi.mean():.3f} max {tr.mi.max():.3f}; "
+              f"peaks at {tr.peaks} tokens {tr.peak_tokens}")
+    print(f"tokens at MI peaks over {len(res.trajectories)} questions: {report['peak_tokens']}")
+    ev = res.thinking_eval
+    if ev is not None:
         print(f"{args.eval} problems (n={ev['n']}), recycling at block {ev['layer']} on {ev['thinking_tokens']} "
               f"({ev['recycled_steps']} recycled steps):")
         for cond in ("greedy", "recycling", "continuation"):
@@ -291,58 +276,34 @@ def _mi(sm, args, report):
                       f"({r['correct']}/{ev['n']}), mean tokens {r['tokens_mean']:.1f}")
 
 
-def _caa(sm, args, report):
-    from steerkit.probes import caa as C
-    from steerkit.vectors import SteeringVector
-    items = C.AB_ITEMS
-    with _bar(args, 1, "caa vector") as bar:
-        v = C.caa_vector(sm, items)
-        bar.update(1)
-    layers = [int(x) for x in args.layers.split(",")] if args.layers else list(range(0, sm.n_layers, 3))
-    mults = [float(x) for x in args.multipliers.split(",")]
-    rows = C.caa_eval(sm, v, items, layers, mults)
-    report["caa"] = {"rows": rows, "norms": [float(x) for x in v.norm(dim=-1)]}
-    print(f"CAA on {sm.name} ({len(items)} A/B items, myopic reward; in-sample)")
-    for l in layers:
-        print(f"  layer {l:2d}: " + "  ".join(f"x{r['multiplier']:+.0f}: {r['p_matching']:.3f}" for r in rows
+def _caa(sm: "SteerModel", args, report):
+    cfg = CAAConfig(layers=_ints(args.layers, "--layers") if args.layers else None,
+                    multipliers=_floats(args.multipliers, "--multipliers"))
+    res = REGISTRY["caa"].run(sm, cfg, progress=not args.quiet)
+    report.update(res.to_json())
+    print(f"CAA on {sm.name} ({res.n_items} A/B items, myopic reward; in-sample)")
+    for l in res.layers:
+        print(f"  layer {l:2d}: " + "  ".join(f"x{r['multiplier']:+.0f}: {r['p_matching']:.3f}" for r in res.rows
                                             if r["layer"] == l))
-    if not args.no_save:
-        store = _store(args)
-        sv = SteeringVector({l: v[l] for l in range(sm.n_layers)}, provenance=SteeringVector.from_direction(
-            v[0], 0, sm, method="caa").provenance)
-        print(f"saved {store.save('caa-vector', sv)} to {store.root}")
+    _save(sm, args, res)
 
 
-def _region(sm, args, report):
-    from steerkit.errors import InputError
-    from steerkit.probes import region as R
+_REGION_ARGS = ("data", "level", "n_train", "n_test", "layer", "n_components", "n_clusters", "strength",
+                "max_new_tokens", "train_max_new_tokens", "keep", "min_kept", "seed")
+
+
+def _region(sm: "SteerModel", args, report):
     if args.n_train < 2 or args.n_test < 0:
         raise InputError(f"expected --n-train >= 2 and --n-test >= 0, found {args.n_train} and {args.n_test}")
     if args.data != "arith" and args.n_train + args.n_test > 300:
         raise InputError(f"expected --n-train + --n-test <= 300 (the vendored GSM8K problems), found "
                          f"{args.n_train + args.n_test}")
-
-    def problems(n, seed, offset, exclude=()):
-        if n == 0:
-            return []
-        n_g = {"arith": 0, "gsm8k": n, "mix": n // 2}[args.data]
-        out = R.gsm8k_problems(n_g, offset=offset) if n_g else []
-        return out + R.arithmetic_problems(n - n_g, seed=seed, level=args.level, exclude=exclude)
-    train = problems(args.n_train, args.seed, 0)
-    test = problems(args.n_test, args.seed + 1, 300 - args.n_test, exclude=[p.question for p in train])
-    total = 2 * len(train) + 2 * len(test)
-    with _bar(args, total, "region") as bar:
-        res = R.run_region(sm, train, test, layer=args.layer, n_components=args.n_components,
-                           n_clusters=args.n_clusters, strength=args.strength, max_new_tokens=args.max_new_tokens,
-                           train_max_new_tokens=args.train_max_new_tokens, batch_size=args.batch_size,
-                           seed=args.seed, keep=args.keep, min_kept=args.min_kept, progress=bar.update)
-    d = res.to_dict()
-    report["region"] = {**d, "args": {k: getattr(args, k) for k in ("data", "level", "n_train", "n_test", "layer",
-                                                                      "n_components", "n_clusters", "strength",
-                                                                      "max_new_tokens", "train_max_new_tokens",
-                                                                      "keep", "min_kept", "seed")}}
+    cfg = RegionConfig(**{k: getattr(args, k) for k in _REGION_ARGS}, batch_size=args.batch_size)
+    res = REGISTRY["region"].run(sm, cfg, progress=not args.quiet)
+    d = res.to_json()
+    report["region"] = {**d, "args": {k: getattr(args, k) for k in _REGION_ARGS}}
     fit = d["fit"]
-    print(f"concise region on {sm.name}, layer {res.layer} ({args.data}, {len(train)} training problems)")
+    print(f"concise region on {sm.name}, layer {res.layer} ({args.data}, {res.n_train} training problems)")
     for s in ("verbose", "concise"):
         t = d["train"][s]
         print(f"  {s:8s} solutions: acc {t['accuracy']:.3f}, {t['tokens_mean']:.1f} tokens; kept "
@@ -359,36 +320,22 @@ def _region(sm, args, report):
         pdiff = ev["paired_token_diff"]
         print(f"  projected - baseline tokens: {pdiff['mean']:+.1f} [{pdiff['ci95'][0]:+.1f}, {pdiff['ci95'][1]:+.1f}] "
               f"(paired, bootstrap 95%)")
-    if not args.no_save:
-        store = _store(args)
-        reg = res.region
-        if d["eval"]:
-            ev = d["eval"]
-            reg.provenance.metrics["eval"] = {k: ev[k] for k in ("baseline", "projected", "paired_token_diff")}
-        print(f"saved {store.save('region-concise', reg)} to {store.root}")
+    _save(sm, args, res)
 
 
-def _critique(sm, args, report):
-    from steerkit.errors import InputError
-    from steerkit.probes import critique as K
+def _critique(sm: "SteerModel", args, report):
     n_eval = args.n if args.n_eval is None else args.n_eval
     if args.n < 1 or n_eval < 2:
         raise InputError(f"expected --n >= 1 and --n-eval >= 2, found {args.n} and {n_eval}")
-    try:
-        alphas = [float(x) for x in args.alphas.split(",") if x.strip()]
-        layers = (list(range(sm.n_layers)) if args.layers == "all" else
-                  [int(x) for x in args.layers.split(",") if x.strip()] if args.layers else
-                  sorted(set(range(0, sm.n_layers, 5)) | {sm.n_layers - 1}))
-    except ValueError as e:
-        raise InputError(f"expected comma-separated numbers in --alphas / --layers, found {e}") from None
-    if args.layer is not None and args.layer not in layers:
-        raise InputError(f"expected --layer among the swept layers {layers}, found {args.layer}")
-    total = 2 * args.n + len(layers) * len(alphas)  # traces recorded, then one step per (layer, alpha) row
-    with _bar(args, total, "critique") as bar:
-        res = K.run_critique(sm, args.n, n_eval=n_eval, layers=layers, alphas=alphas, contrast=args.contrast,
-                             min_recoveries=args.min_recoveries, seed=args.seed, batch_size=args.batch_size,
-                             progress=bar.update)
-    d = res.to_dict()
+    layers = "all" if args.layers == "all" else _ints(args.layers, "--layers") if args.layers else None
+    cfg = CritiqueConfig(n=args.n, n_eval=args.n_eval, layers=layers, alphas=_floats(args.alphas, "--alphas"),
+                         contrast=args.contrast, min_recoveries=args.min_recoveries, layer=args.layer,
+                         batch_size=args.batch_size, seed=args.seed)
+    swept = cfg.swept_layers(sm.n_layers)
+    if args.layer is not None and args.layer not in swept:
+        raise InputError(f"expected --layer among the swept layers {swept}, found {args.layer}")
+    res = REGISTRY["critique"].run(sm, cfg, progress=not args.quiet)
+    d = res.to_json()
     report["critique"] = {**d, "args": {k: getattr(args, k) for k in ("n", "n_eval", "layers", "alphas", "contrast",
                                                                         "min_recoveries", "layer", "seed")}}
     print(f"hidden critique vector on {sm.name}: {res.n_train} training questions, contrast {res.contrast} "
@@ -397,15 +344,12 @@ def _critique(sm, args, report):
     if base is not None:
         print(f"  unsteered: F1 {base['f1']:.3f} (acc erroneous {base['acc_error']:.3f}, correct "
               f"{base['acc_correct']:.3f}; n={base['n_error']}+{base['n_correct']})")
-    for l in layers:
+    for l in res.layers:
         print(f"  layer {l:2d} |v| {res.norms[l]:7.2f}: " + "  ".join(
             f"{r['alpha']:+.1f}: {r['f1']:.2f}" for r in res.rows if r["layer"] == l))
-    for l in layers:
+    for l in res.layers:
         print(f"  lens {l:2d} top: " + " ".join(repr(t) for t, _ in res.lens.get(l, {}).get("top", [])[:8]))
-    best = res.best()
-    layer = args.layer if args.layer is not None else best["layer"]
-    report["critique"]["saved_layer"] = layer
     if not args.no_save:
         store = _store(args)
-        sv = K.to_artifact(sm, res, layer, seed=args.seed)
-        print(f"saved {store.save('critique-vector', sv)} (layer {layer}) to {store.root}")
+        (name, sv), = res.artifacts(sm).items()
+        print(f"saved {store.save(name, sv)} (layer {d['saved_layer']}) to {store.root}")

@@ -1,7 +1,9 @@
 """``steerkit refusal``: the refusal direction (Arditi et al. 2024) and the first-token refusal probe.
 
-Runs :func:`steerkit.probes.refusal.run_refusal` on a model (the embedded default when none is
-given) with a progress bar, prints a summary table, and saves into the vector store at ``--out``
+Builds a :class:`steerkit.probes.methods.refusal.RefusalConfig` from the flags and runs the
+registry's ``refusal`` method (:func:`steerkit.probes.methods.refusal.run`) on a model (the embedded
+default when none is given) with progress bars, prints a summary table, and saves the result's
+artifacts into the vector store at ``--out``
 (default ``$STEERKIT_STORE`` or ``./steerkit-store``):
 
 * ``refusal-direction``: a ``SteeringVector`` (the unnormalised difference of means, added at
@@ -16,8 +18,15 @@ weights (load it with ``steerkit.load_model(DIR)``).
 from __future__ import annotations
 
 import json
-import math
 import sys
+from pathlib import Path
+
+from steerkit import cli as _cli
+from steerkit import load_model
+from steerkit.errors import InputError
+from steerkit.probes.methods import REGISTRY
+from steerkit.probes.methods.refusal import RefusalConfig, save_orthogonalized
+from steerkit.vectors import Store
 
 
 def register(subparsers) -> None:
@@ -54,55 +63,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-class _Progress:
-    def __init__(self, quiet: bool):
-        self.quiet = quiet
-        self.bar = None
-        self.stage = None
-
-    def __call__(self, stage: str, n: int, total: int):
-        if self.quiet:
-            return
-        from tqdm import tqdm
-        if stage != self.stage:
-            if self.bar is not None:
-                self.bar.close()
-            self.bar = tqdm(total=total, desc=stage, file=sys.stderr, leave=True)
-            self.stage = stage
-        self.bar.update(n)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-
-
-def _clean(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
-def result_report(res) -> dict:
-    pr = res.probe
-    return _clean({
-        "metrics": res.metrics, "notes": res.notes + (pr.notes if pr is not None else []),
-        "refusal_tokens": res.refusal_tokens, "positions": res.positions, "position_tokens": res.position_tokens,
-        "first_tokens_test": res.first_tokens, "samples": res.samples,
-        "candidates": [c.as_dict() for c in res.selection.table],
-        "probe": None if pr is None else {"best": pr.best, "rows": pr.rows,
-                                          "completions": pr.completions, "refused": pr.refused},
-    })
-
-
 def run(args) -> int:
-    from steerkit import load_model
-    from steerkit.errors import InputError
-    from steerkit.probes.refusal import RefusalConfig, direction_artifacts, run_refusal, save_orthogonalized
-
     for k in ("n_train", "n_val", "n_test", "batch_size", "layer_step"):
         if getattr(args, k) < 1:
             raise InputError(f"expected --{k.replace('_', '-')} >= 1, found {getattr(args, k)}")
@@ -113,18 +74,12 @@ def run(args) -> int:
                         fallback=None if args.no_fallback else "relative",
                         probe=not args.no_probe, n_positions=args.positions, layer_step=args.layer_step)
     if args.orthogonalized:  # fail now, not after the run
-        from pathlib import Path
         o = Path(args.orthogonalized).expanduser()
         if o.exists():
             raise InputError(f"expected --orthogonalized to name a folder that does not exist yet, found {o}; "
                              "choose another path or remove it")
     sm = load_model(args.model)
-    prog = _Progress(args.quiet)
-    log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr))
-    try:
-        res = run_refusal(sm, cfg, progress=prog, log=log)
-    finally:
-        prog.close()
+    res = REGISTRY["refusal"].run(sm, cfg, progress=not args.quiet)
     rows = res.summary_rows()
     if res.probe is not None:
         b = res.probe.best
@@ -137,21 +92,13 @@ def run(args) -> int:
         print(f"  {k:<{w}}  {v}")
     for n in res.notes + (res.probe.notes if res.probe is not None else []):
         print(f"  note: {n}")
-    all_prompts = [p for s in ("train",) for k in ("harmful", "harmless") for p in res.prompts[s][k]]
-    params = {"n_train": cfg.n_train, "n_val": cfg.n_val, "n_test": cfg.n_test, "seed": cfg.seed,
-              "refusal_words": list(words), "kl_max": cfg.kl_max, "prune_frac": cfg.prune_frac}
     if not args.no_save:
-        from steerkit.vectors import Store
         store = Store(args.out) if args.out else Store()
-        m = {k: v for k, v in res.metrics.items() if k not in ("refusal_ids",)}
-        sv, ds = direction_artifacts(sm, res.selection, metrics=_clean(m), prompts=all_prompts, params=params)
-        refs = [store.save("refusal-direction", sv), store.save("refusal-ablation", ds)]
-        if res.probe is not None:
-            refs.append(store.save("refusal-probe", res.probe.probe))
+        refs = [store.save(name, art) for name, art in res.artifacts(sm).items()]
         print(f"saved {', '.join(refs)} to {store.root}")
     if args.report:
         with open(args.report, "w", encoding="utf-8") as f:
-            json.dump(result_report(res), f, indent=1)
+            json.dump(res.to_json(), f, indent=1)
         print(f"wrote the report to {args.report}")
     if args.orthogonalized:
         out = save_orthogonalized(sm, res.selection.direction, args.orthogonalized)
@@ -160,9 +107,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-
-    from steerkit.cli import main as cli_main
-    return cli_main(["refusal", *(argv if argv is not None else sys.argv[1:])])
+    return _cli.main(["refusal", *(argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":

@@ -17,18 +17,28 @@ daily routines, processes -- since no public text data fits).
 * :func:`order_questions` -- yes/no and two-choice order questions; :func:`choice_accuracy` scores
   them by comparing the next-token logits of the choices; :func:`choose_beta` picks beta on a dev
   split only.
+* :func:`run` (``run(sm, TemporalConfig(...))``, ``steerkit temporal``) -- the profile on generated
+  pairs, the source layer, and optionally the order-question evaluation, as a :class:`TemporalResult`.
 """
 from __future__ import annotations
 
 import math
 import random
+import sys
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from steerkit.errors import InputError
+from steerkit.hooknames import resid_post
+from steerkit.kernels import SteerConfig
+from steerkit.vectors import LayerSchedule, SteeringVector
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 # --------------------------------------------------------------------------- data
 _SCENARIOS: list[tuple[str, list[str]]] = [
@@ -180,7 +190,6 @@ class Profile:
 
     def schedule(self, source: Optional[int] = None):
         """A :class:`steerkit.vectors.LayerSchedule` with ``w_l`` for every layer after ``source``."""
-        from steerkit.vectors import LayerSchedule
         s = self.peak_layer if source is None else int(source)
         w = self.weights()
         return LayerSchedule({l: float(w[l]) for l in range(s + 1, self.n_layers)})
@@ -189,6 +198,8 @@ class Profile:
         return {"model": self.model_name, "n_pairs": self.n_pairs, "peak_layer": self.peak_layer,
                 "rel": [float(x) for x in self.rel], "rel_std": [float(x) for x in self.rel_std],
                 "cos": [float(x) for x in self.cos]}
+
+    to_json = to_dict
 
     def plot(self, title: str | None = None):
         """A plotly ``Figure``: rel_l with a +-1 std band, cos_l on a second axis, the source layer marked."""
@@ -220,10 +231,9 @@ def _texts(pairs) -> tuple[list[str], list[str]]:
     return fw, rv
 
 
-def last_token_states(sm, prompts: Sequence[str], layers: Optional[Sequence[int]] = None, *, batch_size: int = 16,
+def last_token_states(sm: "SteerModel", prompts: Sequence[str], layers: Optional[Sequence[int]] = None, *, batch_size: int = 16,
                       chat: bool = True) -> torch.Tensor:
     """``[n_prompts, n_layers, d_model]`` block outputs at the last prompt token (float32, CPU)."""
-    from steerkit.hooknames import resid_post
     layers = list(range(sm.n_layers)) if layers is None else list(layers)
     names = resid_post(layers)
     out = []
@@ -234,7 +244,7 @@ def last_token_states(sm, prompts: Sequence[str], layers: Optional[Sequence[int]
     return torch.cat(out)
 
 
-def temporal_profile(sm, pairs, *, batch_size: int = 16, chat: bool = True, keep_taus: bool = True,
+def temporal_profile(sm: "SteerModel", pairs, *, batch_size: int = 16, chat: bool = True, keep_taus: bool = True,
                      progress=None) -> Profile:
     """The profile of ``pairs`` (``TemporalPair`` or ``(text, reversed_text)``) on ``sm``."""
     fw, rv = _texts(pairs)
@@ -264,7 +274,6 @@ def profile_from_states(h: torch.Tensor, h_rev: torch.Tensor, *, keep_taus: bool
 def linear_decay(source: int, n_layers: int):
     """Fallback schedule without a profile: ``w_l`` falls linearly from 1 (layer after the source) to
     ``1 / (n_layers - 1 - source)`` at the last layer."""
-    from steerkit.vectors import LayerSchedule
     after = list(range(source + 1, n_layers))
     k = len(after)
     return LayerSchedule({l: (k - i) / k for i, l in enumerate(after)})
@@ -273,14 +282,13 @@ def linear_decay(source: int, n_layers: int):
 def injection_spec(tau_source: torch.Tensor, schedule, beta: float) -> dict:
     """``{blocks.l.hook_resid_post: SteerConfig.injection(tau_source, beta * w_l)}`` for every layer in
     the schedule with a nonzero weight. Apply with ``sm.steer(spec, positions="last")`` (prefill only)."""
-    from steerkit.kernels import SteerConfig
     weights = schedule.weights if hasattr(schedule, "weights") else dict(schedule)
     v = torch.as_tensor(tau_source, dtype=torch.float32).reshape(-1)
     return {f"blocks.{int(l)}.hook_resid_post": SteerConfig.injection(v, float(beta) * float(w))
             for l, w in weights.items() if w != 0.0}
 
 
-def inject(sm, tau_source, schedule, beta: float):
+def inject(sm: "SteerModel", tau_source, schedule, beta: float):
     """Register Temporal Activation Injection on ``sm`` (a handle; use with ``with``): ``tau_source``
     ``[d_model]`` for every row, or ``[batch, d_model]`` for per-input taus (one spec per row)."""
     t = torch.as_tensor(tau_source, dtype=torch.float32)
@@ -289,7 +297,7 @@ def inject(sm, tau_source, schedule, beta: float):
     return sm.steer([injection_spec(r, schedule, beta) for r in t], positions="last")
 
 
-def per_input_taus(sm, prompts: Sequence[str], reversed_prompts: Sequence[str], source: int, *,
+def per_input_taus(sm: "SteerModel", prompts: Sequence[str], reversed_prompts: Sequence[str], source: int, *,
                    batch_size: int = 16, chat: bool = True) -> torch.Tensor:
     """``[n, d_model]``: tau at the source layer for each input (needs the reversed pass)."""
     h = last_token_states(sm, prompts, [source], batch_size=batch_size, chat=chat)[:, 0]
@@ -297,7 +305,7 @@ def per_input_taus(sm, prompts: Sequence[str], reversed_prompts: Sequence[str], 
     return h - hr
 
 
-def _choice_ids(sm, choices: Sequence[str]) -> list[int]:
+def _choice_ids(sm: "SteerModel", choices: Sequence[str]) -> list[int]:
     ids = []
     for c in choices:
         t = sm.tokenizer(c, add_special_tokens=False)["input_ids"]
@@ -307,7 +315,7 @@ def _choice_ids(sm, choices: Sequence[str]) -> list[int]:
     return ids
 
 
-def choice_accuracy(sm, items: Sequence[OrderItem], *, steering=None, batch_size: int = 16,
+def choice_accuracy(sm: "SteerModel", items: Sequence[OrderItem], *, steering=None, batch_size: int = 16,
                     chat: bool = True) -> dict:
     """Accuracy (argmax over the choices' first tokens at the next position) with a Wilson 95% interval.
 
@@ -345,7 +353,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, c - h), min(1.0, c + h))
 
 
-def choose_beta(sm, dev_items: Sequence[OrderItem], tau_source, schedule, betas: Sequence[float], **kw) -> tuple[float, list]:
+def choose_beta(sm: "SteerModel", dev_items: Sequence[OrderItem], tau_source, schedule, betas: Sequence[float], **kw) -> tuple[float, list]:
     """The beta with the best dev accuracy (ties: the smallest |beta|); never pass the reported split."""
     rows = []
     for b in betas:
@@ -353,3 +361,91 @@ def choose_beta(sm, dev_items: Sequence[OrderItem], tau_source, schedule, betas:
         rows.append((float(b), choice_accuracy(sm, dev_items, steering=spec, **kw)["accuracy"]))
     best = max(rows, key=lambda r: (r[1], -abs(r[0])))
     return best[0], rows
+
+
+# --------------------------------------------------------------------------- the whole method
+@dataclass
+class TemporalConfig:
+    """``steerkit temporal``: ``n_pairs`` generated event pairs; ``eval`` order questions to evaluate
+    (0: skip) with beta picked among ``betas`` on ``n_dev`` separate dev questions; ``source``: the
+    source layer (default: the profile's peak, or the peak among the earlier layers when that is the
+    last layer, since nothing follows it)."""
+
+    n_pairs: int = 60
+    eval: int = 0
+    n_dev: int = 40
+    betas: tuple = (0.0, 0.5, 1.0, 2.0, 4.0)
+    seed: int = 0
+    source: Optional[int] = None
+
+
+@dataclass
+class TemporalResult:
+    """The profile, the source layer and its injection schedule, and the evaluation (when asked)."""
+
+    profile: Profile
+    source: int
+    schedule: LayerSchedule
+    note: Optional[str] = None
+    eval: Optional[dict] = None  # dev_rows, beta, base, fixed_tau, per_input_tau
+
+    def to_json(self) -> dict:
+        out = {"profile": self.profile.to_dict(), "source_layer": self.source}
+        if self.note:
+            out["note"] = self.note
+        if self.eval is not None:
+            out["eval"] = {k: ([list(r) for r in v] if k == "dev_rows" else v) for k, v in self.eval.items()}
+        return out
+
+    def plot(self, title: str | None = None):
+        """The profile's figure (:meth:`Profile.plot`)."""
+        return self.profile.plot(title)
+
+    def artifacts(self, sm: "SteerModel") -> dict:
+        """``{"temporal-tau": SteeringVector, "temporal-schedule": LayerSchedule}``: the dataset-mean tau of
+        the source layer, injected at every later layer with the schedule."""
+        prof, src = self.profile, self.source
+        sv = SteeringVector.from_direction(prof.tau[src], list(self.schedule.weights), sm, method="temporal-injection",
+                                           metrics={"source_layer": src, "rel": [float(x) for x in prof.rel]})
+        sv.schedule = self.schedule
+        return {"temporal-tau": sv, "temporal-schedule": self.schedule}
+
+
+def run(sm: "SteerModel", config: TemporalConfig | None = None, *, progress: bool = True) -> TemporalResult:
+    """The temporal divergence profile on ``config.n_pairs`` generated pairs, the source layer, and (with
+    ``config.eval``) order-question accuracy without injection, with the fixed tau and with per-input taus."""
+    cfg = config or TemporalConfig()
+    if cfg.n_pairs < 2:
+        raise InputError(f"expected n_pairs >= 2, found {cfg.n_pairs}")
+    if cfg.source is not None and not 0 <= cfg.source < sm.n_layers - 1:
+        raise InputError(f"expected source in 0..{sm.n_layers - 2} (a later layer must exist), found {cfg.source}")
+    pairs = temporal_pairs(cfg.n_pairs, seed=cfg.seed)
+    with tqdm(total=2 * len(pairs), desc="temporal profile", file=sys.stderr, disable=not progress) as bar:
+        prof = temporal_profile(sm, pairs, progress=bar.update)
+    src, note = prof.peak_layer, None
+    if cfg.source is not None:
+        src = int(cfg.source)
+    elif src == sm.n_layers - 1:
+        src = int(prof.rel[:-1].argmax())
+        note = f"peak is the last layer; source {src} = argmax over layers < {sm.n_layers - 1}"
+    sched = prof.schedule(src)
+    ev = None
+    if cfg.eval:
+        items = order_questions(cfg.n_dev + cfg.eval, seed=cfg.seed + 1)
+        dev, test = items[: cfg.n_dev], items[cfg.n_dev:]
+        tau = prof.tau[src]
+        with tqdm(total=4, desc="order questions", file=sys.stderr, disable=not progress) as bar:
+            beta, rows = choose_beta(sm, dev, tau, sched, [float(b) for b in cfg.betas])
+            bar.update(1)
+            base = choice_accuracy(sm, test)
+            bar.update(1)
+            fixed = choice_accuracy(sm, test, steering=injection_spec(tau, sched, beta))
+            bar.update(1)
+
+            def per_input(batch):
+                taus = per_input_taus(sm, [it.prompt for it in batch], [it.prompt_rev for it in batch], src)
+                return [injection_spec(t, sched, beta) for t in taus]
+            per = choice_accuracy(sm, test, steering=per_input)
+            bar.update(1)
+        ev = {"dev_rows": rows, "beta": beta, "base": base, "fixed_tau": fixed, "per_input_tau": per}
+    return TemporalResult(prof, src, sched, note, ev)

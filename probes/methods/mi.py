@@ -17,14 +17,29 @@ token is a thinking token is re-run with the block applied twice) and thinking-t
 (:func:`steerkit.generation.continue_thinking`). :func:`thinking_eval` compares them with plain
 greedy decoding on arithmetic or GSM8K problems (accuracy with Wilson intervals, generated tokens,
 recycled steps).
+
+:func:`run` (``run(sm, MIConfig(...))``, ``steerkit mi-peaks``) computes the trajectories on GSM8K
+questions, their peak tokens and optionally the thinking evaluation, as an :class:`MIResult`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
+
+from steerkit.datafiles import read_jsonl
+from steerkit.errors import InputError
+from steerkit.generation import Recycle, continue_thinking, single_token_ids
+
+from .region import EVAL_PROMPT, arithmetic_problems, gsm8k_problems, is_correct
+from .temporal import wilson
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 
 def _distmat(X: torch.Tensor) -> torch.Tensor:
@@ -50,7 +65,6 @@ def hsic_mi(x, y, sigma: float = 50.0, eps: float = 1e-5, *, dtype=torch.float32
     if y.dim() == 1:
         y = y.reshape(-1, 1)
     if x.shape[0] != y.shape[0]:
-        from steerkit.errors import InputError
         raise InputError(f"expected x and y with the same number of samples, found {x.shape[0]} and {y.shape[0]}")
     m = x.shape[0]
     Kxc, Kyc = _kernelmat(x, sigma), _kernelmat(y, sigma)
@@ -86,6 +100,8 @@ class MITrajectory:
         return {"layer": self.layer, "mi": [float(x) for x in self.mi], "tokens": self.tokens, "peaks": self.peaks,
                 "peak_tokens": self.peak_tokens, "text": self.text, "k": self.threshold_k}
 
+    to_json = to_dict
+
     def plot(self, title: str | None = None):
         """A plotly ``Figure``: MI per step, peaks marked with their tokens."""
         import plotly.graph_objects as go
@@ -98,7 +114,7 @@ class MITrajectory:
         return fig
 
 
-def reference_rep(sm, reference: str, layer: int, *, chat: bool = False) -> torch.Tensor:
+def reference_rep(sm: "SteerModel", reference: str, layer: int, *, chat: bool = False) -> torch.Tensor:
     """The reference solution's representation: block ``layer``'s output at its last token."""
     name = f"blocks.{layer}.hook_resid_post"
     with sm.record(name, positions="last") as cache:
@@ -106,7 +122,7 @@ def reference_rep(sm, reference: str, layer: int, *, chat: bool = False) -> torc
     return cache[name][0].float().cpu()
 
 
-def mi_trajectory(sm, prompt: str, reference: str, layer: int, *, max_new_tokens: int = 64, chat: bool = True,
+def mi_trajectory(sm: "SteerModel", prompt: str, reference: str, layer: int, *, max_new_tokens: int = 64, chat: bool = True,
                   k: float = 2.0, sigma: float = 50.0, eps: float = 1e-5) -> MITrajectory:
     """Greedy generation from ``prompt``; MI per step between block ``layer``'s output at the newest
     token and the reference representation. Step t's state is the one that produced token t (the
@@ -134,7 +150,6 @@ THINKING_WORDS = ("So", "Wait", "Hmm", "Therefore", "Let", "Now", "Then", "First
 def thinking_token_ids(tokenizer, words: Sequence[str] = THINKING_WORDS) -> tuple[list[int], list[str]]:
     """``(ids, dropped)``: the single-token forms (with and without a leading space) of ``words``, and
     the words that have no single-token form in this tokenizer."""
-    from steerkit.generation import single_token_ids
     return single_token_ids(tokenizer, words)
 
 
@@ -147,21 +162,16 @@ def peak_token_counts(trajectories: Sequence[MITrajectory]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def thinking_eval(sm, problems, *, layer: Optional[int] = None, words: Sequence[str] = THINKING_WORDS,
+def thinking_eval(sm: "SteerModel", problems, *, layer: Optional[int] = None, words: Sequence[str] = THINKING_WORDS,
                   continue_with: Optional[str] = "Wait", max_new_tokens: int = 96, continue_tokens: int = 64,
                   batch_size: int = 8, progress=None, keep_texts: int = 3) -> dict:
     """Accuracy of greedy decoding, representation recycling at ``layer`` (default two thirds deep)
     on the thinking ``words``, and thinking-token continuation with ``continue_with`` (skipped when
-    None), on ``problems`` (:class:`steerkit.probes.region.Problem`, asked with its EVAL_PROMPT).
+    None), on ``problems`` (:class:`steerkit.probes.methods.region.Problem`, asked with its EVAL_PROMPT).
 
     Returns ``{condition: {"accuracy", "ci95", "n", "tokens_mean", ...}, "layer", "thinking_ids",
     "examples"}``; ``progress(n)`` is called per batch and condition.
     """
-    from steerkit.generation import Recycle, continue_thinking
-    from steerkit.errors import InputError
-
-    from .region import EVAL_PROMPT, is_correct
-    from .temporal import wilson
     problems = list(problems)
     if not problems:
         raise InputError("expected at least one problem, found none")
@@ -190,7 +200,8 @@ def thinking_eval(sm, problems, *, layer: Optional[int] = None, words: Sequence[
             tick(1)
     out: dict = {"layer": layer, "thinking_ids": ids, "thinking_tokens": [sm.tokenizer.decode([t]) for t in ids],
                  "dropped_words": dropped, "n": len(problems), "recycled_steps": recycled}
-    tok = lambda t: len(sm.tokenizer.encode(t, add_special_tokens=False))
+    def tok(t):
+        return len(sm.tokenizer.encode(t, add_special_tokens=False))
     for cond, ts in texts.items():
         if cond == "continuation":  # judge the answer given after the final prompt
             ok = [is_correct(t.rsplit(" The answer is", 1)[-1], p.answer) for t, p in zip(ts, problems)]
@@ -214,3 +225,84 @@ def _new_ids(out) -> list[int]:
     if isinstance(x, torch.Tensor):
         x = x.reshape(-1).tolist()
     return [int(t) for t in x]
+
+
+# --------------------------------------------------------------------------- the whole method
+@dataclass
+class MIConfig:
+    """``steerkit mi-peaks``: MI trajectories on the first ``n`` rows of ``data`` (a question/answer jsonl;
+    default: the vendored ``reasoning/gsm8k_test_first300.jsonl``) at ``layer`` (default two thirds deep),
+    peaks above mean + ``k`` std. ``eval`` ("arith" or "gsm8k") also runs :func:`thinking_eval` on
+    ``n_eval`` problems, recycling at ``recycle_layer`` (default ``layer``) on ``thinking_words``
+    (default :data:`THINKING_WORDS`) and continuing with ``continue_with`` (empty: skipped)."""
+
+    data: Optional[str] = None
+    n: int = 3
+    layer: Optional[int] = None
+    max_new_tokens: int = 96
+    k: float = 2.0
+    eval: Optional[str] = None
+    n_eval: int = 30
+    recycle_layer: Optional[int] = None
+    thinking_words: Optional[tuple] = None
+    continue_with: str = "Wait"
+    eval_tokens: int = 96
+    eval_batch_size: int = 8
+
+
+@dataclass
+class MIResult:
+    """One :class:`MITrajectory` per question, the tokens at their peaks, and the thinking evaluation."""
+
+    layer: int
+    trajectories: list = field(default_factory=list)
+    thinking_eval: Optional[dict] = None
+    eval_data: Optional[str] = None
+
+    @property
+    def peak_tokens(self) -> dict[str, int]:
+        return peak_token_counts(self.trajectories)
+
+    def to_json(self) -> dict:
+        out = {"mi": [t.to_dict() for t in self.trajectories], "peak_tokens": self.peak_tokens}
+        if self.thinking_eval is not None:
+            out["thinking_eval"] = self.thinking_eval
+        return out
+
+    def plot(self, title: str | None = None):
+        """A plotly ``Figure``: MI per generation step, one line per question, peaks marked."""
+        import plotly.graph_objects as go
+        fig = go.Figure()
+        for i, tr in enumerate(self.trajectories):
+            fig.add_trace(go.Scatter(y=list(tr.mi), mode="lines", name=f"question {i}", text=tr.tokens))
+            fig.add_trace(go.Scatter(x=tr.peaks, y=[float(tr.mi[p]) for p in tr.peaks], mode="markers+text",
+                                     text=tr.peak_tokens, textposition="top center", name=f"peaks {i}",
+                                     showlegend=False))
+        fig.update_layout(title=title or f"MI per generation step (layer {self.layer})", xaxis_title="step",
+                          yaxis_title="MI (HSIC)")
+        return fig
+
+
+def run(sm: "SteerModel", config: MIConfig | None = None, *, progress: bool = True) -> MIResult:
+    """MI trajectories and their peaks on the questions; with ``config.eval``, :func:`thinking_eval`."""
+    cfg = config or MIConfig()
+    if cfg.eval not in (None, "arith", "gsm8k"):
+        raise InputError(f"expected eval None, 'arith' or 'gsm8k', found {cfg.eval!r}")
+    rows = read_jsonl("reasoning/gsm8k_test_first300.jsonl", path=cfg.data, n=cfg.n, what="question/answer rows")
+    layer = cfg.layer if cfg.layer is not None else (2 * sm.n_layers) // 3
+    res = MIResult(layer, eval_data=cfg.eval)
+    with tqdm(total=len(rows), desc="mi-peaks", file=sys.stderr, disable=not progress) as bar:
+        for r in rows:
+            q, a = r.get("question") or r.get("prompt"), r.get("answer") or r.get("solution")
+            res.trajectories.append(mi_trajectory(sm, q, a, layer, max_new_tokens=cfg.max_new_tokens, k=cfg.k))
+            bar.update(1)
+    if cfg.eval:
+        probs = arithmetic_problems(cfg.n_eval, seed=1) if cfg.eval == "arith" else gsm8k_problems(cfg.n_eval)
+        words = list(cfg.thinking_words) if cfg.thinking_words else THINKING_WORDS
+        rl = cfg.recycle_layer if cfg.recycle_layer is not None else layer
+        bs = cfg.eval_batch_size
+        steps = -(-len(probs) // bs) * (3 if cfg.continue_with else 2)
+        with tqdm(total=steps, desc="thinking eval", file=sys.stderr, disable=not progress) as bar:
+            res.thinking_eval = thinking_eval(sm, probs, layer=rl, words=words, continue_with=cfg.continue_with or None,
+                                              max_new_tokens=cfg.eval_tokens, batch_size=bs, progress=bar.update)
+    return res

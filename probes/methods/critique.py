@@ -30,25 +30,38 @@ how readily the model says a solution contains a wrong step.
   time). Error-detection F1 = harmonic mean of the accuracy on erroneous and on correct sequences,
   per alpha and layer (also the AUROC of the Yes-No margin, a threshold-free diagnostic that is not
   in the paper). :func:`logit_lens_tokens` reads the vector's top tokens through the final norm
-  and the unembedding (``steerkit.apps.compute.logit_lens``).
+  and the unembedding.
 
 Deviations from the paper: a small non-reasoning model (default SmolLM2-135M-Instruct) instead of
 reasoning models with their own traces; templated arithmetic traces (teacher-forced, not generated);
 the contrast falls back to error-vs-clean where recoveries are too rare.
+
+:func:`run` (``run(sm, CritiqueConfig(...))``, ``steerkit critique``) runs it all with a progress bar;
+a :class:`CritiqueResult` (``to_json``, ``plot``, ``artifacts``).
 """
 from __future__ import annotations
 
 import random
 import re
 import time
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
+from steerkit.datafiles import read_jsonl
 from steerkit.errors import InputError
+from steerkit.vectors import SteeringVector
+
+from ..metrics import auroc
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 METHOD = "critique-phan"
 DETECT_QUESTION = "Is there a wrong step in this solution?"
@@ -181,7 +194,6 @@ def check_step(step: str) -> bool:
 def gsm8k_error_traces(n: int | None = None, *, offset: int = 0, path=None) -> list[dict]:
     """Rows of the vendored GSM8K error prefixes (``question``, ``ground_truth``, ``search``: a reasoning
     prefix ending right after its first wrong calculation); Phan et al., MIT (``steerkit/data/README.md``)."""
-    from steerkit.datafiles import read_jsonl
     rows = read_jsonl("critique/gsm8k_train_error_first300.jsonl", path=path, n=n, offset=offset,
                       what="question/ground_truth/search rows")
     for i, r in enumerate(rows):
@@ -197,13 +209,13 @@ def _hook(layer: int) -> str:
     return f"blocks.{layer}.hook_resid_post"
 
 
-def _ids(sm, text: str, first: bool) -> list:
+def _ids(sm: "SteerModel", text: str, first: bool) -> list:
     tok = sm.tokenizer
     chat = bool(getattr(tok, "chat_template", None))
     return tok(text, add_special_tokens=first and not chat)["input_ids"]
 
 
-def _split(sm, trace: ArithTrace, chat: bool) -> tuple[list, list]:
+def _split(sm: "SteerModel", trace: ArithTrace, chat: bool) -> tuple[list, list]:
     """Token ids of (prompt + reasoning + newline) and of the answer sentence."""
     prefix = sm.format(SOLVE_PROMPT.format(question=trace.question), chat) + trace.reasoning + "\n"
     return _ids(sm, prefix, True), _ids(sm, trace.answer_sentence, False)
@@ -219,7 +231,7 @@ def _check_traces(traces, what: str) -> list:
     return traces
 
 
-def critique_activations(sm, traces: Sequence[ArithTrace], *, layers: Sequence[int] | None = None,
+def critique_activations(sm: "SteerModel", traces: Sequence[ArithTrace], *, layers: Sequence[int] | None = None,
                          chat: bool = True, batch_size: int = 16,
                          progress: Callable[[int], None] | None = None) -> Tensor:
     """``[n_traces, n_layers, d_model]`` (float32, CPU): block outputs averaged over the answer span."""
@@ -237,7 +249,7 @@ def critique_activations(sm, traces: Sequence[ArithTrace], *, layers: Sequence[i
         toks = sm.pad(ids)
         P = toks.input_ids.shape[1]
         mask = torch.zeros(len(batch), P, dtype=torch.bool)
-        for r, (p, s) in enumerate(parts):
+        for r, (_, s) in enumerate(parts):
             mask[r, P - len(s):] = True
         with sm.record(names, positions=mask.to(sm.device)) as cache:
             sm.forward(toks, chat=False)
@@ -249,7 +261,7 @@ def critique_activations(sm, traces: Sequence[ArithTrace], *, layers: Sequence[i
     return torch.cat(out)
 
 
-def model_answers(sm, traces: Sequence[ArithTrace], *, chat: bool = True, batch_size: int = 16,
+def model_answers(sm: "SteerModel", traces: Sequence[ArithTrace], *, chat: bool = True, batch_size: int = 16,
                   max_new_tokens: int = 8) -> list[int | None]:
     """The model's greedy final answer after each trace's steps and ``"The answer is"``."""
     traces = _check_traces(traces, "input")
@@ -289,7 +301,7 @@ def vector_from_activations(pos: Tensor, neg: Tensor) -> Tensor:
     return pos.float().mean(0) - neg.float().mean(0)
 
 
-def critique_vector(sm, clean: Sequence[ArithTrace], corrupted: Sequence[ArithTrace], *, contrast: str = "auto",
+def critique_vector(sm: "SteerModel", clean: Sequence[ArithTrace], corrupted: Sequence[ArithTrace], *, contrast: str = "auto",
                     min_recoveries: int = 4, recovered: Sequence[bool] | None = None, chat: bool = True,
                     batch_size: int = 16, progress: Callable[[int], None] | None = None) -> CritiqueVector:
     """The critique vector at every layer from paired clean / corrupted traces of the same questions.
@@ -339,12 +351,12 @@ def critique_vector(sm, clean: Sequence[ArithTrace], corrupted: Sequence[ArithTr
 
 # --------------------------------------------------------------------------- steering and evaluation
 
-def steer_critique(sm, vector, layer: int, alpha: float):
+def steer_critique(sm: "SteerModel", vector, layer: int, alpha: float):
     """A handle adding ``alpha * vector`` to block ``layer``'s output at every position (use with ``with``)."""
     if not 0 <= int(layer) < sm.n_layers:
         raise InputError(f"expected layer in 0..{sm.n_layers - 1}, found {layer}")
     v = torch.as_tensor(vector, dtype=torch.float32)
-    return sm.edit_op("add", {_hook(int(layer)): v}, scale=float(alpha), positions="all")
+    return sm.edit({_hook(int(layer)): v}, op="add", scale=float(alpha), positions="all")
 
 
 def yes_no_ids(tokenizer) -> tuple[int, int]:
@@ -378,7 +390,7 @@ def detection_scores(pred_error: Sequence[bool], is_error: Sequence[bool]) -> di
             "n_correct": int((~y).sum())}
 
 
-def yes_no_margins(sm, traces: Sequence[ArithTrace], *, vector=None, layer: int | None = None,
+def yes_no_margins(sm: "SteerModel", traces: Sequence[ArithTrace], *, vector=None, layer: int | None = None,
                    alpha: float = 0.0, chat: bool = True, batch_size: int = 16) -> np.ndarray:
     """``logit(Yes) - logit(No)`` at the answer position of each detection prompt (steered when given)."""
     traces = _check_traces(traces, "evaluation")
@@ -396,20 +408,19 @@ def yes_no_margins(sm, traces: Sequence[ArithTrace], *, vector=None, layer: int 
     return np.concatenate(out)
 
 
-def detection_eval(sm, traces: Sequence[ArithTrace], *, vector=None, layer: int | None = None,
+def detection_eval(sm: "SteerModel", traces: Sequence[ArithTrace], *, vector=None, layer: int | None = None,
                    alpha: float = 0.0, chat: bool = True, batch_size: int = 16) -> dict:
     """Error-detection scores (:func:`detection_scores`) with ``alpha * vector`` at block ``layer``."""
     traces = _check_traces(traces, "evaluation")
     m = yes_no_margins(sm, traces, vector=vector, layer=layer, alpha=alpha, chat=chat, batch_size=batch_size)
     y = [t.corrupted >= 0 for t in traces]
     d = detection_scores(m > 0, y)
-    from .metrics import auroc
     d["mean_margin"] = float(m.mean())
     d["auroc"] = auroc(np.asarray(y), m)  # threshold-free: do erroneous sequences get a higher Yes-No margin?
     return d
 
 
-def critique_sweep(sm, vectors: Tensor, traces: Sequence[ArithTrace], layers: Sequence[int] | None = None,
+def critique_sweep(sm: "SteerModel", vectors: Tensor, traces: Sequence[ArithTrace], layers: Sequence[int] | None = None,
                    alphas: Sequence[float] = DEFAULT_ALPHAS, *, chat: bool = True, batch_size: int = 16,
                    progress: Callable[[int], None] | None = None) -> list[dict]:
     """Rows ``{layer, alpha, f1, acc_error, acc_correct, ...}`` over layers x alphas (``alpha = 0`` is
@@ -440,11 +451,19 @@ def critique_sweep(sm, vectors: Tensor, traces: Sequence[ArithTrace], layers: Se
     return rows
 
 
-def logit_lens_tokens(sm, v, k: int = 10) -> dict:
+def logit_lens_tokens(sm: "SteerModel", v, k: int = 10) -> dict:
     """Top and bottom ``k`` tokens of ``unembed(final_norm(v))``."""
-    from steerkit.apps.compute import logit_lens
-    top, bottom = logit_lens(sm, v, k)
-    return {"top": top, "bottom": bottom}
+    norm = sm.adapter.final_norm_module(sm.hf_model)
+    unembed = sm.adapter.unembed_module(sm.hf_model)
+    with torch.inference_mode():
+        x = torch.as_tensor(v, dtype=sm.dtype, device=sm.device).reshape(1, 1, -1)
+        logits = unembed(norm(x)).reshape(-1).float().cpu()
+    k = min(k, logits.shape[0])
+    def dec(i):
+        return sm.tokenizer.decode([int(i)])
+    top, bot = torch.topk(logits, k), torch.topk(-logits, k)
+    return {"top": [(dec(i), float(s)) for s, i in zip(top.values, top.indices)],
+            "bottom": [(dec(i), float(-s)) for s, i in zip(bot.values, bot.indices)]}
 
 
 # --------------------------------------------------------------------------- one run
@@ -465,6 +484,8 @@ class CritiqueResult:
     lens: dict = field(default_factory=dict)  # layer -> {"top", "bottom"}
     model_name: str = ""
     seconds: float = 0.0
+    saved_layer: Optional[int] = None  # the layer :meth:`artifacts` saves (default: the best row's)
+    seed: int = 0
 
     @property
     def norms(self) -> list:
@@ -486,6 +507,24 @@ class CritiqueResult:
                 "layers": list(self.layers), "alphas": list(self.alphas), "rows": self.rows, "norms": self.norms,
                 "lens": {str(k): v for k, v in self.lens.items()}, "best": self.best(), "seconds": self.seconds}
 
+    def to_json(self) -> dict:
+        """:meth:`to_dict` with the saved layer."""
+        return {**self.to_dict(), "saved_layer": self.artifact_layer()}
+
+    def artifact_layer(self) -> int | None:
+        if self.saved_layer is not None:
+            return int(self.saved_layer)
+        b = self.best()
+        return None if b is None else int(b["layer"])
+
+    def artifacts(self, sm: "SteerModel") -> dict:
+        """``{"critique-vector": SteeringVector}`` at :meth:`artifact_layer` (:func:`to_artifact`)."""
+        layer = self.artifact_layer()
+        if layer is None:
+            raise InputError("expected at least one evaluated row to choose the saved layer, found none; set "
+                             "saved_layer")
+        return {"critique-vector": to_artifact(sm, self, layer, seed=self.seed)}
+
     def plot(self, title: str | None = None):
         """A plotly ``Figure``: error-detection F1 against alpha, one line per layer."""
         import plotly.graph_objects as go
@@ -499,7 +538,7 @@ class CritiqueResult:
         return fig
 
 
-def run_critique(sm, n: int = 40, *, n_eval: int | None = None, layers: Sequence[int] | None = None,
+def run_critique(sm: "SteerModel", n: int = 40, *, n_eval: int | None = None, layers: Sequence[int] | None = None,
                  alphas: Sequence[float] = DEFAULT_ALPHAS, contrast: str = "auto", min_recoveries: int = 4,
                  seed: int = 0, chat: bool = True, batch_size: int = 16, lens_k: int = 10,
                  progress: Callable[[int], None] | None = None) -> CritiqueResult:
@@ -523,9 +562,8 @@ def run_critique(sm, n: int = 40, *, n_eval: int | None = None, layers: Sequence
                           [float(a) for a in alphas], rows, lens, sm.name, time.perf_counter() - t0)
 
 
-def to_artifact(sm, result: CritiqueResult, layer: int, *, seed: int = 0):
+def to_artifact(sm: "SteerModel", result: CritiqueResult, layer: int, *, seed: int = 0):
     """The vector at ``layer`` as a ``SteeringVector`` with provenance (contrast, counts) and metrics."""
-    from steerkit.vectors import SteeringVector
     if not 0 <= layer < result.vectors.shape[0]:
         raise InputError(f"expected layer in 0..{result.vectors.shape[0] - 1}, found {layer}")
     rows = [r for r in result.rows if r["layer"] == layer]
@@ -535,3 +573,52 @@ def to_artifact(sm, result: CritiqueResult, layer: int, *, seed: int = 0):
                        "n_recovered": result.n_recovered, "n_train": result.n_train, "seed": seed,
                        "span": "final-answer sentence", "hook": _hook(layer)},
         metrics={"rows": rows, "norm": result.norms[layer], "lens": result.lens.get(layer, {})})
+
+
+# --------------------------------------------------------------------------- the method's config
+@dataclass
+class CritiqueConfig:
+    """``steerkit critique``: ``n`` training questions (a clean and a corrupted trace each), ``n_eval``
+    held-out step sequences (default ``n``), swept over ``layers`` (``None``: every 5th layer and the
+    last, a subset to save CPU time; ``"all"``: every layer) x ``alphas``; ``layer``: the layer whose
+    vector is saved (default: the layer of the best F1 among the swept ones)."""
+
+    n: int = 40
+    n_eval: Optional[int] = None
+    layers: Optional[object] = None  # None | "all" | a sequence of layer indices
+    alphas: tuple = DEFAULT_ALPHAS
+    contrast: str = "auto"
+    min_recoveries: int = 4
+    layer: Optional[int] = None
+    batch_size: int = 16
+    seed: int = 0
+
+    def swept_layers(self, n_layers: int) -> list[int]:
+        """The layers the sweep covers on a model with ``n_layers`` blocks."""
+        if self.layers is None:
+            return sorted(set(range(0, n_layers, 5)) | {n_layers - 1})
+        if isinstance(self.layers, str):
+            if self.layers != "all":
+                raise InputError(f"expected layers None, 'all' or a list of layer indices, found {self.layers!r}")
+            return list(range(n_layers))
+        return [int(l) for l in self.layers]
+
+
+def run(sm: "SteerModel", config: CritiqueConfig | None = None, *, progress: bool = True) -> CritiqueResult:
+    """The whole method (:func:`run_critique`) with a progress bar; the result saves the vector of
+    ``config.layer`` (default: the best F1's layer) through :meth:`CritiqueResult.artifacts`."""
+    cfg = config or CritiqueConfig()
+    n_eval = cfg.n if cfg.n_eval is None else cfg.n_eval
+    if cfg.n < 1 or n_eval < 2:
+        raise InputError(f"expected n >= 1 and n_eval >= 2, found {cfg.n} and {n_eval}")
+    layers = cfg.swept_layers(sm.n_layers)
+    alphas = [float(a) for a in cfg.alphas]
+    if cfg.layer is not None and cfg.layer not in layers:
+        raise InputError(f"expected layer among the swept layers {layers}, found {cfg.layer}")
+    total = 2 * cfg.n + len(layers) * len(alphas)  # traces recorded, then one step per (layer, alpha) row
+    with tqdm(total=total, desc="critique", file=sys.stderr, disable=not progress) as bar:
+        res = run_critique(sm, cfg.n, n_eval=n_eval, layers=layers, alphas=alphas, contrast=cfg.contrast,
+                           min_recoveries=cfg.min_recoveries, seed=cfg.seed, batch_size=cfg.batch_size,
+                           progress=bar.update)
+    res.saved_layer, res.seed = cfg.layer, cfg.seed
+    return res

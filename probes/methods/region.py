@@ -32,21 +32,35 @@ while the model reasons, moves the state at each new step to the closest point o
   ones when too few are correct), and re-paragraphed one step per sentence or line, each followed by
   a blank line (:func:`segment_steps`) before recording, since short solutions rarely contain one.
   :func:`region_eval` compares generated tokens and accuracy with and without projection.
+* :func:`run` (``run(sm, RegionConfig(...))``, ``steerkit region``) builds the problems, fits and
+  evaluates (:func:`run_region`) with a progress bar; a :class:`RegionResult`.
 """
 from __future__ import annotations
 
 import random
 import re
+import sys
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
+from steerkit.datafiles import read_jsonl
 from steerkit.errors import InputError
+from steerkit.kernels import MAX_HALFSPACES, MAX_M, SteerConfig
+from steerkit.model import Tokens
+from steerkit.positions import AnyOf, TokenMatch
+from steerkit.vectors import Region
+from steerkit.vectors.apply import check_compatible
+from steerkit.vectors.provenance import Provenance, prompts_hash
 
 from .temporal import wilson
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 METHOD = "region-hou"
 
@@ -190,7 +204,6 @@ def arithmetic_problems(n: int = 60, seed: int = 0, *, level: str = "easy", excl
 def gsm8k_problems(n: Optional[int] = None, *, offset: int = 0, path=None) -> list[Problem]:
     """GSM8K test problems (the vendored first 300, MIT; see ``steerkit/data/README.md``), rows
     ``offset .. offset + n``; ``path`` reads another jsonl with ``question`` / ``answer`` (``#### N``)."""
-    from steerkit.datafiles import read_jsonl
     rows = read_jsonl("reasoning/gsm8k_test_first300.jsonl", path=path, n=n, offset=offset,
                       what="GSM8K-style problems")
     out = []
@@ -295,7 +308,6 @@ class StepBoundaries:
 
     def spec(self, within: str = "generated"):
         """The position spec selecting the boundary tokens (``within`` all | prompt | generated)."""
-        from steerkit.positions import AnyOf, TokenMatch
         parts = []
         if self.single:
             parts.append(TokenMatch(self.single, within=within))
@@ -345,7 +357,6 @@ def step_boundaries(tokenizer) -> StepBoundaries:
 
 def steering_positions(tokenizer, *, last: bool = True):
     """``AnyOf("last", <generated step-boundary tokens>)``: where :func:`steer_region` edits."""
-    from steerkit.positions import AnyOf
     b = step_boundaries(tokenizer).spec("generated")
     return AnyOf("last", b) if last else b
 
@@ -361,7 +372,7 @@ def _hook(layer: int) -> str:
 
 
 @torch.inference_mode()
-def region_features(sm, texts: Sequence, layer: Optional[int] = None, *, prompts: Optional[Sequence[str]] = None,
+def region_features(sm: "SteerModel", texts: Sequence, layer: Optional[int] = None, *, prompts: Optional[Sequence[str]] = None,
                     chat: bool = True, batch_size: int = 8, return_counts: bool = False):
     """``[n_points, d_model]`` (float32, CPU): block ``layer``'s output at the step-boundary tokens of
     ``texts``, recorded teacher-forced.
@@ -370,7 +381,6 @@ def region_features(sm, texts: Sequence, layer: Optional[int] = None, *, prompts
     (a string, or the generated token ids), and only boundaries inside the text count; without, each
     text is a whole input (tokenized with ``chat``) and every boundary counts. ``return_counts`` also
     returns the number of points of each text."""
-    from steerkit.model import Tokens
     texts = list(texts)
     if prompts is not None and len(prompts) != len(texts):
         raise InputError(f"expected one prompt per text ({len(texts)}), found {len(prompts)}")
@@ -440,9 +450,6 @@ def fit_region(concise, verbose, *, n_components: int = 10, n_clusters: int = 8,
     from sklearn.cluster import KMeans
     from sklearn.svm import LinearSVC
 
-    from steerkit.kernels import MAX_HALFSPACES, MAX_M
-    from steerkit.vectors import Region
-    from steerkit.vectors.provenance import Provenance, prompts_hash
 
     Xc, Xv = _np64(concise, "concise"), _np64(verbose, "verbose")
     if Xc.shape[1] != Xv.shape[1]:
@@ -511,15 +518,13 @@ def fit_region(concise, verbose, *, n_components: int = 10, n_clusters: int = 8,
 # --------------------------------------------------------------------------- steering
 def region_spec(region, strength: float = 1.0) -> dict:
     """``{blocks.l.<site>: SteerConfig(region=...)}`` for :meth:`SteerModel.steer` / ``generate(steering=)``."""
-    from steerkit.kernels import SteerConfig
     return {f"blocks.{region.layer}.{region.hook_site}": SteerConfig(region=region.to_kernel(strength))}
 
 
-def steer_region(sm, region, strength: float = 1.0, *, positions=None, override: bool = False):
+def steer_region(sm: "SteerModel", region, strength: float = 1.0, *, positions=None, override: bool = False):
     """Register the projection on ``sm`` (a handle; use with ``with``): at the last prompt token and at
     generated step-boundary tokens (``positions`` overrides), ``h += s P^T (z* - z)`` at the region's
     layer, through the fused kernel. The region is checked against the model first."""
-    from steerkit.vectors.apply import check_compatible
     check_compatible(region, sm, override=override)
     pos = steering_positions(sm.tokenizer) if positions is None else positions
     return sm.steer(region_spec(region, strength), positions=pos)
@@ -543,7 +548,7 @@ class Solution:
         return len(self.tokens)
 
 
-def solve(sm, problems: Sequence[Problem], style: str = "eval", *, max_new_tokens: int = 96, batch_size: int = 16,
+def solve(sm: "SteerModel", problems: Sequence[Problem], style: str = "eval", *, max_new_tokens: int = 96, batch_size: int = 16,
           region=None, strength: float = 1.0, chat: bool = True, progress: Optional[Callable[[int], None]] = None
           ) -> list[Solution]:
     """Greedy solutions of ``problems`` with the ``style`` prompt (``"verbose"``, ``"concise"`` or
@@ -590,7 +595,7 @@ def summarize(sols: Sequence[Solution]) -> dict:
             "finished": float(np.mean([s.finished for s in sols])) if n else float("nan")}
 
 
-def region_eval(sm, problems: Sequence[Problem], region, *, strength: float = 1.0, max_new_tokens: int = 96,
+def region_eval(sm: "SteerModel", problems: Sequence[Problem], region, *, strength: float = 1.0, max_new_tokens: int = 96,
                 batch_size: int = 16, progress=None, keep_texts: int = 3) -> dict:
     """Generated tokens and accuracy on ``problems`` (the :data:`EVAL_PROMPT`) without and with the
     projection; ``paired_token_diff`` is projected minus baseline per problem (bootstrap 95%)."""
@@ -627,6 +632,32 @@ class RegionResult:
                 "n_concise_kept": self.n_concise_kept, "selection": self.selection, "n_points": self.n_points,
                 "fit": dict(self.region.provenance.metrics), "train": self.train_summary, "eval": ev}
 
+    to_json = to_dict
+
+    def plot(self, title: str | None = None):
+        """A plotly ``Figure``: mean generated tokens and accuracy of the training solutions (verbose,
+        concise) and, with an evaluation, of the held-out ones (baseline, projected)."""
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+        bars = {f"train {s}": self.train_summary[s] for s in ("verbose", "concise") if s in self.train_summary}
+        if self.eval is not None:
+            bars.update({f"held-out {k}": self.eval[k] for k in ("baseline", "projected") if k in self.eval})
+        names = list(bars)
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("generated tokens (mean)", "accuracy"))
+        fig.add_trace(go.Bar(x=names, y=[bars[k]["tokens_mean"] for k in names], name="tokens"), row=1, col=1)
+        fig.add_trace(go.Bar(x=names, y=[bars[k]["accuracy"] for k in names], name="accuracy"), row=1, col=2)
+        fig.update_yaxes(range=[0, 1], row=1, col=2)
+        fig.update_layout(title=title or f"concise region at layer {self.layer}", showlegend=False)
+        return fig
+
+    def artifacts(self, sm: "SteerModel") -> dict:
+        """``{"region-concise": Region}``, with the held-out evaluation in its provenance metrics."""
+        reg = self.region
+        if self.eval:
+            reg.provenance.metrics["eval"] = {k: self.eval[k] for k in ("baseline", "projected", "paired_token_diff")
+                                              if k in self.eval}
+        return {"region-concise": reg}
+
 
 def select_solutions(sols: Sequence[Solution], keep: str = "correct", min_kept: int = 8) -> tuple[list[Solution], str]:
     """The solutions to fit on and how they were chosen: ``keep="correct"`` keeps the correct ones, and
@@ -645,7 +676,7 @@ def select_solutions(sols: Sequence[Solution], keep: str = "correct", min_kept: 
     return answered, f"answered (fallback: {len(correct)} correct < min_kept={min_kept})"
 
 
-def run_region(sm, train: Sequence[Problem], test: Sequence[Problem] = (), *, layer: Optional[int] = None,
+def run_region(sm: "SteerModel", train: Sequence[Problem], test: Sequence[Problem] = (), *, layer: Optional[int] = None,
                n_components: int = 10, n_clusters: int = 8, strength: float = 1.0, max_new_tokens: int = 96,
                train_max_new_tokens: int = 96, batch_size: int = 16, seed: int = 0, keep: str = "correct",
                min_kept: int = 8, segment: bool = True, progress=None) -> RegionResult:
@@ -677,3 +708,58 @@ def run_region(sm, train: Sequence[Problem], test: Sequence[Problem] = (), *, la
         res.eval = region_eval(sm, test, region, strength=strength, max_new_tokens=max_new_tokens,
                                batch_size=batch_size, progress=progress)
     return res
+
+
+@dataclass
+class RegionConfig:
+    """``steerkit region``: ``n_train`` training and ``n_test`` held-out problems (0: fit only) from
+    ``data`` ("arith": templated arithmetic of ``level``; "gsm8k": the vendored problems, test ones from
+    the end of the file; "mix": half of each); the rest as :func:`run_region`."""
+
+    data: str = "arith"
+    level: str = "easy"
+    n_train: int = 40
+    n_test: int = 30
+    layer: Optional[int] = None
+    n_components: int = 10
+    n_clusters: int = 8
+    strength: float = 1.0
+    max_new_tokens: int = 96
+    train_max_new_tokens: int = 96
+    keep: str = "correct"
+    min_kept: int = 8
+    batch_size: int = 16
+    seed: int = 0
+
+
+def config_problems(config: RegionConfig) -> tuple[list[Problem], list[Problem]]:
+    """``(train, test)`` problems of ``config`` (test never repeats a training question)."""
+    cfg = config
+    if cfg.data not in ("arith", "gsm8k", "mix"):
+        raise InputError(f"expected data in ('arith', 'gsm8k', 'mix'), found {cfg.data!r}")
+    if cfg.n_train < 2 or cfg.n_test < 0:
+        raise InputError(f"expected n_train >= 2 and n_test >= 0, found {cfg.n_train} and {cfg.n_test}")
+    if cfg.data != "arith" and cfg.n_train + cfg.n_test > 300:
+        raise InputError(f"expected n_train + n_test <= 300 (the vendored GSM8K problems), found "
+                         f"{cfg.n_train + cfg.n_test}")
+
+    def problems(n, seed, offset, exclude=()):
+        if n == 0:
+            return []
+        n_g = {"arith": 0, "gsm8k": n, "mix": n // 2}[cfg.data]
+        out = gsm8k_problems(n_g, offset=offset) if n_g else []
+        return out + arithmetic_problems(n - n_g, seed=seed, level=cfg.level, exclude=exclude)
+    train = problems(cfg.n_train, cfg.seed, 0)
+    test = problems(cfg.n_test, cfg.seed + 1, 300 - cfg.n_test, exclude=[p.question for p in train])
+    return train, test
+
+
+def run(sm: "SteerModel", config: RegionConfig | None = None, *, progress: bool = True) -> RegionResult:
+    """The whole method on the problems of ``config`` (:func:`config_problems`, :func:`run_region`)."""
+    cfg = config or RegionConfig()
+    train, test = config_problems(cfg)
+    with tqdm(total=2 * len(train) + 2 * len(test), desc="region", file=sys.stderr, disable=not progress) as bar:
+        return run_region(sm, train, test, layer=cfg.layer, n_components=cfg.n_components,
+                          n_clusters=cfg.n_clusters, strength=cfg.strength, max_new_tokens=cfg.max_new_tokens,
+                          train_max_new_tokens=cfg.train_max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed,
+                          keep=cfg.keep, min_kept=cfg.min_kept, progress=bar.update)

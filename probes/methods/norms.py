@@ -16,17 +16,25 @@
   embeddings), recording the mean norm after every block application: norm growth with depth
   beyond the model's own depth. A :class:`NormChain`.
 
-All three results have ``to_dict()`` and ``plot()`` (plotly figures).
+All three results have ``to_dict()`` / ``to_json()`` and ``plot()`` (plotly figures).
+:func:`run` (``run(sm, NormsConfig(...))``, ``steerkit norms``) computes the three on one prompt set
+as a :class:`NormsResult`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional, Sequence
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from steerkit.errors import InputError
+from steerkit.hooknames import resid_post
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 
 def _prompt_list(prompts) -> list[str]:
@@ -60,9 +68,12 @@ class NormProfile:
         return self.mean[1:] / np.maximum(self.mean[:-1], 1e-12)
 
     def to_dict(self) -> dict:
-        f = lambda a: [float(x) for x in a]
+        def f(a):
+            return [float(x) for x in a]
         return {"model": self.model_name, "n_tokens": self.n_tokens, "mean": f(self.mean), "std": f(self.std),
                 "mean_no_first": f(self.mean_no_first), "first": f(self.first), "growth": f(self.growth)}
+
+    to_json = to_dict
 
     def plot(self, title: str | None = None):
         """A plotly ``Figure`` of the per-layer norms (log scale)."""
@@ -78,9 +89,8 @@ class NormProfile:
         return fig
 
 
-def norm_profile(sm, prompts: Sequence[str], *, batch_size: int = 16, chat: bool = True) -> NormProfile:
+def norm_profile(sm: "SteerModel", prompts: Sequence[str], *, batch_size: int = 16, chat: bool = True) -> NormProfile:
     """Per-layer residual norms of ``prompts`` on ``sm``."""
-    from steerkit.hooknames import resid_post
     prompts = _prompt_list(prompts)
     names = resid_post(range(sm.n_layers))
     alls, firsts, rests = [[] for _ in names], [[] for _ in names], [[] for _ in names]
@@ -95,11 +105,13 @@ def norm_profile(sm, prompts: Sequence[str], *, batch_size: int = 16, chat: bool
                 alls[j].append(v)
                 firsts[j].append(v[:1])
                 rests[j].append(v[1:])
-    cat = lambda ls: torch.cat(ls) if ls else torch.zeros(0)
+    def cat(ls):
+        return torch.cat(ls) if ls else torch.zeros(0)
     A = [cat(a) for a in alls]
     R = [cat(a) for a in rests]
     F = [cat(a) for a in firsts]
-    mean_of = lambda t: float(t.mean()) if t.numel() else float("nan")
+    def mean_of(t):
+        return float(t.mean()) if t.numel() else float("nan")
     return NormProfile(mean=np.array([mean_of(a) for a in A]),
                        std=np.array([float(a.std()) if a.numel() > 1 else 0.0 for a in A]),
                        mean_no_first=np.array([mean_of(a) for a in R]), first=np.array([mean_of(a) for a in F]),
@@ -131,11 +143,14 @@ class AttentionDrift:
         return int(self.sink.shape[1])
 
     def to_dict(self) -> dict:
-        f = lambda a: [[float(x) for x in row] for row in a]
+        def f(a):
+            return [[float(x) for x in row] for row in a]
         return {"model": self.model_name, "window": self.window, "n_prompts": self.n_prompts,
                 "rows_per_step": [int(x) for x in self.rows_per_step], "sink": f(self.sink),
                 "recent": f(self.recent), "prompt": f(self.prompt), "generated": f(self.generated),
                 "norm": f(self.norm)}
+
+    to_json = to_dict
 
     def plot(self, layers: Optional[Sequence[int]] = None, title: str | None = None):
         """A plotly ``Figure``: sink / prompt / recent / generated mass per step for a few layers (top),
@@ -179,11 +194,10 @@ def _set_attn(model, impl: str) -> str:
 
 
 @torch.inference_mode()
-def attention_drift(sm, prompts: Sequence[str], *, max_new_tokens: int = 32, window: int = 4,
+def attention_drift(sm: "SteerModel", prompts: Sequence[str], *, max_new_tokens: int = 32, window: int = 4,
                     chat: bool = True, batch_size: int = 8) -> AttentionDrift:
     """Attention mass on sink / prompt / recent / older generated tokens and the residual norm at the
     newest token, per layer and greedy generation step (see the module docstring)."""
-    from steerkit.hooknames import resid_post
     prompts = _prompt_list(prompts)
     if window < 1:
         raise InputError(f"expected a recent-token window >= 1, found {window}")
@@ -257,9 +271,12 @@ class NormChain:
         return ends[1:] / np.maximum(ends[:-1], 1e-12)
 
     def to_dict(self) -> dict:
-        f = lambda a: [float(x) for x in a]
+        def f(a):
+            return [float(x) for x in a]
         return {"model": self.model_name, "n_layers": self.n_layers, "passes": self.passes,
                 "norms": f(self.norms), "first": f(self.first), "growth_per_pass": f(self.growth_per_pass)}
+
+    to_json = to_dict
 
     def plot(self, title: str | None = None):
         import plotly.graph_objects as go
@@ -275,7 +292,7 @@ class NormChain:
 
 
 @torch.inference_mode()
-def norm_chain(sm, prompts: Sequence[str], *, passes: int = 3, chat: bool = True) -> NormChain:
+def norm_chain(sm: "SteerModel", prompts: Sequence[str], *, passes: int = 3, chat: bool = True) -> NormChain:
     """Run the prompts once, then push the last block's output through all blocks ``passes - 1`` more
     times, each block called with the arguments it got in the real pass (see the module docstring)."""
     prompts = _prompt_list(prompts)
@@ -325,7 +342,8 @@ def norm_chain(sm, prompts: Sequence[str], *, passes: int = 3, chat: bool = True
     norms, firsts = [], []
     for l in range(L):
         a, f0 = stats(outs[l])
-        norms.append(a); firsts.append(f0)
+        norms.append(a)
+        firsts.append(f0)
     h = outs[-1]
     for _ in range(passes - 1):
         for l, blk in enumerate(blocks):
@@ -334,5 +352,67 @@ def norm_chain(sm, prompts: Sequence[str], *, passes: int = 3, chat: bool = True
                                                                  "cache", "layer_past")}
             h = hidden(blk(h, *args, **kwargs))
             a, f0 = stats(h)
-            norms.append(a); firsts.append(f0)
+            norms.append(a)
+        firsts.append(f0)
     return NormChain(np.array(norms), np.array(firsts), L, passes, getattr(sm, "name", ""))
+
+
+# --------------------------------------------------------------------------- the whole method
+DEFAULT_PROMPTS = ("What is the capital of France?", "Write a haiku about rain.", "Explain photosynthesis briefly.",
+                   "List three prime numbers.", "How do I boil an egg?", "Tell me a joke about cats.")
+
+
+@dataclass
+class NormsConfig:
+    """``steerkit norms``: ``prompts`` (default :data:`DEFAULT_PROMPTS`); ``drift_tokens`` greedy tokens
+    for the attention drift (0 skips it) with a recent-token ``window``; ``passes`` through the blocks
+    for the re-applied-blocks chain (1 skips it)."""
+
+    prompts: Optional[tuple] = None
+    drift_tokens: int = 32
+    window: int = 4
+    passes: int = 3
+
+
+@dataclass
+class NormsResult:
+    """The norm profile, and the re-applied-blocks chain and attention drift when computed."""
+
+    profile: NormProfile
+    n_prompts: int
+    chain: Optional[NormChain] = None
+    drift: Optional[AttentionDrift] = None
+
+    def to_json(self) -> dict:
+        out = {"norms": self.profile.to_dict()}
+        if self.chain is not None:
+            out["chain"] = self.chain.to_dict()
+        if self.drift is not None:
+            out["drift"] = self.drift.to_dict()
+        return out
+
+    def figures(self) -> list:
+        """Every figure: the profile, then the chain and the drift when computed."""
+        return [self.profile.plot()] + [x.plot() for x in (self.chain, self.drift) if x is not None]
+
+    def plot(self, title: str | None = None):
+        """The norm profile's figure (:meth:`NormProfile.plot`; :meth:`figures` has all of them)."""
+        return self.profile.plot(title)
+
+
+def run(sm: "SteerModel", config: NormsConfig | None = None, *, progress: bool = True) -> NormsResult:
+    """Norm profile, re-applied-blocks chain (``passes > 1``) and attention drift (``drift_tokens > 0``)."""
+    cfg = config or NormsConfig()
+    prompts = _prompt_list(cfg.prompts if cfg.prompts is not None else DEFAULT_PROMPTS)
+    steps = 1 + (cfg.passes > 1) + (cfg.drift_tokens > 0)
+    with tqdm(total=steps, desc="norms", file=sys.stderr, disable=not progress) as bar:
+        prof = norm_profile(sm, prompts)
+        bar.update(1)
+        chain = drift = None
+        if cfg.passes > 1:
+            chain = norm_chain(sm, prompts, passes=cfg.passes)
+            bar.update(1)
+        if cfg.drift_tokens > 0:
+            drift = attention_drift(sm, prompts, max_new_tokens=cfg.drift_tokens, window=cfg.window)
+            bar.update(1)
+    return NormsResult(prof, len(prompts), chain, drift)

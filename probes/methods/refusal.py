@@ -37,7 +37,13 @@ Method, as published (reference code: github.com/andyrdt/refusal_direction):
    refusal-prefix list; any ``judge(prompts, completions) -> list[bool]``, e.g. a guard model)
    on greedy generations.
 
-:func:`run_refusal` runs all of it; ``steerkit refusal`` is its command line.
+7. **First-token probe** (:func:`first_token_probe`): a harmful-vs-harmless logistic probe on the
+   residual stream at the first generated token (see the comment above it).
+
+:func:`run` (``run(sm, RefusalConfig(...))``, with progress bars) and :func:`run_refusal` (with a
+progress callback) run all of it; ``steerkit refusal`` is the command line. The
+:class:`RefusalResult` gives its JSON report (``to_json``), a figure (``plot``) and the store
+artifacts (``artifacts``).
 """
 from __future__ import annotations
 
@@ -46,16 +52,30 @@ import copy
 import json
 import math
 import random
+import sys
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
+from tqdm import tqdm
 
+from steerkit.adapters import adapter_for
 from steerkit.errors import InputError, UnsupportedArchitectureError
+from steerkit.export_hf import export_hf
+from steerkit.vectors import DirectionSet, SteeringVector
+
+from ..linear import fit_logistic, pipeline_to_probe
+from ..metrics import auroc, bootstrap_auroc_ci, check_labels
+from ..sweep import sweep_activations
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 DEFAULT_REFUSAL_WORDS = ("I", "As")
 # The refusal-substring list of the reference code (JailbreakBench's prefixes), matched
@@ -115,7 +135,7 @@ def refusal_token_ids(tokenizer, words: Iterable[str] = DEFAULT_REFUSAL_WORDS) -
     return ids
 
 
-def post_instruction_positions(sm, *, chat: bool = True) -> tuple[list[int], list[str]]:
+def post_instruction_positions(sm: "SteerModel", *, chat: bool = True) -> tuple[list[int], list[str]]:
     """The chat-template tokens after the instruction: negative indices (``-1`` = last) and their texts.
 
     Found at run time by formatting a sentinel instruction and taking every token that starts
@@ -143,7 +163,7 @@ def _batches(xs: Sequence, bs: int):
 
 
 @torch.inference_mode()
-def last_logits(sm, prompts: Sequence[str], *, batch_size: int = 16, chat: bool = True) -> Float[Tensor, "n vocab"]:
+def last_logits(sm: "SteerModel", prompts: Sequence[str], *, batch_size: int = 16, chat: bool = True) -> Float[Tensor, "n vocab"]:
     """Next-token logits at the last prompt position ``[n, vocab]`` (float32), in batches.
 
     Hooks registered on ``sm`` (edits, records) are active. On the HF backend only the last
@@ -166,7 +186,7 @@ def last_logits(sm, prompts: Sequence[str], *, batch_size: int = 16, chat: bool 
 
 
 def refusal_score_from_logits(logits: Float[Tensor, "n vocab"], refusal_ids: Sequence[int],
-                              eps: float = EPS) -> Float[Tensor, "n"]:
+                              eps: float = EPS) -> Float[Tensor, " n"]:
     """``log p - log(1 - p)`` with ``p`` the probability mass on ``refusal_ids`` (float64)."""
     if logits.dim() == 3:
         logits = logits[:, -1]
@@ -175,7 +195,7 @@ def refusal_score_from_logits(logits: Float[Tensor, "n vocab"], refusal_ids: Seq
     return torch.log(p + eps) - torch.log(1 - p + eps)
 
 
-def refusal_scores(sm, prompts: Sequence[str], refusal_ids: Sequence[int], *, batch_size: int = 16) -> Tensor:
+def refusal_scores(sm: "SteerModel", prompts: Sequence[str], refusal_ids: Sequence[int], *, batch_size: int = 16) -> Tensor:
     """Refusal score of each prompt ``[n]`` under whatever edits are active on ``sm``."""
     return refusal_score_from_logits(last_logits(sm, prompts, batch_size=batch_size), refusal_ids)
 
@@ -191,15 +211,15 @@ def kl_last(base_logits: Tensor, new_logits: Tensor) -> Tensor:
 ABLATION_SITES = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out")
 
 
-def ablation(sm, direction: Float[Tensor, "d_model"]):
+def ablation(sm: "SteerModel", direction: Float[Tensor, " d_model"]):
     """Directional ablation of ``direction`` (normalised) at every block input, attention output
     and MLP output, all positions. Returns a handle; use it with ``with``."""
     r = _unit(direction, sm.d_model)
     names = [f"blocks.{l}.{k}" for l in range(sm.n_layers) for k in ABLATION_SITES]
-    return sm.edit_op("ablate", {n: r for n in names})
+    return sm.edit({n: r for n in names}, op="ablate")
 
 
-def addition(sm, direction: Float[Tensor, "d_model"], layer: int, scale: float = 1.0):
+def addition(sm: "SteerModel", direction: Float[Tensor, " d_model"], layer: int, scale: float = 1.0):
     """Activation addition of ``scale * direction`` at ``blocks.{layer}.hook_resid_pre``, all positions."""
     return sm.edit(f"blocks.{int(layer)}.hook_resid_pre", add=direction.float(), scale=scale)
 
@@ -218,7 +238,7 @@ def _unit(v: Tensor, d_model: int | None = None) -> Tensor:
 
 # --------------------------------------------------------------------------- candidates
 @torch.inference_mode()
-def record_resid_pre(sm, prompts: Sequence[str], positions: list[int], refusal_ids: Sequence[int] | None = None,
+def record_resid_pre(sm: "SteerModel", prompts: Sequence[str], positions: list[int], refusal_ids: Sequence[int] | None = None,
                      *, batch_size: int = 16, progress=None):
     """Residual stream at every block input and ``positions``: ``[n, n_pos, n_layers, d_model]``,
     and the refusal scores of the same forward passes (``None`` without ``refusal_ids``)."""
@@ -338,7 +358,7 @@ class Selection:
 
 
 @torch.inference_mode()
-def select_direction(sm, candidates: Tensor, positions: list[int], harmful_val: Sequence[str],
+def select_direction(sm: "SteerModel", candidates: Tensor, positions: list[int], harmful_val: Sequence[str],
                      harmless_val: Sequence[str], refusal_ids: Sequence[int], *, prune_frac: float = 0.2,
                      kl_max: float = 0.1, induce_min: float = 0.0, lazy: bool = True, batch_size: int = 16,
                      layers: Sequence[int] | None = None, progress=None,
@@ -427,36 +447,6 @@ def select_direction(sm, candidates: Tensor, positions: list[int], harmful_val: 
 
 
 # --------------------------------------------------------------------------- weight orthogonalisation
-_OUT_NAMES = ("o_proj", "down_proj", "out_proj", "dense", "c_proj", "fc2", "dense_4h_to_h")
-
-
-def _output_linear(module: nn.Module, d_model: int) -> nn.Linear:
-    if isinstance(module, nn.Linear) and module.out_features == d_model:
-        return module
-    for n in _OUT_NAMES:
-        m = getattr(module, n, None)
-        if isinstance(m, nn.Linear) and m.out_features == d_model:
-            return m
-    lin = [m for m in module.modules() if isinstance(m, nn.Linear) and m.out_features == d_model]
-    if not lin:
-        raise UnsupportedArchitectureError(f"expected a Linear layer writing d_model={d_model} features in "
-                                           f"{type(module).__name__}, found none")
-    return lin[-1]
-
-
-def _writer(adapter, model, layer: int, which: str, d_model: int) -> nn.Linear:
-    mod = adapter.attn_out_module(model, layer) if which == "attn" else adapter.mlp_out_module(model, layer)
-    cls = type(mod).__name__.lower()
-    if "norm" in cls:
-        raise UnsupportedArchitectureError(
-            f"adapter {adapter.name!r}: the {which} output passes through {type(mod).__name__} before the residual "
-            "stream; a projection does not commute with that norm, so weight orthogonalisation cannot fold the "
-            "ablation into the weights. Use run-time ablation (steerkit.probes.refusal.ablation) instead")
-    if isinstance(mod, nn.Dropout) or "dropout" in cls:  # Phi-3: the writer sits in self_attn / mlp
-        mod = getattr(adapter.block(model, layer), adapter.attn if which == "attn" else "mlp")
-    return _output_linear(mod, d_model)
-
-
 @torch.no_grad()
 def orthogonalize_weights(model: nn.Module, direction: Tensor, adapter=None, *, inplace: bool = False) -> nn.Module:
     """A model (a copy unless ``inplace``) whose embedding, attention-output and MLP-output weights
@@ -464,7 +454,6 @@ def orthogonalize_weights(model: nn.Module, direction: Tensor, adapter=None, *, 
     writes along ``r`` -- exactly run-time :func:`ablation` at every block input, attention output
     and MLP output. Tied input/output embeddings are untied (the unembedding keeps its weights).
     """
-    from steerkit.adapters import adapter_for
     adapter = adapter or adapter_for(model)
     if hasattr(model, "hf_model"):
         raise InputError("expected a Hugging Face model, found a SteerModel; pass sm.hf_model")
@@ -489,7 +478,7 @@ def orthogonalize_weights(model: nn.Module, direction: Tensor, adapter=None, *, 
     W.copy_((W.double() - (W.double() @ r)[:, None] * r[None, :]).to(W.dtype))
     for l in range(adapter.n_layers(m)):
         for which in ("attn", "mlp"):
-            lin = _writer(adapter, m, l, which, d)
+            lin = adapter.residual_writer(m, l, which)
             Wo = lin.weight  # [d_model, d_in]
             Wo.copy_((Wo.double() - r[:, None] * (r[None, :] @ Wo.double())).to(Wo.dtype))
             if lin.bias is not None:
@@ -498,16 +487,13 @@ def orthogonalize_weights(model: nn.Module, direction: Tensor, adapter=None, *, 
     return m
 
 
-def save_orthogonalized(sm, direction: Tensor, out_dir: str | Path, *, overwrite: bool = False) -> Path:
+def save_orthogonalized(sm: "SteerModel", direction: Tensor, out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """Write a loadable Hugging Face folder (weights + tokenizer) with ``direction`` orthogonalised out.
 
     Written with :func:`steerkit.export_hf.export_hf` (atomic; works for the GGUF-loaded default
     model, which ``save_pretrained`` refuses); ``steerkit_orthogonalized.json`` in the folder
     records the source model and the direction's norm. Load it with ``steerkit.load_model(out_dir)``.
     """
-    from types import SimpleNamespace
-
-    from steerkit.export_hf import export_hf
     m = orthogonalize_weights(sm.hf_model, direction, sm.adapter)
     view = SimpleNamespace(hf_model=m, tokenizer=sm.tokenizer, name=f"{sm.name} (refusal direction orthogonalised)",
                            source_gguf=None, n_layers=sm.n_layers, d_model=sm.d_model)
@@ -535,7 +521,7 @@ def judge_refusals(judge: Judge, prompts: Sequence[str], completions: Sequence[s
     return [bool(x) for x in out]
 
 
-def generate_batched(sm, prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 16,
+def generate_batched(sm: "SteerModel", prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 16,
                      progress=None) -> list[str]:
     out: list[str] = []
     for chunk in _batches(list(prompts), batch_size):
@@ -545,12 +531,207 @@ def generate_batched(sm, prompts: Sequence[str], *, max_new_tokens: int, batch_s
     return out
 
 
+# --------------------------------------------------------------------------- the first-token probe
+# Is the decision to refuse readable at the start of the response?
+#
+# Safety decisions are made at the start of the response, so the representation to probe is the
+# residual stream at the *first generated token*: the model's own greedy response is generated,
+# and the activations of every layer (``blocks.{l}.hook_resid_post``) are recorded at the
+# position of its first token (the same numbers as a teacher-forced pass over prompt + response,
+# computed with the KV cache during generation), and at the last prompt token for comparison.
+#
+# Two label kinds, named for what they are:
+#
+# * ``behaviour`` -- refusal (1) or compliance (0) of the model's own greedy generation, from the
+#   judge (:func:`substring_judge` by default; any
+#   ``judge(prompts, completions) -> list[bool]``). Needs enough refusals for two classes.
+# * ``prompt`` -- the prompt's harmful (1) / harmless (0) label from the data set. Small models
+#   refuse rarely, so this is the one that always has two classes.
+#
+# The probe is the generic pipeline of :mod:`steerkit.probes.linear` (StandardScaler -> PCA to
+# ``min(100, n - 1)`` -> balanced LogisticRegression). Per layer and position: out-of-fold AUROC
+# (stratified 5-fold CV) with a 500-resample bootstrap interval on the *train* prompts
+# (:func:`steerkit.probes.sweep_activations`), and the AUROC with its bootstrap interval on the
+# held-out *test* prompts of a probe fitted on all train prompts. The best layer is chosen on the
+# train CV AUROC only, never on the test prompts it is reported on.
+POSITIONS = ("first_generated", "last_prompt")
+LABEL_KINDS = ("prompt", "behaviour")
+
+
+@torch.inference_mode()
+def first_token_activations(sm: "SteerModel", prompts: Sequence[str], *, max_new_tokens: int = 24, batch_size: int = 16,
+                            progress=None):
+    """Greedy generations and ``resid_post`` of every layer at the first generated token and at the
+    last prompt token: ``(completions, {"first_generated": [L, n, d], "last_prompt": [L, n, d]})``."""
+    if max_new_tokens < 2:
+        raise InputError(f"expected max_new_tokens >= 2 (the first generated token must be fed back), "
+                         f"found {max_new_tokens}")
+    prompts = list(prompts)
+    if not prompts:
+        raise InputError("expected at least one prompt, found an empty list")
+    names = [f"blocks.{l}.hook_resid_post" for l in range(sm.n_layers)]
+    comps: list[str] = []
+    first, last = [], []
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i:i + batch_size]
+        with sm.record(names, positions="generated") as gen, sm.record(names, positions="last") as lst:
+            comps += sm.generate(chunk, max_new_tokens=max_new_tokens)
+        P = int(sm.tokenize(chunk).input_ids.shape[1])
+        for n in names:
+            pos = gen.positions(n)
+            if not bool((pos[:, 0] == P).all()):
+                raise InputError(f"expected the first generated position {P} in every row, found {pos[:, 0].tolist()}")
+        first.append(torch.stack([gen[n][:, 0] for n in names]).float().cpu())
+        last.append(torch.stack([lst[n] for n in names]).float().cpu())
+        if progress is not None:
+            progress(len(chunk))
+    return comps, {"first_generated": torch.cat(first, 1), "last_prompt": torch.cat(last, 1)}
+
+
+def heldout_auroc(X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray, y_test: np.ndarray, *,
+                  n_boot: int = 500, seed: int = 0) -> tuple[float, float, float]:
+    """AUROC (and bootstrap interval) on the test rows of the logistic pipeline fitted on the train rows."""
+    if X_train.ndim != 2 or X_test.ndim != 2 or X_train.shape[1] != X_test.shape[1]:
+        raise InputError(f"expected train and test activations [n, d] of equal d, found {X_train.shape} and {X_test.shape}")
+    for what, X in (("train", X_train), ("test", X_test)):
+        if not np.isfinite(X).all():
+            raise InputError(f"expected finite {what} activations, found NaN or inf")
+    y_train = check_labels(y_train, len(X_train), what="train labels")
+    y_test = check_labels(y_test, len(X_test), what="test labels")
+    pipe = fit_logistic(X_train, labels=y_train, seed=seed)
+    s = pipe.decision_function(X_test)
+    lo, hi = bootstrap_auroc_ci(y_test, s, n_boot=n_boot, seed=seed)
+    return auroc(y_test, s), lo, hi
+
+
+@dataclass
+class ProbeResult:
+    rows: list[dict]
+    best: dict
+    probe: object  # steerkit.vectors.Probe: harmful-vs-harmless at the first generated token, best layer
+    completions: dict
+    refused: dict
+    notes: list[str] = field(default_factory=list)
+
+    def table(self, labels: str = "prompt", position: str = "first_generated") -> list[dict]:
+        return [r for r in self.rows if r["labels"] == labels and r["position"] == position]
+
+    def to_json(self) -> dict:
+        """The numbers (rows, best, completions, verdicts, notes) as JSON-serialisable values."""
+        return _clean({"best": self.best, "rows": self.rows, "completions": self.completions,
+                       "refused": self.refused, "notes": self.notes})
+
+    def plot(self, title: str | None = None):
+        """A plotly ``Figure``: train CV AUROC (band: bootstrap 95%) per layer, one line per label kind and
+        position."""
+        import plotly.graph_objects as go
+        fig = go.Figure()
+        for kind in LABEL_KINDS:
+            for pos in POSITIONS:
+                rs = sorted(self.table(kind, pos), key=lambda r: r["layer"])
+                if rs:
+                    fig.add_trace(go.Scatter(x=[r["layer"] for r in rs], y=[r["cv_auroc"] for r in rs],
+                                             mode="lines+markers", name=f"{kind} labels, {pos}",
+                                             error_y={"type": "data", "symmetric": False,
+                                                      "array": [r["cv_ci"][1] - r["cv_auroc"] for r in rs],
+                                                      "arrayminus": [r["cv_auroc"] - r["cv_ci"][0] for r in rs]}))
+        fig.update_layout(title=title or "first-token refusal probe: train CV AUROC per layer",
+                          xaxis_title="layer", yaxis_title="AUROC", yaxis_range=[0, 1.05])
+        return fig
+
+
+def probe_rows(acts: dict, labels: dict, *, n_folds: int = 5, n_boot: int = 500, seed: int = 0,
+               notes: list | None = None) -> list[dict]:
+    """Per label kind, position and layer: train CV AUROC (+CI) and held-out test AUROC (+CI).
+
+    ``acts[split][position]``: ``[L, n, d]``; ``labels[split][kind]``: ``[n]`` 0/1. A label kind
+    whose train labels have fewer than ``n_folds`` of a class is skipped (with a note); test
+    AUROC is ``NaN`` when the test labels have one class.
+    """
+    from threadpoolctl import threadpool_limits
+    notes = notes if notes is not None else []
+    rows: list[dict] = []
+    for kind in labels["train"]:
+        ytr, yte = np.asarray(labels["train"][kind]), np.asarray(labels["test"][kind])
+        cnt = np.bincount(ytr.astype(np.int64), minlength=2)
+        if cnt.min() < n_folds:
+            notes.append(f"{kind} labels: train has {cnt[1]} positive / {cnt[0]} negative (< {n_folds} of a class "
+                         "for 5-fold CV); no probe for this label kind")
+            continue
+        test_ok = len(np.unique(yte)) == 2
+        if not test_ok:
+            notes.append(f"{kind} labels: the test prompts have one class only; no held-out AUROC")
+        cv = sweep_activations({p: acts["train"][p] for p in POSITIONS}, ytr, method="logistic", n_folds=n_folds,
+                               n_boot=n_boot, seed=seed)
+        with threadpool_limits(limits=1):
+            for r in cv.to_rows():
+                p, l = r["position"], int(r["layer"])
+                row = {"labels": kind, "position": p, "layer": l, "cv_auroc": r["auroc"],
+                       "cv_ci": [r["auroc_ci_low"], r["auroc_ci_high"]], "cv_balanced_accuracy": r["balanced_accuracy"],
+                       "n_train_pos": int(ytr.sum()), "n_train_neg": int((1 - ytr).sum()),
+                       "n_test_pos": int(yte.sum()), "n_test_neg": int((1 - yte).sum()),
+                       "test_auroc": float("nan"), "test_ci": [float("nan"), float("nan")]}
+                if test_ok:
+                    a, lo, hi = heldout_auroc(acts["train"][p][l].numpy().astype(np.float64), ytr,
+                                              acts["test"][p][l].numpy().astype(np.float64), yte,
+                                              n_boot=n_boot, seed=seed)
+                    row["test_auroc"], row["test_ci"] = a, [lo, hi]
+                rows.append(row)
+    return rows
+
+
+def best_row(rows: list[dict], labels: str, position: str = "first_generated") -> dict:
+    """The row with the highest *train CV* AUROC (ties: earliest layer) -- never chosen on test."""
+    cand = [r for r in rows if r["labels"] == labels and r["position"] == position]
+    if not cand:
+        raise InputError(f"expected probe rows for labels={labels!r} at {position!r}, found none")
+    return max(cand, key=lambda r: (r["cv_auroc"], -r["layer"]))
+
+
+def first_token_probe(sm: "SteerModel", train: dict, test: dict, *, judge=None, max_new_tokens: int = 24, batch_size: int = 16,
+                      n_folds: int = 5, n_boot: int = 500, seed: int = 0, progress=None) -> ProbeResult:
+    """Generate, label, probe every layer, and build the ``refusal-probe`` artifact.
+
+    ``train``/``test``: ``{"harmful": [...], "harmless": [...]}``. The artifact is the
+    harmful-vs-harmless (``prompt`` labels) probe at the first generated token of the layer with
+    the best train CV AUROC, fitted on all train prompts.
+    """
+    judge = judge or substring_judge
+    acts, labels, comps, refused = {}, {}, {}, {}
+    for split, data in (("train", train), ("test", test)):
+        comps[split], refused[split], parts = {}, {}, []
+        for kind in ("harmful", "harmless"):
+            c, a = first_token_activations(sm, data[kind], max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                           progress=progress)
+            comps[split][kind] = c
+            refused[split][kind] = judge_refusals(judge, data[kind], c)
+            parts.append(a)
+        acts[split] = {p: torch.cat([parts[0][p], parts[1][p]], 1) for p in POSITIONS}
+        nh, na = len(data["harmful"]), len(data["harmless"])
+        labels[split] = {"prompt": np.r_[np.ones(nh, np.int64), np.zeros(na, np.int64)],
+                         "behaviour": np.asarray(refused[split]["harmful"] + refused[split]["harmless"], np.int64)}
+    notes: list[str] = []
+    rows = probe_rows(acts, labels, n_folds=n_folds, n_boot=n_boot, seed=seed, notes=notes)
+    best = best_row(rows, "prompt")
+    l = best["layer"]
+    X = acts["train"]["first_generated"][l].numpy().astype(np.float64)
+    pipe = fit_logistic(X, labels=labels["train"]["prompt"], seed=seed)
+    metrics = {"cv_auroc": best["cv_auroc"], "cv_ci": best["cv_ci"], "test_auroc": best["test_auroc"],
+               "test_ci": best["test_ci"], "labels": "prompt (harmful=1 / harmless=0)"}
+    probe = pipeline_to_probe(pipe, l, sm, hook_site="hook_resid_post", classes=["harmless", "harmful"],
+                              position="first_generated", prompts=list(train["harmful"]) + list(train["harmless"]),
+                              metrics=metrics)
+    probe.provenance.method = "first_token_refusal_probe"
+    probe.provenance.method_params.update({"position": "first_generated", "max_new_tokens": max_new_tokens,
+                                           "labels": "prompt"})
+    return ProbeResult(rows, best, probe, comps, refused, notes)
+
+
 # --------------------------------------------------------------------------- artifacts
-def direction_artifacts(sm, selection: Selection, *, metrics: dict, prompts: Sequence[str] = (),
+def direction_artifacts(sm: "SteerModel", selection: Selection, *, metrics: dict, prompts: Sequence[str] = (),
                         params: dict | None = None):
     """``(SteeringVector, DirectionSet)``: the unnormalised direction added at
     ``blocks.{layer}.hook_resid_pre``, and its unit vector to ablate everywhere."""
-    from steerkit.vectors import DirectionSet, SteeringVector
     b = selection.best
     v = selection.direction.clone()
     p = dict(params or {}, layer=b.layer, position=b.pos)
@@ -595,8 +776,9 @@ class RefusalResult:
     metrics: dict
     samples: dict
     first_tokens: dict
-    probe: object = None
+    probe: Optional[ProbeResult] = None
     prompts: dict = field(default_factory=dict)
+    config: Optional[RefusalConfig] = None
 
     def summary_rows(self) -> list[tuple[str, str]]:
         m = self.metrics
@@ -616,8 +798,65 @@ class RefusalResult:
                     rows.append((f"refusal score {k} test, {cond}", f"{m['refusal_score'][key]:.3f}"))
         return rows
 
+    def to_json(self) -> dict:
+        """Every number (metrics, notes, candidate table, samples, probe table) as JSON-serialisable values
+        (non-finite floats become ``None``)."""
+        pr = self.probe
+        return _clean({
+            "metrics": self.metrics, "notes": self.notes + (pr.notes if pr is not None else []),
+            "refusal_tokens": self.refusal_tokens, "positions": self.positions,
+            "position_tokens": self.position_tokens, "first_tokens_test": self.first_tokens,
+            "samples": self.samples, "candidates": [c.as_dict() for c in self.selection.table],
+            "probe": None if pr is None else {"best": pr.best, "rows": pr.rows, "completions": pr.completions,
+                                              "refused": pr.refused},
+        })
 
-def run_refusal(sm, config: RefusalConfig | None = None, *, judge: Judge = substring_judge, progress=None,
+    def plot(self, title: str | None = None):
+        """A plotly ``Figure``: the bypass score (harmful validation prompts, candidate ablated) per layer,
+        one line per post-instruction position, and the selected candidate marked."""
+        import plotly.graph_objects as go
+        fig = go.Figure()
+        for p, tok in zip(self.positions, self.position_tokens):
+            cs = sorted((c for c in self.selection.table if c.pos == p and not math.isnan(c.bypass)),
+                        key=lambda c: c.layer)
+            fig.add_trace(go.Scatter(x=[c.layer for c in cs], y=[c.bypass for c in cs], mode="lines+markers",
+                                     name=f"position {p} ({tok!r})"))
+        b = self.selection.best
+        fig.add_trace(go.Scatter(x=[b.layer], y=[b.bypass], mode="markers", name="selected",
+                                 marker={"size": 14, "symbol": "star"}))
+        fig.add_hline(y=self.selection.baseline_harmful, line_dash="dot",
+                      annotation_text="baseline harmful score")
+        fig.update_layout(title=title or "refusal direction: bypass score per candidate",
+                          xaxis_title="layer (resid_pre)", yaxis_title="mean refusal score, ablated")
+        return fig
+
+    def artifacts(self, sm: "SteerModel") -> dict:
+        """``{store name: artifact}``: ``refusal-direction`` (a ``SteeringVector``), ``refusal-ablation``
+        (a ``DirectionSet``) and, with the probe, ``refusal-probe``."""
+        cfg = self.config or RefusalConfig()
+        prompts = [p for k in ("harmful", "harmless") for p in self.prompts.get("train", {}).get(k, [])]
+        params = {"n_train": cfg.n_train, "n_val": cfg.n_val, "n_test": cfg.n_test, "seed": cfg.seed,
+                  "refusal_words": list(cfg.refusal_words), "kl_max": cfg.kl_max, "prune_frac": cfg.prune_frac}
+        m = {k: v for k, v in self.metrics.items() if k not in ("refusal_ids",)}
+        sv, ds = direction_artifacts(sm, self.selection, metrics=_clean(m), prompts=prompts, params=params)
+        out = {"refusal-direction": sv, "refusal-ablation": ds}
+        if self.probe is not None:
+            out["refusal-probe"] = self.probe.probe
+        return out
+
+
+def _clean(x):
+    """``x`` with non-finite floats replaced by ``None`` (JSON has no NaN)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def run_refusal(sm: "SteerModel", config: RefusalConfig | None = None, *, judge: Judge = substring_judge, progress=None,
                 log: Callable[[str], None] = lambda s: None) -> RefusalResult:
     """Run the whole method on ``sm``: data, filtering, candidates, selection, evaluation, probe.
 
@@ -697,7 +936,6 @@ def run_refusal(sm, config: RefusalConfig | None = None, *, judge: Judge = subst
                                               for p, c, r in list(zip(prompts, comps, verdict))[:cfg.n_samples]]
     probe_res = None
     if cfg.probe:
-        from .refusal_probe import first_token_probe
         probe_res = first_token_probe(sm, data["train"], data["test"], judge=judge,
                                       max_new_tokens=cfg.max_new_tokens, batch_size=bs, seed=cfg.seed,
                                       progress=tick("generate train+test (probe)", 2 * (cfg.n_train + cfg.n_test)))
@@ -726,4 +964,49 @@ def run_refusal(sm, config: RefusalConfig | None = None, *, judge: Judge = subst
         "n_kept": {f"{s}_{k}": len(keep[(s, k)]) for (s, k) in keep},
     }
     return RefusalResult(sel, rid, rtoks, positions, ptoks, notes, metrics, samples, first, probe_res,
-                         prompts={s: dict(v) for s, v in data.items()})
+                         prompts={s: dict(v) for s, v in data.items()}, config=cfg)
+
+
+class _Bars:
+    """``progress(stage, n, total)`` as one tqdm bar per stage on stderr."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled, self.bar, self.stage = enabled, None, None
+
+    def __call__(self, stage: str, n: int, total: int):
+        if not self.enabled:
+            return
+        if stage != self.stage:
+            self.close()
+            self.bar = tqdm(total=total, desc=stage, file=sys.stderr, leave=True)
+            self.stage = stage
+        self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def check_config(config: RefusalConfig) -> RefusalConfig:
+    """``config`` when its counts are valid; :class:`InputError` naming the field otherwise."""
+    for k in ("n_train", "n_val", "n_test", "batch_size", "layer_step"):
+        if getattr(config, k) < 1:
+            raise InputError(f"expected {k} >= 1, found {getattr(config, k)}")
+    if not config.refusal_words:
+        raise InputError("expected at least one refusal word, found none")
+    return config
+
+
+def run(sm: "SteerModel", config: RefusalConfig | None = None, *, progress: bool = True,
+        judge: Judge = substring_judge, log: Callable[[str], None] | None = None) -> RefusalResult:
+    """The whole method (:func:`run_refusal`) with a tqdm bar per stage on stderr (``progress=False``:
+    none) and ``log`` lines (default: stderr when ``progress``)."""
+    cfg = check_config(config or RefusalConfig())
+    if log is None:
+        log = (lambda s: print(s, file=sys.stderr)) if progress else (lambda s: None)
+    bars = _Bars(progress)
+    try:
+        return run_refusal(sm, cfg, judge=judge, progress=bars, log=log)
+    finally:
+        bars.close()
