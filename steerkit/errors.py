@@ -29,3 +29,15 @@ class HookNameError(SteerkitError, KeyError):
 
 class InputError(SteerkitError, ValueError):
     """Bad input: wrong shape, NaN, empty prompt list, prompt too long..."""
+
+
+class RowIndexError(SteerkitError, IndexError):
+    """A row index outside the rows a recording holds."""
+
+
+class BackendUnavailableError(SteerkitError, RuntimeError):
+    """A compute backend was asked for but cannot run here (Triton missing, tensors not on CUDA)."""
+
+
+class PathExistsError(SteerkitError, FileExistsError):
+    """A file or folder is already where something would be written."""

@@ -4,24 +4,26 @@ Subcommands are small functions over the Python API: ``info`` prints a model
 summary and its hook names, ``record`` turns a prompts file into a sharded
 activations folder (resumable, with progress), ``demo`` runs the quick-start
 pipeline. Other packages add subcommands through ``register(subparsers)`` /
-``run(args)`` pairs (``steerkit vectors ...``). Exit codes: 0 success, 2 bad
-input (the message says what was expected and found), 1 anything else.
+``run(args)`` pairs (``steerkit vectors ...``). Exit codes: 0 success; 2 bad usage
+(argparse) or any :class:`~steerkit.errors.SteerkitError`, printed as one line
+``steerkit: error: <message>`` on stderr (the message says what was expected, what
+was found and what to do); 1 an operating-system error (disk full, permission
+denied...), printed the same way; 130 interrupted.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
+from steerkit import __version__
 from steerkit.cli import app, core, methods, probes, refusal, serve, vectors
-from steerkit.cli._common import PROMPT_KEYS, read_prompts, read_records
-from steerkit.errors import SteerkitError
+from steerkit.cli._common import run_verb
 
 #: the verb groups, each a module with ``register(subparsers)`` (and ``run(args)`` for verbs that set no func)
 GROUPS = (core, vectors, probes, refusal, app, methods, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from steerkit import __version__
     p = argparse.ArgumentParser(prog="steerkit", description="Record, find, edit and deploy directions in "
                                 "a language model's residual stream.")
     p.add_argument("--version", action="version", version=f"steerkit {__version__}")
@@ -47,14 +49,7 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    try:
-        return int(args.func(args) or 0)
-    except SteerkitError as e:
-        print(f"steerkit: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("steerkit: interrupted", file=sys.stderr)
-        return 130
+    return run_verb(args.func, args)
 
 
 if __name__ == "__main__":

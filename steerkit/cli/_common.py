@@ -1,22 +1,71 @@
-"""Prompt files and hook lists as the command line reads them (shared by every verb group)."""
+"""What every verb group shares: running a verb with the command line's error behaviour, prompt files,
+hook lists, output paths and ports as the command line reads them."""
 from __future__ import annotations
 
+import argparse
 import json
+import re
+import sys
 from pathlib import Path
+from typing import Any, Callable, Sequence, Union
 
-from steerkit.errors import InputError
-from steerkit.hooknames import layer_names
+from steerkit.errors import InputError, SteerkitError
+from steerkit.hooknames import BLOCK_HOOKS, layer_names
 
 PROMPT_KEYS = ("prompt", "instruction", "text", "question")
+
+
+def error_line(error: BaseException | str) -> str:
+    """The one stderr line of a failed command: ``steerkit: error: <message>``, newlines folded to spaces."""
+    text = re.sub(r"\s*[\r\n]\s*", " ", str(error)).strip()
+    return f"steerkit: error: {text or type(error).__name__}"
+
+
+def run_verb(func: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
+    """Run one verb: its return value as the exit code; a :class:`~steerkit.errors.SteerkitError` becomes
+    one ``steerkit: error:`` line on stderr and exit 2, an operating-system error the same line and exit 1,
+    Ctrl-C exit 130."""
+    try:
+        return int(func(args) or 0)
+    except SteerkitError as e:
+        print(error_line(e), file=sys.stderr)
+        return 2
+    except OSError as e:
+        where = f": {e.filename}" if getattr(e, "filename", None) else ""
+        print(error_line(f"{e.strerror or e}{where}"), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("steerkit: interrupted", file=sys.stderr)
+        return 130
+
+
+def run_group(register: Callable[[Any], Any], command: str, argv: Sequence[str] | None = None) -> int:
+    """``steerkit COMMAND ARGV...`` for one verb group on its own (a module's ``main``)."""
+    parser = argparse.ArgumentParser(prog="steerkit")
+    register(parser.add_subparsers(dest="cmd", metavar="COMMAND"))
+    args = parser.parse_args([command, *(sys.argv[1:] if argv is None else argv)])
+    return run_verb(args.func, args)
 
 
 def read_records(path: str) -> list[dict]:
     """Records ``{"prompt": str, **fields}`` from a .json list, a .jsonl file or a text file (one per
     line); objects give their first field among :data:`PROMPT_KEYS` as the prompt."""
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"expected a prompts file at {p}, found a folder; pass a .jsonl, .json or text file")
     if not p.is_file():
-        raise InputError(f"expected a prompts file at {p}, found nothing there")
-    text = p.read_text(encoding="utf-8")
+        raise InputError(f"expected a prompts file at {p}, found nothing there; check the path")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"expected a UTF-8 text prompts file at {p}, found bytes that are not UTF-8 (at offset "
+                         f"{e.start}); pass a .jsonl, .json or text file saved as UTF-8") from None
+    except OSError as e:
+        raise InputError(f"expected a readable prompts file at {p}, found it unreadable ({e.strerror or e}); "
+                         "check its permissions") from None
+    if "\x00" in text:
+        raise InputError(f"expected a text prompts file at {p}, found binary data (NUL bytes); pass a .jsonl, "
+                         ".json or text file")
 
     def rec(obj, where):
         if isinstance(obj, str):
@@ -51,22 +100,103 @@ def read_prompts(path: str) -> list[str]:
     return [r["prompt"] for r in read_records(path)]
 
 
-def _hooks_arg(spec: str, n_layers: int) -> list[str]:
-    """``resid_post:10-14`` / ``resid_post:all`` / comma-separated hook names."""
-    out: list[str] = []
+def check_output_path(path: str, what: str = "output", *, folder: bool = False) -> Path:
+    """Refuse an output path that cannot be written: one of its parents is a file (the folders it needs
+    cannot be made), or the path itself is a folder where a file is written (``folder=False``) or a file
+    where a folder is written (``folder=True``). Returns the path."""
+    p = Path(path)
+    if folder and p.exists() and not p.is_dir():
+        raise InputError(f"expected the {what} folder {p} to be a folder or not exist yet, found a file; "
+                         "choose another path or remove the file")
+    if not folder and p.is_dir():
+        raise InputError(f"expected the {what} file {p} to be a file path, found a folder; give a file name "
+                         "inside it")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"expected the {what} path {p} to lie in a folder, found the file {parent} in its "
+                                 "way; choose a path whose parents are folders")
+            break
+    return p
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(f"expected an integer {what}, found {text!r}") from None
+
+
+_HOOKS_HELP = ("use KIND:all, KIND:A-B, KIND:A+B+C (KIND e.g. resid_post) or comma-separated hook names such "
+               "as blocks.3.hook_resid_post")
+
+
+#: a parsed ``--hooks`` item: a hook name, or ``(kind, layers)`` with ``layers`` a list of ints or "all"
+HookItem = Union[str, tuple[str, Union[list[int], str]]]
+
+
+def parse_hooks(spec: str) -> list[HookItem]:
+    """Check the syntax of a ``--hooks`` value without a model: a list of hook names (``str``) and
+    ``(kind, layers)`` pairs where ``layers`` is a list of ints or ``"all"``."""
+    out: list[HookItem] = []
     for part in spec.split(","):
         part = part.strip()
         if ":" in part:
             kind, rng = part.split(":", 1)
+            kind = kind.strip()
             kind = kind if kind.startswith("hook_") else f"hook_{kind}"
+            if kind not in BLOCK_HOOKS:
+                raise InputError(f"expected a hook kind in {[h[5:] for h in BLOCK_HOOKS]} in --hooks, found "
+                                 f"{part!r}; {_HOOKS_HELP}")
+            rng = rng.strip()
             if rng == "all":
-                layers = range(n_layers)
-            elif "-" in rng:
-                a, b = rng.split("-")
-                layers = range(int(a), int(b) + 1)
+                out.append((kind, "all"))
+                continue
+            if "-" in rng:
+                ends = rng.split("-")
+                if len(ends) != 2:
+                    raise InputError(f"expected a layer range A-B in --hooks, found {part!r}; {_HOOKS_HELP}")
+                a, b = (_int(x.strip(), f"layer in --hooks {part!r} ({_HOOKS_HELP})") for x in ends)
+                if b < a:
+                    raise InputError(f"expected a layer range A-B with A <= B in --hooks, found {part!r}")
+                layers = list(range(a, b + 1))
             else:
-                layers = [int(x) for x in rng.split("+")]
-            out += layer_names(layers, kind)
+                layers = [_int(x.strip(), f"layer in --hooks {part!r} ({_HOOKS_HELP})") for x in rng.split("+")]
+            if any(l < 0 for l in layers):
+                raise InputError(f"expected layers >= 0 in --hooks, found {part!r}")
+            out.append((kind, layers))
         elif part:
             out.append(part)
+    if not out:
+        raise InputError(f"expected at least one hook in --hooks, found {spec!r}; {_HOOKS_HELP}")
     return out
+
+
+def resolve_hooks(parsed: Sequence[HookItem], n_layers: int) -> list[str]:
+    """Hook names of a :func:`parse_hooks` result for a model with ``n_layers`` blocks."""
+    out: list[str] = []
+    for item in parsed:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        kind, spec_layers = item
+        layers: Sequence[int]
+        if isinstance(spec_layers, str):
+            if spec_layers != "all":
+                raise InputError(f"expected a list of layers or 'all' for {kind} in --hooks, found "
+                                 f"{spec_layers!r}; {_HOOKS_HELP}")
+            layers = range(n_layers)
+        else:
+            layers = spec_layers
+        bad = [l for l in layers if l >= n_layers]
+        if bad:
+            raise InputError(f"expected layers in [0, {n_layers - 1}] for this model in --hooks, found {bad}")
+        out += layer_names(layers, kind)
+    return out
+
+
+def check_port(port: int) -> int:
+    """Refuse a TCP port outside 1..65535."""
+    if not 1 <= port <= 65535:
+        raise InputError(f"expected --port in 1..65535, found {port}; pick a free port in that range")
+    return port

@@ -7,8 +7,16 @@ arguments. ``python -m steerkit.apps`` runs :func:`main`. Binding anywhere but l
 from __future__ import annotations
 
 import argparse
-import sys
+import importlib.util
 from typing import Any
+
+from steerkit.apps.app import check_host
+from steerkit.apps.app import run as serve_app
+from steerkit.cli._common import check_port, run_group
+from steerkit.errors import InputError
+
+#: what the explorer imports when it starts (the 'app' extra)
+APP_DEPENDENCIES = ("dash", "diskcache", "plotly")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -29,16 +37,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    try:
-        from steerkit.apps.app import run as serve
-    except ImportError as e:
-        print(f"steerkit app: error: the app needs the 'app' extra (pip install 'steerkit[app]'): {e}", file=sys.stderr)
-        return 1
-    serve(args.model, host=args.host, port=args.port, allow_remote=args.allow_remote, store=args.store,
-          results=args.results, threads=args.threads, debug=args.debug)
+    check_port(args.port)
+    check_host(args.host, args.allow_remote)
+    missing = [m for m in APP_DEPENDENCIES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise InputError(f"expected the app's dependencies {list(APP_DEPENDENCIES)} in this Python environment, "
+                         f"found {missing} missing; install the 'app' extra: pip install 'steerkit[app]'")
+    serve_app(args.model, host=args.host, port=args.port, allow_remote=args.allow_remote, store=args.store,
+              results=args.results, threads=args.threads, debug=args.debug)
     return 0
 
 
 def main(argv=None) -> int:
-    from steerkit.cli import main as cli_main
-    return cli_main(["app", *(sys.argv[1:] if argv is None else argv)])
+    """``steerkit app ARGV...`` (``python -m steerkit.apps``)."""
+    return run_group(register, "app", argv)

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 
-from steerkit.cli._common import _hooks_arg, read_prompts
+from steerkit import load_model
+from steerkit.cli._common import check_output_path, parse_hooks, read_prompts, resolve_hooks
+from steerkit.dataset import record_dataset
+from steerkit.demo import main as demo_main
+from steerkit.errors import InputError
+
+POSITION_NAMES = ("all", "prompt", "generated", "last")
 
 
 def cmd_info(args) -> int:
-    from steerkit import load_model
     sm = load_model(args.model, backend=args.backend)
     info = {"name": sm.name, "backend": sm.backend_name, "adapter": sm.adapter.name,
             "architecture": type(sm.hf_model).__name__, "n_layers": sm.n_layers, "d_model": sm.d_model,
@@ -28,15 +33,28 @@ def cmd_info(args) -> int:
     return 0
 
 
+def parse_positions(text: str):
+    """``--positions``: one of :data:`POSITION_NAMES` or comma-separated token indices."""
+    t = text.strip()
+    if t in POSITION_NAMES:
+        return t
+    out = []
+    for x in t.split(","):
+        try:
+            out.append(int(x.strip()))
+        except ValueError:
+            raise InputError(f"expected --positions as one of {', '.join(POSITION_NAMES)} or comma-separated "
+                             f"token indices such as 0,-1, found {text!r} ({x.strip()!r} is not an integer)") from None
+    return out
+
+
 def cmd_record(args) -> int:
-    from steerkit import load_model
-    from steerkit.dataset import record_dataset
+    check_output_path(args.out, "--out", folder=True)
+    pos = parse_positions(args.positions)
+    parsed_hooks = parse_hooks(args.hooks)
     prompts = read_prompts(args.prompts)
     sm = load_model(args.model, backend=args.backend)
-    hooks = _hooks_arg(args.hooks, sm.n_layers)
-    pos = args.positions
-    if pos not in ("all", "prompt", "generated", "last"):
-        pos = [int(x) for x in pos.split(",")]
+    hooks = resolve_hooks(parsed_hooks, sm.n_layers)
     ds = record_dataset(sm, prompts, hooks, args.out, positions=pos, batch_size=args.batch_size,
                         shard_size=args.shard_size, chat=not args.no_chat, progress=not args.quiet)
     print(f"recorded {len(ds)} prompts x {len(hooks)} hooks into {args.out} ({len(ds.shards)} shards)")
@@ -44,7 +62,6 @@ def cmd_record(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from steerkit.demo import main as demo_main
     return demo_main(quick=args.quick)
 
 

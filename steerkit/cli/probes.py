@@ -19,18 +19,29 @@ sub-parsers object, and runs :func:`run` for the ``probe`` command.
 * ``steerkit probe sweep --pos POS --neg NEG [--hooks resid_post:all] [--positions last,mean,-2]
   [--method logistic,diffmean] [--out table.csv|.json|.html]`` prints the tidy table and the best cell.
 
-Exit codes: 0 success, 2 bad input or a missing/mismatched artifact (the message says what was
-expected, what was found and what to do).
+Exit codes: 0 success, 2 bad input or a missing/mismatched artifact, printed as one line
+``steerkit: error: ...`` (the message says what was expected, what was found and what to do).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
-from steerkit.cli._common import read_records  # the shared prompt-file reader
+import numpy as np
+
+from steerkit import load_model
+from steerkit.cli._common import check_output_path, parse_hooks, read_prompts, read_records, resolve_hooks, run_group
+from steerkit.errors import InputError
+from steerkit.hooknames import BLOCK_HOOKS
+from steerkit.probes import (auroc, fit_probe, labels_for, record_activations, score_prompts, sweep,
+                             sweep_activations)
+from steerkit.probes.scoring import probe_position
+from steerkit.vectors import Probe, Store, load_artifact, save_artifact
 
 _TRUE = {"1", "true", "yes", "pos", "positive"}
 _FALSE = {"0", "false", "no", "neg", "negative"}
@@ -96,7 +107,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 # --------------------------------------------------------------------------- helpers
 def _position(text: str):
-    from steerkit.errors import InputError
     t = text.strip()
     if t in ("last", "mean", "first_generated"):
         return t
@@ -108,8 +118,6 @@ def _position(text: str):
 
 
 def _hook_site(text: str) -> str:
-    from steerkit.errors import InputError
-    from steerkit.hooknames import BLOCK_HOOKS
     site = text if text.startswith("hook_") else f"hook_{text}"
     if site not in BLOCK_HOOKS:
         raise InputError(f"expected a hook site in {[h[5:] for h in BLOCK_HOOKS]}, found {text!r}")
@@ -117,7 +125,6 @@ def _hook_site(text: str) -> str:
 
 
 def _label(v, classes: list[str], where: str) -> int:
-    from steerkit.errors import InputError
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, (int, float)) and v in (0, 1):
@@ -137,8 +144,10 @@ def _label(v, classes: list[str], where: str) -> int:
 
 
 def _load_probe(ref: str, store_dir: str | None):
-    from steerkit.errors import InputError
-    from steerkit.vectors import Probe, Store, load_artifact
+    path = Path(ref)
+    if not path.exists() and (path.suffix or "/" in ref or os.sep in ref):
+        raise InputError(f"expected a probe artifact file at {ref}, found nothing there; check the path, or pass "
+                         "the store name of a probe saved with 'steerkit probe fit' (name, name@N, name@tag)")
     art = load_artifact(ref, store=Store(store_dir) if store_dir else None)
     if not isinstance(art, Probe):
         raise InputError(f"expected a probe artifact at {ref!r}, found a {getattr(art, 'kind', type(art).__name__)}; "
@@ -152,16 +161,12 @@ def _fmt(x) -> str:
 
 # --------------------------------------------------------------------------- verbs
 def cmd_fit(args) -> int:
-    from steerkit import load_model
-    from steerkit.cli._common import read_prompts
-    from steerkit.errors import InputError
-    from steerkit.probes import fit_probe, record_activations, sweep_activations
-    from steerkit.vectors import Store, save_artifact
-
     if not args.name and not args.output:
         raise InputError("expected --name (save to the store) and/or --output FILE, found neither")
     if args.method not in ("logistic", "diffmean", "pca_diff", "pca_center"):
         raise InputError(f"expected --method logistic, diffmean, pca_diff or pca_center, found {args.method!r}")
+    if args.output:
+        check_output_path(args.output, "--output")
     pos, neg = read_prompts(args.pos), read_prompts(args.neg)
     position = _position(args.position)
     site = _hook_site(args.hook_site)
@@ -201,11 +206,6 @@ def cmd_fit(args) -> int:
 
 
 def cmd_score(args) -> int:
-    from steerkit import load_model
-    from steerkit.errors import InputError
-    from steerkit.probes import auroc, score_prompts
-    from steerkit.probes.scoring import probe_position
-
     probe = _load_probe(args.probe, args.store)
     records = read_records(args.prompts)
     key = args.label_key
@@ -221,11 +221,13 @@ def cmd_score(args) -> int:
     sm = load_model(args.model, backend=args.backend)
     scores = score_prompts(sm, probe, [r["prompt"] for r in records], batch_size=args.batch_size)
     au = None
+    n_pos = 0
     if labels is not None:
         if len(set(labels)) < 2:
             raise InputError(f"expected both classes among the labels to compute an AUROC, found only "
                              f"{labels[0]}; add prompts of the other class or drop --label-key")
-        au = auroc(labels, scores)
+        au = auroc(np.asarray(labels), scores)
+        n_pos = sum(labels)
     logistic = probe.probe_kind == "logistic"
     rows = []
     for i, (r, s) in enumerate(zip(records, scores)):
@@ -252,21 +254,20 @@ def cmd_score(args) -> int:
         print(f"{row['index']:>4} {row['score']:>9.4f}" + (f" {row['probability']:6.3f}" if logistic else "")
               + (f" {row['label']:>5}" if labels else "") + f"  {text}")
     if au is not None:
-        print(f"AUROC {au:.4f} (n={len(rows)}, {sum(labels)} labelled {pos_name!r})")
+        print(f"AUROC {au:.4f} (n={len(rows)}, {n_pos} labelled {pos_name!r})")
     return 0
 
 
 def cmd_sweep(args) -> int:
-    from steerkit import load_model
-    from steerkit.cli._common import _hooks_arg, read_prompts
-    from steerkit.probes import sweep
-
-    pos, neg = read_prompts(args.pos), read_prompts(args.neg)
-    sm = load_model(args.model, backend=args.backend)
-    hooks = _hooks_arg(args.hooks, sm.n_layers)
+    if args.out:
+        check_output_path(args.out, "--out")
+    parsed_hooks = parse_hooks(args.hooks)
     positions = [_position(x) for x in args.positions.split(",") if x.strip()]
     methods = [m.strip() for m in args.method.split(",") if m.strip()]
-    res = sweep(sm, pos, neg, hooks=hooks, positions=positions, method=methods, n_folds=args.folds,
+    pos, neg = read_prompts(args.pos), read_prompts(args.neg)
+    sm = load_model(args.model, backend=args.backend)
+    hooks = resolve_hooks(parsed_hooks, sm.n_layers)
+    res = sweep(sm, *labels_for(pos, neg), hooks=hooks, positions=positions, method=methods, n_folds=args.folds,
                 n_boot=args.n_boot, chat=not args.no_chat, batch_size=args.batch_size)
     if args.out:
         res.save(args.out)
@@ -281,20 +282,12 @@ def cmd_sweep(args) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from steerkit.vectors import VectorsError
-    try:
-        return {"fit": cmd_fit, "score": cmd_score, "sweep": cmd_sweep}[args.probe_cmd](args)
-    except VectorsError as e:  # store/artifact problems are bad input here
-        print(f"steerkit: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"steerkit: error: {e.strerror or e}: {getattr(e, 'filename', '') or ''}", file=sys.stderr)
-        return 2
+    return {"fit": cmd_fit, "score": cmd_score, "sweep": cmd_sweep}[args.probe_cmd](args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from steerkit.cli import main as cli_main
-    return cli_main(["probe", *(argv if argv is not None else sys.argv[1:])])
+    """``steerkit probe ARGV...`` (``python -m steerkit.cli.probes``)."""
+    return run_group(register, "probe", argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

