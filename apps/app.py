@@ -12,6 +12,10 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from steerkit.errors import InputError
+from steerkit.loading import local_models
+from steerkit.vectors.store import default_store_path
+
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -30,6 +34,8 @@ def create_app(model: Any = None, *, store: Optional[str] = None, results: Optio
                preload: bool = True, threads: Optional[int] = None, cache_dir: Optional[str] = None):
     """Build the explorer. ``model``: a loaded SteerModel, a path/name for ``steerkit.load_model``, or
     ``None`` (the default model). ``preload`` loads it now rather than on the first request."""
+    # dash, diskcache and the modules built on dash load here: ``check_host`` / ``run`` are imported
+    # by the CLI, which must start (and say what is missing) without the app extra installed
     import diskcache
     from dash import Dash
 
@@ -40,19 +46,16 @@ def create_app(model: Any = None, *, store: Optional[str] = None, results: Optio
     if preload:
         host.get()
     if store is None:
-        try:
-            from steerkit.vectors.store import default_store_path
-            store = str(default_store_path())
-        except ImportError:
-            store = os.environ.get("STEERKIT_STORE") or "./steerkit-store"
+        store = str(default_store_path())
     results = results or default_results_path()
     cache = diskcache.Cache(cache_dir or tempfile.mkdtemp(prefix="steerkit-app-cache-"))
     manager = ThreadedDiskcacheManager(cache)
     app = Dash(__name__, title="steerkit explorer", background_callback_manager=manager,
                suppress_callback_exceptions=False, update_title=None)
-    n_layers = host.get().n_layers if host.loaded else 30
-    label = (layout.model_label(host.get()) if host.loaded else f"model: {model or 'default'} (loads on first use)")
-    from steerkit.loading import local_models
+    # the layer slider follows the loaded model's facts; with no model loaded yet it has no layers
+    n_layers = host.get().facts.n_layers if host.loaded else None
+    label = (layout.model_label(host.get()) if host.loaded
+             else f"no model loaded ({model or 'the default model'} loads on first use)")
     spec = host.spec
     current = layout.DEFAULT_MODEL_VALUE if spec is None else str(spec)
     app.layout = layout.shell(label, n_layers, str(store), str(results), models=local_models(),
@@ -65,7 +68,6 @@ def create_app(model: Any = None, *, store: Optional[str] = None, results: Optio
 
 def check_host(host: str, allow_remote: bool) -> None:
     """Refuse a non-local bind unless ``allow_remote``; warn when it is allowed."""
-    from steerkit.errors import InputError
     if host in LOCAL_HOSTS:
         return
     if not allow_remote:

@@ -1,5 +1,6 @@
-"""Thin callbacks: read inputs, call :mod:`.compute` (through the model host's cache), hand results
-to :mod:`.figures`. No user input is evaluated; every failure becomes a message in the page.
+"""Thin callbacks: read inputs, call :mod:`.data` (parsing, built-in contrasts), :mod:`.analysis`
+(computations, through the model host's cache) and :mod:`.io` (saved results), hand results to
+:mod:`.figures`. No user input is evaluated; every failure becomes a message in the page.
 """
 from __future__ import annotations
 
@@ -16,8 +17,13 @@ import numpy as np
 from dash import Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
-from . import compute, figures
-from .compute import Cancelled
+from steerkit.errors import InputError, SteerkitError
+from steerkit.vectors import DirectionSet, SteeringVector, Store, check_compatible, export
+
+from . import analysis, figures
+from . import data as inputs
+from . import io as saved
+from .analysis import Cancelled
 from .layout import CONTRASTS, DEFAULT_MODEL_VALUE, FIGURES, PAGES, PANE, UPLOAD_MAX_BYTES, layer_marks, model_label
 from .runtime import cache_key, should_stop
 
@@ -35,22 +41,19 @@ def _ok(text):
 
 
 def explain(e: BaseException):
-    """A message for the page: what went wrong, never a traceback (that goes to the server log)."""
-    from steerkit.errors import SteerkitError
-    try:
-        from steerkit.vectors import VectorsError
-    except Exception:  # pragma: no cover - vectors not importable
-        VectorsError = ()
+    """A message for the page: what went wrong, never a traceback (that goes to the server log).
+
+    Every :class:`steerkit.errors.SteerkitError` (input, model, vectors, kernels, serving errors
+    alike) is shown as its message; anything else is logged with its traceback and named."""
     if isinstance(e, Cancelled):
         return html.Span("Cancelled.", style={"color": "#666"}, className="cancel-message")
-    if isinstance(e, (SteerkitError, VectorsError)) or (VectorsError and isinstance(e, VectorsError)):
+    if isinstance(e, SteerkitError):
         return _warn(str(e))
     traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
     return _warn(f"Unexpected error ({type(e).__name__}): {str(e)[:300]}")
 
 
 def _decode_upload(contents, filename):
-    from steerkit.errors import InputError
     if not contents:
         raise PreventUpdate
     try:
@@ -95,7 +98,6 @@ def register(app, env):
                   {"width": "120px", "visibility": "hidden"})],
     )
     def load_model(_, picked, path, options):
-        from steerkit.errors import InputError
         try:
             spec = (path or "").strip() or picked
             if not spec:
@@ -127,7 +129,7 @@ def register(app, env):
         def upload(contents, filename, side=side):
             try:
                 text = _decode_upload(contents, filename)
-                prompts = compute.parse_prompt_text(text, f"upload {side.upper()}")
+                prompts = inputs.parse_prompt_text(text, f"upload {side.upper()}")
                 return "\n".join(prompts), _ok(f"Read {len(prompts)} prompts from {filename} into list {side.upper()}.")
             except PreventUpdate:
                 raise
@@ -138,8 +140,7 @@ def register(app, env):
         return {"artifact": artifact, "layers": layers, "op": op, "strength": strength}
 
     def resolve_direction(artifact_value):
-        """``{layer: np.ndarray}`` and a label for a Steer-page direction value."""
-        from steerkit.errors import InputError
+        """A Steer-page direction value as ``({layer: vector}, label)`` or ``(DirectionSet, label)``."""
         sm = host.get()
         if not artifact_value:
             raise InputError("expected a direction: compute a profile and click \"Use this layer's mean "
@@ -157,40 +158,29 @@ def register(app, env):
             layer = int(layer)
             return {layer: prof.mean_diff[prof.layers.index(layer)]}, f"profile mean difference @ L{layer}"
         if kind == "store":
-            try:
-                from steerkit.vectors import DirectionSet, Store, SteeringVector, check_compatible
-            except ImportError as e:
-                raise InputError(f"the vector store is not available yet ({e})") from None
             art = Store(env.store_path).load(ref)
             check_compatible(art, sm)
             if isinstance(art, SteeringVector):
                 eff = art.effective()
                 return {l: d.float().numpy() for l, d in eff.directions.items()}, ref
             if isinstance(art, DirectionSet):
-                d = art.directions[0].float().numpy()
-                layers = art.layers or list(range(sm.n_layers))
-                return {l: d for l in layers}, ref + " (first direction)"
+                return art, f"{ref} (direction set, k={art.k})"
             raise InputError(f"expected a steering vector or direction set, found a {art.kind} ({ref})")
         raise InputError(f"expected a direction from the profile or the store, found {artifact_value!r}")
+
+    def setting_for(artifact, layers, op, strength):
+        """The Steer page's settings as interventions (:func:`analysis.steer_setting`)."""
+        direction, label = resolve_direction(artifact)
+        if strength is None:
+            raise InputError("expected a strength, found none")
+        return analysis.steer_setting(host.get(), direction, layers or None, operation=op,
+                                      strength=float(strength)), label
 
     def edit_for(artifact, layers, op, strength):
         """A context-manager factory applying the Steer page settings to every row (steered contrast)."""
         sm = host.get()
-        dirs, _ = resolve_direction(artifact)
-        ls = compute.parse_layers(layers or ",".join(map(str, dirs)), sm.n_layers)
-        import torch
-        per_hook = {}
-        for l in ls:
-            v = torch.as_tensor(np.asarray(dirs.get(l, next(iter(dirs.values()))), dtype=np.float32)).to(sm.device, sm.dtype)
-            if op == "add":
-                per_hook[f"blocks.{l}.hook_resid_post"] = v * float(strength or 0)
-            else:
-                per_hook[f"blocks.{l}.hook_resid_post"] = v
-        if op == "add":
-            return lambda: sm.edit_op("add", per_hook)
-        if op == "ablate":
-            return lambda: sm.edit_op("ablate", per_hook)
-        return lambda: sm.edit_op("clamp", per_hook, value=float(strength or 0))
+        setting, _ = setting_for(artifact, layers, op, strength)
+        return lambda: sm.steer(setting.interventions, label="steered contrast (A side)")
 
     @app.callback(
         Output("prof-key", "data"), Output("prof-status", "children"),
@@ -205,7 +195,6 @@ def register(app, env):
         cancel=[Input("prof-cancel", "n_clicks")],
     )
     def run_profile(set_progress, n_clicks, contrast, n, text_a, text_b, artifact, layers, op, strength):
-        from steerkit.errors import InputError
         try:
             sm = host.get()
             if n is None or not isinstance(n, (int, float)) or int(n) < 1:
@@ -214,25 +203,25 @@ def register(app, env):
             edit_a = None
             extra = None
             if contrast == "temporal":
-                a, b = compute.temporal_pairs(n)
+                a, b = inputs.temporal_pairs(n)
             elif contrast == "harmful":
-                a, b = compute.refusal_pairs(n)
+                a, b = inputs.refusal_pairs(n)
             elif contrast == "steered":
-                a = b = compute.refusal_pairs(n)[1]  # the same harmless prompts, A steered
+                a = b = inputs.refusal_pairs(n)[1]  # the same harmless prompts, A steered
                 edit_a = edit_for(artifact, layers, op, strength)
                 extra = steer_spec(artifact, layers, op, strength)
             elif contrast == "custom":
-                a = compute.parse_prompt_text(text_a or "", "list A")
-                b = compute.parse_prompt_text(text_b or "", "list B")
+                a = inputs.parse_prompt_text(text_a or "", "list A")
+                b = inputs.parse_prompt_text(text_b or "", "list B")
             else:
                 raise InputError(f"expected a contrast, found {contrast!r}")
-            a, b = compute.check_pairs(a, b)
+            a, b = inputs.check_pairs(a, b)
             key = cache_key("profile", sm.name, contrast, a, b, extra)
 
             def prog(done, total):
                 set_progress((str(done), str(total)))
 
-            prof, hit = host.cached(key, lambda: compute.divergence_profile(
+            prof, hit = host.cached(key, lambda: analysis.divergence_profile(
                 sm, a, b, contrast=contrast, edit_a=edit_a, progress=prog, should_stop=should_stop))
             msg = (f"{CONTRASTS[contrast]}: {prof.n_pairs} pairs × {len(prof.layers)} layers; peak relative divergence at layer "
                    f"{prof.peak_layer} ({prof.rel_mean[prof.peak_index]:.3f}); "
@@ -244,10 +233,21 @@ def register(app, env):
     def current_profile(data):
         return host.result((data or {}).get("key"))
 
+    @app.callback(Output("prof-layer", "max", allow_duplicate=True), Output("prof-layer", "marks", allow_duplicate=True),
+                  Output("model-label", "children", allow_duplicate=True), Input("prof-key", "data"),
+                  prevent_initial_call=True)
+    def follow_model(data):
+        """The layer slider and the model label follow the model a profile ran on (a model that
+        loaded on first use included)."""
+        if not host.loaded or current_profile(data) is None:
+            raise PreventUpdate
+        n = host.get().facts.n_layers
+        return max(0, n - 1), layer_marks(n), model_label(host.get())
+
     def sweep_overlay(prof):
         try:
-            for p in compute.find_sweeps(env.results_path):
-                sw = compute.load_sweep(p)
+            for p in saved.find_sweeps(env.results_path):
+                sw = saved.load_sweep(p)
                 if sw.model_name and prof.model_name and sw.model_name not in prof.model_name \
                         and prof.model_name not in sw.model_name:
                     continue
@@ -291,7 +291,7 @@ def register(app, env):
         try:
             return int(round(float(click["points"][0]["x"])))
         except (TypeError, KeyError, IndexError, ValueError):
-            raise PreventUpdate
+            raise PreventUpdate from None
 
     @app.callback(Output("direction", "data"), Output("prof-dir-status", "children"),
                   Input("prof-use-dir", "n_clicks"), State("prof-key", "data"), State("prof-layer", "value"),
@@ -311,10 +311,6 @@ def register(app, env):
         prof = current_profile(data)
         if prof is None:
             return _warn("Compute a profile first.")
-        try:
-            from steerkit.vectors import Store, SteeringVector
-        except ImportError as e:
-            return _warn(f"The vector store is not available yet ({e}).")
         try:
             j = prof.layers.index(layer)
             sv = SteeringVector.from_direction(
@@ -338,13 +334,10 @@ def register(app, env):
         if direction:
             opts.append({"label": direction["label"], "value": direction["value"]})
         try:
-            from steerkit.vectors import Store
             for row in Store(env.store_path).list(all_versions=False):
                 if row.get("kind") in ("steering_vector", "direction_set"):
                     opts.append({"label": f"{row['ref']} ({row.get('kind')}, {row.get('method') or '?'})",
                                  "value": f"store:{row['ref']}"})
-        except ImportError as e:
-            note = _warn(f"The vector store is not available yet ({e}); use a direction from the Profiles page.")
         except Exception as e:  # noqa: BLE001
             note = explain(e)
         values = [o["value"] for o in opts]
@@ -363,10 +356,15 @@ def register(app, env):
         if not value:
             raise PreventUpdate
         try:
-            dirs, _ = resolve_direction(value)
+            direction, _ = resolve_direction(value)
         except Exception:  # noqa: BLE001
-            raise PreventUpdate
-        ls = sorted(dirs)
+            raise PreventUpdate from None
+        if isinstance(direction, DirectionSet):  # its own layers, or everywhere
+            ls = direction.layers
+            if ls is None:
+                return "all"
+        else:
+            ls = sorted(direction)
         if len(ls) > 1 and ls == list(range(ls[0], ls[-1] + 1)):
             return f"{ls[0]}-{ls[-1]}"
         return ",".join(map(str, ls))
@@ -391,17 +389,14 @@ def register(app, env):
         cancel=[Input("steer-cancel", "n_clicks")],
     )
     def run_steer(set_progress, n_clicks, strength, artifact, layers, op, prompt, max_new):
-        from steerkit.errors import InputError
         try:
             sm = host.get()
             if max_new is None or int(max_new) < 1 or int(max_new) > 128:
                 raise InputError(f"expected 1..128 new tokens, found {max_new!r}")
             max_new = int(max_new)
-            dirs, label = resolve_direction(artifact)
-            ls = compute.parse_layers(layers or ",".join(map(str, dirs)), sm.n_layers)
-            if strength is None:
-                raise InputError("expected a strength, found none")
-            key = cache_key("steer", sm.name, artifact, ls, op, float(strength), prompt, max_new)
+            setting, label = setting_for(artifact, layers, op, strength)
+            key = cache_key("steer", sm.name, artifact, setting.layers, setting.everywhere, setting.operation,
+                            setting.strength, prompt, max_new)
             texts = ["", ""]
             state = {"n": 0}
 
@@ -411,13 +406,15 @@ def register(app, env):
                 if state["n"] % 3 == 0:
                     set_progress((texts[0], texts[1], str(state["n"]), str(2 * max_new)))
 
-            res, hit = host.cached(key, lambda: compute.steer_compare(
-                sm, prompt or "", dirs, ls, operation=op, strength=float(strength), max_new_tokens=max_new,
-                stream=stream, should_stop=should_stop, label=label))
+            res, hit = host.cached(key, lambda: analysis.steer_compare(
+                sm, prompt or "", setting, max_new_tokens=max_new, stream=stream, should_stop=should_stop,
+                label=label))
             scale = max([abs(x) for x in res.baseline_proj + res.steered_proj] or [1.0]) or 1.0
-            desc = {"add": f"+ {res.strength:g} × v", "ablate": "v ablated", "clamp": f"projection clamped to {res.strength:g}"}[res.operation]
-            msg = _ok(f"{label} at layers {', '.join(map(str, res.layers))}: {desc}"
-                      + (" (from the cache)." if hit else "."))
+            desc = {"add": f"+ {res.strength:g} × v", "ablate": "v ablated",
+                    "clamp": f"projection clamped to {res.strength:g}"}[res.operation]
+            where = ("every write into the residual stream (all layers)" if res.everywhere
+                     else f"layers {', '.join(map(str, res.layers))}")
+            msg = _ok(f"{label} at {where}: {desc}" + (" (from the cache)." if hit else "."))
             return (render_tokens(res.baseline_tokens, res.baseline_proj, scale),
                     render_tokens(res.steered_tokens, res.steered_proj, scale), msg)
         except Exception as e:  # noqa: BLE001
@@ -432,10 +429,6 @@ def register(app, env):
         label = f"store: {env.store_path}"
         # a refresh keeps the selected artifact selected (a reset selection made a later export fail)
         sel_ref = old_rows[selected[0]]["ref"] if selected and old_rows and selected[0] < len(old_rows) else None
-        try:
-            from steerkit.vectors import Store
-        except ImportError as e:
-            return [], label, _warn(f"The vector store is not available yet ({e})."), []
         try:
             st = Store(env.store_path)
             rows = st.list() if Path(env.store_path).exists() else []
@@ -475,7 +468,6 @@ def register(app, env):
         if not sel or not data or sel[0] >= len(data):
             return "Select an artifact to see its provenance."
         try:
-            from steerkit.vectors import Store
             info = Store(env.store_path).show(data[sel[0]]["ref"])
             return json.dumps(info, indent=1, default=str)[:20000]
         except Exception as e:  # noqa: BLE001
@@ -490,7 +482,6 @@ def register(app, env):
         if not fmt:
             return no_update, _warn("Choose an export format first.")
         try:
-            from steerkit.vectors import Store, export
             ref = data[sel[0]]["ref"]
             art = Store(env.store_path).load(ref)
             ext = {"llama.cpp": ".gguf", "repeng": ".gguf", "easysteer": ".gguf", "tlens": ".json", "svec": ".svec",
@@ -531,7 +522,7 @@ def register(app, env):
                   State("probe-file", "value"))
     def probe_files(path, _, uploaded, current):
         opts = [{"label": str(p.relative_to(env.results_path)) if env.results_path else str(p), "value": str(p)}
-                for p in compute.find_sweeps(env.results_path)]
+                for p in saved.find_sweeps(env.results_path)]
         if uploaded:
             opts.insert(0, {"label": f"uploaded: {uploaded['name']}", "value": "upload"})
         values = [o["value"] for o in opts]
@@ -544,7 +535,7 @@ def register(app, env):
     def probe_upload(contents, filename):
         try:
             text = _decode_upload(contents, filename)
-            compute.parse_sweep(text, filename or "upload")
+            saved.parse_sweep(text, filename or "upload")
             return {"name": filename or "upload", "text": text}, no_update
         except PreventUpdate:
             raise
@@ -564,9 +555,9 @@ def register(app, env):
         try:
             method = method if ctx.triggered_id == "probe-method" else None
             if value == "upload" and uploaded:
-                sw = compute.parse_sweep(uploaded["text"], uploaded["name"], method=method)
+                sw = saved.parse_sweep(uploaded["text"], uploaded["name"], method=method)
             else:
-                sw = compute.load_sweep(value, method=method)
+                sw = saved.load_sweep(value, method=method)
             best = sw.best_per_layer()
             i = int(np.nanargmax(best))
             opts = [{"label": m, "value": m} for m in sw.methods]
@@ -590,9 +581,9 @@ def register(app, env):
     def run_diag(set_progress, _, text):
         try:
             sm = host.get()
-            prompts = compute.parse_prompt_text(text or "", "prompts")
+            prompts = inputs.parse_prompt_text(text or "", "prompts")
             key = cache_key("diag", sm.name, prompts)
-            res, hit = host.cached(key, lambda: compute.layer_diagnostics(
+            res, hit = host.cached(key, lambda: analysis.layer_diagnostics(
                 sm, prompts, progress=lambda d, t: set_progress((str(d), str(t))), should_stop=should_stop))
             note = f" {res.note}" if res.note else ""
             return {"key": key}, _ok(f"{res.n_prompts} prompts over {len(res.layers)} layers"
@@ -612,9 +603,9 @@ def register(app, env):
                   State("diag-mi-pick", "value"))
     def mi_options(path, current):
         opts = []
-        for f in compute.find_mi(env.results_path):
+        for f in saved.find_mi(env.results_path):
             try:
-                n = len(compute.load_mi_all(f))
+                n = len(saved.load_mi_all(f))
             except Exception:  # noqa: BLE001 - listed, and the figure callback explains what is wrong
                 n = 1
             rel = f.relative_to(env.results_path) if env.results_path else f
@@ -632,7 +623,7 @@ def register(app, env):
                         html.Code(env.results_path), "."], style={"color": "#666"}))
         try:
             i, _, f = value.partition(":")
-            allmi = compute.load_mi_all(f)
+            allmi = saved.load_mi_all(f)
             mi = allmi[min(int(i), len(allmi) - 1)]
             toks = [repr(mi.tokens[mi.steps.index(p)]) for p in mi.peaks if mi.tokens and p in mi.steps]
             return figures.mi_figure(mi), _ok(f"{mi.name}: {len(mi.steps)} steps, peaks at {mi.peaks}"

@@ -2,8 +2,8 @@
 
 They hold no state and touch no model, so they work the same in the app and in a notebook::
 
-    from steerkit.apps import compute, figures
-    prof = compute.divergence_profile(sm, *compute.temporal_pairs(8))
+    from steerkit.apps import analysis, data, figures
+    prof = analysis.divergence_profile(sm, *data.temporal_pairs(8))
     figures.profile_figure(prof).show()
 
 Every figure can be saved as a standalone HTML page with :func:`to_html`.
@@ -11,6 +11,7 @@ Every figure can be saved as a standalone HTML page with :func:`to_html`.
 from __future__ import annotations
 
 import html as _html
+from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
@@ -105,7 +106,9 @@ def pairs_figure(profile, layer: int) -> go.Figure:
     """Per-pair relative divergence and cosine at one layer (bars; hover shows the prompts)."""
     d = profile.at_layer(layer)
     idx = list(range(len(d["rel"])))
-    short = lambda s: (s[:70] + "…") if len(s) > 70 else s
+
+    def short(s):
+        return (s[:70] + "…") if len(s) > 70 else s
     cd = [[short(a), short(b)] for a, b in zip(d["a"], d["b"])] if d["a"] else None
     fig = make_subplots(rows=1, cols=2, subplot_titles=("relative divergence", "cosine similarity"))
     ht = "pair %{x}: %{y:.4f}" + ("<br>A: %{customdata[0]}<br>B: %{customdata[1]}" if cd else "") + "<extra></extra>"
@@ -237,6 +240,5 @@ def to_html(fig: go.Figure, path=None) -> str:
     """The figure as a standalone HTML page (plotly.js embedded; works offline). Writes ``path`` if given."""
     s = fig.to_html(include_plotlyjs=True, full_html=True)
     if path is not None:
-        from pathlib import Path
         Path(path).write_text(s, encoding="utf-8")
     return s

@@ -7,7 +7,14 @@ navigation. Ids are plain strings, prefixed by page (``prof-``, ``probe-``, ``st
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
+
 from dash import dash_table, dcc, html
+
+from steerkit.vectors import FORMATS
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 PAGES = [("/profiles", "Profiles"), ("/probes", "Probes"), ("/steer", "Steer"), ("/store", "Store"),
          ("/diagnostics", "Diagnostics")]
@@ -69,11 +76,14 @@ CONTRASTS = {"temporal": "Temporal reversal pairs", "harmful": "Harmful vs harml
              "steered": "Steered vs unsteered (Steer page settings)", "custom": "My own two prompt lists"}
 
 
-def model_label(sm) -> str:
+def model_label(sm: "SteerModel") -> str:
     return f"model: {sm.name} · {sm.n_layers} layers · d_model {sm.d_model}"
 
 
-def layer_marks(n_layers: int) -> dict:
+def layer_marks(n_layers: Optional[int]) -> dict:
+    """Slider marks for ``n_layers`` layers (none while no model is loaded: ``n_layers=None``)."""
+    if not n_layers:
+        return {}
     return {i: str(i) for i in range(0, n_layers, max(1, n_layers // 15))}
 
 
@@ -96,7 +106,7 @@ def model_card(models, current_value):
     ], style=CARD)
 
 
-def profiles_page(n_layers: int, models=(), current_model=DEFAULT_MODEL_VALUE):
+def profiles_page(n_layers: Optional[int], models=(), current_model=DEFAULT_MODEL_VALUE):
     return html.Div([
         model_card(list(models), current_model),
         html.Div([
@@ -127,7 +137,7 @@ def profiles_page(n_layers: int, models=(), current_model=DEFAULT_MODEL_VALUE):
         ], style=CARD),
         html.Div([graph("prof-graph", 440),
                   html.Div([html.Label("Layer (click the plot or slide)", style=LABEL),
-                            dcc.Slider(id="prof-layer", min=0, max=max(0, n_layers - 1), step=1, value=0,
+                            dcc.Slider(id="prof-layer", min=0, max=max(0, (n_layers or 1) - 1), step=1, value=0,
                                        marks=layer_marks(n_layers),
                                        tooltip={"placement": "bottom"})], style={"padding": "0 30px"})], style=CARD),
         html.Div([
@@ -168,7 +178,7 @@ def steer_page():
         html.Div([
             html.Div([
                 field("Direction", dcc.Dropdown(id="steer-artifact", clearable=False, style={"width": "360px"})),
-                field("Layers", dcc.Input(id="steer-layers", type="text", value="", placeholder="e.g. 12 or 10-14",
+                field("Layers", dcc.Input(id="steer-layers", type="text", value="", placeholder="e.g. 12, 10-14 or all",
                                           debounce=True, style={"width": "120px"})),
                 field("Operation", dcc.RadioItems(id="steer-op", value="add", inline=True, options=[
                     {"label": " add ", "value": "add"}, {"label": " ablate ", "value": "ablate"},
@@ -202,10 +212,6 @@ def steer_page():
 
 
 def export_formats() -> list[dict]:
-    try:
-        from steerkit.vectors import FORMATS
-    except ImportError:  # pragma: no cover - the vectors package is part of steerkit
-        return [{"label": "safetensors", "value": "safetensors"}]
     return [{"label": f, "value": f} for f in FORMATS]
 
 
@@ -256,7 +262,7 @@ def diagnostics_page():
     ], id="page-diagnostics")
 
 
-def shell(model_label: str, n_layers: int, store_path: str, results_path: str, models=(),
+def shell(model_label: str, n_layers: Optional[int], store_path: str, results_path: str, models=(),
           current_model=DEFAULT_MODEL_VALUE):
     nav = html.Div([html.Span("steerkit explorer", style={"fontWeight": "bold", "marginRight": "24px"})]
                    + [dcc.Link(label, href=path, id=f"nav-{path.strip('/')}",

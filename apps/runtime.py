@@ -21,7 +21,10 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, Optional
 
+import torch
 from dash import DiskcacheManager
+
+import steerkit
 
 _cancel_event: contextvars.ContextVar[Optional[threading.Event]] = contextvars.ContextVar("steerkit_app_cancel",
                                                                                          default=None)
@@ -105,9 +108,6 @@ class ModelHost:
         if self._sm is None:
             with self._load_lock:
                 if self._sm is None:
-                    import torch
-
-                    import steerkit
                     if self.threads:
                         torch.set_num_threads(int(self.threads))
                     t = time.perf_counter()
@@ -130,7 +130,6 @@ class ModelHost:
         ``None`` for the default). Waits for the running model work (``lock``), loads the new model,
         and only then drops the old one: a failed load leaves the current model in place. Cached
         results stay (their keys carry the model name), so switching back finds them again."""
-        import steerkit
         with self.lock, self._load_lock:
             t = time.perf_counter()
             print(f"steerkit app: switching to model {spec or '(default)'} ...", file=sys.stderr, flush=True)

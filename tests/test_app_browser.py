@@ -5,8 +5,8 @@ store and results folder, then: opens every page; computes a divergence profile 
 checks one point per layer; saves the peak layer's direction; steers with it and moves the
 strength slider (the steered text must change); exports the stored vector and a figure; checks
 that the Probes and Diagnostics pages show the "no results yet" message and light up once results
-exist; checks that bad input gives a message, not a traceback; screenshots every page (in the test's
-temp dir; set ``STEERKIT_SCREENSHOTS=DIR`` to keep copies); and asserts that no page logged a
+exist; checks that bad input gives a message, not a traceback; steers with a stored direction set
+(ablated everywhere); screenshots every page (in the test's temp dir; set ``STEERKIT_SCREENSHOTS=DIR`` to keep copies); and asserts that no page logged a
 browser console error.
 """
 from __future__ import annotations
@@ -376,4 +376,30 @@ def test_bad_input_shows_a_message(server, browser_page):
     r = subprocess.run([sys.executable, "-m", "steerkit.apps", "--host", "0.0.0.0", "--port", "1"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--allow-remote" in r.stderr
+    assert not errors, "browser console errors:\n" + "\n".join(errors)
+
+
+def test_stored_direction_set_steers(server, browser_page):
+    """A DirectionSet from the store (ablated everywhere: layers=None) steers on the Steer page."""
+    import torch
+
+    from steerkit.vectors import DirectionSet, Store
+    page, errors = browser_page
+    basis = torch.randn(2, 576, generator=torch.Generator().manual_seed(0))
+    Store(server["store"]).save("e2e-ablation", DirectionSet.from_directions(basis, method="e2e"))
+    page.goto(server["url"] + "/steer")
+    page.wait_for_selector("#steer-run")
+    pick(page, "steer-artifact", "e2e-ablation@1 (direction_set, e2e)")
+    page.wait_for_function("() => document.querySelector('#steer-layers').value === 'all'")
+    page.fill("#steer-max", "8")
+    page.click("#steer-run")
+    wait_text(page, "#steer-status", "e2e-ablation@1 (direction set, k=2) at every write")
+    status = page.inner_text("#steer-status")
+    assert "⚠" not in status and "v ablated" in status, status
+    assert page.inner_text("#steer-base").strip() and page.inner_text("#steer-steered").strip()
+    assert page.locator("#steer-steered span[title]").count() > 0  # tokens coloured by projection
+    # the ablation leaves no component along the first basis vector in the steered row
+    titles = page.locator("#steer-steered span[title]").evaluate_all("els => els.map(e => e.title)")
+    assert all(abs(float(t)) < 1e-2 for t in titles), titles
+    shot(page, server, "steer_direction_set")
     assert not errors, "browser console errors:\n" + "\n".join(errors)

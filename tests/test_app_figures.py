@@ -11,7 +11,8 @@ pytest.importorskip("dash", reason="the app extra (plotly, dash) is not installe
 
 import plotly.graph_objects as go  # noqa: E402
 
-from steerkit.apps import compute, figures  # noqa: E402
+from steerkit.apps import analysis, data, figures  # noqa: E402
+from steerkit.apps import io as saved  # noqa: E402
 from steerkit.errors import InputError  # noqa: E402
 
 
@@ -21,7 +22,7 @@ def planted_profile(n_pairs=6, n_layers=30, peak=17, seed=0):
     bump = np.exp(-0.5 * ((np.arange(n_layers) - peak) / 2.0) ** 2)
     rel = 0.05 + 0.4 * bump + 0.01 * rng.standard_normal((n_pairs, n_layers))
     cos = 1 - 0.5 * rel
-    return compute.DivergenceProfile(layers=layers, rel=rel, cos=cos, prompts_a=[f"a{i}" for i in range(n_pairs)],
+    return analysis.DivergenceProfile(layers=layers, rel=rel, cos=cos, prompts_a=[f"a{i}" for i in range(n_pairs)],
                                      prompts_b=[f"b{i}" for i in range(n_pairs)], model_name="toy", contrast="planted")
 
 
@@ -81,7 +82,7 @@ def test_pairs_and_lens_figures():
 
 
 def test_heatmap_norm_sink_mi_figures():
-    sw = compute.parse_sweep(json.dumps({"layers": [0, 1, 2], "positions": ["-1", "last"],
+    sw = saved.parse_sweep(json.dumps({"layers": [0, 1, 2], "positions": ["-1", "last"],
                                          "auroc": [[0.5, 0.6], [0.7, 0.8], [0.9, 0.95]],
                                          "ci_low": [[0.4, 0.5], [0.6, 0.7], [0.8, 0.9]],
                                          "ci_high": [[0.6, 0.7], [0.8, 0.9], [0.95, 0.99]]}), "s")
@@ -90,13 +91,13 @@ def test_heatmap_norm_sink_mi_figures():
     assert "CI" in fig.data[0].hovertemplate
     assert list(sw.best_per_layer()) == [0.6, 0.8, 0.95]
     csv = "layer,position,auroc,ci_low,ci_high\n0,last,0.6,0.5,0.7\n1,last,0.9,0.8,0.95\n"
-    assert compute.parse_sweep(csv).auroc.shape == (2, 1)
-    diag = compute.LayerDiagnostics(layers=[0, 1, 2], resid_norm=np.array([1.0, 2.0, 3.0]),
+    assert saved.parse_sweep(csv).auroc.shape == (2, 1)
+    diag = analysis.LayerDiagnostics(layers=[0, 1, 2], resid_norm=np.array([1.0, 2.0, 3.0]),
                                     resid_norm_pos0=np.array([5.0, 50.0, 60.0]), sink=np.array([0.1, 0.5, 0.9]),
                                     sink_heads=np.array([[0.1, 0.1], [0.4, 0.6], [0.8, 1.0]]), n_prompts=2)
     assert len(by_name(figures.norm_figure(diag))["mean ‖h‖ (pos ≥ 1)"].y) == 3
     assert list(by_name(figures.sink_figure(diag))["mean over heads"].y) == [0.1, 0.5, 0.9]
-    mi = compute.parse_mi(json.dumps({"mi": [0.1, 0.2, 0.9, 0.3, 0.2, 1.1, 0.4], "tokens": list("abcdefg")}))
+    mi = saved.parse_mi(json.dumps({"mi": [0.1, 0.2, 0.9, 0.3, 0.2, 1.1, 0.4], "tokens": list("abcdefg")}))
     assert mi.peaks == [2, 5]
     t = by_name(figures.mi_figure(mi))
     assert list(t["peaks"].x) == [2, 5] and list(t["peaks"].text) == ["'c'", "'f'"]
@@ -117,27 +118,30 @@ def test_token_colours():
 
 
 def test_prompt_parsing_and_pairs():
-    assert compute.parse_prompt_text("a\n\n b \n") == ["a", "b"]
-    assert compute.parse_prompt_text('["x", {"prompt": "y"}]') == ["x", "y"]
-    assert compute.parse_prompt_text('{"text": "x"}\n{"instruction": "y"}') == ["x", "y"]
+    assert data.parse_prompt_text("a\n\n b \n") == ["a", "b"]
+    assert data.parse_prompt_text('["x", {"prompt": "y"}]') == ["x", "y"]
+    assert data.parse_prompt_text('{"text": "x"}\n{"instruction": "y"}') == ["x", "y"]
     with pytest.raises(InputError, match="invalid JSON"):
-        compute.parse_prompt_text("[1, 2")
+        data.parse_prompt_text("[1, 2")
     with pytest.raises(InputError, match="equal length"):
-        compute.check_pairs(["a", "b"], ["c"])
+        data.check_pairs(["a", "b"], ["c"])
     with pytest.raises(InputError, match="non-empty"):
-        compute.check_pairs([], [])
-    a, b = compute.temporal_pairs(5, seed=3)
+        data.check_pairs([], [])
+    a, b = data.temporal_pairs(5, seed=3)
     assert len(a) == len(b) == 5 and a != b
-    ev = compute.temporal_events(5, seed=3)
+    ev = data.temporal_events(5, seed=3)
     assert all(x.index(e[0]) < x.index(e[-1]) and y.index(e[-1]) < y.index(e[0]) for x, y, e in zip(a, b, ev))
-    assert compute.temporal_pairs(5, seed=3) == (a, b)
-    assert compute.parse_layers("10-12,3", 30) == [3, 10, 11, 12]
+    assert data.temporal_pairs(5, seed=3) == (a, b)
+    assert data.parse_layers("10-12,3", 30) == [3, 10, 11, 12]
+    assert data.parse_layers("all", 4) == [0, 1, 2, 3]
+    ha, hl = data.refusal_pairs(3)
+    assert len(ha) == len(hl) == 3 and ha != hl
     with pytest.raises(InputError):
-        compute.parse_layers("40", 30)
+        data.parse_layers("40", 30)
     with pytest.raises(InputError):
-        compute.parse_layers("abc", 30)
+        data.parse_layers("abc", 30)
     with pytest.raises(InputError):
-        compute.parse_sweep("not a table", "x")
+        saved.parse_sweep("not a table", "x")
 
 
 def test_threaded_manager_cancel_flag():
@@ -178,7 +182,7 @@ def test_local_bind_only_by_default(capsys):
 # ------------------------------------------------------------------ the real result formats
 def _real_sweep():
     """A sweep written by steerkit.probes itself: 2 methods x 3 layers x 2 positions, CIs included."""
-    from steerkit.probes.sweep import sweep_activations
+    from steerkit.probes import sweep_activations
     rng = np.random.default_rng(0)
     n, d = 40, 8
     y = np.array([1] * 20 + [0] * 20)
@@ -196,7 +200,7 @@ def test_app_reads_the_sweep_files_the_probes_package_writes(tmp_path):
     res.save(tmp_path / "real_sweep.json")
     res.save(tmp_path / "real_sweep.csv")
     for f in ("real_sweep.json", "real_sweep.csv"):
-        sw = compute.load_sweep(tmp_path / f)
+        sw = saved.load_sweep(tmp_path / f)
         assert sorted(sw.methods) == ["diffmean", "logistic"]
         assert sw.layers == [0, 1, 2] and sw.positions == ["last", "mean"]
         assert sw.ci_low is not None and np.all(sw.ci_low <= sw.auroc + 1e-9) and np.all(sw.auroc <= sw.ci_high + 1e-9)
@@ -206,36 +210,36 @@ def test_app_reads_the_sweep_files_the_probes_package_writes(tmp_path):
                 assert sw.auroc[i, j] == pytest.approx(rows[(l, p)]["auroc"], abs=1e-6)
         assert int(np.nanargmax(sw.best_per_layer())) == 2  # the planted layer
         other = [m for m in sw.methods if m != sw.method][0]
-        sw2 = compute.load_sweep(tmp_path / f, method=other)
+        sw2 = saved.load_sweep(tmp_path / f, method=other)
         assert sw2.method == other and not np.allclose(sw2.auroc, sw.auroc)
     with pytest.raises(InputError, match="expected one of the methods"):
-        compute.load_sweep(tmp_path / "real_sweep.json", method="nope")
+        saved.load_sweep(tmp_path / "real_sweep.json", method="nope")
     fig = figures.probe_heatmap(sw)
     assert fig.data[0].z.shape == (3, 2) and "CI" in fig.data[0].hovertemplate
-    assert compute.find_sweeps(tmp_path) == [tmp_path / "real_sweep.csv", tmp_path / "real_sweep.json"]
+    assert saved.find_sweeps(tmp_path) == [tmp_path / "real_sweep.csv", tmp_path / "real_sweep.json"]
 
 
 def test_app_reads_the_mi_peaks_report(tmp_path):
-    from steerkit.probes.mi import MITrajectory
+    from steerkit.probes import MITrajectory
     trs = [MITrajectory(layer=20, mi=np.array([0.1, 0.2, 0.9, 0.3, 0.1]), tokens=list("abcde"), peaks=[2]),
            MITrajectory(layer=20, mi=np.array([0.3, 0.1, 0.2, 0.8]), tokens=list("wxyz"), peaks=[3])]
     (tmp_path / "gsm8k_report.json").write_text(json.dumps({"model": "m", "mi": [t.to_dict() for t in trs]}))
     (tmp_path / "mi_single.json").write_text(json.dumps({"mi": [0.1, 0.5, 0.2]}))
     (tmp_path / "unrelated.json").write_text(json.dumps({"rows": []}))
     (tmp_path / "broken.json").write_text("{not json")
-    files = compute.find_mi(tmp_path)
+    files = saved.find_mi(tmp_path)
     assert [f.name for f in files] == ["gsm8k_report.json", "mi_single.json"]
-    allmi = compute.load_mi_all(files[0])
+    allmi = saved.load_mi_all(files[0])
     assert len(allmi) == 2 and allmi[1].peaks == [3] and allmi[1].tokens == list("wxyz") and allmi[0].layer == 20
     assert allmi[0].measure == "HSIC"
     fig = figures.mi_figure(allmi[0])
     assert "HSIC" in fig.layout.yaxis.title.text
     peaks = by_name(fig)["peaks"]
     assert list(peaks.x) == [2] and "'c'" in peaks.text[0]
-    single = compute.load_mi(files[1])
+    single = saved.load_mi(files[1])
     assert single.peaks == [1] and single.measure == "MI"
     with pytest.raises(InputError, match="'mi' entry"):
-        compute.parse_mi_all(json.dumps({"rows": []}), "x")
+        saved.parse_mi_all(json.dumps({"rows": []}), "x")
 
 
 # ------------------------------------------------------------------ model picker
@@ -289,3 +293,127 @@ def test_model_host_switch_keeps_the_old_model_when_loading_fails(tmp_path):
 def torch_equal(a, b):
     import torch
     return a.shape == b.shape and bool(torch.equal(a, b))
+
+
+# ------------------------------------------------------------------ the Steer page's steering
+@pytest.fixture(scope="module")
+def tiny_sm():
+    from tests.tiny_models import tiny_model
+    import steerkit
+    m, tok = tiny_model("llama")
+    return steerkit.wrap(m, tok, name="tiny-llama")
+
+
+def test_steer_setting_builds_interventions_for_each_operation(tiny_sm):
+    import torch
+    from steerkit import Intervention
+    v = torch.randn(tiny_sm.d_model, generator=torch.Generator().manual_seed(0))
+    add = analysis.steer_setting(tiny_sm, v.numpy(), "0-1", operation="add", strength=2.5)
+    assert all(isinstance(i, Intervention) for i in add.interventions)
+    assert [(i.site, i.op, i.scale) for i in add.interventions] == [
+        ("blocks.0.hook_resid_post", "add", 2.5), ("blocks.1.hook_resid_post", "add", 2.5)]
+    abl = analysis.steer_setting(tiny_sm, {1: v.numpy()}, None, operation="ablate")
+    assert [(i.site, i.op) for i in abl.interventions] == [("blocks.1.hook_resid_post", "ablate")]
+    clamp = analysis.steer_setting(tiny_sm, v.numpy(), "all", operation="clamp", strength=3.0)
+    assert [i.op for i in clamp.interventions] == ["clamp", "clamp"] and clamp.layers == [0, 1]
+    assert float(clamp.interventions[0].value[0]) == 3.0
+    torch.testing.assert_close(clamp.unit, v / v.norm())
+    with pytest.raises(InputError, match="operation"):
+        analysis.steer_setting(tiny_sm, v.numpy(), "1", operation="double")
+    with pytest.raises(InputError, match="d_model"):
+        analysis.steer_setting(tiny_sm, np.ones(7), "1")
+    with pytest.raises(InputError, match="every chosen layer"):
+        analysis.steer_setting(tiny_sm, {0: v.numpy(), 5: v.numpy()}, "1")
+
+
+def test_steer_compare_one_batch_projection_after_the_edit(tiny_sm):
+    """Baseline and steered rows come from one generate; the projection per token is read after the
+    edit at the projection layer: a clamp shows its value, an ablation zero, an add a large shift."""
+    import torch
+    v = torch.randn(tiny_sm.d_model, generator=torch.Generator().manual_seed(1))
+    calls = []
+    orig = tiny_sm.generate
+
+    def spy(prompts, *a, **kw):
+        calls.append(list(prompts))
+        return orig(prompts, *a, **kw)
+    tiny_sm.generate = spy
+    try:
+        streamed = []
+        res = {}
+        for op, s in (("add", 8.0), ("clamp", 3.0), ("ablate", 0.0)):
+            setting = analysis.steer_setting(tiny_sm, v.numpy(), "0-1", operation=op, strength=s)
+            res[op] = analysis.steer_compare(tiny_sm, "hello there", setting, max_new_tokens=6,
+                                             stream=lambda row, text: streamed.append(row))
+    finally:
+        del tiny_sm.generate
+    assert calls == [["hello there", "hello there"]] * 3  # one batch per comparison
+    assert set(streamed) == {0, 1}
+    base = res["add"].baseline_proj
+    for r in res.values():
+        assert len(r.baseline_proj) == len(r.baseline_tokens) > 0
+        assert len(r.steered_proj) == len(r.steered_tokens) > 0
+        assert r.baseline_proj == pytest.approx(base[:len(r.baseline_proj)])  # row 0 is never steered
+        assert r.proj_layer == 1 and r.layers == [0, 1]
+    assert res["clamp"].steered_proj == pytest.approx([3.0] * len(res["clamp"].steered_proj), abs=1e-4)
+    assert res["ablate"].steered_proj == pytest.approx([0.0] * len(res["ablate"].steered_proj), abs=1e-4)
+    assert min(res["add"].steered_proj) > max(base) + 8.0
+
+
+def test_steer_compare_cancels_between_tokens(tiny_sm):
+    setting = analysis.steer_setting(tiny_sm, np.ones(tiny_sm.d_model), "1")
+    with pytest.raises(analysis.Cancelled):
+        analysis.steer_compare(tiny_sm, "hello", setting, max_new_tokens=8, should_stop=lambda: True)
+    assert not tiny_sm.hooks.handles  # the steering and the record scope are gone
+
+
+def test_stored_direction_set_steers_through_its_interventions(tiny_sm):
+    import torch
+    from steerkit.vectors import DirectionSet
+    v = torch.randn(2, tiny_sm.d_model, generator=torch.Generator().manual_seed(2))
+    ds = DirectionSet.from_directions(v, tiny_sm, layers=None)
+    setting = analysis.steer_setting(tiny_sm, ds, None, operation="add", strength=9.0)
+    want = ds.to_interventions(tiny_sm.facts)
+    assert [(i.site, i.op) for i in setting.interventions] == [(i.site, i.op) for i in want]
+    assert setting.everywhere and setting.operation == "ablate" and setting.layers == [0, 1]
+    res = analysis.steer_compare(tiny_sm, "hello there", setting, max_new_tokens=5)
+    assert res.everywhere and res.steered_proj == pytest.approx([0.0] * len(res.steered_proj), abs=1e-4)
+    assert max(abs(x) for x in res.baseline_proj) > 1e-3
+    at = analysis.steer_setting(tiny_sm, DirectionSet.from_directions(v, tiny_sm, layers=[0]), "")
+    assert [i.site for i in at.interventions] == ["blocks.0.hook_resid_post"] and not at.everywhere
+    assert [i.site for i in analysis.steer_setting(tiny_sm, ds, "1").interventions] == ["blocks.1.hook_resid_post"]
+
+
+def test_explain_shows_every_steerkit_error_as_its_message():
+    from steerkit.apps.callbacks import explain
+    from steerkit.kernels import SteerConfigError
+    from steerkit.serving.spec import SpecError
+    from steerkit.vectors.errors import ModelMismatchError
+
+    def text(el):
+        return "".join(c if isinstance(c, str) else "" for c in el.children)
+    for err in (InputError("bad prompt"), ModelMismatchError("fingerprint differs"), SteerConfigError("bad config"),
+                SpecError("bad spec")):
+        el = explain(err)
+        assert el.className == "error-message" and text(el) == f"⚠ {err}"
+    assert "Unexpected error (RuntimeError)" in text(explain(RuntimeError("boom")))
+    assert explain(analysis.Cancelled()).className == "cancel-message"
+
+
+def test_app_without_a_loaded_model_invents_no_layers(tmp_path):
+    from steerkit.apps.app import create_app
+    app = create_app("/nowhere/model", store=str(tmp_path / "s"), results=str(tmp_path / "r"), preload=False,
+                     cache_dir=str(tmp_path / "c"))
+    found = {}
+
+    def walk(c):
+        cid = getattr(c, "id", None)
+        if cid in ("prof-layer", "model-label"):
+            found[cid] = c
+        kids = getattr(c, "children", None)
+        for k in (kids if isinstance(kids, (list, tuple)) else [kids]):
+            if k is not None and not isinstance(k, (str, int, float)):
+                walk(k)
+    walk(app.layout)
+    assert found["prof-layer"].max == 0 and found["prof-layer"].marks == {}
+    assert "no model loaded" in found["model-label"].children and "layers" not in found["model-label"].children

@@ -1,0 +1,447 @@
+"""Result objects and the computations behind the explorer's pages, over a :class:`steerkit.SteerModel`.
+
+The app's callbacks call these functions, and so can a notebook. Each result is a dataclass that
+the figure functions in :mod:`steerkit.apps.figures` turn into Plotly figures.
+
+* :func:`divergence_profile` -> :class:`DivergenceProfile`: per layer, the relative divergence
+  ``||h_l(a) - h_l(b)|| / ||h_l(a)||`` and the cosine of ``h_l(a)``, ``h_l(b)`` at the last prompt
+  token, for every pair, plus the logit-lens top tokens of the mean difference at each layer.
+* :func:`logit_lens`: the top and bottom tokens of a residual-space vector.
+* :func:`steer_setting` -> :class:`SteerSetting`: the Steer page's settings as
+  :class:`steerkit.Intervention` s (a stored artifact through its ``to_interventions``).
+* :func:`steer_compare` -> :class:`SteerResult`: baseline and steered generations of one prompt in
+  one batch with per-row steering (streamable), each token with its projection on the direction.
+* :func:`layer_diagnostics` -> :class:`LayerDiagnostics`: residual norm and sink attention per layer.
+
+Long computations take ``progress(done, total)`` and ``should_stop()`` callables; when
+``should_stop()`` turns true they raise :class:`Cancelled` between batches (or tokens).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from steerkit.errors import InputError
+from steerkit.hooknames import resid_post
+from steerkit.interventions import Intervention
+from steerkit.positions import AnyOf
+
+from .data import check_pairs, parse_layers
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
+
+
+class Cancelled(Exception):
+    """Raised inside a computation when its caller asked it to stop (a signal, not an error)."""
+
+
+def _tick(progress, should_stop, done, total):
+    if should_stop is not None and should_stop():
+        raise Cancelled("cancelled")
+    if progress is not None:
+        progress(done, total)
+
+
+# ============================================================================ model helpers
+def _unembed_fn(sm: SteerModel):
+    norm = sm.adapter.final_norm_module(sm.hf_model)
+    unembed = sm.adapter.unembed_module(sm.hf_model)
+
+    @torch.inference_mode()
+    def f(v):
+        x = torch.as_tensor(v, dtype=sm.dtype, device=sm.device).reshape(1, 1, -1)
+        return unembed(norm(x)).reshape(-1).float().cpu()
+    return f
+
+
+def logit_lens(sm: SteerModel, v: Float[Tensor, " d_model"] | np.ndarray,
+               k: int = 10) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """Top and bottom ``k`` tokens of ``unembed(final_norm(v))`` for a residual-space vector ``v``."""
+    logits = _unembed_fn(sm)(v)
+    return _top_bottom(sm, logits, k)
+
+
+def _top_bottom(sm: SteerModel, logits, k):
+    k = min(k, logits.shape[0])
+    top = torch.topk(logits, k)
+    bot = torch.topk(-logits, k)
+
+    def dec(i):
+        return sm.tokenizer.decode([int(i)])
+    return ([(dec(i), float(s)) for s, i in zip(top.values, top.indices)],
+            [(dec(i), float(-s)) for s, i in zip(bot.values, bot.indices)])
+
+
+# ============================================================================ divergence profile
+@dataclass
+class DivergenceProfile:
+    """Per-layer divergence between paired prompts, at the last prompt token.
+
+    ``rel[i, l] = ||h_l(a_i) - h_l(b_i)|| / ||h_l(a_i)||`` and ``cos[i, l] = cos(h_l(a_i), h_l(b_i))``
+    (``h_l`` = ``blocks.{l}.hook_resid_post``). ``mean_diff[l]`` is the mean of ``h_l(a) - h_l(b)``
+    over pairs; ``lens_top[l]`` / ``lens_bottom[l]`` its logit-lens top and bottom tokens.
+    """
+
+    layers: list[int]
+    rel: np.ndarray
+    cos: np.ndarray
+    prompts_a: list[str] = field(default_factory=list)
+    prompts_b: list[str] = field(default_factory=list)
+    mean_diff: Optional[np.ndarray] = None
+    lens_top: list = field(default_factory=list)
+    lens_bottom: list = field(default_factory=list)
+    model_name: str = ""
+    contrast: str = "custom"
+    seconds: float = 0.0
+
+    def __post_init__(self):
+        self.rel = np.asarray(self.rel, dtype=np.float64)
+        self.cos = np.asarray(self.cos, dtype=np.float64)
+        if self.rel.ndim != 2 or self.rel.shape != self.cos.shape or self.rel.shape[1] != len(self.layers):
+            raise InputError(f"expected rel and cos of shape [n_pairs, {len(self.layers)}], found "
+                             f"{self.rel.shape} and {self.cos.shape}")
+
+    @property
+    def n_pairs(self) -> int:
+        return int(self.rel.shape[0])
+
+    @property
+    def rel_mean(self) -> np.ndarray:
+        return self.rel.mean(0)
+
+    @property
+    def rel_std(self) -> np.ndarray:
+        return self.rel.std(0)
+
+    @property
+    def cos_mean(self) -> np.ndarray:
+        return self.cos.mean(0)
+
+    @property
+    def cos_std(self) -> np.ndarray:
+        return self.cos.std(0)
+
+    @property
+    def peak_index(self) -> int:
+        return int(np.argmax(self.rel_mean))
+
+    @property
+    def peak_layer(self) -> int:
+        """The layer where the mean relative divergence is largest."""
+        return int(self.layers[self.peak_index])
+
+    def at_layer(self, layer: int) -> dict:
+        """Per-pair values at one layer: ``{"rel": [...], "cos": [...], "a": [...], "b": [...]}``."""
+        if layer not in self.layers:
+            raise InputError(f"expected a layer in {self.layers[0]}..{self.layers[-1]}, found {layer}")
+        j = self.layers.index(layer)
+        return {"layer": layer, "rel": self.rel[:, j].tolist(), "cos": self.cos[:, j].tolist(),
+                "a": list(self.prompts_a), "b": list(self.prompts_b)}
+
+    def summary(self) -> dict:
+        return {"model": self.model_name, "contrast": self.contrast, "n_pairs": self.n_pairs,
+                "n_layers": len(self.layers), "peak_layer": self.peak_layer,
+                "peak_rel": float(self.rel_mean[self.peak_index]), "seconds": round(self.seconds, 2)}
+
+
+def divergence_profile(sm: SteerModel, prompts_a: Sequence[str], prompts_b: Sequence[str], *, batch_size: int = 8,
+                       layers: Optional[Sequence[int]] = None, lens_k: int = 10, contrast: str = "custom",
+                       edit_a: Optional[Callable] = None, progress=None, should_stop=None) -> DivergenceProfile:
+    """The divergence profile of paired prompts on ``sm`` (see :class:`DivergenceProfile`).
+
+    ``edit_a``: a context-manager factory applied while recording the A side (for a
+    steered-vs-unsteered contrast, A and B are then the same prompts).
+    """
+    t0 = time.perf_counter()
+    a, b = check_pairs(prompts_a, prompts_b)
+    layers = list(range(sm.n_layers)) if layers is None else [int(l) for l in layers]
+    hooks = resid_post(layers)
+    n = len(a)
+    batches = [(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+    total = 2 * len(batches)
+    ha, hb = [], []
+    done = 0
+    _tick(progress, should_stop, 0, total)
+    for side, prompts, out in (("a", a, ha), ("b", b, hb)):
+        for i, j in batches:
+            ctx = edit_a() if (side == "a" and edit_a is not None) else contextlib.nullcontext()
+            with ctx, sm.record(hooks, positions="last") as cache:
+                sm.forward(prompts[i:j])
+            out.append(cache.stack().float().cpu())  # [L, batch, d]
+            done += 1
+            _tick(progress, should_stop, done, total)
+    HA = torch.cat(ha, 1)
+    HB = torch.cat(hb, 1)
+    diff = HA - HB
+    rel = (diff.norm(dim=-1) / HA.norm(dim=-1).clamp_min(1e-12)).T.numpy()  # [n, L]
+    cos = torch.nn.functional.cosine_similarity(HA, HB, dim=-1).T.numpy()
+    mean_diff = diff.mean(1)  # [L, d]
+    lens_top, lens_bottom = [], []
+    if lens_k:
+        f = _unembed_fn(sm)
+        for l in range(len(layers)):
+            t, bo = _top_bottom(sm, f(mean_diff[l]), lens_k)
+            lens_top.append(t)
+            lens_bottom.append(bo)
+    return DivergenceProfile(layers=layers, rel=rel, cos=cos, prompts_a=a, prompts_b=b,
+                             mean_diff=mean_diff.numpy(), lens_top=lens_top, lens_bottom=lens_bottom,
+                             model_name=sm.name, contrast=contrast, seconds=time.perf_counter() - t0)
+
+
+# ============================================================================ steering
+OPERATIONS = ("add", "ablate", "clamp")
+
+
+@dataclass
+class SteerSetting:
+    """What the Steer page applies: ``interventions`` for the steered row, the ``layers`` they act at,
+    and where the per-token projection is read (``proj_hook``, on the unit direction ``unit``)."""
+
+    interventions: list[Intervention]
+    layers: list[int]
+    operation: str
+    strength: float
+    proj_hook: str
+    unit: Float[Tensor, " d_model"]
+    #: ``True`` for a stored direction set ablated at every write into the residual stream
+    everywhere: bool = False
+
+    @property
+    def proj_layer(self) -> int:
+        return int(self.proj_hook.split(".")[1])
+
+
+def _vectors(sm: SteerModel, direction, layers: list[int]) -> dict[int, Tensor]:
+    if isinstance(direction, dict):
+        dirs = {int(l): direction[l] for l in direction}
+        missing = [l for l in layers if l not in dirs]
+        if missing and len(dirs) == 1:
+            v = next(iter(dirs.values()))
+            dirs = {l: v for l in layers}
+        elif missing:
+            raise InputError(f"expected a direction for every chosen layer, found none for {missing} "
+                             f"(the artifact has layers {sorted(dirs)})")
+    else:
+        dirs = {l: direction for l in layers}
+    vecs = {}
+    for l in layers:
+        v = torch.as_tensor(np.asarray(dirs[l], dtype=np.float32)).reshape(-1)
+        if v.shape[0] != sm.d_model:
+            raise InputError(f"expected a direction of d_model={sm.d_model} (this model), found {v.shape[0]}; "
+                             "the vector belongs to another model")
+        if not torch.isfinite(v).all() or float(v.norm()) == 0:
+            raise InputError(f"expected a finite, non-zero direction at layer {l}")
+        vecs[l] = v
+    return vecs
+
+
+def steer_setting(sm: SteerModel, direction: Any, layers=None, *, operation: str = "add",
+                  strength: float = 4.0) -> SteerSetting:
+    """The interventions for one Steer-page setting.
+
+    ``direction``: ``[d_model]`` (one for every layer), ``{layer: [d_model]}``, or a stored artifact
+    with ``to_interventions`` and a ``basis`` (a :class:`steerkit.vectors.DirectionSet`).
+
+    With vectors, ``operation`` is ``add`` (:meth:`Intervention.add`: ``h + strength * v``),
+    ``ablate`` (:meth:`Intervention.ablate`: the component along ``v`` removed; strength unused) or
+    ``clamp`` (:meth:`Intervention.clamp`: the projection on the unit direction becomes
+    ``strength``), at ``blocks.{l}.hook_resid_post`` for each of ``layers`` (``"12"``, ``"10-14"``,
+    ``"3,5,9"``, a list, ``"all"``; ``None``: the layers of a ``{layer: vector}`` direction).
+
+    A direction set ablates its basis through ``to_interventions(sm.facts, scale=1.0)`` (checked
+    against the model there); ``operation`` and ``strength`` do not apply. ``layers``: ``None`` or
+    ``""`` keeps the artifact's own layers (``layers=None`` in the artifact: everywhere), ``"all"``
+    ablates everywhere, anything else ablates at those layers. The projection is read on the first
+    basis vector.
+    """
+    if hasattr(direction, "to_interventions") and hasattr(direction, "basis"):
+        art = direction
+        spec = "" if layers is None else layers
+        if isinstance(spec, str) and spec.strip().lower() == "all":
+            art = dataclasses.replace(art, layers=None)
+        elif not (isinstance(spec, str) and not spec.strip()):
+            art = dataclasses.replace(art, layers=parse_layers(spec, sm.n_layers))
+        interventions = art.to_interventions(sm.facts, scale=1.0)
+        everywhere = art.layers is None
+        ls = list(range(sm.n_layers)) if everywhere else list(art.layers)
+        basis = torch.as_tensor(art.basis).float()
+        site = f"blocks.{ls[-1]}.{'hook_resid_post' if everywhere else art.hook_site}"
+        return SteerSetting(interventions, ls, "ablate", 1.0, site, basis[0] / basis[0].norm(), everywhere)
+    if operation not in OPERATIONS:
+        raise InputError(f"expected operation in {OPERATIONS}, found {operation!r}")
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(float(strength)):
+        raise InputError(f"expected a finite strength, found {strength!r}")
+    s = float(strength)
+    if layers is None or (isinstance(layers, str) and not layers.strip()):
+        if not isinstance(direction, dict):
+            raise InputError("expected layers to steer at (like '12', '10-14' or '3,5,9'), found none")
+        layers = sorted(int(l) for l in direction)
+    ls = parse_layers(layers, sm.n_layers)
+    vecs = _vectors(sm, direction, ls)
+    hook = "blocks.{}.hook_resid_post".format
+    if operation == "add":
+        ivs = [Intervention.add(hook(l), v, s) for l, v in vecs.items()]
+    elif operation == "ablate":
+        ivs = [Intervention.ablate(hook(l), v) for l, v in vecs.items()]
+    else:
+        ivs = [Intervention.clamp(hook(l), v, s) for l, v in vecs.items()]
+    last = vecs[ls[-1]]
+    return SteerSetting(ivs, ls, operation, s, hook(ls[-1]), last / last.norm())
+
+
+@dataclass
+class SteerResult:
+    """Baseline and steered continuations of one prompt; per token, its projection on the direction.
+
+    ``*_proj[k]`` is the projection on the unit direction of the residual at ``proj_layer`` (after
+    the edits there) at the position that produced token ``k``: the last prompt token for ``k = 0``,
+    generated token ``k - 1`` after that.
+    """
+
+    prompt: str
+    baseline_tokens: list[str]
+    steered_tokens: list[str]
+    baseline_proj: list[float]
+    steered_proj: list[float]
+    layers: list[int]
+    operation: str
+    strength: float
+    proj_layer: int
+    label: str = ""
+    everywhere: bool = False
+
+    @property
+    def baseline_text(self) -> str:
+        return "".join(self.baseline_tokens)
+
+    @property
+    def steered_text(self) -> str:
+        return "".join(self.steered_tokens)
+
+
+def steer_compare(sm: SteerModel, prompt: str, setting: SteerSetting, *, max_new_tokens: int = 32,
+                  stream: Optional[Callable[[int, str], None]] = None, should_stop=None,
+                  label: str = "") -> SteerResult:
+    """Generate ``prompt`` unsteered (row 0) and steered by ``setting`` (row 1) in one greedy batch.
+
+    One per-row steering ``[None, setting.interventions]`` is installed for the batch
+    (:meth:`SteerModel.steer`, the lowering ``generate(steering=...)`` uses) and, inside it, a
+    record scope at ``setting.proj_hook``, so the recorded residual is the one after that site's
+    edits. ``stream(row, text)`` is called as tokens arrive; ``should_stop()`` cancels between tokens.
+    """
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InputError("expected a prompt, found an empty one")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise InputError(f"expected max_new_tokens >= 1, found {max_new_tokens!r}")
+    toks: list[list[str]] = [[], []]
+
+    def on_token(row, token_id, text):
+        if should_stop is not None and should_stop():
+            raise Cancelled("cancelled")
+        toks[row].append(sm.tokenizer.decode([int(token_id)]))
+        if stream is not None:
+            stream(row, text)
+
+    # the steering is registered before the record scope: at a shared site its hook runs first
+    with sm.steer([None, setting.interventions], label="steer page (row 1)"), \
+            sm.record(setting.proj_hook, positions=AnyOf("last", "generated")) as cache:
+        sm.generate([prompt, prompt], max_new_tokens=max_new_tokens, stream=on_token)
+    proj = (cache[setting.proj_hook].float() @ setting.unit.to(cache[setting.proj_hook].device)).cpu()
+    projs = [proj[r, :len(toks[r])].tolist() for r in range(2)]
+    return SteerResult(prompt=prompt, baseline_tokens=toks[0], steered_tokens=toks[1], baseline_proj=projs[0],
+                       steered_proj=projs[1], layers=setting.layers, operation=setting.operation,
+                       strength=setting.strength, proj_layer=setting.proj_layer, label=label,
+                       everywhere=setting.everywhere)
+
+
+# ============================================================================ diagnostics
+@dataclass
+class LayerDiagnostics:
+    """Residual norm (mean over positions >= 1, and at position 0) and sink attention per layer.
+
+    ``sink[l]`` is the attention mass on position 0, averaged over heads, query positions >= 1 and
+    prompts; ``sink_heads[l, h]`` the same per head.
+    """
+
+    layers: list[int]
+    resid_norm: np.ndarray
+    resid_norm_pos0: np.ndarray
+    sink: Optional[np.ndarray] = None
+    sink_heads: Optional[np.ndarray] = None
+    model_name: str = ""
+    n_prompts: int = 0
+    note: str = ""
+
+
+def layer_diagnostics(sm: SteerModel, prompts: Sequence[str], *, progress=None,
+                      should_stop=None) -> LayerDiagnostics:
+    """Residual norms and sink attention of every layer over ``prompts`` (at most 64)."""
+    prompts = [p for p in prompts if p.strip()]
+    if not prompts:
+        raise InputError("expected at least one prompt, found none")
+    if len(prompts) > 64:
+        raise InputError(f"expected at most 64 prompts for diagnostics, found {len(prompts)}")
+    L = sm.n_layers
+    hooks = resid_post(range(L))
+    norms, norms0, sink_heads = [], [], []
+    total = 2 * len(prompts)
+    note = ""
+    _tick(progress, should_stop, 0, total)
+    for i, p in enumerate(prompts):
+        with sm.record(hooks, positions="all") as cache:
+            sm.forward([p])
+        h = cache.stack()[:, 0].float()  # [L, pos, d]
+        n = h.norm(dim=-1)
+        norms0.append(n[:, 0])
+        norms.append(n[:, 1:].mean(1) if n.shape[1] > 1 else n[:, 0])
+        _tick(progress, should_stop, 2 * i + 1, total)
+        att = _attentions(sm, p)
+        if att is None:
+            note = "sink attention unavailable: this model does not return attention weights"
+        else:
+            a0 = torch.stack([a[0, :, 1:, 0].float().mean(-1) if a.shape[-2] > 1 else a[0, :, :, 0].float().mean(-1)
+                              for a in att])  # [L, H]
+            sink_heads.append(a0)
+        _tick(progress, should_stop, 2 * i + 2, total)
+    res = LayerDiagnostics(layers=list(range(L)), resid_norm=torch.stack(norms).mean(0).numpy(),
+                           resid_norm_pos0=torch.stack(norms0).mean(0).numpy(), model_name=sm.name,
+                           n_prompts=len(prompts), note=note)
+    if sink_heads:
+        sh = torch.stack(sink_heads).mean(0).numpy()
+        res.sink_heads = sh
+        res.sink = sh.mean(1)
+    return res
+
+
+def _attentions(sm: SteerModel, prompt):
+    """Attention weights of every layer for one prompt (eager attention, switched back afterwards)."""
+    hf = sm.hf_model
+    toks = sm.tokenize([prompt])
+    cfg = getattr(hf, "config", None)
+    before = getattr(cfg, "_attn_implementation", None)
+    switched = False
+    try:
+        if before not in (None, "eager") and hasattr(hf, "set_attn_implementation"):
+            hf.set_attn_implementation("eager")
+            switched = True
+        with torch.inference_mode():
+            out = hf(input_ids=toks.input_ids, attention_mask=toks.attention_mask, output_attentions=True,
+                     use_cache=False)
+        att = getattr(out, "attentions", None)
+        if not att or any(a is None for a in att):
+            return None
+        return att
+    finally:
+        if switched:
+            hf.set_attn_implementation(before)
+

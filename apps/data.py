@@ -1,0 +1,166 @@
+"""Inputs of the explorer: the built-in contrast sets and the parsing of what a user types or uploads.
+
+* :func:`parse_prompt_text`: prompts from pasted or uploaded text (JSON list, JSON lines, or lines);
+* :func:`check_pairs`: two prompt lists of equal, non-zero length;
+* :func:`temporal_events` / :func:`render_events` / :func:`temporal_pairs`, :func:`refusal_pairs`:
+  the built-in contrasts;
+* :func:`parse_layers`: a layer selection such as ``"12"``, ``"10-14"`` or ``"3,5,9"``.
+
+``MAX_PAIRS`` and ``MAX_PROMPT_CHARS`` bound what one request may ask for.
+"""
+from __future__ import annotations
+
+import json
+import random
+from importlib import resources
+from typing import Sequence
+
+from steerkit.errors import InputError
+
+MAX_PAIRS = 512
+MAX_PROMPT_CHARS = 4000
+
+
+# ============================================================================ prompt lists
+def parse_prompt_text(text: str, what: str = "prompts") -> list[str]:
+    """Prompts from pasted or uploaded text: a JSON list, JSON lines, or one prompt per line.
+
+    Never evaluates anything: JSON is parsed with :func:`json.loads`, everything else is plain text.
+    """
+    if not isinstance(text, str):
+        raise InputError(f"expected {what} as text, found {type(text).__name__}")
+    s = text.strip()
+    if not s:
+        return []
+    keys = ("prompt", "instruction", "text", "question")
+
+    def pick(o, where):
+        if isinstance(o, str):
+            return o
+        if isinstance(o, dict):
+            for k in keys:
+                if isinstance(o.get(k), str):
+                    return o[k]
+        raise InputError(f"expected a string or an object with one of {keys} in {what} at {where}, "
+                         f"found {str(o)[:60]!r}")
+
+    out: list[str]
+    if s.startswith("["):
+        try:
+            data = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise InputError(f"expected a JSON list of prompts in {what}, found invalid JSON ({e.msg} at line "
+                             f"{e.lineno})") from None
+        if not isinstance(data, list):
+            raise InputError(f"expected a JSON list in {what}, found {type(data).__name__}")
+        out = [pick(o, f"item {i}") for i, o in enumerate(data)]
+    elif s.startswith("{"):
+        out = []
+        for i, line in enumerate(s.splitlines()):
+            if line.strip():
+                try:
+                    out.append(pick(json.loads(line), f"line {i + 1}"))
+                except json.JSONDecodeError as e:
+                    raise InputError(f"expected one JSON object per line in {what}, found invalid JSON on line "
+                                     f"{i + 1} ({e.msg})") from None
+    else:
+        out = [l.strip() for l in s.splitlines() if l.strip()]
+    for i, p in enumerate(out):
+        if len(p) > MAX_PROMPT_CHARS:
+            raise InputError(f"expected prompts of at most {MAX_PROMPT_CHARS} characters in {what}, found "
+                             f"{len(p)} in prompt {i + 1}")
+    return out
+
+
+def check_pairs(a: Sequence[str], b: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Two prompt lists of equal, non-zero length (at most ``MAX_PAIRS``)."""
+    a, b = list(a or []), list(b or [])
+    if not a or not b:
+        raise InputError(f"expected two non-empty prompt lists, found {len(a)} prompts in A and {len(b)} in B")
+    if len(a) != len(b):
+        raise InputError(f"expected two lists of equal length (prompt i of A pairs with prompt i of B), "
+                         f"found {len(a)} prompts in A and {len(b)} in B")
+    if len(a) > MAX_PAIRS:
+        raise InputError(f"expected at most {MAX_PAIRS} pairs, found {len(a)}")
+    return a, b
+
+
+_EVENTS = [
+    "woke up", "made coffee", "read the news", "took a shower", "walked the dog", "answered emails",
+    "went to the market", "cooked lunch", "called my sister", "fixed the bike", "watched a film",
+    "wrote a letter", "cleaned the kitchen", "planted tomatoes", "paid the bills", "went for a run",
+    "met a friend", "baked bread", "painted the fence", "fell asleep",
+]
+_FRAMES = [
+    "Yesterday I {0}, then I {1}, and after that I {2}. What did I do last?",
+    "First I {0}. Next I {1}. Finally I {2}. In what order did things happen?",
+    "On Sunday I {0}, later I {1}, and in the evening I {2}. Summarise my day.",
+]
+
+
+def temporal_events(n: int, n_events: int = 3, seed: int = 0) -> list[list[str]]:
+    """``n`` ordered event lists of ``n_events`` distinct events (deterministic for a seed)."""
+    if n < 1:
+        raise InputError(f"expected at least one pair, found n={n}")
+    if not 2 <= n_events <= len(_EVENTS):
+        raise InputError(f"expected 2..{len(_EVENTS)} events per list, found {n_events}")
+    rng = random.Random(seed)
+    return [rng.sample(_EVENTS, n_events) for _ in range(n)]
+
+
+def render_events(events: Sequence[str], frame: int = 0) -> str:
+    ev = list(events)
+    if len(ev) == 3:
+        return _FRAMES[frame % len(_FRAMES)].format(*ev)
+    return "I " + ", then I ".join(ev) + ". What did I do last?"
+
+
+def temporal_pairs(n: int = 8, n_events: int = 3, seed: int = 0) -> tuple[list[str], list[str]]:
+    """Temporal reversal pairs: ``a[i]`` tells events in order, ``b[i]`` the same events reversed."""
+    evs = temporal_events(n, n_events, seed)
+    a = [render_events(e, i) for i, e in enumerate(evs)]
+    b = [render_events(list(reversed(e)), i) for i, e in enumerate(evs)]
+    return a, b
+
+
+def refusal_pairs(n: int = 8, split: str = "train") -> tuple[list[str], list[str]]:
+    """Harmful (a) vs harmless (b) instructions from the data shipped with steerkit."""
+    root = resources.files("steerkit") / "data" / "refusal"
+
+    def read(kind):
+        p = root / f"{kind}_{split}.json"
+        if not p.is_file():
+            raise InputError(f"expected the shipped prompt list at {p}, found nothing there")
+        return [o["instruction"] for o in json.loads(p.read_text(encoding="utf-8"))]
+    a, b = read("harmful"), read("harmless")
+    n = min(n, len(a), len(b))
+    return a[:n], b[:n]
+
+
+# ============================================================================ layer selections
+def parse_layers(spec, n_layers: int) -> list[int]:
+    """``"12"``, ``"10-14"``, ``"3,5,9"``, ``"all"`` (or a list of ints) -> sorted layers below ``n_layers``."""
+    if isinstance(spec, (list, tuple)):
+        out = [int(x) for x in spec]
+    else:
+        s = str(spec or "").strip()
+        if not s:
+            raise InputError("expected layers like '12', '10-14', '3,5,9' or 'all', found nothing")
+        if s.lower() == "all":
+            return list(range(n_layers))
+        out = []
+        for part in s.split(","):
+            part = part.strip()
+            try:
+                if "-" in part:
+                    x, y = part.split("-", 1)
+                    out += list(range(int(x), int(y) + 1))
+                else:
+                    out.append(int(part))
+            except ValueError:
+                raise InputError(f"expected layers like '12', '10-14', '3,5,9' or 'all', found {s[:40]!r}") from None
+    bad = [l for l in out if not 0 <= l < n_layers]
+    if bad or not out:
+        raise InputError(f"expected layers in 0..{n_layers - 1}, found {bad or out}")
+    return sorted(set(out))
+
