@@ -1,0 +1,79 @@
+"""The package's shape, checked: layering (import-linter), no function-local imports of steerkit
+modules, ruff, and the type checker."""
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = ("steerkit", "kernels", "vectors", "probes", "apps")
+# steerkit modules that need an optional dependency at import time (Triton for the kernels, Dash for the
+# app's callbacks, layout and runtime): the function that needs them imports them, so that everything
+# else works without the extra. (file, module as written)
+LAZY_OK = {("kernels/fused.py", "._triton"), ("apps/app.py", "."), ("apps/app.py", ".runtime")}
+
+
+def _bin(name: str) -> str:
+    exe = Path(sys.executable).with_name(name)
+    if not exe.exists():
+        pytest.fail(f"{name} is not installed in this environment; run scripts/setup.sh")
+    return str(exe)
+
+
+def test_layers_contract():
+    """core (kernels below it) <- vectors <- probes <- apps / serving / cli: pyproject's contract."""
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "lint_imports.py")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout
+
+
+def test_no_function_local_imports_of_steerkit_modules():
+    found = []
+    for folder in FOLDERS:
+        for f in (ROOT / folder).rglob("*.py"):
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+            for fn in ast.walk(tree):
+                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for n in ast.walk(fn):
+                    rel = str(f.relative_to(ROOT))
+                    if isinstance(n, ast.ImportFrom):
+                        mod = "." * n.level + (n.module or "")
+                        if (n.level or mod.startswith("steerkit")) and (rel, mod) not in LAZY_OK:
+                            found.append(f"{rel}:{n.lineno} from {mod}")
+                    elif isinstance(n, ast.Import):
+                        found += [f"{rel}:{n.lineno} import {a.name}" for a in n.names
+                                  if a.name.startswith("steerkit") and (rel, a.name) not in LAZY_OK]
+    assert not found, "imports inside functions (move them to the module top):\n" + "\n".join(found)
+
+
+def test_ruff():
+    r = subprocess.run([_bin("ruff"), "check", *FOLDERS, "benchmarks", "scripts"], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+
+
+def test_type_checker():
+    """mypy over the core, the kernels and the vectors (configuration in pyproject.toml)."""
+    if shutil.which("mypy", path=str(Path(sys.executable).parent)) is None:
+        pytest.fail("mypy is not installed in this environment; run scripts/setup.sh")
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "typecheck.py")], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+
+
+def test_functions_that_take_a_model_say_so():
+    """Every parameter named ``sm`` carries its type (``SteerModel``), so readers and the type checker know."""
+    bare = []
+    for folder in FOLDERS:
+        for f in (ROOT / folder).rglob("*.py"):
+            for fn in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    bare += [f"{f.relative_to(ROOT)}:{fn.lineno} {fn.name}" for a in fn.args.args + fn.args.kwonlyargs
+                             if a.arg == "sm" and a.annotation is None]
+    assert not bare, "\n".join(bare)
