@@ -84,7 +84,10 @@ def table(headers: list[str], rows: list[list], title: str | None = None) -> str
     cells = [[str(h) for h in headers]] + [[("%.3f" % c) if isinstance(c, float) else str(c) for c in r]
                                            for r in rows]
     w = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"
+
+    def line(r: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"
+
     out = [] if title is None else [title]
     out.append(line(cells[0]))
     out.append("|" + "|".join("-" * (x + 2) for x in w) + "|")
@@ -177,7 +180,7 @@ def profile_report(prof, what: str, top: int = 15, match: str = "/steerkit/") ->
     st = pstats.Stats(prof, stream=StringIO())
     total = st.total_tt
     rows = []
-    for (fn, line, name), (cc, nc, tt, ct, _) in st.stats.items():
+    for (fn, line, name), (_cc, nc, tt, ct, _) in st.stats.items():
         if match in fn:
             rows.append([f"{Path(fn).parent.name}/{Path(fn).name}:{line}({name})", nc, f"{tt:.3f}", f"{ct:.3f}",
                          f"{100 * tt / total:.1f}%", f"{100 * ct / total:.1f}%"])

@@ -127,7 +127,10 @@ def main(argv=None):
             idle_toggle = [toggle_latency() for _ in range(5)]
             stop, idle_http = threading.Event(), []
             th = threading.Thread(target=http_latencies, args=(url, stop, idle_http))
-            th.start(); time.sleep(2); stop.set(); th.join()
+            th.start()
+            time.sleep(2)
+            stop.set()
+            th.join()
 
             # second, uncached profile in the background; measure while it runs
             pg.click("#prof-contrast")
@@ -146,9 +149,13 @@ def main(argv=None):
                     break
                 if time.perf_counter() - t > 600:
                     break
-            stop.set(); th.join()
+            stop.set()
+            th.join()
             res["background_profile_s"] = round(time.perf_counter() - t, 3)
-            med = lambda xs: round(statistics.median(xs) * 1000, 1) if xs else None
+
+            def med(xs: list[float]) -> float | None:
+                return round(statistics.median(xs) * 1000, 1) if xs else None
+
             res.update({"idle_toggle_ms": med(idle_toggle), "busy_toggle_ms": med(busy_toggle),
                         "busy_toggle_max_ms": round(max(busy_toggle) * 1000, 1), "busy_toggle_n": len(busy_toggle),
                         "idle_http_ms": med(idle_http), "busy_http_ms": med(busy_http),

@@ -54,7 +54,7 @@ def interleave(runners: dict, batches, repeats: int, log) -> dict:
     """runners[cond](B) -> (Clock, steps). Returns {f"{cond}@{B}": {"wall": [], "cpu": [], "steps": []}}."""
     res = {f"{c}@{B}": {"wall": [], "cpu": [], "steps": []} for c in runners for B in batches}
     for B in batches:  # warm-up: one short run of each condition
-        for c, fn in runners.items():
+        for fn in runners.values():
             fn(B, warm=True)
     conds = list(runners)
     for r in range(repeats):
@@ -226,7 +226,10 @@ def worker(cfg: dict) -> dict:
 def summarize(name: str, res: dict, batches, clock: str) -> list[list]:
     """One row per (edit, batch); column 5 is the paired median ratio, column 6 its 95% upper bound."""
     other = "wall" if clock == "cpu" else "cpu"
-    per_step = lambda r, k: C.median([t / max(s, 1) for t, s in zip(r[k], r["steps"])])
+
+    def per_step(r: dict, k: str) -> float:
+        return C.median([t / max(s, 1) for t, s in zip(r[k], r["steps"])])
+
     rows = []
     for B in batches:
         base = res[f"base@{B}"]
@@ -277,7 +280,10 @@ def main(argv=None) -> int:
     batches = [int(b) for b in a.batches.split(",")]
     libs = [l.strip() for l in a.libs.split(",") if l.strip()]
     no_setup = a.no_setup or a.quick
-    log = lambda s: print(s, flush=True)
+
+    def log(s: str) -> None:
+        print(s, flush=True)
+
 
     import torch
     import steerkit

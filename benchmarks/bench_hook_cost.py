@@ -41,8 +41,8 @@ def main():
     g = torch.Generator().manual_seed(0)
     v = torch.randn(d, generator=g)
     u = steerkit.orthonormalize(torch.randn(1, d, generator=g))
-    edits = {"add (1 site)": (steerkit.Edit.make("add", v, d_model=d, scale=4.0), 1),
-             f"ablate ({n} sites)": (steerkit.Edit.make("ablate", u, d_model=d), n)}
+    I = steerkit.Intervention
+    edits = {"add (1 site)": (lambda h: I.add(h, v, 4.0), 1), f"ablate ({n} sites)": (lambda h: I.ablate(h, u), n)}
     prompts = ["Tell me about your weekend.", "Describe the city you live in.", "Write about Mondays.",
                "What is a good breakfast?", "Explain rain to a child.", "Name a famous painter.",
                "How do birds fly?", "Give me a tip for learning."]
@@ -50,7 +50,7 @@ def main():
     for bs in (1, 8):
         P = prompts[:bs]
 
-        def gen():
+        def gen(P: list[str] = P) -> float:
             t = time.process_time()
             sm.generate(P, max_new_tokens=args.tokens)
             return time.process_time() - t
@@ -60,13 +60,10 @@ def main():
 
         class Holder:
             run = RunState(torch.ones(bs, 30, dtype=torch.long), 1)
-        for name, (e, sites) in edits.items():
+        for name, (make, sites) in edits.items():
             tr = PositionTracker(Holder())
             tr.run_id, tr.offset = 1, 40
-
-            def fn(x, call, e=e):
-                mask = None if e.positions == "all" and call.run is None else call.mask(e.positions, x.device)
-                return e.apply(x, mask)
+            fn = next(iter(sm.compile([make("blocks.15.hook_resid_post")]).programs.values()))  # the hook function
             with torch.inference_mode():
                 for _ in range(200):
                     tr.offset = 40
@@ -80,7 +77,7 @@ def main():
             base, steered = [], []
             for _ in range(args.repeats):
                 base.append(gen())
-                with sm.hooks.edit({h: e for h in hooks}):
+                with sm.steer([make(h) for h in hooks]):
                     steered.append(gen())
             step = statistics.median(base) / args.tokens
             implied = sites * per_call / step

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import sys
 import threading
 import time
@@ -118,21 +119,25 @@ def main(argv=None) -> int:
     def run_bare(tk):
         with Clock() as c:
             sm.forward(tk)
-        bare["wall"].append(c.wall); bare["cpu"].append(c.cpu)
+        bare["wall"].append(c.wall)
+        bare["cpu"].append(c.cpu)
 
     def run_rec(tk):
         with Clock() as c:
             with sm.record(names, positions="last", device="cpu") as cache:
                 sm.forward(tk)
             out = cache.stack()  # [30, batch, 576]
-        rec["wall"].append(c.wall); rec["cpu"].append(c.cpu)
+        rec["wall"].append(c.wall)
+        rec["cpu"].append(c.cpu)
         outs.append(out)
 
     for i, tk in enumerate(bs):
         if i % 2 == 0:
-            run_bare(tk); run_rec(tk)
+            run_bare(tk)
+            run_rec(tk)
         else:
-            run_rec(tk); run_bare(tk)
+            run_rec(tk)
+            run_bare(tk)
         print(f"  batch {i + 1}/{len(bs)} [{tuple(tk.input_ids.shape)}]: bare cpu {bare['cpu'][-1]:.2f} s, "
               f"record cpu {rec['cpu'][-1]:.2f} s", flush=True)
     allout = torch.cat(outs, 1)
@@ -146,9 +151,10 @@ def main(argv=None) -> int:
     print()
     print(C.table(["prompts", "batches", f"bare {a.clock} s", f"record {a.clock} s", "bare prompts/s",
                    "record prompts/s", "throughput ratio", "median per-batch ratio", f"ratio ({other})"], rows,
-                  title=f"Record 30 x hook_resid_post, last token, vs bare forward (target ratio >= 0.9)"))
+                  title="Record 30 x hook_resid_post, last token, vs bare forward (target ratio >= 0.9)"))
     print(f"throughput ratio {ratio:.3f} -> target >= 0.9: {'MET' if ratio >= 0.9 else 'NOT MET'}")
-    del outs, allout
+    outs.clear()  # the recorded tensors are freed before the memory pass
+    del allout
     bs_thr = bs
 
     if a.profile:  # a separate pass, so the profiler does not slow the timed one
@@ -166,10 +172,11 @@ def main(argv=None) -> int:
     # For each N: a bare pass over the N prompts, then one record scope over the same N prompts,
     # each under an RSS sampler. The bare pass's peak is what the forward passes themselves need
     # (the logits [batch, pos, vocab] dominate); the record pass should need that plus its output.
-    trim = lambda: None
-    if a.malloc_trim:
-        import ctypes
-        trim = lambda: ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+    def trim() -> None:
+        if a.malloc_trim:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+
     mrows = []
     for n in mem_sizes:
         bs = batches(n)

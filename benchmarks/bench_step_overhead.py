@@ -47,8 +47,8 @@ def run_batch(sm, B: int, rounds: int, context: int, log) -> dict:
         x2 = out.reshape(-1, d)
         return torch.addmm(x2, x2 @ uT, u1, alpha=-1).view(out.shape)
 
-    add = {f"blocks.{LAYER}.hook_resid_post": steerkit.Edit.make("add", v, d_model=d)}
-    abl = {f"blocks.{l}.hook_resid_post": steerkit.Edit.make("ablate", u, d_model=d) for l in range(n)}
+    add = sm.compile([steerkit.Intervention.add(f"blocks.{LAYER}.hook_resid_post", v)])
+    abl = sm.compile([steerkit.Intervention.ablate(f"blocks.{l}.hook_resid_post", u) for l in range(n)])
 
     class Torch:
         def __init__(self):
@@ -58,7 +58,7 @@ def run_batch(sm, B: int, rounds: int, context: int, log) -> dict:
             for h in self.hs:
                 h.remove()
 
-    conds = {"base": lambda: None, "add": lambda: sm.hooks.edit(add), "ablate": lambda: sm.hooks.edit(abl),
+    conds = {"base": lambda: None, "add": lambda: sm.hooks.install(add), "ablate": lambda: sm.hooks.install(abl),
              "torch-ablate": Torch, "base-2": lambda: None}
     # time each steerkit hook call inside the model (wraps the hook function the backend registers)
     per_call: dict[str, list[float]] = {}
@@ -126,7 +126,10 @@ def main(argv=None) -> int:
 
     threads = C.set_threads(a.threads)
     sm = steerkit.load_model()
-    log = lambda s: print(s, flush=True)
+
+    def log(s: str) -> None:
+        print(s, flush=True)
+
     log(f"model {sm.name}: {sm.n_layers} layers; {threads} thread(s); {a.rounds} rounds per batch; "
         f"context {a.context} tokens")
     rows = []
