@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
         meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()}
-        w = csv.DictWriter(f, fieldnames=["run", "version", *results[0].keys() - {"run", "version"}, *meta])
+        w = csv.DictWriter(f, fieldnames=["run", "version", "batch", "condition", "base_ms", "cond_ms", "overhead_pct",
+                                          "ci_lo", "ci_hi", "hook_us_per_call", *meta])
         w.writeheader()
         for r in results:
             w.writerow({**r, **meta})

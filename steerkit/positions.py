@@ -293,7 +293,6 @@ def _chunk_mask(spec: PositionSpec, run: RunState, start: int, T: int, B: int,
     in_prompt = abspos < P
     am = run.attention_mask.to(device)
     # real[b, t]: the position holds a real token
-    pm = torch.zeros(B, T, dtype=torch.bool, device=device)
     idx_p = abspos.clamp(max=P - 1)
     pm = am[:, idx_p].bool() & in_prompt.unsqueeze(0)
     gen = (~in_prompt).unsqueeze(0).expand(B, T)

@@ -2,15 +2,15 @@
 
 ``tiny_llama`` is a randomly initialised 4-block Llama (d_model 64) built in memory: fast,
 offline, and enough to check hooks, fingerprints and weight orthogonalisation.  ``real_model``
-is the embedded SmolLM2-135M (the suite-wide ``default_model`` when the top-level conftest
-provides it, so it is loaded once).
+is the embedded SmolLM2-135M (the suite-wide ``default_model``, loaded once).
 """
 
 from __future__ import annotations
 
 import pytest
-
 from _vectors_helpers import make_tiny_llama
+
+from steerkit.vectors import Store
 
 
 @pytest.fixture(scope="session")
@@ -20,15 +20,9 @@ def tiny_llama():
 
 @pytest.fixture()
 def store(tmp_path):
-    from steerkit.vectors import Store
-
     return Store(tmp_path / "store")
 
 
 @pytest.fixture(scope="session")
-def real_model(request):
-    try:
-        return request.getfixturevalue("default_model")
-    except pytest.FixtureLookupError:
-        steerkit = pytest.importorskip("steerkit")
-        return steerkit.load_model()
+def real_model(default_model):
+    return default_model
