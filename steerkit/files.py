@@ -229,7 +229,7 @@ class Folder:
             try:
                 ffd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
                               dir_fd=fd)
-            except OSError as e:
+            except OSError:
                 if _is_link(fd, parts[-1]):
                     raise ConfinementError(f"expected a regular file at {self.root.joinpath(*parts)}, found a "
                                            "symbolic link; steerkit never follows links inside its folders") from None
