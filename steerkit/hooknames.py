@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from .errors import HookNameError
+from .names import is_index
 
 BLOCK_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
 FINAL_HOOK = "ln_final.hook_normalized"
-_RE = re.compile(r"^blocks\.(-?\d+)\.(hook_[a-z_]+)$")
+_RE = re.compile(r"blocks\.(-?[0-9]+)\.(hook_[a-z_]+)\Z", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,13 @@ def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
     if not m or m.group(2) not in BLOCK_HOOKS:
         raise HookNameError(
             f"expected a hook name of the form 'blocks.{{layer}}.{{{'|'.join(BLOCK_HOOKS)}}}' or "
-            f"'{FINAL_HOOK}', found {name!r}; list them with sm.hook_names()")
-    layer = int(m.group(1))
+            f"'{FINAL_HOOK}' (the layer in ASCII digits without a leading zero), found {name!r:.120}; list them "
+            "with sm.hook_names()")
+    g = m.group(1)
+    if not g.startswith("-") and not is_index(g):
+        raise HookNameError(f"expected the layer in {name!r} as ASCII digits without a leading zero (e.g. "
+                            f"'blocks.1.hook_resid_post'), found {g!r}")
+    layer = int(g)
     if not 0 <= layer < n_layers:
         raise HookNameError(f"expected a layer in 0..{n_layers - 1} for this model ({n_layers} blocks), "
                             f"found {layer} in {name!r}")
