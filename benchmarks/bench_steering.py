@@ -36,7 +36,7 @@ def main():
     v = torch.randn(d, generator=g)
     u = steerkit.orthonormalize(torch.randn(1, d, generator=g))
     comps = steerkit.orthonormalize(torch.randn(8, d, generator=g))
-    reg = Region(mean=torch.zeros(d), components=comps, W=torch.randn(8, 8, generator=g), c=torch.ones(8))
+    reg = Region(mean=torch.zeros(d), projection=comps, normals=torch.randn(8, 8, generator=g), offsets=torch.ones(8))
     hook = f"blocks.{L}.hook_resid_post"
     every = [f"blocks.{l}.hook_resid_pre" for l in range(sm.n_layers)]
     ops = {

@@ -13,7 +13,8 @@ A :class:`SteerConfig` describes what to do to the rows of one sequence:
 * ``add`` ``[d_model]`` or ``[n_add, d_model]`` and ``add_scale``: injection of
   ``layer_weight * sum_j add_scale_j * add_j``.
 * ``region``: a :class:`Region` (PCA subspace and polyhedron) the row is moved
-  towards.
+  towards, and ``region_strength``: the fraction of the way it moves (1: onto the
+  polyhedron's closest point in the subspace).
 
 :class:`SteerTable` stacks several configurations into padded float32 tensors
 once (vectors combined, polyhedron rows normalised, step sizes precomputed,
@@ -24,6 +25,7 @@ synchronisation. Rows pick their configuration through ``row_config``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Literal, Optional, Sequence, Union
 
@@ -32,6 +34,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.errors import InputError
+
+from .reference import DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, solve_polyhedron_projection
 
 MAX_K = 16  # directions per basis
 MAX_M = 32  # dimensions of a region's subspace
@@ -54,9 +58,10 @@ def orthonormalize(
     ``1e-8`` times the largest) are dropped and the QR is redone without them (a dependent column
     left in would give its row of Q an arbitrary direction, and the later rows would miss part of
     their vectors), so ``r <= k`` rows come back, spanning the vectors, in the order of the
-    directions they complete; an all-zero input gives ``[0, d_model]``. The result has the input's
-    floating dtype (the default dtype for integer input) and passes the orthonormality check of
-    :class:`SteerConfig` (``ORTHO_TOL``).
+    directions they complete, each oriented so that its dot product with the vector it completes
+    is positive (rows multiplied by ``sign(R_ii)``); an all-zero input gives ``[0, d_model]``.
+    The result has the input's floating dtype (the default dtype for integer input) and passes
+    the orthonormality check of :class:`SteerConfig` (``ORTHO_TOL``).
     """
     v = torch.as_tensor(vectors)
     if v.dim() == 1:
@@ -73,7 +78,9 @@ def orthonormalize(
         diag = r.diagonal().abs()  # min(d_model, columns) entries
         keep = diag > 1e-8 * diag.max().clamp_min(1e-30)
         if bool(keep.all()):
-            return q.T.to(device=v.device, dtype=out_dtype)
+            sign = torch.sign(r.diagonal())
+            sign[sign == 0] = 1.0
+            return (q.T * sign[:, None]).to(device=v.device, dtype=out_dtype)
         cols = torch.ones(x.shape[1], dtype=torch.bool, device=x.device)
         cols[: keep.numel()] = keep
         x = x[:, cols]
@@ -102,59 +109,118 @@ def _check_orthonormal(name: str, m: Tensor) -> None:
         )
 
 
-@dataclass
+@dataclass(eq=False)
 class Region:
-    """Polyhedral region in a PCA subspace: ``{h : W P (h - mean) <= c}``.
+    """Polyhedron in a PCA subspace: ``{x : normals @ (projection @ (x - mean)) <= offsets}``.
 
-    The edit moves ``h`` by ``strength * P^T (z* - z)``, where ``z = P (h - mean)``
-    and ``z*`` is the closest point of ``{x : W x <= c}`` to ``z``.
+    ``projection [k, d_model]`` has orthonormal rows (``k <= MAX_M``), ``normals [m, k]`` and
+    ``offsets [m]`` are the ``m <= MAX_HALFSPACES`` half-spaces (rows need not be unit vectors).
+    The fused edit (``SteerConfig(region=..., region_strength=s)``) moves ``h`` by
+    ``s * projection^T (z* - z)``, where ``z = projection @ (h - mean)`` (:meth:`coordinates`) and
+    ``z*`` is the closest point of ``{y : normals @ y <= offsets}`` to ``z`` (:meth:`project`).
+    Two regions are equal when they are of the same class and their tensors are equal (dtype,
+    shape and values).
     """
 
     mean: Float[Tensor, " d_model"]
-    components: Float[Tensor, "m d_model"]  # orthonormal rows, m <= 32
-    W: Float[Tensor, "n_halfspaces m"]  # n_halfspaces <= 32
-    c: Float[Tensor, " n_halfspaces"]
-    strength: float = 1.0
+    projection: Float[Tensor, "k d_model"]  # orthonormal rows, k <= 32
+    normals: Float[Tensor, "m k"]  # m <= 32 half-spaces
+    offsets: Float[Tensor, " m"]
+
+    @property
+    def d_model(self) -> int:
+        return int(self.mean.shape[0])
 
     def validate(self, d_model: int) -> None:
-        m = self.components.shape[0] if self.components.dim() == 2 else -1
+        """Check the shapes, limits, finiteness and orthonormality the fused kernel needs."""
+        k = self.projection.shape[0] if self.projection.dim() == 2 else -1
         if self.mean.shape != (d_model,):
             raise SteerConfigError(
                 f"Region.mean must have shape ({d_model},); found {tuple(self.mean.shape)}. "
                 "Pass the mean of the hidden states the PCA was fitted on."
             )
-        if self.components.dim() != 2 or self.components.shape[1] != d_model:
+        if self.projection.dim() != 2 or self.projection.shape[1] != d_model:
             raise SteerConfigError(
-                f"Region.components must have shape (m, {d_model}); found "
-                f"{tuple(self.components.shape)}."
+                f"Region.projection must have shape (k, {d_model}); found "
+                f"{tuple(self.projection.shape)}."
             )
-        if not 1 <= m <= MAX_M:
+        if not 1 <= k <= MAX_M:
             raise SteerConfigError(
-                f"Region subspace dimension m must be 1..{MAX_M}; found m={m}. "
+                f"Region subspace dimension k must be 1..{MAX_M}; found k={k}. "
                 f"Keep the first {MAX_M} principal components."
             )
-        if self.W.dim() != 2 or self.W.shape[1] != m:
+        if self.normals.dim() != 2 or self.normals.shape[1] != k:
             raise SteerConfigError(
-                f"Region.W must have shape (n_halfspaces, {m}); found {tuple(self.W.shape)}."
+                f"Region.normals must have shape (m, {k}); found {tuple(self.normals.shape)}."
             )
-        nh = self.W.shape[0]
-        if not 1 <= nh <= MAX_HALFSPACES:
+        m = self.normals.shape[0]
+        if not 1 <= m <= MAX_HALFSPACES:
             raise SteerConfigError(
-                f"Region polyhedron must have 1..{MAX_HALFSPACES} half-spaces; found {nh}. "
+                f"Region polyhedron must have 1..{MAX_HALFSPACES} half-spaces; found {m}. "
                 "Drop redundant half-spaces or split the region."
             )
-        if self.c.shape != (nh,):
+        if self.offsets.shape != (m,):
             raise SteerConfigError(
-                f"Region.c must have shape ({nh},) to match W; found {tuple(self.c.shape)}."
+                f"Region.offsets must have shape ({m},) to match normals; found {tuple(self.offsets.shape)}."
             )
-        for n, t in (("Region.mean", self.mean), ("Region.components", self.components),
-                     ("Region.W", self.W), ("Region.c", self.c)):
+        for n, t in (("Region.mean", self.mean), ("Region.projection", self.projection),
+                     ("Region.normals", self.normals), ("Region.offsets", self.offsets)):
             _finite(n, t)
-        if (self.W.detach().norm(dim=1) == 0).any():
+        if (self.normals.detach().norm(dim=1) == 0).any():
             raise SteerConfigError(
-                "Region.W has a zero row (a half-space with no normal); remove it."
+                "Region.normals has a zero row (a half-space with no normal); remove it."
             )
-        _check_orthonormal("Region.components", self.components)
+        _check_orthonormal("Region.projection", self.projection)
+
+    def coordinates(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... k"]:
+        """Subspace coordinates ``projection @ (x - mean)``, in ``x``'s dtype and device."""
+        return (x - self.mean.to(x)) @ self.projection.to(x).T
+
+    def contains(self, x: Float[Tensor, "... d_model"], tol: float = 0.0) -> Tensor:
+        """Whether each ``x`` is inside (every half-space satisfied up to ``tol``)."""
+        s = self.coordinates(x) @ self.normals.to(x).T
+        return (s <= self.offsets.to(x) + tol).all(dim=-1)
+
+    def project(self, z: Float[Tensor, "... k"], *, tol: Optional[float] = None,
+                max_iter: Optional[int] = None) -> Float[Tensor, "... k"]:
+        """The closest point of the polyhedron ``{y : normals @ y <= offsets}`` to each ``z``
+        (subspace coordinates, see :meth:`coordinates`), solved in float64 by the fused kernel's
+        own solver (:func:`steerkit.kernels.solve_polyhedron_projection`, the same row
+        normalisation and step), to natural residual ``tol`` in distance units (default the
+        kernel's, 1e-4) or ``max_iter`` iterations. Points inside come back unchanged."""
+        zt = torch.as_tensor(z)
+        if not zt.is_floating_point():
+            zt = zt.to(torch.get_default_dtype())
+        k = int(self.projection.shape[0])
+        if zt.dim() == 0 or zt.shape[-1] != k:
+            raise SteerConfigError(
+                f"Region.project expects coordinates [..., {k}] (the region's subspace); found "
+                f"{tuple(zt.shape)}. Map points of the model's space with Region.coordinates first."
+            )
+        flat = zt.reshape(-1, k).to(torch.float64)
+        W = self.normals.detach().to(device=flat.device, dtype=torch.float64)
+        c = self.offsets.detach().to(device=flat.device, dtype=torch.float64)
+        nrm = W.norm(dim=1).clamp_min(1e-30)
+        W, c = W / nrm[:, None], c / nrm
+        step = 1.0 / max(torch.linalg.matrix_norm(W, ord=2).item() ** 2, 1e-12)
+        n = flat.shape[0]
+        out, _ = solve_polyhedron_projection(flat, W.expand(n, *W.shape), c.expand(n, *c.shape),
+                                             torch.full((n,), step, dtype=torch.float64, device=flat.device),
+                                             DEFAULT_REGION_TOL if tol is None else float(tol),
+                                             DEFAULT_REGION_MAX_ITER if max_iter is None else int(max_iter))
+        return out.reshape(zt.shape).to(zt.dtype)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Region) or type(other) is not type(self):
+            return NotImplemented
+        return all(_same_tensor(getattr(self, n), getattr(other, n))
+                   for n in ("mean", "projection", "normals", "offsets"))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _same_tensor(a: Tensor, b: Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a.detach().cpu(), b.detach().cpu()))
 
 
 @dataclass
@@ -170,6 +236,7 @@ class SteerConfig:
     add: Union[None, Float[Tensor, " d_model"], Float[Tensor, "n_add d_model"]] = None
     add_scale: Union[Number, Float[Tensor, " n_add"]] = 1.0
     region: Optional[Region] = None
+    region_strength: float = 1.0
 
     @classmethod
     def ablation(cls, basis: Tensor, strength: Union[Number, Tensor] = 1.0) -> "SteerConfig":
@@ -400,26 +467,35 @@ class SteerTable:
                         r.validate(d_model)
                     except SteerConfigError as e:
                         raise SteerConfigError(f"config {i}: {e}") from None
-            M = max(r.components.shape[0] for r in regs if r is not None)
-            NH = max(r.W.shape[0] for r in regs if r is not None)
+            M = max(r.projection.shape[0] for r in regs if r is not None)
+            NH = max(r.normals.shape[0] for r in regs if r is not None)
             tab.region_mean = torch.zeros(n, d_model, dtype=torch.float32)
             tab.region_proj = torch.zeros(n, M, d_model, dtype=torch.float32)
             tab.region_W = torch.zeros(n, NH, M, dtype=torch.float32)
             tab.region_c = torch.zeros(n, NH, dtype=torch.float32)
             tab.region_s = torch.zeros(n, dtype=torch.float32)
             tab.region_step = torch.ones(n, dtype=torch.float32)
-            for i, r in enumerate(regs):
+            for i, (cf, r) in enumerate(zip(configs, regs)):
                 if r is None:
                     continue
-                m, nh = r.components.shape[0], r.W.shape[0]
-                W = r.W.detach().to(torch.float32).cpu()
-                c = r.c.detach().to(torch.float32).cpu()
+                m, nh = r.projection.shape[0], r.normals.shape[0]
+                W = r.normals.detach().to(torch.float32).cpu()
+                c = r.offsets.detach().to(torch.float32).cpu()
                 nrm = W.norm(dim=1)
                 tab.region_mean[i] = r.mean.detach().float().cpu()
-                tab.region_proj[i, :m] = r.components.detach().float().cpu()
+                tab.region_proj[i, :m] = r.projection.detach().float().cpu()
                 tab.region_W[i, :nh, :m] = W / nrm[:, None]
                 tab.region_c[i, :nh] = c / nrm
-                tab.region_s[i] = float(r.strength)
+                try:
+                    s = float(cf.region_strength)
+                except (TypeError, ValueError, RuntimeError):
+                    s = math.nan
+                if not math.isfinite(s):
+                    raise SteerConfigError(
+                        f"config {i}: region_strength must be a finite number; found "
+                        f"{cf.region_strength!r:.60}. Pass the fraction of the way to the region (1.0: onto it)."
+                    )
+                tab.region_s[i] = s
                 L = torch.linalg.matrix_norm(tab.region_W[i].double(), ord=2).item() ** 2
                 tab.region_step[i] = 1.0 / max(L, 1e-12)
         if schedule is not None:

@@ -327,10 +327,11 @@ def _n_from(*pairs) -> int:
 def table_from_tensors(
     d_model: int, device, dtype=torch.float32, *, basis=None, strength=1.0, target=None, add=None,
     scale=1.0, gate_direction=None, gate_threshold=0.0, gate_mode="above", region=None,
-    validate: bool = True,
+    region_strength=1.0, validate: bool = True,
 ) -> SteerTable:
     """Build a :class:`SteerTable` from the keyword tensors of :func:`fused_steer`, keeping
-    autograd history (so gradients reach ``basis``, ``strength``, ``target``, ``add``, ``scale``)."""
+    autograd history (so gradients reach ``basis``, ``strength``, ``target``, ``add``, ``scale``).
+    ``region_strength`` is a number or one per region."""
     regions = None if region is None else (list(region) if isinstance(region, (list, tuple)) else [region])
     n = _n_from((basis, 3), (strength, 2), (target, 2), (add, 2), (scale, 1), (gate_direction, 2),
                 (gate_threshold, 1))
@@ -407,7 +408,15 @@ def table_from_tensors(
     if regions is not None:
         if len(regions) == 1 and n > 1:
             regions = regions * n
-        rt = SteerTable.from_configs([SteerConfig(region=r) for r in regions], d_model=d_model)
+        rs = torch.as_tensor(region_strength, dtype=torch.float64).detach().reshape(-1).tolist()
+        if len(rs) == 1:
+            rs = rs * len(regions)
+        if len(rs) != len(regions):
+            raise SteerConfigError(
+                f"region_strength must be a number or one per region ({len(regions)}); found {len(rs)} values."
+            )
+        rt = SteerTable.from_configs([SteerConfig(region=r, region_strength=s) for r, s in zip(regions, rs)],
+                                     d_model=d_model)
         for f in ("region_mean", "region_proj", "region_W", "region_c", "region_s", "region_step"):
             setattr(tab, f, getattr(rt, f).to(device=device, dtype=dtype))
     return tab
@@ -427,6 +436,7 @@ def fused_steer(
     gate_threshold: Union[Number, Float[Tensor, " n_configs"]] = 0.0,
     gate_mode: str = "above",
     region: Union[None, Region, Sequence[Optional[Region]]] = None,
+    region_strength: Union[Number, Sequence[Number], Float[Tensor, " n_configs"]] = 1.0,
     row_config: Optional[Int[Tensor, "*batch"]] = None,
     mask: Optional[Bool[Tensor, "*batch"]] = None,
     layer_weight: float = 1.0,
@@ -445,8 +455,9 @@ def fused_steer(
     Either pass a prebuilt ``table`` (the fast path for hooks: no host work, no
     sync) or the keyword tensors (``basis [k, d]`` or ``[n, k, d]`` orthonormal,
     ``strength``/``target`` per direction, ``add [n, d]``, ``scale [n]``, gate,
-    ``region``). ``row_config`` picks each row's configuration (``[batch]`` is
-    broadcast over the positions of ``h [batch, seq, d]``); rows where ``mask``
+    ``region`` and ``region_strength``, a number or one per region). ``row_config``
+    picks each row's configuration (``[batch]`` is broadcast over the positions of
+    ``h [batch, seq, d]``); rows where ``mask``
     is false are returned unchanged. The injection is scaled by ``layer_weight``
     times the table's schedule weight for ``layer``. The region's polyhedron
     projection stops at natural residual ``region_tol`` (distance units) or
@@ -499,7 +510,7 @@ def fused_steer(
         tab = table_from_tensors(d, h.device, acc, basis=basis, strength=strength, target=target,
                                  add=add, scale=scale, gate_direction=gate_direction,
                                  gate_threshold=gate_threshold, gate_mode=gate_mode, region=region,
-                                 validate=validate)
+                                 region_strength=region_strength, validate=validate)
 
     g = None
     if row_config is not None:
@@ -721,6 +732,7 @@ def inject(
 def project_region(
     h: Float[Tensor, "*batch d_model"],
     region: Union[Region, Sequence[Optional[Region]]],
+    strength: Union[Number, Sequence[Number], Float[Tensor, " n_configs"]] = 1.0,
     *,
     row_config: Optional[Int[Tensor, "*batch"]] = None,
     mask: Optional[Bool[Tensor, "*batch"]] = None,
@@ -728,6 +740,7 @@ def project_region(
     max_iter: int = DEFAULT_REGION_MAX_ITER,
     impl: str = "auto",
 ) -> Float[Tensor, "*batch d_model"]:
-    """Move each row towards its region: ``h + s P^T (z* - z)`` (see :class:`Region`)."""
-    return fused_steer(h, region=region, row_config=row_config, mask=mask, region_tol=tol,
+    """Move each row towards its region: ``h + s P^T (z* - z)`` with ``s = strength`` (a number or
+    one per region; see :class:`Region`)."""
+    return fused_steer(h, region=region, region_strength=strength, row_config=row_config, mask=mask, region_tol=tol,
                        region_max_iter=max_iter, impl=impl)

@@ -205,7 +205,8 @@ class Intervention:
                 gate: Optional[Gate] = None, preserve_norm: bool = False) -> "Intervention":
         if not isinstance(region, Region):
             raise InputError(f"expected a steerkit.kernels.Region to project into, found {type(region).__name__}; "
-                             "a stored region artifact gives one with .to_kernel()")
+                             "build one with steerkit.kernels.Region(mean, projection, normals, offsets) "
+                             "or load a stored region artifact (it is one)")
         return cls(site, "project", None, strength, region=region, positions=positions, gate=gate,
                    preserve_norm=preserve_norm)
 
@@ -237,7 +238,7 @@ class Intervention:
         elif self.op == "clamp" and self.tensor is not None:
             cfg = SteerConfig(basis=self.tensor.float(), strength=1.0, target=self.value)
         elif self.op == "project" and self.region is not None:
-            cfg = SteerConfig(region=dataclasses.replace(self.region, strength=self.scale))
+            cfg = SteerConfig(region=self.region, region_strength=self.scale)
         else:
             raise InputError(f"expected a kernel operation {KERNEL_OPS} with its tensor, found {self.op!r}")
         g = self.gate
@@ -288,7 +289,7 @@ def from_config(site: str, cfg: SteerConfig, *, positions: PositionSpec = "all",
         for i in range(a.shape[0]):
             out.append(Intervention(site, "add", _vector(a[i], "the add vector"), float(sc[i]), gate=gate, **kw))
     if cfg.region is not None:
-        out.append(Intervention(site, "project", None, float(cfg.region.strength), region=cfg.region, gate=gate, **kw))
+        out.append(Intervention(site, "project", None, float(cfg.region_strength), region=cfg.region, gate=gate, **kw))
     return out
 
 
@@ -354,7 +355,7 @@ def _combine(parts: Sequence[Intervention], where: str) -> SteerConfig:
             adds.append(t.float()[None])
             add_scales.append(torch.tensor([p.scale], dtype=torch.float32))
         elif p.op == "project" and p.region is not None:
-            regions.append(dataclasses.replace(p.region, strength=p.scale))
+            regions.append((p.region, p.scale))
         if p.gate is not None:
             gates.append(p.gate)
     if len(regions) > 1:
@@ -376,7 +377,7 @@ def _combine(parts: Sequence[Intervention], where: str) -> SteerConfig:
     if adds:
         kw.update(add=torch.cat(adds), add_scale=torch.cat(add_scales))
     if regions:
-        kw["region"] = regions[0]
+        kw["region"], kw["region_strength"] = regions[0]
     if gates:
         g = gates[0]
         kw.update(gate_direction=g.direction, gate_threshold=g.threshold, gate_mode=g.mode)

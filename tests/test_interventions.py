@@ -131,6 +131,33 @@ def test_artifacts_lower_to_interventions_with_a_check(tiny):
     assert torch.equal(a, b)
 
 
+def test_region_projection_strength_lives_in_the_config(tiny):
+    """A stored region is the kernel's region: it is projected into as it is, and the strength of
+    the projection is the configuration's ``region_strength`` (the table's ``region_s``)."""
+    from steerkit.interventions import from_config
+    from steerkit.kernels import Region as KernelRegion
+    from steerkit.vectors import Region
+    d, L = tiny.d_model, 1
+    site = f"blocks.{L}.hook_resid_post"
+    P = steerkit.orthonormalize(torch.randn(3, d, generator=torch.Generator().manual_seed(8)))
+    reg = Region(mean=torch.zeros(d), projection=P, normals=torch.eye(3), offsets=torch.full((3,), -0.5), layer=L)
+    assert isinstance(reg, KernelRegion)
+    iv = Intervention.project(site, reg, 0.5)
+    cfg = iv.config()
+    assert cfg.region is reg and cfg.region_strength == 0.5
+    back = from_config(site, cfg)
+    assert [(i.op, i.scale) for i in back] == [("project", 0.5)] and back[0].region is reg
+    both = [iv, Intervention.add(site, _unit(d, 9), 1.0)]
+    assert tiny.compile(both).programs[site].table.region_s.tolist() == [0.5]
+    base, n = _resid(tiny, L, PROMPTS)
+    got, _ = _resid(tiny, L, PROMPTS, steering=[iv])
+    for b in range(len(PROMPTS)):
+        h = base[b, : int(n[b])].double()
+        z = reg.coordinates(h)
+        want = h + 0.5 * (reg.project(z) - z) @ P.double()
+        torch.testing.assert_close(got[b, : int(n[b])].double(), want, atol=1e-3, rtol=1e-4)
+
+
 def test_server_entry_equals_local_call(tiny):
     """``SiteProgram.apply`` on flattened rows (as a server calls it) == the local hook's result."""
     d, site = tiny.d_model, "blocks.1.hook_resid_post"

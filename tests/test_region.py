@@ -102,11 +102,11 @@ def test_project_matches_an_independent_qp_solver_and_the_kernel():
         reg.project(torch.zeros(3, k + 1))
     # the fused kernel's region edit moves h by P^T (z* - z), z* the same point
     h = torch.tensor(mean + Z @ P + g.normal(size=(40, d)) * 0.1, dtype=torch.float32)
-    out = fused_steer(h[None], region=reg.to_kernel(1.0))[0]
+    out = fused_steer(h[None], region=reg, region_strength=1.0)[0]
     z = reg.coordinates(h.double())
     want = h.double() + (reg.project(z) - z) @ reg.projection.double()
     assert (out.double() - want).abs().max() <= QP_TOL
-    half = fused_steer(h[None], region=reg.to_kernel(0.5))[0]
+    half = fused_steer(h[None], region=reg, region_strength=0.5)[0]
     assert (half.double() - (h.double() + 0.5 * (want - h.double()))).abs().max() <= QP_TOL
 
 

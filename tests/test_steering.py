@@ -19,7 +19,7 @@ def specs(default_model):
     B = steerkit.orthonormalize(torch.randn(2, d, generator=g))
     u = B[0]
     comps = steerkit.orthonormalize(torch.randn(3, d, generator=g))
-    reg = Region(mean=torch.zeros(d), components=comps, W=torch.eye(3), c=torch.full((3,), 0.5))
+    reg = Region(mean=torch.zeros(d), projection=comps, normals=torch.eye(3), offsets=torch.full((3,), 0.5))
     return [
         {"blocks.12.hook_resid_post": SteerConfig.injection(v, 4.0)},
         None,

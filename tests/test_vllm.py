@@ -90,7 +90,7 @@ def setup(default_model, tmp_path_factory):
     def hf(prompt, art=None, scale=1.0, clamp=False):
         if art == "region@1":  # steerkit's own per-row steering with the region's kernel config
             from steerkit.kernels import SteerConfig
-            cfg = SteerConfig(region=store.load(art).to_kernel(strength=scale))
+            cfg = SteerConfig(region=store.load(art), region_strength=scale)
             out = sm.generate([prompt], MAX_NEW, return_tokens=True, steering=[{"blocks.10.hook_resid_post": cfg}])
         elif art is not None:
             with sm.steer(store.load(art), scale=scale):

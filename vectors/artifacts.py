@@ -17,7 +17,9 @@ Five dataclasses, each holding tensors plus a :class:`~steerkit.vectors.provenan
   projection, weight, bias, class names), never as a pickle.
 * :class:`Region` -- a polyhedron in a PCA subspace: ``mean``, ``projection [k, d]``,
   half-space ``normals [m, k]`` and ``offsets [m]``; ``x`` is inside when
-  ``normals @ projection @ (x - mean) <= offsets``.
+  ``normals @ projection @ (x - mean) <= offsets``. It is a :class:`steerkit.kernels.Region`
+  (the geometry: coordinates, membership, the projection QP, what the fused kernel reads) with a
+  layer, a hook site and a provenance.
 * :class:`LayerSchedule` -- per-layer weights (as Temporal Activation Injection uses) and an
   optional per-token weight list.
 
@@ -39,7 +41,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.interventions import Intervention, ModelFacts
-from steerkit.kernels import DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, ORTHO_TOL, solve_polyhedron_projection
+from steerkit.kernels import ORTHO_TOL, orthonormalize
 from steerkit.kernels import Region as KernelRegion
 
 from .apply import check_against
@@ -469,14 +471,18 @@ class DirectionSet(_Artifact):
     def from_directions(cls, directions: Float[Tensor, "k d_model"] | np.ndarray, model: Any = None,
                         layers: list[int] | None = None, *, method: str | None = None,
                         prompts: Iterable[str] | None = None, metrics: dict | None = None) -> "DirectionSet":
-        """Orthonormalise ``directions`` (rows) with QR and wrap them."""
+        """Orthonormalise ``directions`` (rows) with :func:`steerkit.kernels.orthonormalize` (QR in
+        float64; row ``i`` has a positive dot product with direction ``i``) and wrap them."""
         d = _as_tensor(directions, "directions")
         if d.ndim == 1:
             d = d[None, :]
-        q, r = torch.linalg.qr(d.double().T)
-        if bool((r.diagonal().abs() < 1e-8).any()):
-            raise VectorsError("expected linearly independent directions, found a dependent set; drop redundant rows")
-        basis = (q.T * torch.sign(r.diagonal())[:, None]).to(d.dtype)
+        if d.ndim != 2:
+            raise VectorsError(f"expected directions of shape [k, d_model] or [d_model], found {tuple(d.shape)}; "
+                               "stack the directions as rows")
+        basis = orthonormalize(d)
+        if basis.shape[0] < d.shape[0]:
+            raise VectorsError(f"expected {d.shape[0]} linearly independent directions, found a dependent set "
+                               f"(rank {basis.shape[0]}); drop redundant rows")
         kw: dict[str, Any] = dict(method=method, prompts_hash=prompts_hash(prompts), metrics=dict(metrics or {}),
                                   operation="ablate")
         prov = Provenance.from_model(model, **kw) if model is not None else Provenance(d_model=int(d.shape[1]), **kw)
@@ -648,13 +654,13 @@ class Probe(_Artifact):
 
 # --------------------------------------------------------------------------- Region
 @dataclasses.dataclass(eq=False)
-class Region(_Artifact):
-    """A polyhedron in a PCA subspace: inside iff ``normals @ (projection @ (x - mean)) <= offsets``."""
+class Region(KernelRegion, _Artifact):
+    """A polyhedron in a PCA subspace: inside iff ``normals @ (projection @ (x - mean)) <= offsets``.
 
-    mean: Float[Tensor, " d_model"]
-    projection: Float[Tensor, "k d_model"]
-    normals: Float[Tensor, "m k"]
-    offsets: Float[Tensor, " m"]
+    A :class:`steerkit.kernels.Region` (``coordinates``, ``contains``, ``project``, ``validate``; pass
+    it to ``SteerConfig(region=...)`` or :func:`steerkit.kernels.fused_steer` as it is) stored at
+    ``blocks.{layer}.{hook_site}`` with a provenance."""
+
     layer: int
     hook_site: str = "hook_resid_post"
     provenance: Provenance = dataclasses.field(default_factory=lambda: Provenance(operation="read"))
@@ -682,47 +688,11 @@ class Region(_Artifact):
     def d_model(self) -> int:
         return int(self.mean.shape[0])
 
-    def coordinates(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... k"]:
-        return (x - self.mean.to(x)) @ self.projection.to(x).T
-
-    def contains(self, x: Float[Tensor, "... d_model"], tol: float = 0.0) -> Tensor:
-        s = self.coordinates(x) @ self.normals.to(x).T
-        return (s <= self.offsets.to(x) + tol).all(dim=-1)
-
-    def project(self, z: Float[Tensor, "... k"], *, tol: float | None = None,
-                max_iter: int | None = None) -> Float[Tensor, "... k"]:
-        """The closest point of the polyhedron ``{x : normals @ x <= offsets}`` to each ``z`` (subspace
-        coordinates, see :meth:`coordinates`), solved in float64 by the fused kernel's own solver
-        (:func:`steerkit.kernels.solve_polyhedron_projection`, the same row normalisation and step),
-        to natural residual ``tol`` in distance units (default the kernel's, 1e-4). Points inside come
-        back unchanged."""
-        zt = _as_tensor(z, "z")
-        k = int(self.projection.shape[0])
-        if zt.ndim == 0 or zt.shape[-1] != k:
-            raise VectorsError(f"expected coordinates [..., {k}] (the region's subspace), found {tuple(zt.shape)}")
-        flat = zt.reshape(-1, k).to(torch.float64)
-        W = self.normals.to(device=flat.device, dtype=torch.float64)
-        c = self.offsets.to(device=flat.device, dtype=torch.float64)
-        nrm = W.norm(dim=1).clamp_min(1e-30)
-        W, c = W / nrm[:, None], c / nrm
-        step = 1.0 / max(torch.linalg.matrix_norm(W, ord=2).item() ** 2, 1e-12)
-        n = flat.shape[0]
-        out, _ = solve_polyhedron_projection(flat, W.expand(n, *W.shape), c.expand(n, *c.shape),
-                                             torch.full((n,), step, dtype=torch.float64, device=flat.device),
-                                             DEFAULT_REGION_TOL if tol is None else float(tol),
-                                             DEFAULT_REGION_MAX_ITER if max_iter is None else int(max_iter))
-        return out.reshape(zt.shape).to(zt.dtype)
-
     def to_interventions(self, facts: ModelFacts, *, scale: float = 1.0, override: bool = False) -> list[Intervention]:
         """The projection into this region at ``blocks.{layer}.{hook_site}`` (checked against ``facts``
         first); ``scale`` is its strength."""
         check_against(self, facts, override=override)
-        return [Intervention.project(f"blocks.{self.layer}.{self.hook_site}", self.to_kernel(), scale)]
-
-    def to_kernel(self, strength: float = 1.0) -> KernelRegion:
-        """The fused kernel's :class:`steerkit.kernels.Region` (``h += strength * P^T (z* - z)``)."""
-        return KernelRegion(mean=self.mean.float(), components=self.projection.float(), W=self.normals.float(),
-                            c=self.offsets.float(), strength=float(strength))
+        return [Intervention.project(f"blocks.{self.layer}.{self.hook_site}", self, scale)]
 
     def _map_tensors(self, fn) -> "Region":
         return dataclasses.replace(self, mean=fn(self.mean), projection=fn(self.projection),

@@ -518,7 +518,7 @@ def fit_region(concise, verbose, *, n_components: int = 10, n_clusters: int = 8,
 # --------------------------------------------------------------------------- steering
 def region_spec(region, strength: float = 1.0) -> dict:
     """``{blocks.l.<site>: SteerConfig(region=...)}`` for :meth:`SteerModel.steer` / ``generate(steering=)``."""
-    return {f"blocks.{region.layer}.{region.hook_site}": SteerConfig(region=region.to_kernel(strength))}
+    return {f"blocks.{region.layer}.{region.hook_site}": SteerConfig(region=region, region_strength=float(strength))}
 
 
 def steer_region(sm: "SteerModel", region, strength: float = 1.0, *, positions=None, override: bool = False):

@@ -78,8 +78,8 @@ def test_region_chunked():
     gen = torch.Generator().manual_seed(5)
     h = torch.randn(rows, d, generator=gen) * 2
     P = rand_orthonormal(m, d, gen)
-    reg = Region(mean=torch.zeros(d), components=P, W=torch.randn(4, m, generator=gen),
-                 c=torch.rand(4, generator=gen))
+    reg = Region(mean=torch.zeros(d), projection=P, normals=torch.randn(4, m, generator=gen),
+                 offsets=torch.rand(4, generator=gen))
     out_t = fused_steer(h, region=reg, preserve_norm=True, impl="triton", launch=SMALL)
     out_r = fused_steer(h, region=reg, preserve_norm=True, impl="torch")
     atol, rtol = TOLS[torch.float32]

@@ -244,14 +244,20 @@ def test_orthonormalize_drops_dependent_directions():
     # the span is kept: a and b are reproduced by their projections
     for v in (a, b):
         assert torch.allclose((v @ B.T) @ B, v, atol=1e-5)
+    # each row has a positive dot product with the direction it completes
+    assert float(B[0] @ a) > 0 and float(B[1] @ b) > 0
+    assert (K.orthonormalize(torch.stack([-a, b])) @ torch.stack([-a, b]).T).diagonal().gt(0).all()
     u = K.orthonormalize(a)  # one direction, 1-D
     assert u.shape == (1, 20) and torch.allclose(u[0].abs(), (a / a.norm()).abs(), atol=1e-6)
+    assert torch.allclose(u[0], a / a.norm(), atol=1e-6) and torch.allclose(K.orthonormalize(-a)[0], -a / a.norm(),
+                                                                             atol=1e-6)
     assert K.orthonormalize(torch.zeros(3, 20)).shape == (0, 20)
     assert K.orthonormalize(torch.zeros(0, 20)).shape == (0, 20)
     full = K.orthonormalize(torch.stack([a[:2], 2 * a[:2], b[:2]]))  # more vectors than dimensions
     assert full.shape == (2, 2) and torch.allclose(full @ full.T, torch.eye(2), atol=1e-6)
     assert K.orthonormalize(a.double()).dtype == torch.float64
     assert K.orthonormalize([[1, 0, 0], [0, 2, 0]]).dtype == torch.get_default_dtype()
+    assert torch.allclose(K.orthonormalize([[1.0, 0, 0], [0, 2, 0]]), torch.eye(3)[:2])
     assert K.config.orthonormalize is K.orthonormalize
     SteerTable.from_configs([SteerConfig.ablation(B)])  # passes the table's orthonormality check
     with pytest.raises(ValueError, match=r"shape \(k, d_model\) or \(d_model,\); found \(2, 3, 4\)"):
@@ -297,7 +303,8 @@ def test_error_messages():
     with pytest.raises(SteerConfigError, match=r"mask must have shape \(4,\)"):
         fused_steer(h, add=torch.randn(32), mask=torch.ones(5, dtype=torch.bool))
     P = torch.eye(40)[:33, :32]
-    with pytest.raises(SteerConfigError, match=r"m must be 1\.\.32; found m=33"):
-        fused_steer(h, region=Region(mean=torch.zeros(32), components=P, W=torch.randn(2, 33), c=torch.ones(2)))
+    with pytest.raises(SteerConfigError, match=r"k must be 1\.\.32; found k=33"):
+        fused_steer(h, region=Region(mean=torch.zeros(32), projection=P, normals=torch.randn(2, 33),
+                                     offsets=torch.ones(2)))
     with pytest.raises(SteerConfigError, match=r"table is for d_model=32 but h has d_model=16"):
         fused_steer(torch.randn(2, 16), SteerTable.from_configs([SteerConfig.injection(torch.randn(32))]))

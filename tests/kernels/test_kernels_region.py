@@ -60,11 +60,11 @@ def test_solver_vs_scipy_random_polyhedra(m, nh):
     assert n_out > 0, "test is vacuous: no point was outside the polyhedron"
 
 
-def _region_case(d, m, nh, gen, strength=1.0):
+def _region_case(d, m, nh, gen):
     P = rand_orthonormal(m, d, gen)
     mu = torch.randn(d, generator=gen) * 0.1
     W, c = random_polyhedron(m, nh, gen)
-    return Region(mean=mu, components=P, W=(W * 3).float(), c=(c * 3).float(), strength=strength)
+    return Region(mean=mu, projection=P, normals=(W * 3).float(), offsets=(c * 3).float())
 
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
@@ -72,14 +72,14 @@ def _region_case(d, m, nh, gen, strength=1.0):
 def test_kernel_region_projection_vs_scipy(impl, strength):
     gen = torch.Generator().manual_seed(11)
     d, rows, m, nh = 576, 7, 8, 12
-    reg = _region_case(d, m, nh, gen, strength)
-    P, mu = reg.components.double(), reg.mean.double()
+    reg = _region_case(d, m, nh, gen)
+    P, mu = reg.projection.double(), reg.mean.double()
     h = torch.randn(rows, d, generator=gen) * 2
-    out = fused_steer(h, region=reg, impl=impl).double()
+    out = fused_steer(h, region=reg, region_strength=strength, impl=impl).double()
     z = (h.double() - mu) @ P.T
     z_out = (out - mu) @ P.T
-    Wn = reg.W.double() / reg.W.double().norm(dim=1, keepdim=True)
-    cn = reg.c.double() / reg.W.double().norm(dim=1)
+    Wn = reg.normals.double() / reg.normals.double().norm(dim=1, keepdim=True)
+    cn = reg.offsets.double() / reg.normals.double().norm(dim=1)
     n_out = 0
     for r in range(rows):
         zs = scipy_projection(z[r], Wn, cn)
@@ -101,7 +101,7 @@ def test_region_identity_inside_and_kernel_matches_reference(dtype):
     gen = torch.Generator().manual_seed(3)
     d, m, nh = 576, 4, 6
     reg = _region_case(d, m, nh, gen)
-    reg.c = reg.c + 50.0  # a large polyhedron: small rows are inside
+    reg.offsets = reg.offsets + 50.0  # a large polyhedron: small rows are inside
     h = (torch.randn(7, d, generator=gen) * 0.05).to(dtype)
     for impl in ("triton", "torch"):
         assert torch.equal(fused_steer(h, region=reg, impl=impl), h), f"{impl}: inside point moved"
