@@ -87,6 +87,21 @@ def orthonormalize(
     return torch.zeros(0, v.shape[1], dtype=out_dtype, device=v.device)
 
 
+def add_terms(add: Tensor, add_scale: Union[Number, Tensor], where: str = "") -> tuple[Tensor, Tensor]:
+    """A configuration's injection as rows and one scale per row: ``add`` ``[d]`` or ``[n_add, d]`` and
+    ``add_scale`` a number or ``[n_add]`` become ``([n_add, d], [n_add])`` (float32 scales)."""
+    v2 = add if add.dim() == 2 else add[None]
+    sc = torch.as_tensor(add_scale, dtype=torch.float32).reshape(-1)
+    if sc.numel() == 1:
+        sc = sc.expand(v2.shape[0])
+    if sc.numel() != v2.shape[0]:
+        raise SteerConfigError(
+            f"{where + ': ' if where else ''}add_scale must be a number or one per vector "
+            f"({v2.shape[0]}); found {sc.numel()} values."
+        )
+    return v2, sc
+
+
 def _finite(name: str, t: Tensor) -> None:
     if not torch.isfinite(t).all():
         bad = (~torch.isfinite(t)).nonzero()[0].tolist()
@@ -445,16 +460,7 @@ class SteerTable:
             for i, cf in enumerate(configs):
                 if cf.add is None:
                     continue
-                v = vec(cf.add, f"config {i} add")
-                v2 = v if v.dim() == 2 else v[None]
-                sc = torch.as_tensor(cf.add_scale, dtype=torch.float32).reshape(-1)
-                if sc.numel() == 1:
-                    sc = sc.expand(v2.shape[0])
-                if sc.numel() != v2.shape[0]:
-                    raise SteerConfigError(
-                        f"config {i}: add_scale must be a number or one per vector "
-                        f"({v2.shape[0]}); found {sc.numel()} values."
-                    )
+                v2, sc = add_terms(vec(cf.add, f"config {i} add"), cf.add_scale, f"config {i}")
                 _finite(f"config {i} add_scale", sc)
                 add[i] = (sc[:, None] * v2).sum(0)
             tab.add, tab.add_scale = add, torch.ones(n, dtype=torch.float32)

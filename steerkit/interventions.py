@@ -35,6 +35,7 @@ from torch import Tensor
 from steerkit.errors import InputError
 from steerkit.hooknames import parse as parse_hook
 from steerkit.kernels import ORTHO_TOL, Region, SteerConfig, SteerTable, bind_steer
+from steerkit.kernels.config import add_terms
 from steerkit.positions import PositionSpec, RunState, chunk_mask, validate_positions
 
 Op = Literal["add", "ablate", "clamp", "replace", "project", "apply"]
@@ -279,13 +280,7 @@ def from_config(site: str, cfg: SteerConfig, *, positions: PositionSpec = "all",
                                  "a partial clamp is an ablation of strength s towards the target: split it")
             out.append(Intervention.clamp(site, b, torch.as_tensor(cfg.target, dtype=torch.float32), **kw))
     if cfg.add is not None:
-        a = _tensor(cfg.add, f"the add vector at {site!r}")
-        a = a if a.dim() == 2 else a[None]
-        sc = torch.as_tensor(cfg.add_scale, dtype=torch.float32).reshape(-1)
-        if sc.numel() == 1:
-            sc = sc.expand(a.shape[0])
-        if sc.numel() != a.shape[0]:
-            raise InputError(f"expected one add_scale per add vector at {site!r} ({a.shape[0]}), found {sc.numel()}")
+        a, sc = add_terms(_tensor(cfg.add, f"the add vector at {site!r}"), cfg.add_scale, repr(site))
         for i in range(a.shape[0]):
             out.append(Intervention(site, "add", _vector(a[i], "the add vector"), float(sc[i]), gate=gate, **kw))
     if cfg.region is not None:
