@@ -24,11 +24,18 @@ from steerkit.errors import PathExistsError, SteerkitError
 __all__ = ["atomic_path", "atomic_folder", "atomic_write_bytes", "make_temp", "fsync_dir", "Folder", "ConfinementError"]
 
 
-def _umask_mode(folder: bool = False) -> int:
-    """The mode a new file (or folder) gets under the current umask."""
-    mask = os.umask(0)
+def _read_umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it: done once, at import, before any thread writes
     os.umask(mask)
-    return (0o777 if folder else 0o666) & ~mask
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+def _umask_mode(folder: bool = False) -> int:
+    """The mode a new file (or folder) gets under the process's umask (read once at import)."""
+    return (0o777 if folder else 0o666) & ~_UMASK
 
 
 def make_temp(target: Path) -> str:
@@ -195,7 +202,10 @@ class Folder:
         """The entry's own status (never a link's target), or ``None`` when it does not exist."""
         parts = _parts(rel)
         if not parts:
-            return os.lstat(self.root)
+            try:
+                return os.lstat(self.root)
+            except FileNotFoundError:
+                return None
         try:
             fd = self._dir_fd(parts[:-1])
         except (FileNotFoundError, NotADirectoryError):

@@ -35,3 +35,8 @@ class ExportError(VectorsError):
 
 class StoreError(VectorsError):
     """A store operation failed (unknown name, version or tag; store corrupted)."""
+
+
+class StoreIndexError(StoreError, ArtifactFormatError):
+    """The store's ``index.json`` is malformed (not JSON, a wrong field, a link): the message says what
+    is wrong and how to recover; the artifacts themselves stay on disk."""

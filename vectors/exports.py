@@ -48,6 +48,7 @@ Directional ablation cannot be a control vector; it deploys as weights: see
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -56,13 +57,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from steerkit.names import is_index
+
 from .artifacts import DirectionSet, SteeringVector, artifact_to_payload, payload_to_artifact
 from .errors import ArtifactFormatError, ExportError, ModelMismatchError, VectorsError
 from .store import Store
 from .provenance import Provenance
 from .safety import (
-    MAX_FILE_BYTES, atomic_write_bytes, parse_gguf, parse_safetensors, read_bounded,
-    read_json, read_json_bytes, tensors_to_safetensors, write_gguf,
+    MAX_FILE_BYTES, atomic_write_bytes, check_output_file, parse_gguf, parse_gguf_metadata, parse_safetensors,
+    read_bounded, read_head, read_json, read_json_bytes, tensors_to_safetensors, write_gguf,
 )
 
 FORMATS = ("llama.cpp", "repeng", "easysteer", "tlens", "svec", "safetensors")
@@ -72,7 +75,10 @@ _ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "gguf": "llama.cp
 HF_TO_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
                    "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2",
                    "olmo": "olmo", "olmo2": "olmo2", "granite": "granite", "stablelm": "stablelm"}
-_HOOK_RE = re.compile(r"^blocks\.(\d+)\.(hook_resid_post|hook_resid_pre|hook_attn_out|hook_mlp_out)$")
+_LAYER = r"(0|[1-9][0-9]{0,5})"  # a layer index by steerkit.names (ASCII, no leading zero), at most 6 digits
+_HOOK_RE = re.compile(r"blocks\." + _LAYER + r"\.(hook_resid_post|hook_resid_pre|hook_attn_out|hook_mlp_out)\Z", re.ASCII)
+_GGUF_HEAD_BYTES = 1 << 20  # the metadata of a GGUF is checked from this prefix before the whole file is read
+_CONTROL_ARCHS = ("controlvector", "steervector")
 
 
 def normalize_format(fmt: str) -> str:
@@ -173,9 +179,39 @@ def _dtype_from(name: Any) -> torch.dtype:
     return allowed[name]
 
 
+def _finite(x: Any, what: str) -> float:
+    """``x`` as a finite float, else ArtifactFormatError (a JSON integer too large for a float included)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ArtifactFormatError(f"expected {what} as a number, found {type(x).__name__}")
+    try:
+        f = float(x)
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f):
+        found = f"an integer of {x.bit_length()} bits" if isinstance(x, int) else repr(x)
+        raise ArtifactFormatError(f"expected {what} as a finite number, found {found}; the file is corrupted")
+    return f
+
+
 def _float_list(x: Any, what: str, max_len: int = 1 << 20) -> list[float]:
-    if not isinstance(x, list) or len(x) > max_len or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x):
-        raise ArtifactFormatError(f"expected {what} as a list of numbers, found {str(x)[:80]}")
+    if not isinstance(x, list) or len(x) > max_len:
+        raise ArtifactFormatError(f"expected {what} as a list of at most {max_len} numbers, found {str(x)[:80]}")
+    return [_finite(v, f"element {i} of {what}") for i, v in enumerate(x)]
+
+
+def _vector_tensor(x: Any, what: str, dtype: torch.dtype) -> torch.Tensor:
+    """A list of JSON numbers as a tensor of ``dtype``; values that overflow ``dtype`` are refused."""
+    t = torch.tensor(_float_list(x, what), dtype=torch.float64).to(dtype)
+    if not bool(torch.isfinite(t).all()):
+        raise ArtifactFormatError(f"expected {what} within the range of {_dtype_name(t)}, found values that overflow "
+                                  "it; export the vector as float64 or rescale it")
+    return t
+
+
+def _int_list(x: Any, what: str) -> list[int]:
+    if (not isinstance(x, list) or len(x) > 1 << 20
+            or not all(isinstance(v, int) and not isinstance(v, bool) and -(2**31) <= v < 2**31 for v in x)):
+        raise ArtifactFormatError(f"expected {what} as a list of integers in [-2^31, 2^31), found {str(x)[:80]}")
     return x
 
 
@@ -255,18 +291,28 @@ def easysteer_request(v: SteeringVector, gguf_path: str | os.PathLike, *, name: 
     return req
 
 
+def _check_control_arch(arch: Any, path: Path) -> None:
+    if arch not in _CONTROL_ARCHS:
+        raise ArtifactFormatError(
+            f"expected a control-vector GGUF (general.architecture 'controlvector' or 'steervector') at {path}, "
+            f"found {arch!r:.80}; a model GGUF is not a steering vector"
+        )
+
+
 def _import_gguf_vector(path: Path, fmt_hint: str | None, model: Any, max_bytes: int) -> SteeringVector:
+    try:  # a model GGUF is refused from its first bytes, before the whole file is read
+        head_meta = parse_gguf_metadata(read_head(path, _GGUF_HEAD_BYTES), f"GGUF file {path}")
+    except ArtifactFormatError:
+        head_meta = None  # metadata longer than the prefix, or malformed: the full parse below says which
+    if head_meta is not None:
+        _check_control_arch(head_meta.get("general.architecture"), path)
     meta, tensors = parse_gguf(read_bounded(path, max_bytes), f"GGUF file {path}")
     arch = meta.get("general.architecture")
-    if arch not in ("controlvector", "steervector"):
-        raise ArtifactFormatError(
-            f"expected a control-vector GGUF (general.architecture 'controlvector' or 'steervector'), found {arch!r}; "
-            "a model GGUF is not a steering vector"
-        )
+    _check_control_arch(arch, path)
     dirs: dict[int, torch.Tensor] = {}
     width: int | None = None  # set with the first direction
     for name, arr in tensors.items():
-        m = re.fullmatch(r"direction\.(\d{1,6})", name)
+        m = re.fullmatch(r"direction\." + _LAYER, name, re.ASCII)
         if not m:
             raise ArtifactFormatError(f"expected only tensors named direction.N in {path}, found {name!r}")
         if arr.ndim != 1 or (width is not None and arr.shape[0] != width):
@@ -340,11 +386,17 @@ def _import_tlens(obj: dict, path: Path, model: Any) -> Any:
         first = next(iter(entries.values()))["value"]
         if not isinstance(first, list) or not first:
             raise ArtifactFormatError("expected an ablate value as a list of basis rows")
-        rows = [_float_list(r, "a basis row") for r in first]
+        if len(first) > 4096:
+            raise ArtifactFormatError(f"expected an ablate basis of at most 4096 rows, found {len(first)}")
+        rows = [_vector_tensor(r, f"basis row {i}", dtype) for i, r in enumerate(first)]
+        widths = sorted({len(r) for r in rows})
+        if len(widths) != 1 or widths[0] == 0:
+            raise ArtifactFormatError(f"expected ablate basis rows of one non-zero length (d_model), found lengths "
+                                      f"{widths[:5]}; every row must be a full direction")
         if any(e["value"] != first for e in entries.values()):
             raise ArtifactFormatError("expected every ablate entry to use the same basis, found different ones; "
                                       "steerkit DirectionSets ablate one basis")
-        basis = torch.tensor(rows, dtype=torch.float64).to(dtype)
+        basis = torch.stack(rows)
         hooks = set(entries)
         resid = sorted(int(m.group(1)) for m in (_HOOK_RE.match(h) for h in hooks) if m and m.group(2) in ("hook_resid_post", "hook_resid_pre"))
         if "hook_embed" in hooks:
@@ -365,18 +417,15 @@ def _import_tlens(obj: dict, path: Path, model: Any) -> Any:
         if not m or m.group(2) not in ("hook_resid_post", "hook_resid_pre"):
             raise ArtifactFormatError(f"expected hooks named blocks.N.hook_resid_post, found {k!r:.80}")
         sites.add(m.group(2))
-        dirs[int(m.group(1))] = torch.tensor(_float_list(e["value"], f"value of {k}"), dtype=torch.float64).to(dtype)
-        sc = e.get("scale", 1.0)
-        if isinstance(sc, bool) or not isinstance(sc, (int, float)):
-            raise ArtifactFormatError(f"expected a numeric scale for {k}, found {sc!r:.50}")
-        scales.add(float(sc))
+        dirs[int(m.group(1))] = _vector_tensor(e["value"], f"value of {k}", dtype)
+        scales.add(_finite(e.get("scale", 1.0), f"the scale of {k}"))
         pos = e.get("pos")
-        if pos is not None and (not isinstance(pos, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in pos)):
-            raise ArtifactFormatError(f"expected pos as null or a list of integers for {k}, found {str(pos)[:50]}")
+        if pos is not None:
+            pos = _int_list(pos, f"pos of {k}")
         poss.append(pos)
-    if len(scales) != 1 or any(p != poss[0] for p in poss) or len(sites) != 1:
-        raise ArtifactFormatError("expected one scale, one pos and one hook site across entries, found several; "
-                                  "split the spec into one file per vector")
+    if len(scales) != 1 or any(p != poss[0] for p in poss) or len(sites) != 1 or len({len(d) for d in dirs.values()}) != 1:
+        raise ArtifactFormatError("expected one scale, one pos, one hook site and one vector length across entries, "
+                                  "found several; split the spec into one file per vector")
     width = next(iter(dirs.values())).shape[0]
     prov = Provenance.from_dict(prov_d) if prov_d is not None else Provenance(d_model=width, method="imported:tlens")
     prov = _model_fill(prov, model, width)
@@ -409,20 +458,22 @@ def _import_svec(obj: dict, path: Path, model: Any) -> SteeringVector:
     dtype = _dtype_from(sk.get("dtype", "float32"))
     dirs = {}
     for k, vals in d.items():
-        if not (isinstance(k, str) and k.isdigit() and len(k) <= 6):
-            raise ArtifactFormatError(f"expected integer layer keys in 'directions', found {k!r:.40}")
-        dirs[int(k)] = torch.tensor(_float_list(vals, f"direction {k}"), dtype=torch.float64).to(dtype)
-    width = next(iter(dirs.values())).shape[0]
+        if not (is_index(k) and len(k) <= 6):
+            raise ArtifactFormatError(f"expected layer keys in 'directions' as ASCII digits without a leading zero, "
+                                      f"found {k!r:.40}")
+        dirs[int(k)] = _vector_tensor(vals, f"direction {k}", dtype)
+    widths = sorted({len(t) for t in dirs.values()})
+    if len(widths) != 1:
+        raise ArtifactFormatError(f"expected directions of one length (d_model) in {path}, found lengths {widths[:5]}")
+    width = widths[0]
     mt = obj.get("model_type")
     if "provenance" in sk:
         prov = Provenance.from_dict(sk["provenance"])
     else:
         prov = Provenance(model_arch=mt if isinstance(mt, str) else None, d_model=width, method="imported:svec")
     prov = _model_fill(prov, model, width)
-    scale = sk.get("scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise ArtifactFormatError(f"expected a numeric steerkit.scale, found {scale!r:.50}")
-    return SteeringVector(dirs, scale=float(scale), provenance=prov)
+    scale = _finite(sk.get("scale", 1.0), "steerkit.scale")
+    return SteeringVector(dirs, scale=scale, provenance=prov)
 
 
 # ============================================================================ safetensors
@@ -430,7 +481,7 @@ def save_artifact(artifact: Any, path: str | os.PathLike) -> Path:
     """Write any artifact as one safetensors file (payload + metadata JSON)."""
     tensors, meta = artifact_to_payload(artifact)
     data = tensors_to_safetensors(tensors, metadata={"steerkit": json.dumps(meta, sort_keys=True, allow_nan=False)})
-    atomic_write_bytes(path, data)
+    atomic_write_bytes(check_output_file(path, "artifact file"), data)
     return Path(path)
 
 
@@ -445,7 +496,7 @@ def _import_safetensors(path: Path, model: Any, max_bytes: int) -> Any:
     # plain safetensors from elsewhere: direction.N / layer keys -> SteeringVector
     dirs = {}
     for k, t in tensors.items():
-        m = re.fullmatch(r"(?:direction\.|layer\.|layers\.)?(\d{1,6})", k)
+        m = re.fullmatch(r"(?:direction\.|layer\.|layers\.)?" + _LAYER, k, re.ASCII)
         if not m or t.ndim != 1 or not t.is_floating_point():
             raise ArtifactFormatError(f"expected a steerkit safetensors file or 1-D float tensors named direction.N, found {k!r} {tuple(t.shape)}")
         dirs[int(m.group(1))] = t
@@ -465,7 +516,7 @@ def export(artifact: Any, fmt: str, path: str | os.PathLike, *, model: Any = Non
     Returns the paths written (easysteer writes the GGUF and ``<stem>.request.json``).
     """
     fmt = normalize_format(fmt)
-    path = Path(path)
+    path = check_output_file(path, f"{fmt} export")
     if fmt == "safetensors":
         return [save_artifact(artifact, path)]
     if fmt == "tlens":
@@ -478,7 +529,7 @@ def export(artifact: Any, fmt: str, path: str | os.PathLike, *, model: Any = Non
 
 def detect_format(path: str | os.PathLike) -> str:
     p = Path(path)
-    head = read_bounded(p, MAX_FILE_BYTES)[:4096] if p.is_file() else b""
+    head = read_head(p, 4096)  # the first bytes only, however large the file
     if head[:4] == b"GGUF":
         return "gguf"
     if p.suffix == ".svec":
@@ -523,21 +574,18 @@ def _import_easysteer_request(req: dict, path: Path, model: Any, max_bytes: int)
     v = _import_gguf_vector(gp, "easysteer", model, max_bytes)
     if req.get("algorithm", "direct") != "direct" or req.get("normalize", False):
         raise ArtifactFormatError("expected an EasySteer 'direct' request without normalize; other algorithms are not steering vectors")
-    scale = req.get("scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise ArtifactFormatError(f"expected a numeric scale, found {scale!r:.50}")
+    scale = _finite(req.get("scale", 1.0), "the request's scale")
     tl = req.get("target_layers")
     if tl is not None:
-        if not isinstance(tl, list) or not all(isinstance(x, int) for x in tl):
-            raise ArtifactFormatError(f"expected target_layers as a list of integers, found {str(tl)[:80]}")
+        tl = _int_list(tl, "target_layers")
         missing = sorted(set(tl) - set(v.directions))
         if missing:
             raise ArtifactFormatError(f"expected the GGUF to hold every target layer, found none for {missing}")
         v = SteeringVector({l: v.directions[l] for l in sorted(set(tl))}, provenance=v.provenance)
     pos = req.get("prefill_trigger_positions")
-    if pos is not None and (not isinstance(pos, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in pos)):
-        raise ArtifactFormatError(f"expected prefill_trigger_positions as a list of integers, found {str(pos)[:80]}")
-    return SteeringVector(v.directions, scale=float(scale), positions=pos, provenance=v.provenance)
+    if pos is not None:
+        pos = _int_list(pos, "prefill_trigger_positions")
+    return SteeringVector(v.directions, scale=scale, positions=pos, provenance=v.provenance)
 
 
 def load_artifact(path_or_ref: str | os.PathLike, fmt: str | None = None, *, model: Any = None, store: Any = None) -> Any:

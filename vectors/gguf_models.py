@@ -7,7 +7,7 @@ de-quantises every tensor with ``gguf.quants.dequantize`` into float32 numpy arr
 ``transform`` callback change them, and writes a new GGUF with *the same metadata* (every
 key/value copied with its GGUF type; ``general.file_type`` set to F32 or F16) and the tensors
 in float32, or float16 for 2-D weight matrices when ``dtype="f16"``.  The file is written to a
-temporary name and renamed when complete.
+temporary name and renamed when complete; the destination folder must exist.
 
 :func:`write_dequantized_gguf` is the identity transform: a float32 GGUF whose weights are
 bit-identical to what Hugging Face ``transformers`` loads from the same quantised file, which
@@ -36,7 +36,7 @@ import numpy as np
 from .apply import check_compatible
 from .artifacts import DirectionSet
 from .errors import ArtifactFormatError, ExportError
-from .safety import atomic_path
+from .safety import atomic_path, check_output_file
 
 _RESID_WRITERS = re.compile(r"^blk\.\d+\.(attn_output|ffn_down)\.weight$")
 
@@ -73,8 +73,7 @@ def rewrite_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str =
     if arch_f is None:
         raise ArtifactFormatError(f"expected general.architecture in {src}, found none")
     arch = str(arch_f.contents())
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst = check_output_file(dst, "model GGUF")
     with atomic_path(dst) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
         _copy_metadata(reader, writer, 0 if dtype == "f32" else 1)

@@ -20,15 +20,17 @@ unbounded memory.
   ``gguf.GGUFReader`` elsewhere and are trusted inputs.
 * :func:`atomic_write_bytes` (from :mod:`steerkit.files`) -- write to a temporary file in the same
   folder, flush, fsync, rename over the target, fsync the folder.
-* :func:`check_name` -- artifact names: letters, digits, ``._-``; no path separators,
-  no ``..``; anything else is refused with :class:`UnsafeNameError`.
+* :func:`check_name` -- artifact names and tags by the one rule set of :mod:`steerkit.names`
+  (ASCII letters, digits, ``._-``, the whole string; no path separators, no ``..``); anything
+  else is refused with :class:`UnsafeNameError`.
+* :func:`read_head` -- the first bytes of a file (format sniffing reads a bounded prefix only).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
+import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ import numpy as np
 import torch
 
 from steerkit.files import atomic_folder, atomic_path, atomic_write_bytes, fsync_dir
+from steerkit.names import NAME_RE, is_name
 
 from .errors import ArtifactFormatError, ExportError, UnsafeNameError
 
@@ -44,8 +47,8 @@ from .errors import ArtifactFormatError, ExportError, UnsafeNameError
 __all__ = [
     "MAX_FILE_BYTES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_TENSORS", "MAX_DIMS", "MAX_HEADER_BYTES",
     "MAX_GGUF_KV", "MAX_STRING_BYTES", "NAME_RE", "GGUF_MAGIC",
-    "check_name", "inside", "read_bounded", "read_json_bytes", "read_json", "dump_json",
-    "tensors_to_safetensors", "parse_safetensors", "parse_gguf", "write_gguf",
+    "check_name", "check_output_file", "read_bounded", "read_head", "read_json_bytes", "read_json", "dump_json",
+    "tensors_to_safetensors", "parse_safetensors", "parse_gguf", "parse_gguf_metadata", "write_gguf",
     "atomic_folder", "atomic_path", "atomic_write_bytes", "fsync_dir",
 ]
 
@@ -58,8 +61,6 @@ MAX_HEADER_BYTES = 16 << 20
 MAX_GGUF_KV = 4096
 MAX_STRING_BYTES = 16 << 20
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
 _ST_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
@@ -71,22 +72,13 @@ _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 # --------------------------------------------------------------------------- names
 def check_name(name: Any, what: str = "artifact name") -> str:
     """Return ``name`` if it is a safe artifact name, else raise :class:`UnsafeNameError`."""
-    if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+    if not is_name(name):
         raise UnsafeNameError(
-            f"expected {what} made of letters, digits, '.', '_' or '-' (1-128 characters, "
-            f"starting with a letter or digit, no '..' and no path separators), found {name!r}; "
+            f"expected {what} made of ASCII letters, digits, '.', '_' or '-' (1-128 characters, "
+            f"starting with a letter or digit, no '..', no path separators, no whitespace), found {name!r:.200}; "
             "choose another name"
         )
     return name
-
-
-def inside(root: Path, candidate: Path) -> Path:
-    """Resolve ``candidate`` and check it lies inside ``root``; raise UnsafeNameError otherwise."""
-    root_r = root.resolve()
-    cand_r = candidate.resolve()
-    if cand_r != root_r and root_r not in cand_r.parents:
-        raise UnsafeNameError(f"expected a path inside {root_r}, found {cand_r}; refusing to leave the store")
-    return cand_r
 
 
 # --------------------------------------------------------------------------- files
@@ -108,6 +100,42 @@ def read_bounded(path: str | os.PathLike, max_bytes: int = MAX_FILE_BYTES) -> by
     if len(data) > max_bytes:
         raise ArtifactFormatError(f"{p} grew past {max_bytes} bytes while reading; refusing it")
     return data
+
+
+def read_head(path: str | os.PathLike, n: int = 4096) -> bytes:
+    """The first ``n`` bytes (or fewer) of the regular file ``path``; ``b""`` for anything else. Only
+    those bytes are read, however large the file (format detection sniffs headers with it)."""
+    try:
+        fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        chunks, got = [], 0
+        while got < n:
+            b = os.read(fd, n - got)
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def check_output_file(path: str | os.PathLike, what: str = "output") -> Path:
+    """``path`` as a :class:`Path` if a file can be written there: its folder exists (it is never
+    created on the writer's behalf) and ``path`` is not itself a folder; else :class:`ExportError`."""
+    p = Path(path)
+    parent = p.parent
+    if not parent.is_dir():
+        found = "a file" if parent.exists() else "no such folder"
+        raise ExportError(f"expected an existing folder {parent} to write the {what} {p.name!r} into, found {found}; "
+                          f"create the folder first (mkdir -p {parent}) or choose another path")
+    if p.is_dir():
+        raise ExportError(f"expected a file path for the {what}, found the folder {p}; give a file name inside it")
+    return p
 
 
 # --------------------------------------------------------------------------- JSON
@@ -211,9 +239,15 @@ def parse_safetensors(
                 f"expected tensor {name!r} data_offsets [begin, end] within the {len(body)}-byte data section, found {offs!r:.200}"
             )
         torch_dt = _ST_DTYPES[dt]
-        numel = 1
+        numel, span = 1, 1
         for s in shape:
             numel *= s
+            span *= max(s, 1)
+        if span >= 2**40:  # even an empty tensor's shape must be one torch can describe
+            raise ArtifactFormatError(
+                f"expected tensor {name!r} shape whose non-zero dimensions multiply to fewer than 2^40 elements, "
+                f"found {shape!r:.200}; the file is corrupted or hostile"
+            )
         nbytes = numel * torch.empty((), dtype=torch_dt).element_size()
         if offs[1] - offs[0] != nbytes:
             raise ArtifactFormatError(
@@ -298,13 +332,8 @@ class _Cursor:
         raise ArtifactFormatError(f"expected a known GGUF value type in the {self.what}, found {vtype}")
 
 
-def parse_gguf(data: bytes, what: str = "GGUF file") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Parse a small GGUF file (v2/v3, little endian, F32/F16/BF16 tensors).
-
-    Returns ``(metadata, tensors)`` with tensors as float32 numpy arrays in
-    numpy (row-major, reversed ggml) shape order.
-    """
-    c = _Cursor(data, what)
+def _gguf_head(c: _Cursor, what: str) -> tuple[int, dict[str, Any]]:
+    """Magic, version, tensor count and the metadata key/values of a GGUF (the cursor ends after them)."""
     magic = c.take(4)
     if magic != GGUF_MAGIC:
         raise ArtifactFormatError(f"expected a {what} starting with b'GGUF', found {magic!r}; this is not a GGUF file")
@@ -325,6 +354,23 @@ def parse_gguf(data: bytes, what: str = "GGUF file") -> tuple[dict[str, Any], di
         if key in meta:
             raise ArtifactFormatError(f"expected unique metadata keys in the {what}, found {key!r} twice")
         meta[key] = c.value(vtype)
+    return n_tensors, meta
+
+
+def parse_gguf_metadata(data: bytes, what: str = "GGUF file") -> dict[str, Any]:
+    """The metadata key/values of a GGUF from its first bytes (``data`` may be a prefix of the file);
+    :class:`ArtifactFormatError` if they do not fit in ``data`` or are malformed."""
+    return _gguf_head(_Cursor(data, what), what)[1]
+
+
+def parse_gguf(data: bytes, what: str = "GGUF file") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Parse a small GGUF file (v2/v3, little endian, F32/F16/BF16 tensors).
+
+    Returns ``(metadata, tensors)`` with tensors as float32 numpy arrays in
+    numpy (row-major, reversed ggml) shape order.
+    """
+    c = _Cursor(data, what)
+    n_tensors, meta = _gguf_head(c, what)
     infos = []
     for _ in range(n_tensors):
         name = c.string()
@@ -339,8 +385,12 @@ def parse_gguf(data: bytes, what: str = "GGUF file") -> tuple[dict[str, Any], di
                 f"expected tensor {name!r} of type F32, F16 or BF16, found ggml type {ttype}; "
                 "quantised tensors are not valid in steering-vector files"
             )
-        if any(d > 2**31 for d in dims):
-            raise ArtifactFormatError(f"expected tensor {name!r} dimensions below 2^31, found {dims}")
+        span = 1
+        for d in dims:
+            span *= max(d, 1)
+        if any(d > 2**31 for d in dims) or span >= 2**40:
+            raise ArtifactFormatError(f"expected tensor {name!r} dimensions below 2^31 whose non-zero values multiply "
+                                      f"to fewer than 2^40 elements, found {dims}")
         infos.append((name, dims, ttype, off))
     align = meta.get("general.alignment", 32)
     if not isinstance(align, int) or align <= 0 or align & (align - 1) or align > 1 << 16:

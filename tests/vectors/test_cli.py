@@ -43,7 +43,10 @@ def test_cli_verbs(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("steerkit: error: expected version 1")
     assert cli("show", "../etc") == 2
     assert capsys.readouterr().err.count("\n") == 1
-    assert cli("export", "happy@2", "--format", "svec", "-o", str(tmp_path / "no" / "x.svec")) == 0
+    # a missing output folder is refused (never created), and the message names it
+    assert cli("export", "happy@2", "--format", "svec", "-o", str(tmp_path / "no" / "x.svec")) == 2
+    err = capsys.readouterr().err
+    assert f"existing folder {tmp_path / 'no'} " in err and "mkdir" in err and not (tmp_path / "no").exists()
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF\x03\x00")
     assert cli("import", str(bad), "--name", "bad") == 2

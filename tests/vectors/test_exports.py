@@ -127,6 +127,7 @@ def test_easysteer_request_fields(tmp_path):
 
 
 def test_easysteer_request_cannot_point_outside_its_folder(tmp_path):
+    (tmp_path / "a").mkdir()
     _, rp = export(vec(), "easysteer", tmp_path / "a" / "v.gguf")
     req = json.loads(rp.read_text())
     req["steer_vector_local_path"] = "/etc/passwd"
