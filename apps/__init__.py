@@ -9,4 +9,10 @@ MI per step). Modules: :mod:`.data` (built-in contrast sets, prompt and layer pa
 sweep and MI results), :mod:`.figures` (pure figure functions, usable in notebooks), :mod:`.layout`,
 :mod:`.callbacks`, :mod:`.runtime` (model host, threaded background-callback manager) and :mod:`.app`
 (``create_app`` / ``run``).
+
+The app trusts no request: it answers only requests whose ``Host`` / ``Origin`` name the local
+machine (or an ``--allowed-host``), reads files only through :class:`steerkit.files.Folder`
+inside its results folder, loads only the models its picker listed or a path typed into the model
+box, and bounds every value a request carries (the ``MAX_*`` limits of :mod:`.data`) and the time
+of model work per request.
 """

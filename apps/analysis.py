@@ -35,7 +35,7 @@ from steerkit.hooknames import resid_post
 from steerkit.interventions import Intervention
 from steerkit.positions import AnyOf
 
-from .data import check_pairs, parse_layers
+from .data import MAX_DIAG_PROMPTS, check_pairs, parse_layers
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -319,6 +319,8 @@ class SteerResult:
     proj_layer: int
     label: str = ""
     everywhere: bool = False
+    #: the generation stopped at the time limit (``deadline``) with the tokens it had by then
+    stopped_at_deadline: bool = False
 
     @property
     def baseline_text(self) -> str:
@@ -331,37 +333,54 @@ class SteerResult:
 
 def steer_compare(sm: SteerModel, prompt: str, setting: SteerSetting, *, max_new_tokens: int = 32,
                   stream: Optional[Callable[[int, str], None]] = None, should_stop=None,
-                  label: str = "") -> SteerResult:
+                  label: str = "", deadline: Optional[float] = None) -> SteerResult:
     """Generate ``prompt`` unsteered (row 0) and steered by ``setting`` (row 1) in one greedy batch.
 
     One per-row steering ``[None, setting.interventions]`` is installed for the batch
     (:meth:`SteerModel.steer`, the lowering ``generate(steering=...)`` uses) and, inside it, a
     record scope at ``setting.proj_hook``, so the recorded residual is the one after that site's
     edits. ``stream(row, text)`` is called as tokens arrive; ``should_stop()`` cancels between tokens.
+    ``deadline``: seconds of generation after which it stops with the tokens each row has
+    (``SteerResult.stopped_at_deadline`` says so).
     """
     if not isinstance(prompt, str) or not prompt.strip():
         raise InputError("expected a prompt, found an empty one")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise InputError(f"expected max_new_tokens >= 1, found {max_new_tokens!r}")
     toks: list[list[str]] = [[], []]
+    end = None if deadline is None else time.monotonic() + float(deadline)
+    late: list[bool] = []  # set when the deadline (not the caller) stopped the generation
 
     def on_token(row, token_id, text):
         if should_stop is not None and should_stop():
             raise Cancelled("cancelled")
+        if end is not None and time.monotonic() > end:
+            late.append(True)
+            raise Cancelled("time limit")
         toks[row].append(sm.tokenizer.decode([int(token_id)]))
         if stream is not None:
             stream(row, text)
 
+    stopped = False
     # the steering is registered before the record scope: at a shared site its hook runs first
-    with sm.steer([None, setting.interventions], label="steer page (row 1)"), \
-            sm.record(setting.proj_hook, positions=AnyOf("last", "generated")) as cache:
-        sm.generate([prompt, prompt], max_new_tokens=max_new_tokens, stream=on_token)
-    proj = (cache[setting.proj_hook].float() @ setting.unit.to(cache[setting.proj_hook].device)).cpu()
-    projs = [proj[r, :len(toks[r])].tolist() for r in range(2)]
+    try:
+        with sm.steer([None, setting.interventions], label="steer page (row 1)"), \
+                sm.record(setting.proj_hook, positions=AnyOf("last", "generated")) as cache:
+            sm.generate([prompt, prompt], max_new_tokens=max_new_tokens, stream=on_token)
+    except Cancelled:
+        if not late:
+            raise
+        stopped = True
+    if not any(toks):
+        projs = [[], []]
+    else:
+        h = cache[setting.proj_hook].float()
+        proj = (h @ setting.unit.to(h.device)).cpu()
+        projs = [proj[r, :len(toks[r])].tolist() for r in range(2)]
     return SteerResult(prompt=prompt, baseline_tokens=toks[0], steered_tokens=toks[1], baseline_proj=projs[0],
                        steered_proj=projs[1], layers=setting.layers, operation=setting.operation,
                        strength=setting.strength, proj_layer=setting.proj_layer, label=label,
-                       everywhere=setting.everywhere)
+                       everywhere=setting.everywhere, stopped_at_deadline=stopped)
 
 
 # ============================================================================ diagnostics
@@ -389,8 +408,8 @@ def layer_diagnostics(sm: SteerModel, prompts: Sequence[str], *, progress=None,
     prompts = [p for p in prompts if p.strip()]
     if not prompts:
         raise InputError("expected at least one prompt, found none")
-    if len(prompts) > 64:
-        raise InputError(f"expected at most 64 prompts for diagnostics, found {len(prompts)}")
+    if len(prompts) > MAX_DIAG_PROMPTS:
+        raise InputError(f"expected at most {MAX_DIAG_PROMPTS} prompts for diagnostics, found {len(prompts)}")
     L = sm.n_layers
     hooks = resid_post(range(L))
     norms, norms0, sink_heads = [], [], []

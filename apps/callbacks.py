@@ -1,6 +1,11 @@
 """Thin callbacks: read inputs, call :mod:`.data` (parsing, built-in contrasts), :mod:`.analysis`
 (computations, through the model host's cache) and :mod:`.io` (saved results), hand results to
 :mod:`.figures`. No user input is evaluated; every failure becomes a message in the page.
+
+No request is trusted: every value a callback receives is checked where it is used (type, size,
+count; the ``MAX_*`` limits of :mod:`.data`), picker values name only files of the results folder
+(read through :class:`steerkit.files.Folder` by :mod:`.io`) or models the picker listed, and model
+work stops at the per-request time limit.
 """
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import io
 import json
 import sys
 import tempfile
+import time
 import traceback
 import zipfile
 from pathlib import Path
@@ -18,14 +24,22 @@ from dash import Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
 from steerkit.errors import InputError, SteerkitError
-from steerkit.vectors import DirectionSet, SteeringVector, Store, check_compatible, export
+from steerkit.vectors import FORMATS, DirectionSet, SteeringVector, Store, check_compatible, export
 
 from . import analysis, figures
 from . import data as inputs
 from . import io as saved
 from .analysis import Cancelled
-from .layout import CONTRASTS, DEFAULT_MODEL_VALUE, FIGURES, PAGES, PANE, UPLOAD_MAX_BYTES, layer_marks, model_label
+from .data import (
+    MAX_BUILTIN_PAIRS, MAX_FIELD_CHARS, MAX_MODEL_PATH_CHARS, MAX_NEW_TOKENS, MAX_STEER_PROMPT_CHARS, MAX_STRENGTH,
+    UPLOAD_MAX_BYTES, check_int, check_number, check_text,
+)
+from .layout import CONTRASTS, DEFAULT_MODEL_VALUE, FIGURES, PAGES, PANE, layer_marks, model_label, model_options
 from .runtime import cache_key, should_stop
+
+#: characters of an uploaded file's name kept for messages and labels
+MAX_NAME_CHARS = 200
+SPREADS = ("std", "range", "none")
 
 HIDDEN = {"display": "none"}
 SHOWN_PROGRESS = {"width": "220px", "visibility": "visible"}
@@ -53,21 +67,84 @@ def explain(e: BaseException):
     return _warn(f"Unexpected error ({type(e).__name__}): {str(e)[:300]}")
 
 
+def _name(filename) -> str:
+    return filename[:MAX_NAME_CHARS] if isinstance(filename, str) and filename else "upload"
+
+
+def _too_big(n_bytes: int):
+    return InputError(f"expected a file of at most {UPLOAD_MAX_BYTES >> 10} KiB, found {n_bytes >> 10} KiB")
+
+
 def _decode_upload(contents, filename):
+    """The text of an upload component's ``contents`` (a ``data:...;base64,`` URL), at most
+    ``UPLOAD_MAX_BYTES`` decoded: checked here, where the value is read, whoever sent it."""
     if not contents:
         raise PreventUpdate
+    filename = _name(filename)
+    if not isinstance(contents, str):
+        raise InputError(f"expected an uploaded file as a data URL, found {type(contents).__name__}")
+    # base64 is 4 characters per 3 bytes: refuse an oversize value before decoding it
+    if len(contents) > 4 * (UPLOAD_MAX_BYTES // 3 + 1) + 1024:
+        raise _too_big(len(contents) * 3 // 4)
     try:
         _, b64 = contents.split(",", 1)
         data = base64.b64decode(b64, validate=False)
     except Exception:
         raise InputError(f"expected an uploaded file, could not decode {filename!r}") from None
     if len(data) > UPLOAD_MAX_BYTES:
-        raise InputError(f"expected a file of at most {UPLOAD_MAX_BYTES >> 10} KiB, found {len(data) >> 10} KiB")
+        raise _too_big(len(data))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(f"expected a UTF-8 text file (.txt, .json, .jsonl, .csv), found binary data in "
                          f"{filename!r}") from None
+
+
+def _key_of(data):
+    """The result key a ``dcc.Store`` holds (``{"key": ...}``), or ``None`` for anything else."""
+    if isinstance(data, dict) and isinstance(data.get("key"), str) and len(data["key"]) <= 64:
+        return data["key"]
+    return None
+
+
+def _selected_row(sel, rows):
+    """The selected row of the store table (a dict with a text ``ref``), or ``None``."""
+    if not isinstance(sel, list) or not sel or not isinstance(rows, list):
+        return None
+    i = sel[0]
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(rows):
+        return None
+    r = rows[i]
+    return r if isinstance(r, dict) and isinstance(r.get("ref"), str) and len(r["ref"]) <= MAX_FIELD_CHARS else None
+
+
+def _uploaded(data):
+    """``(name, text)`` of the sweep upload store, each bounded, or ``None``."""
+    if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+        return None
+    text = data["text"]
+    if len(text) > UPLOAD_MAX_BYTES or len(text.encode("utf-8", "replace")) > UPLOAD_MAX_BYTES:
+        raise _too_big(len(text.encode("utf-8", "replace")) if len(text) <= 4 * UPLOAD_MAX_BYTES else len(text))
+    return _name(data.get("name")), text
+
+
+def _layer(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def time_limit(seconds: float, what: str):
+    """A ``should_stop`` for one request: true when the job was cancelled; past ``seconds`` it
+    raises an :class:`InputError` naming the limit (the computation stops between batches)."""
+    end = time.monotonic() + seconds
+
+    def stop():
+        if should_stop():
+            return True
+        if time.monotonic() > end:
+            raise InputError(f"expected {what} to finish within the time limit of {seconds:g} s per request, found "
+                             "it still running; ask for fewer pairs or prompts")
+        return False
+    return stop
 
 
 def register(app, env):
@@ -79,7 +156,7 @@ def register(app, env):
                   + [Output(f"nav-{p.strip('/')}", "style") for p, _ in PAGES],
                   Input("url", "pathname"))
     def route(path):
-        path = path if path in dict(PAGES) else "/profiles"
+        path = path if isinstance(path, str) and path in dict(PAGES) else "/profiles"
         styles = [None if p == path else HIDDEN for p, _ in PAGES]
         nav = [{"marginRight": "18px", "textDecoration": "none", "fontWeight": "bold" if p == path else "normal",
                 "borderBottom": "2px solid #1f77b4" if p == path else "none"} for p, _ in PAGES]
@@ -91,25 +168,34 @@ def register(app, env):
         Output("prof-layer", "marks"), Output("prof-key", "data", allow_duplicate=True),
         Output("model-path", "value"), Output("model-pick", "options"), Output("model-pick", "value"),
         Input("model-load", "n_clicks"), State("model-pick", "value"), State("model-path", "value"),
-        State("model-pick", "options"),
         background=True, prevent_initial_call=True,
         running=[(Output("model-load", "disabled"), True, False),
                  (Output("model-progress", "style"), {"width": "120px", "visibility": "visible"},
                   {"width": "120px", "visibility": "hidden"})],
     )
-    def load_model(_, picked, path, options):
+    def load_model(_, picked, path):
+        """Load a model the picker listed (the embedded default, the Hugging Face cache,
+        ``$STEERKIT_MODELS``, the start-up model, paths typed before) or the path typed in the box;
+        a picker value naming anything else is refused."""
         try:
-            spec = (path or "").strip() or picked
-            if not spec:
-                raise InputError("expected a model: pick one from the list or type a folder, .gguf file or hub id")
-            spec = None if spec == DEFAULT_MODEL_VALUE else spec
-            if spec is not None and (len(spec) > 1000 or "\n" in spec):
-                raise InputError(f"expected a model folder, .gguf file or hub id, found {len(spec)} characters")
+            typed = check_text(path, "a model folder, .gguf file or hub id", MAX_MODEL_PATH_CHARS).strip()
+            if typed:
+                if any(c in typed for c in "\n\r\x00"):
+                    raise InputError("expected a model folder, .gguf file or hub id on one line, found a line break "
+                                     "or a NUL character")
+                spec = typed
+            else:
+                values = [o["value"] for o in model_options(env.listed_models())]
+                if not isinstance(picked, str) or picked not in values:
+                    raise InputError("expected one of the models listed in the picker (or a folder, .gguf file or "
+                                     "hub id typed into the box next to it), found another value; pick one from "
+                                     "the list")
+                spec = None if picked == DEFAULT_MODEL_VALUE else picked
             sm = host.switch(spec)
             value = DEFAULT_MODEL_VALUE if spec is None else spec
-            options = list(options or [])
-            if value not in [o["value"] for o in options]:  # a typed path: list it, so the picker shows it
-                options.append({"label": f"{sm.name} ({spec})", "value": value})
+            if typed:  # a typed path: list it, so the picker shows it and can pick it again
+                env.allow_model(value, f"{sm.name} ({spec})")
+            options = model_options(env.listed_models(), value)
             return (model_label(sm), _ok(f"Loaded {sm.name} in {host.load_seconds:.1f}s: {sm.n_layers} layers, "
                                          f"d_model {sm.d_model}. Every page now uses it."),
                     max(0, sm.n_layers - 1), layer_marks(sm.n_layers), None, "", options, value)
@@ -141,11 +227,11 @@ def register(app, env):
 
     def resolve_direction(artifact_value):
         """A Steer-page direction value as ``({layer: vector}, label)`` or ``(DirectionSet, label)``."""
-        sm = host.get()
         if not artifact_value:
             raise InputError("expected a direction: compute a profile and click \"Use this layer's mean "
                              "difference\", or pick an artifact from the store")
-        kind, _, ref = str(artifact_value).partition(":")
+        kind, _, ref = check_text(artifact_value, "a direction", MAX_FIELD_CHARS).partition(":")
+        sm = host.get()
         if kind == "profile":
             key, _, layer = ref.rpartition(":")
             prof = host.result(key)
@@ -155,6 +241,9 @@ def register(app, env):
             if prof.model_name and prof.model_name != sm.name:
                 raise InputError(f"expected a direction of the current model {sm.name}, found one computed on "
                                  f"{prof.model_name}; compute the profile again on this model")
+            if not layer.isdigit() or int(layer) not in prof.layers:
+                raise InputError(f"expected a layer of the profile ({prof.layers[0]}..{prof.layers[-1]}), found "
+                                 f"{layer[:20]!r}")
             layer = int(layer)
             return {layer: prof.mean_diff[prof.layers.index(layer)]}, f"profile mean difference @ L{layer}"
         if kind == "store":
@@ -166,15 +255,18 @@ def register(app, env):
             if isinstance(art, DirectionSet):
                 return art, f"{ref} (direction set, k={art.k})"
             raise InputError(f"expected a steering vector or direction set, found a {art.kind} ({ref})")
-        raise InputError(f"expected a direction from the profile or the store, found {artifact_value!r}")
+        raise InputError(f"expected a direction from the profile or the store, found {artifact_value[:80]!r}")
 
     def setting_for(artifact, layers, op, strength):
         """The Steer page's settings as interventions (:func:`analysis.steer_setting`)."""
         direction, label = resolve_direction(artifact)
         if strength is None:
             raise InputError("expected a strength, found none")
-        return analysis.steer_setting(host.get(), direction, layers or None, operation=op,
-                                      strength=float(strength)), label
+        strength = check_number(strength, "a strength", MAX_STRENGTH)
+        layers = check_text(layers, "a layer selection", MAX_FIELD_CHARS)
+        if not isinstance(op, str):
+            raise InputError(f"expected an operation in {analysis.OPERATIONS}, found {type(op).__name__}")
+        return analysis.steer_setting(host.get(), direction, layers or None, operation=op, strength=strength), label
 
     def edit_for(artifact, layers, op, strength):
         """A context-manager factory applying the Steer page settings to every row (steered contrast)."""
@@ -196,10 +288,10 @@ def register(app, env):
     )
     def run_profile(set_progress, n_clicks, contrast, n, text_a, text_b, artifact, layers, op, strength):
         try:
+            n = check_int(n, "a number of pairs", 1, MAX_BUILTIN_PAIRS)
+            if not isinstance(contrast, str) or contrast not in CONTRASTS:
+                raise InputError(f"expected a contrast in {list(CONTRASTS)}, found {str(contrast)[:40]!r}")
             sm = host.get()
-            if n is None or not isinstance(n, (int, float)) or int(n) < 1:
-                raise InputError(f"expected a number of pairs from 1 to 200, found {n!r}")
-            n = int(n)
             edit_a = None
             extra = None
             if contrast == "temporal":
@@ -221,8 +313,9 @@ def register(app, env):
             def prog(done, total):
                 set_progress((str(done), str(total)))
 
+            stop = time_limit(env.deadline, f"a divergence profile of {len(a)} pairs")
             prof, hit = host.cached(key, lambda: analysis.divergence_profile(
-                sm, a, b, contrast=contrast, edit_a=edit_a, progress=prog, should_stop=should_stop))
+                sm, a, b, contrast=contrast, edit_a=edit_a, progress=prog, should_stop=stop))
             msg = (f"{CONTRASTS[contrast]}: {prof.n_pairs} pairs × {len(prof.layers)} layers; peak relative divergence at layer "
                    f"{prof.peak_layer} ({prof.rel_mean[prof.peak_index]:.3f}); "
                    + ("from the cache." if hit else f"computed in {prof.seconds:.1f}s."))
@@ -231,7 +324,7 @@ def register(app, env):
             return no_update, explain(e)
 
     def current_profile(data):
-        return host.result((data or {}).get("key"))
+        return host.result(_key_of(data))
 
     @app.callback(Output("prof-layer", "max", allow_duplicate=True), Output("prof-layer", "marks", allow_duplicate=True),
                   Output("model-label", "children", allow_duplicate=True), Input("prof-key", "data"),
@@ -246,8 +339,8 @@ def register(app, env):
 
     def sweep_overlay(prof):
         try:
-            for p in saved.find_sweeps(env.results_path):
-                sw = saved.load_sweep(p)
+            for p in saved.scan_sweeps(env.results_path):
+                sw = saved.read_sweep(env.results_path, p)
                 if sw.model_name and prof.model_name and sw.model_name not in prof.model_name \
                         and prof.model_name not in sw.model_name:
                     continue
@@ -265,7 +358,8 @@ def register(app, env):
         if prof is None:
             return figures.empty_figure("Choose a contrast and press Compute to build a divergence profile.")
         au, al = sweep_overlay(prof)
-        return figures.profile_figure(prof, spread=spread or "std", auroc=au, auroc_layers=al, selected_layer=layer)
+        spread = spread if isinstance(spread, str) and spread in SPREADS else "std"
+        return figures.profile_figure(prof, spread=spread, auroc=au, auroc_layers=al, selected_layer=_layer(layer))
 
     @app.callback(Output("prof-pairs", "figure"), Output("prof-lens", "figure"), Input("prof-key", "data"),
                   Input("prof-layer", "value"))
@@ -274,7 +368,7 @@ def register(app, env):
         if prof is None:
             m = figures.empty_figure("Click a layer in the profile to see its per-pair values.")
             return m, figures.empty_figure("Logit-lens tokens of the mean difference appear here.")
-        layer = prof.peak_layer if layer not in prof.layers else layer
+        layer = prof.peak_layer if _layer(layer) not in prof.layers else layer
         j = prof.layers.index(layer)
         lens = (figures.lens_figure(prof.lens_top[j], prof.lens_bottom[j], layer=layer) if prof.lens_top
                 else figures.empty_figure("no logit lens"))
@@ -290,7 +384,7 @@ def register(app, env):
             return prof.peak_layer
         try:
             return int(round(float(click["points"][0]["x"])))
-        except (TypeError, KeyError, IndexError, ValueError):
+        except (TypeError, KeyError, IndexError, ValueError, OverflowError):
             raise PreventUpdate from None
 
     @app.callback(Output("direction", "data"), Output("prof-dir-status", "children"),
@@ -300,6 +394,8 @@ def register(app, env):
         prof = current_profile(data)
         if prof is None:
             return no_update, _warn("Compute a profile first.")
+        if _layer(layer) not in prof.layers:
+            return no_update, _warn(f"Pick a layer of the profile ({prof.layers[0]}..{prof.layers[-1]}) first.")
         return ({"value": f"profile:{data['key']}:{layer}", "label": f"profile ({prof.contrast}) mean difference @ L{layer}",
                  "layer": layer},
                 _ok(f"The mean difference at layer {layer} is now available on the Steer page."))
@@ -312,6 +408,10 @@ def register(app, env):
         if prof is None:
             return _warn("Compute a profile first.")
         try:
+            if _layer(layer) not in prof.layers:
+                raise InputError(f"expected a layer of the profile ({prof.layers[0]}..{prof.layers[-1]}), found "
+                                 f"{str(layer)[:20]!r}")
+            name = check_text(name, "a store name", MAX_NAME_CHARS)
             j = prof.layers.index(layer)
             sv = SteeringVector.from_direction(
                 prof.mean_diff[j], int(layer), host.get(), method="mean_difference",
@@ -331,6 +431,10 @@ def register(app, env):
                   State("steer-artifact", "value"), prevent_initial_call="initial_duplicate")
     def steer_options(path, direction, _, current):
         opts, note = [], None
+        if not (isinstance(direction, dict) and isinstance(direction.get("label"), str)
+                and isinstance(direction.get("value"), str) and len(direction["label"]) <= MAX_FIELD_CHARS
+                and len(direction["value"]) <= MAX_FIELD_CHARS):
+            direction = None
         if direction:
             opts.append({"label": direction["label"], "value": direction["value"]})
         try:
@@ -390,10 +494,9 @@ def register(app, env):
     )
     def run_steer(set_progress, n_clicks, strength, artifact, layers, op, prompt, max_new):
         try:
+            max_new = check_int(max_new, "a number of new tokens", 1, MAX_NEW_TOKENS)
+            prompt = check_text(prompt, "a prompt", MAX_STEER_PROMPT_CHARS)
             sm = host.get()
-            if max_new is None or int(max_new) < 1 or int(max_new) > 128:
-                raise InputError(f"expected 1..128 new tokens, found {max_new!r}")
-            max_new = int(max_new)
             setting, label = setting_for(artifact, layers, op, strength)
             key = cache_key("steer", sm.name, artifact, setting.layers, setting.everywhere, setting.operation,
                             setting.strength, prompt, max_new)
@@ -407,14 +510,19 @@ def register(app, env):
                     set_progress((texts[0], texts[1], str(state["n"]), str(2 * max_new)))
 
             res, hit = host.cached(key, lambda: analysis.steer_compare(
-                sm, prompt or "", setting, max_new_tokens=max_new, stream=stream, should_stop=should_stop,
-                label=label))
+                sm, prompt, setting, max_new_tokens=max_new, stream=stream, should_stop=should_stop,
+                label=label, deadline=env.deadline))
+            if res.stopped_at_deadline:
+                host.forget(key)  # a cut generation is not what these settings give
             scale = max([abs(x) for x in res.baseline_proj + res.steered_proj] or [1.0]) or 1.0
             desc = {"add": f"+ {res.strength:g} × v", "ablate": "v ablated",
                     "clamp": f"projection clamped to {res.strength:g}"}[res.operation]
             where = ("every write into the residual stream (all layers)" if res.everywhere
                      else f"layers {', '.join(map(str, res.layers))}")
-            msg = _ok(f"{label} at {where}: {desc}" + (" (from the cache)." if hit else "."))
+            msg = _ok(f"{label} at {where}: {desc}" + (" (from the cache)." if hit else ".")
+                      + (f" Stopped at the time limit of {env.deadline:g} s per request after "
+                         f"{max(len(res.baseline_tokens), len(res.steered_tokens))} tokens; this is what it had."
+                         if res.stopped_at_deadline else ""))
             return (render_tokens(res.baseline_tokens, res.baseline_proj, scale),
                     render_tokens(res.steered_tokens, res.steered_proj, scale), msg)
         except Exception as e:  # noqa: BLE001
@@ -428,7 +536,8 @@ def register(app, env):
     def store_rows(_, path, __, selected, old_rows):
         label = f"store: {env.store_path}"
         # a refresh keeps the selected artifact selected (a reset selection made a later export fail)
-        sel_ref = old_rows[selected[0]]["ref"] if selected and old_rows and selected[0] < len(old_rows) else None
+        row = _selected_row(selected, old_rows)
+        sel_ref = row["ref"] if row else None
         try:
             st = Store(env.store_path)
             rows = st.list() if Path(env.store_path).exists() else []
@@ -455,7 +564,7 @@ def register(app, env):
                                  html.Code("steerkit vectors import FILE --name NAME"), "."], style={"color": "#666"})
             else:
                 msg = f"{len(out)} artifact versions."
-            if out == (old_rows or []):
+            if out == (old_rows if isinstance(old_rows, list) else []):
                 # unchanged: leave the table (and a selection made since this request left) alone
                 return no_update, label, msg, no_update
             refs = [r["ref"] for r in out]
@@ -465,10 +574,11 @@ def register(app, env):
 
     @app.callback(Output("store-detail", "children"), Input("store-table", "selected_rows"), State("store-table", "data"))
     def store_detail(sel, data):
-        if not sel or not data or sel[0] >= len(data):
+        row = _selected_row(sel, data)
+        if row is None:
             return "Select an artifact to see its provenance."
         try:
-            info = Store(env.store_path).show(data[sel[0]]["ref"])
+            info = Store(env.store_path).show(row["ref"])
             return json.dumps(info, indent=1, default=str)[:20000]
         except Exception as e:  # noqa: BLE001
             return f"could not read it: {e}"
@@ -477,12 +587,13 @@ def register(app, env):
                   Input("store-export", "n_clicks"), State("store-table", "selected_rows"), State("store-table", "data"),
                   State("store-format", "value"), prevent_initial_call=True)
     def store_export(_, sel, data, fmt):
-        if not sel or not data or sel[0] >= len(data):
+        row = _selected_row(sel, data)
+        if row is None:
             return no_update, _warn("Select an artifact in the table first.")
-        if not fmt:
-            return no_update, _warn("Choose an export format first.")
+        if not fmt or not isinstance(fmt, str) or fmt not in FORMATS:
+            return no_update, _warn("Choose an export format from the list first.")
         try:
-            ref = data[sel[0]]["ref"]
+            ref = row["ref"]
             art = Store(env.store_path).load(ref)
             ext = {"llama.cpp": ".gguf", "repeng": ".gguf", "easysteer": ".gguf", "tlens": ".json", "svec": ".svec",
                    "safetensors": ".safetensors"}.get(fmt, ".bin")
@@ -511,20 +622,27 @@ def register(app, env):
         if gid not in FIGURES or not any(clicks):
             raise PreventUpdate
         fig = figs[list(FIGURES).index(gid)]
-        if not fig:
+        if not fig or not isinstance(fig, dict):
             raise PreventUpdate
         import plotly.graph_objects as go
-        return dcc.send_string(figures.to_html(go.Figure(fig)), f"{FIGURES[gid]}.html")
+        try:
+            page = figures.to_html(go.Figure(fig))
+        except (ValueError, TypeError, KeyError):  # not a figure this app drew
+            raise PreventUpdate from None
+        return dcc.send_string(page, f"{FIGURES[gid]}.html")
 
     # ------------------------------------------------------------------ probes
     @app.callback(Output("probe-file", "options"), Output("probe-file", "value"),
                   Input("url", "pathname"), Input("probe-rescan", "n_clicks"), Input("probe-upload-data", "data"),
                   State("probe-file", "value"))
     def probe_files(path, _, uploaded, current):
-        opts = [{"label": str(p.relative_to(env.results_path)) if env.results_path else str(p), "value": str(p)}
-                for p in saved.find_sweeps(env.results_path)]
+        opts = [{"label": rel, "value": rel} for rel in saved.scan_sweeps(env.results_path)]
+        try:
+            uploaded = _uploaded(uploaded)
+        except InputError:
+            uploaded = None
         if uploaded:
-            opts.insert(0, {"label": f"uploaded: {uploaded['name']}", "value": "upload"})
+            opts.insert(0, {"label": f"uploaded: {uploaded[0]}", "value": "upload"})
         values = [o["value"] for o in opts]
         if ctx.triggered_id == "probe-upload-data" and uploaded:
             return opts, "upload"
@@ -535,8 +653,8 @@ def register(app, env):
     def probe_upload(contents, filename):
         try:
             text = _decode_upload(contents, filename)
-            saved.parse_sweep(text, filename or "upload")
-            return {"name": filename or "upload", "text": text}, no_update
+            saved.parse_sweep(text, _name(filename))
+            return {"name": _name(filename), "text": text}, no_update
         except PreventUpdate:
             raise
         except Exception as e:  # noqa: BLE001
@@ -554,10 +672,13 @@ def register(app, env):
             return figures.empty_figure("No probe sweep yet"), msg, [], None
         try:
             method = method if ctx.triggered_id == "probe-method" else None
-            if value == "upload" and uploaded:
-                sw = saved.parse_sweep(uploaded["text"], uploaded["name"], method=method)
+            if method is not None and not isinstance(method, str):
+                raise InputError(f"expected a method name, found {type(method).__name__}")
+            up = _uploaded(uploaded) if value == "upload" else None
+            if up is not None:
+                sw = saved.parse_sweep(up[1], up[0], method=method)
             else:
-                sw = saved.load_sweep(value, method=method)
+                sw = saved.read_sweep(env.results_path, value, method=method)
             best = sw.best_per_layer()
             i = int(np.nanargmax(best))
             opts = [{"label": m, "value": m} for m in sw.methods]
@@ -580,11 +701,12 @@ def register(app, env):
     )
     def run_diag(set_progress, _, text):
         try:
-            sm = host.get()
             prompts = inputs.parse_prompt_text(text or "", "prompts")
+            sm = host.get()
             key = cache_key("diag", sm.name, prompts)
+            stop = time_limit(env.deadline, f"diagnostics of {len(prompts)} prompts")
             res, hit = host.cached(key, lambda: analysis.layer_diagnostics(
-                sm, prompts, progress=lambda d, t: set_progress((str(d), str(t))), should_stop=should_stop))
+                sm, prompts, progress=lambda d, t: set_progress((str(d), str(t))), should_stop=stop))
             note = f" {res.note}" if res.note else ""
             return {"key": key}, _ok(f"{res.n_prompts} prompts over {len(res.layers)} layers"
                                      + (" (from the cache)." if hit else ".") + note)
@@ -593,7 +715,7 @@ def register(app, env):
 
     @app.callback(Output("diag-norm", "figure"), Output("diag-sink", "figure"), Input("diag-key", "data"))
     def draw_diag(data):
-        res = host.result((data or {}).get("key"))
+        res = host.result(_key_of(data))
         if res is None:
             m = "Press Compute to measure residual norms and sink attention."
             return figures.empty_figure(m), figures.empty_figure(m)
@@ -603,13 +725,8 @@ def register(app, env):
                   State("diag-mi-pick", "value"))
     def mi_options(path, current):
         opts = []
-        for f in saved.find_mi(env.results_path):
-            try:
-                n = len(saved.load_mi_all(f))
-            except Exception:  # noqa: BLE001 - listed, and the figure callback explains what is wrong
-                n = 1
-            rel = f.relative_to(env.results_path) if env.results_path else f
-            opts += [{"label": f"{rel}" + (f" · #{i}" if n > 1 else ""), "value": f"{i}:{f}"} for i in range(n)]
+        for rel, n in saved.scan_mi(env.results_path):
+            opts += [{"label": f"{rel}" + (f" · #{i}" if n > 1 else ""), "value": f"{i}:{rel}"} for i in range(n)]
         values = [o["value"] for o in opts]
         return opts, current if current in values else (values[0] if values else None)
 
@@ -622,8 +739,10 @@ def register(app, env):
                         " (or save ", html.Code("MITrajectory.to_dict()"), " as ", html.Code("mi_*.json"), ") under ",
                         html.Code(env.results_path), "."], style={"color": "#666"}))
         try:
-            i, _, f = value.partition(":")
-            allmi = saved.load_mi_all(f)
+            i, _, f = check_text(value, "an MI result", MAX_FIELD_CHARS).partition(":")
+            if not (i.isdigit() and len(i) <= 6):
+                raise saved.not_a_result("MI result")
+            allmi = saved.read_mi_all(env.results_path, f)
             mi = allmi[min(int(i), len(allmi) - 1)]
             toks = [repr(mi.tokens[mi.steps.index(p)]) for p in mi.peaks if mi.tokens and p in mi.steps]
             return figures.mi_figure(mi), _ok(f"{mi.name}: {len(mi.steps)} steps, peaks at {mi.peaks}"

@@ -6,19 +6,90 @@
   the built-in contrasts;
 * :func:`parse_layers`: a layer selection such as ``"12"``, ``"10-14"`` or ``"3,5,9"``.
 
-``MAX_PAIRS`` and ``MAX_PROMPT_CHARS`` bound what one request may ask for.
+The ``MAX_*`` constants below are every bound on what one request may carry or ask for (the
+callbacks, :mod:`.io` and :mod:`.analysis` check them where each value is used, and their
+messages name the limit).
 """
 from __future__ import annotations
 
 import json
+import math
 import random
 from importlib import resources
 from typing import Sequence
 
 from steerkit.errors import InputError
 
+# ---------------------------------------------------------------- limits of one request
+#: prompt pairs of one divergence profile (pasted or uploaded lists)
 MAX_PAIRS = 512
+#: pairs of a built-in contrast (the "Pairs" field)
+MAX_BUILTIN_PAIRS = 200
+#: characters of one prompt in a list
 MAX_PROMPT_CHARS = 4000
+#: characters of a whole pasted prompt list (one text area)
+MAX_PROMPT_LIST_CHARS = 1 << 20
+#: prompts of one diagnostics run
+MAX_DIAG_PROMPTS = 64
+#: decoded bytes of one uploaded file (checked wherever an upload's contents are read)
+UPLOAD_MAX_BYTES = 1 << 20
+#: characters of the Steer page's prompt
+MAX_STEER_PROMPT_CHARS = 4000
+#: new tokens of one Steer generation
+MAX_NEW_TOKENS = 128
+#: largest absolute steering strength
+MAX_STRENGTH = 1e4
+#: seconds of model work one request may take (generation stops there with what it has)
+MODEL_DEADLINE_S = 60.0
+#: characters of a typed model path or hub id
+MAX_MODEL_PATH_CHARS = 1000
+#: characters of a layer selection, a store name, a picker value
+MAX_FIELD_CHARS = 1000
+#: bytes of one saved result file (a sweep table, an MI result)
+MAX_RESULT_BYTES = 8 << 20
+#: result files looked at by one scan of the results folder, and how deep it descends
+MAX_RESULT_FILES = 2000
+MAX_RESULT_DEPTH = 8
+#: bytes read by one scan for MI results (each candidate is parsed to see whether it holds one)
+MAX_SCAN_BYTES = 64 << 20
+#: rows, distinct layers, distinct positions and methods of one sweep table
+MAX_SWEEP_ROWS = 20_000
+MAX_SWEEP_LAYERS = 512
+MAX_SWEEP_POSITIONS = 512
+MAX_SWEEP_METHODS = 64
+#: steps of one MI trajectory, trajectories of one MI result
+MAX_MI_STEPS = 100_000
+MAX_MI_TRAJECTORIES = 1000
+#: bytes of one HTTP request body (Flask refuses larger ones with 413)
+MAX_REQUEST_BYTES = 16 << 20
+
+
+def check_text(value, what: str, max_chars: int = MAX_FIELD_CHARS, *, allow_none: bool = True) -> str:
+    """``value`` as text of at most ``max_chars`` characters (``None`` -> ``""`` when allowed)."""
+    if value is None and allow_none:
+        return ""
+    if not isinstance(value, str):
+        raise InputError(f"expected {what} as text, found {type(value).__name__}")
+    if len(value) > max_chars:
+        raise InputError(f"expected {what} of at most {max_chars} characters, found {len(value)}")
+    return value
+
+
+def check_int(value, what: str, lo: int, hi: int) -> int:
+    """``value`` as a whole number in ``lo..hi`` (a number field's value, never a bool or a text)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or int(value) != value or not lo <= value <= hi:
+        raise InputError(f"expected {what} from {lo} to {hi}, found {str(value)[:40]!r}")
+    return int(value)
+
+
+def check_number(value, what: str, bound: float) -> float:
+    """``value`` as a finite number with ``|value| <= bound``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or abs(value) > bound:
+        raise InputError(f"expected {what} as a finite number from {-bound:g} to {bound:g}, "
+                         f"found {str(value)[:40]!r}")
+    return float(value)
 
 
 # ============================================================================ prompt lists
@@ -29,6 +100,8 @@ def parse_prompt_text(text: str, what: str = "prompts") -> list[str]:
     """
     if not isinstance(text, str):
         raise InputError(f"expected {what} as text, found {type(text).__name__}")
+    if len(text) > MAX_PROMPT_LIST_CHARS:
+        raise InputError(f"expected {what} of at most {MAX_PROMPT_LIST_CHARS} characters, found {len(text)}")
     s = text.strip()
     if not s:
         return []
@@ -65,6 +138,8 @@ def parse_prompt_text(text: str, what: str = "prompts") -> list[str]:
                                      f"{i + 1} ({e.msg})") from None
     else:
         out = [l.strip() for l in s.splitlines() if l.strip()]
+    if len(out) > MAX_PAIRS:
+        raise InputError(f"expected at most {MAX_PAIRS} prompts in {what}, found {len(out)}")
     for i, p in enumerate(out):
         if len(p) > MAX_PROMPT_CHARS:
             raise InputError(f"expected prompts of at most {MAX_PROMPT_CHARS} characters in {what}, found "
@@ -100,8 +175,8 @@ _FRAMES = [
 
 def temporal_events(n: int, n_events: int = 3, seed: int = 0) -> list[list[str]]:
     """``n`` ordered event lists of ``n_events`` distinct events (deterministic for a seed)."""
-    if n < 1:
-        raise InputError(f"expected at least one pair, found n={n}")
+    if n < 1 or n > MAX_PAIRS:
+        raise InputError(f"expected 1..{MAX_PAIRS} pairs, found n={n}")
     if not 2 <= n_events <= len(_EVENTS):
         raise InputError(f"expected 2..{len(_EVENTS)} events per list, found {n_events}")
     rng = random.Random(seed)
@@ -141,24 +216,37 @@ def refusal_pairs(n: int = 8, split: str = "train") -> tuple[list[str], list[str
 def parse_layers(spec, n_layers: int) -> list[int]:
     """``"12"``, ``"10-14"``, ``"3,5,9"``, ``"all"`` (or a list of ints) -> sorted layers below ``n_layers``."""
     if isinstance(spec, (list, tuple)):
-        out = [int(x) for x in spec]
+        if len(spec) > n_layers:
+            raise InputError(f"expected at most {n_layers} layers, found a list of {len(spec)}")
+        try:
+            out = [int(x) for x in spec]
+        except (TypeError, ValueError, OverflowError):
+            raise InputError(f"expected a list of layer numbers, found {str(spec)[:40]!r}") from None
     else:
         s = str(spec or "").strip()
+        if len(s) > MAX_FIELD_CHARS:
+            raise InputError(f"expected a layer selection of at most {MAX_FIELD_CHARS} characters, found {len(s)}")
         if not s:
             raise InputError("expected layers like '12', '10-14', '3,5,9' or 'all', found nothing")
         if s.lower() == "all":
             return list(range(n_layers))
         out = []
+        bad_range = None
         for part in s.split(","):
             part = part.strip()
             try:
                 if "-" in part:
-                    x, y = part.split("-", 1)
-                    out += list(range(int(x), int(y) + 1))
+                    x, y = (int(v) for v in part.split("-", 1))
+                    if not (0 <= x < n_layers and 0 <= y < n_layers):  # checked before the range is built
+                        bad_range = f"{x}-{y}"
+                        break
+                    out += list(range(x, y + 1))
                 else:
                     out.append(int(part))
             except ValueError:
                 raise InputError(f"expected layers like '12', '10-14', '3,5,9' or 'all', found {s[:40]!r}") from None
+        if bad_range is not None:
+            raise InputError(f"expected layers in 0..{n_layers - 1}, found the range {bad_range[:40]}")
     bad = [l for l in out if not 0 <= l < n_layers]
     if bad or not out:
         raise InputError(f"expected layers in 0..{n_layers - 1}, found {bad or out}")

@@ -4,22 +4,37 @@
 * :func:`parse_mi_all` / :func:`parse_mi` / :func:`load_mi_all` / :func:`load_mi` / :func:`find_mi`
   -> :class:`MIProfile`.
 
-Files are read as text (at most ``MAX_RESULT_BYTES``) and parsed with :mod:`json` / :mod:`csv`;
-nothing is evaluated.
+Every file is read through :class:`steerkit.files.Folder` (no ``..``, no absolute path, no
+symbolic link, only regular files of at most ``MAX_RESULT_BYTES``, never blocking on a FIFO or a
+device) and parsed with :mod:`json` / :mod:`csv`; nothing is evaluated. The app names a result by
+its path relative to the results folder (:func:`scan_sweeps`, :func:`scan_mi`,
+:func:`read_sweep`, :func:`read_mi_all`); a name that is not a readable results file of that
+folder gets one message, the same whether or not something exists there (:func:`not_a_result`).
+Tables and trajectories are bounded (``MAX_SWEEP_*``, ``MAX_MI_*`` in :mod:`.data`) before any
+grid is built.
 """
 from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Optional
+from pathlib import Path, PurePosixPath
+from typing import Iterator, Optional
 
 import numpy as np
 
 from steerkit.errors import InputError
+from steerkit.files import Folder
+
+from .data import (
+    MAX_FIELD_CHARS, MAX_MI_STEPS, MAX_MI_TRAJECTORIES, MAX_RESULT_BYTES, MAX_RESULT_DEPTH, MAX_RESULT_FILES,
+    MAX_SCAN_BYTES, MAX_SWEEP_LAYERS, MAX_SWEEP_METHODS, MAX_SWEEP_POSITIONS, MAX_SWEEP_ROWS,
+)
 
 
 @dataclass
@@ -40,8 +55,6 @@ class ProbeSweep:
     def best_per_layer(self) -> np.ndarray:
         return np.nanmax(self.auroc, axis=1)
 
-
-MAX_RESULT_BYTES = 16 << 20
 
 #: column names accepted for the confidence interval: steerkit.probes' ``auroc_ci_*`` and short forms
 _CI_KEYS = (("auroc_ci_low", "auroc_ci_high"), ("ci_low", "ci_high"))
@@ -67,16 +80,17 @@ def _grid(rows):
         p = str(r.get("position", "last"))
         return f"{_site(r)}:{p}" if len(sites) > 1 else p
 
-    layers = sorted({int(r["layer"]) for r in rows})
-    positions = []
-    for r in rows:
-        if pos(r) not in positions:
-            positions.append(pos(r))
+    keys = [(int(r["layer"]), pos(r)) for r in rows]
+    layers = sorted({k[0] for k in keys})
+    positions = list(dict.fromkeys(k[1] for k in keys))
+    _check_grid(len(layers), len(positions), "the sweep table")
+    li = {l: i for i, l in enumerate(layers)}
+    pj = {p: j for j, p in enumerate(positions)}
     A = np.full((len(layers), len(positions)), np.nan)
     lo, hi = A.copy(), A.copy()
     has_ci = False
-    for r in rows:
-        i, j = layers.index(int(r["layer"])), positions.index(pos(r))
+    for r, (l, p) in zip(rows, keys):
+        i, j = li[l], pj[p]
         A[i, j] = float(r["auroc"])
         ci = _ci(r)
         if ci is not None:
@@ -85,8 +99,16 @@ def _grid(rows):
     return layers, positions, A, (lo if has_ci else None), (hi if has_ci else None)
 
 
+def _check_grid(n_layers: int, n_positions: int, name: str) -> None:
+    if n_layers > MAX_SWEEP_LAYERS or n_positions > MAX_SWEEP_POSITIONS:
+        raise InputError(f"expected a sweep of at most {MAX_SWEEP_LAYERS} layers x {MAX_SWEEP_POSITIONS} positions "
+                         f"in {name}, found {n_layers} layers x {n_positions} positions")
+
+
 def _grid_sweep(obj: dict, name: str, model: str) -> ProbeSweep:
-    A = np.asarray(obj["auroc"], dtype=np.float64)
+    rows = obj["auroc"]
+    _check_grid(len(rows), max((len(r) for r in rows if isinstance(r, list)), default=1), name)
+    A = np.asarray(rows, dtype=np.float64)
     if A.ndim == 1:
         A = A[:, None]
     layers = [int(x) for x in obj.get("layers", range(A.shape[0]))]
@@ -112,6 +134,11 @@ def parse_sweep(text: str, name: str = "sweep", method: Optional[str] = None) ->
 
     A table with several methods gives the grid of ``method`` (default: the method with the best
     mean AUROC); ``ProbeSweep.methods`` lists them all. Several hooks become ``hook:position`` columns."""
+    if not isinstance(text, str):
+        raise InputError(f"expected a probe sweep table as text in {name}, found {type(text).__name__}")
+    if len(text) > MAX_RESULT_BYTES:
+        raise InputError(f"expected a sweep table of at most {MAX_RESULT_BYTES >> 20} MiB in {name}, found "
+                         f"{len(text)} characters")
     s = text.strip()
     try:
         model = ""
@@ -126,50 +153,34 @@ def parse_sweep(text: str, name: str = "sweep", method: Optional[str] = None) ->
             if not isinstance(rows, list) or not rows:
                 raise InputError(f"expected sweep rows in {name}, found none")
         else:
-            rows = list(csv.DictReader(io.StringIO(s)))
+            rows = list(itertools.islice(csv.DictReader(io.StringIO(s)), MAX_SWEEP_ROWS + 1))
         if not rows or not all(isinstance(r, dict) and "layer" in r and "auroc" in r for r in rows):
             raise InputError(f"expected rows with 'layer' and 'auroc' (and optionally 'position', 'hook', 'method', "
                              f"'auroc_ci_low', 'auroc_ci_high') in {name}")
-        methods: list[str] = []
-        for r in rows:
-            m = str(r.get("method") or "")
-            if m not in methods:
-                methods.append(m)
+        if len(rows) > MAX_SWEEP_ROWS:
+            raise InputError(f"expected a sweep table of at most {MAX_SWEEP_ROWS} rows in {name}, found {len(rows)}")
+        methods = list(dict.fromkeys(str(r.get("method") or "") for r in rows))
+        if len(methods) > MAX_SWEEP_METHODS:
+            raise InputError(f"expected at most {MAX_SWEEP_METHODS} methods in {name}, found {len(methods)}")
         if method is not None and method not in methods:
-            raise InputError(f"expected one of the methods {methods} in {name}, found {method!r}")
+            raise InputError(f"expected one of the methods {methods} in {name}, found {str(method)[:80]!r}")
         if method is None:
-            def mean_auroc(m):
-                v = [float(r["auroc"]) for r in rows if str(r.get("method") or "") == m]
-                v = [x for x in v if not math.isnan(x)]
-                return sum(v) / len(v) if v else -1.0
-            method = max(methods, key=mean_auroc)
+            sums: dict[str, list[float]] = {m: [0.0, 0] for m in methods}
+            for r in rows:
+                x = float(r["auroc"])
+                if not math.isnan(x):
+                    acc = sums[str(r.get("method") or "")]
+                    acc[0] += x
+                    acc[1] += 1
+            method = max(methods, key=lambda m: sums[m][0] / sums[m][1] if sums[m][1] else -1.0)
         layers, positions, A, lo, hi = _grid([r for r in rows if str(r.get("method") or "") == method])
         return ProbeSweep(layers, positions, A, lo, hi, name=name, model_name=model, method=method,
                           methods=[m for m in methods if m])
     except InputError:
         raise
-    except (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError, csv.Error) as e:
         raise InputError(f"expected a probe sweep table in {name}, could not read it ({type(e).__name__}: "
                          f"{str(e)[:120]})") from None
-
-
-def _read_small(p: Path) -> str:
-    if p.stat().st_size > MAX_RESULT_BYTES:
-        raise InputError(f"expected a results file under {MAX_RESULT_BYTES >> 20} MiB, found {p.stat().st_size} bytes in {p}")
-    return p.read_text(encoding="utf-8")
-
-
-def find_sweeps(results_dir) -> list[Path]:
-    """Sweep tables under ``results_dir``: ``*sweep*.json`` / ``*sweep*.csv`` (recursively, sorted)."""
-    d = Path(results_dir) if results_dir else None
-    if d is None or not d.is_dir():
-        return []
-    return sorted(p for p in d.rglob("*sweep*") if p.suffix in (".json", ".csv") and p.is_file())
-
-
-def load_sweep(path, method: Optional[str] = None) -> ProbeSweep:
-    p = Path(path)
-    return parse_sweep(_read_small(p), name=p.stem, method=method)
 
 
 @dataclass
@@ -187,6 +198,8 @@ class MIProfile:
 
 
 def _mi_one(obj: dict, name: str) -> MIProfile:
+    if not isinstance(obj["mi"], list) or len(obj["mi"]) > MAX_MI_STEPS:
+        raise InputError(f"expected 'mi' as a list of at most {MAX_MI_STEPS} numbers in {name}")
     mi = np.asarray(obj["mi"], dtype=np.float64).reshape(-1)
     steps = [int(s) for s in obj.get("steps", range(len(mi)))]
     tokens = [str(t) for t in obj.get("tokens", [])]
@@ -206,11 +219,16 @@ def parse_mi_all(text: str, name: str = "mi") -> list[MIProfile]:
     """Every MI trajectory in a result: one ``{"mi": [...], "steps", "tokens", "peaks", "layer"}``
     object, or the report of ``steerkit mi-peaks --report FILE`` (``{"model", "mi": [one
     such object per question]}``, MI estimated with HSIC)."""
+    if not isinstance(text, str) or len(text) > MAX_RESULT_BYTES:
+        raise InputError(f"expected an MI result of at most {MAX_RESULT_BYTES >> 20} MiB of text in {name}")
     try:
         obj = json.loads(text)
         if not isinstance(obj, dict) or "mi" not in obj:
             raise InputError(f"expected a JSON object with an 'mi' entry in {name}")
         if isinstance(obj["mi"], list) and obj["mi"] and all(isinstance(t, dict) for t in obj["mi"]):
+            if len(obj["mi"]) > MAX_MI_TRAJECTORIES:
+                raise InputError(f"expected at most {MAX_MI_TRAJECTORIES} MI trajectories in {name}, found "
+                                 f"{len(obj['mi'])}")
             out = []
             for i, t in enumerate(obj["mi"]):
                 p = _mi_one({**t, "measure": t.get("measure", "HSIC")}, name)
@@ -220,7 +238,7 @@ def parse_mi_all(text: str, name: str = "mi") -> list[MIProfile]:
         return [_mi_one(obj, name)]
     except InputError:
         raise
-    except (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as e:
         raise InputError(f"expected an MI result JSON in {name}, could not read it ({type(e).__name__}: "
                          f"{str(e)[:120]})") from None
 
@@ -230,29 +248,168 @@ def parse_mi(text: str, name: str = "mi") -> MIProfile:
     return parse_mi_all(text, name)[0]
 
 
-def find_mi(results_dir, limit: int = 200) -> list[Path]:
-    """MI results under ``results_dir``: ``*.json`` files (recursively, sorted, at most ``limit``
-    looked at) whose top level has an ``mi`` entry -- ``mi_*.json`` or a report of
-    ``steerkit mi-peaks --report FILE``."""
-    d = Path(results_dir) if results_dir else None
-    if d is None or not d.is_dir():
-        return []
-    out = []
-    for p in sorted(d.rglob("*.json"))[:limit]:
-        if not p.is_file() or "sweep" in p.name or p.stat().st_size > MAX_RESULT_BYTES:
-            continue
+# ============================================================================ files
+class NotAResult(InputError):
+    """A picker value that is not a readable results file of the app's folder."""
+
+
+def not_a_result(what: str = "results file") -> NotAResult:
+    """The one message for a name that is not a readable results file of the folder: the same for a
+    missing file, a file elsewhere, a link, a FIFO, a device, a folder or an oversize file, so the
+    answer tells nothing about what exists outside the results."""
+    return NotAResult(f"expected a {what} of this app (a name from the list, relative to the results folder), "
+                      "found something else; press Rescan and pick one from the list")
+
+
+SWEEP_SUFFIXES = (".json", ".csv")
+
+
+def is_sweep_name(rel: str) -> bool:
+    n = PurePosixPath(rel).name
+    return "sweep" in n and PurePosixPath(n).suffix in SWEEP_SUFFIXES
+
+
+def is_mi_name(rel: str) -> bool:
+    n = PurePosixPath(rel).name
+    return "sweep" not in n and n.endswith(".json")
+
+
+def _folder(results_dir) -> Optional[Folder]:
+    if results_dir is None or results_dir == "":
+        return None
+    return results_dir if isinstance(results_dir, Folder) else Folder(results_dir)
+
+
+def walk(folder: Folder, *, limit: int = MAX_RESULT_FILES, depth: int = MAX_RESULT_DEPTH) -> Iterator[str]:
+    """Relative (``/``-separated) names of the regular files below ``folder``, sorted, at most
+    ``limit`` entries looked at and ``depth`` folders deep; symbolic links are never followed and
+    nothing but regular files is listed."""
+    seen = 0
+    stack: list[tuple[str, int]] = [("", 0)]
+    out: list[str] = []
+    while stack:
+        rel, d = stack.pop()
         try:
-            obj = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            names = folder.listdir(rel)
+        except (OSError, InputError):
+            continue
+        for n in names:
+            seen += 1
+            if seen > limit:
+                return iter(sorted(out))
+            child = f"{rel}/{n}" if rel else n
+            try:
+                st = folder.lstat(child)
+            except (OSError, InputError):
+                continue
+            if st is None:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if d + 1 < depth:
+                    stack.append((child, d + 1))
+            elif stat.S_ISREG(st.st_mode):
+                out.append(child)
+    return iter(sorted(out))
+
+
+def read_result(folder: Folder, rel, what: str = "results file") -> str:
+    """The text of the results file ``rel`` (relative to ``folder``); :func:`not_a_result` for any
+    name that is not a regular file there (no ``..``, no absolute path, no link, no FIFO or device,
+    at most ``MAX_RESULT_BYTES``), the same message whether or not something exists."""
+    if not isinstance(rel, str) or not rel or len(rel) > MAX_FIELD_CHARS:
+        raise not_a_result(what)
+    try:
+        data = folder.read_bytes(rel, MAX_RESULT_BYTES)
+    except (OSError, InputError, ValueError):  # ConfinementError is a PermissionError (an OSError)
+        raise not_a_result(what) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"expected a UTF-8 text file in {PurePosixPath(rel).name}, found binary data") from None
+
+
+def scan_sweeps(results_dir) -> list[str]:
+    """Names (relative to ``results_dir``) of its sweep tables: ``*sweep*.json`` / ``*sweep*.csv``."""
+    f = _folder(results_dir)
+    return [] if f is None else [r for r in walk(f) if is_sweep_name(r)]
+
+
+def read_sweep(results_dir, rel, method: Optional[str] = None) -> ProbeSweep:
+    """The sweep ``rel`` of ``results_dir`` (a name from :func:`scan_sweeps`)."""
+    f = _folder(results_dir)
+    if f is None or not isinstance(rel, str) or not is_sweep_name(rel):
+        raise not_a_result("sweep table")
+    return parse_sweep(read_result(f, rel, "sweep table"), name=PurePosixPath(rel).stem, method=method)
+
+
+def scan_mi(results_dir, limit: int = 200) -> list[tuple[str, int]]:
+    """``(name, number of trajectories)`` of the MI results under ``results_dir``: ``*.json``
+    files (at most ``limit`` looked at, at most ``MAX_SCAN_BYTES`` read) whose top level has an
+    ``mi`` entry -- ``mi_*.json`` or a report of ``steerkit mi-peaks --report FILE``."""
+    f = _folder(results_dir)
+    if f is None:
+        return []
+    out, budget = [], MAX_SCAN_BYTES
+    for rel in [r for r in walk(f) if is_mi_name(r)][:limit]:
+        st = f.lstat(rel)
+        if st is None or st.st_size > min(MAX_RESULT_BYTES, budget):
+            continue
+        budget -= st.st_size
+        try:
+            obj = json.loads(f.read_bytes(rel, MAX_RESULT_BYTES))
+        except (OSError, InputError, ValueError, RecursionError):
             continue
         if isinstance(obj, dict) and "mi" in obj:
-            out.append(p)
+            m = obj["mi"]
+            n = len(m) if isinstance(m, list) and m and all(isinstance(t, dict) for t in m) else 1
+            out.append((rel, min(n, MAX_MI_TRAJECTORIES)))
     return out
 
 
+def read_mi_all(results_dir, rel) -> list[MIProfile]:
+    """Every trajectory of the MI result ``rel`` of ``results_dir`` (a name from :func:`scan_mi`)."""
+    f = _folder(results_dir)
+    if f is None or not isinstance(rel, str) or not is_mi_name(rel):
+        raise not_a_result("MI result")
+    return parse_mi_all(read_result(f, rel, "MI result"), name=PurePosixPath(rel).stem)
+
+
+# --- by path, for notebooks and scripts (the file's own folder confines the read) -------------
+def _split(path) -> tuple[Folder, str]:
+    p = Path(os.fspath(path))
+    return Folder(p.parent), p.name
+
+
+def find_sweeps(results_dir) -> list[Path]:
+    """Sweep tables under ``results_dir``: ``*sweep*.json`` / ``*sweep*.csv`` (recursively, sorted)."""
+    if not results_dir:
+        return []
+    return [Path(results_dir) / r for r in scan_sweeps(results_dir)]
+
+
+def load_sweep(path, method: Optional[str] = None) -> ProbeSweep:
+    f, name = _split(path)
+    try:
+        data = f.read_bytes(name, MAX_RESULT_BYTES)
+    except FileNotFoundError:
+        raise InputError(f"expected a sweep table at {path}, found nothing there") from None
+    return parse_sweep(data.decode("utf-8", errors="replace"), name=Path(name).stem, method=method)
+
+
+def find_mi(results_dir, limit: int = 200) -> list[Path]:
+    """MI results under ``results_dir`` (see :func:`scan_mi`)."""
+    if not results_dir:
+        return []
+    return [Path(results_dir) / r for r, _ in scan_mi(results_dir, limit)]
+
+
 def load_mi_all(path) -> list[MIProfile]:
-    p = Path(path)
-    return parse_mi_all(_read_small(p), name=p.stem)
+    f, name = _split(path)
+    try:
+        data = f.read_bytes(name, MAX_RESULT_BYTES)
+    except FileNotFoundError:
+        raise InputError(f"expected an MI result at {path}, found nothing there") from None
+    return parse_mi_all(data.decode("utf-8", errors="replace"), name=Path(name).stem)
 
 
 def load_mi(path) -> MIProfile:

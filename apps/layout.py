@@ -13,6 +13,10 @@ from dash import dash_table, dcc, html
 
 from steerkit.vectors import FORMATS
 
+from .data import (
+    MAX_BUILTIN_PAIRS, MAX_DIAG_PROMPTS, MAX_MODEL_PATH_CHARS, MAX_NEW_TOKENS, MAX_STEER_PROMPT_CHARS, UPLOAD_MAX_BYTES,
+)
+
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
@@ -23,8 +27,6 @@ PAGES = [("/profiles", "Profiles"), ("/probes", "Probes"), ("/steer", "Steer"), 
 FIGURES = {"prof-graph": "divergence_profile", "prof-pairs": "per_pair", "prof-lens": "logit_lens",
            "probe-heatmap": "probe_auroc", "diag-norm": "residual_norm", "diag-sink": "sink_attention",
            "diag-mi": "mi_per_step"}
-
-UPLOAD_MAX_BYTES = 1 << 20
 
 CARD = {"background": "#fff", "border": "1px solid #e3e3e3", "borderRadius": "6px", "padding": "12px 16px",
         "marginBottom": "14px"}
@@ -87,18 +89,24 @@ def layer_marks(n_layers: Optional[int]) -> dict:
     return {i: str(i) for i in range(0, n_layers, max(1, n_layers // 15))}
 
 
+def model_options(models, current_value=None) -> list[dict]:
+    """Dropdown options of the model picker (the embedded default as ``DEFAULT_MODEL_VALUE``)."""
+    opts = [{"label": m["label"], "value": DEFAULT_MODEL_VALUE if m["value"] is None else m["value"]} for m in models]
+    if current_value is not None and current_value not in [o["value"] for o in opts]:
+        opts.append({"label": str(current_value), "value": current_value})
+    return opts
+
+
 def model_card(models, current_value):
     """The model picker: one model per app process; loading another replaces it for every page."""
-    opts = [{"label": m["label"], "value": DEFAULT_MODEL_VALUE if m["value"] is None else m["value"]} for m in models]
-    if current_value not in [o["value"] for o in opts]:
-        opts.append({"label": str(current_value), "value": current_value})
+    opts = model_options(models, current_value)
     return html.Div([
         html.Div([
             field("Model", dcc.Dropdown(id="model-pick", clearable=False, value=current_value, options=opts,
                                         style={"width": "420px"})),
             field("or a local folder, .gguf file or cached hub id",
                   dcc.Input(id="model-path", type="text", value="", placeholder="/path/to/model or org/name",
-                            debounce=False, style={"width": "300px"})),
+                            debounce=False, maxLength=MAX_MODEL_PATH_CHARS, style={"width": "300px"})),
             html.Button("Load model", id="model-load", n_clicks=0, style=BTN2),
             html.Progress(id="model-progress", style={"width": "120px", "visibility": "hidden"}),
         ], style={**ROW, "alignItems": "center"}),
@@ -113,7 +121,7 @@ def profiles_page(n_layers: Optional[int], models=(), current_model=DEFAULT_MODE
             html.Div([
                 field("Contrast", dcc.Dropdown(id="prof-contrast", clearable=False, value="temporal", options=[
                     {"label": label, "value": value} for value, label in CONTRASTS.items()]), width="330px"),
-                field("Pairs", dcc.Input(id="prof-n", type="number", min=1, max=200, step=1, value=8,
+                field("Pairs", dcc.Input(id="prof-n", type="number", min=1, max=MAX_BUILTIN_PAIRS, step=1, value=8,
                                          style={"width": "80px"})),
                 field("Spread", dcc.RadioItems(id="prof-spread", value="std", inline=True, options=[
                     {"label": " ±1 sd ", "value": "std"}, {"label": " min–max ", "value": "range"},
@@ -183,14 +191,14 @@ def steer_page():
                 field("Operation", dcc.RadioItems(id="steer-op", value="add", inline=True, options=[
                     {"label": " add ", "value": "add"}, {"label": " ablate ", "value": "ablate"},
                     {"label": " clamp", "value": "clamp"}])),
-                field("Max new tokens", dcc.Input(id="steer-max", type="number", min=1, max=128, step=1, value=24,
+                field("Max new tokens", dcc.Input(id="steer-max", type="number", min=1, max=MAX_NEW_TOKENS, step=1, value=24,
                                                   style={"width": "80px"})),
             ], style=ROW),
             html.Div([html.Label("Strength (add: multiple of the vector; clamp: projection value)", style=LABEL),
                       dcc.Slider(id="steer-strength", min=-16, max=16, step=0.5, value=4,
                                  marks={i: str(i) for i in range(-16, 17, 4)}, tooltip={"placement": "bottom"})],
                      style={"margin": "12px 0", "padding": "0 10px"}),
-            field("Prompt", dcc.Textarea(id="steer-prompt", value="Tell me about your weekend.",
+            field("Prompt", dcc.Textarea(id="steer-prompt", value="Tell me about your weekend.", maxLength=MAX_STEER_PROMPT_CHARS,
                                          style={"width": "100%", "height": "60px"})),
             html.Div([
                 html.Button("Generate", id="steer-run", n_clicks=0, style=BTN),
@@ -246,7 +254,7 @@ def store_page():
 def diagnostics_page():
     return html.Div([
         html.Div([
-            field("Prompts (one per line, up to 64)", dcc.Textarea(
+            field(f"Prompts (one per line, up to {MAX_DIAG_PROMPTS})", dcc.Textarea(
                 id="diag-prompts", style={"width": "100%", "height": "80px"},
                 value="The capital of France is Paris.\nWrite a short poem about the sea.\nHow do I bake bread?")),
             html.Div(progress_row("diag"), style={"marginTop": "10px"}),

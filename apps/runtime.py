@@ -150,13 +150,18 @@ class ModelHost:
         return key
 
     def result(self, key: Optional[str]):
-        if not key:
+        if not key or not isinstance(key, str):
             return None
         with self._results_lock:
             v = self.results.get(key)
             if v is not None:
                 self.results.move_to_end(key)
             return v
+
+    def forget(self, key: str) -> None:
+        """Drop the cached result for ``key`` (a result cut short is not cached)."""
+        with self._results_lock:
+            self.results.pop(key, None)
 
     def cached(self, key: str, compute: Callable[[], Any]):
         """The cached result for ``key``, or compute it (holding the model lock) and cache it."""
