@@ -56,9 +56,8 @@ def _prompts_hash(prompts: Sequence[str]) -> str:
 def record_dataset(sm: "SteerModel", prompts: Sequence[str], hooks, out_dir, *, positions="last", batch_size: int = 16,
                    shard_size: int = 256, chat: bool = True, dtype: torch.dtype | None = None,
                    progress: bool = True) -> "ActivationDataset":
-    """Record ``hooks`` at ``positions`` for every prompt into sharded safetensors under ``out_dir``."""
-    from safetensors.torch import save
-
+    """Record ``hooks`` at ``positions`` for every prompt into sharded safetensors under ``out_dir``.
+    A run that fails before its first shard (a bad position, a model error) removes the folder it made."""
     prompts = list(prompts)
     if not prompts:
         raise InputError("expected at least one prompt to record, found an empty list")
@@ -68,7 +67,24 @@ def record_dataset(sm: "SteerModel", prompts: Sequence[str], hooks, out_dir, *, 
         raise InputError(f"expected batch_size and shard_size >= 1, found {batch_size}, {shard_size}")
     names = sm.hooks._names(hooks)
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"expected the output folder {out} to be a folder or not exist yet, found a file; "
+                         "choose another path or remove the file")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _record_into(sm, prompts, names, out, positions=positions, batch_size=batch_size,
+                            shard_size=shard_size, chat=chat, dtype=dtype, progress=progress)
+    except BaseException:
+        if created and not any(out.iterdir()):  # a run that failed before its first shard leaves nothing behind
+            out.rmdir()
+        raise
+
+
+def _record_into(sm: "SteerModel", prompts: list[str], names: list[str], out: Path, *, positions, batch_size: int,
+                 shard_size: int, chat: bool, dtype: torch.dtype | None, progress: bool) -> "ActivationDataset":
+    from safetensors.torch import save
+
     spec = positions if isinstance(positions, (str, int)) else list(positions) if not isinstance(positions, (range, slice)) else str(positions)
     meta = {"format": FORMAT, "hooks": names, "positions": spec, "model": sm.name,
             "fingerprint": sm.fingerprint(), "n_prompts": len(prompts), "prompts_sha256": _prompts_hash(prompts),
@@ -76,7 +92,14 @@ def record_dataset(sm: "SteerModel", prompts: Sequence[str], hooks, out_dir, *, 
     man_path = out / MANIFEST
     done: dict[str, int] = {}
     if man_path.exists():
-        old = json.loads(man_path.read_text())
+        try:
+            old = json.loads(man_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InputError(f"expected valid JSON in {man_path} to resume the recording in {out}, found a parse "
+                             f"error: {e}; use another folder or delete this one") from None
+        if not isinstance(old, dict):
+            raise InputError(f"expected a JSON object in {man_path}, found {type(old).__name__}; use another "
+                             "folder or delete this one")
         keys = ("hooks", "positions", "fingerprint", "prompts_sha256", "shard_size", "chat")
         diff = [k for k in keys if old.get(k) != meta[k]]
         if diff:

@@ -25,6 +25,8 @@ Two generation options of Qian et al. (NeurIPS 2025, "thinking tokens are inform
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
@@ -36,6 +38,63 @@ from .errors import InputError, SteerkitError
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def check_prompts(prompts) -> None:
+    """Refuse what can never be a prompt batch (``None``, a number, bytes) before tokenizing."""
+    if prompts is None:
+        raise InputError("expected a prompt string or a list of prompt strings, found None")
+    if isinstance(prompts, (bytes, bytearray)) or _is_real(prompts) or isinstance(prompts, (bool, dict)):
+        raise InputError(f"expected a prompt string or a list of prompt strings, found "
+                         f"{type(prompts).__name__}: {prompts!r:.80}")
+
+
+def check_generate_args(sm: "SteerModel", prompts, *, max_new_tokens, do_sample, temperature, top_p, top_k,
+                        seed, stop, stream) -> tuple[str, ...]:
+    """Check :func:`generate`'s arguments before any work; returns ``stop`` as a tuple of strings."""
+    check_prompts(prompts)
+    if not _is_int(max_new_tokens):
+        raise InputError(f"expected max_new_tokens as an integer >= 1, found {type(max_new_tokens).__name__}: "
+                         f"{max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise InputError(f"expected max_new_tokens >= 1, found {max_new_tokens}")
+    if sm.n_ctx is not None and max_new_tokens > sm.n_ctx:
+        raise InputError(f"expected max_new_tokens <= {sm.n_ctx} (the model's context), found {max_new_tokens}; "
+                         "lower max_new_tokens")
+    if do_sample not in (True, False):
+        raise InputError(f"expected do_sample as True or False, found {type(do_sample).__name__}: {do_sample!r}")
+    if not _is_real(temperature) or not math.isfinite(temperature):
+        raise InputError(f"expected temperature as a finite number (> 0 when sampling), found {temperature!r}")
+    if do_sample and temperature <= 0:
+        raise InputError(f"expected temperature > 0 when sampling (do_sample=True), found {temperature}; use "
+                         "do_sample=False for greedy decoding")
+    if not _is_real(top_p) or not 0.0 < top_p <= 1.0:
+        raise InputError(f"expected top_p in (0, 1] (1: no nucleus cut), found {top_p!r}")
+    if not _is_int(top_k) or top_k < 0:
+        raise InputError(f"expected top_k as an integer >= 0 (0: no top-k cut), found {top_k!r}")
+    if seed is not None and not _is_int(seed):
+        raise InputError(f"expected seed as an integer or None, found {type(seed).__name__}: {seed!r}")
+    if stream is not None and not callable(stream):
+        raise InputError(f"expected stream as a callable stream(row, token_id, text) or None, found "
+                         f"{type(stream).__name__}")
+    if isinstance(stop, str):
+        stop = (stop,)
+    try:
+        stops = tuple(stop)
+    except TypeError:
+        raise InputError(f"expected stop as a string or a list of strings, found {type(stop).__name__}") from None
+    bad = [s for s in stops if not isinstance(s, str) or not s]
+    if bad:
+        raise InputError(f"expected stop strings to be non-empty strings, found {bad[0]!r}")
+    return stops
 
 
 def _sample(logits: Tensor, do_sample: bool, temperature: float, top_p: float, top_k: int,
@@ -175,8 +234,9 @@ def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool 
     its EOS token or when its text contains one of ``stop`` (the stop string is cut off).
     ``recycle``: representation recycling on thinking tokens (see :class:`Recycle`).
     """
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise InputError(f"expected max_new_tokens >= 1, found {max_new_tokens!r}")
+    stop = check_generate_args(sm, prompts, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                               temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
+                               stream=stream)
     toks = sm.tokenize(prompts, chat=chat)
     B, P = toks.input_ids.shape
     if sm.n_ctx is not None and P + max_new_tokens > sm.n_ctx:
@@ -185,7 +245,7 @@ def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool 
     dev = toks.input_ids.device
     gen = None
     if seed is not None:
-        gen = torch.Generator(device=dev).manual_seed(seed)
+        gen = torch.Generator(device=dev).manual_seed(int(seed))
     eos = sm.tokenizer.eos_token_id
     eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) if eos is not None else set()
     gcfg = getattr(sm.hf_model, "generation_config", None)
@@ -201,6 +261,7 @@ def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool 
     rec = _Recycler(sm, recycle) if recycle is not None else None
     with (rec.scope() if rec is not None else contextlib.nullcontext()), \
             sm.hooks.runs.running(toks.attention_mask, toks.input_ids) as run:
+        run.generating = True
         cache = backend.new_cache()
         pos = toks.position_ids
         if rec is not None:
@@ -290,6 +351,7 @@ def continue_thinking(sm: "SteerModel", prompts, word: str = "Wait", *, max_new_
     """
     if not isinstance(word, str) or not word.strip():
         raise InputError(f"expected a non-empty thinking word, found {word!r}")
+    check_prompts(prompts)
     toks = sm.tokenize(prompts, chat=chat)
     rows = [toks.input_ids[b][toks.attention_mask[b].bool()].tolist() for b in range(len(toks))]
     answer = generate(sm, toks, max_new_tokens=max_new_tokens, return_tokens=True, **gen_kw)

@@ -200,7 +200,9 @@ class ActivationCache:
         segs = self._runs[name]
         rid = call.run.run_id if call.run is not None else None
         if not segs or segs[-1]["rid"] != rid or rid is None and call.start == 0 and segs[-1]["closed"]:
-            segs.append({"rid": rid, "B": call.B, "b": [], "p": [], "v": [], "closed": False})
+            run = call.run
+            segs.append({"rid": rid, "B": call.B, "b": [], "p": [], "v": [], "closed": False,
+                         "n": None if run is None else run.n_real(), "gen": run is not None and run.generating})
         return segs[-1]
 
     def _add(self, name: str, x: Tensor, call: SiteCall) -> None:
@@ -249,6 +251,12 @@ class ActivationCache:
                 rows_v.append(v[sel[order.to(sel.device)].to(v.device)])
                 rows_p.append(ps)
         n = max(int(r.shape[0]) for r in rows_v)
+        if n == 0 and isinstance(self.spec, str) and self.spec == "generated" and not any(seg["gen"] for seg in segs):
+            lens = [int(x) for seg in segs if seg["n"] is not None for x in seg["n"].tolist()]
+            raise InputError(f"expected positions='generated' to select generated tokens at {name!r}, found none: "
+                             f"only forward passes ran in this record scope (prompt lengths in tokens: {lens}), "
+                             "and they generate nothing; record inside sm.generate(...), or use positions='all', "
+                             "'prompt', 'last' or token indices")
         ref = segs[0]["v"][0]
         d = ref.shape[-1]
         out = torch.zeros(len(rows_v), n, d, dtype=ref.dtype, device=ref.device)

@@ -84,9 +84,16 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, tokenizer_name: str | None =
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_path = Path(gguf_path)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                 dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                     dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except (ImportError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged or unsupported GGUF fails in many ways inside transformers
+        raise ModelNotFoundError(f"expected a GGUF model that transformers can load at {gguf_path}, found one it "
+                                 f"cannot read ({type(e).__name__}: {str(e)[:200]}); the file is damaged or "
+                                 "its architecture or quantization is not supported") from e
     with atomic_folder(out_dir, if_exists="keep") as tmp:  # another process may have won the race: keep theirs
         model.config.save_pretrained(tmp)
         if getattr(model, "generation_config", None) is not None:
@@ -98,11 +105,38 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, tokenizer_name: str | None =
     return out_dir
 
 
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (1, 2, 3)
+
+
+def check_gguf_header(gguf_path: Path) -> None:
+    """Refuse a file that is not a GGUF model, from its first 8 bytes (the magic ``GGUF`` and a known
+    little-endian format version); the rest of the file is not read."""
+    try:
+        with open(gguf_path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise ModelNotFoundError(f"expected a readable GGUF file at {gguf_path}, found it unreadable "
+                                 f"({e.strerror or e}); check its permissions") from None
+    if len(head) < 8 or head[:4] != GGUF_MAGIC:
+        found = "an empty file" if not head else f"a file starting with {head[:4]!r}"
+        raise ModelNotFoundError(f"expected a GGUF model file (starting with the bytes {GGUF_MAGIC!r}) at {gguf_path}, "
+                                 f"found {found}; it is not a GGUF model: pass a .gguf model file or a model folder")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in GGUF_VERSIONS:
+        raise ModelNotFoundError(f"expected a GGUF file of format version {' / '.join(map(str, GGUF_VERSIONS))} at "
+                                 f"{gguf_path}, found version {version}; the file is damaged or of an unknown version")
+
+
 def hf_folder_for_gguf(gguf_path: str | os.PathLike) -> Path:
     """The cached float folder for a GGUF file, converting it on first use."""
     gguf_path = Path(gguf_path)
+    if gguf_path.is_dir():
+        raise ModelNotFoundError(f"expected a GGUF file at {gguf_path}, found a folder; pass the .gguf file inside "
+                                 "it, or a model folder without the .gguf suffix")
     if not gguf_path.is_file():
         raise ModelNotFoundError(f"expected a GGUF file at {gguf_path}, found nothing there; check the path")
+    check_gguf_header(gguf_path)
     folder = gguf_cache_folder(gguf_path)
     if not (folder / "model.safetensors").is_file():
         convert_gguf(gguf_path, folder)

@@ -25,6 +25,8 @@ from .backends.nnsight import NNsightBackend
 from .backends.tlens import TLensBackend
 from .errors import InputError
 from .fingerprint import model_fingerprint
+from .generation import check_generate_args
+from .generation import check_prompts
 from .generation import generate as _generate
 from .hooks import HookHandle, HookManager, RecordHandle
 from .interventions import KERNEL_OPS, CompiledSteering, Intervention, ModelFacts, compile, lower
@@ -126,6 +128,7 @@ class SteerModel:
         """Left-padded token ids of ``prompts`` (with the chat template when ``chat``)."""
         if isinstance(prompts, Tokens):
             return prompts
+        check_prompts(prompts)
         if isinstance(prompts, str):
             prompts = [prompts]
         prompts = list(prompts)
@@ -181,6 +184,8 @@ class SteerModel:
         ``recycle``: a :class:`steerkit.generation.Recycle` (representation recycling on thinking
         tokens, Qian et al. 2025).
         """
+        check_generate_args(self, prompts, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                            top_p=top_p, top_k=top_k, seed=seed, stop=stop, stream=stream)  # before any steering work
         kw = dict(max_new_tokens=max_new_tokens, chat=chat, do_sample=do_sample, temperature=temperature,
                   top_p=top_p, top_k=top_k, stop=stop, seed=seed, stream=stream, return_tokens=return_tokens,
                   recycle=recycle)

@@ -24,19 +24,32 @@ bool tensor         ``[batch, P]`` mask over the padded prompt
                     ``AnyOf("last", TokenMatch(ids, within="generated"))``
 ==================  =========================================================
 
+Integer positions (``int``, list, ``range``) index each row's real prompt tokens, so an index
+``i`` exists in a row of ``n`` real tokens when ``-n <= i < n``. In a batch of prompts of
+different lengths an index may exist in the longer rows only: the shorter rows then get nothing
+at it, and a :class:`PositionRangeWarning` says so. An index that exists in NO row of the batch
+(``99999``, or ``range(100, 200)`` on short prompts) is an :class:`~steerkit.errors.InputError`
+naming the valid range and the prompt lengths, raised by the forward pass (or generation step)
+that asked for it, for records and edits alike. The check runs once per run, on the first chunk
+that covers prompt positions; decoding steps never repeat it. It applies to runs that know their
+prompt (``RunState.check_positions``, on for every :class:`~steerkit.SteerModel` forward and
+generation); a server's per-request masks and direct calls of the wrapped model keep the
+select-nothing behaviour, so one request cannot fail a batch step it shares with others.
+
 Token patterns need the token ids of the run: :meth:`RunState.chunk_ids` reads them
 from the prompt ids given to the run and from the tokens the generation loop feeds
 back (:meth:`RunState.append_tokens`).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Union
 
 import torch
 from torch import Tensor
 
-from .errors import InputError
+from .errors import InputError, SteerkitError
 
 _NAMED = ("all", "prompt", "generated", "last")
 _WITHIN = ("all", "prompt", "generated")
@@ -96,6 +109,10 @@ class AnyOf:
         return f"AnyOf{self.specs!r}"
 
 
+class PositionRangeWarning(SteerkitError, UserWarning):
+    """Integer positions that exist in some rows of a batch but not in its shorter prompts."""
+
+
 PositionSpec = Union[str, int, list, tuple, range, slice, Tensor, TokenMatch, AnyOf]
 
 
@@ -125,11 +142,18 @@ class RunState:
     # Absolute start of the chunk the next forward processes, when the caller says so (a generation
     # loop that re-runs a step, e.g. representation recycling); None: each site counts for itself.
     chunk_start: Optional[int] = None
+    generating: bool = False  # a generation loop runs (it feeds generated tokens after the prompt)
+    # refuse integer positions that no row has (check_index_range); None: when the run knows its prompt ids,
+    # as every SteerModel.forward/generate run does. A server's per-request masks leave it off: one request's
+    # positions must not fail the batch step they share.
+    check_positions: Optional[bool] = None
     _cache: dict = field(default_factory=dict, repr=False)
     _fed: list = field(default_factory=list, repr=False)  # [(start, ids [batch, t])] fed after the prompt
 
     def __post_init__(self):
         self.P = int(self.attention_mask.shape[1])  # prompt length, read by hooks at every call
+        if self.check_positions is None:
+            self.check_positions = self.input_ids is not None
 
     def append_tokens(self, ids: Tensor) -> None:
         """Record the token ids ``[batch, t]`` the next step feeds (they follow everything so far)."""
@@ -329,8 +353,38 @@ def _chunk_mask(spec: PositionSpec, run: RunState, start: int, T: int, B: int,
     if not isinstance(spec, (list, tuple)):
         raise InputError(f"expected a position spec ({_NAMED}, a list of ints, a range, a slice, a bool mask, "
                          f"TokenMatch or AnyOf), found {spec!r}; check it with validate_positions first")
+    if start < P and run.check_positions:
+        check_index_range(spec, run)
     out = torch.zeros(B, T, dtype=torch.bool, device=device)
     for i in spec:
         target = nr + i if i < 0 else torch.full_like(nr, i)
         out |= pm & (ri == target)
     return out
+
+
+def _fmt_indices(idx: list[int]) -> str:
+    return str(idx) if len(idx) <= 8 else f"[{', '.join(map(str, idx[:8]))}, ... ({len(idx)} indices)]"
+
+
+def check_index_range(spec: Iterable[int], run: RunState) -> None:
+    """Refuse integer positions that exist in no row of ``run``'s prompt batch; warn about those that
+    exist in the longer rows only (see the module docstring). Checked once per run and spec."""
+    idx = list(spec)
+    key = ("range-ok", tuple(idx))
+    if key in run._cache:
+        return
+    lengths = [int(n) for n in run.n_real().tolist()]
+    longest, shortest = max(lengths), min(lengths)
+    nowhere = [i for i in idx if not -longest <= i < longest]
+    shown = lengths if len(lengths) <= 16 else f"{lengths[:16]} ... ({len(lengths)} prompts)"
+    if nowhere:
+        raise InputError(
+            f"expected token positions in [{-longest}, {longest - 1}] (indices among the real prompt tokens, "
+            f"negative from the end), found {_fmt_indices(nowhere)}, which no prompt of this batch has "
+            f"(prompt lengths in tokens: {shown}); use indices within the prompts' lengths, or 'last' / 'prompt'")
+    short = sorted({i for i in idx if not -shortest <= i < shortest})
+    if short:
+        warnings.warn(f"token positions {_fmt_indices(short)} lie beyond the shorter prompts of this batch "
+                      f"(prompt lengths in tokens: {shown}); those rows get nothing at them",
+                      PositionRangeWarning, stacklevel=2)
+    run._cache[key] = True

@@ -184,6 +184,11 @@ def test_bad_prompts(sm):
             sm.forward([])
         with pytest.raises(InputError, match="at most 8192 tokens"):
             sm.forward(["hello " * 9000])
+        for bad in (None, 3, b"hi"):
+            with pytest.raises(InputError, match="expected a prompt string"):
+                sm.forward(bad)
+            with pytest.raises(InputError, match="expected a prompt string"):
+                sm.tokenize(bad)
     assert sm.hook_count() == before
     with pytest.raises(HookNameError, match="expected a layer in 0..29 .* found -1"):
         with sm.record(["blocks.-1.hook_resid_post"]):
@@ -257,3 +262,83 @@ def test_range_positions_are_their_indices_and_slices_are_slices():
     assert sel(range(-2, 0)) == sel([-2, -1]) == sel(slice(-2, None)) == last2
     assert sel(range(0, 2)) == sel([0, 1]) == sel(slice(0, 2)) == [[0, 1], [0, 2], [1, 0], [1, 1]]
     assert sel(slice(-1, 0)) == []  # a slice keeps Python's meaning
+
+
+def test_index_positions_no_row_has_are_an_error_and_short_rows_warn():
+    """An index no prompt of the batch has is an error naming the valid range and the prompt lengths;
+    one that only the longer prompts have selects nothing in the shorter rows, with a warning."""
+    from steerkit.positions import PositionRangeWarning, RunState, chunk_mask
+
+    mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])  # 4 and 5 real tokens
+    for spec in ([99999], [5], [-6], range(100, 200), [0, 7]):
+        with pytest.raises(InputError, match=r"expected token positions in \[-5, 4\].*prompt lengths in tokens: "
+                                             r"\[4, 5\]"):
+            chunk_mask(spec, RunState(mask, check_positions=True), 0, 5, 2, "cpu")
+    run = RunState(mask, check_positions=True)
+    with pytest.warns(PositionRangeWarning, match=r"\[4\] lie beyond the shorter prompts"):
+        got = chunk_mask([4], run, 0, 5, 2, "cpu")
+    assert got.nonzero().tolist() == [[1, 4]]  # the 4-token row has no index 4
+    with pytest.warns(PositionRangeWarning, match=r"\[-5\] lie beyond"):
+        got = chunk_mask([-5, 0], RunState(mask, check_positions=True), 0, 5, 2, "cpu")
+    assert got.nonzero().tolist() == [[0, 1], [1, 0]]
+    # without the check (a server's per-request masks): an index no row has selects nothing
+    assert not chunk_mask([99999], RunState(mask), 0, 5, 2, "cpu").any()
+    # decoding steps never check again (and select nothing: indices are prompt tokens)
+    assert not chunk_mask([99999], run, 5, 1, 2, "cpu").any()
+
+
+def test_out_of_range_positions_fail_the_forward_for_records_and_edits(sm):
+    before = sm.hook_count()
+    n = int(sm.tokenize(PROMPTS[0]).attention_mask.sum())
+    for spec in ([99999], range(100, 200)):
+        with sm.record([H], positions=spec):
+            with pytest.raises(InputError, match=rf"\[-{n}, {n - 1}\].*prompt lengths in tokens: \[{n}\]"):
+                sm.forward(PROMPTS[0])
+        with sm.edit(H, add=torch.ones(sm.d_model), positions=spec):
+            with pytest.raises(InputError, match="no prompt of this batch has"):
+                sm.forward(PROMPTS[0])
+    with pytest.raises(InputError, match="no prompt of this batch has"):
+        sm.generate(PROMPTS[0], 2, steering=steerkit.Intervention.add(H, torch.ones(sm.d_model), positions=[999]))
+    assert sm.hook_count() == before
+
+
+def test_generated_positions_recorded_by_forward_passes_only_is_an_error(sm):
+    with sm.record([H], positions="generated") as cache:
+        sm.forward(PROMPTS)
+    with pytest.raises(InputError, match="positions='generated'.*only forward passes ran"):
+        cache[H]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(temperature=float("nan")), "temperature as a finite number"),
+    (dict(do_sample=True, temperature=0.0), r"temperature > 0 when sampling"),
+    (dict(do_sample=True, temperature=-1.0), r"temperature > 0 when sampling"),
+    (dict(top_p=0.0), r"top_p in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p in \(0, 1\]"),
+    (dict(top_p=float("nan")), r"top_p in \(0, 1\]"),
+    (dict(top_k=-1), "top_k as an integer >= 0"),
+    (dict(top_k=2.5), "top_k as an integer >= 0"),
+    (dict(max_new_tokens=True), "max_new_tokens as an integer >= 1, found bool"),
+    (dict(max_new_tokens=-3), "max_new_tokens >= 1, found -3"),
+    (dict(max_new_tokens=10 ** 9), r"max_new_tokens <= 8192 \(the model's context\)"),
+    (dict(seed="7"), "seed as an integer or None, found str"),
+    (dict(seed=1.5), "seed as an integer or None, found float"),
+    (dict(do_sample="yes"), "do_sample as True or False"),
+    (dict(stop=[""]), "non-empty strings"),
+    (dict(stream=5), "stream as a callable"),
+])
+def test_bad_generate_arguments(sm, kwargs, match):
+    with pytest.raises(InputError, match=match):
+        sm.generate(PROMPTS[0], **{"max_new_tokens": 2, **kwargs})
+    with pytest.raises(InputError, match=match):  # checked before any steering is compiled
+        sm.generate(PROMPTS[0], **{"max_new_tokens": 2, **kwargs}, steering=steerkit.Intervention.add(
+            H, torch.ones(sm.d_model)))
+
+
+def test_generate_without_prompts(sm):
+    for bad in (None, 3, b"bytes"):
+        with pytest.raises(InputError, match="expected a prompt string or a list of prompt strings"):
+            sm.generate(bad, 2)
+    with pytest.raises(InputError, match="found None"):
+        steerkit.continue_thinking(sm, None)
+    assert sm.generate(PROMPTS[0], 3, stop="\n") == sm.generate(PROMPTS[0], 3, stop=["\n"])  # one stop string

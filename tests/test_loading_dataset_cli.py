@@ -62,6 +62,47 @@ def test_missing_models_give_one_clear_error(tmp_path, monkeypatch):
         loading.default_gguf_path()
 
 
+def test_a_gguf_that_is_not_a_model_is_refused_from_its_header(tmp_path, monkeypatch):
+    def whole_file_read(*a, **k):
+        raise AssertionError("the whole file was read")
+    monkeypatch.setattr(loading, "_file_digest", whole_file_read)
+    monkeypatch.setenv("STEERKIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(ModelNotFoundError, match="found an empty file; it is not a GGUF model"):
+        steerkit.load_model(tmp_path / "empty.gguf")
+    big = tmp_path / "random.gguf"  # 8 GiB, sparse: only its header is ever read
+    with open(big, "wb") as f:
+        f.write(b"\x8a\x13PK" * 4)
+        f.truncate(8 << 30)
+    with pytest.raises(ModelNotFoundError, match=r"found a file starting with b'\\x8a\\x13PK'; it is not a GGUF"):
+        steerkit.load_model(big)
+    (tmp_path / "v9.gguf").write_bytes(b"GGUF" + (9).to_bytes(4, "little") + bytes(64))
+    with pytest.raises(ModelNotFoundError, match="found version 9"):
+        steerkit.load_model(tmp_path / "v9.gguf")
+    (tmp_path / "folder.gguf").mkdir()
+    with pytest.raises(ModelNotFoundError, match="found a folder"):
+        steerkit.load_model(tmp_path / "folder.gguf")
+    monkeypatch.undo()
+    monkeypatch.setenv("STEERKIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cut.gguf").write_bytes(b"GGUF" + (3).to_bytes(4, "little") + b"garbage")
+    with pytest.raises(ModelNotFoundError, match="cannot read .*damaged"):
+        steerkit.load_model(tmp_path / "cut.gguf")
+    assert not (tmp_path / "cache" / "models").exists() or not any((tmp_path / "cache" / "models").iterdir())
+
+
+def test_record_dataset_with_positions_no_prompt_has_leaves_no_folder(tiny_dir, tmp_path):
+    sm = steerkit.load_model(tiny_dir)
+    with pytest.raises(InputError, match=r"no prompt of this batch has.*prompt lengths in tokens: \[2, 5\]"):
+        record_dataset(sm, ["hi", "hello"], ["blocks.0.hook_resid_post"], tmp_path / "out", positions=[99],
+                       chat=False, progress=False)
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "kept").mkdir()  # a folder that was there stays
+    with pytest.raises(InputError):
+        record_dataset(sm, ["hi"], ["blocks.0.hook_resid_post"], tmp_path / "kept", positions=[99], chat=False,
+                       progress=False)
+    assert (tmp_path / "kept").is_dir()
+
+
 def test_default_gguf_is_cached_as_safetensors(default_model):
     g = loading.default_gguf_path()
     folder = loading.gguf_cache_folder(g)

@@ -380,6 +380,9 @@ def _import_tlens(obj: dict, path: Path, model: Any) -> Any:
     for k, e in entries.items():
         if not isinstance(e, dict) or "op" not in e or "value" not in e:
             raise ArtifactFormatError(f"expected {{'op', 'value', 'pos'}} for hook {k!r:.80}, found {str(e)[:80]}")
+        if not isinstance(e["op"], str):
+            raise ArtifactFormatError(f"expected 'op' of hook {k!r:.80} to be a string such as 'add' or 'ablate', "
+                                      f"found {type(e['op']).__name__} {str(e['op'])[:40]}")
         ops.add(e["op"])
     prov_d = sk.get("provenance")
     if ops == {"ablate"}:

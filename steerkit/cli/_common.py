@@ -120,6 +120,20 @@ def check_output_path(path: str, what: str = "output", *, folder: bool = False) 
     return p
 
 
+def check_store_path(path: str | None, flag: str = "--store") -> str | None:
+    """Refuse a store (or results) folder that is a file or lies under one; ``None`` (the default) passes."""
+    if path is None:
+        return None
+    check_output_path(path, flag, folder=True)
+    return path
+
+
+def check_min(value: int | float | None, flag: str, minimum: int | float, hint: str = "") -> None:
+    """Refuse ``flag`` below ``minimum`` (``None``, an unset optional flag, passes)."""
+    if value is not None and value < minimum:
+        raise InputError(f"expected {flag} >= {minimum}, found {value}" + (f"; {hint}" if hint else ""))
+
+
 def _int(text: str, what: str) -> int:
     try:
         return int(text)

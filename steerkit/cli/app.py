@@ -2,7 +2,8 @@
 
 Wiring: the main CLI calls :func:`register` with its sub-parsers and :func:`run` with the parsed
 arguments. ``python -m steerkit.apps`` runs :func:`main`. Binding anywhere but localhost needs
-``--allow-remote`` and prints a warning.
+``--allow-remote`` and prints a warning; the app answers only requests whose ``Host`` (and
+``Origin``) name 127.0.0.1, localhost, [::1], the bound address or an ``--allowed-host``.
 """
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import argparse
 import importlib.util
 from typing import Any
 
-from steerkit.apps.app import check_host
+from steerkit.apps.app import allowed_hosts, check_host
 from steerkit.apps.app import run as serve_app
-from steerkit.cli._common import check_port, run_group
+from steerkit.cli._common import check_min, check_port, check_store_path, run_group
 from steerkit.errors import InputError
 
 #: what the explorer imports when it starts (the 'app' extra)
@@ -27,6 +28,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8050)
     p.add_argument("--allow-remote", action="store_true", help="allow binding a non-local address (no auth!)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME[:PORT]",
+                   help="a host name the app answers besides 127.0.0.1, localhost and [::1] (repeatable); "
+                   "requests whose Host or Origin header names any other host get 403")
     p.add_argument("--store", default=None, help="artifact store (default: $STEERKIT_STORE or ./steerkit-store)")
     p.add_argument("--results", default=None, help="folder with saved probe sweeps / MI results "
                    "(default: $STEERKIT_RESULTS or ./steerkit-results)")
@@ -39,12 +43,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args) -> int:
     check_port(args.port)
     check_host(args.host, args.allow_remote)
+    check_store_path(args.store)
+    check_store_path(args.results, "--results")
+    check_min(args.threads, "--threads", 1)
+    allowed_hosts(args.port, None, args.allowed_host)  # a malformed --allowed-host fails before the model loads
     missing = [m for m in APP_DEPENDENCIES if importlib.util.find_spec(m) is None]
     if missing:
         raise InputError(f"expected the app's dependencies {list(APP_DEPENDENCIES)} in this Python environment, "
                          f"found {missing} missing; install the 'app' extra: pip install 'steerkit[app]'")
     serve_app(args.model, host=args.host, port=args.port, allow_remote=args.allow_remote, store=args.store,
-              results=args.results, threads=args.threads, debug=args.debug)
+              results=args.results, threads=args.threads, debug=args.debug, allowed_host=args.allowed_host)
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from steerkit import load_model
-from steerkit.cli._common import check_output_path, parse_hooks, read_prompts, resolve_hooks
+from steerkit.cli._common import check_min, check_output_path, parse_hooks, read_prompts, resolve_hooks
 from steerkit.dataset import record_dataset
 from steerkit.demo import main as demo_main
 from steerkit.errors import InputError
@@ -50,6 +50,8 @@ def parse_positions(text: str):
 
 def cmd_record(args) -> int:
     check_output_path(args.out, "--out", folder=True)
+    check_min(args.batch_size, "--batch-size", 1)
+    check_min(args.shard_size, "--shard-size", 1)
     pos = parse_positions(args.positions)
     parsed_hooks = parse_hooks(args.hooks)
     prompts = read_prompts(args.prompts)

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from steerkit import load_model
-from steerkit.cli._common import read_prompts
+from steerkit.cli._common import check_min, check_output_path, check_store_path, read_prompts
 from steerkit.errors import InputError
 from steerkit.probes.methods import REGISTRY
 from steerkit.probes.methods.caa import CAAConfig
@@ -179,7 +179,65 @@ def _save(sm: "SteerModel", args, res) -> list[str]:
     return refs
 
 
+def _layers_arg(text, flag: str, allow_all: bool = False) -> None:
+    if text is None or (allow_all and text == "all"):
+        return
+    layers = _ints(text, flag)
+    if not layers or min(layers) < 0:
+        raise InputError(f"expected comma-separated layer indices >= 0 in {flag}"
+                         f"{' (or all)' if allow_all else ''}, found {text!r}")
+
+
+def _precheck(args) -> None:
+    """Refuse flags that are wrong whatever the model, before it loads."""
+    check_store_path(args.out, "--out")
+    if args.report:
+        check_output_path(args.report, "--report")
+    m = args.method
+    for flag in ("layer", "source", "recycle_layer"):
+        check_min(getattr(args, flag, None), f"--{flag.replace('_', '-')}", 0, "layers are 0-based block indices")
+    if m == "temporal":
+        check_min(args.n_pairs, "--n-pairs", 2)
+        check_min(args.eval, "--eval", 0)
+        check_min(args.n_dev, "--n-dev", 1)
+        if not _floats(args.betas, "--betas"):
+            raise InputError(f"expected at least one number in --betas, found {args.betas!r}")
+    elif m == "norms":
+        if args.prompts:
+            read_prompts(args.prompts)
+        check_min(args.drift_tokens, "--drift-tokens", 0)
+        check_min(args.window, "--window", 1)
+        check_min(args.passes, "--passes", 1, "1 runs the model once")
+        if args.html:
+            check_output_path(args.html, "--html")
+    elif m == "mi-peaks":
+        if args.data is not None and not Path(args.data).is_file():
+            raise InputError(f"expected a jsonl of question/answer rows at {args.data}, found "
+                             f"{'a folder' if Path(args.data).is_dir() else 'nothing'} there; check the path")
+        for flag in ("n", "max_new_tokens", "n_eval", "eval_tokens"):
+            check_min(getattr(args, flag), f"--{flag.replace('_', '-')}", 1)
+    elif m == "caa":
+        _layers_arg(args.layers, "--layers")
+        if not _floats(args.multipliers, "--multipliers"):
+            raise InputError(f"expected at least one number in --multipliers, found {args.multipliers!r}")
+    elif m == "region":
+        check_min(args.n_train, "--n-train", 2)
+        check_min(args.n_test, "--n-test", 0)
+        for flag in ("n_components", "n_clusters", "max_new_tokens", "train_max_new_tokens", "min_kept",
+                     "batch_size"):
+            check_min(getattr(args, flag), f"--{flag.replace('_', '-')}", 1)
+    elif m == "critique":
+        check_min(args.n, "--n", 1)
+        check_min(args.n_eval, "--n-eval", 2)
+        check_min(args.min_recoveries, "--min-recoveries", 0)
+        check_min(args.batch_size, "--batch-size", 1)
+        _layers_arg(args.layers, "--layers", allow_all=True)
+        if not _floats(args.alphas, "--alphas"):
+            raise InputError(f"expected at least one number in --alphas, found {args.alphas!r}")
+
+
 def run(args) -> int:
+    _precheck(args)
     torch_threads()
     sm = load_model(args.model)
     report = {"model": sm.name}
@@ -193,8 +251,15 @@ def run(args) -> int:
 
 
 def torch_threads():
-    if os.environ.get("STEERKIT_THREADS"):
-        torch.set_num_threads(int(os.environ["STEERKIT_THREADS"]))
+    text = os.environ.get("STEERKIT_THREADS")
+    if text:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise InputError(f"expected $STEERKIT_THREADS as an integer >= 1, found {text!r}; unset it or fix it")
+        torch.set_num_threads(n)
 
 
 def _temporal(sm: "SteerModel", args, report):

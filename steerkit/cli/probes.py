@@ -35,15 +35,18 @@ from typing import Any
 import numpy as np
 
 from steerkit import load_model
-from steerkit.cli._common import check_output_path, parse_hooks, read_prompts, read_records, resolve_hooks, run_group
+from steerkit.cli._common import (check_min, check_output_path, check_store_path, parse_hooks, read_prompts,
+                                  read_records, resolve_hooks, run_group)
 from steerkit.errors import InputError
 from steerkit.hooknames import BLOCK_HOOKS
 from steerkit.probes import (auroc, fit_probe, labels_for, record_activations, score_prompts, sweep,
                              sweep_activations)
 from steerkit.probes.scoring import probe_position
 from steerkit.vectors import Probe, Store, load_artifact, save_artifact
+from steerkit.vectors.safety import check_name
 
 _TRUE = {"1", "true", "yes", "pos", "positive"}
+PROBE_METHODS = ("logistic", "diffmean", "pca_diff", "pca_center")
 _FALSE = {"0", "false", "no", "neg", "negative"}
 
 
@@ -155,6 +158,17 @@ def _load_probe(ref: str, store_dir: str | None):
     return art
 
 
+def _common_checks(args) -> None:
+    """What every probe verb can refuse before a model loads."""
+    check_store_path(args.store)
+    check_min(args.batch_size, "--batch-size", 1)
+
+
+def _folds(n: int, zero_ok: bool) -> None:
+    if not (n == 0 and zero_ok) and n < 2:
+        raise InputError(f"expected --folds >= 2{' (or 0 to skip cross-validation)' if zero_ok else ''}, found {n}")
+
+
 def _fmt(x) -> str:
     return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
 
@@ -163,8 +177,15 @@ def _fmt(x) -> str:
 def cmd_fit(args) -> int:
     if not args.name and not args.output:
         raise InputError("expected --name (save to the store) and/or --output FILE, found neither")
-    if args.method not in ("logistic", "diffmean", "pca_diff", "pca_center"):
+    if args.method not in PROBE_METHODS:
         raise InputError(f"expected --method logistic, diffmean, pca_diff or pca_center, found {args.method!r}")
+    _common_checks(args)
+    if args.name:
+        check_name(args.name, "--name")
+    for t in args.tag:
+        check_name(t, "--tag")
+    check_min(args.layer, "--layer", 0, "layers are 0-based block indices")
+    _folds(args.folds, zero_ok=True)
     if args.output:
         check_output_path(args.output, "--output")
     pos, neg = read_prompts(args.pos), read_prompts(args.neg)
@@ -206,6 +227,7 @@ def cmd_fit(args) -> int:
 
 
 def cmd_score(args) -> int:
+    _common_checks(args)
     probe = _load_probe(args.probe, args.store)
     records = read_records(args.prompts)
     key = args.label_key
@@ -263,7 +285,16 @@ def cmd_sweep(args) -> int:
         check_output_path(args.out, "--out")
     parsed_hooks = parse_hooks(args.hooks)
     positions = [_position(x) for x in args.positions.split(",") if x.strip()]
+    if not positions:
+        raise InputError(f"expected at least one position in --positions, found {args.positions!r}")
     methods = [m.strip() for m in args.method.split(",") if m.strip()]
+    bad = [m for m in methods if m not in PROBE_METHODS]
+    if bad or not methods:
+        raise InputError(f"expected --method as comma-separated names among {', '.join(PROBE_METHODS)}, found "
+                         f"{args.method!r}")
+    _common_checks(args)
+    _folds(args.folds, zero_ok=False)
+    check_min(args.n_boot, "--n-boot", 1)
     pos, neg = read_prompts(args.pos), read_prompts(args.neg)
     sm = load_model(args.model, backend=args.backend)
     hooks = resolve_hooks(parsed_hooks, sm.n_layers)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from steerkit import cli as _cli
 from steerkit import load_model
+from steerkit.cli._common import check_min, check_output_path, check_store_path
 from steerkit.errors import InputError
 from steerkit.probes.methods import REGISTRY
 from steerkit.probes.methods.refusal import RefusalConfig, save_orthogonalized
@@ -67,7 +68,16 @@ def run(args) -> int:
     for k in ("n_train", "n_val", "n_test", "batch_size", "layer_step"):
         if getattr(args, k) < 1:
             raise InputError(f"expected --{k.replace('_', '-')} >= 1, found {getattr(args, k)}")
+    check_min(args.max_new_tokens, "--max-new-tokens", 1)
+    check_min(args.min_keep, "--min-keep", 0)
+    check_min(args.positions, "--positions", 1, "K is how many post-instruction positions to try")
+    check_store_path(args.out, "--out")
+    if args.report:
+        check_output_path(args.report, "--report")
     words = tuple(w for w in args.refusal_words.split(",") if w)
+    if not words:
+        raise InputError(f"expected comma-separated refusal-start words in --refusal-words, found "
+                         f"{args.refusal_words!r}")
     cfg = RefusalConfig(n_train=args.n_train, n_val=args.n_val, n_test=args.n_test, seed=args.seed,
                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, refusal_words=words,
                         min_keep=args.min_keep, kl_max=args.kl_max, induce_min=args.induce_min, lazy=not args.exhaustive,

@@ -17,9 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import steerkit
 from steerkit.apps.app import check_host
-from steerkit.cli._common import check_output_path, check_port
+from steerkit.cli._common import check_output_path, check_port, check_store_path
 from steerkit.errors import InputError
 from steerkit.export_hf import export_hf
 
@@ -51,6 +53,7 @@ def serve_command(model_dir: str, *, store: str | None = None, host: str = "127.
                   extra: list[str] | None = None, python: str | None = None) -> tuple[list[str], dict]:
     """The command line and environment that ``steerkit serve`` runs."""
     check_port(port)
+    check_store_path(store)
     if not (Path(model_dir) / "config.json").is_file():
         raise InputError(f"expected a Hugging Face model folder with config.json at {model_dir}, found none; "
                          "write one with: steerkit model export --format hf DIR")
@@ -87,6 +90,12 @@ def cmd_serve(args) -> int:
 
 def cmd_export(args) -> int:
     check_output_path(args.out_dir, "output", folder=True)
+    if args.dtype is not None and not getattr(getattr(torch, args.dtype, None), "is_floating_point", False):
+        raise InputError(f"expected --dtype to name a floating-point torch dtype such as float32, bfloat16 or "
+                         f"float16, found {args.dtype!r}")
+    if Path(args.out_dir).expanduser().exists() and not args.overwrite:
+        raise InputError(f"expected the output folder {args.out_dir} not to exist, found it; choose another path "
+                         "or pass --overwrite")
     sm = steerkit.load_model(args.model)
     out = export_hf(sm, args.out_dir, dtype=args.dtype, overwrite=args.overwrite)
     print(f"wrote {sm.name} ({sm.n_layers} layers, d_model {sm.d_model}) to {out}")

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steerkit.cli._common import check_output_path, run_group
+from steerkit.cli._common import check_output_path, check_store_path, run_group
 from steerkit.errors import InputError
-from steerkit.vectors import Store, export, import_artifact
+from steerkit.vectors import ARTIFACT_KINDS, Store, export, import_artifact
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -79,6 +79,7 @@ def _table(rows: list[dict]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     out = sys.stdout
+    check_store_path(getattr(args, "store", None))
     store = Store(args.store) if getattr(args, "store", None) else Store()
     cmd = args.vectors_cmd
     if cmd == "list":
@@ -112,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
     elif cmd == "tag":
         print(f"{args.tag} -> {store.tag(args.ref, args.tag)}", file=out)
     elif cmd == "search":
+        if args.kind is not None and args.kind not in ARTIFACT_KINDS:
+            raise InputError(f"expected --kind among {', '.join(sorted(ARTIFACT_KINDS))}, found {args.kind!r}")
         rows = store.search(args.text, **({"kind": args.kind} if args.kind else {}))
         print(json.dumps(rows, indent=1) if args.json else _table(rows), file=out)
     elif cmd == "rm":

@@ -18,7 +18,10 @@ The spec (a JSON object; a ``dict`` works too offline)::
 
 Positions are those of :mod:`steerkit.positions`: ``"all"``, ``"prompt"``, ``"generated"``,
 ``"last"`` (the last prompt token), or ints: indices among the prompt tokens, negative ones counting
-from the end of the prompt (``-1`` is the last prompt token). Inline ops act at
+from the end of the prompt (``-1`` is the last prompt token). An index outside a request's prompt
+selects nothing for that request: the spec is validated before the prompt is tokenized, and one
+request's steps are shared with others, so a server cannot refuse it mid-batch (steerkit's own
+``forward`` / ``generate`` raise for an index no prompt of the batch has). Inline ops act at
 ``blocks.{l}.hook_resid_post``.
 
 :func:`parse_spec` validates the shape of a spec (no model or store needed: it runs in the server's
