@@ -281,7 +281,7 @@ def test_record_sweep_fit_and_score_on_tiny_model(tiny_dir):
     assert (probe.layer, probe.provenance.method_params["position"]) == (1, -3)
     assert probe.provenance.metrics["cv_auroc"] == res.select(method="logistic", position=-3)[1]["auroc"]
     np.testing.assert_allclose(score_prompts(sm, probe, POS + NEG), probe_scores(probe, acts["-3"][1]), atol=1e-6)
-    with pytest.raises(InputError, match="to have a token at position -30"):
+    with pytest.raises(InputError, match=r"expected token positions in \[-\d+, \d+\].*found \[-30\], which no prompt"):
         record_activations(sm, POS, positions=[-30])
     # first_generated == a teacher-forced pass over prompt + the model's greedy first token
     fg = record_activations(sm, POS[:3], positions=["first_generated", "last"])
