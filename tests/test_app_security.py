@@ -1,7 +1,7 @@
 """The explorer trusts no request: confined file reads, the Host / Origin check, bounded inputs.
 
 Every test drives the Dash server through Flask's test client (no browser, no network) with a
-tiny random model (tests/tiny_models.py). Regression tests cover each attack of the review --
+tiny random model (tests/tiny_models.py). Regression tests cover each attack --
 picker values naming /dev/zero, a FIFO, a symbolic link, ``../`` or an absolute path; a foreign
 ``Host`` or ``Origin`` (DNS rebinding); a 12,000-row sweep table of new layers and positions; an
 upload value posted past the upload callback; an oversize Steer prompt; a picker value naming a
