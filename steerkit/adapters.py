@@ -8,7 +8,9 @@ Hugging Face model:
 - ``blocks.{l}.hook_resid_mid``  ``resid_pre + attn_out`` (sequential blocks only)
 - ``blocks.{l}.hook_mlp_out``    what the MLP sub-layer adds to the residual
 - ``blocks.{l}.hook_resid_post`` output of block ``l``
-- ``ln_final.hook_normalized``   output of the final norm
+- ``ln_final.hook_scale``        the final norm's scale, ``[batch, pos, 1]``
+- ``ln_final.hook_normalized``   the final norm's normalised input, before its weight and bias
+- ``ln_final.hook_out``          output of the final norm
 
 Each adapter names modules by attribute path (``"model.layers"``...), so the
 core never branches on architecture. "What is added to the residual" matters
@@ -16,15 +18,21 @@ for models with post-sub-layer norms (Gemma 2/3, OLMo 2): there the attention
 contribution is the output of ``post_attention_layernorm``, not of
 ``self_attn``, and the adapter says so.
 
+The final norm's hooks need what the norm computes, which the adapter's
+:class:`FinalNorm` says: RMSNorm or LayerNorm, where its eps lives and its
+effective weight (``weight``, ``1 + weight`` on Gemma, none on OLMo) and bias.
+
 Adapters are registered per ``config.model_type`` with :func:`register_adapter`;
 :func:`adapter_for` picks one for a loaded model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Optional
 
-from torch import nn
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
 
 from .errors import UnsupportedArchitectureError
 
@@ -35,6 +43,66 @@ def get_module(root: nn.Module, path: str) -> nn.Module:
     for part in path.split("."):
         mod = mod[int(part)] if part.isdigit() else getattr(mod, part)  # type: ignore[index]
     return mod
+
+
+@dataclass(frozen=True)
+class FinalNorm:
+    """What a family's final norm computes, as its module computes it (statistics in float32).
+
+    ``kind="rms"``: ``n = x * rsqrt(mean(x^2) + eps)``, scale ``sqrt(mean(x^2) + eps)``;
+    ``kind="layer"``: ``n = (x - mean) / sqrt(var + eps)`` (biased variance), scale ``sqrt(var + eps)``.
+    The output is ``n * w_eff + bias`` with ``w_eff = weight_offset + module.<weight>`` (no weight:
+    ``w_eff = 1``) and the bias only where ``bias`` names one. ``eps_attr`` names the module
+    attribute holding eps; ``None`` means the fixed ``eps``.
+    """
+
+    kind: Literal["rms", "layer"] = "rms"
+    eps_attr: Optional[str] = "variance_epsilon"
+    eps: float = 1e-5
+    weight: Optional[str] = "weight"
+    weight_offset: float = 0.0
+    bias: Optional[str] = None
+
+    def module_eps(self, module: nn.Module) -> float:
+        if self.eps_attr is None:
+            return self.eps
+        eps = getattr(module, self.eps_attr, None)
+        if eps is None:
+            raise UnsupportedArchitectureError(
+                f"expected the final norm {type(module).__name__} to have the eps attribute {self.eps_attr!r}, "
+                "found none; register the adapter with the FinalNorm its module has")
+        return float(eps)
+
+    def normalize(self, module: nn.Module, x: Float[Tensor, "*rows d_model"]
+                  ) -> tuple[Float[Tensor, "*rows d_model"], Float[Tensor, "*rows 1"]]:
+        """``(normalized, scale)`` of the norm's input ``x``, both float32."""
+        h = x.float()
+        if self.kind == "layer":
+            h = h - h.mean(-1, keepdim=True)
+        var = h.pow(2).mean(-1, keepdim=True) + self.module_eps(module)
+        return h * torch.rsqrt(var), var.sqrt()
+
+    def effective_weight(self, module: nn.Module) -> Optional[Float[Tensor, " d_model"]]:
+        """``w_eff`` in float32 (``None``: the norm has no weight, ``w_eff = 1``)."""
+        if self.weight is None:
+            return None
+        w = getattr(module, self.weight).float()
+        return w + self.weight_offset if self.weight_offset else w
+
+    def bias_of(self, module: nn.Module) -> Optional[Float[Tensor, " d_model"]]:
+        """The bias in float32 (``None``: none)."""
+        b = None if self.bias is None else getattr(module, self.bias, None)
+        return None if b is None else b.float()
+
+
+#: Llama-style RMSNorm: ``weight * n``, eps in ``variance_epsilon``
+RMS_NORM = FinalNorm()
+#: Gemma / Gemma 2 / Gemma 3 RMSNorm: ``(1 + weight) * n``, eps in ``eps``
+GEMMA_RMS_NORM = FinalNorm(eps_attr="eps", weight_offset=1.0)
+#: ``nn.LayerNorm`` (GPT-2, GPT-NeoX): ``weight * n + bias``
+LAYER_NORM = FinalNorm(kind="layer", eps_attr="eps", bias="bias")
+#: OLMo's LayerNorm without weight or bias (``F.layer_norm(..., eps=1e-5)``)
+OLMO_LAYER_NORM = FinalNorm(kind="layer", eps_attr=None, eps=1e-5, weight=None)
 
 
 @dataclass(frozen=True)
@@ -69,6 +137,8 @@ class Adapter:
     d_model_attrs: tuple[str, ...] = ("hidden_size", "n_embd")
     ctx_attrs: tuple[str, ...] = ("max_position_embeddings", "n_positions")
     extra: dict = field(default_factory=dict)
+    # What the final norm computes (ln_final.hook_scale / hook_normalized).
+    norm: FinalNorm = RMS_NORM
 
     # --- facts read from a model -------------------------------------------------
     def _cfg(self, config, attrs):
@@ -121,6 +191,19 @@ class Adapter:
 
     def final_norm_module(self, model: nn.Module) -> nn.Module:
         return get_module(model, self.final_norm)
+
+    def final_norm_parts(self, model: nn.Module, x: Float[Tensor, "*rows d_model"]
+                         ) -> tuple[Float[Tensor, "*rows d_model"], Float[Tensor, "*rows 1"]]:
+        """``(normalized, scale)`` the final norm computes from its input ``x`` (float32):
+        TransformerLens's ``ln_final.hook_normalized`` and ``ln_final.hook_scale``."""
+        return self.norm.normalize(self.final_norm_module(model), x)
+
+    def final_norm_affine(self, model: nn.Module
+                          ) -> tuple[Optional[Float[Tensor, " d_model"]], Optional[Float[Tensor, " d_model"]]]:
+        """``(w_eff, bias)`` of the final norm in float32 (``None`` for one it lacks): its output is
+        ``normalized * w_eff + bias``."""
+        mod = self.final_norm_module(model)
+        return self.norm.effective_weight(mod), self.norm.bias_of(mod)
 
     def embed_module(self, model: nn.Module) -> nn.Module:
         return get_module(model, self.embed)
@@ -243,13 +326,17 @@ def adapter_for(model: nn.Module) -> Adapter:
 # self_attn and change nothing here.
 def _llama_like(name: str, model_types: tuple[str, ...], *, attn_out: str = "self_attn", mlp_out: str = "mlp",
                 blocks: str = "model.layers", embed: str = "model.embed_tokens", final_norm: str = "model.norm",
-                pre_attn_norm: str = "input_layernorm") -> Adapter:
+                pre_attn_norm: str = "input_layernorm", norm: FinalNorm = RMS_NORM) -> Adapter:
     """An adapter with the Llama layout, some of its module paths replaced."""
     return Adapter(name=name, model_types=model_types, blocks=blocks, embed=embed, final_norm=final_norm,
-                   unembed="lm_head", attn_out=attn_out, mlp_out=mlp_out, pre_attn_norm=pre_attn_norm)
+                   unembed="lm_head", attn_out=attn_out, mlp_out=mlp_out, pre_attn_norm=pre_attn_norm, norm=norm)
 
 
-register_adapter(_llama_like("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "smollm3")))
+# The final norm: LlamaRMSNorm-style (weight * n, variance_epsilon) on Llama, Mistral, Qwen2/3 and
+# SmolLM3; GemmaRMSNorm is (1 + weight) * n with eps; OlmoLayerNorm has neither weight nor bias.
+register_adapter(_llama_like("llama", ("llama", "mistral", "qwen2", "qwen3", "smollm3")))
+register_adapter(_llama_like("llama", ("gemma",), norm=GEMMA_RMS_NORM))
+register_adapter(_llama_like("llama", ("olmo",), norm=OLMO_LAYER_NORM))
 # Not Granite: its block adds ``residual_multiplier * self_attn(...)``, a product no module
 # outputs, so hook_attn_out/hook_mlp_out (and resid_mid edits) would be off by that factor.
 
@@ -263,26 +350,29 @@ register_adapter(_llama_like("phi3", ("phi3",), attn_out="resid_attn_dropout", m
 # h += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))). Gemma 3 scales the
 # embeddings inside its embedding module (Gemma3TextScaledWordEmbedding).
 _POST_ATTN, _POST_MLP = "post_attention_layernorm", "post_feedforward_layernorm"
-register_adapter(_llama_like("gemma2", ("gemma2", "gemma3_text"), attn_out=_POST_ATTN, mlp_out=_POST_MLP))
+register_adapter(_llama_like("gemma2", ("gemma2", "gemma3_text"), attn_out=_POST_ATTN, mlp_out=_POST_MLP,
+                             norm=GEMMA_RMS_NORM))
 # Gemma 3 multimodal (Gemma3ForConditionalGeneration, config.model_type "gemma3"): the same
 # decoder, one level down at model.language_model; lm_head stays at the top.
 register_adapter(_llama_like("gemma3", ("gemma3",), attn_out=_POST_ATTN, mlp_out=_POST_MLP,
                              blocks="model.language_model.layers", embed="model.language_model.embed_tokens",
-                             final_norm="model.language_model.norm"))
+                             final_norm="model.language_model.norm", norm=GEMMA_RMS_NORM))
 # OLMo 2 / OLMo 3: h += post_attention_layernorm(self_attn(h)); h += post_feedforward_layernorm(mlp(h)).
-# There is no pre-attention norm: self_attn itself receives the residual.
+# There is no pre-attention norm: self_attn itself receives the residual. Olmo2RMSNorm is
+# (weight * n).to(dtype), the same values as Llama's in float32.
 register_adapter(_llama_like("olmo2", ("olmo2", "olmo3"), attn_out=_POST_ATTN, mlp_out=_POST_MLP,
                              pre_attn_norm="self_attn"))
 
 # GPT-2: transformer.h[i] computes h += attn(ln_1(h))[0]; h += mlp(ln_2(h)) (the attention
 # returns (output, weights) and applies resid_dropout itself; the MLP applies its dropout).
+# GPT-2 and GPT-NeoX end in an nn.LayerNorm with weight and bias.
 register_adapter(Adapter(name="gpt2", model_types=("gpt2",), blocks="transformer.h", embed="transformer.wte",
                          final_norm="transformer.ln_f", unembed="lm_head", attn_out="attn", mlp_out="mlp",
-                         attn="attn", pre_attn_norm="ln_1"))
+                         attn="attn", pre_attn_norm="ln_1", norm=LAYER_NORM))
 # GPT-NeoX (Pythia): a = post_attention_dropout(attention(input_layernorm(h))[0]);
 # m = post_mlp_dropout(mlp(post_attention_layernorm(.))); with use_parallel_residual (the
 # default) h + a + m, both sub-layers reading h, so there is no resid_mid; otherwise sequential.
 register_adapter(Adapter(name="gpt_neox", model_types=("gpt_neox",), blocks="gpt_neox.layers",
                          embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm",
                          unembed="embed_out", attn_out="post_attention_dropout", mlp_out="post_mlp_dropout",
-                         attn="attention", parallel="use_parallel_residual"))
+                         attn="attention", parallel="use_parallel_residual", norm=LAYER_NORM))

@@ -2,9 +2,14 @@
 
 ``blocks.{l}.hook_resid_pre``, ``blocks.{l}.hook_resid_mid``,
 ``blocks.{l}.hook_resid_post``, ``blocks.{l}.hook_attn_out``,
-``blocks.{l}.hook_mlp_out`` and ``ln_final.hook_normalized``. Layers are
-0-based block indices; ``hook_resid_post`` of block ``l`` is the output of that
-block, which is also ``hook_resid_pre`` of block ``l + 1``.
+``blocks.{l}.hook_mlp_out``, and three at the final norm, with TransformerLens's
+values: ``ln_final.hook_scale`` (the norm's scale, ``[batch, pos, 1]``:
+``sqrt(mean(x^2) + eps)`` for RMSNorm, ``sqrt(var(x) + eps)`` for LayerNorm; it
+can be recorded, not edited), ``ln_final.hook_normalized`` (the normalised stream
+before the norm's weight and bias) and ``ln_final.hook_out`` (the norm's output,
+what the unembedding reads). Layers are 0-based block indices;
+``hook_resid_post`` of block ``l`` is the output of that block, which is also
+``hook_resid_pre`` of block ``l + 1``.
 """
 from __future__ import annotations
 
@@ -12,17 +17,31 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from .errors import HookNameError
+from .errors import HookNameError, InputError
 from .names import is_index
 
 BLOCK_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
-FINAL_HOOK = "ln_final.hook_normalized"
+#: the final norm's hooks, in the order the norm computes them; each is also its Site's ``kind``
+FINAL_HOOKS = ("ln_final.hook_scale", "ln_final.hook_normalized", "ln_final.hook_out")
+FINAL_SCALE, FINAL_NORMALIZED, FINAL_OUT = FINAL_HOOKS
+#: the final norm's output (what the unembedding reads)
+FINAL_HOOK = FINAL_OUT
+#: hook names that can be recorded but not edited
+RECORD_ONLY = (FINAL_SCALE,)
 _RE = re.compile(r"blocks\.(-?[0-9]+)\.(hook_[a-z_]+)\Z", re.ASCII)
+
+
+def record_only_error(name: str) -> InputError:
+    """The error for an edit at a hook of :data:`RECORD_ONLY`."""
+    return InputError(f"expected edits at hooks that can be edited, found one at {name!r}, which can only be "
+                      "recorded (the final norm's scale); edit 'ln_final.hook_normalized' or 'ln_final.hook_out' "
+                      "instead")
 
 
 @dataclass(frozen=True)
 class Site:
-    """A parsed hook name: ``kind`` is one of BLOCK_HOOKS (``layer`` set) or ``"ln_final"``."""
+    """A parsed hook name: ``kind`` is one of BLOCK_HOOKS (``layer`` set) or one of FINAL_HOOKS
+    (the full name, ``layer`` None)."""
 
     name: str
     kind: str
@@ -30,7 +49,7 @@ class Site:
 
     @property
     def block_index(self) -> int:
-        """``layer`` of a block hook; :class:`HookNameError` for ``ln_final``, which has no block."""
+        """``layer`` of a block hook; :class:`HookNameError` for an ``ln_final`` hook, which has no block."""
         if self.layer is None:
             raise HookNameError(f"expected a block hook name such as 'blocks.0.hook_resid_post', which names a "
                                 f"layer, found {self.name!r}, which names none; use a block hook here")
@@ -42,14 +61,14 @@ def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
     if not isinstance(name, str):
         raise HookNameError(f"expected a hook name string such as 'blocks.0.hook_resid_post', "
                             f"found {type(name).__name__} {name!r}")
-    if name == FINAL_HOOK:
-        return Site(name, "ln_final", None)
+    if name in FINAL_HOOKS:
+        return Site(name, name, None)
     m = _RE.match(name)
     if not m or m.group(2) not in BLOCK_HOOKS:
         raise HookNameError(
             f"expected a hook name of the form 'blocks.{{layer}}.{{{'|'.join(BLOCK_HOOKS)}}}' or "
-            f"'{FINAL_HOOK}' (the layer in ASCII digits without a leading zero), found {name!r:.120}; list them "
-            "with sm.hook_names()")
+            f"one of {', '.join(repr(n) for n in FINAL_HOOKS)} (the layer in ASCII digits without a leading "
+            f"zero), found {name!r:.120}; list them with sm.hook_names()")
     g = m.group(1)
     if not g.startswith("-") and not is_index(g):
         raise HookNameError(f"expected the layer in {name!r} as ASCII digits without a leading zero (e.g. "
@@ -66,7 +85,7 @@ def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
 
 def all_names(n_layers: int, *, has_resid_mid: bool = True) -> list[str]:
     kinds = [k for k in BLOCK_HOOKS if has_resid_mid or k != "hook_resid_mid"]
-    return [f"blocks.{l}.{k}" for l in range(n_layers) for k in kinds] + [FINAL_HOOK]
+    return [f"blocks.{l}.{k}" for l in range(n_layers) for k in kinds] + list(FINAL_HOOKS)
 
 
 def resid_post(layers: int | Iterable[int]) -> list[str]:

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .errors import HookNameError, InputError
-from .hooknames import Site, parse
+from .hooknames import RECORD_ONLY, Site, parse, record_only_error
 from .positions import PositionSpec, RunState, chunk_mask, selects_generated, validate_positions
 
 
@@ -364,8 +364,13 @@ class HookManager:
 
     def install(self, compiled, label: str = "steer") -> HookHandle:
         """Register a :class:`~steerkit.interventions.CompiledSteering`: each site's program is its
-        hook function (all sites or none)."""
-        return self.register([(self.parse(site), program) for site, program in compiled], label=label)
+        hook function (all sites or none); a record-only site (``ln_final.hook_scale``) raises
+        :class:`InputError`."""
+        sites = [(self.parse(site), program) for site, program in compiled]
+        for site, _ in sites:
+            if site.name in RECORD_ONLY:
+                raise record_only_error(site.name)
+        return self.register(sites, label=label)
 
     def reset(self) -> None:
         """Remove every hook this manager registered (the escape hatch)."""

@@ -13,7 +13,7 @@ import torch
 
 import steerkit
 from steerkit.adapters import adapter_for, get_module
-from steerkit.errors import HookNameError, UnsupportedArchitectureError
+from steerkit.errors import HookNameError, InputError, UnsupportedArchitectureError
 from steerkit.model import Tokens
 
 try:
@@ -95,14 +95,15 @@ def test_layout(arch):
     assert (sm.n_layers, sm.d_model) == (2, 64)
     names = sm.hook_names()
     assert ("blocks.0.hook_resid_mid" in names) == (MID_CONSUMER[arch] is not None)
-    assert names[-1] == "ln_final.hook_normalized"
+    assert names[-3:] == ["ln_final.hook_scale", "ln_final.hook_normalized", "ln_final.hook_out"]
 
 
 def test_hooks_match_hidden_states(arch):
-    """resid_pre/resid_post are the decoder-layer inputs/outputs HF reports; ln_final its last state."""
+    """resid_pre/resid_post are the decoder-layer inputs/outputs HF reports; ln_final.hook_out its last
+    state."""
     sm = steer(arch)
     toks = batch()
-    names = [n for l in range(sm.n_layers) for n in kinds(sm, l)] + ["ln_final.hook_normalized"]
+    names = [n for l in range(sm.n_layers) for n in kinds(sm, l)] + ["ln_final.hook_out"]
     with sm.record(names) as cache:
         logits = sm.forward(toks)
     assert sm.hook_count() == 0
@@ -118,7 +119,7 @@ def test_hooks_match_hidden_states(arch):
     for l in range(L - 1):  # hs[L] has the final norm applied
         torch.testing.assert_close(cache[f"blocks.{l}.hook_resid_post"], hs[l + 1], atol=0, rtol=0)
         torch.testing.assert_close(cache[f"blocks.{l + 1}.hook_resid_pre"], hs[l + 1], atol=0, rtol=0)
-    torch.testing.assert_close(cache["ln_final.hook_normalized"], hs[L], atol=0, rtol=0)
+    torch.testing.assert_close(cache["ln_final.hook_out"], hs[L], atol=0, rtol=0)
     fn = sm.adapter.final_norm_module(sm.hf_model)
     torch.testing.assert_close(fn(cache[f"blocks.{L - 1}.hook_resid_post"]), hs[L], atol=ATOL, rtol=0)
 
@@ -153,7 +154,7 @@ def test_zero_add_is_bit_identical(arch):
     toks = batch()
     base = sm.forward(toks)
     zero = torch.zeros(sm.d_model)
-    with sm.edit({name: zero for name in sm.hook_names()}):
+    with sm.edit({name: zero for name in sm.hook_names() if name != "ln_final.hook_scale"}):
         assert torch.equal(sm.forward(toks), base)
     assert sm.hook_count() == 0
 
@@ -199,11 +200,75 @@ def test_edits_propagate(arch):
     assert torch.equal(a, b)
     assert (a - base).abs().max() > 1e-3
     # adding at the last resid_post feeds the final norm
-    with sm.edit(last, add=v), sm.record("ln_final.hook_normalized") as c1:
+    with sm.edit(last, add=v), sm.record("ln_final.hook_out") as c1:
         sm.forward(toks)
     fn = sm.adapter.final_norm_module(sm.hf_model)
-    torch.testing.assert_close(c1["ln_final.hook_normalized"], fn(c0[last] + v), atol=ATOL, rtol=0)
+    torch.testing.assert_close(c1["ln_final.hook_out"], fn(c0[last] + v), atol=ATOL, rtol=0)
     assert sm.hook_count() == 0
+
+
+# arch -> (RMSNorm?, effective weight of the final norm module, its bias), read from each family's norm class
+def _norm_facts(arch, mod):
+    if arch in ("gemma", "gemma2", "gemma3_text", "gemma3"):
+        return True, 1 + mod.weight.float(), None
+    if arch == "olmo":
+        return False, None, None
+    if arch in ("gpt2", "gpt_neox", "gpt_neox_seq"):
+        return False, mod.weight.float(), mod.bias.float()
+    return True, mod.weight.float(), None
+
+
+def test_final_norm_hooks(arch):
+    """hook_normalized * w_eff (+ bias) == hook_out; hook_scale is TransformerLens's scale; an add
+    edit of v at hook_normalized changes hook_out by v * w_eff; hook_scale cannot be edited."""
+    sm = steer(arch)
+    toks = batch()
+    L = sm.n_layers
+    mod = sm.adapter.final_norm_module(sm.hf_model)
+    with torch.no_grad():  # make weight and bias non-trivial, so w_eff and the bias matter
+        for name in ("weight", "bias"):
+            p = getattr(mod, name, None)
+            if isinstance(p, torch.nn.Parameter):
+                p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(11)))
+    rms, w, b = _norm_facts(arch, mod)
+    names = [f"blocks.{L - 1}.hook_resid_post", "ln_final.hook_scale", "ln_final.hook_normalized",
+             "ln_final.hook_out"]
+    try:
+        with sm.record(names) as c:
+            base = sm.forward(toks)
+        x, s, n, y = (c[k] for k in names)
+        assert s.shape == (*x.shape[:-1], 1) and n.shape == y.shape == x.shape
+        h = x if rms else x - x.mean(-1, keepdim=True)
+        eps = sm.adapter.norm.module_eps(mod)
+        cfg = sm.adapter.text_config(sm.hf_model)
+        want_eps = 1e-5 if arch == "olmo" else next(getattr(cfg, a) for a in (
+            "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps") if getattr(cfg, a, None) is not None)
+        assert eps == want_eps
+        torch.testing.assert_close(s, (h.pow(2).mean(-1, keepdim=True) + eps).sqrt(), atol=ATOL, rtol=1e-5)
+        torch.testing.assert_close(n, h / s, atol=ATOL, rtol=0)
+        # the weight (or bias) is not the identity; OLMo's norm has neither
+        assert torch.allclose(n, y, atol=1e-2) == (w is None and b is None)
+        want = n * (1 if w is None else w) + (0 if b is None else b)
+        torch.testing.assert_close(want, y, atol=ATOL, rtol=0)
+        assert w is None or not torch.allclose(w, torch.ones_like(w))
+        v = vec(5)
+        with sm.edit("ln_final.hook_normalized", add=v), sm.record(["ln_final.hook_normalized",
+                                                                    "ln_final.hook_out"]) as ce:
+            steered = sm.forward(toks)
+        torch.testing.assert_close(ce["ln_final.hook_normalized"], n + v, atol=ATOL, rtol=0)
+        torch.testing.assert_close(ce["ln_final.hook_out"], y + v * (1 if w is None else w), atol=ATOL, rtol=0)
+        assert (steered - base).abs().max() > 1e-3
+        # two edits compose: the second sees the first one's result
+        with sm.edit("ln_final.hook_normalized", add=v), sm.edit("ln_final.hook_normalized", fn=lambda t: 2 * t), \
+                sm.record("ln_final.hook_out") as c2:
+            sm.forward(toks)
+        torch.testing.assert_close(c2["ln_final.hook_out"], 2 * (n + v) * (1 if w is None else w)
+                                   + (0 if b is None else b), atol=1e-4, rtol=0)
+        with pytest.raises(InputError, match="hook_scale"):
+            sm.edit("ln_final.hook_scale", add=torch.zeros(sm.d_model))
+        assert sm.hook_count() == 0
+    finally:
+        _CACHE.pop(arch, None)  # the norm's parameters were changed
 
 
 def test_ablate_attn_out(arch):

@@ -32,6 +32,7 @@ pytest.importorskip("transformer_lens")
 pytest.importorskip("nnsight")
 
 import steerkit
+from steerkit.errors import InputError
 
 pytestmark = [pytest.mark.slow, pytest.mark.backends]
 
@@ -39,7 +40,8 @@ PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "Hi"]
 N_GEN = 12
 TOL = {"tlens": dict(rtol=1e-4, atol=1e-3), "nnsight": dict(rtol=0.0, atol=1e-5)}
 EDIT_SITES = ["blocks.5.hook_resid_pre", "blocks.5.hook_resid_mid", "blocks.5.hook_resid_post",
-              "blocks.5.hook_attn_out", "blocks.5.hook_mlp_out", "ln_final.hook_normalized"]
+              "blocks.5.hook_attn_out", "blocks.5.hook_mlp_out", "ln_final.hook_normalized", "ln_final.hook_out"]
+FINAL = ["ln_final.hook_scale", "ln_final.hook_normalized", "ln_final.hook_out"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -114,7 +116,7 @@ def test_plain_logits_agree(others, toks, ref_logits):
 def test_recorded_activations_agree(hf, others, toks):
     names = [f"blocks.{l}.hook_resid_post" for l in (0, 10, hf.n_layers - 1)] + [
         "blocks.7.hook_resid_pre", "blocks.7.hook_resid_mid", "blocks.7.hook_attn_out",
-        "blocks.7.hook_mlp_out", "ln_final.hook_normalized"]
+        "blocks.7.hook_mlp_out", *FINAL]
     with hf.record(names) as ref:
         hf.forward(toks)
     for name, sm in others.items():
@@ -145,6 +147,33 @@ def test_add_edit_gives_same_logits(hf, others, toks, ref_logits, vec, site):
             got = sm.forward(toks)
         _close(name, _real(got, toks), _real(want, toks))
         _close(name, _real(sm.forward(toks), toks), _real(ref_logits, toks))  # gone after its scope
+
+
+def test_final_norm_edits_agree(hf, others, toks, vec):
+    """Edits at hook_normalized and hook_out, and what all three final-norm hooks record under them,
+    agree across backends; hook_scale is record only on every backend."""
+    d = vec / vec.norm()
+
+    def run(sm):
+        with sm.edit("ln_final.hook_normalized", add=0.1 * vec), sm.edit("ln_final.hook_normalized", ablate=d), \
+                sm.edit("ln_final.hook_out", fn=lambda x: 0.9 * x), sm.record(FINAL) as c:
+            logits = sm.forward(toks)
+        return logits, c
+
+    want, cw = run(hf)
+    assert float((cw["ln_final.hook_normalized"] @ d).abs().max()) < 1e-4
+    for name, sm in {"hf": hf, **others}.items():
+        base = sm.hook_count()
+        with pytest.raises(InputError, match="hook_scale"):
+            sm.edit("ln_final.hook_scale", add=vec)
+        assert sm.hook_count() == base, name
+        if name == "hf":
+            continue
+        got, cg = run(sm)
+        _close(name, _real(got, toks), _real(want, toks))
+        for n in FINAL:
+            assert cg[n].shape == cw[n].shape
+            _close(name, cg[n], cw[n])
 
 
 def test_ablation_and_resid_mid_edits_agree(hf, others, toks, vec):

@@ -5,13 +5,13 @@ default model and the same token ids.
 Names and their TransformerLens keys (the bridge keeps aliases; the first it has is used):
 ``blocks.{l}.hook_resid_pre`` / ``hook_resid_mid`` / ``hook_resid_post`` / ``hook_attn_out`` /
 ``hook_mlp_out`` under the same names (``hook_in`` / ``ln2.hook_in`` / ``hook_out`` /
-``attn.hook_out`` / ``mlp.hook_out``), and ``ln_final.hook_normalized``, which in steerkit is the final
-norm's output, under TransformerLens's ``ln_final.hook_out``.
+``attn.hook_out`` / ``mlp.hook_out``), and the final norm's ``ln_final.hook_scale`` (its scale,
+``[batch, pos, 1]``), ``ln_final.hook_normalized`` (the normalised stream before its weight) and
+``ln_final.hook_out`` (its output) under the same three names.
 
 Tolerance: the bridge runs eager attention and the HF backend SDPA (another summation order):
 |a - b| <= 1e-4 * max|b| per tensor, with max|b| up to ~4400 on this model's massive-activation
-dimension (measured: 2.3e-6 relative at worst). TransformerLens's own ``ln_final.hook_normalized`` is
-the normalised stream before the norm's weight, which steerkit does not expose under that name yet.
+dimension (measured: 2.3e-6 relative at worst).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import torch
 pytest.importorskip("transformer_lens")
 
 import steerkit  # noqa: E402
+from steerkit.hooknames import FINAL_HOOKS  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.backends]
 
@@ -51,7 +52,8 @@ def test_every_hook_name_equals_run_with_cache(default_model, bridge):
     sm = default_model
     toks = sm.tokenize(["When Mary and John went to the store, John gave a drink to"], chat=False)
     names = sm.hook_names()
-    assert len(names) == 5 * sm.n_layers + 1
+    assert len(names) == 5 * sm.n_layers + 3
+    assert names[-3:] == list(FINAL_HOOKS)
     with sm.record(names, positions="all") as ours:
         sm.forward(toks)
     with torch.inference_mode():
@@ -59,7 +61,7 @@ def test_every_hook_name_equals_run_with_cache(default_model, bridge):
     checked = 0
     for name in names:
         site = sm.hooks.parse(name)
-        theirs = cache["ln_final.hook_out"] if site.kind == "ln_final" else _tl_value(cache, site.kind, site.layer)
+        theirs = cache[name] if name in FINAL_HOOKS else _tl_value(cache, site.kind, site.layer)
         mine = ours[name]
         assert mine.shape == theirs.shape, (name, tuple(mine.shape), tuple(theirs.shape))
         scale = float(theirs.abs().max())

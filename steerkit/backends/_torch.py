@@ -9,13 +9,30 @@ and ``resid_mid`` as ``resid_in + attn_out`` edited through the attention
 output (the residual between the two sub-layers is a local variable inside
 the block, so it is read from the module that receives the block's residual
 and the attention contribution, and an edit ``f`` adds ``f(mid) - mid`` to the
-attention output).
+attention output), and the final norm's ``ln_final.hook_scale`` /
+``hook_normalized`` from a forward hook that sees the norm's input and output:
+the scale and the normalised stream are computed from the input as the norm
+computes them (float32 statistics), and an edit ``f`` of the normalised stream
+``n`` makes the output ``y + (f(n) - n) * w_eff`` (the bias unchanged), which is
+exactly what the norm outputs from ``f(n)``.
 """
 from __future__ import annotations
 
-from typing import Callable
+import weakref
+from typing import Callable, Optional
 
 from torch import Tensor, nn
+
+from ..hooknames import FINAL_NORMALIZED, FINAL_SCALE, record_only_error
+
+
+def normalized_edit(y: Tensor, n: Tensor, new: Tensor, w_eff: Optional[Tensor]) -> Tensor:
+    """The final norm's output ``y`` once its normalised stream ``n`` is edited to ``new``:
+    ``y + (new - n) * w_eff`` (``w_eff=None``: a norm without weight), in ``y``'s dtype."""
+    d = new.float() - n.float()
+    if w_eff is not None:
+        d = d * w_eff.to(d.device)
+    return y + d.to(y.dtype)
 
 
 def first(out):
@@ -35,6 +52,9 @@ class TorchHooks:
 
     def __init__(self):
         self._torch_handles: list = []
+        # per final-norm module: (a weak reference to the input of its current call, the normalised
+        # stream after the edits so far); the entry goes when that input does
+        self._norm_state: dict[int, tuple[weakref.ref, Tensor]] = {}
 
     def _track(self, h) -> Callable[[], None]:
         self._torch_handles.append(h)
@@ -51,6 +71,7 @@ class TorchHooks:
         for h in list(self._torch_handles):
             h.remove()
         self._torch_handles.clear()
+        self._norm_state.clear()
 
     def _edit_output(self, module: nn.Module, fn, tracker) -> Callable[[], None]:
         def post(mod, args, out):
@@ -58,6 +79,35 @@ class TorchHooks:
             y = fn(x, tracker.call(x))
             return y if y is None or x is out else with_first(out, y)
         return self._track(module.register_forward_hook(post))
+
+    def _final_norm(self, module: nn.Module, kind: str, parts, affine, fn, tracker) -> Callable[[], None]:
+        """``ln_final.hook_scale`` / ``hook_normalized`` on the final norm ``module``: ``parts(x)`` is
+        ``(normalized, scale)`` of its input (float32), ``affine()`` its ``(w_eff, bias)``."""
+        state = self._norm_state
+        key = id(module)
+
+        def post(mod, args, kwargs, out):
+            x = args[0] if args else kwargs["hidden_states"]
+            if kind == FINAL_SCALE:
+                s = parts(x)[1].to(x.dtype)
+                if fn(s, tracker.call(s)) is not None:
+                    raise record_only_error(FINAL_SCALE)
+                return None
+            assert kind == FINAL_NORMALIZED, kind
+            seen = state.get(key)
+            # an earlier hook_normalized edit of this call already edited the stream: start from it
+            n = seen[1] if seen is not None and seen[0]() is x else parts(x)[0].to(x.dtype)
+            new = fn(n, tracker.call(n))
+            if new is None:
+                return None
+
+            def drop(ref):
+                if state.get(key, (None,))[0] is ref:
+                    del state[key]
+            state[key] = (weakref.ref(x, drop), new)
+            y = out if type(out) is Tensor else first(out)
+            return with_first(out, normalized_edit(y, n, new, affine()[0]))
+        return self._track(module.register_forward_hook(post, with_kwargs=True))
 
     def _edit_mid(self, resid_in: nn.Module, resid_in_is_input: bool, attn_out: nn.Module, fn,
                   tracker) -> Callable[[], None]:

@@ -12,7 +12,12 @@ Sites map onto modules through the model's :class:`~steerkit.adapters.Adapter`:
   edit made at ``hook_resid_pre``), and an edit ``f`` is applied by adding
   ``f(mid) - mid`` to the attention output, which changes everything the block
   computes afterwards exactly as editing ``mid`` would;
-- ``ln_final.hook_normalized``: forward hook on the final norm.
+- ``ln_final.hook_out``: forward hook on the final norm (edits replace its output);
+- ``ln_final.hook_scale`` / ``ln_final.hook_normalized``: a forward hook on the
+  final norm that computes them from its input as the norm does (the adapter's
+  :class:`~steerkit.adapters.FinalNorm`); an edit ``f`` of the normalised stream
+  ``n`` makes the output ``y + (f(n) - n) * w_eff``. Hooks at the final norm run
+  in registration order.
 
 Tuple outputs are handled by editing their first element.
 """
@@ -24,7 +29,7 @@ from typing import Callable
 from torch import Tensor, nn
 
 from ..adapters import Adapter
-from ..hooknames import Site
+from ..hooknames import FINAL_NORMALIZED, FINAL_OUT, FINAL_SCALE, Site
 from ._torch import TorchHooks
 
 
@@ -41,7 +46,7 @@ class HFBackend(TorchHooks):
     # --- hooks -------------------------------------------------------------------
     def _module_for(self, site: Site) -> nn.Module:
         a, m = self.adapter, self.model
-        if site.kind == "ln_final":
+        if site.kind == FINAL_OUT:
             return a.final_norm_module(m)
         if site.kind in ("hook_resid_pre", "hook_resid_post"):
             return a.block(m, site.block_index)
@@ -65,6 +70,10 @@ class HFBackend(TorchHooks):
                 kwargs = dict(kwargs, hidden_states=y)
                 return args, kwargs
             return self._track(self._module_for(site).register_forward_pre_hook(pre, with_kwargs=True))
+        if site.kind in (FINAL_SCALE, FINAL_NORMALIZED):
+            a, m = self.adapter, self.model
+            return self._final_norm(a.final_norm_module(m), site.kind, lambda x: a.final_norm_parts(m, x),
+                                    lambda: a.final_norm_affine(m), fn, tracker)
         if site.kind == "hook_resid_mid":
             return self._edit_mid(self.adapter.pre_attn_norm_module(self.model, site.block_index), True,
                                   self.adapter.attn_out_module(self.model, site.block_index), fn, tracker)

@@ -12,7 +12,11 @@ functions on it in registration order and writing the result back:
 - ``hook_attn_out`` / ``hook_mlp_out`` -> the output (first element when a
   tuple) of the module the adapter names as the sub-layer's contribution;
 - ``hook_resid_post`` -> ``layers[l].output``;
-- ``ln_final.hook_normalized`` -> the final norm's output;
+- ``ln_final.hook_out`` -> the final norm's output; ``ln_final.hook_scale`` and
+  ``ln_final.hook_normalized`` are computed from the final norm's input as the
+  norm computes them (the adapter's :class:`~steerkit.adapters.FinalNorm`), and an
+  edit ``f`` of the normalised stream ``n`` makes the output
+  ``y + (f(n) - n) * w_eff``; the final norm's hooks run in registration order;
 - ``hook_resid_mid``: as in the HF backend, read as ``pre_attn_norm.input +
   attn_out`` and edited by adding ``f(mid) - mid`` to the attention output.
 
@@ -38,8 +42,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 from torch import Tensor
 
 from ..errors import InputError, SteerkitError
-from ..hooknames import Site
-from ._torch import first as _first, with_first as _with_first
+from ..hooknames import FINAL_HOOKS, FINAL_OUT, FINAL_SCALE, Site, record_only_error
+from ._torch import first as _first, normalized_edit, with_first as _with_first
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -115,7 +119,7 @@ class NNsightBackend:
         by_layer: dict[int, dict[int, list[_Entry]]] = {}
         final: list[_Entry] = []
         for e in sorted(self._entries, key=lambda e: e.order):
-            if e.site.kind == "ln_final":
+            if e.site.kind in FINAL_HOOKS:
                 final.append(e)
             else:
                 by_layer.setdefault(e.site.layer, {}).setdefault(_STAGE[e.site.kind], []).append(e)
@@ -175,12 +179,38 @@ class NNsightBackend:
                 if y is not x:
                     blk.output = _with_first(out, y)
         if final:
-            norm = _envoy(self.lm, a.final_norm)
-            out = norm.output
-            x = _first(out)
-            y = self._apply(final, x, None)
-            if y is not x:
-                norm.output = _with_first(out, y)
+            self._final_norm(final)
+
+    def _final_norm(self, final: list[_Entry]) -> None:
+        """The final norm's hooks, in registration order: hook_out edits its output; hook_scale and
+        hook_normalized are computed from its input, and a hook_normalized edit adds
+        ``(f(n) - n) * w_eff`` to the output."""
+        a = self.adapter
+        norm = _envoy(self.lm, a.final_norm)
+        x_in = norm.input if any(e.site.kind != FINAL_OUT for e in final) else None
+        out = norm.output
+        y0 = y = _first(out)
+        n = None
+        for e in final:
+            if e.site.kind == FINAL_OUT:
+                r = e.fn(y, e.tracker.call(y))
+                if r is not None:
+                    y = r
+                continue
+            assert x_in is not None
+            if e.site.kind == FINAL_SCALE:
+                s = a.final_norm_parts(self.model, x_in)[1].to(x_in.dtype)
+                if e.fn(s, e.tracker.call(s)) is not None:
+                    raise record_only_error(FINAL_SCALE)
+                continue
+            if n is None:
+                n = a.final_norm_parts(self.model, x_in)[0].to(x_in.dtype)
+            r = e.fn(n, e.tracker.call(n))
+            if r is not None:
+                y = normalized_edit(y, n, r, a.final_norm_affine(self.model)[0])
+                n = r
+        if y is not y0:
+            norm.output = _with_first(out, y)
 
     def _run(self, **inputs) -> Tensor:
         plan = self._plan()

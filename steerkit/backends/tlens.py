@@ -17,9 +17,11 @@ for everything downstream):
 - ``hook_attn_out`` / ``hook_mlp_out`` -> the bridge's own ``blocks.{l}.hook_attn_out`` /
   ``hook_mlp_out`` aliases (``attn.hook_out`` / ``mlp.hook_out`` on Llama; the
   post-sub-layer norms on Gemma 2-style blocks): what each sub-layer adds to the residual;
-- ``ln_final.hook_normalized`` -> ``ln_final.hook_out``: the final norm's *output*,
-  as in the HF backend (the bridge's own ``ln_final.hook_normalized`` fires before
-  the norm weight is applied);
+- ``ln_final.hook_scale`` / ``hook_normalized`` / ``hook_out`` -> the bridge's own
+  hook points of those names (the norm's scale, the normalised stream before the
+  weight, the output). An edit of the bridge's ``hook_normalized`` reaches the
+  output: the bridge then builds it as ``normalized * w_eff + bias``;
+  ``hook_scale`` is recorded only (an edit raises :class:`~steerkit.errors.InputError`);
 - ``hook_resid_mid``: the bridge aliases it to ``ln2.hook_in``, but replacing that
   only changes the MLP's *input*: the HF block adds the MLP output to its own local
   copy of the residual, so the edit would not reach ``resid_post``. As in the HF
@@ -57,7 +59,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedArchitectureError
-from ..hooknames import Site
+from ..hooknames import FINAL_HOOKS, FINAL_NORMALIZED, FINAL_SCALE, Site, record_only_error
 from ._torch import TorchHooks
 
 if TYPE_CHECKING:
@@ -130,8 +132,8 @@ class TLensBackend(TorchHooks):
 
     def _point_for(self, site: Site) -> nn.Module:
         l = site.layer
-        if site.kind == "ln_final":
-            return self._hp("ln_final.hook_out")
+        if site.kind in FINAL_HOOKS:
+            return self._hp(site.kind)
         return self._hp(*{
             "hook_resid_pre": (f"blocks.{l}.hook_in", f"blocks.{l}.hook_resid_pre"),
             "hook_resid_post": (f"blocks.{l}.hook_out", f"blocks.{l}.hook_resid_post"),
@@ -142,6 +144,17 @@ class TLensBackend(TorchHooks):
     def register(self, site: Site, fn, tracker) -> Callable[[], None]:
         if site.kind == "hook_resid_mid":
             return self._register_mid(site, fn, tracker)
+        if site.kind in (FINAL_SCALE, FINAL_NORMALIZED):
+            dtype, kind = self.sm.dtype, site.kind
+
+            def at_model_dtype(x, call):  # the bridge computes these two in float32
+                r = fn(x.to(dtype), call)
+                if r is None:
+                    return None
+                if kind == FINAL_SCALE:
+                    raise record_only_error(FINAL_SCALE)
+                return r.to(x.dtype)
+            return self._edit_output(self._point_for(site), at_model_dtype, tracker)
         return self._edit_output(self._point_for(site), fn, tracker)
 
     def _register_mid(self, site: Site, fn, tracker) -> Callable[[], None]:

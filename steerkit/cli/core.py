@@ -27,7 +27,7 @@ def cmd_info(args) -> int:
         print(f"{k:12s} {v}")
     names = sm.hook_names()
     print(f"hooks        {len(names)} (blocks.{{0..{sm.n_layers - 1}}}.hook_resid_pre|resid_mid|resid_post|"
-          "attn_out|mlp_out, ln_final.hook_normalized)")
+          "attn_out|mlp_out, ln_final.hook_scale|hook_normalized|hook_out)")
     if args.all_hooks:
         print("\n".join(names))
     return 0
