@@ -36,7 +36,7 @@ from steerkit.errors import InputError
 from steerkit.hooknames import parse as parse_hook
 from steerkit.kernels import ORTHO_TOL, Region, SteerConfig, SteerTable, bind_steer
 from steerkit.kernels.config import add_terms
-from steerkit.positions import PositionSpec, RunState, chunk_mask, validate_positions
+from steerkit.positions import PositionSpec, RunState, chunk_mask, spec_key, validate_positions
 
 Op = Literal["add", "ablate", "clamp", "replace", "project", "apply"]
 OPS: tuple[str, ...] = ("add", "ablate", "clamp", "replace", "project", "apply")
@@ -321,17 +321,6 @@ def lower(steering, facts: ModelFacts, *, scale: float = 1.0, override: bool = F
 
 
 # =============================================================================== compiled programs
-def _spec_id(spec) -> object:
-    """Equal specs share a mask: by value where the spec has a plain value, else by identity."""
-    if isinstance(spec, str):
-        return spec
-    if isinstance(spec, list):
-        return ("idx",) + tuple(spec)
-    if isinstance(spec, range):
-        return ("range", spec.start, spec.stop, spec.step)
-    return ("id", id(spec))
-
-
 def _combine(parts: Sequence[Intervention], where: str) -> SteerConfig:
     """One kernel configuration doing all of ``parts`` (one row's kernel interventions at one site
     whose positions select a token): bases stacked (orthonormal together), injections summed, at
@@ -411,7 +400,7 @@ class SiteProgram:
         for gi, parts in enumerate(kernel_parts):
             local: dict = {}
             for p in parts:
-                sid = _spec_id(p.positions)
+                sid = spec_key(p.positions)
                 if sid not in specs:
                     specs[sid] = (len(specs), p.positions)
                 local.setdefault(specs[sid][0], len(local))
@@ -422,7 +411,7 @@ class SiteProgram:
             base.append(len(configs))
             local_bits.append(local)
             for b in range(1, 1 << len(local)):
-                chosen = [p for p in parts if b >> local[specs[_spec_id(p.positions)][0]] & 1]
+                chosen = [p for p in parts if b >> local[specs[spec_key(p.positions)][0]] & 1]
                 configs.append(_combine(chosen, f"{site} (row group {gi})"))
         self.specs = [s for _, s in sorted(specs.values(), key=lambda t: t[0])]
         self.table = self.kernel = None
@@ -513,11 +502,11 @@ class SiteProgram:
                 y = (p.scale * p.tensor.to(device=x.device, dtype=x.dtype)).expand_as(x)
             elif p.fn is not None:
                 y = p.fn(x)
-            else:  # pragma: no cover - the constructors never build one
-                raise InputError(f"expected a callable in the apply intervention at {self.site!r}, found None")
                 if not isinstance(y, Tensor) or y.shape != x.shape:
                     raise InputError(f"expected the intervention's fn at {self.site!r} to return a tensor of shape "
                                      f"{tuple(x.shape)}, found {getattr(y, 'shape', type(y).__name__)}")
+            else:  # pragma: no cover - the constructors never build one
+                raise InputError(f"expected a callable in the apply intervention at {self.site!r}, found None")
             out = y if m is None else torch.where(m.unsqueeze(-1), y, x)
         return out
 

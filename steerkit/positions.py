@@ -253,7 +253,7 @@ def chunk_mask(spec: PositionSpec, run: RunState | None, start: int, T: int, B: 
             run._cache[key] = torch.zeros(B, T, dtype=torch.bool, device=device)
         return run._cache[key]
     # every hook of one step asks for the same mask: compute it once per (spec, chunk)
-    mask_key = ("mask", _spec_key(spec), start, T, B, device)
+    mask_key = ("mask", spec_key(spec), start, T, B, device)
     hit = run._cache.get(mask_key)
     if hit is not None:  # (an id-keyed entry holds its spec, so that id cannot be reused meanwhile)
         return hit[1]
@@ -262,7 +262,7 @@ def chunk_mask(spec: PositionSpec, run: RunState | None, start: int, T: int, B: 
     return out
 
 
-def _spec_key(spec):
+def spec_key(spec):
     """A cache key for ``spec``: its value where it has a simple one, else its identity."""
     if isinstance(spec, (str, int)):
         return spec

@@ -246,3 +246,11 @@ def test_one_lowering_function():
                 if isinstance(node, ast.Attribute) and node.attr == "from_configs":
                     builders.append(str(f.relative_to(ROOT)))
     assert builders == ["steerkit/interventions.py"], builders
+
+
+def test_apply_fn_of_the_wrong_shape_is_refused(tiny):
+    site = "blocks.1.hook_resid_post"
+    with tiny.steer([Intervention.apply(site, lambda x: x[..., :3])]):
+        with pytest.raises(InputError, match="to return a tensor of shape"):
+            tiny.forward(PROMPTS, chat=False)
+    assert tiny.hook_count() == 0
