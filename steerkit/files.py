@@ -150,6 +150,7 @@ class Folder:
     """
 
     def __init__(self, root: "str | os.PathLike[str]"):
+        self.given = Path(root)
         self.root = Path(os.path.realpath(os.fspath(root)))
 
     def __repr__(self) -> str:
@@ -183,6 +184,13 @@ class Folder:
             os.close(fd)
             raise
         return fd
+
+    def mkdir(self, rel: "str | os.PathLike[str]") -> Path:
+        """Create the folder ``rel`` and its parents below the root (each component created and opened
+        with ``O_NOFOLLOW``, so an existing link on the way is refused, never followed); returns its path."""
+        parts = _parts(rel)
+        os.close(self._dir_fd(parts, create=True))
+        return self.root.joinpath(*parts)
 
     def path(self, rel: "str | os.PathLike[str]") -> Path:
         """``root / rel`` after checking that ``rel`` stays inside (no ``..``, not absolute) and that no

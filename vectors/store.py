@@ -118,8 +118,12 @@ class Store:
     # ------------------------------------------------------------------ paths & index
     @property
     def files(self) -> Folder:
-        """The store folder as a :class:`steerkit.files.Folder` (every file access goes through it)."""
-        return Folder(self.root)
+        """The store folder as a :class:`steerkit.files.Folder` (every file access goes through it),
+        made once per root."""
+        f = self.__dict__.get("_files")
+        if f is None or f.given != self.root:
+            f = self.__dict__["_files"] = Folder(self.root)
+        return f
 
     @property
     def index_path(self) -> Path:
@@ -279,16 +283,9 @@ class Store:
                         files.remove(f"objects/{n}/{v}")
 
     def _mkdir(self, rel: str) -> None:
-        """Create the folder ``rel`` (its parent exists); an existing entry must be a plain folder."""
+        """Create the folder ``rel`` (an existing entry must be a plain folder, not a link)."""
         with self._confined():
-            p = self.files.path(rel)
-            try:
-                os.mkdir(p)  # never follows a link at p (EEXIST)
-            except FileExistsError:
-                pass
-            st = self.files.lstat(rel)
-            if st is None or not stat.S_ISDIR(st.st_mode):
-                raise StoreError(f"expected a folder at {p}, found another kind of entry; remove it")
+            self.files.mkdir(rel)
 
     # ------------------------------------------------------------------ resolution
     def resolve(self, ref: str, idx: dict | None = None) -> tuple[str, int]:
