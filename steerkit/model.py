@@ -25,8 +25,7 @@ from .backends.nnsight import NNsightBackend
 from .backends.tlens import TLensBackend
 from .errors import InputError
 from .fingerprint import model_fingerprint
-from .generation import check_generate_args
-from .generation import check_prompts
+from .generation import check_generate_args, check_prompts
 from .generation import generate as _generate
 from .hooks import HookHandle, HookManager, RecordHandle
 from .interventions import KERNEL_OPS, CompiledSteering, Intervention, ModelFacts, compile, lower
@@ -184,13 +183,13 @@ class SteerModel:
         ``recycle``: a :class:`steerkit.generation.Recycle` (representation recycling on thinking
         tokens, Qian et al. 2025).
         """
-        check_generate_args(self, prompts, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
-                            top_p=top_p, top_k=top_k, seed=seed, stop=stop, stream=stream)  # before any steering work
         kw = dict(max_new_tokens=max_new_tokens, chat=chat, do_sample=do_sample, temperature=temperature,
                   top_p=top_p, top_k=top_k, stop=stop, seed=seed, stream=stream, return_tokens=return_tokens,
                   recycle=recycle)
         if steering is None:
-            return _generate(self, prompts, **kw)
+            return _generate(self, prompts, **kw)  # (it checks its arguments first)
+        check_generate_args(self, prompts, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                            top_p=top_p, top_k=top_k, seed=seed, stop=stop, stream=stream)  # before compiling
         n = 1 if isinstance(prompts, str) else len(prompts)
         if per_row_steering(steering) and len(steering) != n:
             raise InputError(f"expected one steering spec per prompt ({n}), found {len(steering)}")
