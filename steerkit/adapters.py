@@ -11,6 +11,10 @@ Hugging Face model:
 - ``ln_final.hook_scale``        the final norm's scale, ``[batch, pos, 1]``
 - ``ln_final.hook_normalized``   the final norm's normalised input, before its weight and bias
 - ``ln_final.hook_out``          output of the final norm
+- ``blocks.{l}.attn.hook_q|k|v|z|attn_scores|pattern``, ``blocks.{l}.mlp.hook_pre|post`` and
+  ``blocks.{l}.ln1|ln2.hook_scale|hook_normalized``: the component hooks, read from the modules an
+  :class:`AttnLayout` / :class:`MLPLayout` names (the projections, or one fused projection and how
+  its output is laid out) and the block's two norms
 
 Each adapter names modules by attribute path (``"model.layers"``...), so the
 core never branches on architecture. "What is added to the residual" matters
@@ -106,6 +110,40 @@ OLMO_LAYER_NORM = FinalNorm(kind="layer", eps_attr=None, eps=1e-5, weight=None)
 
 
 @dataclass(frozen=True)
+class AttnLayout:
+    """Where an attention module keeps its projections (paths relative to the attention module).
+
+    ``q`` / ``k`` / ``v``: separate projections whose outputs are ``[.., heads * d_head]``; or ``qkv``:
+    one fused projection laid out as ``"concat"`` (``[q | k | v]``, widths ``n_heads * d_head``,
+    ``n_kv * d_head``, ``n_kv * d_head``: GPT-2, Phi-3) or ``"per_head"`` (``[heads, 3 * d_head]``
+    with ``[q_h | k_h | v_h]`` per head: GPT-NeoX). ``o``: the output projection, whose input is
+    ``hook_z``."""
+
+    q: Optional[str] = "q_proj"
+    k: Optional[str] = "k_proj"
+    v: Optional[str] = "v_proj"
+    o: str = "o_proj"
+    qkv: Optional[str] = None
+    qkv_layout: Literal["concat", "per_head"] = "concat"
+
+
+@dataclass(frozen=True)
+class MLPLayout:
+    """Where an MLP keeps its neurons (paths relative to the block): ``module`` the MLP, ``pre`` (relative
+    to it) the projection whose output is the gate's pre-activation (``pre_half``: the first half of a
+    fused ``[gate | up]`` output, Phi-3), ``post`` the down projection, whose input is ``hook_post``."""
+
+    module: str = "mlp"
+    pre: str = "gate_proj"
+    post: str = "down_proj"
+    pre_half: bool = False
+
+
+LLAMA_ATTN = AttnLayout()
+LLAMA_MLP = MLPLayout()
+
+
+@dataclass(frozen=True)
 class Adapter:
     """How one model family is laid out (attribute paths relative to the CausalLM).
 
@@ -137,8 +175,18 @@ class Adapter:
     d_model_attrs: tuple[str, ...] = ("hidden_size", "n_embd")
     ctx_attrs: tuple[str, ...] = ("max_position_embeddings", "n_positions")
     extra: dict = field(default_factory=dict)
-    # What the final norm computes (ln_final.hook_scale / hook_normalized).
+    # What the final norm computes (ln_final.hook_scale / hook_normalized); the block norms (ln1, ln2)
+    # compute the same.
     norm: FinalNorm = RMS_NORM
+    # Component hooks: the attention projections, the MLP's neurons, and the norms TransformerLens calls
+    # ln1 (before attention) and ln2 (before the MLP), paths relative to the block; None: the family
+    # has no such norm (OLMo 2 normalises after each sub-layer only).
+    attn_layout: AttnLayout = LLAMA_ATTN
+    mlp_layout: MLPLayout = LLAMA_MLP
+    ln1: Optional[str] = "input_layernorm"
+    ln2: Optional[str] = "post_attention_layernorm"
+    n_heads_attrs: tuple[str, ...] = ("num_attention_heads", "n_head")
+    n_kv_attrs: tuple[str, ...] = ("num_key_value_heads",)
 
     # --- facts read from a model -------------------------------------------------
     def _cfg(self, config, attrs):
@@ -166,6 +214,73 @@ class Adapter:
         if isinstance(self.parallel, str):
             return bool(getattr(self.text_config(model), self.parallel, False))
         return bool(self.parallel)
+
+    def n_heads(self, model: nn.Module) -> int:
+        return int(self._cfg(self.text_config(model), self.n_heads_attrs))
+
+    def n_kv_heads(self, model: nn.Module) -> int:
+        cfg = self.text_config(model)
+        for a in self.n_kv_attrs:
+            v = getattr(cfg, a, None)
+            if v is not None:
+                return int(v)
+        return self.n_heads(model)
+
+    def d_head(self, model: nn.Module) -> int:
+        hd = getattr(self.text_config(model), "head_dim", None)
+        return int(hd) if hd else self.d_model(model) // self.n_heads(model)
+
+    def d_mlp(self, model: nn.Module) -> int:
+        """The MLP's width (the down projection's input features)."""
+        lin = self.mlp_post_module(model, 0)
+        w: Tensor = lin.weight  # type: ignore[assignment]
+        # nn.Linear keeps [out, in]; GPT-2's Conv1D keeps [in, out]
+        return int(w.shape[1] if isinstance(lin, nn.Linear) else w.shape[0])
+
+    def attn_module(self, model: nn.Module, layer: int) -> nn.Module:
+        return get_module(self.block(model, layer), self.attn)
+
+    def _component(self, root: nn.Module, path: Optional[str], what: str) -> nn.Module:
+        if path is None:
+            raise UnsupportedArchitectureError(
+                f"adapter {self.name!r}: this family has no {what}, so its hooks do not exist here; use the "
+                "residual hooks (hook_resid_pre / hook_attn_out ...) instead")
+        return get_module(root, path)
+
+    def qkv_modules(self, model: nn.Module, layer: int) -> dict:
+        """``{"q": module, "k": ..., "v": ...}`` (separate projections) or ``{"qkv": module}`` (fused)."""
+        attn, lay = self.attn_module(model, layer), self.attn_layout
+        if lay.qkv is not None:
+            return {"qkv": get_module(attn, lay.qkv)}
+        return {n: get_module(attn, getattr(lay, n)) for n in ("q", "k", "v")}
+
+    def o_proj_module(self, model: nn.Module, layer: int) -> nn.Module:
+        """The attention's output projection: its input is ``hook_z``."""
+        return get_module(self.attn_module(model, layer), self.attn_layout.o)
+
+    def mlp_module(self, model: nn.Module, layer: int) -> nn.Module:
+        return get_module(self.block(model, layer), self.mlp_layout.module)
+
+    def mlp_pre_module(self, model: nn.Module, layer: int) -> nn.Module:
+        return get_module(self.mlp_module(model, layer), self.mlp_layout.pre)
+
+    def mlp_post_module(self, model: nn.Module, layer: int) -> nn.Module:
+        return get_module(self.mlp_module(model, layer), self.mlp_layout.post)
+
+    def block_norm_module(self, model: nn.Module, layer: int, which: str) -> nn.Module:
+        """``which="ln1"`` (before attention) or ``"ln2"`` (before the MLP)."""
+        return self._component(self.block(model, layer), self.ln1 if which == "ln1" else self.ln2,
+                               f"{'pre-attention' if which == 'ln1' else 'pre-MLP'} norm ({which})")
+
+    def norm_parts(self, module: nn.Module, x: Float[Tensor, "*rows d_model"]
+                   ) -> tuple[Float[Tensor, "*rows d_model"], Float[Tensor, "*rows 1"]]:
+        """``(normalized, scale)`` a norm of this family (``module``) computes from ``x`` (float32)."""
+        return self.norm.normalize(module, x)
+
+    def norm_affine(self, module: nn.Module
+                    ) -> tuple[Optional[Float[Tensor, " d_model"]], Optional[Float[Tensor, " d_model"]]]:
+        """``(w_eff, bias)`` of a norm of this family in float32."""
+        return self.norm.effective_weight(module), self.norm.bias_of(module)
 
     def pre_attn_norm_module(self, model: nn.Module, layer: int) -> nn.Module:
         return get_module(self.block(model, layer), self.pre_attn_norm)
@@ -326,10 +441,13 @@ def adapter_for(model: nn.Module) -> Adapter:
 # self_attn and change nothing here.
 def _llama_like(name: str, model_types: tuple[str, ...], *, attn_out: str = "self_attn", mlp_out: str = "mlp",
                 blocks: str = "model.layers", embed: str = "model.embed_tokens", final_norm: str = "model.norm",
-                pre_attn_norm: str = "input_layernorm", norm: FinalNorm = RMS_NORM) -> Adapter:
+                pre_attn_norm: str = "input_layernorm", norm: FinalNorm = RMS_NORM,
+                attn_layout: AttnLayout = LLAMA_ATTN, mlp_layout: MLPLayout = LLAMA_MLP,
+                ln1: Optional[str] = "input_layernorm", ln2: Optional[str] = "post_attention_layernorm") -> Adapter:
     """An adapter with the Llama layout, some of its module paths replaced."""
     return Adapter(name=name, model_types=model_types, blocks=blocks, embed=embed, final_norm=final_norm,
-                   unembed="lm_head", attn_out=attn_out, mlp_out=mlp_out, pre_attn_norm=pre_attn_norm, norm=norm)
+                   unembed="lm_head", attn_out=attn_out, mlp_out=mlp_out, pre_attn_norm=pre_attn_norm, norm=norm,
+                   attn_layout=attn_layout, mlp_layout=mlp_layout, ln1=ln1, ln2=ln2)
 
 
 # The final norm: LlamaRMSNorm-style (weight * n, variance_epsilon) on Llama, Mistral, Qwen2/3 and
@@ -343,36 +461,46 @@ register_adapter(_llama_like("llama", ("olmo",), norm=OLMO_LAYER_NORM))
 # Phi-3: Llama layout, but the residual receives resid_attn_dropout(self_attn(...)) and
 # resid_mlp_dropout(mlp(...)); hooking the dropouts keeps resid_pre + attn_out + mlp_out ==
 # resid_post exact in train mode too (in eval they are the identity).
-register_adapter(_llama_like("phi3", ("phi3",), attn_out="resid_attn_dropout", mlp_out="resid_mlp_dropout"))
+# Its projections are fused: qkv_proj ([q | k | v]) and gate_up_proj ([gate | up]).
+register_adapter(_llama_like("phi3", ("phi3",), attn_out="resid_attn_dropout", mlp_out="resid_mlp_dropout",
+                             attn_layout=AttnLayout(q=None, k=None, v=None, qkv="qkv_proj"),
+                             mlp_layout=MLPLayout(pre="gate_up_proj", pre_half=True)))
 
 # Post-sub-layer norms: the residual receives the *normed* sub-layer output.
 # Gemma 2 / Gemma 3 text: h += post_attention_layernorm(self_attn(input_layernorm(h)));
 # h += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))). Gemma 3 scales the
 # embeddings inside its embedding module (Gemma3TextScaledWordEmbedding).
 _POST_ATTN, _POST_MLP = "post_attention_layernorm", "post_feedforward_layernorm"
+# TransformerLens's ln2 is the norm before the MLP: pre_feedforward_layernorm.
+_PRE_MLP = "pre_feedforward_layernorm"
 register_adapter(_llama_like("gemma2", ("gemma2", "gemma3_text"), attn_out=_POST_ATTN, mlp_out=_POST_MLP,
-                             norm=GEMMA_RMS_NORM))
+                             norm=GEMMA_RMS_NORM, ln2=_PRE_MLP))
 # Gemma 3 multimodal (Gemma3ForConditionalGeneration, config.model_type "gemma3"): the same
 # decoder, one level down at model.language_model; lm_head stays at the top.
 register_adapter(_llama_like("gemma3", ("gemma3",), attn_out=_POST_ATTN, mlp_out=_POST_MLP,
                              blocks="model.language_model.layers", embed="model.language_model.embed_tokens",
-                             final_norm="model.language_model.norm", norm=GEMMA_RMS_NORM))
+                             final_norm="model.language_model.norm", norm=GEMMA_RMS_NORM, ln2=_PRE_MLP))
 # OLMo 2 / OLMo 3: h += post_attention_layernorm(self_attn(h)); h += post_feedforward_layernorm(mlp(h)).
 # There is no pre-attention norm: self_attn itself receives the residual. Olmo2RMSNorm is
 # (weight * n).to(dtype), the same values as Llama's in float32.
 register_adapter(_llama_like("olmo2", ("olmo2", "olmo3"), attn_out=_POST_ATTN, mlp_out=_POST_MLP,
-                             pre_attn_norm="self_attn"))
+                             pre_attn_norm="self_attn", ln1=None, ln2=None))
 
 # GPT-2: transformer.h[i] computes h += attn(ln_1(h))[0]; h += mlp(ln_2(h)) (the attention
 # returns (output, weights) and applies resid_dropout itself; the MLP applies its dropout).
 # GPT-2 and GPT-NeoX end in an nn.LayerNorm with weight and bias.
 register_adapter(Adapter(name="gpt2", model_types=("gpt2",), blocks="transformer.h", embed="transformer.wte",
                          final_norm="transformer.ln_f", unembed="lm_head", attn_out="attn", mlp_out="mlp",
-                         attn="attn", pre_attn_norm="ln_1", norm=LAYER_NORM))
+                         attn="attn", pre_attn_norm="ln_1", norm=LAYER_NORM, ln1="ln_1", ln2="ln_2",
+                         attn_layout=AttnLayout(q=None, k=None, v=None, qkv="c_attn", o="c_proj"),
+                         mlp_layout=MLPLayout(pre="c_fc", post="c_proj")))
 # GPT-NeoX (Pythia): a = post_attention_dropout(attention(input_layernorm(h))[0]);
 # m = post_mlp_dropout(mlp(post_attention_layernorm(.))); with use_parallel_residual (the
 # default) h + a + m, both sub-layers reading h, so there is no resid_mid; otherwise sequential.
 register_adapter(Adapter(name="gpt_neox", model_types=("gpt_neox",), blocks="gpt_neox.layers",
                          embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm",
                          unembed="embed_out", attn_out="post_attention_dropout", mlp_out="post_mlp_dropout",
-                         attn="attention", parallel="use_parallel_residual", norm=LAYER_NORM))
+                         attn="attention", parallel="use_parallel_residual", norm=LAYER_NORM,
+                         attn_layout=AttnLayout(q=None, k=None, v=None, qkv="query_key_value", o="dense",
+                                                qkv_layout="per_head"),
+                         mlp_layout=MLPLayout(pre="dense_h_to_4h", post="dense_4h_to_h")))

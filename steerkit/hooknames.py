@@ -7,7 +7,14 @@ values: ``ln_final.hook_scale`` (the norm's scale, ``[batch, pos, 1]``:
 ``sqrt(mean(x^2) + eps)`` for RMSNorm, ``sqrt(var(x) + eps)`` for LayerNorm; it
 can be recorded, not edited), ``ln_final.hook_normalized`` (the normalised stream
 before the norm's weight and bias) and ``ln_final.hook_out`` (the norm's output,
-what the unembedding reads). Layers are 0-based block indices;
+what the unembedding reads). Inside each block, TransformerLens's component hooks
+(:data:`COMPONENT_HOOKS`): ``attn.hook_q`` / ``hook_z`` ``[batch, pos, n_heads, d_head]`` (the query
+projection before rotary; the input of the output projection), ``attn.hook_k`` / ``hook_v``
+``[batch, pos, n_kv_heads, d_head]``, ``attn.hook_attn_scores`` / ``hook_pattern``
+``[batch, n_heads, q_pos, k_pos]`` (scaled scores, the dtype's lowest value where a query does not
+attend; the probabilities), ``mlp.hook_pre`` / ``hook_post`` ``[batch, pos, d_mlp]`` (the gate's pre-activation; the
+down projection's input, i.e. the neuron activations) and ``ln1`` / ``ln2`` ``.hook_scale`` (record only)
+/ ``.hook_normalized`` (the pre-attention / pre-MLP norm, as at the final norm). Layers are 0-based block indices;
 ``hook_resid_post`` of block ``l`` is the output of that block, which is also
 ``hook_resid_pre`` of block ``l + 1``.
 """
@@ -21,27 +28,38 @@ from .errors import HookNameError, InputError
 from .names import is_index
 
 BLOCK_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
+#: attention internals: per-head ``[batch, pos, heads, d_head]`` and ``[batch, n_heads, q_pos, k_pos]``
+ATTN_HOOKS = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern",
+              "attn.hook_z")
+HEAD_HOOKS = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z")
+KV_HOOKS = ("attn.hook_k", "attn.hook_v")
+MATRIX_HOOKS = ("attn.hook_attn_scores", "attn.hook_pattern")
+#: MLP neurons ``[batch, pos, d_mlp]``
+MLP_HOOKS = ("mlp.hook_pre", "mlp.hook_post")
+#: the pre-attention (ln1) and pre-MLP (ln2) norms
+NORM_HOOKS = ("ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized")
+COMPONENT_HOOKS = ATTN_HOOKS + MLP_HOOKS + NORM_HOOKS
 #: the final norm's hooks, in the order the norm computes them; each is also its Site's ``kind``
 FINAL_HOOKS = ("ln_final.hook_scale", "ln_final.hook_normalized", "ln_final.hook_out")
 FINAL_SCALE, FINAL_NORMALIZED, FINAL_OUT = FINAL_HOOKS
 #: the final norm's output (what the unembedding reads)
 FINAL_HOOK = FINAL_OUT
-#: hook names that can be recorded but not edited
-RECORD_ONLY = (FINAL_SCALE,)
-_RE = re.compile(r"blocks\.(-?[0-9]+)\.(hook_[a-z_]+)\Z", re.ASCII)
+#: hook kinds (:attr:`Site.kind`) that can be recorded but not edited: the norms' scales
+RECORD_ONLY = (FINAL_SCALE, "ln1.hook_scale", "ln2.hook_scale")
+_RE = re.compile(r"blocks\.(-?[0-9]+)\.((?:attn\.|mlp\.|ln1\.|ln2\.)?hook_[a-z_]+)\Z", re.ASCII)
 
 
 def record_only_error(name: str) -> InputError:
     """The error for an edit at a hook of :data:`RECORD_ONLY`."""
+    where = name.rsplit(".", 1)[0]
     return InputError(f"expected edits at hooks that can be edited, found one at {name!r}, which can only be "
-                      "recorded (the final norm's scale); edit 'ln_final.hook_normalized' or 'ln_final.hook_out' "
-                      "instead")
+                      f"recorded (a norm's scale); edit '{where}.hook_normalized' instead")
 
 
 @dataclass(frozen=True)
 class Site:
-    """A parsed hook name: ``kind`` is one of BLOCK_HOOKS (``layer`` set) or one of FINAL_HOOKS
-    (the full name, ``layer`` None)."""
+    """A parsed hook name: ``kind`` is one of BLOCK_HOOKS or COMPONENT_HOOKS (``layer`` set) or one of
+    FINAL_HOOKS (the full name, ``layer`` None)."""
 
     name: str
     kind: str
@@ -64,9 +82,9 @@ def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
     if name in FINAL_HOOKS:
         return Site(name, name, None)
     m = _RE.match(name)
-    if not m or m.group(2) not in BLOCK_HOOKS:
+    if not m or m.group(2) not in BLOCK_HOOKS + COMPONENT_HOOKS:
         raise HookNameError(
-            f"expected a hook name of the form 'blocks.{{layer}}.{{{'|'.join(BLOCK_HOOKS)}}}' or "
+            f"expected a hook name of the form 'blocks.{{layer}}.{{{'|'.join(BLOCK_HOOKS + COMPONENT_HOOKS)}}}' or "
             f"one of {', '.join(repr(n) for n in FINAL_HOOKS)} (the layer in ASCII digits without a leading "
             f"zero), found {name!r:.120}; list them with sm.hook_names()")
     g = m.group(1)
@@ -83,9 +101,12 @@ def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
     return Site(name, m.group(2), layer)
 
 
-def all_names(n_layers: int, *, has_resid_mid: bool = True) -> list[str]:
+def all_names(n_layers: int, *, has_resid_mid: bool = True, components: Iterable[str] = ()) -> list[str]:
+    """Every hook name of a model: the residual and sub-layer hooks of each block, then the final
+    norm's; ``components`` adds those COMPONENT_HOOKS kinds to each block."""
     kinds = [k for k in BLOCK_HOOKS if has_resid_mid or k != "hook_resid_mid"]
-    return [f"blocks.{l}.{k}" for l in range(n_layers) for k in kinds] + list(FINAL_HOOKS)
+    comp = [k for k in COMPONENT_HOOKS if k in set(components)]
+    return [f"blocks.{l}.{k}" for l in range(n_layers) for k in kinds + comp] + list(FINAL_HOOKS)
 
 
 def resid_post(layers: int | Iterable[int]) -> list[str]:
@@ -99,8 +120,8 @@ def resid_pre(layers: int | Iterable[int]) -> list[str]:
 
 def layer_names(layers: int | Iterable[int], kind: str = "hook_resid_post") -> list[str]:
     """Hook names of one kind over a layer or a range of layers."""
-    if kind not in BLOCK_HOOKS:
-        raise HookNameError(f"expected a hook kind in {BLOCK_HOOKS}, found {kind!r}")
+    if kind not in BLOCK_HOOKS + COMPONENT_HOOKS:
+        raise HookNameError(f"expected a hook kind in {BLOCK_HOOKS + COMPONENT_HOOKS}, found {kind!r}")
     if isinstance(layers, int):
         layers = [layers]
     return [f"blocks.{int(l)}.{kind}" for l in layers]

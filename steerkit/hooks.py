@@ -10,10 +10,14 @@ so nested scopes unwind in any order. ``reset()`` removes everything the
 manager ever registered.
 
 A hook function has the signature ``fn(x, call) -> Tensor | None`` where ``x``
-is ``[batch, pos, d_model]`` and ``call`` is a :class:`SiteCall` telling which
+is ``[batch, pos, features]`` and ``call`` is a :class:`SiteCall` telling which
 chunk of positions this call covers; returning a tensor replaces the
 activation. Backends (``steerkit.backends``) translate sites into PyTorch
-hooks, TransformerLens hook points, or nnsight interventions.
+hooks, TransformerLens hook points, or nnsight interventions, and hand each
+site's activations over in its own shape; a :class:`SiteView` turns the
+component hooks' shapes (``[batch, pos, heads, d_head]``, attention matrices
+``[batch, heads, q, k]``) into rows of features for the hook functions and
+back, so recording and every intervention see one layout.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .errors import HookNameError, InputError
-from .hooknames import RECORD_ONLY, Site, parse, record_only_error
+from .hooknames import HEAD_HOOKS, MATRIX_HOOKS, RECORD_ONLY, Site, parse, record_only_error
 from .positions import PositionSpec, RunState, chunk_mask, selects_generated, validate_positions
 
 
@@ -38,12 +42,77 @@ class SiteCall:
     T: int
     B: int
     run: Optional[RunState]
+    tail: tuple = ()  # the per-position shape of the site's own activations ((heads, d_head), ...)
 
     def mask(self, spec: PositionSpec, device) -> Optional[Tensor]:
         return chunk_mask(spec, self.run, self.start, self.T, self.B, device)
 
 
 HookFn = Callable[[Tensor, SiteCall], Optional[Tensor]]
+
+
+class SiteView:
+    """How a site's own activations map to rows of features ``[batch, pos, features]``.
+
+    ``"heads"``: ``[batch, pos, heads, d_head]`` <-> ``[batch, pos, heads * d_head]``;
+    ``"matrix"``: ``[batch, heads, q, k]`` <-> ``[batch, q, heads * k]`` (positions are queries);
+    ``None``: already ``[batch, pos, features]``.
+    """
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: Optional[str]):
+        self.kind = kind
+
+    @staticmethod
+    def of(site: Site) -> "SiteView":
+        return SiteView("heads" if site.kind in HEAD_HOOKS else "matrix" if site.kind in MATRIX_HOOKS else None)
+
+    def flat(self, x: Tensor) -> Tensor:
+        if self.kind == "heads":
+            return x.flatten(-2)
+        if self.kind == "matrix":
+            return x.transpose(1, 2).flatten(-2)
+        return x
+
+    def tail(self, x: Tensor) -> tuple:
+        if self.kind == "heads":
+            return tuple(x.shape[-2:])
+        if self.kind == "matrix":
+            return (int(x.shape[1]), int(x.shape[3]))
+        return ()
+
+    def unflat(self, y: Tensor, like: Tensor) -> Tensor:
+        if self.kind == "heads":
+            return y.unflatten(-1, tuple(like.shape[-2:]))
+        if self.kind == "matrix":
+            return y.unflatten(-1, (like.shape[1], like.shape[3])).transpose(1, 2)
+        return y
+
+    def wrap(self, fn: HookFn, tracker: "PositionTracker") -> tuple[HookFn, "PositionTracker"]:
+        """``fn`` and ``tracker`` for a backend that hands over the site's own shape."""
+        if self.kind is None:
+            return fn, tracker
+        view = self
+
+        def on_view(x, call):
+            y = fn(view.flat(x), call)
+            return None if y is None else view.unflat(y, x)
+        return on_view, _ViewedTracker(tracker, view)  # type: ignore[return-value]
+
+
+class _ViewedTracker:
+    """A :class:`PositionTracker` reading positions from a site's rows of features."""
+
+    __slots__ = ("tracker", "view")
+
+    def __init__(self, tracker: "PositionTracker", view: SiteView):
+        self.tracker, self.view = tracker, view
+
+    def call(self, x: Tensor) -> SiteCall:
+        c = self.tracker.call(self.view.flat(x))
+        c.tail = self.view.tail(x)
+        return c
 
 
 class PositionTracker:
@@ -185,6 +254,11 @@ class ActivationCache:
     prompt length). Several forward calls inside one scope append along the
     batch axis. A position recorded twice in one run (a generation step that was
     re-run, as representation recycling does) keeps its last recording.
+    Component hooks keep their own shape: ``[batch, n, heads, d_head]`` for ``attn.hook_q`` / ``k`` /
+    ``v`` / ``z``, ``[batch, heads, n, k_pos]`` for ``attn.hook_pattern`` / ``hook_attn_scores`` (the
+    recorded positions are queries; over a generation each step's keys are padded to the longest with
+    what the causal mask gives there: probability 0, the lowest score), with ``"last"`` the ``n`` axis
+    dropped.
     """
 
     def __init__(self, names: list[str], positions: PositionSpec, device=None):
@@ -193,6 +267,7 @@ class ActivationCache:
         self.device = device
         self._runs: dict[str, list[dict]] = {n: [] for n in names}
         self._final: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
+        self._tails: dict[str, tuple] = {}
         self._arena = RowArena()
 
     # --- filled by hooks ---------------------------------------------------------
@@ -201,7 +276,7 @@ class ActivationCache:
         rid = call.run.run_id if call.run is not None else None
         if not segs or segs[-1]["rid"] != rid or rid is None and call.start == 0 and segs[-1]["closed"]:
             run = call.run
-            segs.append({"rid": rid, "B": call.B, "b": [], "p": [], "v": [], "closed": False,
+            segs.append({"rid": rid, "B": call.B, "b": [], "p": [], "v": [], "t": [], "closed": False,
                          "n": None if run is None else run.n_real(), "gen": run is not None and run.generating})
         return segs[-1]
 
@@ -222,6 +297,8 @@ class ActivationCache:
         seg["b"].append(keep(b.cpu()))
         seg["p"].append(keep((t + call.start).cpu()))
         seg["v"].append(keep(v))
+        seg["t"].append(call.tail)
+        self._tails[name] = call.tail
         if call.run is None:
             seg["closed"] = True
 
@@ -236,8 +313,14 @@ class ActivationCache:
             raise InputError(f"nothing was recorded at {name!r}: run sm.forward(...) or sm.generate(...) "
                              "inside the record scope")
         rows_v, rows_p = [], []
+        # attention matrices: each generation step has more keys; pad every chunk to the most
+        keys = max((t[1] for seg in segs for t in seg["t"] if len(t) == 2 and self._is_matrix(name)), default=None)
         for seg in segs:
-            b, p, v = torch.cat(seg["b"]), torch.cat(seg["p"]), torch.cat(seg["v"])
+            vs = seg["v"]
+            if keys is not None:
+                scores = name.endswith("hook_attn_scores")
+                vs = [_pad_keys(v, t, keys, scores) for v, t in zip(vs, seg["t"])]
+            b, p, v = torch.cat(seg["b"]), torch.cat(seg["p"]), torch.cat(vs)
             for r in range(seg["B"]):
                 sel = (b == r).nonzero(as_tuple=True)[0]
                 order = p[sel].argsort(stable=True)
@@ -257,7 +340,7 @@ class ActivationCache:
                              f"only forward passes ran in this record scope (prompt lengths in tokens: {lens}), "
                              "and they generate nothing; record inside sm.generate(...), or use positions='all', "
                              "'prompt', 'last' or token indices")
-        ref = segs[0]["v"][0]
+        ref = rows_v[0] if rows_v else segs[0]["v"][0]
         d = ref.shape[-1]
         out = torch.zeros(len(rows_v), n, d, dtype=ref.dtype, device=ref.device)
         pos = torch.full((len(rows_v), n), -1, dtype=torch.long)
@@ -265,8 +348,16 @@ class ActivationCache:
         for i, (rv, rp) in enumerate(zip(rows_v, rows_p)):
             out[i, : rv.shape[0]] = rv
             pos[i, : rp.shape[0]] = rp
+        tail = self._tails.get(name, ())
+        if tail:
+            out = out.unflatten(-1, (tail[0], -1))  # [batch, n, heads, d_head | k_pos]
+            if self._is_matrix(name):
+                out = out.transpose(1, 2)  # [batch, heads, n, k_pos]
         self._final[name] = (out, pos, lengths)
         return self._final[name]
+
+    def _is_matrix(self, name: str) -> bool:
+        return name.rsplit(".", 2)[-2:] in (["attn", "hook_pattern"], ["attn", "hook_attn_scores"])
 
     def __getitem__(self, name: str) -> Tensor:
         out, _, lengths = self._build(name)
@@ -274,7 +365,7 @@ class ActivationCache:
             if bool((lengths != 1).any()):
                 raise InputError(f"expected one last-prompt-token activation per row at {name!r}, "
                                  f"found counts {lengths.tolist()}")
-            return out[:, 0]
+            return out[:, :, 0] if self._is_matrix(name) else out[:, 0]
         return out
 
     def positions(self, name: str) -> Tensor:
@@ -305,7 +396,18 @@ class ActivationCache:
     def clear(self) -> None:
         self._runs = {n: [] for n in self.names}
         self._final = {}
+        self._tails = {}
         self._arena = RowArena()
+
+
+def _pad_keys(v: Tensor, tail: tuple, keys: int, scores: bool) -> Tensor:
+    """Rows ``[n, heads * k]`` of an attention matrix padded to ``keys`` keys per head with what a query
+    that does not attend there has: probability 0, or the dtype's lowest score."""
+    h, k = tail
+    if k == keys:
+        return v
+    fill = torch.finfo(v.dtype).min if scores else 0.0
+    return torch.nn.functional.pad(v.unflatten(-1, (h, k)), (0, keys - k), value=fill).flatten(-2)
 
 
 class HookManager:
@@ -337,7 +439,8 @@ class HookManager:
         removers: list[Callable[[], None]] = []
         with contextlib.ExitStack() as stack:
             for site, fn in sites:
-                r = self.backend.register(site, fn, PositionTracker(self.runs))
+                fn, tracker = SiteView.of(site).wrap(fn, PositionTracker(self.runs))
+                r = self.backend.register(site, fn, tracker)
                 removers.append(r)
                 stack.callback(r)
             stack.pop_all()  # success: keep them
@@ -368,7 +471,7 @@ class HookManager:
         :class:`InputError`."""
         sites = [(self.parse(site), program) for site, program in compiled]
         for site, _ in sites:
-            if site.name in RECORD_ONLY:
+            if site.kind in RECORD_ONLY:
                 raise record_only_error(site.name)
         return self.register(sites, label=label)
 

@@ -2,8 +2,16 @@
 
 An :class:`Intervention` says, at one site (a hook name), what to do to the activations: ``add`` a
 vector, ``ablate`` an orthonormal basis, ``clamp`` projections to values, ``replace`` with a vector,
-``project`` into a polyhedral region, or ``apply`` any callable; optionally behind a conditional
-``gate``, at some ``positions``, with norm preservation. A list of interventions is a *steering*.
+``patch`` in the values of another run, ``project`` into a polyhedral region, or ``apply`` any callable;
+optionally behind a conditional ``gate``, at some ``positions``, for some attention ``heads`` or MLP
+``neurons``, with norm preservation. A list of interventions is a *steering*.
+
+Sites with structure (TransformerLens's component hooks) are seen by the kernel as rows of their
+features: ``[.., heads, d_head]`` flattened to ``heads * d_head``, attention matrices
+``[batch, heads, q, k]`` as ``[batch, q, heads * k]`` (positions select queries). ``heads=`` /
+``neurons=`` are lowered by :func:`compile` to full-width tensors (a ``d_head`` vector placed at each
+chosen head; a basis embedded head by head, which stays orthonormal) or to a feature mask (replace,
+patch); an ``apply`` callable gets the natural shape.
 
 Everything that steers lowers to interventions: keyword calls (``sm.edit(hook, add=v)``), kernel
 specs (``{hook: SteerConfig}``), stored artifacts (``artifact.to_interventions(facts)``), a vLLM
@@ -33,13 +41,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.errors import InputError
+from steerkit.hooknames import HEAD_HOOKS, KV_HOOKS, MATRIX_HOOKS, MLP_HOOKS
 from steerkit.hooknames import parse as parse_hook
 from steerkit.kernels import ORTHO_TOL, Region, SteerConfig, SteerTable, bind_steer
 from steerkit.kernels.config import add_terms
 from steerkit.positions import PositionSpec, RunState, chunk_mask, spec_key, validate_positions
 
-Op = Literal["add", "ablate", "clamp", "replace", "project", "apply"]
-OPS: tuple[str, ...] = ("add", "ablate", "clamp", "replace", "project", "apply")
+Op = Literal["add", "ablate", "clamp", "replace", "patch", "project", "apply"]
+OPS: tuple[str, ...] = ("add", "ablate", "clamp", "replace", "patch", "project", "apply")
 KERNEL_OPS = ("add", "ablate", "clamp", "project")
 #: distinct position specs among one row's kernel interventions at one site (2^n - 1 combinations)
 MAX_POSITION_SPECS = 4
@@ -48,16 +57,43 @@ MAX_POSITION_SPECS = 4
 @dataclasses.dataclass(frozen=True)
 class ModelFacts:
     """What lowering needs to know of a model, without the model: its name, depth, width, whether
-    blocks have a ``hook_resid_mid`` (sequential blocks) and its weight fingerprint."""
+    blocks have a ``hook_resid_mid`` (sequential blocks), its weight fingerprint, and the widths of the
+    component hooks (heads, KV heads, head size, MLP width; ``None`` where unknown)."""
 
     name: str
     n_layers: int
     d_model: int
     fingerprint: Optional[str] = None
     has_resid_mid: bool = True
+    n_heads: Optional[int] = None
+    n_kv_heads: Optional[int] = None
+    d_head: Optional[int] = None
+    d_mlp: Optional[int] = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def _dim(self, name: str, site: str) -> int:
+        v = getattr(self, name)
+        if v is None:
+            raise InputError(f"expected the model's {name} to lower an intervention at {site!r}, found none in its "
+                             "facts; build them from the model (sm.facts)")
+        return int(v)
+
+    def heads_at(self, kind: str, site: str) -> int:
+        """How many heads a head site of ``kind`` has (KV heads for hook_k / hook_v)."""
+        return self._dim("n_kv_heads" if kind in KV_HOOKS else "n_heads", site)
+
+    def width(self, kind: str, site: str) -> Optional[int]:
+        """The feature width the kernel sees at a site of ``kind`` (``None``: it varies, as the key
+        axis of an attention matrix does)."""
+        if kind in MATRIX_HOOKS:
+            return None
+        if kind in HEAD_HOOKS:
+            return self.heads_at(kind, site) * self._dim("d_head", site)
+        if kind in MLP_HOOKS:
+            return self._dim("d_mlp", site)
+        return self.d_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +140,18 @@ def _tensor(v, what: str) -> Tensor:
     return v
 
 
+def _indices(v, what: str) -> tuple:
+    if isinstance(v, (int,)) and not isinstance(v, bool):
+        v = [v]
+    try:
+        out = tuple(int(i) for i in v)
+    except (TypeError, ValueError):
+        raise InputError(f"expected {what} as a list of indices, found {v!r:.60}") from None
+    if not out or len(set(out)) != len(out) or min(out) < 0:
+        raise InputError(f"expected {what} as distinct non-negative indices, found {list(out)}")
+    return out
+
+
 def _vector(v, what: str) -> Tensor:
     t = _tensor(v, what)
     if t.dim() == 2 and t.shape[0] == 1:
@@ -142,11 +190,15 @@ class Intervention:
     - ``Intervention.ablate(site, B, strength=1)``: ``h - strength * B^T (B h)`` (``B`` orthonormal rows)
     - ``Intervention.clamp(site, u, value)``: the projections on ``u``'s rows become ``value``
     - ``Intervention.replace(site, v, scale=1)``: ``h := scale * v``
+    - ``Intervention.patch(site, source)``: ``h[p] := source[p]`` at each selected position ``p`` (the
+      values of another run at this site, e.g. a clean run patched into a corrupted one)
     - ``Intervention.project(site, region, strength=1)``: move ``h`` towards a polyhedral region
-    - ``Intervention.apply(site, fn)``: ``fn(h)`` for any callable on ``[batch, pos, d_model]``
+    - ``Intervention.apply(site, fn)``: ``fn(h)`` for any callable on the site's activations
 
     ``positions`` (see :mod:`steerkit.positions`) limits it to some tokens; ``gate`` (add / project)
-    makes it conditional; ``preserve_norm`` rescales edited rows to their original norm.
+    makes it conditional; ``preserve_norm`` rescales edited rows to their original norm; ``heads``
+    (attention component sites) / ``neurons`` (MLP sites) limit it to those heads / neurons, whose
+    vectors are then ``d_head`` / ``len(neurons)`` wide. ``features`` is set by :func:`compile` only.
     """
 
     site: str
@@ -159,6 +211,9 @@ class Intervention:
     positions: PositionSpec = "all"
     gate: Optional[Gate] = None
     preserve_norm: bool = False
+    heads: Optional[tuple] = None
+    neurons: Optional[tuple] = None
+    features: Optional[Tensor] = None  # replace / patch after lowering: the features they write (bool [width])
 
     def __post_init__(self):
         if not isinstance(self.site, str) or not self.site:
@@ -169,23 +224,32 @@ class Intervention:
         object.__setattr__(self, "scale", _number(self.scale, "scale"))
         if self.gate is not None and self.op not in ("add", "project"):
             raise InputError(f"expected a gate only on add or project interventions, found one on {self.op!r}")
+        for what in ("heads", "neurons"):
+            v = getattr(self, what)
+            if v is not None:
+                object.__setattr__(self, what, _indices(v, what))
+        if self.heads is not None and self.neurons is not None:
+            raise InputError("expected heads= (attention sites) or neurons= (MLP sites), found both")
+        if (self.heads is not None or self.neurons is not None) and self.op == "project":
+            raise InputError("expected heads= / neurons= on add, ablate, clamp, replace, patch or apply, found them "
+                             "on a region projection (a region lives in the whole feature space)")
 
     # --- construction -------------------------------------------------------------
     @classmethod
     def add(cls, site: str, vector, scale: float = 1.0, *, positions: PositionSpec = "all",
-            gate: Optional[Gate] = None, preserve_norm: bool = False) -> "Intervention":
+            gate: Optional[Gate] = None, preserve_norm: bool = False, heads=None, neurons=None) -> "Intervention":
         return cls(site, "add", _vector(vector, "the add vector"), scale, positions=positions, gate=gate,
-                   preserve_norm=preserve_norm)
+                   preserve_norm=preserve_norm, heads=heads, neurons=neurons)
 
     @classmethod
     def ablate(cls, site: str, basis, strength: float = 1.0, *, positions: PositionSpec = "all",
-               preserve_norm: bool = False) -> "Intervention":
+               preserve_norm: bool = False, heads=None, neurons=None) -> "Intervention":
         return cls(site, "ablate", _basis(basis, "the ablation basis"), strength, positions=positions,
-                   preserve_norm=preserve_norm)
+                   preserve_norm=preserve_norm, heads=heads, neurons=neurons)
 
     @classmethod
     def clamp(cls, site: str, direction, value=0.0, *, positions: PositionSpec = "all",
-              preserve_norm: bool = False) -> "Intervention":
+              preserve_norm: bool = False, heads=None, neurons=None) -> "Intervention":
         b = _basis(direction, "the clamp direction")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             v = torch.full((b.shape[0],), _number(value, "the clamp value"))
@@ -195,11 +259,26 @@ class Intervention:
                 v = v.expand(b.shape[0]).clone()
             if v.numel() != b.shape[0]:
                 raise InputError(f"expected one clamp value per direction ({b.shape[0]}), found {v.numel()}")
-        return cls(site, "clamp", b, 1.0, value=v, positions=positions, preserve_norm=preserve_norm)
+        return cls(site, "clamp", b, 1.0, value=v, positions=positions, preserve_norm=preserve_norm, heads=heads,
+                   neurons=neurons)
 
     @classmethod
-    def replace(cls, site: str, vector, scale: float = 1.0, *, positions: PositionSpec = "all") -> "Intervention":
-        return cls(site, "replace", _vector(vector, "the replacement vector"), scale, positions=positions)
+    def replace(cls, site: str, vector, scale: float = 1.0, *, positions: PositionSpec = "all", heads=None,
+                neurons=None) -> "Intervention":
+        return cls(site, "replace", _vector(vector, "the replacement vector"), scale, positions=positions,
+                   heads=heads, neurons=neurons)
+
+    @classmethod
+    def patch(cls, site: str, source, *, positions: PositionSpec = "all", heads=None, neurons=None) -> "Intervention":
+        """At every selected position ``p`` the activation becomes ``source[p]``: ``source`` holds a run's
+        values at this site without the batch axis, in the site's shape (``[pos, d_model]``,
+        ``[pos, heads, d_head]``, ``[pos, d_mlp]``, or ``[heads, q_pos, k_pos]`` for an attention matrix),
+        indexed by absolute position. With ``heads`` / ``neurons`` only those are written."""
+        t = _tensor(source, "the patch source")
+        if t.dim() < 2 or t.shape[0] == 0:
+            raise InputError(f"expected the patch source as the site's values over positions ([pos, ...], no batch "
+                             f"axis), found shape {tuple(t.shape)}; take one row of a recording, e.g. cache[hook][0]")
+        return cls(site, "patch", t, 1.0, positions=positions, heads=heads, neurons=neurons)
 
     @classmethod
     def project(cls, site: str, region: Region, strength: float = 1.0, *, positions: PositionSpec = "all",
@@ -213,8 +292,11 @@ class Intervention:
 
     @classmethod
     def apply(cls, site: str, fn: Callable[[Tensor], Tensor], *, positions: PositionSpec = "all") -> "Intervention":
+        """``fn(h)`` on the site's activations in their own shape (``[batch, pos, d_model]``,
+        ``[batch, pos, heads, d_head]``, ``[batch, heads, q_pos, k_pos]`` ...), returning that shape."""
         if not callable(fn):
-            raise InputError(f"expected a callable taking and returning [batch, pos, d_model], found {fn!r:.80}")
+            raise InputError(f"expected a callable taking and returning the site's activations (e.g. "
+                             f"[batch, pos, d_model]), found {fn!r:.80}")
         return cls(site, "apply", fn=fn, positions=positions)
 
     def at(self, positions: PositionSpec) -> "Intervention":
@@ -223,6 +305,10 @@ class Intervention:
 
     @property
     def d_model(self) -> Optional[int]:
+        """The width of this intervention's vectors (``None`` for apply / patch, whose shape is checked
+        when they run)."""
+        if self.op == "patch":
+            return None
         if self.tensor is not None:
             return int(self.tensor.shape[-1])
         if self.region is not None:
@@ -460,13 +546,14 @@ class SiteProgram:
         groups = None
         if self.n_groups > 1:
             groups = torch.arange(self.n_groups, device=x.device)[:, None].expand(x.shape[0], x.shape[1])
-        return self.apply(x, groups, mask_of)
+        return self.apply(x, groups, mask_of, call.start)
 
-    def apply(self, h: Float[Tensor, "*rows d_model"], groups: Optional[Tensor], mask_of: MaskOf
-              ) -> Optional[Tensor]:
+    def apply(self, h: Float[Tensor, "*rows d_model"], groups: Optional[Tensor], mask_of: MaskOf,
+              start: int = 0) -> Optional[Tensor]:
         """``h`` steered (a new tensor), or ``None`` when nothing applies. ``groups``: each row's group
         (``h.shape[:-1]``, ``-1`` for rows no steering owns), ``None`` when every row is group 0.
-        ``mask_of(spec)``: the rows a position spec selects (``None``: all of them)."""
+        ``mask_of(spec)``: the rows a position spec selects (``None``: all of them). ``start``: the
+        absolute position of ``h``'s first token (``[batch, pos, ..]`` of a local call; patch uses it)."""
         out = None
         if self.kernel is not None:
             if self.simple:
@@ -500,6 +587,8 @@ class SiteProgram:
             x = h if out is None else out
             if p.op == "replace" and p.tensor is not None:
                 y = (p.scale * p.tensor.to(device=x.device, dtype=x.dtype)).expand_as(x)
+            elif p.op == "patch" and p.tensor is not None:
+                y = self._patched(p.tensor, x, m, start)
             elif p.fn is not None:
                 y = p.fn(x)
                 if not isinstance(y, Tensor) or y.shape != x.shape:
@@ -507,8 +596,31 @@ class SiteProgram:
                                      f"{tuple(x.shape)}, found {getattr(y, 'shape', type(y).__name__)}")
             else:  # pragma: no cover - the constructors never build one
                 raise InputError(f"expected a callable in the apply intervention at {self.site!r}, found None")
+            if p.features is not None:
+                y = torch.where(p.features.to(x.device), y, x)
             out = y if m is None else torch.where(m.unsqueeze(-1), y, x)
         return out
+
+    def _patched(self, src: Tensor, x: Tensor, m: Optional[Tensor], start: int) -> Tensor:
+        """``x`` with the source's rows at its positions (``[batch, T, width]`` from ``start``)."""
+        if x.dim() != 3:
+            raise InputError(f"expected patch at {self.site!r} in a local forward pass ([batch, pos, ..]), found "
+                             f"rows of shape {tuple(x.shape)}; patch activations with sm.steer / sm.forward")
+        if src.shape[1] != x.shape[-1]:
+            raise InputError(f"expected the patch source at {self.site!r} to have {x.shape[-1]} features per position "
+                             f"(this run), found {src.shape[1]}; was the source run of another length?")
+        T, n = x.shape[1], src.shape[0]
+        cover = max(0, min(T, n - start))
+        if cover < T:
+            sel = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if m is None else m
+            if bool(sel[:, cover:].any()):
+                raise InputError(f"expected the patch at {self.site!r} to select positions its source has (0.."
+                                 f"{n - 1}), found position {start + cover} or later selected; give positions= "
+                                 "within the source run (e.g. 'prompt')")
+        y = x.clone()
+        if cover:
+            y[:, :cover] = src[start:start + cover].to(device=x.device, dtype=x.dtype)
+        return y
 
     def __repr__(self):
         n = 0 if self.table is None else self.table.n_configs
@@ -529,6 +641,122 @@ class CompiledSteering:
 
     def __len__(self):
         return len(self.programs)
+
+
+def _feature_blocks(p: Intervention, kind: str, facts: ModelFacts, key_len: Optional[int] = None) -> list[list[int]]:
+    """The feature indices ``p.heads`` / ``p.neurons`` name at a site of ``kind``: one block per head
+    (``d_head`` features; ``key_len`` for an attention matrix), or one block of neurons."""
+    site = p.site
+    if p.heads is not None:
+        if kind not in HEAD_HOOKS + MATRIX_HOOKS:
+            raise InputError(f"expected heads= at an attention component hook (attn.hook_q / k / v / z / "
+                             f"attn_scores / pattern), found it at {site!r}; use the per-head hooks")
+        n = facts.heads_at(kind, site) if kind in HEAD_HOOKS else facts._dim("n_heads", site)
+        bad = [h for h in p.heads if h >= n]
+        if bad:
+            raise InputError(f"expected heads in 0..{n - 1} at {site!r} ({n} heads), found {bad}")
+        m = facts._dim("d_head", site) if kind in HEAD_HOOKS else int(key_len or 0)
+        return [list(range(h * m, (h + 1) * m)) for h in p.heads]
+    if p.neurons is not None:
+        if kind not in MLP_HOOKS:
+            raise InputError(f"expected neurons= at an MLP hook (mlp.hook_pre / mlp.hook_post), found it at {site!r}")
+        n = facts._dim("d_mlp", site)
+        bad = [i for i in p.neurons if i >= n]
+        if bad:
+            raise InputError(f"expected neurons in 0..{n - 1} at {site!r} (d_mlp={n}), found {bad}")
+        return [list(p.neurons)]
+    return []
+
+
+def _flat_source(p: Intervention, kind: str, facts: ModelFacts) -> Tensor:
+    """A patch source as rows of features ``[pos, width]`` (an attention matrix ``[heads, q, k]`` as
+    ``[q, heads * k]``)."""
+    t = p.tensor
+    assert t is not None
+    if kind in MATRIX_HOOKS:
+        if t.dim() != 3 or t.shape[0] != facts._dim("n_heads", p.site):
+            raise InputError(f"expected the patch source at {p.site!r} as [n_heads, q_pos, k_pos] "
+                             f"(n_heads={facts.n_heads}), found {tuple(t.shape)}")
+        return t.transpose(0, 1).flatten(1)
+    w = facts.width(kind, p.site)
+    flat = t.flatten(1) if t.dim() > 2 else t
+    if flat.dim() != 2 or flat.shape[1] != w:
+        raise InputError(f"expected the patch source at {p.site!r} as [pos, ...] with {w} features per position, "
+                         f"found {tuple(t.shape)}; take one row of a recording of this site, e.g. cache[hook][0]")
+    return flat
+
+
+def _natural(fn: Callable, kind: str, facts: ModelFacts, site: str) -> Callable:
+    """``fn`` on the site's own shape, for the kernel's rows of features."""
+    if kind in HEAD_HOOKS:
+        H, dh = facts.heads_at(kind, site), facts._dim("d_head", site)
+
+        def on_heads(x: Tensor) -> Tensor:
+            y = fn(x.unflatten(-1, (H, dh)))
+            if not isinstance(y, Tensor) or y.shape[-2:] != (H, dh):
+                raise InputError(f"expected the intervention's fn at {site!r} to return [.., {H}, {dh}] (its input's "
+                                 f"shape), found {getattr(y, 'shape', type(y).__name__)}")
+            return y.flatten(-2)
+        return on_heads
+    if kind in MATRIX_HOOKS:
+        H = facts._dim("n_heads", site)
+
+        def on_matrix(x: Tensor) -> Tensor:
+            nat = x.unflatten(-1, (H, -1)).transpose(1, 2)
+            y = fn(nat)
+            if not isinstance(y, Tensor) or y.shape != nat.shape:
+                raise InputError(f"expected the intervention's fn at {site!r} to return {tuple(nat.shape)} (its "
+                                 f"input's shape), found {getattr(y, 'shape', type(y).__name__)}")
+            return y.transpose(1, 2).flatten(-2)
+        return on_matrix
+    return fn
+
+
+def _structured(p: Intervention, kind: str, facts: ModelFacts) -> Intervention:
+    """``p`` at a site of ``kind`` with its heads / neurons lowered to full-width tensors or a feature
+    mask, a patch source as rows of features, and an apply callable that sees the site's own shape."""
+    if kind in MATRIX_HOOKS and p.op not in ("patch", "apply"):
+        raise InputError(f"expected patch or apply at {p.site!r} (an attention matrix: its key axis grows as "
+                         f"tokens are generated), found {p.op}; edit attn.hook_q / hook_k / hook_z for vector edits")
+    rep: dict = {}
+    if p.op == "patch":
+        rep["tensor"] = _flat_source(p, kind, facts)
+    if p.op == "apply" and p.fn is not None:
+        rep["fn"] = _natural(p.fn, kind, facts, p.site)
+    key_len = None
+    if kind in MATRIX_HOOKS and p.op == "patch":
+        key_len = rep["tensor"].shape[1] // facts._dim("n_heads", p.site)
+    blocks = _feature_blocks(p, kind, facts, key_len)
+    if blocks:
+        w = key_len * facts._dim("n_heads", p.site) if key_len is not None else facts.width(kind, p.site)
+        assert w is not None
+        m = len(blocks[0])
+        mask = torch.zeros(w, dtype=torch.bool)
+        for b in blocks:
+            mask[b] = True
+        t = p.tensor
+        if p.op in ("add", "replace") and t is not None:
+            if t.shape[-1] != m:
+                raise InputError(f"expected the {p.op} vector at {p.site!r} of shape [{m}] (one value per feature of "
+                                 f"the chosen {'heads' if p.heads else 'neurons'}), found {tuple(t.shape)}")
+            full = torch.zeros(w, dtype=t.dtype)
+            for b in blocks:
+                full[b] = t
+            rep["tensor"] = full
+        elif p.op in ("ablate", "clamp") and t is not None:
+            if t.shape[-1] != m:
+                raise InputError(f"expected the {p.op} directions at {p.site!r} of width {m} (the chosen "
+                                 f"{'heads' if p.heads else 'neurons'}), found {tuple(t.shape)}")
+            rows = torch.zeros(len(blocks) * t.shape[0], w, dtype=t.dtype)
+            for i, b in enumerate(blocks):
+                rows[i * t.shape[0]:(i + 1) * t.shape[0], b] = t
+            rep["tensor"] = rows
+            if p.op == "clamp" and p.value is not None:
+                rep["value"] = p.value.repeat(len(blocks))
+        if p.op in ("replace", "patch", "apply"):
+            rep["features"] = mask
+        rep.update(heads=None, neurons=None)
+    return dataclasses.replace(p, **rep) if rep else p
 
 
 def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: ModelFacts, *, per_row: bool = False,
@@ -557,18 +785,21 @@ def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: Mode
         for p in g:
             if not isinstance(p, Intervention):
                 raise InputError(f"expected Intervention values, found {type(p).__name__} (row group {gi})")
-            parse_hook(p.site, facts.n_layers, has_resid_mid=facts.has_resid_mid)
+            kind = parse_hook(p.site, facts.n_layers, has_resid_mid=facts.has_resid_mid).kind
+            p = _structured(p, kind, facts)
             d = p.d_model
-            if d is not None and d != facts.d_model:
+            w = facts.width(kind, p.site)
+            if d is not None and d != w:
                 shape = tuple(p.tensor.shape) if p.tensor is not None else (d,)
-                raise InputError(f"expected the {p.op} vector of shape [{facts.d_model}] (d_model={facts.d_model} of "
-                                 f"this model) at {p.site!r}, found {shape}; was it computed on another model or "
-                                 "at another site?")
+                what = f"d_model={facts.d_model} of this model" if w == facts.d_model else f"the width of {kind}"
+                raise InputError(f"expected the {p.op} vector of shape [{w}] ({what}) at {p.site!r}, found {shape}; "
+                                 "was it computed on another model or at another site?")
             sites.setdefault(p.site, [[] for _ in groups])[gi].append(p)
     if not sites:
         raise InputError("expected at least one intervention in the steering, found none")
     device = torch.device("cpu") if device is None else torch.device(device)
-    programs = {s: SiteProgram(s, per_group, d_model=facts.d_model, device=device, dtype=dtype, impl=impl)
+    programs = {s: SiteProgram(s, per_group, d_model=facts.width(parse_hook(s, facts.n_layers).kind, s) or facts.d_model,
+                               device=device, dtype=dtype, impl=impl)
                 for s, per_group in sites.items()}
     return CompiledSteering(programs, len(groups), tuple(tuple(g) for g in groups))
 

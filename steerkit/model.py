@@ -41,12 +41,17 @@ def per_row_steering(steering) -> bool:
 
 
 EDIT_OPS: dict[str, Callable] = {
-    "add": lambda h, t, scale, value, pos: Intervention.add(h, t, scale, positions=pos),
-    "ablate": lambda h, t, scale, value, pos: Intervention.ablate(h, t, scale, positions=pos),
-    "clamp": lambda h, t, scale, value, pos: Intervention.clamp(h, t, value, positions=pos),
-    "replace": lambda h, t, scale, value, pos: Intervention.replace(h, t, scale, positions=pos),
-    "fn": lambda h, t, scale, value, pos: Intervention.apply(h, t, positions=pos),
+    "add": lambda h, t, scale, value, pos, **kw: Intervention.add(h, t, scale, positions=pos, **kw),
+    "ablate": lambda h, t, scale, value, pos, **kw: Intervention.ablate(h, t, scale, positions=pos, **kw),
+    "clamp": lambda h, t, scale, value, pos, **kw: Intervention.clamp(h, t, value, positions=pos, **kw),
+    "replace": lambda h, t, scale, value, pos, **kw: Intervention.replace(h, t, scale, positions=pos, **kw),
+    "fn": lambda h, t, scale, value, pos, **kw: _apply_on(h, t, pos, **kw),
 }
+
+
+def _apply_on(site: str, fn, positions, heads=None, neurons=None) -> Intervention:
+    iv = Intervention.apply(site, fn, positions=positions)
+    return iv if heads is None and neurons is None else dataclasses.replace(iv, heads=heads, neurons=neurons)
 
 
 class Tokens:
@@ -77,6 +82,10 @@ class SteerModel:
         self.adapter = adapter or adapter_for(self.hf_model)
         self.n_layers = self.adapter.n_layers(self.hf_model)
         self.d_model = self.adapter.d_model(self.hf_model)
+        self.n_heads = self.adapter.n_heads(self.hf_model)
+        self.n_kv_heads = self.adapter.n_kv_heads(self.hf_model)
+        self.d_head = self.adapter.d_head(self.hf_model)
+        self.d_mlp = self.adapter.d_mlp(self.hf_model)
         self.n_ctx = self.adapter.n_ctx(self.hf_model)
         self.backend_name = backend
         self.backend = _make_backend(backend, self)
@@ -98,8 +107,14 @@ class SteerModel:
     def dtype(self) -> torch.dtype:
         return next(self.hf_model.parameters()).dtype
 
-    def hook_names(self) -> list[str]:
-        return hooknames.all_names(self.n_layers, has_resid_mid=self.hooks.has_resid_mid)
+    def hook_names(self, components: bool = False) -> list[str]:
+        """Every hook name: each block's residual and sub-layer hooks and the final norm's; with
+        ``components`` also each block's attention, MLP and norm hooks this family has."""
+        comp: tuple[str, ...] = ()
+        if components:
+            comp = hooknames.ATTN_HOOKS + hooknames.MLP_HOOKS
+            comp += tuple(k for k in hooknames.NORM_HOOKS if getattr(self.adapter, k[:3]) is not None)
+        return hooknames.all_names(self.n_layers, has_resid_mid=self.hooks.has_resid_mid, components=comp)
 
     def fingerprint(self) -> str:
         """A hash of the config and a few weight tensors, stored in artifacts' provenance."""
@@ -112,7 +127,9 @@ class SteerModel:
         if f is None:
             f = self.__dict__["_facts"] = ModelFacts(name=self.name, n_layers=self.n_layers, d_model=self.d_model,
                                                      fingerprint=self.fingerprint(),
-                                                     has_resid_mid=self.hooks.has_resid_mid)
+                                                     has_resid_mid=self.hooks.has_resid_mid, n_heads=self.n_heads,
+                                                     n_kv_heads=self.n_kv_heads, d_head=self.d_head,
+                                                     d_mlp=self.d_mlp)
         return f
 
     # --- tokens ------------------------------------------------------------------
@@ -161,12 +178,18 @@ class SteerModel:
         return Tokens(input_ids.to(self.device), mask.to(self.device))
 
     # --- running -----------------------------------------------------------------
-    @torch.inference_mode()
-    def forward(self, prompts: Prompts | Tokens, *, chat: bool = True) -> Float[Tensor, "batch pos vocab"]:
-        """Logits ``[batch, pos, vocab]`` of a left-padded batch (chat template by default)."""
+    def forward(self, prompts: Prompts | Tokens, *, chat: bool = True, grad: bool = False
+                ) -> Float[Tensor, "batch pos vocab"]:
+        """Logits ``[batch, pos, vocab]`` of a left-padded batch (chat template by default).
+
+        Runs under ``torch.inference_mode`` unless ``grad``: then autograd records the pass, so a
+        metric of the logits can be differentiated with respect to any tensor an intervention
+        brought in (e.g. ``Intervention.apply(site, lambda h: h + delta)`` with ``delta`` requiring
+        grad), as attribution patching does."""
         toks = self.tokenize(prompts, chat=chat)
-        with self.hooks.runs.running(toks.attention_mask, toks.input_ids):
-            return self.backend.forward(toks.input_ids, toks.attention_mask, toks.position_ids)
+        with torch.enable_grad() if grad else torch.inference_mode():
+            with self.hooks.runs.running(toks.attention_mask, toks.input_ids):
+                return self.backend.forward(toks.input_ids, toks.attention_mask, toks.position_ids)
 
     __call__ = forward
 
@@ -205,14 +228,17 @@ class SteerModel:
 
     def edit(self, hooks: str | Iterable[str] | dict | None = None, *, add=None, ablate=None, replace=None,
              clamp=None, value: float = 0.0, fn: Callable | None = None, scale: float = 1.0,
-             positions: PositionSpec = "all", op: str | None = None) -> HookHandle:
+             positions: PositionSpec = "all", op: str | None = None, heads=None, neurons=None) -> HookHandle:
         """Edit activations at ``hooks``; returns a handle (use it with ``with``, or call ``.remove()``).
 
         Exactly one of ``add`` (vector ``[d_model]``), ``ablate`` (``[d_model]`` or an orthonormal
         ``[k, d_model]``; ``scale`` is its strength), ``replace``, ``clamp`` (direction; its projection
         becomes ``value``) or ``fn`` (callable on ``[batch, pos, d_model]``). ``hooks`` may also be a dict
         ``{hook_name: tensor}`` for one operation ``op=`` with a different tensor per hook. Each becomes
-        an :class:`~steerkit.interventions.Intervention` (see :meth:`steer`).
+        an :class:`~steerkit.interventions.Intervention` (see :meth:`steer`). ``heads=[...]`` (attention
+        component hooks) / ``neurons=[...]`` (MLP hooks) limit it to those, with ``d_head`` /
+        ``len(neurons)``-wide vectors: ``sm.edit("blocks.5.attn.hook_z", replace=torch.zeros(64), heads=[3])``
+        zero-ablates head 3 of block 5.
         """
         ops = {k: v for k, v in dict(add=add, ablate=ablate, replace=replace, clamp=clamp, fn=fn).items()
                if v is not None}
@@ -231,7 +257,8 @@ class SteerModel:
             per_hook = {n: t for n in self.hooks._names(hooks)}
         if op not in EDIT_OPS:
             raise InputError(f"expected an edit operation in {tuple(EDIT_OPS)}, found {op!r}")
-        return self.steer([EDIT_OPS[op](h, t, scale, value, positions) for h, t in per_hook.items()],
+        return self.steer([EDIT_OPS[op](h, t, scale, value, positions, heads=heads, neurons=neurons)
+                           for h, t in per_hook.items()],
                           label=f"{op} {list(per_hook)}")
 
     def steer(self, steering, scale: float = 1.0, *, positions: PositionSpec | None = None,

@@ -19,11 +19,80 @@ exactly what the norm outputs from ``f(n)``.
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Callable, Literal, Optional
 
+import torch
 from torch import Tensor, nn
 
-from ..hooknames import FINAL_NORMALIZED, FINAL_SCALE, record_only_error
+from ..adapters import Adapter
+from ..hooknames import FINAL_SCALE, Site, record_only_error
+
+
+@dataclass(frozen=True)
+class Access:
+    """Where a head or neuron site lives in a block: the module (``path`` relative to the block) whose
+    ``io`` ("input" / "output") holds it, ``get(t)`` the site's value in its own shape and
+    ``put(t, y)`` the module's tensor with it replaced."""
+
+    path: str
+    io: Literal["input", "output"]
+    get: Callable[[Tensor], Tensor]
+    put: Callable[[Tensor, Tensor], Tensor]
+
+
+def _same(t: Tensor) -> Tensor:
+    return t
+
+
+def _new(t: Tensor, y: Tensor) -> Tensor:
+    return y
+
+
+def component_access(adapter: Adapter, model: nn.Module, site: Site) -> Access:
+    """The :class:`Access` of ``attn.hook_q`` / ``k`` / ``v`` / ``z`` and ``mlp.hook_pre`` / ``post`` in the
+    adapter's layout (separate or fused projections)."""
+    a, kind = adapter, site.kind
+    H, KV, dh = a.n_heads(model), a.n_kv_heads(model), a.d_head(model)
+    att, mlp = a.attn_layout, a.mlp_layout
+    if kind == "attn.hook_z":
+        return Access(f"{a.attn}.{att.o}", "input", lambda x: x.unflatten(-1, (H, dh)), lambda x, y: y.flatten(-2))
+    if kind == "mlp.hook_post":
+        return Access(f"{mlp.module}.{mlp.post}", "input", _same, _new)
+    if kind == "mlp.hook_pre":
+        path = f"{mlp.module}.{mlp.pre}"
+        if not mlp.pre_half:
+            return Access(path, "output", _same, _new)
+
+        def put_half(y: Tensor, new: Tensor) -> Tensor:  # [gate | up]: the gate half
+            return torch.cat([new, y[..., y.shape[-1] // 2:]], dim=-1)
+        return Access(path, "output", lambda y: y[..., : y.shape[-1] // 2], put_half)
+    which = kind.rsplit("_", 1)[-1]  # q / k / v
+    heads = H if which == "q" else KV
+    if att.qkv is None:
+        return Access(f"{a.attn}.{getattr(att, which)}", "output", lambda y: y.unflatten(-1, (heads, dh)),
+                      lambda y, new: new.flatten(-2))
+    i = "qkv".index(which)
+    if att.qkv_layout == "per_head":  # [.., heads, 3 * d_head]: [q_h | k_h | v_h] per head
+        def get(y: Tensor) -> Tensor:
+            return y.unflatten(-1, (H, 3 * dh))[..., i * dh:(i + 1) * dh]
+
+        def put(y: Tensor, new: Tensor) -> Tensor:
+            z = y.unflatten(-1, (H, 3 * dh)).clone()
+            z[..., i * dh:(i + 1) * dh] = new
+            return z.flatten(-2)
+    else:  # [q | k | v]
+        lo = [0, H * dh, (H + KV) * dh][i]
+        hi = lo + heads * dh
+
+        def get(y: Tensor) -> Tensor:
+            return y[..., lo:hi].unflatten(-1, (heads, dh))
+
+        def put(y: Tensor, new: Tensor) -> Tensor:
+            z = y.clone()
+            z[..., lo:hi] = new.flatten(-2)
+            return z
+    return Access(f"{a.attn}.{att.qkv}", "output", get, put)
 
 
 def normalized_edit(y: Tensor, n: Tensor, new: Tensor, w_eff: Optional[Tensor]) -> Tensor:
@@ -80,20 +149,46 @@ class TorchHooks:
             return y if y is None or x is out else with_first(out, y)
         return self._track(module.register_forward_hook(post))
 
+    def _edit_part(self, module: nn.Module, get: Callable, put: Callable, fn, tracker) -> Callable[[], None]:
+        """An edit of part of ``module``'s output: ``get(out)`` is the site's value, ``put(out, y)`` the
+        output with it replaced (a fused projection's query slice, a head-shaped view ...)."""
+        def post(mod, args, out):
+            y0 = first(out)
+            x = get(y0)
+            y = fn(x, tracker.call(x))
+            return None if y is None else with_first(out, put(y0, y))
+        return self._track(module.register_forward_hook(post))
+
+    def _edit_input(self, module: nn.Module, get: Callable, put: Callable, fn, tracker) -> Callable[[], None]:
+        """An edit of ``module``'s first input seen as ``get(x)`` (``put(x, y)`` rebuilds it)."""
+        def pre(mod, args, kwargs):
+            x0 = args[0] if args else kwargs["hidden_states"]
+            x = get(x0)
+            y = fn(x, tracker.call(x))
+            if y is None:
+                return None
+            new = put(x0, y)
+            if args:
+                return (new,) + tuple(args[1:]), kwargs
+            return args, dict(kwargs, hidden_states=new)
+        return self._track(module.register_forward_pre_hook(pre, with_kwargs=True))
+
     def _final_norm(self, module: nn.Module, kind: str, parts, affine, fn, tracker) -> Callable[[], None]:
-        """``ln_final.hook_scale`` / ``hook_normalized`` on the final norm ``module``: ``parts(x)`` is
-        ``(normalized, scale)`` of its input (float32), ``affine()`` its ``(w_eff, bias)``."""
+        """A norm's ``hook_scale`` / ``hook_normalized`` (``kind`` ends in one of them; the final norm's
+        or a block's ln1 / ln2) on the norm ``module``: ``parts(x)`` is ``(normalized, scale)`` of its
+        input (float32), ``affine()`` its ``(w_eff, bias)``."""
         state = self._norm_state
         key = id(module)
+        scale_only = kind.endswith("hook_scale")
+        assert scale_only or kind.endswith("hook_normalized"), kind
 
         def post(mod, args, kwargs, out):
             x = args[0] if args else kwargs["hidden_states"]
-            if kind == FINAL_SCALE:
+            if scale_only:
                 s = parts(x)[1].to(x.dtype)
                 if fn(s, tracker.call(s)) is not None:
-                    raise record_only_error(FINAL_SCALE)
+                    raise record_only_error(kind if kind != FINAL_SCALE else FINAL_SCALE)
                 return None
-            assert kind == FINAL_NORMALIZED, kind
             seen = state.get(key)
             # an earlier hook_normalized edit of this call already edited the stream: start from it
             n = seen[1] if seen is not None and seen[0]() is x else parts(x)[0].to(x.dtype)

@@ -19,6 +19,14 @@ Sites map onto modules through the model's :class:`~steerkit.adapters.Adapter`:
   ``n`` makes the output ``y + (f(n) - n) * w_eff``. Hooks at the final norm run
   in registration order.
 
+- component hooks (``attn.hook_q`` ... ``ln2.hook_normalized``) on the modules the adapter's
+  :class:`~steerkit.adapters.AttnLayout` / :class:`~steerkit.adapters.MLPLayout` name: ``hook_q`` /
+  ``hook_k`` / ``hook_v`` read (and edits replace) the projection's output, or its slice of a fused
+  projection; ``hook_z`` and ``mlp.hook_post`` the input of the output / down projection;
+  ``mlp.hook_pre`` the gate projection's output (its first half when fused with the up projection);
+  ``ln1`` / ``ln2`` as at the final norm; ``hook_attn_scores`` / ``hook_pattern`` through
+  :mod:`steerkit.attention` (eager attention for the hooked modules only).
+
 Tuple outputs are handled by editing their first element.
 """
 from __future__ import annotations
@@ -28,9 +36,10 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from ..adapters import Adapter
-from ..hooknames import FINAL_NORMALIZED, FINAL_OUT, FINAL_SCALE, Site
-from ._torch import TorchHooks
+from .. import attention
+from ..adapters import Adapter, get_module
+from ..hooknames import COMPONENT_HOOKS, FINAL_NORMALIZED, FINAL_OUT, FINAL_SCALE, MATRIX_HOOKS, NORM_HOOKS, Site
+from ._torch import TorchHooks, component_access
 
 
 class HFBackend(TorchHooks):
@@ -77,7 +86,23 @@ class HFBackend(TorchHooks):
         if site.kind == "hook_resid_mid":
             return self._edit_mid(self.adapter.pre_attn_norm_module(self.model, site.block_index), True,
                                   self.adapter.attn_out_module(self.model, site.block_index), fn, tracker)
+        if site.kind in COMPONENT_HOOKS:
+            return self._component(site, fn, tracker)
         return self._edit_output(self._module_for(site), fn, tracker)
+
+    def _component(self, site: Site, fn, tracker) -> Callable[[], None]:
+        a, m, kind = self.adapter, self.model, site.kind
+        if kind in NORM_HOOKS:
+            mod = a.block_norm_module(m, site.block_index, kind[:3])
+            return self._final_norm(mod, kind, lambda x: a.norm_parts(mod, x), lambda: a.norm_affine(mod), fn,
+                                    tracker)
+        if kind in MATRIX_HOOKS:
+            return attention.hooked(m, a.attn_module(m, site.block_index), kind, fn, tracker)
+        acc = component_access(a, m, site)
+        mod = get_module(a.block(m, site.block_index), acc.path)
+        if acc.io == "input":
+            return self._edit_input(mod, acc.get, acc.put, fn, tracker)
+        return self._edit_part(mod, acc.get, acc.put, fn, tracker)
 
     def hook_count(self) -> int:
         """Torch hooks steerkit registered and has not removed (not transformers' own: the

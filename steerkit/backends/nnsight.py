@@ -18,7 +18,11 @@ functions on it in registration order and writing the result back:
   edit ``f`` of the normalised stream ``n`` makes the output
   ``y + (f(n) - n) * w_eff``; the final norm's hooks run in registration order;
 - ``hook_resid_mid``: as in the HF backend, read as ``pre_attn_norm.input +
-  attn_out`` and edited by adding ``f(mid) - mid`` to the attention output.
+  attn_out`` and edited by adding ``f(mid) - mid`` to the attention output;
+- component hooks: ``attn.hook_q`` / ``k`` / ``v`` / ``z`` and ``mlp.hook_pre`` / ``post`` on the
+  input or output of the module the adapter names (one read and write per fused projection),
+  ``ln1`` / ``ln2`` as at the final norm, and ``attn.hook_attn_scores`` / ``hook_pattern`` through
+  :mod:`steerkit.attention` (the hook runs inside the traced model's attention function).
 
 Module paths come from the model's :class:`~steerkit.adapters.Adapter`, so the
 backend is not tied to Llama. nnsight patches the ``forward`` of every module of
@@ -42,8 +46,9 @@ from typing import TYPE_CHECKING, Callable, Optional
 from torch import Tensor
 
 from ..errors import InputError, SteerkitError
-from ..hooknames import FINAL_HOOKS, FINAL_OUT, FINAL_SCALE, Site, record_only_error
-from ._torch import first as _first, normalized_edit, with_first as _with_first
+from .. import attention
+from ..hooknames import FINAL_HOOKS, FINAL_OUT, MATRIX_HOOKS, NORM_HOOKS, Site, record_only_error
+from ._torch import component_access, first as _first, normalized_edit, with_first as _with_first
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -67,9 +72,12 @@ class _Entry:
     order: int
 
 
-# Where in a block each kind of site is touched, in execution order.
-_STAGE = {"hook_resid_pre": 0, "hook_attn_out": 2, "hook_resid_mid": 2, "hook_mlp_out": 3,
-          "hook_resid_post": 4}
+# Where in a block each kind of site is touched, in execution order (attention scores and pattern
+# are not touched in the trace: steerkit.attention runs their hooks inside the attention function).
+_STAGE = {"hook_resid_pre": 0, "ln1.hook_scale": 1, "ln1.hook_normalized": 1, "attn.hook_q": 2.0,
+          "attn.hook_k": 2.1, "attn.hook_v": 2.2, "attn.hook_z": 3, "hook_attn_out": 4, "hook_resid_mid": 4,
+          "ln2.hook_scale": 5, "ln2.hook_normalized": 5, "mlp.hook_pre": 6, "mlp.hook_post": 7,
+          "hook_mlp_out": 8, "hook_resid_post": 9}
 
 
 class NNsightBackend:
@@ -90,9 +98,15 @@ class NNsightBackend:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._entries: list[_Entry] = []
         self._order = itertools.count()
+        self._stash = None  # the residual entering attention of the block being traced (for resid_mid)
 
     # --- hooks -------------------------------------------------------------------
     def register(self, site: Site, fn, tracker) -> Callable[[], None]:
+        if site.kind in MATRIX_HOOKS:
+            return attention.hooked(self.model, self.adapter.attn_module(self.model, site.block_index), site.kind,
+                                    fn, tracker)
+        if site.kind in NORM_HOOKS:
+            self.adapter.block_norm_module(self.model, site.block_index, site.kind[:3])  # the family has it
         e = _Entry(site, fn, tracker, next(self._order))
         self._entries.append(e)
 
@@ -143,6 +157,29 @@ class NNsightBackend:
                     x = y
         return x
 
+    def _components(self, blk, entries: list[_Entry]) -> None:
+        """Head / neuron sites of one stage, grouped by the module that holds them (a fused projection
+        holds q, k and v: it is read and written once)."""
+        groups: dict[tuple, list] = {}
+        for e in entries:
+            acc = component_access(self.adapter, self.model, e.site)
+            groups.setdefault((acc.path, acc.io), []).append((e, acc))
+        for (path, io), items in groups.items():
+            env = _envoy(blk, path)
+            t0 = env.input if io == "input" else env.output
+            t = _first(t0)
+            new = t
+            for e, acc in items:
+                x = acc.get(new)
+                y = e.fn(x, e.tracker.call(x))
+                if y is not None:
+                    new = acc.put(new, y)
+            if new is not t:
+                if io == "input":
+                    env.input = new
+                else:
+                    env.output = _with_first(t0, new)
+
     def _intervene(self, plan) -> None:
         """The body of a trace: touch every hooked site, in the order the model runs them."""
         layers, final = plan
@@ -150,64 +187,69 @@ class NNsightBackend:
         blocks = _envoy(self.lm, a.blocks)
         for l, stages in layers:
             blk = blocks[l]
-            if 0 in stages:
-                x = blk.input
-                y = self._apply(stages[0], x, None)
-                if y is not x:
-                    blk.input = y
-            if 2 in stages:
-                stash = None
-                if any(e.site.kind == "hook_resid_mid" for e in stages[2]):
-                    stash = _envoy(blk, a.pre_attn_norm).input
-                attn = _envoy(blk, a.attn_out)
-                out = attn.output
-                x = _first(out)
-                y = self._apply(stages[2], x, stash)
-                if y is not x:
-                    attn.output = _with_first(out, y)
-            if 3 in stages:
-                mlp = _envoy(blk, a.mlp_out)
-                out = mlp.output
-                x = _first(out)
-                y = self._apply(stages[3], x, None)
-                if y is not x:
-                    mlp.output = _with_first(out, y)
-            if 4 in stages:
-                out = blk.output
-                x = _first(out)
-                y = self._apply(stages[4], x, None)
-                if y is not x:
-                    blk.output = _with_first(out, y)
+            self._stash = None
+            for st in sorted(stages):
+                if st > 0 and self._stash is None and any(e.site.kind == "hook_resid_mid" for e in stages.get(4, [])):
+                    # resid_mid reads the residual entering attention: before anything inside the block runs
+                    self._stash = _envoy(blk, a.pre_attn_norm).input
+                self._stage(blk, l, st, stages[st])
         if final:
-            self._final_norm(final)
+            self._norm(final, _envoy(self.lm, a.final_norm), a.final_norm_module(self.model))
 
-    def _final_norm(self, final: list[_Entry]) -> None:
-        """The final norm's hooks, in registration order: hook_out edits its output; hook_scale and
-        hook_normalized are computed from its input, and a hook_normalized edit adds
-        ``(f(n) - n) * w_eff`` to the output."""
+    def _stage(self, blk, l: int, st, entries: list[_Entry]) -> None:
+        """One stage of block ``l`` (see ``_STAGE``): read the site's value, run its hook functions,
+        write the result back."""
         a = self.adapter
-        norm = _envoy(self.lm, a.final_norm)
-        x_in = norm.input if any(e.site.kind != FINAL_OUT for e in final) else None
+        if st in (1, 5):
+            which = "ln1" if st == 1 else "ln2"
+            path = a.ln1 if which == "ln1" else a.ln2
+            assert path is not None
+            same = which == "ln1" and path == a.pre_attn_norm and self._stash is not None
+            self._norm(entries, _envoy(blk, path), a.block_norm_module(self.model, l, which),
+                       x_in=self._stash if same else None)
+        elif st == 0:
+            x = blk.input
+            y = self._apply(entries, x, None)
+            if y is not x:
+                blk.input = y
+        elif st in (4, 8, 9):
+            stash = self._stash if any(e.site.kind == "hook_resid_mid" for e in entries) else None
+            env = blk if st == 9 else _envoy(blk, a.attn_out if st == 4 else a.mlp_out)
+            out = env.output
+            x = _first(out)
+            y = self._apply(entries, x, stash)
+            if y is not x:
+                env.output = _with_first(out, y)
+        else:
+            self._components(blk, entries)
+
+    def _norm(self, entries: list[_Entry], norm, module, x_in=None) -> None:
+        """A norm's hooks (the final norm's, or a block's ln1 / ln2), in registration order: hook_out
+        edits its output; hook_scale and hook_normalized are computed from its input, and a
+        hook_normalized edit adds ``(f(n) - n) * w_eff`` to the output."""
+        a = self.adapter
+        if x_in is None and any(e.site.kind != FINAL_OUT for e in entries):
+            x_in = norm.input
         out = norm.output
         y0 = y = _first(out)
         n = None
-        for e in final:
+        for e in entries:
             if e.site.kind == FINAL_OUT:
                 r = e.fn(y, e.tracker.call(y))
                 if r is not None:
                     y = r
                 continue
             assert x_in is not None
-            if e.site.kind == FINAL_SCALE:
-                s = a.final_norm_parts(self.model, x_in)[1].to(x_in.dtype)
+            if e.site.kind.endswith("hook_scale"):
+                s = a.norm_parts(module, x_in)[1].to(x_in.dtype)
                 if e.fn(s, e.tracker.call(s)) is not None:
-                    raise record_only_error(FINAL_SCALE)
+                    raise record_only_error(e.site.name)
                 continue
             if n is None:
-                n = a.final_norm_parts(self.model, x_in)[0].to(x_in.dtype)
+                n = a.norm_parts(module, x_in)[0].to(x_in.dtype)
             r = e.fn(n, e.tracker.call(n))
             if r is not None:
-                y = normalized_edit(y, n, r, a.final_norm_affine(self.model)[0])
+                y = normalized_edit(y, n, r, a.norm_affine(module)[0])
                 n = r
         if y is not y0:
             norm.output = _with_first(out, y)

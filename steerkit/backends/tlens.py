@@ -17,6 +17,8 @@ for everything downstream):
 - ``hook_attn_out`` / ``hook_mlp_out`` -> the bridge's own ``blocks.{l}.hook_attn_out`` /
   ``hook_mlp_out`` aliases (``attn.hook_out`` / ``mlp.hook_out`` on Llama; the
   post-sub-layer norms on Gemma 2-style blocks): what each sub-layer adds to the residual;
+- the component hooks (``attn.hook_q`` ... ``ln2.hook_normalized``) -> the bridge's own hook
+  points of those names (it computes attention eagerly, so scores and pattern are its own);
 - ``ln_final.hook_scale`` / ``hook_normalized`` / ``hook_out`` -> the bridge's own
   hook points of those names (the norm's scale, the normalised stream before the
   weight, the output). An edit of the bridge's ``hook_normalized`` reaches the
@@ -59,7 +61,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedArchitectureError
-from ..hooknames import FINAL_HOOKS, FINAL_NORMALIZED, FINAL_SCALE, Site, record_only_error
+from ..hooknames import COMPONENT_HOOKS, FINAL_HOOKS, HEAD_HOOKS, KV_HOOKS, Site, record_only_error
 from ._torch import TorchHooks
 
 if TYPE_CHECKING:
@@ -132,8 +134,8 @@ class TLensBackend(TorchHooks):
 
     def _point_for(self, site: Site) -> nn.Module:
         l = site.layer
-        if site.kind in FINAL_HOOKS:
-            return self._hp(site.kind)
+        if site.kind in FINAL_HOOKS or site.kind in COMPONENT_HOOKS:  # the bridge's own hook point of that name
+            return self._hp(site.name)
         return self._hp(*{
             "hook_resid_pre": (f"blocks.{l}.hook_in", f"blocks.{l}.hook_resid_pre"),
             "hook_resid_post": (f"blocks.{l}.hook_out", f"blocks.{l}.hook_resid_post"),
@@ -144,17 +146,31 @@ class TLensBackend(TorchHooks):
     def register(self, site: Site, fn, tracker) -> Callable[[], None]:
         if site.kind == "hook_resid_mid":
             return self._register_mid(site, fn, tracker)
-        if site.kind in (FINAL_SCALE, FINAL_NORMALIZED):
-            dtype, kind = self.sm.dtype, site.kind
+        if site.kind.endswith(("hook_scale", "hook_normalized")):
+            dtype, name = self.sm.dtype, site.name
 
             def at_model_dtype(x, call):  # the bridge computes these two in float32
                 r = fn(x.to(dtype), call)
                 if r is None:
                     return None
-                if kind == FINAL_SCALE:
-                    raise record_only_error(FINAL_SCALE)
+                if name.endswith("hook_scale"):
+                    raise record_only_error(name)
                 return r.to(x.dtype)
             return self._edit_output(self._point_for(site), at_model_dtype, tracker)
+        if site.kind in HEAD_HOOKS:
+            # the bridge's hook points carry [batch, pos, heads * d_head] (it reshapes only for its own hooks)
+            heads = self.sm.n_kv_heads if site.kind in KV_HOOKS else self.sm.n_heads
+            dh = self.sm.d_head
+            flat_fn, flat_tracker = fn, tracker
+
+            def on_heads(x, call):
+                y = flat_fn(x.unflatten(-1, (heads, dh)), call)
+                return None if y is None else y.flatten(-2)
+
+            class _HeadTracker:
+                def call(self, x):
+                    return flat_tracker.call(x.unflatten(-1, (heads, dh)))
+            return self._edit_output(self._point_for(site), on_heads, _HeadTracker())
         return self._edit_output(self._point_for(site), fn, tracker)
 
     def _register_mid(self, site: Site, fn, tracker) -> Callable[[], None]:

@@ -1,0 +1,138 @@
+"""Attention scores and probabilities where the model runs SDPA or flash attention.
+
+``attn.hook_attn_scores`` and ``attn.hook_pattern`` are intermediate values of the attention
+*function*, which fused kernels (SDPA, flash attention) never materialise. transformers 5 calls the
+function by name through its ``AttentionInterface`` (``config._attn_implementation``), with the
+queries and keys after rotary embeddings and the keys of the whole KV cache. While a scores or
+pattern hook is registered on a model, :func:`hooked` switches its implementation to
+``"steerkit:<base>"``: a function that, for the attention modules that carry such a hook, computes
+attention the eager way (``softmax(q k^T * scaling + mask) v``, with a logit soft-cap where the family
+has one, statistics in float32) and runs the hooks on the scores (the dtype's lowest value where a
+query does not attend, as eager attention and TransformerLens 4 store them) and on the probabilities; every other module runs the base
+implementation unchanged. The mask function registered for the new name is the base's, so masks
+(padding, sliding windows) are built as before. When the last such hook goes, the model's own
+implementation is restored.
+
+Hooked modules therefore compute attention as eager attention does: their output equals the fused
+kernel's to float rounding (about 1e-6 relative in float32), not bit for bit.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .errors import UnsupportedArchitectureError
+
+PREFIX = "steerkit:"
+
+# attention module -> {"attn.hook_attn_scores": [(fn, tracker), ...], "attn.hook_pattern": [...]}
+_HOOKS: "weakref.WeakKeyDictionary[nn.Module, dict[str, list]]" = weakref.WeakKeyDictionary()
+# model -> (its own implementation, how many hooks need the steerkit one)
+_USERS: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()
+
+
+def _register_name(base: str) -> str:
+    attn, masks = ALL_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS
+    name = PREFIX + base
+    if name not in attn._global_mapping:
+        mask_fn = masks._global_mapping.get(base)
+        if mask_fn is None:
+            raise UnsupportedArchitectureError(
+                f"expected a model whose attention implementation builds masks transformers knows (sdpa, eager, "
+                f"flash_attention_*, flex_attention), found {base!r}; load it with attn_implementation='sdpa'")
+        attn.register(name, _attention)  # type: ignore[arg-type]
+        masks.register(name, mask_fn)  # type: ignore[arg-type]
+    return name
+
+
+def hooked(model: nn.Module, attn_module: nn.Module, kind: str, fn, tracker) -> Callable[[], None]:
+    """Run ``fn(x, tracker.call(x))`` on ``attn_module``'s scores or probabilities (``kind``:
+    ``attn.hook_attn_scores`` / ``attn.hook_pattern``); returns the function that removes it."""
+    cfg: Any = model.config
+    users = _USERS.get(model)
+    if users is None:
+        base = cfg._attn_implementation or "eager"
+        if base.startswith(PREFIX):  # pragma: no cover - a model switched outside this module
+            base = base[len(PREFIX):]
+        name = _register_name(base)
+        users = _USERS[model] = [base, 0]
+        cfg._attn_implementation = name
+    users[1] += 1
+    entry = (fn, tracker)
+    _HOOKS.setdefault(attn_module, {}).setdefault(kind, []).append(entry)
+
+    def remove():
+        hooks = _HOOKS.get(attn_module, {}).get(kind, [])
+        if entry in hooks:
+            hooks.remove(entry)
+            u = _USERS.get(model)
+            if u is not None:
+                u[1] -= 1
+                if u[1] <= 0:
+                    cfg._attn_implementation = u[0]
+                    del _USERS[model]
+    return remove
+
+
+def _run(hooks: list, x: Tensor) -> Tensor:
+    for fn, tracker in hooks:
+        y = fn(x, tracker.call(x))
+        if y is not None:
+            x = y
+    return x
+
+
+def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+               scaling: Optional[float] = None, dropout: float = 0.0, softcap: Optional[float] = None, **kwargs):
+    hooks = _HOOKS.get(module)
+    if not hooks or not any(hooks.values()):
+        cfg: Any = module.config
+        base: str = cfg._attn_implementation or "eager"
+        base = base[len(PREFIX):] if base.startswith(PREFIX) else base
+        fused: Any = ALL_ATTENTION_FUNCTIONS._global_mapping.get(base)
+        if fused is not None:
+            return fused(module, query, key, value, attention_mask, scaling=scaling,
+                                              dropout=dropout, softcap=softcap, **kwargs)
+    return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, softcap=softcap,
+                 hooks=hooks or {})
+
+
+def eager(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor], *,
+          scaling: Optional[float] = None, dropout: float = 0.0, softcap: Optional[float] = None,
+          hooks: Optional[dict] = None) -> tuple[Tensor, Tensor]:
+    """Eager attention over ``query [b, heads, q, d]`` and ``key`` / ``value [b, kv_heads, k, d]`` (the
+    whole cache), with ``attention_mask`` as transformers builds it (``None``: causal; bool: True where
+    a query attends; float: added to the scores). Returns ``(output [b, q, heads, d], probabilities)``."""
+    hooks = hooks or {}
+    n_rep = query.shape[1] // key.shape[1]
+    if n_rep > 1:
+        key = key.repeat_interleave(n_rep, dim=1)
+        value = value.repeat_interleave(n_rep, dim=1)
+    if scaling is None:
+        scaling = 1.0 / math.sqrt(query.shape[-1])
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    Q, K = scores.shape[-2], scores.shape[-1]
+    if attention_mask is None:
+        q_pos = torch.arange(K - Q, K, device=scores.device)[:, None]
+        allowed = torch.arange(K, device=scores.device)[None, :] <= q_pos
+    elif attention_mask.dtype == torch.bool:
+        allowed = attention_mask[..., :K]
+    else:
+        allowed = attention_mask[..., :K] > torch.finfo(attention_mask.dtype).min / 2
+    # the dtype's lowest value where a query does not attend, as eager attention's additive mask leaves it
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    scores = _run(hooks.get("attn.hook_attn_scores", []), scores)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = _run(hooks.get("attn.hook_pattern", []), probs)
+    if dropout and module.training:
+        probs = nn.functional.dropout(probs, p=dropout, training=True)
+    out = torch.matmul(probs, value).transpose(1, 2).contiguous()
+    return out, probs
