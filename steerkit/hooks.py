@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .errors import HookNameError, InputError
-from .hooknames import HEAD_HOOKS, MATRIX_HOOKS, RECORD_ONLY, Site, parse, record_only_error
+from .hooknames import HEAD_HOOKS, MATRIX_HOOKS, MLP_HOOKS, RECORD_ONLY, Site, parse, record_only_error
 from .positions import PositionSpec, RunState, chunk_mask, selects_generated, validate_positions
 
 
@@ -400,6 +400,44 @@ class ActivationCache:
         self._arena = RowArena()
 
 
+def _picker(names: list[str], sites: list[Site], heads, neurons):
+    """``(x, call) -> (x, call)`` keeping only some heads / neurons of every recorded site (``None``:
+    keep everything)."""
+    if heads is None and neurons is None:
+        return None
+    if heads is not None and neurons is not None:
+        raise InputError("expected heads= (attention component hooks) or neurons= (MLP hooks), found both")
+    chosen = [heads] if isinstance(heads, int) else heads if heads is not None else \
+        [neurons] if isinstance(neurons, int) else neurons
+    try:
+        idx = [int(i) for i in chosen]
+    except (TypeError, ValueError):
+        raise InputError(f"expected {'heads' if heads is not None else 'neurons'} as a list of indices, found "
+                         f"{chosen!r:.60}") from None
+    if not idx or min(idx) < 0 or len(set(idx)) != len(idx):
+        raise InputError(f"expected distinct non-negative indices, found {idx}")
+    for site in sites:
+        ok = site.kind in (HEAD_HOOKS + MATRIX_HOOKS) if heads is not None else site.kind in MLP_HOOKS
+        if not ok:
+            raise InputError(f"expected only {'attention component' if heads is not None else 'MLP'} hooks when "
+                             f"recording with {'heads' if heads is not None else 'neurons'}=, found {site.name!r}; "
+                             "record it in another scope")
+    sel = torch.tensor(idx, dtype=torch.long)
+
+    def pick(x: Tensor, call: SiteCall):
+        width = x.shape[-1]
+        if heads is None:
+            if max(idx) >= width:
+                raise InputError(f"expected neurons below {width} (d_mlp), found {max(idx)}")
+            return x[..., sel.to(x.device)], call
+        H, m = call.tail
+        if max(idx) >= H:
+            raise InputError(f"expected heads in 0..{H - 1}, found {max(idx)}")
+        cols = (sel[:, None] * m + torch.arange(m)[None]).reshape(-1).to(x.device)
+        return x[..., cols], SiteCall(call.start, call.T, call.B, call.run, (len(idx), m))
+    return pick
+
+
 def _pad_keys(v: Tensor, tail: tuple, keys: int, scores: bool) -> Tensor:
     """Rows ``[n, heads * k]`` of an attention matrix padded to ``keys`` keys per head with what a query
     that does not attend there has: probability 0, or the dtype's lowest score."""
@@ -447,14 +485,19 @@ class HookManager:
         return (cls or HookHandle)(removers, self, label)
 
     # --- public ------------------------------------------------------------------
-    def record(self, hooks, positions: PositionSpec = "all", *, device=None) -> "RecordHandle":
-        """Record ``hooks`` at ``positions``; the handle's ``cache`` fills during every forward pass."""
+    def record(self, hooks, positions: PositionSpec = "all", *, device=None, heads=None,
+               neurons=None) -> "RecordHandle":
+        """Record ``hooks`` at ``positions``; the handle's ``cache`` fills during every forward pass.
+        ``heads`` / ``neurons`` keep only those heads (attention component hooks) or neurons (MLP hooks)."""
         names = self._names(hooks)
         positions = validate_positions(positions)
         cache = ActivationCache(names, positions, device=device)
+        pick = _picker(names, [self.parse(n) for n in names], heads, neurons)
 
         def make(name):
             def fn(x, call):
+                if pick is not None:
+                    x, call = pick(x, call)
                 cache._add(name, x, call)
                 return None
             return fn

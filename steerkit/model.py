@@ -221,10 +221,13 @@ class SteerModel:
 
     # --- hooks -------------------------------------------------------------------
     def record(self, hooks: str | Iterable[str], positions: PositionSpec = "all", *,
-               device=None) -> RecordHandle:
+               device=None, heads=None, neurons=None) -> RecordHandle:
         """Record ``hooks`` at ``positions`` during every forward/generate until the handle is removed:
-        ``with sm.record(hooks) as cache: ...`` (or ``h = sm.record(...)``, ``h.cache``, ``h.remove()``)."""
-        return self.hooks.record(hooks, positions, device=device)
+        ``with sm.record(hooks) as cache: ...`` (or ``h = sm.record(...)``, ``h.cache``, ``h.remove()``).
+        ``heads=[...]`` / ``neurons=[...]`` keep only those heads or neurons (``cache[hook]`` is then
+        ``[batch, pos, len(heads), d_head]``, ``[batch, len(heads), q_pos, k_pos]`` or
+        ``[batch, pos, len(neurons)]``)."""
+        return self.hooks.record(hooks, positions, device=device, heads=heads, neurons=neurons)
 
     def edit(self, hooks: str | Iterable[str] | dict | None = None, *, add=None, ablate=None, replace=None,
              clamp=None, value: float = 0.0, fn: Callable | None = None, scale: float = 1.0,

@@ -396,3 +396,22 @@ def test_modules_named_by_the_adapter_exist(arch):
         a.o_proj_module(m, l), a.mlp_pre_module(m, l), a.mlp_post_module(m, l)
         if arch not in NO_BLOCK_NORMS:
             get_module(a.block(m, l), a.ln1), get_module(a.block(m, l), a.ln2)
+
+
+def test_record_some_heads_and_neurons():
+    sm = steer("llama")
+    toks = batch()
+    z, pat, post = (f"blocks.{LAYER}.attn.hook_z", f"blocks.{LAYER}.attn.hook_pattern",
+                    f"blocks.{LAYER}.mlp.hook_post")
+    with sm.record([z, pat, post]) as full:
+        sm.forward(toks)
+    with sm.record([z, pat], heads=[3, 1]) as some, sm.record(post, neurons=[5, 0, 9]) as few:
+        sm.forward(toks)
+    assert torch.equal(some[z], full[z][:, :, [3, 1]])
+    assert torch.equal(some[pat], full[pat][:, [3, 1]])
+    assert torch.equal(few[post], full[post][..., [5, 0, 9]])
+    with pytest.raises(InputError, match="attention component"):
+        sm.record([z, post], heads=[0])
+    with pytest.raises(InputError, match="heads in 0..3"):
+        with sm.record(z, heads=[7]):
+            sm.forward(toks)
