@@ -270,3 +270,60 @@ def test_recycling_agrees_across_backends(hf, others):
         assert sm.generate(PROMPTS[:2], 8, return_tokens=True, recycle=r) == want, name
         assert r.events == rec.events, name
     assert hf.hook_count() == 0
+
+
+def _component_edits(sm):
+    """Per-head, per-neuron, pattern and norm edits at once (handles, removed by the caller)."""
+    return [sm.edit("blocks.4.attn.hook_z", replace=torch.zeros(sm.d_head), heads=[2]),
+            sm.edit("blocks.6.mlp.hook_post", replace=torch.zeros(3), neurons=[1, 5, 7]),
+            sm.edit("blocks.7.attn.hook_pattern", fn=lambda p: p * 0.5),
+            sm.edit("blocks.8.ln2.hook_normalized", fn=lambda x: x * 1.1),
+            sm.edit("blocks.9.attn.hook_q", add=torch.ones(sm.d_head), heads=[0, 4])]
+
+
+def test_component_hooks_and_edits_agree(hf, others, toks, ref_logits):
+    """The component hooks record the same values on the three backends (tlens: the bridge's own
+    hook points; nnsight: envoys of the traced model) and the same edits give the same logits."""
+    names = [n for n in hf.hook_names(components=True) if n.startswith("blocks.4.") and "." in n.split(".", 2)[-1]]
+    real = toks.attention_mask.bool()
+
+    def run(sm):
+        with sm.record(names, positions="all") as c:
+            sm.forward(toks)
+        edits = _component_edits(sm)
+        try:
+            return c, sm.forward(toks)
+        finally:
+            for e in edits:
+                e.remove()
+    c0, l0 = run(hf)
+    assert float((_real(l0, toks) - _real(ref_logits, toks)).abs().max()) > 1.0  # the edits do something
+    for name, sm in others.items():
+        c1, l1 = run(sm)
+        for n in names:
+            scale = float(c0[n].abs().max())
+            assert float((c1[n] - c0[n]).abs().max()) <= 1e-4 * scale, (name, n)
+        torch.testing.assert_close(l1[real], l0[real], **TOL[name])
+
+
+def test_component_edits_and_records_in_generation_agree(hf, others):
+    site = "blocks.5.attn.hook_pattern"
+
+    def run(sm):
+        edits = _component_edits(sm)
+        try:
+            with sm.record([site, "blocks.5.attn.hook_z"], positions="generated") as c:
+                return sm.generate(PROMPTS[:2], 6, return_tokens=True), c
+        finally:
+            for e in edits:
+                e.remove()
+    want, cw = run(hf)
+    with hf.record("blocks.5.attn.hook_z", positions="generated") as plain:
+        hf.generate(PROMPTS[:2], 6)
+    assert float((plain["blocks.5.attn.hook_z"] - cw["blocks.5.attn.hook_z"]).abs().max()) > 0.1  # the edits act
+    for name, sm in others.items():
+        got, cg = run(sm)
+        assert got == want, name
+        assert cg[site].shape == cw[site].shape, name
+        assert float((cg[site] - cw[site]).abs().max()) < 1e-4, name
+        assert float((cg["blocks.5.attn.hook_z"] - cw["blocks.5.attn.hook_z"]).abs().max()) < 1e-3, name

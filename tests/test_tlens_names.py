@@ -94,35 +94,3 @@ def test_every_component_hook_equals_run_with_cache(default_model, bridge):
         scale = float(theirs[fin].abs().max())
         err = float((mine[fin] - theirs[fin]).abs().max())
         assert err <= 1e-4 * scale, f"{name}: max |steerkit - TransformerLens| = {err:.3g} (scale {scale:.3g})"
-
-
-@pytest.mark.parametrize("backend", ["tlens", "nnsight"])
-def test_component_hooks_agree_across_backends(default_model, backend):
-    """Recording and per-head / per-neuron / pattern / norm edits give the same values on the three
-    backends (tlens: the bridge's own hook points; nnsight: envoys of the traced model)."""
-    sm = default_model
-    other = steerkit.wrap(sm.hf_model, sm.tokenizer, name=sm.name, backend=backend)
-    toks = sm.tokenize(["The capital of France is Paris, and the capital of Italy is"], chat=False)
-    names = [n for n in sm.hook_names(components=True) if n.startswith("blocks.4.") and "." in n.split(".", 2)[-1]]
-
-    def run(m):
-        with m.record(names, positions="all") as c:
-            m.forward(toks)
-        edits = [m.edit("blocks.4.attn.hook_z", replace=torch.zeros(m.d_head), heads=[2]),
-                 m.edit("blocks.6.mlp.hook_post", replace=torch.zeros(3), neurons=[1, 5, 7]),
-                 m.edit("blocks.7.attn.hook_pattern", fn=lambda p: p * 0.5),
-                 m.edit("blocks.8.ln2.hook_normalized", fn=lambda x: x * 1.1),
-                 m.edit("blocks.9.attn.hook_q", add=torch.ones(m.d_head), heads=[0, 4])]
-        try:
-            logits = m.forward(toks)
-        finally:
-            for e in edits:
-                e.remove()
-        return c, logits
-    c0, l0 = run(sm)
-    c1, l1 = run(other)
-    for n in names:
-        scale = float(c0[n].abs().max())
-        assert float((c1[n] - c0[n]).abs().max()) <= 1e-4 * scale, n
-    assert float((l0 - sm.forward(toks)).abs().max()) > 1.0  # the edits do something
-    assert float((l1 - l0).abs().max()) < 1e-3
