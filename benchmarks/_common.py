@@ -189,3 +189,38 @@ def profile_report(prof, what: str, top: int = 15, match: str = "/steerkit/") ->
     return (table(["function", "calls", "own s", "cumulative s", "own %", "cumulative %"], rows[:top],
                   title=f"cProfile of {what} ({total:.2f} s profiled); steerkit functions by own time:")
             + f"\nsteerkit's own time in total: {own:.2f} s = {100 * own / total:.1f}% of the profiled run")
+
+
+def run_facts() -> dict:
+    """What every benchmark row carries: machine, CPU count, Python, torch and transformers versions,
+    and the checkout's commit (``+dirty`` with uncommitted changes)."""
+    import platform
+    facts = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    for mod in ("torch", "transformers"):
+        try:
+            facts[mod] = __import__(mod).__version__
+        except ImportError:  # a worker in a side environment
+            facts[mod] = ""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        facts["commit"] = commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        facts["commit"] = ""
+    return facts
+
+
+def csv_rows(path: Path, rows: list[dict]) -> Path:
+    """Write ``rows`` (dicts with the same keys) to ``path`` as CSV, each with :func:`run_facts`."""
+    import csv
+    facts = run_facts()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[*rows[0], *facts])
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, **facts})
+    return path
+

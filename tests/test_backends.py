@@ -108,6 +108,16 @@ def test_backends_do_not_touch_the_original_model(hf, tlens, nns):
     assert nns.backend.model is not hf.hf_model
 
 
+def test_backends_share_the_weights(hf, tlens, nns):
+    """tlens and nnsight run their own module trees over the HF model's own weight tensors: no
+    parameter or buffer is duplicated (benchmarks/bench_backend_memory.py measures the memory)."""
+    orig = {t.data_ptr() for t in (*hf.hf_model.parameters(), *hf.hf_model.buffers())}
+    for name, mod in (("tlens", tlens.backend.bridge), ("nnsight", nns.backend.model)):
+        params = list(mod.parameters())
+        assert params and all(p.data_ptr() in orig for p in params), name
+        assert sum(p.numel() for p in params) == sum(p.numel() for p in hf.hf_model.parameters()), name
+
+
 def test_plain_logits_agree(others, toks, ref_logits):
     for name, sm in others.items():
         _close(name, _real(sm.forward(toks), toks), _real(ref_logits, toks))

@@ -18,6 +18,7 @@ exactly what the norm outputs from ``f(n)``.
 """
 from __future__ import annotations
 
+import copy
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Literal, Optional
@@ -93,6 +94,15 @@ def component_access(adapter: Adapter, model: nn.Module, site: Site) -> Access:
             z[..., lo:hi] = new.flatten(-2)
             return z
     return Access(f"{a.attn}.{att.qkv}", "output", get, put)
+
+
+def shell_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s module tree (new module objects and config, so a wrapper may patch,
+    swap or re-configure them) that shares every parameter and buffer with ``model``: no weight is
+    copied, and a change to the weights is seen by both."""
+    memo: dict = {id(t): t for t in model.parameters()}
+    memo.update({id(t): t for t in model.buffers()})
+    return copy.deepcopy(model, memo)
 
 
 def normalized_edit(y: Tensor, n: Tensor, new: Tensor, w_eff: Optional[Tensor]) -> Tensor:

@@ -26,7 +26,8 @@ functions on it in registration order and writing the result back:
 
 Module paths come from the model's :class:`~steerkit.adapters.Adapter`, so the
 backend is not tied to Llama. nnsight patches the ``forward`` of every module of
-the model it wraps, so the backend wraps its *own deep copy* of the HF model;
+the model it wraps, so the backend wraps its *own module tree* of the HF model (new module
+objects over the same weight tensors: no weight is duplicated);
 ``sm.hf_model`` stays untouched.
 
 Generation does not use nnsight's ``generate``: steerkit's loop calls
@@ -36,7 +37,6 @@ the HF ``DynamicCache`` passed through to the model, so the KV cache is real
 """
 from __future__ import annotations
 
-import copy
 import inspect
 import itertools
 import warnings
@@ -48,7 +48,7 @@ from torch import Tensor
 from ..errors import InputError, SteerkitError
 from .. import attention
 from ..hooknames import FINAL_HOOKS, FINAL_OUT, MATRIX_HOOKS, NORM_HOOKS, Site, record_only_error
-from ._torch import component_access, first as _first, normalized_edit, with_first as _with_first
+from ._torch import component_access, shell_copy, first as _first, normalized_edit, with_first as _with_first
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -90,7 +90,7 @@ class NNsightBackend:
             raise InputError("the 'nnsight' backend needs nnsight 0.8: pip install 'steerkit[backends]'") from e
         self.sm = sm
         self.adapter = sm.adapter
-        self.model = copy.deepcopy(sm.hf_model)  # nnsight patches every module's forward
+        self.model = shell_copy(sm.hf_model)  # nnsight patches every module's forward: its own modules, shared weights
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # LanguageModel is a deprecated alias in 0.8
             self.lm = LanguageModel(self.model, tokenizer=sm.tokenizer)

@@ -2,7 +2,9 @@
 
 The bridge (``TransformerBridge.boot_transformers(name, hf_model=..., tokenizer=...)``)
 rewires the model it wraps (it swaps sub-modules for bridge components and forces
-eager attention), so this backend boots it on its *own deep copy* of the HF model;
+eager attention), so this backend boots it on its *own module tree* of the HF model
+(:func:`~steerkit.backends._torch.shell_copy`: new module objects over the same weight tensors,
+so no weight is duplicated);
 ``sm.hf_model`` stays the untouched original that facts (config, fingerprint,
 generation config) are read from.
 
@@ -51,7 +53,6 @@ not bit for bit.
 """
 from __future__ import annotations
 
-import copy
 import inspect
 import logging
 import warnings
@@ -62,7 +63,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedArchitectureError
 from ..hooknames import COMPONENT_HOOKS, FINAL_HOOKS, HEAD_HOOKS, KV_HOOKS, Site, record_only_error
-from ._torch import TorchHooks
+from ._torch import TorchHooks, shell_copy
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -88,8 +89,9 @@ class TLensBackend(TorchHooks):
                              "pip install 'steerkit[backends]'") from e
         self.sm = sm
         src = sm.hf_model
-        # The bridge mutates what it wraps: give it its own copy.
-        model_copy = copy.deepcopy(src)
+        # The bridge swaps sub-modules and re-configures attention in what it wraps: give it its own
+        # module tree over the same weights.
+        model_copy = shell_copy(src)
         tl_logger = logging.getLogger("transformer_lens")
         level = tl_logger.level
         tl_logger.setLevel(logging.ERROR)
