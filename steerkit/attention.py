@@ -100,15 +100,17 @@ def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, att
             return fused(module, query, key, value, attention_mask, scaling=scaling,
                                               dropout=dropout, softcap=softcap, **kwargs)
     return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, softcap=softcap,
-                 hooks=hooks or {})
+                 sliding_window=kwargs.get("sliding_window"), hooks=hooks or {})
 
 
 def eager(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor], *,
           scaling: Optional[float] = None, dropout: float = 0.0, softcap: Optional[float] = None,
-          hooks: Optional[dict] = None) -> tuple[Tensor, Tensor]:
+          sliding_window: Optional[int] = None, hooks: Optional[dict] = None) -> tuple[Tensor, Tensor]:
     """Eager attention over ``query [b, heads, q, d]`` and ``key`` / ``value [b, kv_heads, k, d]`` (the
-    whole cache), with ``attention_mask`` as transformers builds it (``None``: causal; bool: True where
-    a query attends; float: added to the scores). Returns ``(output [b, q, heads, d], probabilities)``."""
+    whole cache), with ``attention_mask`` as transformers builds it: ``[b, 1, q, k]`` bool (True where a
+    query attends) or float (added to the scores), complete (causal, padding, sliding window); ``None``
+    (causal) or ``[b, k]`` (flash attention's padding mask: causal, and ``sliding_window`` applied here).
+    Returns ``(output [b, q, heads, d], probabilities)``."""
     hooks = hooks or {}
     n_rep = query.shape[1] // key.shape[1]
     if n_rep > 1:
@@ -120,9 +122,14 @@ def eager(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attentio
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     Q, K = scores.shape[-2], scores.shape[-1]
-    if attention_mask is None:
+    if attention_mask is None or attention_mask.dim() == 2:
         q_pos = torch.arange(K - Q, K, device=scores.device)[:, None]
-        allowed = torch.arange(K, device=scores.device)[None, :] <= q_pos
+        k_pos = torch.arange(K, device=scores.device)[None, :]
+        allowed = k_pos <= q_pos
+        if sliding_window:
+            allowed = allowed & (q_pos - k_pos < sliding_window)
+        if attention_mask is not None:
+            allowed = allowed & attention_mask[:, None, None, -K:].bool()
     elif attention_mask.dtype == torch.bool:
         allowed = attention_mask[..., :K]
     else:

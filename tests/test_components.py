@@ -415,3 +415,27 @@ def test_record_some_heads_and_neurons():
     with pytest.raises(InputError, match="heads in 0..3"):
         with sm.record(z, heads=[7]):
             sm.forward(toks)
+
+
+def test_eager_attention_reads_every_mask_transformers_builds():
+    """steerkit.attention.eager gives the same probabilities from a 4-D bool mask (SDPA), a 4-D additive
+    mask (eager), no mask (causal) and a 2-D padding mask with a sliding window (flash attention)."""
+    from steerkit.attention import eager
+
+    g = torch.Generator().manual_seed(0)
+    B, H, KV, T, d, W = 2, 4, 2, 6, 8, 3
+    q, k, v = (torch.randn(B, n, T, d, generator=g) for n in (H, KV, KV))
+    pad = torch.ones(B, T, dtype=torch.bool)
+    pad[0, :2] = False
+    i = torch.arange(T)
+    causal = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < W)
+    full = causal[None, None] & pad[:, None, None, :]
+    additive = torch.zeros(B, 1, T, T).masked_fill(~full, torch.finfo(torch.float32).min)
+    mod = torch.nn.Module()
+    outs = [eager(mod, q, k, v, full)[1], eager(mod, q, k, v, additive)[1],
+            eager(mod, q, k, v, pad.long(), sliding_window=W)[1]]
+    for o in outs[1:]:
+        assert torch.allclose(o[1], outs[0][1], atol=1e-6)  # the unpadded row
+        assert torch.allclose(o[0, :, 2:], outs[0][0, :, 2:], atol=1e-6)
+    no_mask = eager(mod, q, k, v, None)[1]
+    assert torch.allclose(no_mask.tril(), no_mask) and torch.allclose(no_mask.sum(-1), torch.ones(B, H, T))
