@@ -89,7 +89,6 @@ def test_recorded_components_match_the_modeling_code(arch):
     sm = steer(arch)
     a, m = sm.adapter, sm.hf_model
     toks = batch(pad_first=2)
-    blk = a.block(m, LAYER)
     mlp = a.mlp_module(m, LAYER)
     with contextlib.ExitStack() as st:
         o_out = st.enter_context(captured(a.o_proj_module(m, LAYER)))
@@ -337,10 +336,10 @@ def test_kv_cached_generation_records_and_edits_components():
     ns = [f"blocks.{LAYER}.attn.hook_pattern", f"blocks.{LAYER}.attn.hook_attn_scores", f"blocks.{LAYER}.attn.hook_z",
           f"blocks.{LAYER}.mlp.hook_post"]
     abl = dict(replace=torch.zeros(sm.d_head), heads=[1])
-    with sm.edit(f"blocks.0.attn.hook_z", **abl), sm.record(ns) as c:
+    with sm.edit("blocks.0.attn.hook_z", **abl), sm.record(ns) as c:
         new = sm.generate(toks, max_new_tokens=5, return_tokens=True)[0]
     full = Tokens(torch.cat([toks.input_ids[0], torch.tensor(new)])[None], torch.ones(1, 10, dtype=torch.long))
-    with sm.edit(f"blocks.0.attn.hook_z", **abl), sm.record(ns) as f:
+    with sm.edit("blocks.0.attn.hook_z", **abl), sm.record(ns) as f:
         logits = sm.forward(full)
     assert logits[0, 4:-1].argmax(-1).tolist() == new
     n = c[ns[0]].shape[2]
