@@ -115,6 +115,8 @@ def _fingerprint_of(config: dict, tensors: list) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(config, sort_keys=True, default=str).encode())
     for name, p in tensors:
+        if type(p) not in (torch.Tensor, torch.nn.Parameter) and hasattr(p, "dequantize"):
+            p = p.dequantize()  # a quantised weight (torchao): hash its values
         flat = p.detach().reshape(-1)
         sample = torch.cat([flat[:8192], flat[-8192:]]) if flat.numel() > 16384 else flat
         b = sample.to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes()

@@ -30,6 +30,8 @@ from .generation import generate as _generate
 from .hooks import HookHandle, HookManager, RecordHandle
 from .interventions import KERNEL_OPS, CompiledSteering, Intervention, ModelFacts, compile, lower
 from .positions import PositionSpec
+from .quantize import SCHEMES, scheme_of
+from .quantize import quantize as quantize_weights
 
 Prompts = Union[str, Sequence[str]]
 
@@ -73,12 +75,15 @@ class SteerModel:
     """A model ready to be recorded and steered. Build it with :func:`steerkit.load_model`."""
 
     def __init__(self, model, tokenizer, *, name: str, backend: str = "hf", adapter: Adapter | None = None,
-                 source_gguf=None, hf_model=None):
+                 source_gguf=None, hf_model=None, fingerprint: str | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.source_gguf = source_gguf
         self.hf_model = hf_model if hf_model is not None else model
+        self._fingerprint = fingerprint
+        #: the weight-only quantisation of the model ("int8", "int4"), None for none
+        self.quantization = scheme_of(self.hf_model)
         self.adapter = adapter or adapter_for(self.hf_model)
         self.n_layers = self.adapter.n_layers(self.hf_model)
         self.d_model = self.adapter.d_model(self.hf_model)
@@ -117,8 +122,10 @@ class SteerModel:
         return hooknames.all_names(self.n_layers, has_resid_mid=self.hooks.has_resid_mid, components=comp)
 
     def fingerprint(self) -> str:
-        """A hash of the config and a few weight tensors, stored in artifacts' provenance."""
-        return model_fingerprint(self.hf_model)
+        """A hash of the config and a few weight tensors, stored in artifacts' provenance. A model that
+        :func:`load_model` quantised keeps the fingerprint of the model it was quantised from, so
+        artifacts made on the full-precision model apply to it."""
+        return self._fingerprint or model_fingerprint(self.hf_model)
 
     @property
     def facts(self) -> ModelFacts:
@@ -319,24 +326,34 @@ def _make_backend(name: str, sm: SteerModel):
 
 
 def load_model(name_or_path=None, *, backend: str = "hf", dtype: torch.dtype | str = torch.float32,
-               device: str | torch.device = "cpu") -> SteerModel:
+               device: str | torch.device = "cpu", quantize: str | None = None) -> SteerModel:
     """Load a model offline and wrap it: ``None`` is the embedded SmolLM2-135M-Instruct.
 
     ``name_or_path``: a ``.gguf`` file, a Hugging Face model folder, or a hub id already in the
     local HF cache. ``backend``: ``"hf"`` (PyTorch hooks), ``"tlens"`` (TransformerLens 4
-    ``TransformerBridge``) or ``"nnsight"``.
+    ``TransformerBridge``) or ``"nnsight"``. ``quantize``: ``"int8"`` or ``"int4"`` weight-only
+    quantisation of the decoder blocks' linear layers (:mod:`steerkit.quantize`, torchao); the model
+    keeps the fingerprint of its full-precision weights.
     """
     if backend not in BACKENDS:
         raise InputError(f"expected backend in {BACKENDS}, found {backend!r}")
     dt = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
         raise InputError(f"expected a floating-point torch dtype (or its name, e.g. 'bfloat16'), found {dtype!r}")
+    if quantize is not None and quantize not in SCHEMES:
+        raise InputError(f"expected quantize= one of {SCHEMES} (or None), found {quantize!r}")
     name, folder, gguf = loading.resolve(name_or_path)
     model, tok = loading.load_hf(folder, dtype=dt, device=device)
-    return wrap(model, tok, name=name, backend=backend, source_gguf=gguf)
+    fingerprint = None
+    if quantize is not None:
+        fingerprint = model_fingerprint(model)
+        quantize_weights(model, quantize, adapter_for(model).block_list(model))
+    return wrap(model, tok, name=name, backend=backend, source_gguf=gguf, fingerprint=fingerprint)
 
 
-def wrap(model, tokenizer, *, name: str | None = None, backend: str = "hf", source_gguf=None) -> SteerModel:
-    """Wrap an already loaded HF causal LM and tokenizer."""
+def wrap(model, tokenizer, *, name: str | None = None, backend: str = "hf", source_gguf=None,
+         fingerprint: str | None = None) -> SteerModel:
+    """Wrap an already loaded HF causal LM and tokenizer (``fingerprint``: the provenance fingerprint
+    to use instead of the weights', e.g. of the model a quantised one was made from)."""
     name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
-    return SteerModel(model, tokenizer, name=name, backend=backend, source_gguf=source_gguf)
+    return SteerModel(model, tokenizer, name=name, backend=backend, source_gguf=source_gguf, fingerprint=fingerprint)
