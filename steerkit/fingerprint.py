@@ -47,7 +47,22 @@ def _config_dict(hf_model: Any) -> dict:
 
 def _fingerprint_tensors(hf_model: Any) -> list[tuple[str, torch.Tensor]]:
     named = dict(hf_model.named_parameters())
-    return [(k, named[k]) for k in _fingerprint_keys(list(named))]
+    return [(k, _materialized(hf_model, k, named[k])) for k in _fingerprint_keys(list(named))]
+
+
+def _materialized(hf_model: Any, name: str, p: torch.Tensor) -> torch.Tensor:
+    """``p``'s values: a weight that accelerate offloaded (a meta tensor) is read from the offload map
+    of its module's hook."""
+    if p.device.type != "meta":
+        return p
+    path, local = name.rsplit(".", 1) if "." in name else ("", name)
+    hook = getattr(hf_model.get_submodule(path), "_hf_hook", None)
+    weights = getattr(hook, "weights_map", None)
+    if weights is None:
+        raise ModelNotFoundError(f"expected the values of {name!r} to fingerprint the model, found a meta tensor "
+                                 "without an offload map; load the model with its weights (or through "
+                                 "steerkit.load_model(..., device_map=...))")
+    return weights[local]
 
 
 def _fingerprint_keys(names: list[str]) -> list[str]:

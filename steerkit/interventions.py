@@ -768,6 +768,8 @@ def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: Mode
     list (or ``None``) per row group. Sites are checked against ``facts`` (depth, resid_mid) and tensors
     against its ``d_model`` before anything is built. ``positions``, when given, replaces every
     intervention's own. ``impl`` and any :func:`steerkit.kernels.use_impl` in force are read here.
+    ``device``: where the tables live, or a function of the site giving it (a model spread over
+    devices: each site's tables on the device its activations are computed on).
     """
     groups: list[list[Intervention]]
     if per_row:
@@ -797,9 +799,11 @@ def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: Mode
             sites.setdefault(p.site, [[] for _ in groups])[gi].append(p)
     if not sites:
         raise InputError("expected at least one intervention in the steering, found none")
-    device = torch.device("cpu") if device is None else torch.device(device)
+    def device_of(site: str) -> torch.device:
+        d = device(site) if callable(device) else device
+        return torch.device("cpu") if d is None else torch.device(d)
     programs = {s: SiteProgram(s, per_group, d_model=facts.width(parse_hook(s, facts.n_layers).kind, s) or facts.d_model,
-                               device=device, dtype=dtype, impl=impl)
+                               device=device_of(s), dtype=dtype, impl=impl)
                 for s, per_group in sites.items()}
     return CompiledSteering(programs, len(groups), tuple(tuple(g) for g in groups))
 

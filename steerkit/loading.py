@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ModelNotFoundError
+from .errors import InputError, ModelNotFoundError
 from .files import atomic_folder
 
 DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -167,14 +167,21 @@ def resolve(name_or_path: str | os.PathLike | None) -> tuple[str, Path | str, Pa
     return text, text, None
 
 
-def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch.device):
-    """Load a causal LM and its tokenizer from a folder or the local HF cache only."""
+def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch.device, device_map=None,
+            max_memory: dict | None = None, offload_folder=None):
+    """Load a causal LM and its tokenizer from a folder or the local HF cache only (``device_map`` /
+    ``max_memory`` / ``offload_folder``: accelerate's big-model loading, instead of ``device``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if device_map is None and (max_memory is not None or offload_folder is not None):
+        raise InputError("expected device_map= (e.g. 'auto') with max_memory= / offload_folder=, found none; "
+                         "big-model loading places layers by the device map")
+    big = {} if device_map is None else dict(device_map=device_map, max_memory=max_memory,
+                                             offload_folder=None if offload_folder is None else str(offload_folder))
     try:
         tok = AutoTokenizer.from_pretrained(str(folder_or_id), local_files_only=True)
         model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(folder_or_id), dtype=dtype,
-                                                                      local_files_only=True)
+                                                                      local_files_only=True, **big)
     except OSError as e:
         if isinstance(folder_or_id, Path):
             raise
@@ -184,7 +191,8 @@ def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch
             "steerkit does not download at run time: copy the model folder here and pass its path, "
             "pass a .gguf file, or call load_model() with no argument for the embedded default"
         ) from None
-    model.to(device)
+    if device_map is None:
+        model.to(device)
     model.eval()
     return model, tok
 

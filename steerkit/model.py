@@ -106,7 +106,17 @@ class SteerModel:
 
     @property
     def device(self) -> torch.device:
-        return next(self.hf_model.parameters()).device
+        """Where inputs go: the first device holding weights (a model accelerate offloads keeps some
+        on the meta device), or where its embedding executes."""
+        return _execution_device(self.adapter.embed_module(self.hf_model), self.hf_model)
+
+    def site_device(self, site: str) -> torch.device:
+        """The device a site's activations are computed on (the block's, for a model spread over
+        devices with a ``device_map``)."""
+        s = self.hooks.parse(site)
+        if s.layer is None:
+            return _execution_device(self.adapter.final_norm_module(self.hf_model), self.hf_model)
+        return _execution_device(self.adapter.block(self.hf_model, s.layer), self.hf_model)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -305,7 +315,9 @@ class SteerModel:
                 return None if g is None else [dataclasses.replace(p, preserve_norm=True) if p.op in KERNEL_OPS
                                                else p for p in g]
             rows = [keep_norm(g) for g in rows] if per_row else keep_norm(rows)
-        return compile(rows, facts, per_row=per_row, device=self.device, dtype=self.dtype, positions=positions)
+        spread = len({str(d) for d in getattr(self.hf_model, "hf_device_map", {}).values()} - {"disk", "cpu"}) > 1
+        return compile(rows, facts, per_row=per_row, device=self.site_device if spread else self.device, dtype=self.dtype,
+                       positions=positions)
 
     def reset(self) -> None:
         """Remove every hook steerkit registered on this model."""
@@ -313,6 +325,20 @@ class SteerModel:
 
     def hook_count(self) -> int:
         return self.backend.hook_count()
+
+
+def _execution_device(module: torch.nn.Module, model: torch.nn.Module) -> torch.device:
+    """Where ``module`` computes: its accelerate hook's execution device when it has one, else the device
+    of its first weight not on the meta device, else the model's, else the CPU."""
+    hook = getattr(module, "_hf_hook", None)
+    dev = getattr(hook, "execution_device", None)
+    if dev is not None:
+        return torch.device(dev if not isinstance(dev, int) else f"cuda:{dev}")
+    for m in (module, model):
+        for p in m.parameters():
+            if p.device.type != "meta":
+                return p.device
+    return torch.device("cpu")
 
 
 def _make_backend(name: str, sm: SteerModel):
@@ -326,14 +352,19 @@ def _make_backend(name: str, sm: SteerModel):
 
 
 def load_model(name_or_path=None, *, backend: str = "hf", dtype: torch.dtype | str = torch.float32,
-               device: str | torch.device = "cpu", quantize: str | None = None) -> SteerModel:
+               device: str | torch.device = "cpu", quantize: str | None = None, device_map=None,
+               max_memory: dict | None = None, offload_folder=None) -> SteerModel:
     """Load a model offline and wrap it: ``None`` is the embedded SmolLM2-135M-Instruct.
 
     ``name_or_path``: a ``.gguf`` file, a Hugging Face model folder, or a hub id already in the
     local HF cache. ``backend``: ``"hf"`` (PyTorch hooks), ``"tlens"`` (TransformerLens 4
     ``TransformerBridge``) or ``"nnsight"``. ``quantize``: ``"int8"`` or ``"int4"`` weight-only
     quantisation of the decoder blocks' linear layers (:mod:`steerkit.quantize`, torchao); the model
-    keeps the fingerprint of its full-precision weights.
+    keeps the fingerprint of its full-precision weights. ``device_map`` (``"auto"`` or a dict),
+    ``max_memory`` (``{"cpu": "2GiB", 0: "20GiB"}``) and ``offload_folder``: accelerate's big-model
+    loading, for a model larger than memory (layers that do not fit are kept on disk and loaded for
+    each forward pass) or spread over several devices; hooks and steering tables follow each block's
+    device.
     """
     if backend not in BACKENDS:
         raise InputError(f"expected backend in {BACKENDS}, found {backend!r}")
@@ -343,7 +374,8 @@ def load_model(name_or_path=None, *, backend: str = "hf", dtype: torch.dtype | s
     if quantize is not None and quantize not in SCHEMES:
         raise InputError(f"expected quantize= one of {SCHEMES} (or None), found {quantize!r}")
     name, folder, gguf = loading.resolve(name_or_path)
-    model, tok = loading.load_hf(folder, dtype=dt, device=device)
+    model, tok = loading.load_hf(folder, dtype=dt, device=device, device_map=device_map, max_memory=max_memory,
+                                 offload_folder=offload_folder)
     fingerprint = None
     if quantize is not None:
         fingerprint = model_fingerprint(model)
