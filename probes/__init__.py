@@ -14,6 +14,13 @@ How it fits together
   cross-validate every layer x position x method; :func:`sweep_activations` on recorded
   activations; a tidy :class:`SweepResult` that saves, plots and fits the chosen cell.
 * :mod:`.scoring` -- :func:`score_prompts`: a stored probe scores new prompts.
+* :mod:`.patching` -- :func:`activation_patching` (clean activations patched into a corrupted run one
+  site at a time, many sites per forward pass) and :func:`attribution_patching` (its gradient
+  approximation) over residual, sub-layer, head and neuron sites, :func:`logit_diff_metric`, and a
+  :class:`PatchingResult` that normalises, saves and plots.
+* :mod:`.lens` -- :func:`logit_lens` (each layer's residual through the final norm and the
+  unembedding, :class:`LensResult`) and :func:`direct_logit_attribution` (the logit difference split
+  into embedding, attention, MLP and head contributions, :class:`DLAResult`).
 * ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these.
 
 The published methods built on these tools live in :mod:`steerkit.probes.methods` (the refusal
@@ -27,6 +34,8 @@ from .linear import (METHODS, direction_to_probe, fit_logistic, fit_probe, logis
                      probe_direction, probe_scores)
 from .metrics import auroc, balanced_accuracy, bootstrap_auroc_ci, youden_threshold
 from .scoring import score_prompts
+from .patching import PatchingResult, activation_patching, attribution_patching, logit_diff_metric
+from .lens import DLAResult, LensResult, direct_logit_attribution, logit_lens
 from .sweep import SweepResult, cross_validate, labels_for, record_activations, sweep, sweep_activations
 from .methods.temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, inject, injection_spec,
                                linear_decay, order_questions, per_input_taus, profile_from_states, temporal_pairs,
@@ -57,5 +66,6 @@ __all__ = [
     "region_eval", "run_region", "VERBOSE_PROMPT", "CONCISE_PROMPT", "EVAL_PROMPT", "ArithTrace", "CritiqueResult",
     "CritiqueVector", "arithmetic_traces", "critique_activations", "critique_sweep", "critique_vector",
     "detection_eval", "detection_scores", "f1_score", "gsm8k_error_traces", "logit_lens_tokens", "run_critique",
-    "steer_critique", "trace_pairs",
+    "steer_critique", "trace_pairs", "PatchingResult", "activation_patching", "attribution_patching",
+    "logit_diff_metric", "LensResult", "logit_lens", "DLAResult", "direct_logit_attribution",
 ]

@@ -1,0 +1,506 @@
+"""Activation patching and attribution patching between a clean and a corrupted prompt.
+
+Both compare two prompts of equal token length (say the IOI pair "When Mary and John went to the
+store, John gave a drink to" / the names swapped) through a ``metric`` of the logits (say
+:func:`logit_diff_metric` ``" Mary" - " John"`` at the last position):
+
+- :func:`activation_patching`: the clean run's activations at one hook kind are recorded once for
+  every layer, then patched into the corrupted run ONE site at a time (a layer and a position, a
+  layer and a head, ...), TransformerLens's convention: ``values[l, p] = metric(logits of the
+  corrupted run with site (l, p) patched from the clean run)``. Patches are batched: each forward
+  pass runs the corrupted prompt once per row, every row with its own patch (a per-row steering of
+  :class:`steerkit.Intervention.patch`), ``batch_size`` rows at a time.
+- :func:`attribution_patching`: the first-order approximation of the same grid from one clean run
+  and one corrupted run with gradients (Nanda 2023): ``values[l, p] = ((clean - corrupted) *
+  d metric / d activation).sum(features)`` at each site (summed over positions for whole-head or
+  whole-neuron sites).
+
+Hook kinds (``hook=``) and the grid each gives (``values``):
+
+==============  ============================  =====================================================
+hook            values                        one site
+==============  ============================  =====================================================
+``resid_pre``   ``[n_layers, n_pos]``         ``blocks.{l}.hook_resid_pre`` at one position
+``resid_mid``   ``[n_layers, n_pos]``         ``blocks.{l}.hook_resid_mid`` at one position
+``resid_post``  ``[n_layers, n_pos]``         ``blocks.{l}.hook_resid_post`` at one position
+``attn_out``    ``[n_layers, n_pos]``         ``blocks.{l}.hook_attn_out`` at one position
+``mlp_out``     ``[n_layers, n_pos]``         ``blocks.{l}.hook_mlp_out`` at one position
+``z``           ``[n_layers, n_heads]``       one head of ``blocks.{l}.attn.hook_z``, every position
+``z_pos``       ``[n_layers, n_pos, n_heads]``  one head of ``attn.hook_z`` at one position
+``mlp_post``    ``[n_layers, n_pos]``, or     ``blocks.{l}.mlp.hook_post`` at one position, or one
+                ``[n_layers, n_neurons]``     neuron at every position with ``neurons=[...]``
+==============  ============================  =====================================================
+
+A :class:`PatchingResult` holds the grid with its labels, the clean and corrupted metrics, and
+``normalized()`` / ``to_json()`` / ``from_json()`` / ``plot()``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm import tqdm
+
+from steerkit.errors import InputError
+from steerkit.interventions import Intervention
+from steerkit.model import Tokens
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
+
+#: hook kinds of :func:`activation_patching`: the hook name inside a block, and the grid's axes
+HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "resid_pre": ("hook_resid_pre", ("layer", "pos")),
+    "resid_mid": ("hook_resid_mid", ("layer", "pos")),
+    "resid_post": ("hook_resid_post", ("layer", "pos")),
+    "attn_out": ("hook_attn_out", ("layer", "pos")),
+    "mlp_out": ("hook_mlp_out", ("layer", "pos")),
+    "z": ("attn.hook_z", ("layer", "head")),
+    "z_pos": ("attn.hook_z", ("layer", "pos", "head")),
+    "mlp_post": ("mlp.hook_post", ("layer", "pos")),
+}
+METHODS = ("activation", "attribution")
+FORMAT = "steerkit.patching/1"
+
+Metric = Callable[[Float[Tensor, "1 pos vocab"]], Tensor]
+Prompt = Union[str, Tokens, Sequence[int], Tensor]
+
+
+# ----------------------------------------------------------------------------- prompts and tokens
+def prompt_tokens(sm: "SteerModel", prompt: Prompt, what: str = "the prompt", *, chat: bool = False) -> Tokens:
+    """One unpadded prompt as :class:`~steerkit.model.Tokens` ``[1, pos]``: a string (tokenized with the
+    chat template when ``chat``), token ids (a list or a 1-D / ``[1, pos]`` tensor) or ``Tokens`` of one row."""
+    if isinstance(prompt, Tokens):
+        toks = prompt
+    elif isinstance(prompt, str):
+        if not prompt:
+            raise InputError(f"expected {what} as a non-empty string, found an empty one")
+        toks = sm.tokenize([prompt], chat=chat)
+    elif isinstance(prompt, Tensor) or (isinstance(prompt, (list, tuple)) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in prompt)):
+        ids = torch.as_tensor(prompt)
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() != 1 or ids.numel() == 0 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise InputError(f"expected {what} as token ids [pos] (at least one), found a tensor of dtype "
+                             f"{ids.dtype} with shape {tuple(ids.shape)}")
+        toks = sm.pad([ids.tolist()])
+    else:
+        raise InputError(f"expected {what} as a string, token ids or steerkit Tokens of one row, found "
+                         f"{type(prompt).__name__} {prompt!r:.80}")
+    if toks.input_ids.dim() != 2 or toks.input_ids.shape[0] != 1:
+        raise InputError(f"expected {what} as ONE prompt, found a batch of shape {tuple(toks.input_ids.shape)}; "
+                         "pass the prompts one at a time")
+    if toks.input_ids.shape[1] == 0:
+        raise InputError(f"expected {what} to have at least one token, found none")
+    if not bool(toks.attention_mask.bool().all()):
+        raise InputError(f"expected {what} without padding, found {int((toks.attention_mask == 0).sum())} "
+                         "padding positions; pass the prompt alone")
+    return toks
+
+
+def token_labels(sm: "SteerModel", toks: Tokens) -> list[str]:
+    """Each token of a one-row prompt decoded on its own."""
+    return [sm.tokenizer.decode([int(i)]) for i in toks.input_ids[0].tolist()]
+
+
+def token_id(sm: "SteerModel", token: Union[str, int], what: str = "the token") -> int:
+    """A vocabulary id: an int as given (checked against the vocabulary), or a string that is ONE token
+    (``" Mary"``, with its leading space where the tokenizer has one)."""
+    vocab = int(sm.adapter.unembed_module(sm.hf_model).weight.shape[0])
+    if isinstance(token, bool):
+        raise InputError(f"expected {what} as a token string or id, found the bool {token}")
+    if isinstance(token, int):
+        if not 0 <= token < vocab:
+            raise InputError(f"expected {what} as a token id in 0..{vocab - 1}, found {token}")
+        return token
+    if isinstance(token, str):
+        ids = sm.tokenizer(token, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            pieces = [sm.tokenizer.decode([i]) for i in ids]
+            raise InputError(f"expected {what} {token!r} to be one token, found {len(ids)}: {pieces!r}; pass a "
+                             "single token (mind the leading space, e.g. ' Mary') or its id")
+        return int(ids[0])
+    raise InputError(f"expected {what} as a token string or id, found {type(token).__name__} {token!r:.80}")
+
+
+def logit_diff_metric(sm: "SteerModel", answer: Union[str, int], wrong: Union[str, int], *,
+                      position: int = -1) -> Metric:
+    """``metric(logits) = logits[0, position, answer] - logits[0, position, wrong]`` (a scalar tensor;
+    the last position by default). ``answer`` / ``wrong``: one-token strings or token ids."""
+    a, w = token_id(sm, answer, "the answer"), token_id(sm, wrong, "the wrong answer")
+    if isinstance(position, bool) or not isinstance(position, int):
+        raise InputError(f"expected the metric's position as an int (-1: the last), found {position!r}")
+
+    def metric(logits: Float[Tensor, "1 pos vocab"]) -> Tensor:
+        return logits[0, position, a] - logits[0, position, w]
+
+    metric.__name__ = f"logit_diff[{answer!r} - {wrong!r}]"
+    return metric
+
+
+def _metric_value(metric: Metric, logits: Tensor, grad: bool = False) -> Tensor:
+    out = metric(logits)
+    if not isinstance(out, Tensor):
+        if isinstance(out, (int, float)) and not isinstance(out, bool) and not grad:
+            return torch.tensor(float(out))
+        raise InputError(f"expected the metric to return a scalar tensor, found {type(out).__name__}"
+                         + ("; attribution patching needs a tensor that depends on the logits" if grad else ""))
+    if out.numel() != 1:
+        raise InputError(f"expected the metric to return a scalar tensor, found shape {tuple(out.shape)}; reduce "
+                         "it (e.g. .mean()) or use logit_diff_metric(sm, answer, wrong)")
+    out = out.reshape(())
+    if not bool(torch.isfinite(out.detach())):
+        raise InputError(f"expected a finite metric, found {float(out)}")
+    return out
+
+
+# ----------------------------------------------------------------------------- the result
+@dataclasses.dataclass(eq=False)
+class PatchingResult:
+    """A patching grid: ``values`` over ``axes`` (``("layer", "pos")``, ``("layer", "head")``,
+    ``("layer", "pos", "head")`` or ``("layer", "neuron")``), indexed by ``layers`` / ``positions`` /
+    ``heads`` / ``neurons`` (absolute indices); ``tokens`` the clean prompt's tokens (every position);
+    ``clean_metric`` / ``corrupted_metric`` the metric of the unpatched runs. ``is_normalized``: the
+    values are ``(v - corrupted) / (clean - corrupted)`` (:meth:`normalized`)."""
+
+    values: Tensor
+    hook: str
+    method: str
+    layers: list[int]
+    positions: list[int]
+    heads: Optional[list[int]]
+    tokens: list[str]
+    clean_metric: float
+    corrupted_metric: float
+    neurons: Optional[list[int]] = None
+    is_normalized: bool = False
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        if self.neurons is not None:
+            return ("layer", "neuron")
+        return HOOKS[self.hook][1]
+
+    def __repr__(self):
+        return (f"PatchingResult(hook={self.hook!r}, method={self.method!r}, values{tuple(self.values.shape)} over "
+                f"{self.axes}, clean={self.clean_metric:.4g}, corrupted={self.corrupted_metric:.4g}"
+                + (", normalized" if self.is_normalized else "") + ")")
+
+    def normalized(self) -> "PatchingResult":
+        """The values as the fraction of the clean-vs-corrupted gap they restore:
+        ``(v - corrupted_metric) / (clean_metric - corrupted_metric)`` (1: as clean, 0: as corrupted).
+        Attribution values are differences already, so they are divided by the gap only."""
+        if self.is_normalized:
+            return self
+        gap = self.clean_metric - self.corrupted_metric
+        if abs(gap) < 1e-12:
+            raise InputError(f"expected different clean and corrupted metrics to normalise by, found both "
+                             f"{self.clean_metric:.6g}; choose a prompt pair the metric tells apart")
+        base = 0.0 if self.method == "attribution" else self.corrupted_metric
+        return dataclasses.replace(self, values=(self.values.double() - base).div(gap).float(), is_normalized=True)
+
+    # --- storage -----------------------------------------------------------------
+    def to_dict(self) -> dict:
+        if not bool(torch.isfinite(self.values).all()):
+            raise InputError("expected finite patching values to store, found NaN/inf; check the metric")
+        return {"format": FORMAT, "hook": self.hook, "method": self.method, "axes": list(self.axes),
+                "shape": list(self.values.shape), "values": self.values.float().tolist(),
+                "layers": list(self.layers), "positions": list(self.positions),
+                "heads": None if self.heads is None else list(self.heads),
+                "neurons": None if self.neurons is None else list(self.neurons), "tokens": list(self.tokens),
+                "clean_metric": self.clean_metric, "corrupted_metric": self.corrupted_metric,
+                "is_normalized": self.is_normalized}
+
+    def to_json(self, path=None) -> str:
+        """The result as JSON (written to ``path`` when given); :meth:`from_json` reads it back exactly."""
+        text = json.dumps(self.to_dict(), allow_nan=False)
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path) -> "PatchingResult":
+        """A result from :meth:`to_json`'s text or a path to it."""
+        if isinstance(text_or_path, Path) or not str(text_or_path).lstrip().startswith("{"):
+            p = Path(text_or_path)
+            if not p.is_file():
+                raise InputError(f"expected patching JSON text or a path to a file holding it, found {str(p)!r:.120}")
+            text_or_path = p.read_text(encoding="utf-8")
+        try:
+            d = json.loads(text_or_path)
+        except json.JSONDecodeError as e:
+            raise InputError(f"expected patching JSON, found text that does not parse ({e})") from None
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise InputError(f"expected a steerkit patching JSON (format {FORMAT!r}), found "
+                             f"{str(d.get('format') if isinstance(d, dict) else d)[:80]!r}")
+        try:
+            values = torch.tensor(d["values"], dtype=torch.float32).reshape(d["shape"])
+            res = cls(values=values, hook=str(d["hook"]), method=str(d["method"]),
+                      layers=[int(i) for i in d["layers"]], positions=[int(i) for i in d["positions"]],
+                      heads=None if d["heads"] is None else [int(i) for i in d["heads"]],
+                      tokens=[str(t) for t in d["tokens"]], clean_metric=float(d["clean_metric"]),
+                      corrupted_metric=float(d["corrupted_metric"]),
+                      neurons=None if d.get("neurons") is None else [int(i) for i in d["neurons"]],
+                      is_normalized=bool(d.get("is_normalized", False)))
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise InputError(f"expected a complete steerkit patching JSON, found a malformed one ({e!r:.120})") from None
+        if res.hook not in HOOKS or res.method not in METHODS:
+            raise InputError(f"expected hook in {tuple(HOOKS)} and method in {METHODS}, found {res.hook!r} / "
+                             f"{res.method!r}")
+        return res
+
+    # --- plotting ----------------------------------------------------------------
+    def _labels(self) -> tuple[list[str], list[str], Tensor]:
+        """(x labels, y labels, the 2-D grid) of the heatmap."""
+        pos = [f"{p} {self.tokens[p]!r}" if 0 <= p < len(self.tokens) else str(p) for p in self.positions]
+        layers = [f"L{l}" for l in self.layers]
+        v = self.values
+        if self.neurons is not None:
+            return [f"N{n}" for n in self.neurons], layers, v
+        if self.hook == "z":
+            return [f"H{h}" for h in (self.heads or [])], layers, v
+        if self.hook == "z_pos":  # one row per (layer, head)
+            rows = [f"L{l}H{h}" for l in self.layers for h in (self.heads or [])]
+            return pos, rows, v.permute(0, 2, 1).reshape(len(rows), len(self.positions))
+        return pos, layers, v
+
+    def plot(self, *, title: Optional[str] = None):
+        """A plotly heatmap (diverging, centred at 0): layers down, positions (with their tokens) or
+        heads across; rows ``L{l}H{h}`` by positions for ``z_pos``."""
+        try:
+            import plotly.graph_objects as go
+        except ImportError:
+            raise InputError("expected plotly to be installed to plot, found it missing; pip install plotly") from None
+        x, y, z = self._labels()
+        what = "restored fraction" if self.is_normalized else "metric"
+        fig = go.Figure(go.Heatmap(z=z.float().tolist(), x=x, y=y, colorscale="RdBu", zmid=0,
+                                   colorbar=dict(title=what),
+                                   hovertemplate="%{y} %{x}: %{z:.4g}<extra></extra>"))
+        xt = {"pos": "position", "head": "head", "neuron": "neuron"}[self.axes[-1] if self.hook != "z_pos" else "pos"]
+        fig.update_layout(title=title or f"{self.method} patching of {self.hook} ({what}; clean "
+                          f"{self.clean_metric:.3g}, corrupted {self.corrupted_metric:.3g})",
+                          xaxis_title=xt, yaxis_title="layer" if self.hook != "z_pos" else "layer, head",
+                          yaxis=dict(autorange="reversed", type="category"), xaxis=dict(type="category"),
+                          template="plotly_white")
+        return fig
+
+
+# ----------------------------------------------------------------------------- the grid
+@dataclasses.dataclass
+class _Plan:
+    kind: str
+    sites: list[str]  # one hook name per layer in ``layers``
+    layers: list[int]
+    positions: list[int]
+    heads: Optional[list[int]]
+    neurons: Optional[list[int]]
+    shape: tuple[int, ...]
+    clean: Tokens
+    corrupted: Tokens
+    tokens: list[str]
+
+
+def index_list(v, n: int, what: str, axis: str) -> list[int]:
+    """Indices into an axis of size ``n`` (negative from the end), absolute, in the order given."""
+    if v is None:
+        return list(range(n))
+    if isinstance(v, range):
+        v = list(v)
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = [v]
+    if not isinstance(v, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        raise InputError(f"expected {what} as a list of ints (or None for all {n}), found {v!r:.80}")
+    if not v:
+        raise InputError(f"expected at least one {axis} in {what}, found an empty list; pass None for all {n}")
+    out = []
+    for i in v:
+        if not -n <= i < n:
+            raise InputError(f"expected {what} in {-n}..{n - 1} ({n} {axis}s), found {i}")
+        out.append(i % n)
+    if len(set(out)) != len(out):
+        raise InputError(f"expected distinct {what}, found repeats in {list(v)}")
+    return out
+
+
+def _plan(sm: "SteerModel", clean: Prompt, corrupted: Prompt, hook: str, layers, positions, heads, neurons,
+          chat: bool) -> _Plan:
+    if hook not in HOOKS:
+        raise InputError(f"expected hook in {tuple(HOOKS)}, found {hook!r}")
+    if hook == "resid_mid" and not sm.hooks.has_resid_mid:
+        raise InputError("expected hook='resid_mid' only on models with sequential blocks, found parallel ones "
+                         "(no resid_mid); patch resid_pre, attn_out or mlp_out instead")
+    c = prompt_tokens(sm, clean, "the clean prompt", chat=chat)
+    k = prompt_tokens(sm, corrupted, "the corrupted prompt", chat=chat)
+    n_pos = int(c.input_ids.shape[1])
+    if int(k.input_ids.shape[1]) != n_pos:
+        raise InputError(f"expected the clean and corrupted prompts to have the same number of tokens, found "
+                         f"{n_pos} and {int(k.input_ids.shape[1])}; patching maps position to position, so choose "
+                         "a corruption that keeps every token count (e.g. swap one-token names)")
+    L = index_list(layers, sm.n_layers, "layers", "layer")
+    kind = HOOKS[hook][0]
+    if hook == "z" and positions is not None:
+        raise InputError("expected positions=None with hook='z' (each head is patched at every position), found "
+                         f"{positions!r}; use hook='z_pos' for heads at single positions")
+    if neurons is not None and hook != "mlp_post":
+        raise InputError(f"expected neurons= only with hook='mlp_post', found it with {hook!r}")
+    if neurons is not None and positions is not None:
+        raise InputError("expected positions=None with neurons= (each neuron is patched at every position), found "
+                         f"{positions!r}")
+    if heads is not None and hook not in ("z", "z_pos"):
+        raise InputError(f"expected heads= only with hook='z' or 'z_pos', found it with {hook!r}")
+    P = index_list(positions, n_pos, "positions", "position") if hook != "z" and neurons is None else list(range(n_pos))
+    H = index_list(heads, int(sm.facts.n_heads), "heads", "head") if hook in ("z", "z_pos") else None
+    N = index_list(neurons, int(sm.facts.d_mlp), "neurons", "neuron") if neurons is not None else None
+    if hook == "z":
+        shape: tuple[int, ...] = (len(L), len(H or []))
+    elif hook == "z_pos":
+        shape = (len(L), len(P), len(H or []))
+    elif N is not None:
+        shape = (len(L), len(N))
+    else:
+        shape = (len(L), len(P))
+    return _Plan(kind, [f"blocks.{l}.{kind}" for l in L], L, P, H, N, shape, c, k, token_labels(sm, c))
+
+
+def _patches(plan: _Plan, clean_acts: dict[str, Tensor]):
+    """(grid index, intervention) for every site of the grid, layer-major."""
+    for li, site in enumerate(plan.sites):
+        src = clean_acts[site]
+        if plan.heads is not None and plan.kind == "attn.hook_z" and len(plan.shape) == 2:
+            for hi, h in enumerate(plan.heads):
+                yield (li, hi), Intervention.patch(site, src, heads=[h])
+        elif plan.heads is not None:
+            for pi, p in enumerate(plan.positions):
+                for hi, h in enumerate(plan.heads):
+                    yield (li, pi, hi), Intervention.patch(site, src, positions=[p], heads=[h])
+        elif plan.neurons is not None:
+            for ni, n in enumerate(plan.neurons):
+                yield (li, ni), Intervention.patch(site, src, neurons=[n])
+        else:
+            for pi, p in enumerate(plan.positions):
+                yield (li, pi), Intervention.patch(site, src, positions=[p])
+
+
+def _check_batch_size(batch_size) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"expected batch_size as a positive int (patches per forward pass), found {batch_size!r}")
+    return batch_size
+
+
+def _record_clean(sm: "SteerModel", plan: _Plan, metric: Metric) -> tuple[dict[str, Tensor], float]:
+    """The clean run's activations at every site of the plan (without the batch axis) and its metric."""
+    with sm.record(plan.sites, positions="all") as cache:
+        logits = sm.forward(plan.clean)
+    acts = {s: cache[s][0] for s in plan.sites}
+    return acts, float(_metric_value(metric, logits[0:1].float()))
+
+
+def activation_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metric: Metric, hook: str = "resid_pre",
+                        *, layers: Optional[Sequence[int]] = None, positions: Optional[Sequence[int]] = None,
+                        heads: Optional[Sequence[int]] = None, neurons: Optional[Sequence[int]] = None,
+                        batch_size: int = 32, progress: bool = True, chat: bool = False) -> PatchingResult:
+    """Patch the clean run's activations into the corrupted run one site at a time (see the module
+    docstring for the hooks and grids); ``values[...] = metric(patched logits)``.
+
+    ``clean`` / ``corrupted``: one prompt each (a string, tokenized without the chat template unless
+    ``chat``; token ids; or one-row ``Tokens``), of equal token length. ``metric(logits)``: a scalar
+    tensor from the logits ``[1, pos, vocab]`` of one run (e.g. :func:`logit_diff_metric`).
+    ``layers`` / ``positions`` / ``heads`` / ``neurons`` restrict the grid (default: all layers,
+    positions and heads; neurons only on request with ``hook="mlp_post"``). ``batch_size`` patched
+    runs share one forward pass (each row of the batch its own patch); ``progress`` shows a tqdm bar.
+    """
+    batch_size = _check_batch_size(batch_size)
+    plan = _plan(sm, clean, corrupted, hook, layers, positions, heads, neurons, chat)
+    clean_acts, clean_metric = _record_clean(sm, plan, metric)
+    corrupted_metric = float(_metric_value(metric, sm.forward(plan.corrupted)[0:1].float()))
+    values = torch.zeros(plan.shape, dtype=torch.float32)
+    n = math.prod(plan.shape)
+    ids, mask = plan.corrupted.input_ids, plan.corrupted.attention_mask
+    todo = _patches(plan, clean_acts)
+    with tqdm(total=n, desc=f"patching {hook}", disable=not progress, leave=False) as bar:
+        while True:
+            chunk = [x for _, x in zip(range(batch_size), todo)]
+            if not chunk:
+                break
+            rows = len(chunk)
+            toks = Tokens(ids.expand(rows, -1).contiguous(), mask.expand(rows, -1).contiguous())
+            with sm.steer([[iv] for _, iv in chunk], label=f"patch {hook} x{rows}"):
+                logits = sm.forward(toks)
+            for i, (idx, _) in enumerate(chunk):
+                values[idx] = float(_metric_value(metric, logits[i:i + 1].float()))
+            bar.update(rows)
+    return PatchingResult(values=values, hook=hook, method="activation", layers=plan.layers,
+                          positions=plan.positions, heads=plan.heads, tokens=plan.tokens, clean_metric=clean_metric,
+                          corrupted_metric=corrupted_metric, neurons=plan.neurons)
+
+
+def attribution_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metric: Metric, hook: str = "resid_pre",
+                         *, layers: Optional[Sequence[int]] = None, positions: Optional[Sequence[int]] = None,
+                         heads: Optional[Sequence[int]] = None, neurons: Optional[Sequence[int]] = None,
+                         batch_size: int = 32, progress: bool = True, chat: bool = False) -> PatchingResult:
+    """The linear approximation of :func:`activation_patching`'s grid from two forward passes and one
+    backward pass: ``values[site] = ((clean - corrupted) * d metric / d activation).sum(features)`` at
+    the corrupted run (summed over positions for ``hook="z"`` and for ``neurons``), i.e. the predicted
+    CHANGE of the metric (add ``corrupted_metric`` to compare with activation patching's values).
+
+    Same arguments as :func:`activation_patching` (``batch_size`` is accepted and unused: one backward
+    pass covers every site). The gradient comes from ``sm.forward(tokens, grad=True)`` with a zero
+    offset ``Intervention.apply(site, lambda h: h + delta)`` at each site (``torch.autograd.grad`` of
+    the metric with respect to the offsets; the model's parameters get no ``.grad``).
+    """
+    _check_batch_size(batch_size)
+    plan = _plan(sm, clean, corrupted, hook, layers, positions, heads, neurons, chat)
+    clean_acts, clean_metric = _record_clean(sm, plan, metric)
+    deltas: dict[str, Tensor] = {}
+    corr: dict[str, Tensor] = {}
+
+    def offset(site: str, delta: Tensor):
+        def fn(h: Tensor) -> Tensor:
+            corr[site] = h.detach()[0].clone()
+            return h + delta.to(h.dtype)
+        return fn
+
+    steering = []
+    for site in plan.sites:
+        deltas[site] = torch.zeros(clean_acts[site].shape, dtype=torch.float32, device=sm.device, requires_grad=True)
+        steering.append(Intervention.apply(site, offset(site, deltas[site])))
+    bar = tqdm(total=2, desc=f"attribution {hook}", disable=not progress, leave=False)
+    with torch.enable_grad():
+        with sm.steer(steering, label=f"attribution {hook}"):
+            logits = sm.forward(plan.corrupted, grad=True)
+        bar.update(1)
+        m = _metric_value(metric, logits[0:1].float(), grad=True)
+        if not m.requires_grad:
+            raise InputError("expected the metric to depend on the logits (a tensor with a gradient), found a "
+                             "constant; compute it from the logits with torch operations")
+        # only the offsets' gradients: nothing accumulates in the model's parameters' .grad
+        grads = dict(zip(plan.sites, torch.autograd.grad(m, [deltas[s] for s in plan.sites], allow_unused=True)))
+    bar.update(1)
+    bar.close()
+    corrupted_metric = float(m.detach())
+    values = torch.zeros(plan.shape, dtype=torch.float32)
+    for li, site in enumerate(plan.sites):
+        g = grads[site]
+        if g is None or site not in corr:
+            raise InputError(f"expected a gradient at {site!r}, found none; the metric does not depend on this site")
+        a = ((clean_acts[site].to(g) - corr[site].to(g)) * g).double().cpu()  # [pos, ...features]
+        if plan.kind == "attn.hook_z":
+            a = a.sum(-1)  # [pos, heads]
+            if len(plan.shape) == 2:
+                values[li] = a.sum(0)[plan.heads].float()
+            else:
+                values[li] = a[plan.positions][:, plan.heads].float()
+        elif plan.neurons is not None:
+            values[li] = a.sum(0)[plan.neurons].float()
+        else:
+            values[li] = a.sum(-1)[plan.positions].float()
+    return PatchingResult(values=values, hook=hook, method="attribution", layers=plan.layers,
+                          positions=plan.positions, heads=plan.heads, tokens=plan.tokens, clean_metric=clean_metric,
+                          corrupted_metric=corrupted_metric, neurons=plan.neurons)
