@@ -4,7 +4,8 @@
 * :func:`check_pairs`: two prompt lists of equal, non-zero length;
 * :func:`temporal_events` / :func:`render_events` / :func:`temporal_pairs`, :func:`refusal_pairs`:
   the built-in contrasts;
-* :func:`parse_layers`: a layer selection such as ``"12"``, ``"10-14"`` or ``"3,5,9"``.
+* :func:`parse_layers`: a layer selection such as ``"12"``, ``"10-14"`` or ``"3,5,9"``;
+* ``IOI_*``: the Patching page's default prompt pair and answers.
 
 The ``MAX_*`` constants below are every bound on what one request may carry or ask for (the
 callbacks, :mod:`.io` and :mod:`.analysis` check them where each value is used, and their
@@ -62,6 +63,26 @@ MAX_MI_STEPS = 100_000
 MAX_MI_TRAJECTORIES = 1000
 #: bytes of one HTTP request body (Flask refuses larger ones with 413)
 MAX_REQUEST_BYTES = 16 << 20
+#: characters of one Patching or Attention prompt, and tokens of it
+MAX_PATCH_PROMPT_CHARS = 2000
+MAX_PATCH_TOKENS = 64
+#: characters of an answer token of the Patching page (" Mary")
+MAX_ANSWER_CHARS = 100
+#: cells of one patching grid (layers x positions, or layers x heads)
+MAX_PATCH_SITES = 4096
+#: tokens of the Attention page's prompt, and cells of one attention figure (heads x query x key)
+MAX_ATTN_TOKENS = 128
+MAX_ATTN_CELLS = 1 << 20
+#: the hook grids the Patching page offers (``steerkit.probes.activation_patching``'s ``hook``)
+PATCH_HOOKS = ("resid_pre", "attn_out", "mlp_out", "z")
+#: what the Patching page computes
+PATCH_METHODS = ("activation", "attribution", "both")
+#: the Attention page's views: one head, or every head of the layer as small multiples
+ATTN_VIEWS = ("one", "all")
+#: the Patching page's defaults: the IOI pair (names swapped) and its answers
+IOI_CLEAN = "When Mary and John went to the store, John gave a drink to"
+IOI_CORRUPTED = "When John and Mary went to the store, Mary gave a drink to"
+IOI_ANSWER, IOI_WRONG = " Mary", " John"
 
 
 def check_text(value, what: str, max_chars: int = MAX_FIELD_CHARS, *, allow_none: bool = True) -> str:
@@ -81,6 +102,13 @@ def check_int(value, what: str, lo: int, hi: int) -> int:
             or int(value) != value or not lo <= value <= hi:
         raise InputError(f"expected {what} from {lo} to {hi}, found {str(value)[:40]!r}")
     return int(value)
+
+
+def check_choice(value, what: str, choices: Sequence[str]) -> str:
+    """``value`` as one of ``choices`` (a radio or dropdown value)."""
+    if not isinstance(value, str) or value not in choices:
+        raise InputError(f"expected {what} in {list(choices)}, found {str(value)[:40]!r}")
+    return value
 
 
 def check_number(value, what: str, bound: float) -> float:

@@ -209,6 +209,149 @@ def mi_figure(mi) -> go.Figure:
     return fig
 
 
+# ------------------------------------------------------------------ patching and attention
+METHOD_COLORS = {"activation": REL_COLOR, "attribution": COS_COLOR}
+
+
+def token_label(token: str, position: Optional[int] = None) -> str:
+    """A token as an axis label: its ``repr`` (leading spaces visible), with its position when given."""
+    t = repr(token)
+    t = t if len(t) <= 24 else t[:21] + "…"
+    return t if position is None else f"{position} {t}"
+
+
+def _value_name(normalized: bool) -> str:
+    return "restored fraction" if normalized else "logit difference"
+
+
+def patching_figure(run, *, normalized: bool = True, selected: Optional[tuple[int, int]] = None) -> go.Figure:
+    """The patching grid(s) of a :class:`~steerkit.apps.analysis.PatchingRun` as heatmaps, one per
+    method side by side (activation, attribution): layers down, positions (token labels) or heads
+    across, diverging around 0 on one colour axis. ``normalized``: the restored fraction, else the
+    logit difference. ``selected``: ``(layer, column)`` outlined. Each cell's ``x`` / ``y`` are the
+    column index (position or head) and the layer, which a click reports."""
+    results = run.results
+    methods = list(results)
+    grids = {m: run.grid(m, normalized) for m in methods}
+    fig = make_subplots(rows=1, cols=len(methods), shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=[f"{m} patching" for m in methods])
+    cols = run.columns()
+    if run.by_head:
+        ticktext = [f"H{h}" for h in cols]
+        what = "head"
+    else:
+        ticktext = [token_label(run.tokens[p], p) for p in cols]
+        what = "position"
+    m_abs = max([float(np.nanmax(np.abs(g))) for g in grids.values() if g.size] + [1e-9])
+    if normalized:
+        m_abs = max(m_abs, 1.0)
+    for i, m in enumerate(methods):
+        r = results[m]
+        g = grids[m]
+        labels = [[ticktext[j] for j in range(len(cols))] for _ in r.layers]
+        fig.add_trace(go.Heatmap(
+            z=g.tolist(), x=cols, y=list(r.layers), customdata=labels, coloraxis="coloraxis", name=m,
+            hovertemplate=f"layer %{{y}}, {what} %{{customdata}}<br>{_value_name(normalized)} %{{z:.4g}}"
+                          f"<extra>{m}</extra>"), 1, i + 1)
+        fig.update_xaxes(tickmode="array", tickvals=cols, ticktext=ticktext, tickangle=-50 if not run.by_head else 0,
+                         title_text=what, row=1, col=i + 1)
+        if selected is not None and selected[0] in r.layers:
+            ref = "" if i == 0 else str(i + 1)
+            l, c = selected
+            fig.add_shape(type="rect", xref=f"x{ref}", yref=f"y{ref}", x0=c - 0.5, x1=c + 0.5, y0=l - 0.5,
+                          y1=l + 0.5, line=dict(color="#222", width=2))
+    n_layers = max(len(r.layers) for r in results.values())
+    shown = sorted({l for r in results.values() for l in r.layers})
+    fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=shown[::max(1, len(shown) // 30)])
+    fig.update_yaxes(title_text="layer", row=1, col=1)
+    grid_name = {"z": "attention heads (attn.hook_z, every position)"}.get(run.hook, f"{run.hook}, one position")
+    fig.update_layout(
+        template=TEMPLATE, coloraxis=dict(colorscale="RdBu", cmid=0, cmin=-m_abs, cmax=m_abs,
+                                          colorbar=dict(title=_value_name(normalized))),
+        title=f"Patching {grid_name}: logit({run.answer!r}) − logit({run.wrong!r}); clean {run.clean_metric:.3g}, "
+              f"corrupted {run.corrupted_metric:.3g}"
+              + (" (stopped at the time limit)" if run.stopped_at_deadline else ""),
+        height=max(360, min(900, 18 * n_layers + 200)), margin=dict(l=60, r=20, t=80, b=110), clickmode="event")
+    return fig
+
+
+def _detail_bars(fig, tokens, values: dict, positions=None):
+    pos = list(range(len(tokens))) if positions is None else list(positions)
+    for m, v in values.items():
+        fig.add_trace(go.Bar(x=pos, y=list(map(float, v)), name=m, marker_color=METHOD_COLORS.get(m, REL_COLOR),
+                             customdata=[token_label(tokens[p]) for p in pos],
+                             hovertemplate="position %{x} %{customdata}: %{y:.4g}<extra>" + m + "</extra>"))
+    fig.update_xaxes(tickmode="array", tickvals=pos, ticktext=[token_label(tokens[p], p) for p in pos],
+                     tickangle=-50, title_text="position")
+
+
+def patching_detail_figure(run, layer: int, *, normalized: bool = True) -> go.Figure:
+    """One layer of a layers x positions grid: its value at each position as bars (token labels), one
+    series per method."""
+    values = run.layer_values(layer, normalized)
+    fig = go.Figure()
+    _detail_bars(fig, run.tokens, values, run.first.positions)
+    fig.update_layout(template=TEMPLATE, title=f"Layer {layer}: {run.hook} patched at each position", barmode="group",
+                      yaxis_title=_value_name(normalized), margin=dict(l=60, r=20, t=60, b=110), height=360,
+                      legend=dict(orientation="h", y=1.08))
+    return fig
+
+
+def head_detail_figure(detail, *, normalized: bool = True) -> go.Figure:
+    """One head (a :class:`~steerkit.apps.analysis.HeadDetail`) patched at each position separately, as bars."""
+    fig = go.Figure()
+    _detail_bars(fig, detail.tokens, detail.values(normalized))
+    fig.update_layout(template=TEMPLATE, title=f"Head L{detail.layer}H{detail.head}: attn.hook_z patched at each "
+                      "position separately", barmode="group", yaxis_title=_value_name(normalized),
+                      margin=dict(l=60, r=20, t=60, b=110), height=360, legend=dict(orientation="h", y=1.08))
+    return fig
+
+
+def attention_figure(att, head: Optional[int] = None) -> go.Figure:
+    """Attention patterns of an :class:`~steerkit.apps.analysis.AttentionPatterns`: head ``head`` as one
+    heatmap (query tokens down, key tokens across), or with ``head=None`` every head of the layer as a
+    grid of small multiples on one colour scale."""
+    toks = list(att.tokens)
+    n = len(toks)
+    idx = list(range(n))
+    labels = [token_label(t, i) for i, t in enumerate(toks)]
+    cd = [[[labels[q], labels[k]] for k in idx] for q in idx]
+    ht = "query %{customdata[0]}<br>key %{customdata[1]}<br>attention %{z:.3f}<extra>%{meta}</extra>"
+    if head is not None:
+        if not 0 <= head < att.n_heads:
+            raise ValueError(f"expected a head in 0..{att.n_heads - 1}, found {head}")
+        fig = go.Figure(go.Heatmap(z=att.pattern[head].tolist(), x=idx, y=idx, customdata=cd,
+                                   meta=f"L{att.layer}H{head}", hovertemplate=ht, colorscale="Blues", zmin=0,
+                                   colorbar=dict(title="attention"),
+                                   name=f"L{att.layer}H{head}"))
+        fig.update_xaxes(tickmode="array", tickvals=idx, ticktext=labels, tickangle=-50, title_text="key (attended to)")
+        fig.update_yaxes(tickmode="array", tickvals=idx, ticktext=labels, autorange="reversed", title_text="query")
+        fig.update_layout(template=TEMPLATE, title=f"Attention pattern, layer {att.layer} head {head}",
+                          height=max(420, min(900, 16 * n + 220)), width=None, margin=dict(l=140, r=20, t=60, b=140))
+        return fig
+    H = att.n_heads
+    ncols = int(np.ceil(np.sqrt(H)))
+    nrows = int(np.ceil(H / ncols))
+    fig = make_subplots(rows=nrows, cols=ncols, subplot_titles=[f"H{h}" for h in range(H)], horizontal_spacing=0.03,
+                        vertical_spacing=0.06 if nrows > 1 else 0.1)
+    show_ticks = n <= 24
+    for h in range(H):
+        r, c = h // ncols + 1, h % ncols + 1
+        fig.add_trace(go.Heatmap(z=att.pattern[h].tolist(), x=idx, y=idx, customdata=cd, meta=f"L{att.layer}H{h}",
+                                 hovertemplate=ht, coloraxis="coloraxis", name=f"L{att.layer}H{h}"), r, c)
+        short = [token_label(t) for t in toks]
+        fig.update_xaxes(tickmode="array", tickvals=idx, ticktext=short, showticklabels=show_ticks and r == nrows,
+                         tickfont=dict(size=8), tickangle=-60, row=r, col=c)
+        fig.update_yaxes(tickmode="array", tickvals=idx, ticktext=short, autorange="reversed",
+                         showticklabels=show_ticks and c == 1, tickfont=dict(size=8), row=r, col=c)
+    top = float(np.max(att.pattern)) if att.pattern.size else 1.0
+    fig.update_layout(template=TEMPLATE,
+                      title=f"Attention patterns, layer {att.layer}, all {H} heads (query down, key across)",
+                      coloraxis=dict(colorscale="Blues", cmin=0, cmax=top, colorbar=dict(title="attention")),
+                      height=max(420, min(1400, 230 * nrows + 160)), margin=dict(l=90, r=20, t=70, b=90))
+    return fig
+
+
 def empty_figure(message: str) -> go.Figure:
     fig = go.Figure()
     fig.update_layout(template=TEMPLATE, xaxis=dict(visible=False), yaxis=dict(visible=False), height=300,

@@ -2,8 +2,8 @@
 
 All pages live in the layout at once and the URL only toggles which one is visible, so every
 component id always exists (no callback-on-missing-component errors) and the stores survive
-navigation. Ids are plain strings, prefixed by page (``prof-``, ``probe-``, ``steer-``, ``store-``,
-``diag-``); the browser test relies on them.
+navigation. Ids are plain strings, prefixed by page (``prof-``, ``probe-``, ``steer-``, ``patch-``,
+``attn-``, ``store-``, ``diag-``); the browser tests rely on them.
 """
 from __future__ import annotations
 
@@ -14,19 +14,22 @@ from dash import dash_table, dcc, html
 from steerkit.vectors import FORMATS
 
 from .data import (
-    MAX_BUILTIN_PAIRS, MAX_DIAG_PROMPTS, MAX_MODEL_PATH_CHARS, MAX_NEW_TOKENS, MAX_STEER_PROMPT_CHARS, UPLOAD_MAX_BYTES,
+    IOI_ANSWER, IOI_CLEAN, IOI_CORRUPTED, IOI_WRONG, MAX_ANSWER_CHARS, MAX_ATTN_TOKENS, MAX_BUILTIN_PAIRS,
+    MAX_DIAG_PROMPTS, MAX_FIELD_CHARS, MAX_MODEL_PATH_CHARS, MAX_NEW_TOKENS, MAX_PATCH_PROMPT_CHARS,
+    MAX_PATCH_TOKENS, MAX_STEER_PROMPT_CHARS, UPLOAD_MAX_BYTES,
 )
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
-PAGES = [("/profiles", "Profiles"), ("/probes", "Probes"), ("/steer", "Steer"), ("/store", "Store"),
-         ("/diagnostics", "Diagnostics")]
+PAGES = [("/profiles", "Profiles"), ("/probes", "Probes"), ("/steer", "Steer"), ("/patching", "Patching"),
+         ("/attention", "Attention"), ("/store", "Store"), ("/diagnostics", "Diagnostics")]
 
 #: graphs that get a "download HTML" button: graph id -> file stem
 FIGURES = {"prof-graph": "divergence_profile", "prof-pairs": "per_pair", "prof-lens": "logit_lens",
            "probe-heatmap": "probe_auroc", "diag-norm": "residual_norm", "diag-sink": "sink_attention",
-           "diag-mi": "mi_per_step"}
+           "diag-mi": "mi_per_step", "patch-heatmap": "activation_patching", "patch-detail": "patching_detail",
+           "attn-pattern": "attention_pattern"}
 
 CARD = {"background": "#fff", "border": "1px solid #e3e3e3", "borderRadius": "6px", "padding": "12px 16px",
         "marginBottom": "14px"}
@@ -53,10 +56,18 @@ def dl_button(graph_id):
                                                                                  "padding": "3px 10px"})
 
 
-def graph(graph_id, height=None):
+def placeholder_figure(text: str) -> dict:
+    """An empty figure that shows ``text`` (a plain dict: the layout needs no plotly)."""
+    return {"data": [], "layout": {"template": "plotly_white", "xaxis": {"visible": False}, "yaxis": {"visible": False},
+                                   "height": 300, "annotations": [{"text": text, "showarrow": False,
+                                                                   "font": {"size": 14, "color": "#666"}}]}}
+
+
+def graph(graph_id, height=None, placeholder=None):
     # the figure functions set their own heights; ``height`` is only the placeholder's
     st = {"minHeight": f"{height}px"} if height else {}
-    return html.Div([dcc.Graph(id=graph_id, config={"displaylogo": False}, style=st),
+    extra = {"figure": placeholder_figure(placeholder)} if placeholder else {}
+    return html.Div([dcc.Graph(id=graph_id, config={"displaylogo": False}, style=st, **extra),
                      html.Div(dl_button(graph_id), style={"textAlign": "right"})])
 
 
@@ -270,6 +281,81 @@ def diagnostics_page():
     ], id="page-diagnostics")
 
 
+#: the Patching page's hook grids: value -> label
+PATCH_HOOK_LABELS = {"resid_pre": "resid_pre (layer x position)", "attn_out": "attn_out (layer x position)",
+                     "mlp_out": "mlp_out (layer x position)", "z": "z: attention heads (layer x head)"}
+PATCH_METHOD_LABELS = {"activation": " activation ", "attribution": " attribution ", "both": " both"}
+
+
+def patching_page():
+    """Clean vs corrupted prompt, two answer tokens, a hook grid: the patching heatmap and, for the
+    clicked cell, its per-position detail."""
+    prompt_style = {"width": "100%", "height": "44px"}
+    return html.Div([
+        html.Div([
+            html.P("Activation patching: the clean run's activation at one site (a layer and a position, or a "
+                   "head) replaces the corrupted run's; the metric is logit(answer) − logit(wrong answer) at the "
+                   f"last position. Both prompts need the same number of tokens (at most {MAX_PATCH_TOKENS}).",
+                   style={"fontSize": "12px", "color": "#666", "margin": "0 0 8px"}),
+            html.Div([
+                html.Div(field("Clean prompt", dcc.Textarea(id="patch-clean", value=IOI_CLEAN,
+                                                            maxLength=MAX_PATCH_PROMPT_CHARS, style=prompt_style)),
+                         style={"flex": "1"}),
+                html.Div(field("Corrupted prompt", dcc.Textarea(id="patch-corrupted", value=IOI_CORRUPTED,
+                                                                maxLength=MAX_PATCH_PROMPT_CHARS, style=prompt_style)),
+                         style={"flex": "1"}),
+            ], style={"display": "flex", "gap": "12px"}),
+            html.Div([
+                field("Answer token", dcc.Input(id="patch-answer", type="text", value=IOI_ANSWER,
+                                                maxLength=MAX_ANSWER_CHARS, style={"width": "110px"})),
+                field("Wrong answer token", dcc.Input(id="patch-wrong", type="text", value=IOI_WRONG,
+                                                      maxLength=MAX_ANSWER_CHARS, style={"width": "110px"})),
+                field("Hook grid", dcc.Dropdown(id="patch-hook", clearable=False, value="resid_pre", options=[
+                    {"label": label, "value": value} for value, label in PATCH_HOOK_LABELS.items()]), width="290px"),
+                field("Layers", dcc.Input(id="patch-layers", type="text", value="all", maxLength=MAX_FIELD_CHARS,
+                                          placeholder="e.g. all, 10-14 or 3,5,9", style={"width": "120px"})),
+                field("Method", dcc.RadioItems(id="patch-method", value="activation", inline=True, options=[
+                    {"label": label, "value": value} for value, label in PATCH_METHOD_LABELS.items()])),
+                field("Values", dcc.RadioItems(id="patch-scale", value="normalized", inline=True, options=[
+                    {"label": " restored fraction ", "value": "normalized"},
+                    {"label": " logit difference", "value": "raw"}])),
+            ], style={**ROW, "marginTop": "8px"}),
+            html.Div(progress_row("patch"), style={"marginTop": "10px"}),
+            message("patch-status"),
+        ], style=CARD),
+        html.Div([graph("patch-heatmap", 460),
+                  html.Div("Click a cell to see its per-position detail below.",
+                           style={"fontSize": "12px", "color": "#666"})], style=CARD),
+        html.Div([
+            html.Div([html.Progress(id="patch-detail-progress", style={"width": "120px", "visibility": "hidden"})]),
+            message("patch-detail-status"),
+            graph("patch-detail", 360, placeholder="Click a cell of the heatmap to see its per-position detail."),
+        ], style=CARD),
+    ], id="page-patching")
+
+
+def attention_page():
+    """A prompt's attention pattern (``attn.hook_pattern``) at a layer: one head, or every head."""
+    return html.Div([
+        html.Div([
+            field(f"Prompt (at most {MAX_ATTN_TOKENS} tokens)", dcc.Textarea(
+                id="attn-prompt", value=IOI_CLEAN, maxLength=MAX_PATCH_PROMPT_CHARS,
+                style={"width": "100%", "height": "44px"})),
+            html.Div([
+                field("Layer", dcc.Input(id="attn-layer", type="number", min=0, step=1, value=0, debounce=True,
+                                         style={"width": "80px"})),
+                field("Head", dcc.Input(id="attn-head", type="number", min=0, step=1, value=0, debounce=True,
+                                        style={"width": "80px"})),
+                field("Show", dcc.RadioItems(id="attn-view", value="one", inline=True, options=[
+                    {"label": " this head ", "value": "one"}, {"label": " all heads of the layer", "value": "all"}])),
+            ], style={**ROW, "marginTop": "8px"}),
+            html.Div(progress_row("attn"), style={"marginTop": "10px"}),
+            message("attn-status"),
+        ], style=CARD),
+        html.Div(graph("attn-pattern", 480), style=CARD),
+    ], id="page-attention")
+
+
 def shell(model_label: str, n_layers: Optional[int], store_path: str, results_path: str, models=(),
           current_model=DEFAULT_MODEL_VALUE):
     nav = html.Div([html.Span("steerkit explorer", style={"fontWeight": "bold", "marginRight": "24px"})]
@@ -282,9 +368,11 @@ def shell(model_label: str, n_layers: Optional[int], store_path: str, results_pa
     return html.Div([
         dcc.Location(id="url"),
         dcc.Store(id="prof-key"), dcc.Store(id="direction"), dcc.Store(id="diag-key"), dcc.Store(id="probe-upload-data"),
+        dcc.Store(id="patch-key"), dcc.Store(id="attn-key"),
         dcc.Download(id="download-fig"), dcc.Download(id="download-export"),
         nav,
-        html.Div([profiles_page(n_layers, models, current_model), probes_page(), steer_page(), store_page(), diagnostics_page()],
+        html.Div([profiles_page(n_layers, models, current_model), probes_page(), steer_page(), patching_page(),
+                  attention_page(), store_page(), diagnostics_page()],
                  style={"padding": "14px 18px", "maxWidth": "1280px", "margin": "0 auto"}),
         html.Div(f"store: {store_path} · results: {results_path}",
                  style={"fontSize": "11px", "color": "#999", "padding": "6px 18px"}),
