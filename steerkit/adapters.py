@@ -499,7 +499,7 @@ register_adapter(Adapter(name="gpt2", model_types=("gpt2",), blocks="transformer
 # default) h + a + m, both sub-layers reading h, so there is no resid_mid; otherwise sequential.
 register_adapter(Adapter(name="gpt_neox", model_types=("gpt_neox",), blocks="gpt_neox.layers",
                          embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm",
-                         unembed="embed_out", attn_out="post_attention_dropout", mlp_out="post_mlp_dropout",
+                         unembed="lm_head", attn_out="post_attention_dropout", mlp_out="post_mlp_dropout",
                          attn="attention", parallel="use_parallel_residual", norm=LAYER_NORM,
                          attn_layout=AttnLayout(q=None, k=None, v=None, qkv="query_key_value", o="dense",
                                                 qkv_layout="per_head"),

@@ -24,10 +24,13 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .errors import UnsupportedArchitectureError
+from .loading import quiet_optional_imports
+
+with quiet_optional_imports():  # transformers.modeling_utils imports torchao when it is installed
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 PREFIX = "steerkit:"
 

@@ -18,9 +18,11 @@ half cache behind. Later loads read the cache in a second or two.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -167,6 +169,26 @@ def resolve(name_or_path: str | os.PathLike | None) -> tuple[str, Path | str, Pa
     return text, text, None
 
 
+#: loggers of optional libraries that transformers imports while loading a model when they are installed,
+#: whose import-time warnings concern features steerkit does not use (torchao's CUDA-only extensions,
+#: torch's notice about how torchao registers enums)
+QUIET_ON_LOAD = ("torchao", "torch.utils._pytree")
+
+
+@contextlib.contextmanager
+def quiet_optional_imports():
+    """Hold the :data:`QUIET_ON_LOAD` loggers at ERROR while a model loads, then restore them."""
+    loggers = [logging.getLogger(n) for n in QUIET_ON_LOAD]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+
+
 def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch.device, device_map=None,
             max_memory: dict | None = None, offload_folder=None):
     """Load a causal LM and its tokenizer from a folder or the local HF cache only (``device_map`` /
@@ -180,8 +202,9 @@ def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch
                                              offload_folder=None if offload_folder is None else str(offload_folder))
     try:
         tok = AutoTokenizer.from_pretrained(str(folder_or_id), local_files_only=True)
-        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(folder_or_id), dtype=dtype,
-                                                                      local_files_only=True, **big)
+        with quiet_optional_imports():
+            model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(folder_or_id), dtype=dtype,
+                                                                          local_files_only=True, **big)
     except OSError as e:
         if isinstance(folder_or_id, Path):
             raise

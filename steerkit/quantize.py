@@ -20,14 +20,16 @@ import torch
 from torch import nn
 
 from .errors import InputError
+from .loading import quiet_optional_imports
 
 SCHEMES = ("int8", "int4")
 
 
 def _config(scheme: str) -> Any:
     try:
-        from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig
-        from torchao.quantization.granularity import PerGroup
+        with quiet_optional_imports():
+            from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig
+            from torchao.quantization.granularity import PerGroup
     except ImportError as e:
         raise InputError(f"expected torchao to quantise weights ({scheme}), found it is not installed: "
                          "pip install 'steerkit[quant]'") from e
