@@ -20,6 +20,8 @@ from steerkit.model import wrap
 from steerkit.probes.methods import REGISTRY, Method
 from steerkit.probes.methods import caa as C
 from steerkit.probes.methods import critique as K
+from steerkit.probes.methods import induction as IND
+from steerkit.probes.methods import ioi as IOI
 from steerkit.probes.methods import mi as M
 from steerkit.probes.methods import norms as N
 from steerkit.probes.methods import refusal as R
@@ -169,12 +171,26 @@ def test_norm_profile_mechanics():
     assert prof.first[2] == pytest.approx(float(torch.stack([x[r, 0].norm() for r in range(3)]).mean()), rel=1e-5)
 
 
+def _eager_attention(model, ids):
+    """Per layer ``[T, T]`` attention weights (mean over heads) of one unpadded row, from transformers'
+    eager attention with ``output_attentions`` (the independent reference)."""
+    prev = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            att = model(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation(prev)
+    return [a[0].mean(0) for a in att]
+
+
 def test_attention_drift_masses_sum_to_one_and_match_the_attention_weights():
     model, tok = tiny_model("llama", num_hidden_layers=3, attn_implementation="sdpa")
     sm = wrap(model, tok, name="tiny-llama")
     prompts = ["hello there", "abc"]
     d = N.attention_drift(sm, prompts, max_new_tokens=5, window=2, chat=False)
-    assert model.config._attn_implementation == "sdpa"  # switched to eager for the pass, then back
+    assert model.config._attn_implementation == "sdpa"  # the pattern hooks are gone, the model's own attention back
+    assert sm.hook_count() == 0
     assert d.sink.shape == (3, d.n_steps) and 1 <= d.n_steps <= 5 and d.rows_per_step[0] == 2
     total = d.sink + d.recent + d.prompt + d.generated
     np.testing.assert_allclose(total, 1.0, atol=1e-5)
@@ -183,20 +199,24 @@ def test_attention_drift_masses_sum_to_one_and_match_the_attention_weights():
     one = N.attention_drift(sm, prompts[:1], max_new_tokens=4, window=1, chat=False)
     gen = sm.generate(prompts[:1], max_new_tokens=4, chat=False, return_tokens=True)[0]
     ids = tok.encode(prompts[0], add_special_tokens=False) + gen
-    model.set_attn_implementation("eager")
-    try:
-        with torch.inference_mode():
-            att = model(input_ids=torch.tensor([ids]), output_attentions=True).attentions
-    finally:
-        model.set_attn_implementation("sdpa")
+    att = _eager_attention(model, ids)
     P = len(ids) - len(gen)
     for l in range(3):
-        a = att[l][0].mean(0)  # [T, T]
+        a = att[l]  # [T, T]
         for s in range(one.n_steps):
             q = P - 1 + s
             assert one.recent[l, s] == pytest.approx(float(a[q, q]), abs=1e-5)
             assert one.sink[l, s] == pytest.approx(float(a[q, 0]), abs=1e-5)
             assert one.prompt[l, s] == pytest.approx(float(a[q, 1:min(P, q)].sum()), abs=1e-5)
+    # the padded batch (the shorter prompt left-padded): its sink mass is the mean of each row's own
+    gens = sm.generate(prompts, max_new_tokens=5, chat=False, return_tokens=True)
+    assert len({len(g) for g in gens}) == 1 and len(gens[0]) == d.n_steps
+    rows = [tok.encode(p, add_special_tokens=False) for p in prompts]
+    atts = [_eager_attention(model, r + g) for r, g in zip(rows, gens)]
+    for l in range(3):
+        for s in range(d.n_steps):
+            want = np.mean([float(a[l][len(r) - 1 + s, 0]) for r, a in zip(rows, atts)])
+            assert d.sink[l, s] == pytest.approx(want, abs=1e-5)
     fig = d.plot()
     assert len(fig.data) > 4
     with pytest.raises(InputError, match="window"):
@@ -383,12 +403,16 @@ def _tiny_configs():
         "region": RG.RegionConfig(n_train=4, n_test=2, max_new_tokens=8, train_max_new_tokens=8, keep="all",
                                   n_components=2, n_clusters=2),
         "critique": K.CritiqueConfig(n=2, n_eval=2, layers=(0, 1), alphas=(-1.0, 0.0, 1.0)),
+        "induction": IND.InductionConfig(n_seqs=3, seq_len=5, batch_size=2),
+        "ioi": IOI.IOIConfig(templates=("When{IO} and{S} met,{S2} gave it to",), names=(("a", "b"), ("c", "d"))),
     }
 
 
 KEYS = {"refusal": {"metrics", "candidates", "probe", "samples"}, "temporal": {"profile", "source_layer", "eval"},
         "norms": {"norms", "chain", "drift"}, "mi-peaks": {"mi", "peak_tokens", "thinking_eval"}, "caa": {"caa"},
-        "region": {"layer", "fit", "train", "eval"}, "critique": {"rows", "norms", "best", "saved_layer"}}
+        "region": {"layer", "fit", "train", "eval"}, "critique": {"rows", "norms", "best", "saved_layer"},
+        "induction": {"scores", "loss", "loss_first", "loss_repeated", "top_heads"},
+        "ioi": {"pairs", "resid_pre", "z", "s2_curve", "end_curve", "top_heads"}}
 
 
 def _result_type(m):
@@ -400,7 +424,7 @@ def test_every_registry_entry_has_a_cli_verb_a_config_and_a_result_with_to_json_
     from steerkit.cli import build_parser
     from steerkit.cli import refusal as cli_refusal
     assert set(REGISTRY) == set(_tiny_configs()) == {"refusal", "temporal", "norms", "mi-peaks", "caa", "region",
-                                                     "critique"}
+                                                     "critique", "induction", "ioi"}
     p = build_parser()
     for name, m in REGISTRY.items():
         assert isinstance(m, Method) and m.name == name and m.summary and callable(m.run)

@@ -13,13 +13,15 @@ each method (``steerkit refusal``, ``steerkit mi-peaks``, ...) to its :class:`Me
 * :mod:`.caa` -- Contrastive Activation Addition (Rimsky et al. 2024).
 * :mod:`.region` -- the concise-reasoning region (Hou et al.).
 * :mod:`.critique` -- the hidden critique vector (Phan et al.).
+* :mod:`.induction` -- induction heads on repeated random tokens (Olsson et al. 2022).
+* :mod:`.ioi` -- indirect-object identification by activation patching (Wang et al. 2022).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import caa, critique, mi, norms, refusal, region, temporal
+from . import caa, critique, induction, ioi, mi, norms, refusal, region, temporal
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,10 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
            "constrained optimization in latent space\")", region.RegionConfig, region.run),
     Method("critique", "hidden critique vector and error-detection F1 (Phan et al.)", critique.CritiqueConfig,
            critique.run),
+    Method("induction", "induction scores of every head and the loss drop on repeated random tokens (Olsson et al. "
+           "2022, \"In-context Learning and Induction Heads\")", induction.InductionConfig, induction.run),
+    Method("ioi", "indirect-object identification: activation patching of resid_pre and head outputs (Wang et al. "
+           "2022, \"Interpretability in the Wild\")", ioi.IOIConfig, ioi.run),
 )}
 
-__all__ = ["Method", "REGISTRY", "caa", "critique", "mi", "norms", "refusal", "region", "temporal"]
+__all__ = ["Method", "REGISTRY", "caa", "critique", "induction", "ioi", "mi", "norms", "refusal", "region", "temporal"]

@@ -5,8 +5,9 @@
   tokens, the same without the first token (the attention sink, whose norm is often an outlier),
   and the growth ratio between consecutive layers.
 * :func:`attention_drift` generates greedily, then re-reads prompt + generated tokens in one
-  teacher-forced pass with eager attention (causal attention makes row ``q`` of that pass exactly
-  the attention of the generation step at position ``q``). Per layer and generation step it
+  teacher-forced pass that records ``blocks.{l}.attn.hook_pattern`` and ``hook_resid_post`` of every
+  layer (causal attention makes query row ``q`` of that pass the attention of the generation step at
+  position ``q``, to float rounding). Per layer and generation step it
   returns an :class:`AttentionDrift`: the attention mass (mean over heads and prompts) on the first
   real token (the sink), on the ``window`` most recent tokens, on the rest of the prompt and on
   older generated tokens (the four sum to one; a key counts once, in that order of priority), and
@@ -182,17 +183,6 @@ class AttentionDrift:
         return fig
 
 
-def _set_attn(model, impl: str) -> str:
-    """Switch the attention implementation; returns the previous one."""
-    prev = getattr(model.config, "_attn_implementation", None) or "eager"
-    if prev != impl:
-        if not hasattr(model, "set_attn_implementation"):
-            raise InputError(f"expected a transformers model that can switch to {impl!r} attention "
-                             f"(set_attn_implementation), found {type(model).__name__}")
-        model.set_attn_implementation(impl)
-    return prev
-
-
 @torch.inference_mode()
 def attention_drift(sm: "SteerModel", prompts: Sequence[str], *, max_new_tokens: int = 32, window: int = 4,
                     chat: bool = True, batch_size: int = 8) -> AttentionDrift:
@@ -205,7 +195,7 @@ def attention_drift(sm: "SteerModel", prompts: Sequence[str], *, max_new_tokens:
     acc = {k: np.zeros((L, S)) for k in ("sink", "recent", "prompt", "generated", "norm")}
     count = np.zeros(S)
     names = resid_post(range(L))
-    model = sm.hf_model
+    patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(L)]
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i:i + batch_size]
         toks = sm.tokenize(chunk, chat=chat)
@@ -213,18 +203,8 @@ def attention_drift(sm: "SteerModel", prompts: Sequence[str], *, max_new_tokens:
         rows = [toks.input_ids[b][toks.attention_mask[b].bool()].tolist() for b in range(len(chunk))]
         full = sm.pad([r + g for r, g in zip(rows, gen)])
         T = int(full.input_ids.shape[1])
-        with sm.record(names, positions="all") as cache:
+        with sm.record(names + patterns, positions="all") as cache:
             sm.forward(full)
-        prev = _set_attn(model, "eager")
-        try:
-            out = model(input_ids=full.input_ids, attention_mask=full.attention_mask,
-                        position_ids=full.position_ids, output_attentions=True, use_cache=False)
-        finally:
-            _set_attn(model, prev)
-        atts = out.attentions
-        if atts is None or len(atts) != L:
-            raise InputError(f"expected attention weights for {L} layers, found "
-                             f"{None if atts is None else len(atts)}; the architecture does not return them")
         for b in range(len(chunk)):
             P, g = len(rows[b]), len(gen[b])
             o = T - P - g  # left padding
@@ -240,7 +220,8 @@ def attention_drift(sm: "SteerModel", prompts: Sequence[str], *, max_new_tokens:
             cat[real & (k[None, :] > q[:, None] - window)] = 1
             cat[:, o] = 0
             for l in range(L):
-                a = atts[l][b].float().mean(0)[q]  # [steps, T], mean over heads
+                # queries: the row's real tokens in order (query j at absolute position o + j); keys: absolute
+                a = cache[patterns[l]][b].float().mean(0)[q - o]  # [steps, T], mean over heads
                 for c, key in enumerate(("sink", "recent", "prompt", "generated")):
                     acc[key][l, :steps] += (a * (cat == c)).sum(-1).numpy()
                 h = cache[names[l]][b]  # [n_real, d]: real tokens in order

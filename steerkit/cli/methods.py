@@ -1,4 +1,4 @@
-"""``steerkit temporal | norms | mi-peaks | caa | region | critique``: published methods on a model (default: the embedded
+"""``steerkit temporal | norms | mi-peaks | caa | region | critique | induction | ioi``: published methods on a model (default: the embedded
 SmolLM2-135M-Instruct), with progress on stderr, a JSON report (``--report``) and artifacts saved to
 the vector store (``--out``, default ``$STEERKIT_STORE`` or ``./steerkit-store``; ``--no-save``).
 
@@ -22,6 +22,12 @@ report and its ``artifacts(sm)`` what is saved.
   templated arithmetic traces with an inserted error (recoveries, or error-containing traces when the
   model rarely recovers) minus clean traces; error-detection F1 ("Is there a wrong step?", Yes vs No
   logits) per layer and alpha on held-out traces; saves ``critique-vector`` (one layer) with provenance.
+* ``induction``: the induction score of every head (attention from the repeated half of a random
+  token sequence to the token after each token's first occurrence) and the per-token loss on the
+  first vs the repeated half; ``--html`` writes the score heatmap and the loss curve.
+* ``ioi``: indirect-object identification prompt pairs (clean: the subject named again; corrupted:
+  the indirect object named again), activation patching of ``resid_pre`` and each head's ``z`` with
+  the logit difference IO - S; ``--html`` writes the heatmaps.
 """
 from __future__ import annotations
 
@@ -39,6 +45,8 @@ from steerkit.cli._common import check_min, check_output_path, check_store_path,
 from steerkit.errors import InputError
 from steerkit.probes.methods import REGISTRY
 from steerkit.probes.methods.caa import CAAConfig
+from steerkit.probes.methods import induction as induction_method
+from steerkit.probes.methods import ioi as ioi_method
 from steerkit.probes.methods.critique import CritiqueConfig
 from steerkit.probes.methods.mi import MIConfig
 from steerkit.probes.methods.norms import NormsConfig
@@ -145,6 +153,30 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run, method="critique")
 
+    p = subparsers.add_parser("induction", help="induction heads on repeated random tokens (Olsson et al.)")
+    common(p)
+    p.add_argument("--n-seqs", type=int, default=32, help="random sequences (default 32)")
+    p.add_argument("--seq-len", type=int, default=50, help="tokens per half (default 50)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", default=None, help="comma-separated layers to score (default: all)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--top-k", type=int, default=10, help="top heads to list (default 10)")
+    p.add_argument("--html", default=None, metavar="FILE", help="write the score heatmap and loss curve to one "
+                   "HTML file")
+    p.set_defaults(func=run, method="induction")
+
+    p = subparsers.add_parser("ioi", help="indirect-object identification by activation patching (Wang et al.)")
+    common(p)
+    p.add_argument("--n-templates", type=int, default=len(ioi_method.TEMPLATES), help="the first N built-in "
+                   f"templates (default all {len(ioi_method.TEMPLATES)})")
+    p.add_argument("--n-names", type=int, default=len(ioi_method.NAMES), help="the first N built-in (IO, S) name "
+                   f"pairs (default all {len(ioi_method.NAMES)})")
+    p.add_argument("--hooks", default=",".join(ioi_method.HOOKS), help="comma-separated hooks to patch (default "
+                   "resid_pre,z)")
+    p.add_argument("--batch-size", type=int, default=32, help="patched runs per forward pass (default 32)")
+    p.add_argument("--html", default=None, metavar="FILE", help="write the heatmaps to one HTML file")
+    p.set_defaults(func=run, method="ioi")
+
 
 def _log(args, *a):
     if not args.quiet:
@@ -234,6 +266,40 @@ def _precheck(args) -> None:
         _layers_arg(args.layers, "--layers", allow_all=True)
         if not _floats(args.alphas, "--alphas"):
             raise InputError(f"expected at least one number in --alphas, found {args.alphas!r}")
+    elif m == "induction":
+        check_min(args.n_seqs, "--n-seqs", 1)
+        check_min(args.seq_len, "--seq-len", 2)
+        check_min(args.batch_size, "--batch-size", 1)
+        check_min(args.top_k, "--top-k", 1)
+        _layers_arg(args.layers, "--layers")
+        if args.html:
+            check_output_path(args.html, "--html")
+    elif m == "ioi":
+        for flag, n in (("n_templates", len(ioi_method.TEMPLATES)), ("n_names", len(ioi_method.NAMES))):
+            v = getattr(args, flag)
+            if not 1 <= v <= n:
+                raise InputError(f"expected --{flag.replace('_', '-')} in 1..{n} (the built-in ones), found {v}")
+        check_min(args.batch_size, "--batch-size", 1)
+        hooks = _hooks_arg(args.hooks)
+        if not hooks:
+            raise InputError(f"expected at least one of {ioi_method.HOOKS} in --hooks, found {args.hooks!r}")
+        if args.html:
+            check_output_path(args.html, "--html")
+
+
+def _hooks_arg(text: str) -> tuple:
+    hooks = tuple(h.strip() for h in text.split(",") if h.strip())
+    bad = [h for h in hooks if h not in ioi_method.HOOKS]
+    if bad or len(set(hooks)) != len(hooks):
+        raise InputError(f"expected --hooks as distinct names among {ioi_method.HOOKS}, found {text!r}")
+    return hooks
+
+
+def _write_html(path: str, figures: list) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for i, fig in enumerate(figures):
+            f.write(fig.to_html(full_html=i == 0, include_plotlyjs="cdn" if i == 0 else False))
+    print(f"wrote the figures to {path}")
 
 
 def run(args) -> int:
@@ -242,7 +308,7 @@ def run(args) -> int:
     sm = load_model(args.model)
     report = {"model": sm.name}
     fn = {"temporal": _temporal, "norms": _norms, "mi-peaks": _mi, "caa": _caa, "region": _region,
-          "critique": _critique}[args.method]
+          "critique": _critique, "induction": _induction, "ioi": _ioi}[args.method]
     fn(sm, args, report)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1), encoding="utf-8")
@@ -313,10 +379,7 @@ def _norms(sm: "SteerModel", args, report):
                               for k in ("sink", "prompt", "recent", "generated"))
             print(f"  layer {l:2d}  {parts}  ||h|| {d.norm[l, 0]:.1f}->{d.norm[l, -1]:.1f}")
     if args.html:
-        with open(args.html, "w", encoding="utf-8") as f:
-            for i, fig in enumerate(res.figures()):
-                f.write(fig.to_html(full_html=i == 0, include_plotlyjs="cdn" if i == 0 else False))
-        print(f"wrote the figures to {args.html}")
+        _write_html(args.html, res.figures())
 
 
 def _mi(sm: "SteerModel", args, report):
@@ -418,3 +481,31 @@ def _critique(sm: "SteerModel", args, report):
         store = _store(args)
         (name, sv), = res.artifacts(sm).items()
         print(f"saved {store.save(name, sv)} (layer {d['saved_layer']}) to {store.root}")
+
+
+def _induction(sm: "SteerModel", args, report):
+    layers = _ints(args.layers, "--layers") if args.layers else None
+    if layers is not None and max(layers) >= sm.n_layers:
+        raise InputError(f"expected --layers in 0..{sm.n_layers - 1}, found {args.layers!r}")
+    cfg = induction_method.InductionConfig(n_seqs=args.n_seqs, seq_len=args.seq_len, seed=args.seed, layers=layers,
+                                           batch_size=args.batch_size, top_k=args.top_k)
+    res = REGISTRY["induction"].run(sm, cfg, progress=not args.quiet)
+    report["induction"] = res.to_json()
+    print(f"induction heads on {sm.name} ({res.n_seqs} random sequences of {res.seq_len} tokens, repeated once)")
+    for line in induction_method.summary_lines(res):
+        print("  " + line)
+    if args.html:
+        _write_html(args.html, res.figures())
+
+
+def _ioi(sm: "SteerModel", args, report):
+    cfg = ioi_method.IOIConfig(templates=ioi_method.TEMPLATES[:args.n_templates],
+                               names=ioi_method.NAMES[:args.n_names], hooks=_hooks_arg(args.hooks),
+                               batch_size=args.batch_size)
+    res = REGISTRY["ioi"].run(sm, cfg, progress=not args.quiet)
+    report["ioi"] = res.to_json()
+    print(f"IOI activation patching on {sm.name} ({len(cfg.templates)} templates x {len(cfg.names)} name pairs)")
+    for line in ioi_method.summary_lines(res):
+        print("  " + line)
+    if args.html:
+        _write_html(args.html, res.figures())
