@@ -47,6 +47,8 @@ from .methods.caa import AB_ITEMS, ABItem, after_instruction, caa_activations, c
 from .methods.region import (CONCISE_PROMPT, EVAL_PROMPT, VERBOSE_PROMPT, Problem, RegionResult, Solution, StepBoundaries,
                              arithmetic_problems, fit_region, gsm8k_problems, parse_answer, region_eval, region_features,
                              region_spec, run_region, steer_region, step_boundaries, steering_positions)
+from .methods.induction import InductionConfig, InductionResult, induction_scores, repeated_tokens
+from .methods.ioi import IOIConfig, IOIPair, IOIResult, ioi_pairs
 from .methods.critique import (ArithTrace, CritiqueResult, CritiqueVector, arithmetic_traces, critique_activations,
                                critique_sweep, critique_vector, detection_eval, detection_scores, f1_score,
                                gsm8k_error_traces, logit_lens_tokens, run_critique, steer_critique, trace_pairs)
@@ -67,5 +69,6 @@ __all__ = [
     "CritiqueVector", "arithmetic_traces", "critique_activations", "critique_sweep", "critique_vector",
     "detection_eval", "detection_scores", "f1_score", "gsm8k_error_traces", "logit_lens_tokens", "run_critique",
     "steer_critique", "trace_pairs", "PatchingResult", "activation_patching", "attribution_patching",
-    "logit_diff_metric", "LensResult", "logit_lens", "DLAResult", "direct_logit_attribution",
+    "logit_diff_metric", "LensResult", "logit_lens", "DLAResult", "direct_logit_attribution", "InductionConfig",
+    "InductionResult", "induction_scores", "repeated_tokens", "IOIConfig", "IOIPair", "IOIResult", "ioi_pairs",
 ]
