@@ -15,6 +15,12 @@ Hugging Face model:
   ``blocks.{l}.ln1|ln2.hook_scale|hook_normalized``: the component hooks, read from the modules an
   :class:`AttnLayout` / :class:`MLPLayout` names (the projections, or one fused projection and how
   its output is laid out) and the block's two norms
+- ``blocks.{l}.mlp.hook_router_logits|hook_expert_weights|hook_expert_indices|hook_expert_out``: the
+  mixture-of-experts hooks of a sparse block, read from the router and the fused experts a
+  :class:`MoELayout` names; the layout also holds the family's routing rule (:meth:`MoELayout.route`).
+  A sparse block has no dense MLP neurons: ``mlp.hook_pre`` / ``hook_post`` are refused there (per
+  layer, for families that mix dense and sparse blocks, as Qwen2-MoE's ``mlp_only_layers`` and
+  ``decoder_sparse_step`` do)
 
 Each adapter names modules by attribute path (``"model.layers"``...), so the
 core never branches on architecture. "What is added to the residual" matters
@@ -39,6 +45,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from .errors import UnsupportedArchitectureError
+from .hooknames import ATTN_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:
@@ -144,6 +151,42 @@ LLAMA_MLP = MLPLayout()
 
 
 @dataclass(frozen=True)
+class MoELayout:
+    """A sparse mixture-of-experts block (paths relative to the MoE block, which sits at
+    ``MLPLayout.module``) and the family's routing rule.
+
+    ``router``: the module returning ``(router_logits [tokens, n_experts], top-k weights, top-k
+    indices)``; ``experts``: the fused experts (3-D ``gate_up_proj`` / ``down_proj``), called with the
+    block's flattened input, the indices and the weights; ``shared`` / ``shared_gate``: a shared expert
+    every token uses and the linear gate whose sigmoid scales it (Qwen2-MoE), ``None`` where there is
+    none. ``renormalize``: whether the top-k probabilities are divided by their sum (a bool, or the
+    config flag that says so, ``norm_topk_prob``); ``weights_in_logits_dtype``: whether the weights are
+    cast back to the logits' dtype (Qwen-MoE, OLMoE) or stay float32 (Mixtral).
+    """
+
+    router: str = "gate"
+    experts: str = "experts"
+    shared: Optional[str] = None
+    shared_gate: Optional[str] = None
+    n_experts_attrs: tuple[str, ...] = ("num_experts",)
+    top_k_attrs: tuple[str, ...] = ("num_experts_per_tok",)
+    renormalize: bool | str = "norm_topk_prob"
+    weights_in_logits_dtype: bool = True
+
+    def route(self, logits: Float[Tensor, "*rows n_experts"], top_k: int, renormalize: bool
+              ) -> tuple[Float[Tensor, "*rows top_k"], Tensor]:
+        """``(weights, indices)`` the router computes from ``logits``: softmax in float32, top-k, the
+        top-k probabilities renormalised where the family does; indices int64."""
+        probs = torch.softmax(logits.float(), dim=-1)
+        top, idx = torch.topk(probs, top_k, dim=-1)
+        if renormalize:
+            top = top / top.sum(dim=-1, keepdim=True)
+        if self.weights_in_logits_dtype:
+            top = top.to(logits.dtype)
+        return top, idx
+
+
+@dataclass(frozen=True)
 class Adapter:
     """How one model family is laid out (attribute paths relative to the CausalLM).
 
@@ -187,6 +230,8 @@ class Adapter:
     ln2: Optional[str] = "post_attention_layernorm"
     n_heads_attrs: tuple[str, ...] = ("num_attention_heads", "n_head")
     n_kv_attrs: tuple[str, ...] = ("num_key_value_heads",)
+    # Mixture-of-experts blocks (at mlp_layout.module): None for a dense family.
+    moe: Optional[MoELayout] = None
 
     # --- facts read from a model -------------------------------------------------
     def _cfg(self, config, attrs):
@@ -231,8 +276,13 @@ class Adapter:
         return int(hd) if hd else self.d_model(model) // self.n_heads(model)
 
     def d_mlp(self, model: nn.Module) -> int:
-        """The MLP's width (the down projection's input features)."""
-        lin = self.mlp_post_module(model, 0)
+        """The MLP's width (the down projection's input features) of the first dense block; a family
+        whose blocks are all sparse: one expert's width."""
+        dense = [l for l in range(self.n_layers(model)) if not self.is_sparse(model, l)]
+        if not dense:
+            experts: Any = self.experts_module(model, 0)
+            return int(experts.down_proj.shape[-1])
+        lin = self.mlp_post_module(model, dense[0])
         w: Tensor = lin.weight  # type: ignore[assignment]
         # nn.Linear keeps [out, in]; GPT-2's Conv1D keeps [in, out]
         return int(w.shape[1] if isinstance(lin, nn.Linear) else w.shape[0])
@@ -262,10 +312,91 @@ class Adapter:
         return get_module(self.block(model, layer), self.mlp_layout.module)
 
     def mlp_pre_module(self, model: nn.Module, layer: int) -> nn.Module:
+        self.check_dense_mlp(model, layer)
         return get_module(self.mlp_module(model, layer), self.mlp_layout.pre)
 
     def mlp_post_module(self, model: nn.Module, layer: int) -> nn.Module:
+        self.check_dense_mlp(model, layer)
         return get_module(self.mlp_module(model, layer), self.mlp_layout.post)
+
+    # --- mixture of experts --------------------------------------------------------
+    def is_sparse(self, model: nn.Module, layer: int) -> bool:
+        """Whether block ``layer``'s MLP is a sparse mixture-of-experts block."""
+        return self.moe is not None and hasattr(self.mlp_module(model, layer), self.moe.experts)
+
+    def check_dense_mlp(self, model: nn.Module, layer: int) -> None:
+        """:class:`UnsupportedArchitectureError` where block ``layer`` has no dense MLP neurons."""
+        if self.is_sparse(model, layer):
+            raise UnsupportedArchitectureError(
+                f"adapter {self.name!r}: expected a dense MLP at block {layer} for mlp.hook_pre / mlp.hook_post, "
+                "found a sparse mixture-of-experts block, which has no dense MLP neurons; use "
+                "mlp.hook_router_logits / hook_expert_out (or hook_mlp_out) there")
+
+    def moe_layout(self, model: nn.Module, layer: int) -> MoELayout:
+        """The :class:`MoELayout` of block ``layer``; :class:`UnsupportedArchitectureError` where the
+        block is dense."""
+        if self.moe is None:
+            raise UnsupportedArchitectureError(
+                f"adapter {self.name!r}: expected a mixture-of-experts family for the mlp.hook_router_logits / "
+                "hook_expert_* hooks, found a dense one; use mlp.hook_pre / hook_post or hook_mlp_out")
+        if not self.is_sparse(model, layer):
+            raise UnsupportedArchitectureError(
+                f"adapter {self.name!r}: expected a sparse mixture-of-experts block at block {layer} for the "
+                "router and expert hooks, found a dense MLP (this model mixes dense and sparse blocks: "
+                "mlp_only_layers / decoder_sparse_step); use mlp.hook_pre / hook_post there, or a sparse block")
+        return self.moe
+
+    def moe_block(self, model: nn.Module, layer: int) -> nn.Module:
+        """Block ``layer``'s sparse MoE block (refused where it is dense)."""
+        self.moe_layout(model, layer)
+        return self.mlp_module(model, layer)
+
+    def router_module(self, model: nn.Module, layer: int) -> nn.Module:
+        return get_module(self.moe_block(model, layer), self.moe_layout(model, layer).router)
+
+    def experts_module(self, model: nn.Module, layer: int) -> nn.Module:
+        return get_module(self.moe_block(model, layer), self.moe_layout(model, layer).experts)
+
+    def shared_expert(self, model: nn.Module, layer: int) -> Optional[tuple[nn.Module, nn.Module]]:
+        """``(shared expert, its gate)`` of block ``layer``, ``None`` where the family has none: the block
+        adds ``sigmoid(gate(x)) * shared(x)`` to the routed experts' sum."""
+        lay, blk = self.moe_layout(model, layer), self.moe_block(model, layer)
+        if lay.shared is None or lay.shared_gate is None:
+            return None
+        return get_module(blk, lay.shared), get_module(blk, lay.shared_gate)
+
+    def n_experts(self, model: nn.Module) -> Optional[int]:
+        """Routed experts per sparse block (``None``: a dense family)."""
+        if self.moe is None:
+            return None
+        return int(self._cfg(self.text_config(model), self.moe.n_experts_attrs))
+
+    def top_k(self, model: nn.Module) -> Optional[int]:
+        """Experts each token is routed to (``None``: a dense family)."""
+        if self.moe is None:
+            return None
+        return int(self._cfg(self.text_config(model), self.moe.top_k_attrs))
+
+    def route(self, model: nn.Module, logits: Float[Tensor, "*rows n_experts"]
+              ) -> tuple[Float[Tensor, "*rows top_k"], Tensor]:
+        """``(top-k weights, top-k indices)`` from router logits by this family's rule."""
+        lay = self.moe
+        if lay is None:
+            raise UnsupportedArchitectureError(f"adapter {self.name!r}: expected a mixture-of-experts family to "
+                                               "route router logits, found a dense one")
+        renorm = lay.renormalize
+        if isinstance(renorm, str):
+            renorm = bool(getattr(self.text_config(model), renorm, False))
+        k = self.top_k(model)
+        assert k is not None
+        return lay.route(logits, k, bool(renorm))
+
+    def component_hooks(self, model: nn.Module, layer: int) -> tuple[str, ...]:
+        """The component hook kinds block ``layer`` has: attention, the dense MLP's neurons or the
+        mixture-of-experts hooks, and the block norms the family has."""
+        mlp = MOE_HOOKS if self.is_sparse(model, layer) else MLP_HOOKS
+        norms = tuple(k for k in NORM_HOOKS if getattr(self, k[:3]) is not None)
+        return ATTN_HOOKS + mlp + norms
 
     def block_norm_module(self, model: nn.Module, layer: int, which: str) -> nn.Module:
         """``which="ln1"`` (before attention) or ``"ln2"`` (before the MLP)."""
@@ -331,10 +462,16 @@ class Adapter:
         of block ``layer`` adds to the residual stream: what weight orthogonalisation rewrites.
 
         Raises :class:`UnsupportedArchitectureError` where the sub-layer's output passes through a
-        norm before the residual (Gemma 2/3, OLMo 2): a projection does not commute with that norm."""
+        norm before the residual (Gemma 2/3, OLMo 2): a projection does not commute with that norm; and
+        for the MLP of a sparse mixture-of-experts block, which has no single output projection."""
         if which not in ("attn", "mlp"):
             raise UnsupportedArchitectureError(f"expected which='attn' or 'mlp', found {which!r}")
         d_model = self.d_model(model)
+        if which == "mlp" and self.is_sparse(model, layer):
+            raise UnsupportedArchitectureError(
+                f"adapter {self.name!r}: expected a dense MLP at block {layer} to fold an ablation into its output "
+                "projection, found a sparse mixture-of-experts block, whose experts write the residual through "
+                "fused 3-D weights (and a shared expert where the family has one); use run-time ablation instead")
         mod = self.attn_out_module(model, layer) if which == "attn" else self.mlp_out_module(model, layer)
         cls = type(mod).__name__.lower()
         if "norm" in cls:
@@ -443,11 +580,12 @@ def _llama_like(name: str, model_types: tuple[str, ...], *, attn_out: str = "sel
                 blocks: str = "model.layers", embed: str = "model.embed_tokens", final_norm: str = "model.norm",
                 pre_attn_norm: str = "input_layernorm", norm: FinalNorm = RMS_NORM,
                 attn_layout: AttnLayout = LLAMA_ATTN, mlp_layout: MLPLayout = LLAMA_MLP,
-                ln1: Optional[str] = "input_layernorm", ln2: Optional[str] = "post_attention_layernorm") -> Adapter:
+                ln1: Optional[str] = "input_layernorm", ln2: Optional[str] = "post_attention_layernorm",
+                moe: Optional[MoELayout] = None) -> Adapter:
     """An adapter with the Llama layout, some of its module paths replaced."""
     return Adapter(name=name, model_types=model_types, blocks=blocks, embed=embed, final_norm=final_norm,
                    unembed="lm_head", attn_out=attn_out, mlp_out=mlp_out, pre_attn_norm=pre_attn_norm, norm=norm,
-                   attn_layout=attn_layout, mlp_layout=mlp_layout, ln1=ln1, ln2=ln2)
+                   attn_layout=attn_layout, mlp_layout=mlp_layout, ln1=ln1, ln2=ln2, moe=moe)
 
 
 # The final norm: LlamaRMSNorm-style (weight * n, variance_epsilon) on Llama, Mistral, Qwen2/3 and
@@ -457,6 +595,22 @@ register_adapter(_llama_like("llama", ("gemma",), norm=GEMMA_RMS_NORM))
 register_adapter(_llama_like("llama", ("olmo",), norm=OLMO_LAYER_NORM))
 # Not Granite: its block adds ``residual_multiplier * self_attn(...)``, a product no module
 # outputs, so hook_attn_out/hook_mlp_out (and resid_mid edits) would be off by that factor.
+
+# Mixture of experts, Llama layout with ``mlp`` a sparse block: ``mlp.gate`` (a TopKRouter returning
+# (router_logits, top-k weights, top-k indices)) and ``mlp.experts`` (fused 3-D expert weights); the
+# block returns experts(x, indices, weights), plus sigmoid(shared_expert_gate(x)) * shared_expert(x) on
+# Qwen2-MoE. Routing: softmax in float32, top-k; Mixtral always renormalises and keeps the weights in
+# float32, Qwen2/3-MoE and OLMoE renormalise where norm_topk_prob says and cast them to the logits'
+# dtype. Qwen2/3-MoE blocks listed in mlp_only_layers, or off the decoder_sparse_step, are dense
+# (Qwen2MoeMLP / Qwen3MoeMLP with gate_proj / up_proj / down_proj). OLMoE's q/k norms live inside
+# self_attn.
+register_adapter(_llama_like("mixtral", ("mixtral",),
+                             moe=MoELayout(n_experts_attrs=("num_local_experts",), renormalize=True,
+                                           weights_in_logits_dtype=False)))
+register_adapter(_llama_like("qwen2_moe", ("qwen2_moe",),
+                             moe=MoELayout(shared="shared_expert", shared_gate="shared_expert_gate")))
+register_adapter(_llama_like("qwen3_moe", ("qwen3_moe",), moe=MoELayout()))
+register_adapter(_llama_like("olmoe", ("olmoe",), moe=MoELayout()))
 
 # Phi-3: Llama layout, but the residual receives resid_attn_dropout(self_attn(...)) and
 # resid_mlp_dropout(mlp(...)); hooking the dropouts keeps resid_pre + attn_out + mlp_out ==

@@ -14,7 +14,13 @@ projection before rotary; the input of the output projection), ``attn.hook_k`` /
 ``[batch, n_heads, q_pos, k_pos]`` (scaled scores, the dtype's lowest value where a query does not
 attend; the probabilities), ``mlp.hook_pre`` / ``hook_post`` ``[batch, pos, d_mlp]`` (the gate's pre-activation; the
 down projection's input, i.e. the neuron activations) and ``ln1`` / ``ln2`` ``.hook_scale`` (record only)
-/ ``.hook_normalized`` (the pre-attention / pre-MLP norm, as at the final norm). Layers are 0-based block indices;
+/ ``.hook_normalized`` (the pre-attention / pre-MLP norm, as at the final norm). In a sparse
+mixture-of-experts block, :data:`MOE_HOOKS`: ``mlp.hook_router_logits`` ``[batch, pos, n_experts]`` (the
+router's logits; an edit re-routes: the top-k experts and their weights are recomputed from the edited
+logits by the family's rule), ``mlp.hook_expert_weights`` / ``hook_expert_indices`` ``[batch, pos, top_k]``
+(record only; the indices int64) and ``mlp.hook_expert_out`` ``[batch, pos, n_experts, d_model]`` (each
+expert's weighted contribution, zero for experts a token does not use; their sum, plus the shared
+expert's where the family has one, is what the block adds). Layers are 0-based block indices;
 ``hook_resid_post`` of block ``l`` is the output of that block, which is also
 ``hook_resid_pre`` of block ``l + 1``.
 """
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .errors import HookNameError, InputError
 from .names import is_index
@@ -39,26 +45,37 @@ MLP_HOOKS = ("mlp.hook_pre", "mlp.hook_post")
 #: the pre-attention (ln1) and pre-MLP (ln2) norms
 NORM_HOOKS = ("ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized")
 COMPONENT_HOOKS = ATTN_HOOKS + MLP_HOOKS + NORM_HOOKS
+#: a sparse mixture-of-experts block: router logits ``[batch, pos, n_experts]``, the routing
+#: ``[batch, pos, top_k]`` and each expert's weighted output ``[batch, pos, n_experts, d_model]``
+MOE_HOOKS = ("mlp.hook_router_logits", "mlp.hook_expert_weights", "mlp.hook_expert_indices", "mlp.hook_expert_out")
+ROUTER_LOGITS, EXPERT_WEIGHTS, EXPERT_INDICES, EXPERT_OUT = MOE_HOOKS
+#: the routing a router chose: recorded, not edited (edit the router logits instead)
+ROUTING_HOOKS = (EXPERT_WEIGHTS, EXPERT_INDICES)
 #: the final norm's hooks, in the order the norm computes them; each is also its Site's ``kind``
 FINAL_HOOKS = ("ln_final.hook_scale", "ln_final.hook_normalized", "ln_final.hook_out")
 FINAL_SCALE, FINAL_NORMALIZED, FINAL_OUT = FINAL_HOOKS
 #: the final norm's output (what the unembedding reads)
 FINAL_HOOK = FINAL_OUT
-#: hook kinds (:attr:`Site.kind`) that can be recorded but not edited: the norms' scales
-RECORD_ONLY = (FINAL_SCALE, "ln1.hook_scale", "ln2.hook_scale")
+#: hook kinds (:attr:`Site.kind`) that can be recorded but not edited: the norms' scales and the routing
+RECORD_ONLY = (FINAL_SCALE, "ln1.hook_scale", "ln2.hook_scale") + ROUTING_HOOKS
+_BLOCK_KINDS = BLOCK_HOOKS + COMPONENT_HOOKS + MOE_HOOKS
 _RE = re.compile(r"blocks\.(-?[0-9]+)\.((?:attn\.|mlp\.|ln1\.|ln2\.)?hook_[a-z_]+)\Z", re.ASCII)
 
 
 def record_only_error(name: str) -> InputError:
     """The error for an edit at a hook of :data:`RECORD_ONLY`."""
     where = name.rsplit(".", 1)[0]
+    if name.endswith(ROUTING_HOOKS):
+        return InputError(f"expected edits at hooks that can be edited, found one at {name!r}, which can only be "
+                          f"recorded (the routing the router chose); edit '{where}.hook_router_logits' instead, "
+                          "which re-routes every token")
     return InputError(f"expected edits at hooks that can be edited, found one at {name!r}, which can only be "
                       f"recorded (a norm's scale); edit '{where}.hook_normalized' instead")
 
 
 @dataclass(frozen=True)
 class Site:
-    """A parsed hook name: ``kind`` is one of BLOCK_HOOKS or COMPONENT_HOOKS (``layer`` set) or one of
+    """A parsed hook name: ``kind`` is one of BLOCK_HOOKS, COMPONENT_HOOKS or MOE_HOOKS (``layer`` set) or one of
     FINAL_HOOKS (the full name, ``layer`` None)."""
 
     name: str
@@ -82,9 +99,9 @@ def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
     if name in FINAL_HOOKS:
         return Site(name, name, None)
     m = _RE.match(name)
-    if not m or m.group(2) not in BLOCK_HOOKS + COMPONENT_HOOKS:
+    if not m or m.group(2) not in _BLOCK_KINDS:
         raise HookNameError(
-            f"expected a hook name of the form 'blocks.{{layer}}.{{{'|'.join(BLOCK_HOOKS + COMPONENT_HOOKS)}}}' or "
+            f"expected a hook name of the form 'blocks.{{layer}}.{{{'|'.join(_BLOCK_KINDS)}}}' or "
             f"one of {', '.join(repr(n) for n in FINAL_HOOKS)} (the layer in ASCII digits without a leading "
             f"zero), found {name!r:.120}; list them with sm.hook_names()")
     g = m.group(1)
@@ -101,12 +118,19 @@ def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
     return Site(name, m.group(2), layer)
 
 
-def all_names(n_layers: int, *, has_resid_mid: bool = True, components: Iterable[str] = ()) -> list[str]:
+def all_names(n_layers: int, *, has_resid_mid: bool = True,
+              components: Iterable[str] | Callable[[int], Iterable[str]] = ()) -> list[str]:
     """Every hook name of a model: the residual and sub-layer hooks of each block, then the final
-    norm's; ``components`` adds those COMPONENT_HOOKS kinds to each block."""
+    norm's; ``components`` adds those COMPONENT_HOOKS / MOE_HOOKS kinds to each block, or, as a function
+    of the layer, the kinds that block has (a model mixing dense and sparse blocks)."""
     kinds = [k for k in BLOCK_HOOKS if has_resid_mid or k != "hook_resid_mid"]
-    comp = [k for k in COMPONENT_HOOKS if k in set(components)]
-    return [f"blocks.{l}.{k}" for l in range(n_layers) for k in kinds + comp] + list(FINAL_HOOKS)
+
+    def comp(l: int) -> list[str]:
+        have = set(components(l) if callable(components) else components)
+        return [k for k in COMPONENT_HOOKS + MOE_HOOKS if k in have]
+    fixed = None if callable(components) else comp(0)
+    return [f"blocks.{l}.{k}" for l in range(n_layers) for k in kinds + (fixed if fixed is not None else comp(l))] \
+        + list(FINAL_HOOKS)
 
 
 def resid_post(layers: int | Iterable[int]) -> list[str]:
@@ -120,8 +144,8 @@ def resid_pre(layers: int | Iterable[int]) -> list[str]:
 
 def layer_names(layers: int | Iterable[int], kind: str = "hook_resid_post") -> list[str]:
     """Hook names of one kind over a layer or a range of layers."""
-    if kind not in BLOCK_HOOKS + COMPONENT_HOOKS:
-        raise HookNameError(f"expected a hook kind in {BLOCK_HOOKS + COMPONENT_HOOKS}, found {kind!r}")
+    if kind not in _BLOCK_KINDS:
+        raise HookNameError(f"expected a hook kind in {_BLOCK_KINDS}, found {kind!r}")
     if isinstance(layers, int):
         layers = [layers]
     return [f"blocks.{int(l)}.{kind}" for l in layers]

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .errors import HookNameError, InputError
-from .hooknames import HEAD_HOOKS, MATRIX_HOOKS, MLP_HOOKS, RECORD_ONLY, Site, parse, record_only_error
+from .hooknames import EXPERT_OUT, HEAD_HOOKS, MATRIX_HOOKS, MLP_HOOKS, RECORD_ONLY, Site, parse, record_only_error
 from .positions import PositionSpec, RunState, chunk_mask, selects_generated, validate_positions
 
 
@@ -54,7 +54,8 @@ HookFn = Callable[[Tensor, SiteCall], Optional[Tensor]]
 class SiteView:
     """How a site's own activations map to rows of features ``[batch, pos, features]``.
 
-    ``"heads"``: ``[batch, pos, heads, d_head]`` <-> ``[batch, pos, heads * d_head]``;
+    ``"heads"``: ``[batch, pos, heads, d_head]`` <-> ``[batch, pos, heads * d_head]`` (also the per-expert
+    outputs ``[batch, pos, n_experts, d_model]``);
     ``"matrix"``: ``[batch, heads, q, k]`` <-> ``[batch, q, heads * k]`` (positions are queries);
     ``None``: already ``[batch, pos, features]``.
     """
@@ -66,7 +67,8 @@ class SiteView:
 
     @staticmethod
     def of(site: Site) -> "SiteView":
-        return SiteView("heads" if site.kind in HEAD_HOOKS else "matrix" if site.kind in MATRIX_HOOKS else None)
+        heads = site.kind in HEAD_HOOKS or site.kind == EXPERT_OUT
+        return SiteView("heads" if heads else "matrix" if site.kind in MATRIX_HOOKS else None)
 
     def flat(self, x: Tensor) -> Tensor:
         if self.kind == "heads":
@@ -255,7 +257,8 @@ class ActivationCache:
     batch axis. A position recorded twice in one run (a generation step that was
     re-run, as representation recycling does) keeps its last recording.
     Component hooks keep their own shape: ``[batch, n, heads, d_head]`` for ``attn.hook_q`` / ``k`` /
-    ``v`` / ``z``, ``[batch, heads, n, k_pos]`` for ``attn.hook_pattern`` / ``hook_attn_scores`` (the
+    ``v`` / ``z``, ``[batch, n, n_experts, d_model]`` for ``mlp.hook_expert_out``,
+    ``[batch, heads, n, k_pos]`` for ``attn.hook_pattern`` / ``hook_attn_scores`` (the
     recorded positions are queries; over a generation each step's keys are padded to the longest with
     what the causal mask gives there: probability 0, the lowest score), with ``"last"`` the ``n`` axis
     dropped.
@@ -417,12 +420,14 @@ def _picker(names: list[str], sites: list[Site], heads, neurons):
     if not idx or min(idx) < 0 or len(set(idx)) != len(idx):
         raise InputError(f"expected distinct non-negative indices, found {idx}")
     for site in sites:
-        ok = site.kind in (HEAD_HOOKS + MATRIX_HOOKS) if heads is not None else site.kind in MLP_HOOKS
+        ok = site.kind in (HEAD_HOOKS + MATRIX_HOOKS + (EXPERT_OUT,)) if heads is not None else site.kind in MLP_HOOKS
         if not ok:
-            raise InputError(f"expected only {'attention component' if heads is not None else 'MLP'} hooks when "
+            raise InputError(f"expected only {'attention component (or expert output)' if heads is not None else 'MLP'} "
+                             "hooks when "
                              f"recording with {'heads' if heads is not None else 'neurons'}=, found {site.name!r}; "
                              "record it in another scope")
     sel = torch.tensor(idx, dtype=torch.long)
+    units = "experts" if all(site.kind == EXPERT_OUT for site in sites) else "heads"
 
     def pick(x: Tensor, call: SiteCall):
         width = x.shape[-1]
@@ -432,7 +437,7 @@ def _picker(names: list[str], sites: list[Site], heads, neurons):
             return x[..., sel.to(x.device)], call
         H, m = call.tail
         if max(idx) >= H:
-            raise InputError(f"expected heads in 0..{H - 1}, found {max(idx)}")
+            raise InputError(f"expected {units} in 0..{H - 1}, found {max(idx)}")
         cols = (sel[:, None] * m + torch.arange(m)[None]).reshape(-1).to(x.device)
         return x[..., cols], SiteCall(call.start, call.T, call.B, call.run, (len(idx), m))
     return pick

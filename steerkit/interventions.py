@@ -3,11 +3,12 @@
 An :class:`Intervention` says, at one site (a hook name), what to do to the activations: ``add`` a
 vector, ``ablate`` an orthonormal basis, ``clamp`` projections to values, ``replace`` with a vector,
 ``patch`` in the values of another run, ``project`` into a polyhedral region, or ``apply`` any callable;
-optionally behind a conditional ``gate``, at some ``positions``, for some attention ``heads`` or MLP
-``neurons``, with norm preservation. A list of interventions is a *steering*.
+optionally behind a conditional ``gate``, at some ``positions``, for some attention ``heads`` (experts at
+``mlp.hook_expert_out``) or MLP ``neurons``, with norm preservation. A list of interventions is a *steering*.
 
 Sites with structure (TransformerLens's component hooks) are seen by the kernel as rows of their
-features: ``[.., heads, d_head]`` flattened to ``heads * d_head``, attention matrices
+features: ``[.., heads, d_head]`` flattened to ``heads * d_head`` (per-expert outputs ``[.., n_experts,
+d_model]`` the same way, an expert standing for a head), attention matrices
 ``[batch, heads, q, k]`` as ``[batch, q, heads * k]`` (positions select queries). ``heads=`` /
 ``neurons=`` are lowered by :func:`compile` to full-width tensors (a ``d_head`` vector placed at each
 chosen head; a basis embedded head by head, which stays orthonormal) or to a feature mask (replace,
@@ -41,7 +42,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.errors import InputError
-from steerkit.hooknames import HEAD_HOOKS, KV_HOOKS, MATRIX_HOOKS, MLP_HOOKS
+from steerkit.hooknames import EXPERT_OUT, HEAD_HOOKS, KV_HOOKS, MATRIX_HOOKS, MLP_HOOKS, ROUTER_LOGITS, ROUTING_HOOKS
+from steerkit.hooknames import record_only_error
 from steerkit.hooknames import parse as parse_hook
 from steerkit.kernels import ORTHO_TOL, Region, SteerConfig, SteerTable, bind_steer
 from steerkit.kernels.config import add_terms
@@ -58,7 +60,8 @@ MAX_POSITION_SPECS = 4
 class ModelFacts:
     """What lowering needs to know of a model, without the model: its name, depth, width, whether
     blocks have a ``hook_resid_mid`` (sequential blocks), its weight fingerprint, and the widths of the
-    component hooks (heads, KV heads, head size, MLP width; ``None`` where unknown)."""
+    component hooks (heads, KV heads, head size, MLP width; routed experts per sparse block and experts
+    per token on a mixture-of-experts model; ``None`` where unknown or absent)."""
 
     name: str
     n_layers: int
@@ -69,6 +72,8 @@ class ModelFacts:
     n_kv_heads: Optional[int] = None
     d_head: Optional[int] = None
     d_mlp: Optional[int] = None
+    n_experts: Optional[int] = None
+    top_k: Optional[int] = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -93,7 +98,20 @@ class ModelFacts:
             return self.heads_at(kind, site) * self._dim("d_head", site)
         if kind in MLP_HOOKS:
             return self._dim("d_mlp", site)
+        if kind == ROUTER_LOGITS:
+            return self._dim("n_experts", site)
+        if kind == EXPERT_OUT:
+            return self._dim("n_experts", site) * self.d_model
+        if kind in ROUTING_HOOKS:
+            raise record_only_error(site)
         return self.d_model
+
+    def units_at(self, kind: str, site: str) -> tuple[int, int]:
+        """``(count, width)`` of the units ``heads=`` selects at a site of ``kind``: attention heads of
+        ``d_head`` features, or experts of ``d_model`` features at ``mlp.hook_expert_out``."""
+        if kind == EXPERT_OUT:
+            return self._dim("n_experts", site), self.d_model
+        return self.heads_at(kind, site), self._dim("d_head", site)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +215,8 @@ class Intervention:
 
     ``positions`` (see :mod:`steerkit.positions`) limits it to some tokens; ``gate`` (add / project)
     makes it conditional; ``preserve_norm`` rescales edited rows to their original norm; ``heads``
-    (attention component sites) / ``neurons`` (MLP sites) limit it to those heads / neurons, whose
+    (attention component sites; experts at ``mlp.hook_expert_out``) / ``neurons`` (MLP sites) limit it to
+    those heads / experts / neurons, whose
     vectors are then ``d_head`` / ``len(neurons)`` wide. ``features`` is set by :func:`compile` only.
     """
 
@@ -648,14 +667,18 @@ def _feature_blocks(p: Intervention, kind: str, facts: ModelFacts, key_len: Opti
     (``d_head`` features; ``key_len`` for an attention matrix), or one block of neurons."""
     site = p.site
     if p.heads is not None:
-        if kind not in HEAD_HOOKS + MATRIX_HOOKS:
+        if kind not in HEAD_HOOKS + MATRIX_HOOKS + (EXPERT_OUT,):
             raise InputError(f"expected heads= at an attention component hook (attn.hook_q / k / v / z / "
-                             f"attn_scores / pattern), found it at {site!r}; use the per-head hooks")
-        n = facts.heads_at(kind, site) if kind in HEAD_HOOKS else facts._dim("n_heads", site)
+                             f"attn_scores / pattern) or experts at mlp.hook_expert_out, found it at {site!r}; use "
+                             "the per-head (per-expert) hooks")
+        if kind in MATRIX_HOOKS:
+            n, m = facts._dim("n_heads", site), int(key_len or 0)
+        else:
+            n, m = facts.units_at(kind, site)
+        what = "experts" if kind == EXPERT_OUT else "heads"
         bad = [h for h in p.heads if h >= n]
         if bad:
-            raise InputError(f"expected heads in 0..{n - 1} at {site!r} ({n} heads), found {bad}")
-        m = facts._dim("d_head", site) if kind in HEAD_HOOKS else int(key_len or 0)
+            raise InputError(f"expected {what} in 0..{n - 1} at {site!r} ({n} {what}), found {bad}")
         return [list(range(h * m, (h + 1) * m)) for h in p.heads]
     if p.neurons is not None:
         if kind not in MLP_HOOKS:
@@ -688,8 +711,8 @@ def _flat_source(p: Intervention, kind: str, facts: ModelFacts) -> Tensor:
 
 def _natural(fn: Callable, kind: str, facts: ModelFacts, site: str) -> Callable:
     """``fn`` on the site's own shape, for the kernel's rows of features."""
-    if kind in HEAD_HOOKS:
-        H, dh = facts.heads_at(kind, site), facts._dim("d_head", site)
+    if kind in HEAD_HOOKS + (EXPERT_OUT,):
+        H, dh = facts.units_at(kind, site)
 
         def on_heads(x: Tensor) -> Tensor:
             y = fn(x.unflatten(-1, (H, dh)))

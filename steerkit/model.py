@@ -124,12 +124,12 @@ class SteerModel:
 
     def hook_names(self, components: bool = False) -> list[str]:
         """Every hook name: each block's residual and sub-layer hooks and the final norm's; with
-        ``components`` also each block's attention, MLP and norm hooks this family has."""
-        comp: tuple[str, ...] = ()
-        if components:
-            comp = hooknames.ATTN_HOOKS + hooknames.MLP_HOOKS
-            comp += tuple(k for k in hooknames.NORM_HOOKS if getattr(self.adapter, k[:3]) is not None)
-        return hooknames.all_names(self.n_layers, has_resid_mid=self.hooks.has_resid_mid, components=comp)
+        ``components`` also each block's attention, MLP (or mixture-of-experts) and norm hooks this
+        family has."""
+        if not components:
+            return hooknames.all_names(self.n_layers, has_resid_mid=self.hooks.has_resid_mid)
+        return hooknames.all_names(self.n_layers, has_resid_mid=self.hooks.has_resid_mid,
+                                   components=lambda l: self.adapter.component_hooks(self.hf_model, l))
 
     def fingerprint(self) -> str:
         """A hash of the config and a few weight tensors, stored in artifacts' provenance. A model that
@@ -146,7 +146,8 @@ class SteerModel:
                                                      fingerprint=self.fingerprint(),
                                                      has_resid_mid=self.hooks.has_resid_mid, n_heads=self.n_heads,
                                                      n_kv_heads=self.n_kv_heads, d_head=self.d_head,
-                                                     d_mlp=self.d_mlp)
+                                                     d_mlp=self.d_mlp, n_experts=self.adapter.n_experts(self.hf_model),
+                                                     top_k=self.adapter.top_k(self.hf_model))
         return f
 
     # --- tokens ------------------------------------------------------------------

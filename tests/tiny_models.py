@@ -9,7 +9,10 @@ tokenizer; nothing is read from the Hugging Face hub. ``arch`` is one of
   ``gemma3`` is the multimodal ``Gemma3ForConditionalGeneration`` with a tiny
   SigLIP tower (``model.language_model.layers``), fed text only;
 - ``gpt_neox`` uses ``use_parallel_residual=True`` (Pythia), ``gpt_neox_seq``
-  the sequential variant.
+  the sequential variant;
+- :data:`MOE_ARCHS` (``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``olmoe``) are the mixture-of-experts
+  families (4 experts, 2 per token; Qwen2-MoE with its shared expert, Qwen3-MoE renormalising the
+  top-k weights), kept out of :data:`ARCHS`, the dense families.
 
 Token ids shared by every model and the tokenizer: ``<pad>`` 0, ``<eos>`` 1,
 ``<bos>`` 2, ``<unk>`` 3, then one id per printable ASCII character.
@@ -60,8 +63,19 @@ _SPECS: dict[str, tuple[str, dict]] = {
     "gpt_neox_seq": ("gpt_neox", dict(vocab_size=VOCAB, hidden_size=D_MODEL, num_hidden_layers=N_LAYERS,
                                       num_attention_heads=4, intermediate_size=128, max_position_embeddings=128,
                                       use_parallel_residual=False, **_IDS)),
+    # mixture of experts: 4 routed experts of width 32, 2 per token
+    "mixtral": ("mixtral", dict(_LLAMA_LIKE, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": ("qwen2_moe", dict(_LLAMA_LIKE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                    shared_expert_intermediate_size=64, norm_topk_prob=False)),
+    "qwen3_moe": ("qwen3_moe", dict(_LLAMA_LIKE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                    norm_topk_prob=True)),
+    "olmoe": ("olmoe", dict(_LLAMA_LIKE, intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                            norm_topk_prob=False)),
 }
-ARCHS: tuple[str, ...] = tuple(_SPECS) + ("gemma3",)
+#: the mixture-of-experts families (sparse blocks: no dense MLP neurons)
+MOE_ARCHS: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+#: the dense families
+ARCHS: tuple[str, ...] = tuple(a for a in _SPECS if a not in MOE_ARCHS) + ("gemma3",)
 
 
 @functools.lru_cache(maxsize=1)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters import Adapter
-from ..hooknames import FINAL_SCALE, Site, record_only_error
+from ..hooknames import FINAL_SCALE, MLP_HOOKS, Site, record_only_error
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,8 @@ def component_access(adapter: Adapter, model: nn.Module, site: Site) -> Access:
     a, kind = adapter, site.kind
     H, KV, dh = a.n_heads(model), a.n_kv_heads(model), a.d_head(model)
     att, mlp = a.attn_layout, a.mlp_layout
+    if kind in MLP_HOOKS:
+        a.check_dense_mlp(model, site.block_index)  # a sparse mixture-of-experts block has no neurons
     if kind == "attn.hook_z":
         return Access(f"{a.attn}.{att.o}", "input", lambda x: x.unflatten(-1, (H, dh)), lambda x, y: y.flatten(-2))
     if kind == "mlp.hook_post":

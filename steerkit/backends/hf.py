@@ -25,7 +25,10 @@ Sites map onto modules through the model's :class:`~steerkit.adapters.Adapter`:
   projection; ``hook_z`` and ``mlp.hook_post`` the input of the output / down projection;
   ``mlp.hook_pre`` the gate projection's output (its first half when fused with the up projection);
   ``ln1`` / ``ln2`` as at the final norm; ``hook_attn_scores`` / ``hook_pattern`` through
-  :mod:`steerkit.attention` (eager attention for the hooked modules only).
+  :mod:`steerkit.attention` (eager attention for the hooked modules only);
+- mixture-of-experts hooks (``mlp.hook_router_logits`` ... ``mlp.hook_expert_out``) through
+  :mod:`steerkit.moe`: a forward hook on the router (edited logits re-route the block) and, for the
+  per-expert outputs, the experts implementation switched for the hooked experts modules only.
 
 Tuple outputs are handled by editing their first element.
 """
@@ -36,9 +39,10 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from .. import attention
+from .. import attention, moe
 from ..adapters import Adapter, get_module
-from ..hooknames import COMPONENT_HOOKS, FINAL_NORMALIZED, FINAL_OUT, FINAL_SCALE, MATRIX_HOOKS, NORM_HOOKS, Site
+from ..hooknames import (COMPONENT_HOOKS, FINAL_NORMALIZED, FINAL_OUT, FINAL_SCALE, MATRIX_HOOKS, MOE_HOOKS, NORM_HOOKS,
+                         Site)
 from ._torch import TorchHooks, component_access
 
 
@@ -88,6 +92,8 @@ class HFBackend(TorchHooks):
                                   self.adapter.attn_out_module(self.model, site.block_index), fn, tracker)
         if site.kind in COMPONENT_HOOKS:
             return self._component(site, fn, tracker)
+        if site.kind in MOE_HOOKS:
+            return self._track(moe.hooked(self.model, self.adapter, site.block_index, site.kind, fn, tracker))
         return self._edit_output(self._module_for(site), fn, tracker)
 
     def _component(self, site: Site, fn, tracker) -> Callable[[], None]:

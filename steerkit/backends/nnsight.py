@@ -22,7 +22,10 @@ functions on it in registration order and writing the result back:
 - component hooks: ``attn.hook_q`` / ``k`` / ``v`` / ``z`` and ``mlp.hook_pre`` / ``post`` on the
   input or output of the module the adapter names (one read and write per fused projection),
   ``ln1`` / ``ln2`` as at the final norm, and ``attn.hook_attn_scores`` / ``hook_pattern`` through
-  :mod:`steerkit.attention` (the hook runs inside the traced model's attention function).
+  :mod:`steerkit.attention` (the hook runs inside the traced model's attention function);
+- mixture-of-experts hooks (``mlp.hook_router_logits`` ... ``mlp.hook_expert_out``) through
+  :mod:`steerkit.moe` on the wrapped copy's router and experts (they run inside the traced forward,
+  as the attention matrices do).
 
 Module paths come from the model's :class:`~steerkit.adapters.Adapter`, so the
 backend is not tied to Llama. nnsight patches the ``forward`` of every module of
@@ -46,8 +49,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 from torch import Tensor
 
 from ..errors import InputError, SteerkitError
-from .. import attention
-from ..hooknames import FINAL_HOOKS, FINAL_OUT, MATRIX_HOOKS, NORM_HOOKS, Site, record_only_error
+from .. import attention, moe
+from ..hooknames import FINAL_HOOKS, FINAL_OUT, MATRIX_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS, Site, record_only_error
 from ._torch import component_access, shell_copy, first as _first, normalized_edit, with_first as _with_first
 
 if TYPE_CHECKING:
@@ -105,8 +108,12 @@ class NNsightBackend:
         if site.kind in MATRIX_HOOKS:
             return attention.hooked(self.model, self.adapter.attn_module(self.model, site.block_index), site.kind,
                                     fn, tracker)
+        if site.kind in MOE_HOOKS:
+            return moe.hooked(self.model, self.adapter, site.block_index, site.kind, fn, tracker).remove
         if site.kind in NORM_HOOKS:
             self.adapter.block_norm_module(self.model, site.block_index, site.kind[:3])  # the family has it
+        if site.kind in MLP_HOOKS:
+            self.adapter.check_dense_mlp(self.model, site.block_index)  # a sparse block has no neurons
         e = _Entry(site, fn, tracker, next(self._order))
         self._entries.append(e)
 

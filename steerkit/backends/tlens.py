@@ -47,6 +47,11 @@ one forward pre-hook per attention bridge that hands the ``cache`` keyword on as
 per call), and greedy tokens match the HF backend. Those pre-hooks are part of the
 backend's baseline :meth:`hook_count`; :meth:`reset` leaves them in place.
 
+Mixture-of-experts hooks (``mlp.hook_router_logits`` ... ``mlp.hook_expert_out``) are refused with
+:class:`~steerkit.errors.UnsupportedArchitectureError`: the bridge has no hook points for a sparse block's
+router or experts (use ``backend="hf"`` or ``"nnsight"``), and ``mlp.hook_pre`` / ``hook_post`` are
+refused at a sparse block, which has no dense MLP neurons.
+
 Numerics: the bridge runs eager attention while the HF backend runs SDPA, so
 activations agree with the HF backend to float32 rounding (about 1e-5 relative),
 not bit for bit.
@@ -62,7 +67,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedArchitectureError
-from ..hooknames import COMPONENT_HOOKS, FINAL_HOOKS, HEAD_HOOKS, KV_HOOKS, Site, record_only_error
+from ..hooknames import COMPONENT_HOOKS, FINAL_HOOKS, HEAD_HOOKS, KV_HOOKS, MLP_HOOKS, MOE_HOOKS, Site, record_only_error
 from ._torch import TorchHooks, shell_copy
 
 if TYPE_CHECKING:
@@ -146,6 +151,12 @@ class TLensBackend(TorchHooks):
         }[site.kind])
 
     def register(self, site: Site, fn, tracker) -> Callable[[], None]:
+        if site.kind in MOE_HOOKS:
+            raise UnsupportedArchitectureError(
+                f"expected a hook the TransformerBridge exposes, found {site.name!r}: the bridge has no hook points "
+                "for a mixture-of-experts block's router or experts; use backend='hf' or backend='nnsight' for it")
+        if site.kind in MLP_HOOKS:
+            self.sm.adapter.check_dense_mlp(self.sm.hf_model, site.block_index)
         if site.kind == "hook_resid_mid":
             return self._register_mid(site, fn, tracker)
         if site.kind.endswith(("hook_scale", "hook_normalized")):
