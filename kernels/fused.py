@@ -75,7 +75,7 @@ def launch_params(d: int, k: int, dtype: torch.dtype, region: bool, interpret: b
     hidden states of ``dtype``, with or without a region step, on a GPU or (``interpret``) under
     Triton's CPU interpreter.
 
-    Defaults from the H200 sweep in docs/RESULTS.md (bf16, and the same for float16 and float32):
+    Defaults from the H200 sweep in docs/reproductions/kernels.md (bf16, and the same for float16 and float32):
     16 x 512, 4 warps for k <= 8; 16 x 128, 8 warps for more directions, whose per-chunk basis
     vectors cost registers; 4 rows per program with a region (its solver keeps per-row state in
     registers). The interpreter pays per op, not per element: one chunk per row, 32 rows."""

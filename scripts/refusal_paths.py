@@ -1,7 +1,7 @@
 """The refusal direction of Arditi et al. recomputed on the model loading paths: float32, int8 and int4
 weight-only (torchao) and disk offload (accelerate, a ``max_memory`` a third of the weights).
 
-At the cell the full method selects on the default model (docs/RESULTS.md: block 9's input, the last
+At the cell the full method selects on the default model (docs/reproductions/refusal.md: block 9's input, the last
 post-instruction token), each path's direction is the difference of means of the harmful and harmless
 train prompts (the method's split, seed 0); reported: its cosine with the float32 direction, and the
 bypass score (mean refusal log-odds of the harmful validation prompts with the direction ablated at
