@@ -518,6 +518,15 @@ class VLLMLayout:
     embed: object
 
 
+def _vllm_mlp(block: nn.Module) -> Optional[nn.Module]:
+    """A vLLM block's MLP: ``mlp`` (dense or MoE), or ``block_sparse_moe`` (vLLM's Mixtral)."""
+    for name in ("mlp", "block_sparse_moe"):
+        m = getattr(block, name, None)
+        if m is not None:
+            return m
+    return None
+
+
 def vllm_layout(model: nn.Module) -> VLLMLayout:
     """Where a vLLM model keeps what :class:`VLLMLayout` names (the plugin asks this, nothing else)."""
     for path in _VLLM_BLOCK_PATHS:
@@ -530,7 +539,7 @@ def vllm_layout(model: nn.Module) -> VLLMLayout:
             blocks = tuple(b if hasattr(b, "self_attn") else None for b in m.layers)
             return VLLMLayout(blocks=blocks,
                               attn=tuple(None if b is None else b.self_attn for b in blocks),
-                              mlp=tuple(None if b is None else getattr(b, "mlp", None) for b in blocks),
+                              mlp=tuple(None if b is None else _vllm_mlp(b) for b in blocks),
                               embed=getattr(m, "embed_tokens", None))
     raise UnsupportedArchitectureError(
         f"expected a vLLM decoder model with its blocks at one of {_VLLM_BLOCK_PATHS} (.layers), found "
