@@ -26,18 +26,15 @@ import torch
 from torch import Tensor, nn
 
 from .errors import UnsupportedArchitectureError
+from .implswitch import PREFIX, ImplementationSwitch
 from .loading import quiet_optional_imports
 
 with quiet_optional_imports():  # transformers.modeling_utils imports torchao when it is installed
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-PREFIX = "steerkit:"
-
 # attention module -> {"attn.hook_attn_scores": [(fn, tracker), ...], "attn.hook_pattern": [...]}
 _HOOKS: "weakref.WeakKeyDictionary[nn.Module, dict[str, list]]" = weakref.WeakKeyDictionary()
-# model -> (its own implementation, how many hooks need the steerkit one)
-_USERS: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()
 
 
 def _register_name(base: str) -> str:
@@ -54,19 +51,13 @@ def _register_name(base: str) -> str:
     return name
 
 
+_SWITCH = ImplementationSwitch("_attn_implementation", _register_name)
+
+
 def hooked(model: nn.Module, attn_module: nn.Module, kind: str, fn, tracker) -> Callable[[], None]:
     """Run ``fn(x, tracker.call(x))`` on ``attn_module``'s scores or probabilities (``kind``:
     ``attn.hook_attn_scores`` / ``attn.hook_pattern``); returns the function that removes it."""
-    cfg: Any = model.config
-    users = _USERS.get(model)
-    if users is None:
-        base = cfg._attn_implementation or "eager"
-        if base.startswith(PREFIX):  # pragma: no cover - a model switched outside this module
-            base = base[len(PREFIX):]
-        name = _register_name(base)
-        users = _USERS[model] = [base, 0]
-        cfg._attn_implementation = name
-    users[1] += 1
+    release = _SWITCH.acquire(model)
     entry = (fn, tracker)
     _HOOKS.setdefault(attn_module, {}).setdefault(kind, []).append(entry)
 
@@ -74,12 +65,7 @@ def hooked(model: nn.Module, attn_module: nn.Module, kind: str, fn, tracker) -> 
         hooks = _HOOKS.get(attn_module, {}).get(kind, [])
         if entry in hooks:
             hooks.remove(entry)
-            u = _USERS.get(model)
-            if u is not None:
-                u[1] -= 1
-                if u[1] <= 0:
-                    cfg._attn_implementation = u[0]
-                    del _USERS[model]
+            release()
     return remove
 
 
@@ -96,12 +82,10 @@ def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, att
     hooks = _HOOKS.get(module)
     if not hooks or not any(hooks.values()):
         cfg: Any = module.config
-        base: str = cfg._attn_implementation or "eager"
-        base = base[len(PREFIX):] if base.startswith(PREFIX) else base
-        fused: Any = ALL_ATTENTION_FUNCTIONS._global_mapping.get(base)
+        fused: Any = ALL_ATTENTION_FUNCTIONS._global_mapping.get(ImplementationSwitch.base_of(cfg._attn_implementation))
         if fused is not None:
-            return fused(module, query, key, value, attention_mask, scaling=scaling,
-                                              dropout=dropout, softcap=softcap, **kwargs)
+            return fused(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, softcap=softcap,
+                         **kwargs)
     return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, softcap=softcap,
                  sliding_window=kwargs.get("sliding_window"), hooks=hooks or {})
 

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from .errors import SteerkitError, UnsupportedArchitectureError
 from .hooknames import EXPERT_INDICES, EXPERT_OUT, EXPERT_WEIGHTS, MOE_HOOKS, ROUTER_LOGITS, record_only_error
+from .implswitch import PREFIX, ImplementationSwitch
 from .loading import quiet_optional_imports
 
 with quiet_optional_imports():  # transformers' integrations import torchao when it is installed
@@ -45,7 +46,6 @@ with quiet_optional_imports():  # transformers' integrations import torchao when
 if TYPE_CHECKING:
     from .adapters import Adapter
 
-PREFIX = "steerkit:"
 
 
 class _Block:
@@ -75,8 +75,6 @@ class _Block:
 # MoE block -> its _Block; experts module -> the _Block of its MoE block
 _BLOCKS: "weakref.WeakKeyDictionary[nn.Module, _Block]" = weakref.WeakKeyDictionary()
 _EXPERTS: "weakref.WeakKeyDictionary[nn.Module, _Block]" = weakref.WeakKeyDictionary()
-# model -> (its own experts implementation, how many hooks need the steerkit one)
-_USERS: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()
 
 
 class MoEHandle:
@@ -99,9 +97,7 @@ def _register_name(base: str) -> str:
     return name
 
 
-def _base_name(cfg: Any) -> str:
-    base = cfg._experts_implementation or "eager"
-    return base[len(PREFIX):] if base.startswith(PREFIX) else base
+_SWITCH = ImplementationSwitch("_experts_implementation", _register_name)
 
 
 def _block_state(model: nn.Module, adapter: "Adapter", layer: int) -> _Block:
@@ -142,14 +138,9 @@ def hooked(model: nn.Module, adapter: "Adapter", layer: int, kind: str, fn, trac
             f"expected the experts of block {layer} ({type(experts).__name__}) to dispatch through transformers' "
             "experts interface (@use_experts_implementation), found a plain forward; mlp.hook_expert_out needs it")
     state = _block_state(model, adapter, layer)
-    cfg: Any = model.config
+    release = None
     if experts is not None:
-        users = _USERS.get(model)
-        if users is None:
-            base = _base_name(cfg)
-            users = _USERS[model] = [base, 0]
-            cfg._experts_implementation = _register_name(base)
-        users[1] += 1
+        release = _SWITCH.acquire(model)
         _EXPERTS[experts] = state
     entry = (fn, tracker)
     state.hooks[kind].append(entry)
@@ -159,13 +150,8 @@ def hooked(model: nn.Module, adapter: "Adapter", layer: int, kind: str, fn, trac
         if entry not in hooks:
             return
         hooks.remove(entry)
-        if experts is not None:
-            u = _USERS.get(model)
-            if u is not None:
-                u[1] -= 1
-                if u[1] <= 0:
-                    cfg._experts_implementation = u[0]
-                    del _USERS[model]
+        if experts is not None and release is not None:
+            release()
             if not hooks:
                 _EXPERTS.pop(experts, None)
         if not state.any():
@@ -209,7 +195,7 @@ def _experts(module: nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_
     state = _EXPERTS.get(module)
     if state is None or not state.hooks[EXPERT_OUT]:
         cfg: Any = module.config
-        base = _base_name(cfg)
+        base = ImplementationSwitch.base_of(cfg._experts_implementation)
         fwd = _original_forward(module) if base == "eager" else ALL_EXPERTS_FUNCTIONS.get_interface(
             base, _original_forward(module))
         return fwd(module, hidden_states, top_k_index, top_k_weights, *args, **kwargs)
