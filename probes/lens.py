@@ -36,29 +36,13 @@ from torch import Tensor
 
 from steerkit.errors import InputError, UnsupportedArchitectureError
 
-from .patching import Prompt, index_list, prompt_tokens, token_id, token_labels
+from .patching import Prompt, index_list, json_document, prompt_tokens, token_id, token_labels
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
 LENS_FORMAT = "steerkit.logit_lens/1"
 DLA_FORMAT = "steerkit.dla/1"
-
-
-def _from_json_text(text_or_path, fmt: str, what: str) -> dict:
-    if isinstance(text_or_path, Path) or not str(text_or_path).lstrip().startswith("{"):
-        p = Path(text_or_path)
-        if not p.is_file():
-            raise InputError(f"expected {what} JSON text or a path to a file holding it, found {str(p)!r:.120}")
-        text_or_path = p.read_text(encoding="utf-8")
-    try:
-        d = json.loads(text_or_path)
-    except json.JSONDecodeError as e:
-        raise InputError(f"expected {what} JSON, found text that does not parse ({e})") from None
-    if not isinstance(d, dict) or d.get("format") != fmt:
-        raise InputError(f"expected a steerkit {what} JSON (format {fmt!r}), found "
-                         f"{str(d.get('format') if isinstance(d, dict) else d)[:80]!r}")
-    return d
 
 
 def _write(text: str, path) -> str:
@@ -133,7 +117,7 @@ class LensResult:
 
     @classmethod
     def from_json(cls, text_or_path) -> "LensResult":
-        d = _from_json_text(text_or_path, LENS_FORMAT, "logit lens")
+        d = json_document(text_or_path, LENS_FORMAT, "logit lens")
         try:
             return cls(layers=[int(i) for i in d["layers"]], positions=[int(i) for i in d["positions"]],
                        tokens=[str(t) for t in d["tokens"]], top_ids=torch.tensor(d["top_ids"], dtype=torch.long),
@@ -249,7 +233,7 @@ class DLAResult:
 
     @classmethod
     def from_json(cls, text_or_path) -> "DLAResult":
-        d = _from_json_text(text_or_path, DLA_FORMAT, "direct logit attribution")
+        d = json_document(text_or_path, DLA_FORMAT, "direct logit attribution")
         try:
             return cls(answer=str(d["answer"]), wrong=None if d["wrong"] is None else str(d["wrong"]),
                        answer_id=int(d["answer_id"]), wrong_id=None if d["wrong_id"] is None else int(d["wrong_id"]),

@@ -228,18 +228,7 @@ class PatchingResult:
     @classmethod
     def from_json(cls, text_or_path) -> "PatchingResult":
         """A result from :meth:`to_json`'s text or a path to it."""
-        if isinstance(text_or_path, Path) or not str(text_or_path).lstrip().startswith("{"):
-            p = Path(text_or_path)
-            if not p.is_file():
-                raise InputError(f"expected patching JSON text or a path to a file holding it, found {str(p)!r:.120}")
-            text_or_path = p.read_text(encoding="utf-8")
-        try:
-            d = json.loads(text_or_path)
-        except json.JSONDecodeError as e:
-            raise InputError(f"expected patching JSON, found text that does not parse ({e})") from None
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise InputError(f"expected a steerkit patching JSON (format {FORMAT!r}), found "
-                             f"{str(d.get('format') if isinstance(d, dict) else d)[:80]!r}")
+        d = json_document(text_or_path, FORMAT, "patching")
         try:
             values = torch.tensor(d["values"], dtype=torch.float32).reshape(d["shape"])
             res = cls(values=values, hook=str(d["hook"]), method=str(d["method"]),
@@ -290,6 +279,23 @@ class PatchingResult:
                           yaxis=dict(autorange="reversed", type="category"), xaxis=dict(type="category"),
                           template="plotly_white")
         return fig
+
+
+def json_document(text_or_path, fmt: str, what: str) -> dict:
+    """The JSON object of a saved result (its text or a path to it), checked to be of format ``fmt``."""
+    if isinstance(text_or_path, Path) or not str(text_or_path).lstrip().startswith("{"):
+        p = Path(text_or_path)
+        if not p.is_file():
+            raise InputError(f"expected {what} JSON text or a path to a file holding it, found {str(p)!r:.120}")
+        text_or_path = p.read_text(encoding="utf-8")
+    try:
+        d = json.loads(text_or_path)
+    except json.JSONDecodeError as e:
+        raise InputError(f"expected {what} JSON, found text that does not parse ({e})") from None
+    if not isinstance(d, dict) or d.get("format") != fmt:
+        raise InputError(f"expected a steerkit {what} JSON (format {fmt!r}), found "
+                         f"{str(d.get('format') if isinstance(d, dict) else d)[:80]!r}")
+    return d
 
 
 # ----------------------------------------------------------------------------- the grid
