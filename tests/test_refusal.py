@@ -289,7 +289,7 @@ def test_cli_is_registered():
 def test_refusal_direction_on_default_model(sm):
     """Harmful prompts score higher than harmless ones; the difference-of-means direction at a
     mid layer, ablated, lowers the harmful refusal score and, added, raises the harmless one."""
-    data = R.sample_splits(24, 8, 12, seed=0)  # the splits of the docs/RESULTS.md diagnostic
+    data = R.sample_splits(24, 8, 12, seed=0)  # the splits of the docs/reproductions/refusal.md diagnostic
     ids = R.refusal_token_ids(sm.tokenizer)
     positions, toks = R.post_instruction_positions(sm)
     assert toks[0] == "<|im_end|>" and len(positions) >= 3
@@ -297,7 +297,7 @@ def test_refusal_direction_on_default_model(sm):
     base_h = R.refusal_scores(sm, hv, ids)
     base_a = R.refusal_scores(sm, av, ids)
     assert float(base_h.mean()) > float(base_a.mean())
-    layer = 6  # docs/RESULTS.md: bypass -3.56 -> -3.90, induce -4.60 -> -4.46, KL 0.075 at this layer
+    layer = 6  # docs/reproductions/refusal.md: bypass -3.56 -> -3.90, induce -4.60 -> -4.46, KL 0.075 at this layer
     acts = {k: R.record_resid_pre(sm, data["train"][k], [-1], None)[0] for k in ("harmful", "harmless")}
     v = R.mean_diff(acts["harmful"], acts["harmless"])[0, layer]
     with R.ablation(sm, v):
