@@ -70,7 +70,7 @@ def server(tmp_path_factory):
     port = free_port()
     # the app is its own program: keep settings other tests put in this process's environment out
     # of it (TRITON_INTERPRET from the kernel tests, OMP_WAIT_POLICY from the llama.cpp tests: with
-    # them the server hung during the store export -- an open bug, see the closing note of the session)
+    # them the app server has been seen to hang during the store export; the cause is not known)
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OMP_WAIT_POLICY")}
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
     log = open(root / "server.log", "w")
