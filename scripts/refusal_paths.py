@@ -38,7 +38,7 @@ def direction_and_bypass(sm, splits, ids) -> tuple[torch.Tensor, float, float]:
 
 
 def main() -> None:
-    splits = R.sample_splits(32, 16, 0, seed=0)
+    splits = R.sample_splits(32, 16, 32, seed=0)  # the full method's draw (its train prompts depend on n_test)
     rows = []
     ref = None
     with tempfile.TemporaryDirectory() as off:
