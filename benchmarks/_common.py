@@ -213,12 +213,17 @@ def run_facts() -> dict:
 
 
 def csv_rows(path: Path, rows: list[dict]) -> Path:
-    """Write ``rows`` (dicts with the same keys) to ``path`` as CSV, each with :func:`run_facts`."""
+    """Write ``rows`` (dicts) to ``path`` as CSV, each with :func:`run_facts`.
+
+    The columns are the rows' keys in order of first appearance (a key missing from a row is left
+    empty there), then the facts. ``benchmarks/render.py`` turns the CSVs into docs/benchmarks_data.md."""
     import csv
     facts = run_facts()
+    keys = list(dict.fromkeys(k for r in rows for k in r if k not in facts))
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[*rows[0], *facts])
+        w = csv.DictWriter(f, fieldnames=[*keys, *facts], restval="")
         w.writeheader()
         for r in rows:
             w.writerow({**r, **facts})

@@ -13,6 +13,7 @@ Usage (repository root)::
     .venv/bin/python benchmarks/bench_app.py --quick    # 5 pairs
     .venv/bin/python benchmarks/bench_app.py --json out.json
 
+Rows go to ``benchmarks/results/app.csv`` (``--out``): one row per measure, its value and unit.
 The server runs with one torch thread (``--threads 1``); numbers are wall-clock, so a busy shared
 machine inflates them.
 """
@@ -31,7 +32,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+ROOT = C.ROOT
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -78,6 +82,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="5 pairs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "app.csv"), help="CSV of the results")
     a = ap.parse_args(argv)
     pairs = 5 if a.quick else a.pairs
     from playwright.sync_api import sync_playwright
@@ -99,7 +104,7 @@ def main(argv=None):
                     "([n, c]) => { const s = document.querySelector('#prof-status').innerText;"
                     " const d = document.querySelector('#prof-graph .js-plotly-plot');"
                     " const t = d && d.data && d.data.find(t => t.name === 'relative divergence');"
-                    " return s.startsWith(n + ' pairs') && t && t.x.length === 30"
+                    " return s.includes(n + ' pairs') && t && t.x.length === 30"
                     " && d.layout.title.text.includes(c); }", arg=[n_pairs, contrast], timeout=600_000)
 
             t = time.perf_counter()
@@ -144,7 +149,7 @@ def main(argv=None):
             while True:
                 busy_toggle.append(toggle_latency())
                 status = pg.inner_text("#prof-status")
-                if status.startswith(f"{pairs} pairs") and "harmful" in pg.evaluate(
+                if f"{pairs} pairs" in status and "harmful" in pg.evaluate(
                         "() => document.querySelector('#prof-graph .js-plotly-plot').layout.title.text"):
                     break
                 if time.perf_counter() - t > 600:
@@ -180,6 +185,11 @@ def main(argv=None):
         print(f"  {k:<{w}}  {v}")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
+    units = {"_s": "s", "_ms": "ms", "_n": "count"}
+    out = [{"mode": "quick" if a.quick else "full", "pairs": pairs, "threads": a.threads, "measure": k,
+            "value": "" if v is None else v, "unit": next((u for sfx, u in units.items() if k.endswith(sfx)), "")}
+           for k, v in res.items() if k not in ("pairs", "threads")]
+    print(f"wrote {len(out)} rows to {C.csv_rows(Path(a.out), out)}")
     return 0
 
 

@@ -49,6 +49,8 @@ def measure(backends: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="accepted for a uniform interface: the full run is already short (two model loads)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "backend_memory.csv"))
     args = ap.parse_args()
     one, three = measure("hf"), measure("hf,tlens,nnsight")

@@ -21,6 +21,8 @@ otherwise look faster). All libraries get the same token ids (the chat template 
 
 Usage:  python benchmarks/bench_generation.py            # full: 64 tokens, 3 repeats
         python benchmarks/bench_generation.py --quick    # 8 tokens, 1 repeat, no side-venv creation
+
+Summary rows go to ``benchmarks/results/generation.csv`` (``--out``).
 """
 from __future__ import annotations
 
@@ -223,8 +225,10 @@ def worker(cfg: dict) -> dict:
 
 
 # --- driver -------------------------------------------------------------------------------
-def summarize(name: str, res: dict, batches, clock: str) -> list[list]:
-    """One row per (edit, batch); column 5 is the paired median ratio, column 6 its 95% upper bound."""
+def summarize(name: str, res: dict, batches, clock: str, records: list | None = None) -> list[list]:
+    """One row per (edit, batch); column 5 is the paired median ratio, column 6 its 95% upper bound.
+
+    With ``records``, the same rows are appended to it as dicts of numbers (the CSV rows)."""
     other = "wall" if clock == "cpu" else "cpu"
 
     def per_step(r: dict, k: str) -> float:
@@ -249,6 +253,15 @@ def summarize(name: str, res: dict, batches, clock: str) -> list[list]:
                          f"{(C.median(pr) - 1) * 100:+.1f}% [{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]",
                          f"{(per_step(r, other) / per_step(base, other) - 1) * 100:+.1f}%",
                          "/".join(map(str, steps))])
+            if records is not None:
+                records.append({"edit": c, "batch": B, "clock": clock,
+                                "base_ms_per_step": round(bstep * 1e3, 2), "steered_ms_per_step": round(step * 1e3, 2),
+                                "overhead_pct": round((step / bstep - 1) * 100, 2),
+                                "paired_overhead_pct": round((C.median(pr) - 1) * 100, 2),
+                                "ci_lo_pct": round((lo - 1) * 100, 2), "ci_hi_pct": round((hi - 1) * 100, 2),
+                                "overhead_other_clock_pct": round(
+                                    (per_step(r, other) / per_step(base, other) - 1) * 100, 2),
+                                "steps": "/".join(map(str, steps))})
     return rows
 
 
@@ -268,6 +281,8 @@ def main(argv=None) -> int:
                     help="also cProfile one steerkit ablate-at-every-layer generation (batch 1) and list steerkit's share")
     ap.add_argument("--no-setup", action="store_true", help="do not create missing side venvs; skip those libraries")
     ap.add_argument("--json", default=None, help="also write the raw results here")
+    ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "generation.csv"),
+                    help="CSV of the summary rows (one per library, edit and batch)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
 
@@ -299,7 +314,7 @@ def main(argv=None) -> int:
            "ids": ids, "pad_token_id": sm.tokenizer.pad_token_id,
            "model_folder": str(hf_folder_for_gguf(default_gguf_path()))}
 
-    results, notes, rows = {}, [], []
+    results, notes, rows, records = {}, [], [], []
     for lib in libs:
         log(f"== {lib}")
         t = time.perf_counter()
@@ -327,7 +342,10 @@ def main(argv=None) -> int:
             continue
         log(f"  done in {time.perf_counter() - t:.0f} s")
         results[lib] = {"version": ver, "results": res}
-        rows += summarize(f"{lib} {ver}".split(" (")[0], res, batches, a.clock)
+        recs: list[dict] = []
+        rows += summarize(f"{lib} {ver}".split(" (")[0], res, batches, a.clock, recs)
+        records += [{"mode": "quick" if a.quick else "full", "library": lib, "version": str(ver).split(" (")[0],
+                     **r, "tokens": tokens, "repeats": repeats, "threads": threads} for r in recs]
 
     print()
     other = "wall" if a.clock == "cpu" else "cpu"
@@ -360,6 +378,8 @@ def main(argv=None) -> int:
             prof.disable()
         print()
         print(C.profile_report(prof, f"steerkit generate, ablate at 30 layers, batch 1, {tokens} tokens"))
+    if records:
+        print(f"wrote {len(records)} rows to {C.csv_rows(Path(a.out), records)}")
     if a.json:
         Path(a.json).write_text(json.dumps({"cfg": {k: v for k, v in cfg.items() if k != "ids"},
                                             "results": results, "notes": notes}, indent=1))

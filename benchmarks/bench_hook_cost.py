@@ -15,22 +15,34 @@ decode step the same call costs several times more (``bench_step_overhead.py`` t
 measures the overhead step by step), so (3) is a lower bound.
 
 Usage: python benchmarks/bench_hook_cost.py [--tokens 16] [--repeats 5]
+       python benchmarks/bench_hook_cost.py --quick     # 4 tokens, 1 repeat, 500 calls
+
+Rows go to ``benchmarks/results/hook_cost.csv`` (``--out``).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="4 new tokens, 1 repeat, 500 hook calls")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--calls", type=int, default=5000)
+    ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "hook_cost.csv"), help="CSV of the rows")
     args = ap.parse_args()
+    if args.quick:
+        args.tokens, args.repeats, args.calls = 4, 1, 500
     torch.set_num_threads(1)
     import steerkit
     from steerkit.hooks import PositionTracker
@@ -46,6 +58,7 @@ def main():
     prompts = ["Tell me about your weekend.", "Describe the city you live in.", "Write about Mondays.",
                "What is a good breakfast?", "Explain rain to a child.", "Name a famous painter.",
                "How do birds fly?", "Give me a tip for learning."]
+    out = []
     print(f"{'batch':>5} {'edit':16} {'step ms':>8} {'hook us/call':>13} {'implied':>8} {'end-to-end':>11}")
     for bs in (1, 8):
         P = prompts[:bs]
@@ -84,6 +97,11 @@ def main():
             e2e = statistics.median(steered) / statistics.median(base) - 1
             print(f"{bs:>5} {name:16} {step * 1e3:8.1f} {per_call * 1e6:13.1f} {100 * implied:+7.2f}% {100 * e2e:+10.1f}%",
                   flush=True)
+            out.append({"mode": "quick" if args.quick else "full", "batch": bs, "edit": name, "sites": sites,
+                        "step_ms": round(step * 1e3, 2), "hook_us_per_call": round(per_call * 1e6, 2),
+                        "implied_overhead_pct": round(100 * implied, 3), "end_to_end_overhead_pct": round(100 * e2e, 2),
+                        "tokens": args.tokens, "repeats": args.repeats, "calls": args.calls})
+    print(f"wrote {len(out)} rows to {C.csv_rows(Path(args.out), out)}")
 
 
 if __name__ == "__main__":

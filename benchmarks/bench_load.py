@@ -10,6 +10,8 @@ CPU time (of the subprocess) are both reported. Import time is measured separate
 
 Usage:  python benchmarks/bench_load.py            # 3 repeats
         python benchmarks/bench_load.py --quick    # 1 repeat
+
+Rows go to ``benchmarks/results/load.csv`` (``--out``).
 """
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="1 repeat")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats (3; quick 1)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in the subprocesses (default 1; 0 = default)")
+    ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "load.csv"), help="CSV of the medians")
     a = ap.parse_args(argv)
     repeats = a.repeats or (1 if a.quick else 3)
 
@@ -88,6 +91,13 @@ def main(argv=None) -> int:
     print(C.table(["ratio", "wall", "cpu"],
                   [["cold / cached", med["cold"]["wall"] / med["cached"]["wall"],
                     med["cold"]["cpu"] / med["cached"]["cpu"]]]))
+    out = [{"mode": "quick" if a.quick else "full", "load": k, "repeats": repeats,
+            "wall_s": round(med[k]["wall"], 3), "cpu_s": round(med[k]["cpu"], 3),
+            "import_wall_s": round(med[k]["import_wall"], 3),
+            "wall_vs_cached": round(med[k]["wall"] / med["cached"]["wall"], 3),
+            "cpu_vs_cached": round(med[k]["cpu"] / med["cached"]["cpu"], 3), "threads": a.threads}
+           for k in ("cold", "cached")]
+    print(f"wrote {len(out)} rows to {C.csv_rows(Path(a.out), out)}")
     return 0
 
 

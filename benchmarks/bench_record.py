@@ -17,6 +17,9 @@ inside the record scope (tracemalloc). Flat = record - bare does not grow with N
 
 Usage:  python benchmarks/bench_record.py            # 512 prompts
         python benchmarks/bench_record.py --quick    # 32 prompts, memory at 16/32/64
+
+Rows go to ``benchmarks/results/record.csv`` (``--out``: throughput) and ``record_memory.csv`` next
+to it (the memory runs).
 """
 from __future__ import annotations
 
@@ -84,6 +87,8 @@ def main(argv=None) -> int:
                     help="call glibc malloc_trim(0) after every batch of the memory runs (tests whether RSS growth "
                          "is heap fragmentation; compare with MALLOC_MMAP_THRESHOLD_=131072 in the environment)")
     ap.add_argument("--profile", action="store_true", help="cProfile the recorded passes and list steerkit's share")
+    ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "record.csv"),
+                    help="CSV of the throughput row; the memory rows go to <stem>_memory.csv next to it")
     a = ap.parse_args(argv)
 
     import torch
@@ -153,6 +158,14 @@ def main(argv=None) -> int:
                    "record prompts/s", "throughput ratio", "median per-batch ratio", f"ratio ({other})"], rows,
                   title="Record 30 x hook_resid_post, last token, vs bare forward (target ratio >= 0.9)"))
     print(f"throughput ratio {ratio:.3f} -> target >= 0.9: {'MET' if ratio >= 0.9 else 'NOT MET'}")
+    mode = "quick" if a.quick else "full"
+    out_csv = Path(a.out)
+    thr = [{"mode": mode, "prompts": N, "batch": a.batch, "batches": len(bs), "clock": a.clock,
+            "bare_s": round(sum(bare[a.clock]), 3), "record_s": round(sum(rec[a.clock]), 3),
+            "bare_prompts_per_s": round(N / sum(bare[a.clock]), 2), "record_prompts_per_s": round(N / sum(rec[a.clock]), 2),
+            "throughput_ratio": round(ratio, 4), "median_batch_ratio": round(per_batch, 4),
+            "throughput_ratio_other_clock": round(ratio_o, 4), "threads": threads}]
+    print(f"wrote {C.csv_rows(out_csv, thr)}")
     outs.clear()  # the recorded tensors are freed before the memory pass
     del allout
     bs_thr = bs
@@ -177,7 +190,7 @@ def main(argv=None) -> int:
         if a.malloc_trim:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
-    mrows = []
+    mrows, mem = [], []
     for n in mem_sizes:
         bs = batches(n)
         with RssPeak() as rb:
@@ -196,6 +209,11 @@ def main(argv=None) -> int:
         out_mb = out.numel() * out.element_size() / 2**20
         assert out.shape == (sm.n_layers, n, sm.d_model)
         extra = (rp.peak - rb.peak) / 2**20
+        mem.append({"mode": mode, "prompts": n, "batch": a.batch, "output_mib": round(out_mb, 2),
+                    "bare_peak_rss_mib": round(rb.peak / 2**20, 1), "record_peak_rss_mib": round(rp.peak / 2**20, 1),
+                    "record_minus_bare_mib": round(extra, 1),
+                    "record_peak_minus_start_mib": round((rp.peak - rp.start) / 2**20, 1),
+                    "tracemalloc_peak_mib": round(py_peak / 2**20, 3), "malloc_trim": a.malloc_trim})
         mrows.append([n, tuple(out.shape), f"{out_mb:.1f}", f"{rb.peak / 2**20:.0f}", f"{rp.peak / 2**20:.0f}",
                       f"{extra:+.0f}", f"{(rp.peak - rp.start) / 2**20:.0f}", f"{py_peak / 2**20:.2f}"])
         print(f"  memory runs at {n} prompts done", flush=True)
@@ -205,6 +223,7 @@ def main(argv=None) -> int:
                    "record - bare MiB", "record peak - RSS before MiB", "tracemalloc peak MiB"], mrows,
                   title="Peak memory, one record scope over N prompts vs a bare pass over the same prompts "
                         "(flat = record - bare does not grow with N beyond the output)"))
+    print(f"wrote {C.csv_rows(out_csv.with_name(out_csv.stem + '_memory.csv'), mem)}")
     return 0
 
 

@@ -7,26 +7,36 @@ Prints, side by side in one run (interleaved repeats, medians):
   (target: throughput >= 0.9 of shared), and vs 8 sequential single-row runs.
 
 Usage: python benchmarks/bench_steering.py [--quick] [--tokens N] [--repeats R]
+
+Rows go to ``benchmarks/results/steering.csv`` (``--out``: one per operation and batch) and
+``steering_per_row.csv`` next to it (the per-row comparison).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="8 new tokens, 1 repeat")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--layer", type=int, default=12)
+    ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "steering.csv"),
+                    help="CSV of the per-operation rows; the per-row comparison goes to <stem>_per_row.csv next to it")
     args = ap.parse_args()
     if args.quick:
-        args.tokens, args.repeats = 16, 2
+        args.tokens, args.repeats = 8, 1
     import steerkit
     from steerkit.kernels import Region, SteerConfig
 
@@ -85,6 +95,17 @@ def main():
     results.append({"per_row_vs_shared_throughput": ms / mr, "per_row_vs_sequential_speedup": mq / mr,
                     "shared_s": ms, "per_row_s": mr, "sequential_s": mq})
     print(json.dumps(results))
+    mode = "quick" if args.quick else "full"
+    out = Path(args.out)
+    ops_rows = [{"mode": mode, "op": r["op"], "batch": r["batch"], "unsteered_s": round(r["unsteered_s"], 4),
+                 "steered_s": round(r["steered_s"], 4), "overhead_pct": round(r["overhead_pct"], 2),
+                 "tokens": args.tokens, "repeats": args.repeats} for r in results if "op" in r]
+    print(f"wrote {C.csv_rows(out, ops_rows)}")
+    per_row = [{"mode": mode, "batch": len(prompts), "configs": len(prompts), "shared_s": round(ms, 4),
+                "per_row_s": round(mr, 4), "sequential_s": round(mq, 4),
+                "per_row_vs_shared_throughput": round(ms / mr, 4), "per_row_vs_sequential_speedup": round(mq / mr, 3),
+                "tokens": args.tokens, "repeats": args.repeats}]
+    print(f"wrote {C.csv_rows(out.with_name(out.stem + '_per_row.csv'), per_row)}")
 
 
 if __name__ == "__main__":

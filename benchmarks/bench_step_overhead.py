@@ -18,6 +18,8 @@ Also printed: the time of one steerkit hook call measured inside the model (the 
 is out of the CPU caches there, so a call costs several times its time in a tight loop).
 
 Usage: python benchmarks/bench_step_overhead.py [--batches 1,8] [--rounds 300] [--context 64] [--quick]
+
+Rows go to ``benchmarks/results/step_overhead.csv`` (``--out``).
 """
 from __future__ import annotations
 
@@ -119,6 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=64, help="KV-cache length the timed step extends")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="batch 1, 10 rounds, 16-token context (a smoke run)")
+    ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "step_overhead.csv"),
+                    help="CSV of the rows (one per batch and condition)")
     a = ap.parse_args(argv)
     if a.quick:
         a.batches, a.rounds, a.context = "1", 10, 16
@@ -132,7 +136,7 @@ def main(argv=None) -> int:
 
     log(f"model {sm.name}: {sm.n_layers} layers; {threads} thread(s); {a.rounds} rounds per batch; "
         f"context {a.context} tokens")
-    rows = []
+    rows, out_rows = [], []
     for B in [int(b) for b in a.batches.split(",")]:
         out = run_batch(sm, B, a.rounds, a.context, log)
         t = out["times"]
@@ -144,10 +148,18 @@ def main(argv=None) -> int:
             rows.append([B, c, f"{statistics.median(base) * 1e3:.1f}", f"{statistics.median(t[c]) * 1e3:.1f}",
                          f"{statistics.median(ratios) * 100:+.2f}%", f"[{lo * 100:+.2f}, {hi * 100:+.2f}]",
                          f"{statistics.median(calls) * 1e6:.0f}" if calls else "-"])
+            out_rows.append({"mode": "quick" if a.quick else "full", "batch": B, "condition": c, "rounds": a.rounds,
+                             "context": a.context, "base_ms": round(statistics.median(base) * 1e3, 3),
+                             "cond_ms": round(statistics.median(t[c]) * 1e3, 3),
+                             "overhead_pct": round(statistics.median(ratios) * 100, 3),
+                             "ci_lo_pct": round(lo * 100, 3), "ci_hi_pct": round(hi * 100, 3),
+                             "hook_us_per_call": round(statistics.median(calls) * 1e6, 1) if calls else "",
+                             "threads": threads})
     print()
     print(C.table(["batch", "condition", "base cpu ms/step", "cond cpu ms/step", "paired overhead (median)",
                    "95% CI", "steerkit hook us/call (in model)"], rows,
                   title="One decoding step, conditions interleaved step by step (CPU time, one thread)"))
+    print(f"wrote {len(out_rows)} rows to {C.csv_rows(Path(a.out), out_rows)}")
     return 0
 
 

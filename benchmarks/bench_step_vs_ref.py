@@ -12,13 +12,12 @@ Writes ``benchmarks/results/step_vs_ref.csv`` (one row per run, version, batch a
 prints the median overhead per version and condition over the runs.
 
 Usage: python benchmarks/bench_step_vs_ref.py --ref REV [--runs 4] [--rounds 150] [--batches 1,8]
+       python benchmarks/bench_step_vs_ref.py --ref REV --quick    # 1 run of 10 rounds, 16-token context
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -31,6 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from lint_imports import SUBPACKAGES  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import csv_rows  # noqa: E402
 
 ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(add|ablate|torch-ablate|base-2)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)\s*\|"
                  r"\s*([+-][\d.]+)%\s*\|\s*\[([+-][\d.]+),\s*([+-][\d.]+)\]\s*\|\s*(\S+)\s*\|")
@@ -80,8 +82,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--batches", default="1")
+    ap.add_argument("--quick", action="store_true", help="1 run of 10 rounds with a 16-token context (a smoke run)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "step_vs_ref.csv"))
     a = ap.parse_args(argv)
+    if a.quick:
+        a.runs, a.rounds, a.context = 1, 10, 16
     ref_sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", a.ref], check=True,
                              capture_output=True, text=True).stdout.strip()
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -100,15 +105,8 @@ def main(argv=None) -> int:
                 print(f"run {r + 1}/{a.runs}: {name}", flush=True)
                 for row in run_one(trees[name], a):
                     results.append({"run": r, "version": name, **row})
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
-        meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()}
-        w = csv.DictWriter(f, fieldnames=["run", "version", "batch", "condition", "base_ms", "cond_ms", "overhead_pct",
-                                          "ci_lo", "ci_hi", "hook_us_per_call", *meta])
-        w.writeheader()
-        for r in results:
-            w.writerow({**r, **meta})
+    out = csv_rows(Path(a.out), [{"mode": "quick" if a.quick else "full", **r, "rounds": a.rounds,
+                                  "context": a.context} for r in results])
     print(f"\nmedian paired overhead over {a.runs} runs ({a.rounds} rounds each; rows in {out}):")
     print(f"{'batch':>5} {'condition':14} " + " ".join(f"{n:>16}" for n in names) + f" {'hook us/call':>24}")
     for b in sorted({r["batch"] for r in results}):

@@ -12,6 +12,9 @@ Measured side by side in one run, on the default model (float32, greedy, 64 new 
 Prints tokens/s and the ratios steered / unsteered (target for vLLM: >= 0.9) and vLLM / HF.
 
 Usage: ``.venv/bin/python benchmarks/bench_vllm.py [--new 64] [--repeats 3] [--json out.json]``
+       ``.venv/bin/python benchmarks/bench_vllm.py --quick`` (8 new tokens, 1 repeat)
+
+Rows go to ``benchmarks/results/vllm.csv`` (``--out``: one per engine).
 """
 from __future__ import annotations
 
@@ -27,19 +30,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import _common as C  # noqa: E402
+
 VLLM_PY = Path(os.environ.get("STEERKIT_VLLM_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="8 new tokens, 1 repeat")
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vllm.csv"), help="CSV of the rows")
     args = ap.parse_args()
+    if args.quick:
+        args.new, args.repeats = 8, 1
     import torch
 
     import steerkit
-    from benchmarks._common import prompts
     from steerkit.export_hf import export_hf
     from steerkit.kernels import SteerConfig
     from steerkit.serving import request_args
@@ -51,7 +60,7 @@ def main() -> None:
     model_dir = export_hf(sm, work / "model")
     store = Store(work / "store")
     g = torch.Generator().manual_seed(0)
-    ps = prompts(8)
+    ps = C.prompts(8)
     vecs, refs = [], []
     for i in range(8):
         v = torch.randn(sm.d_model, generator=g)
@@ -112,6 +121,13 @@ def main() -> None:
     print(f"  vLLM steered / HF steered: {res['vllm_steered_over_hf_steered']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
+    mode = "quick" if args.quick else "full"
+    rows = [{"mode": mode, "engine": eng, "requests": 8, "new_tokens": args.new, "repeats": args.repeats,
+             "unsteered_tok_s": round(res[f"{k}_unsteered_tok_s"], 2), "steered_tok_s": round(res[f"{k}_steered_tok_s"], 2),
+             "ratio_steered_over_unsteered": round(res[f"{k}_ratio_steered_over_unsteered"], 4),
+             "steered_vs_hf_steered": round(res[f"{k}_steered_tok_s"] / res["hf_steered_tok_s"], 3)}
+            for eng, k in (("vllm+steerkit plugin", "vllm"), ("steerkit hf", "hf"))]
+    print(f"wrote {len(rows)} rows to {C.csv_rows(Path(args.out), rows)}")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,11 @@ the headline case (4096 x 4096 bf16, ablation of 4 directions + one injection +
 norm preservation; targets: >= 0.8 of copy bandwidth and >= 3x over eager torch).
 
 Usage:  python benchmarks/gpu_kernels.py            # on a CUDA GPU, < 5 minutes
+        python benchmarks/gpu_kernels.py --quick    # on a CUDA GPU, without the launch sweep
         TRITON_INTERPRET=1 python benchmarks/gpu_kernels.py --smoke   # CPU check of the script
-Writes $OUT/gpu_kernels.json when OUT is set (or --json PATH).
+Writes $OUT/gpu_kernels.json when OUT is set (or --json PATH), and the per-case rows to
+``benchmarks/results/gpu_kernels.csv`` (``--out``; the sweep to ``gpu_kernels_sweep.csv`` next to
+it). A ``--smoke`` run writes CSV only with an explicit ``--out``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import _common as C  # noqa: E402  (standard library only)
+
 try:
     import steerkit.kernels as K
 except Exception:  # not installed (e.g. a bare GPU machine): load kernels/ from the checkout
@@ -94,11 +100,18 @@ def naive_eager(case):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, CPU interpreter allowed")
+    ap.add_argument("--quick", action="store_true", help="every case and the checks, without the launch sweep")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--out", default=None,
+                    help="CSV of the per-case rows (default benchmarks/results/gpu_kernels.csv; none for --smoke "
+                         "unless given); the sweep goes to <stem>_sweep.csv next to it")
     ap.add_argument("--no-sweep", action="store_true")
     args = ap.parse_args()
+    args.no_sweep = args.no_sweep or args.quick
+    if args.out is None and not args.smoke:
+        args.out = str(ROOT / "benchmarks" / "results" / "gpu_kernels.csv")
     smoke = args.smoke
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not (smoke and K.interpret_mode()):
@@ -279,6 +292,13 @@ def _sweep_and_rest(args, smoke, device, R, D, bf16, headline, results, info):
         with open(path, "w") as f:
             json.dump(payload, f, indent=1)
         print("wrote", path)
+    if args.out:
+        mode = "smoke" if smoke else "quick" if args.quick else "full"
+        dev = {"mode": mode, "device": info["device"], "triton": info.get("triton", "")}
+        out = Path(args.out)
+        print("wrote", C.csv_rows(out, [{**dev, **r} for r in results]))
+        if sweep:
+            print("wrote", C.csv_rows(out.with_name(out.stem + "_sweep.csv"), [{**dev, **r} for r in sweep]))
 
 
 if __name__ == "__main__":
