@@ -845,6 +845,12 @@ class RefusalResult:
         return out
 
 
+def _ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``4th``, ..., ``11th``, ``12th``, ``13th``, ``21st``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 def _clean(x):
     """``x`` with non-finite floats replaced by ``None`` (JSON has no NaN)."""
     if isinstance(x, float) and not math.isfinite(x):
@@ -873,7 +879,7 @@ def run_refusal(sm: "SteerModel", config: RefusalConfig | None = None, *, judge:
         positions, ptoks = positions[-cfg.n_positions:], ptoks[-cfg.n_positions:]
         notes.append(f"candidates restricted to the last {cfg.n_positions} post-instruction positions")
     if cfg.layer_step > 1:
-        notes.append(f"candidates evaluated at every {cfg.layer_step}th layer only")
+        notes.append(f"candidates evaluated at every {_ordinal(cfg.layer_step)} layer only")
     log(f"refusal tokens {rtoks} ids {rid}; post-instruction positions {positions} {ptoks}")
 
     # 1. record train activations (and their refusal scores in the same passes)
