@@ -74,6 +74,19 @@ def steering_vectors(d_model: int):
     return v / v.norm() * ADD_NORM, u / u.norm()
 
 
+class Clock:
+    """Wall time and this process's CPU time (``time.process_time``, all its threads) of a ``with`` block:
+    ``.wall``, ``.cpu``."""
+
+    def __enter__(self):
+        self.w0, self.c0 = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.w0, time.process_time() - self.c0
+        return False
+
+
 def timed(fn):
     t = time.perf_counter()
     r = fn()

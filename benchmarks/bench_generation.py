@@ -40,16 +40,7 @@ CONDS = ("base", "add", "ablate")
 LIBS = ("steerkit", "nnsight", "steering-vectors", "repeng")
 
 
-class Clock:
-    """Wall time and this process's CPU time (``time.process_time``, all its threads)."""
-
-    def __enter__(self):
-        self.w0, self.c0 = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall, self.cpu = time.perf_counter() - self.w0, time.process_time() - self.c0
-        return False
+Clock = C.Clock
 
 
 def interleave(runners: dict, batches, repeats: int, log) -> dict:

@@ -36,14 +36,7 @@ CLEAN = "When Mary and John went to the store on a sunny afternoon, John gave a 
 CORRUPTED = "When Mary and John went to the store on a sunny afternoon, Mary gave a bottle of cold water to"
 
 
-class Clock:
-    def __enter__(self):
-        self.w0, self.c0 = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall, self.cpu = time.perf_counter() - self.w0, time.process_time() - self.c0
-        return False
+Clock = C.Clock
 
 
 def main(argv=None) -> int:

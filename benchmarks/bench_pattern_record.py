@@ -27,14 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 
-class Clock:
-    def __enter__(self):
-        self.w0, self.c0 = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall, self.cpu = time.perf_counter() - self.w0, time.process_time() - self.c0
-        return False
+Clock = C.Clock
 
 
 def main(argv=None) -> int:

@@ -17,9 +17,9 @@ from steerkit.errors import HookNameError, InputError, UnsupportedArchitectureEr
 from steerkit.model import Tokens
 
 try:
-    from tiny_models import _LLAMA_LIKE, ARCHS, EOS, tiny_model
+    from tiny_models import _LLAMA_LIKE, ARCHS, greedy_by_forward, tiny_model
 except ImportError:  # collected as a package
-    from tests.tiny_models import _LLAMA_LIKE, ARCHS, EOS, tiny_model
+    from tests.tiny_models import _LLAMA_LIKE, ARCHS, greedy_by_forward, tiny_model
 
 ATOL = 1e-5
 
@@ -317,17 +317,7 @@ def test_generate_with_cache_matches_forward(arch):
     N = 3
     with sm.edit("blocks.0.hook_resid_post", add=v):
         got = sm.generate(prompts, max_new_tokens=N, chat=False, return_tokens=True)
-        ids = [sm.tokenizer(p)["input_ids"] for p in prompts]
-        want: list[list[int]] = [[], []]
-        done = [False, False]
-        for _ in range(N):
-            nxt = sm.forward(sm.pad([i + w for i, w in zip(ids, want)]))[:, -1].argmax(-1).tolist()
-            for b, t in enumerate(nxt):
-                if not done[b]:
-                    if t == EOS:
-                        done[b] = True
-                    else:
-                        want[b].append(t)
+        want = greedy_by_forward(sm, prompts, N)
     assert got == want
     assert sm.hook_count() == 0
 

@@ -20,10 +20,10 @@ from steerkit.model import Tokens
 
 try:
     import test_adapters as battery
-    from tiny_models import EOS, MOE_ARCHS, tiny_model
+    from tiny_models import MOE_ARCHS, greedy_by_forward, tiny_model
 except ImportError:  # collected as a package
     from tests import test_adapters as battery
-    from tests.tiny_models import EOS, MOE_ARCHS, tiny_model
+    from tests.tiny_models import MOE_ARCHS, greedy_by_forward, tiny_model
 
 ATOL = 1e-5
 LAYER = 1
@@ -334,17 +334,7 @@ def test_generation_with_router_edit_matches_forward(arch):
     with sm.edit(site("mlp.hook_router_logits", 0), add=boost), \
             sm.steer([Intervention.add(site("mlp.hook_expert_out"), torch.ones(sm.d_model), heads=[2])]):
         got = sm.generate(prompts, max_new_tokens=N, chat=False, return_tokens=True)
-        ids = [sm.tokenizer(p)["input_ids"] for p in prompts]
-        want: list[list[int]] = [[], []]
-        done = [False, False]
-        for _ in range(N):
-            nxt = sm.forward(sm.pad([i + w for i, w in zip(ids, want)]))[:, -1].argmax(-1).tolist()
-            for b, t in enumerate(nxt):
-                if not done[b]:
-                    if t == EOS:
-                        done[b] = True
-                    else:
-                        want[b].append(t)
+        want = greedy_by_forward(sm, prompts, N)
     assert got == want
     assert sm.hook_count() == 0
 

@@ -135,3 +135,21 @@ def tiny_model(arch: str, seed: int = 0, *, attn_implementation: str = "eager", 
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation)
     model = model.float().eval()
     return model, tiny_tokenizer()
+
+
+def greedy_by_forward(sm, prompts, n: int) -> list[list[int]]:
+    """Greedy continuations of ``prompts`` (no chat template) computed with full forward passes only, no
+    KV cache: the reference a cached generation must equal (a row stops at EOS, which is not kept)."""
+    ids = [sm.tokenizer(p)["input_ids"] for p in prompts]
+    want: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    for _ in range(n):
+        nxt = sm.forward(sm.pad([i + w for i, w in zip(ids, want)]))[:, -1].argmax(-1).tolist()
+        for b, t in enumerate(nxt):
+            if not done[b]:
+                if t == EOS:
+                    done[b] = True
+                else:
+                    want[b].append(t)
+    return want
+
