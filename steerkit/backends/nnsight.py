@@ -51,7 +51,7 @@ from torch import Tensor
 from ..errors import InputError, SteerkitError
 from .. import attention, moe
 from ..hooknames import FINAL_HOOKS, FINAL_OUT, MATRIX_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS, Site, record_only_error
-from ._torch import component_access, shell_copy, first as _first, normalized_edit, with_first as _with_first
+from ._torch import Access, component_access, shell_copy, first as _first, normalized_edit, with_first as _with_first
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -73,6 +73,7 @@ class _Entry:
     fn: Callable
     tracker: PositionTracker
     order: int
+    access: Optional[Access] = None  # head / neuron sites: where the value lives (found at registration)
 
 
 # Where in a block each kind of site is touched, in execution order (attention scores and pattern
@@ -81,6 +82,8 @@ _STAGE = {"hook_resid_pre": 0, "ln1.hook_scale": 1, "ln1.hook_normalized": 1, "a
           "attn.hook_k": 2.1, "attn.hook_v": 2.2, "attn.hook_z": 3, "hook_attn_out": 4, "hook_resid_mid": 4,
           "ln2.hook_scale": 5, "ln2.hook_normalized": 5, "mlp.hook_pre": 6, "mlp.hook_post": 7,
           "hook_mlp_out": 8, "hook_resid_post": 9}
+#: the stages of head and neuron sites (q / k / v, z, the MLP's pre-activation and neurons)
+_COMPONENT_STAGES = (2.0, 2.1, 2.2, 3, 6, 7)
 
 
 class NNsightBackend:
@@ -114,7 +117,9 @@ class NNsightBackend:
             self.adapter.block_norm_module(self.model, site.block_index, site.kind[:3])  # the family has it
         if site.kind in MLP_HOOKS:
             self.adapter.check_dense_mlp(self.model, site.block_index)  # a sparse block has no neurons
-        e = _Entry(site, fn, tracker, next(self._order))
+        access = component_access(self.adapter, self.model, site) if _STAGE.get(site.kind) in _COMPONENT_STAGES \
+            else None
+        e = _Entry(site, fn, tracker, next(self._order), access)
         self._entries.append(e)
 
         def remove():
@@ -169,7 +174,8 @@ class NNsightBackend:
         holds q, k and v: it is read and written once)."""
         groups: dict[tuple, list] = {}
         for e in entries:
-            acc = component_access(self.adapter, self.model, e.site)
+            acc = e.access
+            assert acc is not None, e.site
             groups.setdefault((acc.path, acc.io), []).append((e, acc))
         for (path, io), items in groups.items():
             env = _envoy(blk, path)
