@@ -308,3 +308,73 @@ def test_cli_model_export_and_serve_dry_run(tiny, tmp_path, capsys):
     assert main(["serve", str(tmp_path / "nothing"), "--dry-run"]) == 2  # no model folder: a clear error
     assert "steerkit model export" in capsys.readouterr().err
     assert main(["serve", str(tmp_path / "exp"), "--host", "0.0.0.0", "--dry-run"]) == 2
+
+
+def _asgi(app, body: bytes, path="/v1/completions"):
+    """Run one POST through an ASGI app; returns (status, body bytes, what the inner app received)."""
+    import asyncio
+    sent, msgs = [], [{"type": "http.request", "body": body[:7], "more_body": True},
+                      {"type": "http.request", "body": body[7:], "more_body": False}]
+
+    async def receive():
+        return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+    async def send(m):
+        sent.append(m)
+    scope = {"type": "http", "method": "POST", "path": path, "app": app.fastapi}
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def test_request_check_refuses_bad_specs_before_the_route_and_replays_good_bodies(tiny, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from steerkit.export_hf import export_hf
+    from steerkit.serving import vllm_plugin
+    from steerkit.vectors import Store, SteeringVector
+    model_dir = export_hf(tiny, tmp_path / "m")
+    store = Store(tmp_path / "store")
+    store.save("v", SteeringVector.from_direction(torch.ones(tiny.d_model), 1, tiny, method="test"))
+    monkeypatch.setenv("STEERKIT_STORE", str(tmp_path / "store"))
+    monkeypatch.setattr(vllm_plugin, "_FRONT", {"resolver": None, "facts": {}})
+    cfg = tiny.model.config
+    mc = SimpleNamespace(enforce_eager=True, hf_config=cfg, model=str(model_dir), served_model_name="tiny")
+    received = []
+
+    async def inner(scope, receive, send):
+        chunks = []
+        while True:
+            m = await receive()
+            chunks.append(m.get("body", b""))
+            if not m.get("more_body"):
+                break
+        received.append(b"".join(chunks))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+    app = vllm_plugin.RequestCheck(inner)
+    app.fastapi = SimpleNamespace(state=SimpleNamespace(vllm_config=SimpleNamespace(model_config=mc)))
+    bad = json.dumps({"prompt": "hi", "stream": True, "vllm_xargs": {"steerkit": json.dumps(
+        {"artifacts": [{"ref": "nope@1"}]})}}).encode()
+    status, out = _asgi(app, bad)
+    err = json.loads(out)["error"]
+    assert status == 400 and "expected an artifact 'nope@1'" in err["message"] and err["param"] == "vllm_xargs.steerkit"
+    assert received == []  # the route never ran
+    for good in (json.dumps({"prompt": "hi", "vllm_xargs": {"steerkit": json.dumps({"artifacts": [{"ref": "v@1"}]})}}),
+                 json.dumps({"prompt": "hi"}), "not json"):
+        status, out = _asgi(app, good.encode(), path="/v1/chat/completions")
+        assert (status, out) == (200, b"ok") and received[-1] == good.encode()  # replayed byte for byte
+    mc.enforce_eager = False
+    status, out = _asgi(app, json.dumps({"prompt": "x", "vllm_xargs": {"steerkit": "{}"}}).encode())
+    assert status == 400 and "--enforce-eager" in json.loads(out)["error"]["message"]
+
+
+def test_plugin_refuses_untested_vllm_versions(monkeypatch):
+    from steerkit.errors import BackendUnavailableError
+    from steerkit.serving.vllm_plugin import TESTED_VLLM, check_vllm_version
+    check_vllm_version(TESTED_VLLM[0])
+    for v in ("0.31.9", "0.33.0", "1.0.0"):
+        with pytest.raises(BackendUnavailableError, match=f"found {v}; install a tested vLLM"):
+            check_vllm_version(v)
+    monkeypatch.setenv("STEERKIT_VLLM_UNTESTED", "1")
+    check_vllm_version("0.33.0")  # allowed, with a warning in the log

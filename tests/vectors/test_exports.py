@@ -111,17 +111,95 @@ def test_repeng_allows_layer_zero_and_reads_repeng_files(tmp_path):
     assert np.array_equal(r.directions[4].numpy(), dirs[4])
 
 
+# EasySteer's current request, transcribed from ZJU-REAL/EasySteer-vllm-v1 at 6267ca0c
+# (vllm/steer_vectors/request.py SteerVectorRequest, vllm/steer_vectors/api.py SelectSpec):
+# the struct's fields with their types, the where-clause keys, and the rules its __post_init__ /
+# SelectSpec validation applies to a single-vector "direct" request.
+ES_REQUEST_FIELDS = {
+    "steer_vector_name": str, "steer_vector_int_id": int, "steer_vector_local_path": str,
+    "conflict_resolution": str, "scale": float, "target_layers": list, "apply_spec": dict, "algorithm": str,
+    "normalize": bool, "inline_payload": dict, "payload_sha256": str, "vector_configs": list,
+    "moe_expert_ids": list, "moe_mode": str, "moe_lambda": float, "moe_topk": int,
+}
+ES_APPLY_KEYS = ("prompt", "generation", "prompt_tokens", "prompt_positions", "prompt_window", "generation_tokens",
+                 "generation_positions", "generation_window", "exclude_prompt_tokens", "exclude_prompt_positions",
+                 "exclude_prompt_window", "exclude_generation_tokens", "exclude_generation_positions",
+                 "exclude_generation_window")
+
+
+def easysteer_request_errors(req: dict) -> list[str]:
+    """What EasySteer's current SteerVectorRequest would reject in ``req`` (empty: accepted)."""
+    errs = [f"unknown field {k}" for k in req if k not in ES_REQUEST_FIELDS]
+    for k, t in ES_REQUEST_FIELDS.items():
+        if k in req and not isinstance(req[k], t) and not (t is float and isinstance(req[k], int)):
+            errs.append(f"{k} is {type(req[k]).__name__}, not {t.__name__}")
+    if req.get("steer_vector_int_id", 0) < 1:
+        errs.append("steer_vector_int_id must be > 0")
+    if not req.get("steer_vector_local_path") and req.get("inline_payload") is None:
+        errs.append("single-vector mode requires steer_vector_local_path")
+    spec = req.get("apply_spec")
+    if spec is None:
+        return errs + ["no apply_spec: the request would steer no tokens"]
+    errs += [f"unknown selection field {k}" for k in spec if k not in ES_APPLY_KEYS]
+    covers = {ph: spec.get(ph) == "all" or any(spec.get(k) is not None for k in ES_APPLY_KEYS
+                                                 if k.startswith(ph + "_"))
+              for ph in ("prompt", "generation")}
+    if not any(covers.values()):
+        errs.append("the clause selects nothing")
+    for ph in ("prompt", "generation"):
+        if spec.get(ph) not in (None, "all"):
+            errs.append(f"{ph} must be 'all' or None")
+    for k in ("prompt_positions", "prompt_tokens", "generation_positions", "generation_tokens"):
+        x = spec.get(k)
+        if x is not None and (not isinstance(x, list) or not x or not all(isinstance(i, int) for i in x)):
+            errs.append(f"{k} must be a non-empty list of ints")
+    return errs
+
+
+def test_easysteer_schema_check_rejects_what_easysteer_rejects():
+    ok = {"steer_vector_name": "a", "steer_vector_int_id": 1, "steer_vector_local_path": "/x.gguf",
+          "apply_spec": {"prompt": "all", "generation": "all"}}
+    assert easysteer_request_errors(ok) == []
+    assert easysteer_request_errors({**ok, "prefill_trigger_tokens": [-1]})  # the first release's field
+    assert easysteer_request_errors({k: v for k, v in ok.items() if k != "apply_spec"})
+    assert easysteer_request_errors({**ok, "apply_spec": {"phases": ["prompt"]}})
+    assert easysteer_request_errors({**ok, "apply_spec": {"prompt_positions": []}})
+
+
 def test_easysteer_request_fields(tmp_path):
     v = vec(scale=1.5)
     gp, rp = export(v, "easysteer", tmp_path / "happy.gguf")
     assert rp == easysteer_request_path(gp) == tmp_path / "happy.request.json"
     req = json.loads(rp.read_text())
+    assert easysteer_request_errors(req) == []
     assert req["steer_vector_local_path"] == str(gp.resolve())
     assert req["target_layers"] == [3, 5] and req["scale"] == 1.5 and req["algorithm"] == "direct"
-    assert req["prefill_trigger_tokens"] == [-1] and req["generate_trigger_tokens"] == [-1]
+    assert req["apply_spec"] == {"prompt": "all", "generation": "all"}
     assert gguf.GGUFReader(str(gp)).get_field("general.architecture").contents() == "steervector"
+    assert import_artifact(rp) == v
     pv = vec(positions=[0, -1])
     _, rp2 = export(pv, "easysteer", tmp_path / "pos.gguf")
+    req2 = json.loads(rp2.read_text())
+    assert easysteer_request_errors(req2) == [] and req2["apply_spec"] == {"prompt_positions": [0, -1]}
+    assert import_artifact(rp2) == pv
+    # a where-clause steerkit cannot express is refused on import, not approximated
+    req2["apply_spec"] = {"generation_window": [0, 4]}
+    rp2.write_text(json.dumps(req2))
+    from steerkit.vectors import ArtifactFormatError
+
+    with pytest.raises(ArtifactFormatError, match="generation_window"):
+        import_artifact(rp2)
+
+
+def test_easysteer_v1_request_fields(tmp_path):
+    v = vec(scale=1.5)
+    gp, rp = export(v, "easysteer-v1", tmp_path / "old.gguf")
+    req = json.loads(rp.read_text())
+    assert "apply_spec" not in req and easysteer_request_errors(req)  # the current EasySteer refuses it
+    assert req["prefill_trigger_tokens"] == [-1] and req["generate_trigger_tokens"] == [-1]
+    assert import_artifact(rp) == v
+    pv = vec(positions=[0, -1])
+    _, rp2 = export(pv, "easysteer-v1", tmp_path / "oldpos.gguf")
     assert json.loads(rp2.read_text())["prefill_trigger_positions"] == [0, -1]
     assert import_artifact(rp2) == pv
 
