@@ -21,14 +21,14 @@ from .errors import (BackendUnavailableError, HookNameError, InputError, ModelNo
                      SteerkitError, UnsupportedArchitectureError)
 from .hooknames import layer_names, resid_post, resid_pre
 from .hooks import ActivationCache, HookHandle, RecordHandle
-from .interventions import CompiledSteering, Gate, Intervention, ModelFacts
+from .interventions import CompiledSteering, Condition, Gate, Intervention, ModelFacts, When
 from .kernels import orthonormalize
 from .generation import Recycle, continue_thinking
 from .model import SteerModel, Tokens, load_model, wrap
 
 __all__ = [
     "__version__", "load_model", "wrap", "SteerModel", "Tokens", "Adapter", "adapter_for", "register_adapter",
-    "Intervention", "Gate", "ModelFacts", "CompiledSteering", "orthonormalize", "ActivationCache", "HookHandle",
+    "Intervention", "Gate", "Condition", "When", "ModelFacts", "CompiledSteering", "orthonormalize", "ActivationCache", "HookHandle",
     "RecordHandle", "layer_names", "resid_post", "resid_pre",
     "SteerkitError", "HookNameError", "InputError", "ModelNotFoundError", "UnsupportedArchitectureError",
     "BackendUnavailableError", "RowIndexError",
@@ -37,5 +37,11 @@ __all__ = [
 
 
 def generate(sm: SteerModel, prompts, **kwargs):
-    """``steerkit.generate(model, prompts, ...)``: the same as ``sm.generate``."""
+    """``steerkit.generate(model, prompts, ...)``: the same as ``sm.generate``.
+
+    Examples:
+        >>> out = steerkit.generate(tiny, ["Hello", "Bye"], max_new_tokens=3, chat=False)
+        >>> out == tiny.generate(["Hello", "Bye"], max_new_tokens=3, chat=False), len(out)
+        (True, 2)
+    """
     return sm.generate(prompts, **kwargs)

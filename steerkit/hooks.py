@@ -36,7 +36,13 @@ from .positions import PositionSpec, RunState, chunk_mask, selects_generated, va
 
 @dataclass(slots=True)
 class SiteCall:
-    """One call of a hooked site: positions ``[start, start + T)`` of run ``run``."""
+    """One call of a hooked site: positions ``[start, start + T)`` of run ``run``.
+
+    Examples:
+        >>> call = SiteCall(start=0, T=3, B=1, run=RunState(torch.tensor([[0, 1, 1]])))
+        >>> call.mask("last", "cpu").tolist(), call.mask("all", "cpu").tolist()
+        ([[False, False, True]], [[False, True, True]])
+    """
 
     start: int
     T: int
@@ -58,6 +64,12 @@ class SiteView:
     outputs ``[batch, pos, n_experts, d_model]``);
     ``"matrix"``: ``[batch, heads, q, k]`` <-> ``[batch, q, heads * k]`` (positions are queries);
     ``None``: already ``[batch, pos, features]``.
+
+    Examples:
+        >>> view = SiteView.of(parse("blocks.0.attn.hook_z", n_layers=4))
+        >>> x = torch.randn(2, 5, 4, 16)  # [batch, pos, heads, d_head]
+        >>> view.kind, tuple(view.flat(x).shape), torch.equal(view.unflat(view.flat(x), x), x)
+        ('heads', (2, 5, 64), True)
     """
 
     __slots__ = ("kind",)
@@ -118,7 +130,17 @@ class _ViewedTracker:
 
 
 class PositionTracker:
-    """Tracks, per site, where in the sequence each call starts (KV-cache steps)."""
+    """Tracks, per site, where in the sequence each call starts (KV-cache steps).
+
+    Examples:
+        >>> holder = RunHolder()
+        >>> tracker = PositionTracker(holder)
+        >>> with holder.running(torch.ones(1, 4, dtype=torch.long)):
+        ...     prompt = tracker.call(torch.zeros(1, 4, 8))  # the prompt pass
+        ...     step = tracker.call(torch.zeros(1, 1, 8))  # one decoding step
+        >>> (prompt.start, prompt.T), (step.start, step.T)
+        ((0, 4), (4, 1))
+    """
 
     def __init__(self, state: "RunHolder"):
         self.state = state
@@ -140,7 +162,16 @@ class PositionTracker:
 
 
 class RunHolder:
-    """The current :class:`RunState`, shared by every hook of one model."""
+    """The current :class:`RunState`, shared by every hook of one model.
+
+    Examples:
+        >>> holder = RunHolder()
+        >>> with holder.running(torch.ones(2, 3, dtype=torch.long)) as run:
+        ...     print(holder.run is run, run.batch, run.prompt_len)
+        True 2 3
+        >>> holder.run is None
+        True
+    """
 
     _ids = itertools.count(1)
 
@@ -159,14 +190,32 @@ class RunHolder:
 
 
 class HookHandle:
-    """Removes the hooks of one registration; usable as a context manager."""
+    """Removes the hooks of one registration; usable as a context manager.
+
+    Examples:
+        >>> h = tiny.edit("blocks.0.hook_resid_post", add=torch.ones(64))
+        >>> h.active, tiny.hook_count() > 0
+        (True, True)
+        >>> h.remove()
+        >>> h.active, tiny.hook_count()
+        (False, 0)
+    """
 
     def __init__(self, removers: list[Callable[[], None]], manager: "HookManager", label: str = ""):
         self._removers = removers
         self._manager = manager
         self.label = label
         self.active = True
+        #: the :class:`~steerkit.interventions.CompiledSteering` a steer handle installed (None for a record)
+        self.compiled = None
         manager._handles.append(self)
+
+    @property
+    def decisions(self) -> dict:
+        """``{condition: bool tensor [batch]}``: where each condition of the installed steering fired
+        on the latest run (``{}`` without conditions), see
+        :attr:`steerkit.interventions.CompiledSteering.decisions`."""
+        return {} if self.compiled is None else self.compiled.decisions
 
     def remove(self) -> None:
         if not self.active:
@@ -199,7 +248,15 @@ class HookHandle:
 
 class RecordHandle(HookHandle):
     """The handle of a record scope: ``with sm.record(...) as cache`` gives its :class:`ActivationCache`
-    (also ``handle.cache``); the recorded values stay readable after the hooks are removed."""
+    (also ``handle.cache``); the recorded values stay readable after the hooks are removed.
+
+    Examples:
+        >>> handle = tiny.record("blocks.1.hook_resid_post", positions="last")
+        >>> _ = tiny.forward(["hello", "good morning"], chat=False)
+        >>> handle.remove()
+        >>> tuple(handle.cache["blocks.1.hook_resid_post"].shape)
+        (2, 64)
+    """
 
     cache: "ActivationCache"
     #: whether the recorded positions include generated tokens (generation then feeds the last one)
@@ -221,6 +278,14 @@ class RowArena:
     ``block_bytes`` (above glibc's largest mmap threshold, so always their own mapping, touched
     only as they fill) keeps them off the heap: the growth is then the recorded data itself.
     Only CPU rows go through the arena; rows on an accelerator stay with its caching allocator.
+
+    Examples:
+        >>> arena = RowArena()
+        >>> rows = [arena.keep(torch.full((2, 4), float(i))) for i in range(3)]
+        >>> [r[0, 0].item() for r in rows]
+        [0.0, 1.0, 2.0]
+        >>> rows[0].untyped_storage().data_ptr() == rows[2].untyped_storage().data_ptr()  # one block
+        True
     """
 
     block_bytes = 64 << 20
@@ -262,6 +327,15 @@ class ActivationCache:
     recorded positions are queries; over a generation each step's keys are padded to the longest with
     what the causal mask gives there: probability 0, the lowest score), with ``"last"`` the ``n`` axis
     dropped.
+
+    Examples:
+        >>> names = ["blocks.0.hook_resid_post", "blocks.3.hook_resid_post"]
+        >>> with tiny.record(names) as cache:
+        ...     _ = tiny.forward(["hi", "hello there friend"], chat=False)
+        >>> cache.lengths(names[1]).tolist(), cache.positions(names[1]).tolist()
+        ([1, 3], [[2, -1, -1], [0, 1, 2]])
+        >>> tuple(cache[names[1]].shape), tuple(cache.stack().shape)
+        ((2, 3, 64), (2, 2, 3, 64))
     """
 
     def __init__(self, names: list[str], positions: PositionSpec, device=None):
@@ -454,7 +528,17 @@ def _pad_keys(v: Tensor, tail: tuple, keys: int, scores: bool) -> Tensor:
 
 
 class HookManager:
-    """Registers record and edit hooks on a backend, each behind a handle."""
+    """Registers record and edit hooks on a backend, each behind a handle.
+
+    Examples:
+        >>> mgr = tiny.hooks
+        >>> mgr.parse("blocks.2.mlp.hook_post").layer, len(mgr.handles)
+        (2, 0)
+        >>> with mgr.record("blocks.2.mlp.hook_post", positions="last") as cache:
+        ...     _ = tiny.forward("hi", chat=False)
+        >>> tuple(cache["blocks.2.mlp.hook_post"].shape), len(mgr.handles)
+        ((1, 128), 0)
+    """
 
     def __init__(self, backend, n_layers: int, d_model: int, has_resid_mid: bool = True):
         self.backend = backend
@@ -521,7 +605,9 @@ class HookManager:
         for site, _ in sites:
             if site.kind in RECORD_ONLY:
                 raise record_only_error(site.name)
-        return self.register(sites, label=label)
+        h = self.register(sites, label=label)
+        h.compiled = compiled
+        return h
 
     def reset(self) -> None:
         """Remove every hook this manager registered (the escape hatch)."""

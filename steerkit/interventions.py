@@ -34,6 +34,7 @@ then ``replace`` and ``apply`` in the order given.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from typing import Callable, Literal, Mapping, Optional, Sequence, Union
 
@@ -61,7 +62,15 @@ class ModelFacts:
     """What lowering needs to know of a model, without the model: its name, depth, width, whether
     blocks have a ``hook_resid_mid`` (sequential blocks), its weight fingerprint, and the widths of the
     component hooks (heads, KV heads, head size, MLP width; routed experts per sparse block and experts
-    per token on a mixture-of-experts model; ``None`` where unknown or absent)."""
+    per token on a mixture-of-experts model; ``None`` where unknown or absent).
+
+    Examples:
+        >>> f = tiny.facts
+        >>> f.n_layers, f.d_model, f.n_heads, f.n_kv_heads, f.d_head, f.d_mlp
+        (4, 64, 4, 2, 16, 128)
+        >>> f.width("attn.hook_k", "blocks.0.attn.hook_k"), f.width("hook_resid_post", "blocks.0.hook_resid_post")
+        (32, 64)
+    """
 
     name: str
     n_layers: int
@@ -117,7 +126,18 @@ class ModelFacts:
 @dataclasses.dataclass(frozen=True)
 class Gate:
     """Steer a row (its ``add`` / ``project`` part) only where ``|u . h| / |h|`` is ``above`` / ``below``
-    ``threshold`` (``u`` the unit ``direction``)."""
+    ``threshold`` (``u`` the unit ``direction``).
+
+    Examples:
+        >>> gate = Gate(torch.ones(64), threshold=0.3, mode="below")
+        >>> gate.mode, gate.threshold, tuple(gate.direction.shape)
+        ('below', 0.3, (64,))
+        >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 2.0, gate=gate)
+        >>> with tiny.steer(add):
+        ...     steered = tiny.forward("hello world", chat=False)
+        >>> tuple(steered.shape) == tuple(tiny.forward("hello world", chat=False).shape)
+        True
+    """
 
     direction: Float[Tensor, " d_model"]
     threshold: float
@@ -128,6 +148,221 @@ class Gate:
             raise InputError(f"expected a gate mode 'above' or 'below', found {self.mode!r}")
         object.__setattr__(self, "direction", _vector(self.direction, "the gate direction"))
         object.__setattr__(self, "threshold", _number(self.threshold, "the gate threshold"))
+
+
+CONDITION_MEASURES = ("cast", "cosine")
+CONDITION_AGGREGATES = ("mean", "last")
+CONDITION_COMPARATORS = ("above", "below")
+RULE_MODES = ("any", "all")
+
+
+def aggregate_rows(x: Float[Tensor, "batch pos width"], mask: Optional[Tensor],
+                   aggregate: str = "mean") -> Float[Tensor, "batch width"]:
+    """One vector per row of ``x``: the ``"mean"`` over the positions ``mask`` (``[batch, pos]`` bool,
+    ``None``: every position) selects, or the ``"last"`` selected position (float32).
+
+    Examples:
+        >>> x = torch.arange(12.0).reshape(1, 3, 4)
+        >>> aggregate_rows(x, torch.tensor([[False, True, True]]), "mean")
+        tensor([[6., 7., 8., 9.]])
+        >>> aggregate_rows(x, None, "last")
+        tensor([[ 8.,  9., 10., 11.]])
+    """
+    if aggregate not in CONDITION_AGGREGATES:
+        raise InputError(f"expected aggregate in {CONDITION_AGGREGATES}, found {aggregate!r}")
+    x = x.float()
+    B, T = int(x.shape[0]), int(x.shape[1])
+    m = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask.to(x.device).bool()
+    if aggregate == "mean":
+        w = m.to(x.dtype)
+        return (x * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(1.0)
+    idx = torch.where(m, torch.arange(T, device=x.device).expand(B, T), torch.full_like(m, -1, dtype=torch.long))
+    last = idx.amax(1).clamp_min(0)
+    return x[torch.arange(B, device=x.device), last]
+
+
+def condition_similarity(h: Float[Tensor, "*rows width"], direction: Float[Tensor, " width"],
+                         measure: str = "cast") -> Float[Tensor, " *rows"]:
+    """THE similarity a :class:`Condition` compares with its threshold (the evaluator of compiled
+    steering and :func:`steerkit.probes.fit_condition` both call it): ``"cast"`` is CAST's
+    ``cos(h, tanh(P h))`` with ``P = u u^T`` (Lee et al. 2024), ``"cosine"`` is ``cos(h, u)``
+    (``u`` the unit ``direction``), in float32.
+
+    Examples:
+        >>> u = torch.tensor([1.0, 0.0])
+        >>> round(float(condition_similarity(torch.tensor([3.0, 4.0]), u, "cosine")), 3)
+        0.6
+        >>> round(float(condition_similarity(torch.tensor([3.0, 4.0]), u, "cast")), 3)
+        0.6
+    """
+    if measure not in CONDITION_MEASURES:
+        raise InputError(f"expected measure in {CONDITION_MEASURES}, found {measure!r}")
+    h = h.float()
+    u = direction.to(device=h.device, dtype=torch.float32)
+    u = u / u.norm().clamp_min(1e-12)
+    y = u.expand_as(h) if measure == "cosine" else torch.tanh((h @ u).unsqueeze(-1) * u)
+    return (h * y).sum(-1) / (h.norm(dim=-1) * y.norm(dim=-1)).clamp_min(1e-12)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Condition:
+    """A CAST condition (Lee et al. 2024): a test of each row's prompt at ``site``.
+
+    On the forward pass that holds a row's prompt, the site's activations over the row's prompt tokens
+    (padding excluded) are aggregated (``"mean"`` or the ``"last"`` token), their similarity with the
+    unit ``direction`` is taken (:func:`condition_similarity`, ``measure`` ``"cast"`` or ``"cosine"``) and
+    the condition *fires* when it is ``"above"`` / ``"below"`` ``threshold``. The decision is held for
+    the rest of the run (every decoding step). Conditions with equal fields are equal (and hash equal).
+
+    Examples:
+        >>> c = Condition("blocks.1.hook_resid_pre", torch.ones(64), 0.5)
+        >>> round(float(c.direction.norm()), 3), c.comparator, c.aggregate, c.measure
+        (1.0, 'above', 'mean', 'cast')
+        >>> c.fires(torch.tensor([0.7, 0.2]))
+        tensor([ True, False])
+    """
+
+    site: str
+    direction: Float[Tensor, " d_model"]
+    threshold: float
+    comparator: str = "above"
+    aggregate: str = "mean"
+    measure: str = "cast"
+
+    def __post_init__(self):
+        if not isinstance(self.site, str) or not self.site:
+            raise InputError(f"expected a hook name as the condition's site, found {self.site!r:.80}")
+        for name, allowed in (("comparator", CONDITION_COMPARATORS), ("aggregate", CONDITION_AGGREGATES),
+                              ("measure", CONDITION_MEASURES)):
+            if getattr(self, name) not in allowed:
+                raise InputError(f"expected a condition {name} in {allowed}, found {getattr(self, name)!r}")
+        d = _vector(self.direction, "the condition direction").detach().float().cpu()
+        n = float(d.norm())
+        if n < 1e-12:
+            raise InputError("expected a nonzero condition direction, found a zero vector; fit it with "
+                             "steerkit.probes.fit_condition")
+        object.__setattr__(self, "direction", (d / n).contiguous())
+        object.__setattr__(self, "threshold", _number(self.threshold, "the condition threshold"))
+        digest = hashlib.sha1(self.direction.numpy().tobytes()).hexdigest()
+        object.__setattr__(self, "_key", (self.site, int(self.direction.shape[0]), digest, self.threshold,
+                                          self.comparator, self.aggregate, self.measure))
+
+    @property
+    def key(self) -> tuple:
+        """What identifies this condition (two conditions with equal keys are one evaluator)."""
+        return self._key  # type: ignore[attr-defined]
+
+    def __eq__(self, other):
+        return isinstance(other, Condition) and self.key == other.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def scores(self, x: Float[Tensor, "batch pos width"], mask: Optional[Tensor] = None) -> Float[Tensor, " batch"]:
+        """Each row's similarity: ``x`` aggregated over the positions ``mask`` selects, then measured."""
+        return condition_similarity(aggregate_rows(x, mask, self.aggregate), self.direction, self.measure)
+
+    def fires(self, similarity: Tensor) -> Tensor:
+        """Where the condition fires for these similarities (bool, same shape)."""
+        return similarity > self.threshold if self.comparator == "above" else similarity < self.threshold
+
+    def __repr__(self):
+        return (f"Condition({self.site!r}, [{self.direction.shape[0]}], {self.comparator} {self.threshold:.4g}, "
+                f"aggregate={self.aggregate!r}, measure={self.measure!r})")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class When:
+    """When a behaviour applies: on rows where ``"any"`` / ``"all"`` of ``conditions`` fire (the
+    opposite with ``negate``). "if C1 then B1, if C2 then B2" is two behaviours, each with its own
+    ``When``. A row whose conditions are not decided yet (a site that runs before the conditions' on
+    the prompt pass) gets nothing.
+
+    Examples:
+        >>> c = Condition("blocks.1.hook_resid_pre", torch.ones(64), 0.5)
+        >>> w = When(c)
+        >>> w.mode, len(w.conditions), w.negate
+        ('any', 1, False)
+        >>> w.rule([torch.tensor([True, False])])
+        tensor([ True, False])
+    """
+
+    conditions: tuple
+    mode: str = "any"
+    negate: bool = False
+
+    def __post_init__(self):
+        cs = self.conditions
+        cs = (cs,) if isinstance(cs, Condition) else tuple(cs) if isinstance(cs, (list, tuple)) else cs
+        if not isinstance(cs, tuple) or not cs or not all(isinstance(c, Condition) for c in cs):
+            raise InputError(f"expected When(conditions) with one or more steerkit.Condition values, found "
+                             f"{self.conditions!r:.100}")
+        uniq = tuple(dict.fromkeys(cs))
+        object.__setattr__(self, "conditions", uniq)
+        if self.mode not in RULE_MODES:
+            raise InputError(f"expected a rule mode in {RULE_MODES}, found {self.mode!r}")
+        if not isinstance(self.negate, bool):
+            raise InputError(f"expected negate as a bool, found {self.negate!r:.60}")
+        object.__setattr__(self, "_key", (tuple(c.key for c in uniq), self.mode, self.negate))
+
+    @property
+    def key(self) -> tuple:
+        return self._key  # type: ignore[attr-defined]
+
+    def __eq__(self, other):
+        return isinstance(other, When) and self.key == other.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def rule(self, fired: Sequence[Tensor]) -> Tensor:
+        """The rows this rule selects, from each condition's decision (in ``conditions`` order)."""
+        s = torch.stack([f.bool() for f in fired])
+        r = s.any(0) if self.mode == "any" else s.all(0)
+        return ~r if self.negate else r
+
+    def __repr__(self):
+        return f"When({list(self.conditions)!r}, mode={self.mode!r}, negate={self.negate})"
+
+
+class Decisions:
+    """What the conditions of one compiled steering decided on the latest run: per condition the
+    run it was decided on, each row's similarity and each row's decision (held over decoding steps).
+
+    Examples:
+        >>> c = Condition("blocks.1.hook_resid_post", torch.ones(64), 0.0, measure="cosine")
+        >>> d = Decisions([c])
+        >>> x = torch.stack([torch.ones(3, 64), -torch.ones(3, 64)])  # [batch 2, pos 3, d_model]
+        >>> d.evaluate(c, x, None, run_id=0)
+        >>> d.fired()[c].tolist(), [round(s, 3) for s in d.similarities()[c].tolist()]
+        ([True, False], [1.0, -1.0])
+    """
+
+    def __init__(self, conditions: Sequence[Condition]):
+        self.conditions = tuple(conditions)
+        self._state: dict = {}  # condition key -> (run id, similarity [B], fired [B])
+
+    def evaluate(self, c: Condition, x: Tensor, mask: Optional[Tensor], run_id) -> None:
+        sim = c.scores(x, mask)
+        self._state[c.key] = (run_id, sim.detach(), c.fires(sim).detach())
+
+    def rows(self, when: When, run_id, B: int, device) -> Tensor:
+        """``[B]`` bool: the rows ``when`` selects on run ``run_id`` (none where a condition is undecided)."""
+        fired = []
+        for c in when.conditions:
+            e = self._state.get(c.key)
+            if e is None or e[0] != run_id or int(e[2].shape[0]) != B:
+                return torch.zeros(B, dtype=torch.bool, device=device)
+            fired.append(e[2].to(device))
+        return when.rule(fired)
+
+    def fired(self) -> dict:
+        """``{condition: bool tensor [batch]}`` of the latest run each condition was evaluated on."""
+        return {c: self._state[c.key][2] for c in self.conditions if c.key in self._state}
+
+    def similarities(self) -> dict:
+        """``{condition: float tensor [batch]}``, as :meth:`fired`."""
+        return {c: self._state[c.key][1] for c in self.conditions if c.key in self._state}
 
 
 def _number(x, what: str) -> float:
@@ -150,8 +385,9 @@ def _tensor(v, what: str) -> Tensor:
             raise InputError(f"expected {what} as a tensor, found {type(v).__name__}") from None
     if not torch.is_floating_point(v):
         v = v.float()
-    v = v.detach()
-    if v.numel() and not bool(torch.isfinite(v).all()):
+    if not (v.requires_grad and torch.is_grad_enabled()):
+        v = v.detach()  # a trainable vector (requires grad, grad mode on) keeps its autograd link
+    if v.numel() and not bool(torch.isfinite(v.detach()).all()):
         n = int((~torch.isfinite(v)).sum())
         raise InputError(f"expected {what} with finite values, found {n} NaN/inf entries; check how the "
                          "vector was computed (empty set? division by zero?)")
@@ -214,10 +450,25 @@ class Intervention:
     - ``Intervention.apply(site, fn)``: ``fn(h)`` for any callable on the site's activations
 
     ``positions`` (see :mod:`steerkit.positions`) limits it to some tokens; ``gate`` (add / project)
-    makes it conditional; ``preserve_norm`` rescales edited rows to their original norm; ``heads``
+    makes it conditional per token; ``when`` (a :class:`When` of :class:`Condition` values, any operation)
+    applies it only on the rows whose prompt fires the rule (CAST); ``preserve_norm`` rescales edited rows
+    to their original norm; ``heads``
     (attention component sites; experts at ``mlp.hook_expert_out``) / ``neurons`` (MLP sites) limit it to
     those heads / experts / neurons, whose
     vectors are then ``d_head`` / ``len(neurons)`` wide. ``features`` is set by :func:`compile` only.
+
+    Examples:
+        >>> v = torch.randn(tiny.d_model)
+        >>> iv = Intervention.add("blocks.2.hook_resid_post", v, 4.0, positions="last")
+        >>> iv
+        Intervention('blocks.2.hook_resid_post', add, (64,), scale=4.0, positions='last')
+        >>> with tiny.steer(iv), tiny.record("blocks.2.hook_resid_post") as cache:
+        ...     _ = tiny.forward("hello world", chat=False)
+        >>> with tiny.record("blocks.2.hook_resid_post") as plain:
+        ...     _ = tiny.forward("hello world", chat=False)
+        >>> delta = cache["blocks.2.hook_resid_post"] - plain["blocks.2.hook_resid_post"]
+        >>> torch.allclose(delta[0, -1], 4.0 * v, atol=1e-4), bool(delta[0, :-1].abs().max() < 1e-6)
+        (True, True)
     """
 
     site: str
@@ -233,6 +484,7 @@ class Intervention:
     heads: Optional[tuple] = None
     neurons: Optional[tuple] = None
     features: Optional[Tensor] = None  # replace / patch after lowering: the features they write (bool [width])
+    when: Optional[When] = None  # CAST: only on rows whose rule fires (decided on the prompt pass, then held)
 
     def __post_init__(self):
         if not isinstance(self.site, str) or not self.site:
@@ -241,6 +493,10 @@ class Intervention:
             raise InputError(f"expected an operation in {OPS}, found {self.op!r}")
         object.__setattr__(self, "positions", validate_positions(self.positions))
         object.__setattr__(self, "scale", _number(self.scale, "scale"))
+        if isinstance(self.when, Condition):
+            object.__setattr__(self, "when", When((self.when,)))
+        if self.when is not None and not isinstance(self.when, When):
+            raise InputError(f"expected when= a steerkit.When (or one Condition), found {type(self.when).__name__}")
         if self.gate is not None and self.op not in ("add", "project"):
             raise InputError(f"expected a gate only on add or project interventions, found one on {self.op!r}")
         for what in ("heads", "neurons"):
@@ -256,19 +512,20 @@ class Intervention:
     # --- construction -------------------------------------------------------------
     @classmethod
     def add(cls, site: str, vector, scale: float = 1.0, *, positions: PositionSpec = "all",
-            gate: Optional[Gate] = None, preserve_norm: bool = False, heads=None, neurons=None) -> "Intervention":
+            gate: Optional[Gate] = None, preserve_norm: bool = False, heads=None, neurons=None,
+            when: Optional[When] = None) -> "Intervention":
         return cls(site, "add", _vector(vector, "the add vector"), scale, positions=positions, gate=gate,
-                   preserve_norm=preserve_norm, heads=heads, neurons=neurons)
+                   preserve_norm=preserve_norm, heads=heads, neurons=neurons, when=when)
 
     @classmethod
     def ablate(cls, site: str, basis, strength: float = 1.0, *, positions: PositionSpec = "all",
-               preserve_norm: bool = False, heads=None, neurons=None) -> "Intervention":
+               preserve_norm: bool = False, heads=None, neurons=None, when: Optional[When] = None) -> "Intervention":
         return cls(site, "ablate", _basis(basis, "the ablation basis"), strength, positions=positions,
-                   preserve_norm=preserve_norm, heads=heads, neurons=neurons)
+                   preserve_norm=preserve_norm, heads=heads, neurons=neurons, when=when)
 
     @classmethod
     def clamp(cls, site: str, direction, value=0.0, *, positions: PositionSpec = "all",
-              preserve_norm: bool = False, heads=None, neurons=None) -> "Intervention":
+              preserve_norm: bool = False, heads=None, neurons=None, when: Optional[When] = None) -> "Intervention":
         b = _basis(direction, "the clamp direction")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             v = torch.full((b.shape[0],), _number(value, "the clamp value"))
@@ -279,16 +536,17 @@ class Intervention:
             if v.numel() != b.shape[0]:
                 raise InputError(f"expected one clamp value per direction ({b.shape[0]}), found {v.numel()}")
         return cls(site, "clamp", b, 1.0, value=v, positions=positions, preserve_norm=preserve_norm, heads=heads,
-                   neurons=neurons)
+                   neurons=neurons, when=when)
 
     @classmethod
     def replace(cls, site: str, vector, scale: float = 1.0, *, positions: PositionSpec = "all", heads=None,
-                neurons=None) -> "Intervention":
+                neurons=None, when: Optional[When] = None) -> "Intervention":
         return cls(site, "replace", _vector(vector, "the replacement vector"), scale, positions=positions,
-                   heads=heads, neurons=neurons)
+                   heads=heads, neurons=neurons, when=when)
 
     @classmethod
-    def patch(cls, site: str, source, *, positions: PositionSpec = "all", heads=None, neurons=None) -> "Intervention":
+    def patch(cls, site: str, source, *, positions: PositionSpec = "all", heads=None, neurons=None,
+              when: Optional[When] = None) -> "Intervention":
         """At every selected position ``p`` the activation becomes ``source[p]``: ``source`` holds a run's
         values at this site without the batch axis, in the site's shape (``[pos, d_model]``,
         ``[pos, heads, d_head]``, ``[pos, d_mlp]``, or ``[heads, q_pos, k_pos]`` for an attention matrix),
@@ -297,26 +555,27 @@ class Intervention:
         if t.dim() < 2 or t.shape[0] == 0:
             raise InputError(f"expected the patch source as the site's values over positions ([pos, ...], no batch "
                              f"axis), found shape {tuple(t.shape)}; take one row of a recording, e.g. cache[hook][0]")
-        return cls(site, "patch", t, 1.0, positions=positions, heads=heads, neurons=neurons)
+        return cls(site, "patch", t, 1.0, positions=positions, heads=heads, neurons=neurons, when=when)
 
     @classmethod
     def project(cls, site: str, region: Region, strength: float = 1.0, *, positions: PositionSpec = "all",
-                gate: Optional[Gate] = None, preserve_norm: bool = False) -> "Intervention":
+                gate: Optional[Gate] = None, preserve_norm: bool = False, when: Optional[When] = None) -> "Intervention":
         if not isinstance(region, Region):
             raise InputError(f"expected a steerkit.kernels.Region to project into, found {type(region).__name__}; "
                              "build one with steerkit.kernels.Region(mean, projection, normals, offsets) "
                              "or load a stored region artifact (it is one)")
         return cls(site, "project", None, strength, region=region, positions=positions, gate=gate,
-                   preserve_norm=preserve_norm)
+                   preserve_norm=preserve_norm, when=when)
 
     @classmethod
-    def apply(cls, site: str, fn: Callable[[Tensor], Tensor], *, positions: PositionSpec = "all") -> "Intervention":
+    def apply(cls, site: str, fn: Callable[[Tensor], Tensor], *, positions: PositionSpec = "all",
+              when: Optional[When] = None) -> "Intervention":
         """``fn(h)`` on the site's activations in their own shape (``[batch, pos, d_model]``,
         ``[batch, pos, heads, d_head]``, ``[batch, heads, q_pos, k_pos]`` ...), returning that shape."""
         if not callable(fn):
             raise InputError(f"expected a callable taking and returning the site's activations (e.g. "
                              f"[batch, pos, d_model]), found {fn!r:.80}")
-        return cls(site, "apply", fn=fn, positions=positions)
+        return cls(site, "apply", fn=fn, positions=positions, when=when)
 
     def at(self, positions: PositionSpec) -> "Intervention":
         """The same intervention at other positions."""
@@ -352,7 +611,8 @@ class Intervention:
 
     def __repr__(self):
         shape = "" if self.tensor is None else f", {tuple(self.tensor.shape)}"
-        return f"Intervention({self.site!r}, {self.op}{shape}, scale={self.scale}, positions={self.positions!r})"
+        when = "" if self.when is None else f", when={self.when!r}"
+        return f"Intervention({self.site!r}, {self.op}{shape}, scale={self.scale}, positions={self.positions!r}{when})"
 
 
 Steering = Sequence[Intervention]
@@ -360,7 +620,14 @@ Steering = Sequence[Intervention]
 
 def from_config(site: str, cfg: SteerConfig, *, positions: PositionSpec = "all",
                 preserve_norm: bool = False) -> list[Intervention]:
-    """The interventions a kernel :class:`SteerConfig` stands for (basis, injection, region)."""
+    """The interventions a kernel :class:`SteerConfig` stands for (basis, injection, region).
+
+    Examples:
+        >>> u = torch.zeros(64); u[0] = 1.0
+        >>> cfg = SteerConfig(basis=u[None], strength=1.0, add=torch.ones(64), add_scale=2.0)
+        >>> [(iv.op, iv.scale) for iv in from_config("blocks.1.hook_resid_post", cfg)]
+        [('ablate', 1.0), ('add', 2.0)]
+    """
     if not isinstance(cfg, SteerConfig):
         raise InputError(f"expected a steerkit.kernels.SteerConfig at {site!r}, found {type(cfg).__name__}; "
                          "build one with SteerConfig.injection(v, scale) etc.")
@@ -396,7 +663,14 @@ def from_config(site: str, cfg: SteerConfig, *, positions: PositionSpec = "all",
 def lower(steering, facts: ModelFacts, *, scale: float = 1.0, override: bool = False) -> list[Intervention]:
     """One steering (for every row) as a list of interventions: an :class:`Intervention`, a list of
     them, a ``{hook: SteerConfig | [SteerConfig, ...]}`` dict, or anything with
-    ``to_interventions(facts, scale=..., override=...)`` (every stored artifact kind)."""
+    ``to_interventions(facts, scale=..., override=...)`` (every stored artifact kind).
+
+    Examples:
+        >>> from steerkit.kernels import SteerConfig
+        >>> steering = {"blocks.1.hook_resid_post": SteerConfig(add=torch.ones(64), add_scale=3.0)}
+        >>> lower(steering, tiny.facts)
+        [Intervention('blocks.1.hook_resid_post', add, (64,), scale=3.0, positions='all')]
+    """
     if isinstance(steering, Intervention):
         return [steering]
     to = getattr(steering, "to_interventions", None)
@@ -476,6 +750,11 @@ def _combine(parts: Sequence[Intervention], where: str) -> SteerConfig:
 MaskOf = Callable[[PositionSpec], Optional[Tensor]]
 
 
+def _spec_id(p: Intervention):
+    """The key of ``p``'s spec in a site's kernel table: its positions and its rule (``when``)."""
+    return spec_key(p.positions), None if p.when is None else p.when.key
+
+
 class SiteProgram:
     """What one site does for a whole batch, compiled once (see the module docstring).
 
@@ -483,15 +762,27 @@ class SiteProgram:
     row or per served request otherwise). ``kernel``: the bound fused call over ONE table with, per
     group, a configuration for every non-empty subset of its distinct position specs (subset ``b`` of
     group ``g`` is row ``base[g] + b - 1``). ``steps``: torch operations with the groups they apply to.
+
+    Examples:
+        >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 2.0)
+        >>> program = compile([add], tiny.facts).programs["blocks.1.hook_resid_post"]
+        >>> program.site, program.n_groups, program.table.n_configs
+        ('blocks.1.hook_resid_post', 1, 1)
     """
 
     __slots__ = ("site", "n_groups", "kernel", "table", "specs", "bit_weight", "base", "steps", "simple",
-                 "decode_fast", "preserve_norm")
+                 "decode_fast", "preserve_norm", "whens", "conditions", "decisions")
 
     def __init__(self, site: str, per_group: Sequence[Sequence[Intervention]], *, d_model: int, device, dtype,
-                 impl: str):
+                 impl: str, conditions: Sequence[Condition] = (), decisions: Optional[Decisions] = None):
         self.site = site
         self.n_groups = len(per_group)
+        # CAST: the conditions evaluated here (read-only) and the decisions every program of the steering shares
+        self.conditions = tuple(conditions)
+        self.decisions = decisions
+        if (self.conditions or any(p.when is not None for g in per_group for p in g)) and decisions is None:
+            raise InputError(f"expected the shared Decisions of a compiled steering at {site!r} (conditions), found "
+                             "none; build programs with steerkit.interventions.compile")
         specs: dict = {}  # spec id -> (index, spec)
         kernel_parts: list[list[Intervention]] = [[p for p in g if p.op in KERNEL_OPS] for g in per_group]
         norm = {p.preserve_norm for g in kernel_parts for p in g}
@@ -505,9 +796,9 @@ class SiteProgram:
         for gi, parts in enumerate(kernel_parts):
             local: dict = {}
             for p in parts:
-                sid = spec_key(p.positions)
+                sid = _spec_id(p)
                 if sid not in specs:
-                    specs[sid] = (len(specs), p.positions)
+                    specs[sid] = (len(specs), (p.positions, p.when))
                 local.setdefault(specs[sid][0], len(local))
             if len(local) > MAX_POSITION_SPECS:
                 raise InputError(f"expected at most {MAX_POSITION_SPECS} different position specs among one row's "
@@ -516,9 +807,11 @@ class SiteProgram:
             base.append(len(configs))
             local_bits.append(local)
             for b in range(1, 1 << len(local)):
-                chosen = [p for p in parts if b >> local[specs[spec_key(p.positions)][0]] & 1]
+                chosen = [p for p in parts if b >> local[specs[_spec_id(p)][0]] & 1]
                 configs.append(_combine(chosen, f"{site} (row group {gi})"))
-        self.specs = [s for _, s in sorted(specs.values(), key=lambda t: t[0])]
+        ordered = [s for _, s in sorted(specs.values(), key=lambda t: t[0])]
+        self.specs = [pos for pos, _ in ordered]  # each spec: (positions, when); a rule ANDs the row's decision
+        self.whens = [w for _, w in ordered]
         self.table = self.kernel = None
         if configs:
             try:
@@ -547,7 +840,8 @@ class SiteProgram:
         self.simple = self.n_groups == 1 and len(self.specs) == 1 and self.table is not None \
             and self.table.n_configs == 1
         # ... and a spec that selects every position of a decoding step: no mask at all there
-        self.decode_fast = self.simple and not self.steps and self.specs[0] in ("all", "generated")
+        self.decode_fast = self.simple and not self.steps and self.whens[0] is None \
+            and self.specs[0] in ("all", "generated")
 
     # --- run --------------------------------------------------------------------------
     def __call__(self, x: Float[Tensor, "batch pos d_model"], call) -> Optional[Tensor]:
@@ -562,21 +856,51 @@ class SiteProgram:
             if spec == "all" and run is None:
                 return None
             return call.mask(spec, x.device)
+        rule_of = None
+        if self.decisions is not None:
+            if run is None:
+                raise InputError(f"expected conditional steering (when=) at {self.site!r} to run through "
+                                 "SteerModel.forward / generate, found a direct call of the wrapped model; run it "
+                                 "through the SteerModel")
+            decisions, rid = self.decisions, run.run_id
+            if call.start == 0:  # the pass holding the prompt: decide, then hold for the rest of the run
+                prompt = call.mask("prompt", x.device)
+                for c in self.conditions:
+                    decisions.evaluate(c, x, prompt, rid)
+            B, dev = int(x.shape[0]), x.device
+
+            def rule_of(when):
+                return decisions.rows(when, rid, B, dev)[:, None]
         groups = None
         if self.n_groups > 1:
             groups = torch.arange(self.n_groups, device=x.device)[:, None].expand(x.shape[0], x.shape[1])
-        return self.apply(x, groups, mask_of, call.start)
+        return self.apply(x, groups, mask_of, call.start, rule_of)
+
+    def _mask(self, positions, when, mask_of: MaskOf, rule_of, lead) -> Optional[Tensor]:
+        """The rows a spec selects: its positions AND, with a rule, the rows whose rule fires."""
+        m = mask_of(positions)
+        if when is None:
+            return m
+        if rule_of is None:
+            raise InputError(f"expected a local run (sm.steer / sm.generate) for the conditional steering (when=) at "
+                             f"{self.site!r}, found rows without condition decisions (a server step); conditions are "
+                             "not supported there")
+        r = rule_of(when).expand(lead)
+        return r if m is None else m & r
 
     def apply(self, h: Float[Tensor, "*rows d_model"], groups: Optional[Tensor], mask_of: MaskOf,
-              start: int = 0) -> Optional[Tensor]:
+              start: int = 0, rule_of: Optional[Callable] = None) -> Optional[Tensor]:
         """``h`` steered (a new tensor), or ``None`` when nothing applies. ``groups``: each row's group
         (``h.shape[:-1]``, ``-1`` for rows no steering owns), ``None`` when every row is group 0.
         ``mask_of(spec)``: the rows a position spec selects (``None``: all of them). ``start``: the
-        absolute position of ``h``'s first token (``[batch, pos, ..]`` of a local call; patch uses it)."""
+        absolute position of ``h``'s first token (``[batch, pos, ..]`` of a local call; patch uses it).
+        ``rule_of(when)``: the rows (broadcastable to ``h.shape[:-1]``) a :class:`When` selects; needed
+        only when an intervention has one."""
         out = None
+        lead = h.shape[:-1]
         if self.kernel is not None:
             if self.simple:
-                m = mask_of(self.specs[0])
+                m = self._mask(self.specs[0], self.whens[0], mask_of, rule_of, lead)
                 if m is None:
                     out = self.kernel(h)
                 elif bool(m.any()):
@@ -588,7 +912,7 @@ class SiteProgram:
                 gc = g.clamp_min(0)
                 bits = torch.zeros(lead, dtype=torch.long, device=h.device)
                 for j, spec in enumerate(self.specs):
-                    m = mask_of(spec)
+                    m = self._mask(spec, self.whens[j], mask_of, rule_of, lead)
                     w = self.bit_weight[gc, j]
                     bits += w if m is None else w * m
                 active = owned & (bits > 0)
@@ -596,7 +920,7 @@ class SiteProgram:
                     rc = self.base[gc] + bits - 1
                     out = self.kernel(h, active, rc.clamp_min(0))
         for p, sel in self.steps:
-            m = mask_of(p.positions)
+            m = self._mask(p.positions, p.when, mask_of, rule_of, lead)
             if sel is not None or groups is not None:  # only the rows of the groups that have it
                 g = torch.zeros(h.shape[:-1], dtype=torch.long, device=h.device) if groups is None else groups
                 mine = (g >= 0) & (True if sel is None else sel[g.clamp_min(0)])
@@ -649,11 +973,37 @@ class SiteProgram:
 
 @dataclasses.dataclass(frozen=True)
 class CompiledSteering:
-    """A steering compiled for one model: ``{site: SiteProgram}`` (``n_groups`` row groups)."""
+    """A steering compiled for one model: ``{site: SiteProgram}`` (``n_groups`` row groups).
+
+    Examples:
+        >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 2.0)
+        >>> compiled = tiny.compile([add, add.at("last")])
+        >>> len(compiled), compiled.n_groups, list(compiled.programs)
+        (1, 1, ['blocks.1.hook_resid_post'])
+        >>> with tiny.hooks.install(compiled):  # what tiny.steer([add, add.at("last")]) does
+        ...     _ = tiny.forward("hi", chat=False)
+    """
 
     programs: Mapping[str, SiteProgram]
     n_groups: int
     interventions: tuple
+    state: Optional[Decisions] = None  # the conditions' decisions (CAST), shared by the programs
+
+    @property
+    def conditions(self) -> tuple:
+        """Every distinct :class:`Condition` this steering evaluates."""
+        return () if self.state is None else self.state.conditions
+
+    @property
+    def decisions(self) -> dict:
+        """``{condition: bool tensor [batch]}``: where each condition fired on the latest run (``{}``
+        before any run, or without conditions)."""
+        return {} if self.state is None else self.state.fired()
+
+    @property
+    def similarities(self) -> dict:
+        """``{condition: float tensor [batch]}``: each row's similarity on the latest run."""
+        return {} if self.state is None else self.state.similarities()
 
     def __iter__(self):
         return iter(self.programs.items())
@@ -784,7 +1134,7 @@ def _structured(p: Intervention, kind: str, facts: ModelFacts) -> Intervention:
 
 def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: ModelFacts, *, per_row: bool = False,
             device=None, dtype: torch.dtype = torch.float32, impl: str = "auto",
-            positions: Optional[PositionSpec] = None) -> CompiledSteering:
+            positions: Optional[PositionSpec] = None, conditions: Sequence[Condition] = ()) -> CompiledSteering:
     """THE lowering step: interventions -> one :class:`SiteProgram` per site.
 
     ``steering``: a list of :class:`Intervention` (every row), or with ``per_row=True`` a list with one
@@ -793,6 +1143,15 @@ def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: Mode
     intervention's own. ``impl`` and any :func:`steerkit.kernels.use_impl` in force are read here.
     ``device``: where the tables live, or a function of the site giving it (a model spread over
     devices: each site's tables on the device its activations are computed on).
+
+    Examples:
+        >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 2.0)
+        >>> ablate = Intervention.ablate("blocks.3.hook_resid_post", torch.eye(64)[:2])
+        >>> compiled = compile([add, ablate], tiny.facts)
+        >>> sorted(compiled.programs), compiled.n_groups
+        (['blocks.1.hook_resid_post', 'blocks.3.hook_resid_post'], 1)
+        >>> compile([[add], None], tiny.facts, per_row=True).n_groups  # one steering per row
+        2
     """
     groups: list[list[Intervention]]
     if per_row:
@@ -820,20 +1179,55 @@ def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: Mode
                 raise InputError(f"expected the {p.op} vector of shape [{w}] ({what}) at {p.site!r}, found {shape}; "
                                  "was it computed on another model or at another site?")
             sites.setdefault(p.site, [[] for _ in groups])[gi].append(p)
-    if not sites:
+    # CAST: every distinct condition (of a rule, or asked for alone) gets one evaluator at its site
+    conds: dict = {}
+    for c in list(conditions) + [c for g in groups for p in g if p.when is not None for c in p.when.conditions]:
+        if not isinstance(c, Condition):
+            raise InputError(f"expected steerkit.Condition values in conditions=, found {type(c).__name__}")
+        if c not in conds:
+            conds[c] = _check_condition(c, facts)
+    if not sites and not conds:
         raise InputError("expected at least one intervention in the steering, found none")
+    state = Decisions(tuple(conds)) if conds else None
+    at_site: dict[str, list[Condition]] = {}
+    for c in conds:
+        at_site.setdefault(c.site, []).append(c)
+        sites.setdefault(c.site, [[] for _ in groups])
     def device_of(site: str) -> torch.device:
         d = device(site) if callable(device) else device
         return torch.device("cpu") if d is None else torch.device(d)
     programs = {s: SiteProgram(s, per_group, d_model=facts.width(parse_hook(s, facts.n_layers).kind, s) or facts.d_model,
-                               device=device_of(s), dtype=dtype, impl=impl)
+                               device=device_of(s), dtype=dtype, impl=impl, conditions=at_site.get(s, ()),
+                               decisions=state if s in at_site or any(p.when is not None for g in per_group for p in g)
+                               else None)
                 for s, per_group in sites.items()}
-    return CompiledSteering(programs, len(groups), tuple(tuple(g) for g in groups))
+    return CompiledSteering(programs, len(groups), tuple(tuple(g) for g in groups), state)
+
+
+def _check_condition(c: Condition, facts: ModelFacts) -> Condition:
+    """``c`` checked against the model: a site it has, with activations as wide as the direction."""
+    kind = parse_hook(c.site, facts.n_layers, has_resid_mid=facts.has_resid_mid).kind
+    if kind in MATRIX_HOOKS:
+        raise InputError(f"expected a condition at a site with one vector per token (a residual, sub-layer or "
+                         f"component hook), found the attention matrix {c.site!r}")
+    w = facts.width(kind, c.site)
+    if int(c.direction.shape[0]) != w:
+        raise InputError(f"expected the condition direction at {c.site!r} of shape [{w}], found "
+                         f"[{c.direction.shape[0]}]; was it fitted on another model or at another site?")
+    return c
 
 
 def server_mask_of(positions: Tensor, n_prompt: int) -> MaskOf:
     """``mask_of`` for rows of ONE request with absolute ``positions`` (contiguous, as a server feeds
-    them) and a prompt of ``n_prompt`` tokens, in the position vocabulary of :mod:`steerkit.positions`."""
+    them) and a prompt of ``n_prompt`` tokens, in the position vocabulary of :mod:`steerkit.positions`.
+
+    Examples:
+        >>> mask_of = server_mask_of(torch.arange(0, 5), n_prompt=3)  # a prefill chunk of 5 tokens
+        >>> mask_of("last").tolist(), mask_of("generated").tolist()
+        ([False, False, True, False, False], [False, False, False, True, True])
+        >>> mask_of("prompt").tolist()
+        [True, True, True, False, False]
+    """
     start, T = int(positions[0]), int(positions.shape[0])
     run = RunState(torch.ones(1, n_prompt, dtype=torch.long, device=positions.device))
 

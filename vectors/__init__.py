@@ -3,7 +3,8 @@
 How it fits together
 --------------------
 * :mod:`.artifacts` -- the dataclasses (:class:`SteeringVector`, :class:`DirectionSet`,
-  :class:`Probe`, :class:`Region`, :class:`LayerSchedule`), each with tensors and a
+  :class:`Probe`, :class:`Region`, :class:`LayerSchedule`; CAST's :class:`ConditionVector` and
+  :class:`ConditionalSteering` of :class:`ConditionalRule` values), each with tensors and a
   :class:`Provenance` (:mod:`.provenance`, which also holds :func:`model_fingerprint`).
 * :mod:`.store` -- :class:`Store`, a crash-safe, concurrent, versioned folder of artifacts
   (``name@N``, tags, ``latest``).
@@ -23,7 +24,8 @@ on the block's output (``blocks.{l}.hook_resid_post``), as llama.cpp's ``directi
 """
 
 from .apply import check_against, check_compatible, facts_of, fingerprint_of
-from .artifacts import ARTIFACT_KINDS, DirectionSet, LayerSchedule, Probe, Region, SteeringVector
+from .artifacts import (ARTIFACT_KINDS, ConditionalSteering, ConditionVector, DirectionSet, LayerSchedule, Probe, Region,
+                        ConditionalRule, SteeringVector)
 from .errors import (
     ArtifactFormatError, ExportError, ModelMismatchError, PathExistsError, StoreError, UnsafeNameError, VectorsError,
 )
@@ -33,7 +35,8 @@ from .provenance import LAYER_BASE, SCHEMA_VERSION, Provenance, model_fingerprin
 from .store import Store, parse_ref
 
 __all__ = [
-    "SteeringVector", "DirectionSet", "Probe", "Region", "LayerSchedule", "ARTIFACT_KINDS",
+    "SteeringVector", "DirectionSet", "Probe", "Region", "LayerSchedule", "ConditionVector", "ConditionalSteering",
+    "ConditionalRule", "ARTIFACT_KINDS",
     "Provenance", "model_fingerprint", "prompts_hash", "LAYER_BASE", "SCHEMA_VERSION",
     "Store", "parse_ref", "export", "import_artifact", "load_artifact", "save_artifact", "easysteer_request",
     "FORMATS", "check_compatible", "check_against", "facts_of", "fingerprint_of", "write_dequantized_gguf", "write_orthogonalized_gguf",

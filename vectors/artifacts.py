@@ -32,21 +32,28 @@ dtypes, finiteness) and raises :class:`ArtifactFormatError` on anything unexpect
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
-from typing import Any, ClassVar, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
+from tqdm.auto import tqdm
 
-from steerkit.interventions import Intervention, ModelFacts
+from steerkit.interventions import Condition, Intervention, ModelFacts, When
+from steerkit.interventions import compile as compile_steering
 from steerkit.kernels import ORTHO_TOL, orthonormalize
 from steerkit.kernels import Region as KernelRegion
 
 from .apply import check_against
 from .errors import ArtifactFormatError, ModelMismatchError, VectorsError
 from .provenance import Provenance, prompts_hash
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
 
 HOOK_SITES = ("hook_resid_post", "hook_resid_pre")
 VECTOR_OPERATIONS = ("add", "project")
@@ -134,7 +141,17 @@ class _Artifact:
 # --------------------------------------------------------------------------- LayerSchedule
 @dataclasses.dataclass(eq=False)
 class LayerSchedule(_Artifact):
-    """Per-layer weights (and optionally per-token weights) for injecting a vector."""
+    """Per-layer weights (and optionally per-token weights) for injecting a vector.
+
+    Example:
+        >>> from steerkit.vectors import LayerSchedule, SteeringVector
+        >>> sched = LayerSchedule({1: 0.5, 2: 1.0})
+        >>> sched.weight(1), sched.weight(3)  # a layer it does not list gets 0
+        (0.5, 0.0)
+        >>> v = SteeringVector({1: torch.ones(64), 2: torch.ones(64)}, scale=2.0, schedule=sched)
+        >>> {l: float(d[0]) for l, d in v.effective().directions.items()}
+        {1: 1.0, 2: 2.0}
+    """
 
     weights: dict[int, float]
     position_weights: list[float] | None = None
@@ -200,6 +217,16 @@ class SteeringVector(_Artifact):
 
     ``directions[l]`` has shape ``[d_model]``; ``l`` is the 0-based block index and the default
     hook site ``hook_resid_post`` is the block's output.
+
+    Example:
+        >>> from steerkit.vectors import SteeringVector
+        >>> v = SteeringVector.from_direction(torch.randn(64), layer=2, model=tiny, scale=4.0)
+        >>> v.layers, v.d_model, v.hook_name(2), v.provenance.model_name
+        ([2], 64, 'blocks.2.hook_resid_post', 'tiny-llama')
+        >>> with tiny.steer(v):  # adds 4 * v to the output of block 2
+        ...     steered = tiny("Hello")
+        >>> bool((steered - tiny("Hello")).abs().max() > 0)
+        True
     """
 
     directions: dict[int, Float[Tensor, " d_model"]]
@@ -436,6 +463,17 @@ class DirectionSet(_Artifact):
     output (equivalently the residual stream before, inside and after every block), which is
     what weight orthogonalisation bakes in.  With a list of layers it ablates only at
     ``blocks.{l}.{hook_site}``.
+
+    Example:
+        >>> from steerkit.vectors import DirectionSet
+        >>> ablation = DirectionSet.from_directions(torch.randn(2, 64), tiny)
+        >>> ablation.k, ablation.d_model, ablation.layers
+        (2, 64, None)
+        >>> x = torch.randn(3, 64)
+        >>> round(float((ablation.project_out(x) @ ablation.basis.T).abs().max()), 5)
+        0.0
+        >>> with tiny.steer(ablation):  # every write into the residual stream loses both directions
+        ...     logits = tiny("Hello")
     """
 
     basis: Float[Tensor, "k d_model"]
@@ -547,7 +585,17 @@ class DirectionSet(_Artifact):
 @dataclasses.dataclass(eq=False)
 class Probe(_Artifact):
     """A fitted linear probe stored as arrays: ``z = ((x - mean) / scale) @ projection.T``,
-    ``logits = z @ weight.T + bias`` (``projection`` optional; ``mean``/``scale`` optional)."""
+    ``logits = z @ weight.T + bias`` (``projection`` optional; ``mean``/``scale`` optional).
+
+    Example:
+        >>> from steerkit.vectors import Probe
+        >>> probe = Probe(weight=torch.tensor([[1.0, -1.0]]), bias=torch.tensor([0.0]), layer=3,
+        ...               classes=["neg", "pos"])
+        >>> probe.decision_function(torch.tensor([[2.0, 0.0]]))
+        tensor([[2.]])
+        >>> probe.predict_proba(torch.tensor([[2.0, 0.0]])).round(decimals=3)
+        tensor([[0.1190, 0.8810]])
+    """
 
     weight: Float[Tensor, "n_out k"]
     bias: Float[Tensor, " n_out"]
@@ -659,7 +707,20 @@ class Region(KernelRegion, _Artifact):
 
     A :class:`steerkit.kernels.Region` (``coordinates``, ``contains``, ``project``, ``validate``; pass
     it to ``SteerConfig(region=...)`` or :func:`steerkit.kernels.fused_steer` as it is) stored at
-    ``blocks.{layer}.{hook_site}`` with a provenance."""
+    ``blocks.{layer}.{hook_site}`` with a provenance.
+
+    Example:
+        >>> from steerkit.vectors import Provenance, Region
+        >>> box = Region(mean=torch.zeros(64), projection=torch.eye(64)[:1],  # x[0] <= 1
+        ...              normals=torch.tensor([[1.0]]), offsets=torch.tensor([1.0]), layer=2,
+        ...              provenance=Provenance.from_model(tiny))
+        >>> x = torch.zeros(2, 64)
+        >>> x[:, 0] = torch.tensor([0.5, 3.0])
+        >>> box.contains(x)
+        tensor([ True, False])
+        >>> with tiny.steer(box):  # projects the output of block 2 into the region
+        ...     logits = tiny("Hello")
+    """
 
     layer: int
     hook_site: str = "hook_resid_post"
@@ -720,9 +781,499 @@ class Region(KernelRegion, _Artifact):
                    provenance=Provenance.from_dict(meta.get("provenance", {})))
 
 
+# --------------------------------------------------------------------------- ConditionVector
+CONDITION_SITES = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
+
+
+def _finite_number(v: Any, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise ArtifactFormatError(f"expected {what} as a number, found {v!r:.100}")
+    f = float(v)
+    if not math.isfinite(f):
+        raise ArtifactFormatError(f"expected a finite {what}, found {f}")
+    return f
+
+
+def _choice(v: Any, allowed: tuple, what: str) -> str:
+    if v not in allowed:
+        raise ArtifactFormatError(f"expected {what} in {allowed}, found {v!r:.100}")
+    return v
+
+
+def _check_report(report: Any) -> dict:
+    """A condition fit report, validated: JSON-able scalars, lists of numbers, and its F1 grid
+    ``[comparators, layers, thresholds]`` (a float64 tensor)."""
+    if not isinstance(report, dict):
+        raise ArtifactFormatError(f"expected the condition fit report as a dict, found {type(report).__name__}")
+    out: dict = {}
+    for k, v in report.items():
+        if not isinstance(k, str):
+            raise ArtifactFormatError(f"expected string keys in the condition fit report, found {k!r:.60}")
+        if k == "grid":
+            t = _as_tensor(v, "the report's F1 grid").to(torch.float64)
+            if t.ndim != 3:
+                raise ArtifactFormatError(f"expected the report's F1 grid as [comparators, layers, thresholds], "
+                                          f"found shape {tuple(t.shape)}")
+            _check_finite(t, "the report's F1 grid")
+            out[k] = t
+        elif isinstance(v, (bool, str)) or v is None:
+            out[k] = v
+        elif isinstance(v, (int, float, np.integer, np.floating)):
+            out[k] = int(v) if isinstance(v, (int, np.integer)) else _finite_number(v, f"report[{k!r}]")
+        elif isinstance(v, (list, tuple)):
+            if not all(isinstance(x, (int, float, str, np.integer, np.floating)) and not isinstance(x, bool) for x in v):
+                raise ArtifactFormatError(f"expected report[{k!r}] as a list of numbers or strings, found {v!r:.100}")
+            out[k] = [x if isinstance(x, str) else int(x) if isinstance(x, (int, np.integer))
+                      else _finite_number(x, f"report[{k!r}]") for x in v]
+        elif isinstance(v, dict):
+            if not all(isinstance(a, str) and isinstance(b, (int, np.integer)) and not isinstance(b, bool)
+                       for a, b in v.items()):
+                raise ArtifactFormatError(f"expected report[{k!r}] as {{name: count}}, found {v!r:.100}")
+            out[k] = {a: int(b) for a, b in v.items()}
+        else:
+            raise ArtifactFormatError(f"expected JSON-able values in the condition fit report, found "
+                                      f"{type(v).__name__} at {k!r}")
+    g = out.get("grid")
+    if g is not None:
+        want = (len(out.get("comparators", [])), len(out.get("layers", [])), len(out.get("thresholds", [])))
+        if tuple(g.shape) != want:
+            raise ArtifactFormatError(f"expected the report's F1 grid of shape {want} (comparators, layers, "
+                                      f"thresholds), found {tuple(g.shape)}")
+    return out
+
+
+def _report_equal(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    return all(_tensors_equal(a[k], b[k]) if isinstance(a[k], Tensor) or isinstance(b[k], Tensor) else a[k] == b[k]
+               for k in a)
+
+
+@dataclasses.dataclass(eq=False)
+class ConditionVector(_Artifact):
+    """A CAST condition (Lee et al. 2024) as a stored artifact: a unit ``direction`` read at
+    ``blocks.{layer}.{hook_site}``, the ``threshold`` and ``comparator`` its similarity is compared with,
+    how the prompt is ``aggregate``-d and ``measure``-d (see :class:`steerkit.Condition`), whether prompts
+    get the chat template (``chat``), and the fit ``report`` of :func:`steerkit.probes.fit_condition`
+    (F1, precision, recall, the confusion counts and the F1 of every layer x threshold x comparator
+    searched, as ``report["grid"]``). Conditions do not steer: pair one with a behaviour in a
+    :class:`ConditionalSteering`.
+
+    Example:
+        >>> from steerkit.vectors import ConditionVector
+        >>> cv = ConditionVector(torch.ones(64), layer=1, threshold=0.2)
+        >>> cv.to_condition()
+        Condition('blocks.1.hook_resid_pre', [64], above 0.2, aggregate='mean', measure='cast')
+        >>> fired = cv.fires(tiny, ["Hello", "How do I bake bread?"])  # one bool per prompt
+        >>> len(fired), cv.report
+        (2, {})
+        >>> ConditionVector(torch.ones(64), layer=1, threshold=-1.0).fires(tiny, ["Hello"]) == [True]  # cos > -1
+        True
+    """
+
+    direction: Float[Tensor, " d_model"]
+    layer: int
+    threshold: float
+    comparator: str = "above"
+    aggregate: str = "mean"
+    measure: str = "cast"
+    hook_site: str = "hook_resid_pre"
+    chat: bool = True
+    report: dict = dataclasses.field(default_factory=dict)
+    provenance: Provenance = dataclasses.field(default_factory=lambda: Provenance(operation="condition"))
+    kind: ClassVar[str] = "condition_vector"
+
+    def __post_init__(self) -> None:
+        t = _as_tensor(self.direction, "the condition direction")
+        if t.ndim == 2 and t.shape[0] == 1:
+            t = t[0]
+        if t.ndim != 1 or t.shape[0] == 0:
+            raise ArtifactFormatError(f"expected a condition direction of shape [d_model], found {tuple(t.shape)}")
+        _check_finite(t, "the condition direction")
+        n = float(t.double().norm())
+        if n < 1e-12:
+            raise ArtifactFormatError("expected a nonzero condition direction, found a zero vector")
+        self.direction = t if abs(n - 1.0) < 1e-6 else t / n
+        self.layer = _int_layer(self.layer, "ConditionVector.layer")
+        self.threshold = _finite_number(self.threshold, "condition threshold")
+        self.comparator = _choice(self.comparator, ("above", "below"), "the comparator")
+        self.aggregate = _choice(self.aggregate, ("mean", "last"), "the aggregate")
+        self.measure = _choice(self.measure, ("cast", "cosine"), "the measure")
+        self.hook_site = _choice(self.hook_site, CONDITION_SITES, "the hook site")
+        if not isinstance(self.chat, bool):
+            raise ArtifactFormatError(f"expected chat as a bool, found {self.chat!r:.60}")
+        self.report = _check_report(self.report)
+        if self.provenance.d_model is not None and self.provenance.d_model != t.shape[0]:
+            raise ModelMismatchError(f"expected a condition direction of d_model={self.provenance.d_model} (from the "
+                                     f"provenance), found {t.shape[0]}")
+        self.provenance = self.provenance.replace(operation="condition", hook_site=self.hook_site)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.direction.shape[0])
+
+    @property
+    def site(self) -> str:
+        """The hook name the condition reads: ``blocks.{layer}.{hook_site}``."""
+        return f"blocks.{self.layer}.{self.hook_site}"
+
+    def to_condition(self) -> "Condition":
+        """This artifact as the :class:`steerkit.Condition` compiled steering evaluates."""
+        return Condition(self.site, self.direction, self.threshold, self.comparator, self.aggregate, self.measure)
+
+    def _run(self, sm: "SteerModel", prompts, batch_size: int, progress: bool) -> tuple[list[bool], list[float]]:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if not prompts:
+            raise VectorsError("expected at least one prompt to test the condition on, found none")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise VectorsError(f"expected batch_size as a positive int, found {batch_size!r:.60}")
+        check_against(self, sm.facts)
+        cond = self.to_condition()
+        # the same compiled evaluator a conditional steering uses: a steering with this condition only
+        compiled = compile_steering([], sm.facts, device=sm.device, dtype=sm.dtype, conditions=[cond])
+        fired: list[bool] = []
+        sims: list[float] = []
+        with sm.hooks.install(compiled, label=f"condition {cond.site}"):
+            starts = range(0, len(prompts), batch_size)
+            for i in tqdm(starts, desc="condition", disable=not progress or len(starts) < 2):
+                sm.forward(prompts[i:i + batch_size], chat=self.chat)
+                fired += [bool(b) for b in compiled.decisions[cond].tolist()]
+                sims += [float(s) for s in compiled.similarities[cond].tolist()]
+        return fired, sims
+
+    def fires(self, sm: "SteerModel", prompts, *, batch_size: int = 16, progress: bool = True) -> list[bool]:
+        """Whether the condition fires on each prompt, decided by the compiled evaluator conditional
+        steering runs (a steering with this condition alone, one forward pass per batch; a progress bar
+        over the batches when there are several)."""
+        return self._run(sm, prompts, batch_size, progress)[0]
+
+    def similarities(self, sm: "SteerModel", prompts, *, batch_size: int = 16, progress: bool = True) -> list[float]:
+        """Each prompt's similarity (what :meth:`fires` compares with ``threshold``)."""
+        return self._run(sm, prompts, batch_size, progress)[1]
+
+    def _map_tensors(self, fn) -> "ConditionVector":
+        return dataclasses.replace(self, direction=fn(self.direction))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ConditionVector):
+            return NotImplemented
+        return (_tensors_equal(self.direction, other.direction)
+                and (self.layer, self.threshold, self.comparator, self.aggregate, self.measure, self.hook_site,
+                     self.chat, self.provenance)
+                == (other.layer, other.threshold, other.comparator, other.aggregate, other.measure, other.hook_site,
+                    other.chat, other.provenance)
+                and _report_equal(self.report, other.report))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def to_payload(self) -> tuple[dict[str, Tensor], dict]:
+        tensors = {"direction": self.direction.detach().cpu().contiguous()}
+        report = {k: v for k, v in self.report.items() if k != "grid"}
+        if "grid" in self.report:
+            tensors["report.grid"] = self.report["grid"].detach().cpu().contiguous()
+        fields = {"layer": self.layer, "threshold": self.threshold, "comparator": self.comparator,
+                  "aggregate": self.aggregate, "measure": self.measure, "hook_site": self.hook_site, "chat": self.chat,
+                  "report": report}
+        return tensors, {"kind": self.kind, "fields": fields, "provenance": self.provenance.to_dict()}
+
+    @classmethod
+    def from_payload(cls, tensors: dict[str, Tensor], meta: dict) -> "ConditionVector":
+        fields = _fields(meta, cls.kind)
+        _expect_keys(tensors, {"direction"}, {"report.grid"}, cls.kind)
+        if not tensors["direction"].is_floating_point():
+            raise ArtifactFormatError(f"expected a floating-point condition direction, found {tensors['direction'].dtype}")
+        report = fields.get("report", {})
+        if not isinstance(report, dict) or "grid" in report:
+            raise ArtifactFormatError(f"expected the condition report as an object without 'grid', found {report!r:.100}")
+        report = dict(report)
+        if "report.grid" in tensors:
+            report["grid"] = tensors["report.grid"]
+        if "threshold" not in fields or "layer" not in fields:
+            raise ArtifactFormatError(f"expected 'layer' and 'threshold' in a {cls.kind}, found {sorted(fields)[:20]}")
+        layer = fields["layer"]
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise ArtifactFormatError(f"expected an integer layer, found {layer!r:.60}")
+        return cls(tensors["direction"], layer=layer, threshold=_finite_number(fields["threshold"], "threshold"),
+                   comparator=_str_field(fields, "comparator", "above"), aggregate=_str_field(fields, "aggregate", "mean"),
+                   measure=_str_field(fields, "measure", "cast"), hook_site=_str_field(fields, "hook_site", "hook_resid_pre"),
+                   chat=fields.get("chat", True), report=report, provenance=Provenance.from_dict(meta.get("provenance", {})))
+
+    # ---- the fit report
+    def to_json(self, path=None) -> str:
+        """The condition point and its fit report (the F1 grid as nested lists) as JSON text, written to
+        ``path`` when given."""
+        rep = {k: (v.tolist() if isinstance(v, Tensor) else v) for k, v in self.report.items()}
+        doc = {"format": "steerkit.condition/1", "site": self.site, "layer": self.layer, "threshold": self.threshold,
+               "comparator": self.comparator, "aggregate": self.aggregate, "measure": self.measure, "chat": self.chat,
+               "report": rep, "provenance": self.provenance.to_dict()}
+        text = json.dumps(doc, indent=1, allow_nan=False)
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    def plot(self, *, title: str | None = None):
+        """A plotly heatmap of the fit's F1 over layer x threshold, one panel per comparator, with the
+        chosen condition point marked."""
+        grid = self.report.get("grid")
+        if grid is None:
+            raise VectorsError("expected a fit report with an F1 grid to plot, found none; fit the condition with "
+                               "steerkit.probes.fit_condition")
+        try:
+            from plotly.subplots import make_subplots
+            import plotly.graph_objects as go
+        except ImportError:  # pragma: no cover - plotly is a dependency
+            raise VectorsError("expected plotly to be installed to plot, found it missing; pip install plotly") from None
+        comps, layers, thr = self.report["comparators"], self.report["layers"], self.report["thresholds"]
+        fig = make_subplots(rows=1, cols=len(comps), subplot_titles=[f"fires when {c}" for c in comps],
+                            shared_yaxes=True)
+        for i, c in enumerate(comps):
+            fig.add_trace(go.Heatmap(z=grid[i].tolist(), x=[round(t, 4) for t in thr], y=layers, zmin=0, zmax=1,
+                                     colorscale="Viridis", coloraxis="coloraxis", name=c,
+                                     hovertemplate="layer %{y}<br>threshold %{x}<br>F1 %{z:.3f}<extra></extra>"),
+                          row=1, col=i + 1)
+            if c == self.comparator:
+                fig.add_trace(go.Scatter(x=[self.threshold], y=[self.layer], mode="markers", name="chosen",
+                                         marker=dict(symbol="x", size=12, color="red")), row=1, col=i + 1)
+            fig.update_xaxes(title_text="threshold", row=1, col=i + 1)
+        fig.update_yaxes(title_text="layer", row=1, col=1)
+        f1 = self.report.get("f1")
+        fig.update_layout(coloraxis=dict(colorscale="Viridis", cmin=0, cmax=1, colorbar=dict(title="F1")),
+                          title=title or f"condition point: layer {self.layer}, {self.comparator} {self.threshold:.4g}"
+                          + (f", F1 {f1:.3f}" if isinstance(f1, float) else ""))
+        return fig
+
+
+# --------------------------------------------------------------------------- ConditionalSteering
+BEHAVIOR_KINDS = ("steering_vector", "direction_set", "region")
+RULE_MODES = ("any", "all")
+
+
+@dataclasses.dataclass(eq=False)
+class ConditionalRule:
+    """One rule of a :class:`ConditionalSteering`: apply ``behavior`` (a steering artifact) on rows where
+    ``"any"`` / ``"all"`` of ``conditions`` fire (the opposite with ``negate``).
+
+    Example:
+        >>> from steerkit.vectors import ConditionVector, ConditionalRule, SteeringVector
+        >>> c1 = ConditionVector(torch.ones(64), layer=1, threshold=0.2)
+        >>> c2 = ConditionVector(-torch.ones(64), layer=2, threshold=0.1)
+        >>> r = ConditionalRule([c1, c2], SteeringVector.from_direction(torch.ones(64), layer=3), mode="all")
+        >>> len(r.conditions), r.mode, r.negate
+        (2, 'all', False)
+    """
+
+    conditions: list
+    behavior: Any
+    mode: str = "any"
+    negate: bool = False
+
+    def __post_init__(self) -> None:
+        cs = [self.conditions] if isinstance(self.conditions, ConditionVector) else self.conditions
+        if not isinstance(cs, (list, tuple)) or not cs or not all(isinstance(c, ConditionVector) for c in cs):
+            raise VectorsError(f"expected a rule's conditions as one or more ConditionVector values, found "
+                               f"{self.conditions!r:.100}")
+        self.conditions = list(cs)
+        if getattr(self.behavior, "kind", None) not in BEHAVIOR_KINDS:
+            raise VectorsError(f"expected a rule's behavior as a steering artifact ({', '.join(BEHAVIOR_KINDS)}), "
+                               f"found {type(self.behavior).__name__}")
+        if self.mode not in RULE_MODES:
+            raise VectorsError(f"expected a rule mode in {RULE_MODES}, found {self.mode!r:.60}")
+        if not isinstance(self.negate, bool):
+            raise VectorsError(f"expected negate as a bool, found {self.negate!r:.60}")
+        widths = {c.d_model for c in self.conditions} | {self.behavior.d_model}
+        if len(widths) != 1:
+            raise ModelMismatchError(f"expected the conditions and the behavior of a rule to have one d_model, "
+                                     f"found {sorted(widths)}")
+
+    def when(self) -> When:
+        """The :class:`steerkit.When` this rule lowers to."""
+        return When(tuple(c.to_condition() for c in self.conditions), self.mode, self.negate)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ConditionalRule):
+            return NotImplemented
+        return ((self.mode, self.negate) == (other.mode, other.negate) and len(self.conditions) == len(other.conditions)
+                and all(a == b for a, b in zip(self.conditions, other.conditions)) and self.behavior == other.behavior)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class ConditionalSteering(_Artifact):
+    """Conditional activation steering (CAST, Lee et al. 2024) as one artifact: rules "if these
+    conditions fire, apply this behaviour", each decided per row on the prompt and held for the whole
+    generation. ``ConditionalSteering(condition=c, behavior=v)`` is one rule;
+    ``ConditionalSteering(rules=[ConditionalRule([c1, c2], v1, mode="any"), ConditionalRule([c3], v2)])`` several.
+    ``sm.steer(cs)`` / ``sm.generate(..., steering=cs)`` apply it; ``cs * k`` scales every behaviour.
+
+    Example:
+        >>> from steerkit.vectors import ConditionalSteering, ConditionVector, SteeringVector
+        >>> cv = ConditionVector(torch.ones(64), layer=1, threshold=-1.0)  # fires on every prompt
+        >>> cs = ConditionalSteering(condition=cv, behavior=SteeringVector.from_direction(torch.ones(64), layer=2))
+        >>> ivs = cs.to_interventions(tiny.facts)  # the behaviour's interventions, each with the rule's when
+        >>> len(ivs), ivs[0].when is not None
+        (1, True)
+        >>> with tiny.steer(cs) as handle:
+        ...     logits = tiny("Hello")
+        >>> bool(list(handle.decisions.values())[0].all())  # the row fired: it was steered
+        True
+    """
+
+    kind: ClassVar[str] = "conditional_steering"
+
+    def __init__(self, condition: ConditionVector | list | None = None, behavior: Any = None, *,
+                 rules: list | None = None, mode: str = "any", negate: bool = False,
+                 provenance: Provenance | None = None):
+        if rules is not None and (condition is not None or behavior is not None):
+            raise VectorsError("expected either condition= and behavior= (one rule) or rules=[...], found both")
+        if rules is None:
+            if condition is None or behavior is None:
+                raise VectorsError("expected condition= and behavior= (or rules=[ConditionalRule(...), ...]), found "
+                                   f"condition={type(condition).__name__}, behavior={type(behavior).__name__}")
+            rules = [ConditionalRule(condition if isinstance(condition, list) else [condition], behavior, mode, negate)]
+        if not isinstance(rules, (list, tuple)) or not rules or not all(isinstance(r, ConditionalRule) for r in rules):
+            raise VectorsError(f"expected rules as a non-empty list of ConditionalRule values, found {rules!r:.100}")
+        self.rules: list[ConditionalRule] = list(rules)
+        widths = {r.behavior.d_model for r in self.rules}
+        if len(widths) != 1:
+            raise ModelMismatchError(f"expected every rule of a conditional steering to have one d_model, found "
+                                     f"{sorted(widths)}")
+        if provenance is None:
+            p = self.rules[0].behavior.provenance
+            provenance = Provenance(model_name=p.model_name, model_fingerprint=p.model_fingerprint,
+                                    model_arch=p.model_arch, d_model=self.d_model, n_layers=p.n_layers, method="cast")
+        if not isinstance(provenance, Provenance):
+            raise VectorsError(f"expected a Provenance, found {type(provenance).__name__}")
+        if provenance.d_model is not None and provenance.d_model != self.d_model:
+            raise ModelMismatchError(f"expected a conditional steering of d_model={provenance.d_model} (from the "
+                                     f"provenance), found {self.d_model}")
+        self.provenance = provenance.replace(operation="conditional")
+
+    @property
+    def d_model(self) -> int:
+        return int(self.rules[0].behavior.d_model)
+
+    @property
+    def conditions(self) -> list[ConditionVector]:
+        """Every condition of every rule, in order (repeats removed)."""
+        out: list[ConditionVector] = []
+        for r in self.rules:
+            out += [c for c in r.conditions if not any(c == o for o in out)]
+        return out
+
+    def to_interventions(self, facts: ModelFacts, *, scale: float = 1.0, override: bool = False) -> list[Intervention]:
+        """Every rule's behaviour lowered (``behavior.to_interventions``, with ``scale``) and given the
+        rule's ``when``; every nested artifact is checked against ``facts`` first."""
+        check_against(self, facts, override=override)
+        out: list[Intervention] = []
+        for r in self.rules:
+            for c in r.conditions:
+                check_against(c, facts, override=override)
+            when = r.when()
+            out += [dataclasses.replace(iv, when=when)
+                    for iv in r.behavior.to_interventions(facts, scale=scale, override=override)]
+        return out
+
+    def _map_rules(self, behavior_fn, tensor_fn=None) -> "ConditionalSteering":
+        rules = [ConditionalRule([c._map_tensors(tensor_fn) if tensor_fn else c for c in r.conditions], behavior_fn(r.behavior),
+                      r.mode, r.negate) for r in self.rules]
+        return ConditionalSteering(rules=rules, provenance=self.provenance)
+
+    def _map_tensors(self, fn) -> "ConditionalSteering":
+        return self._map_rules(lambda b: b._map_tensors(fn), fn)
+
+    def _scaled(self, op) -> "ConditionalSteering":
+        def scale(b):
+            y = op(b)
+            if y is NotImplemented:
+                raise VectorsError(f"expected behaviours that scale (steering vectors), found a {b.kind}")
+            return y
+        return self._map_rules(scale)
+
+    def __mul__(self, k: float) -> "ConditionalSteering":
+        if not isinstance(k, (int, float, np.floating, np.integer)) or isinstance(k, bool):
+            return NotImplemented
+        return self._scaled(lambda b: b.__mul__(k))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, k: float) -> "ConditionalSteering":
+        if not isinstance(k, (int, float, np.floating, np.integer)) or isinstance(k, bool):
+            return NotImplemented
+        return self._scaled(lambda b: b.__truediv__(k))
+
+    def __neg__(self) -> "ConditionalSteering":
+        return self._scaled(lambda b: b.__neg__() if hasattr(b, "__neg__") else NotImplemented)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ConditionalSteering):
+            return NotImplemented
+        return (len(self.rules) == len(other.rules) and all(a == b for a, b in zip(self.rules, other.rules))
+                and self.provenance == other.provenance)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self):
+        rules = "; ".join(f"if {r.mode}({', '.join(c.site for c in r.conditions)}){' negated' if r.negate else ''} "
+                          f"then {r.behavior.kind}" for r in self.rules)
+        return f"ConditionalSteering({rules})"
+
+    def to_payload(self) -> tuple[dict[str, Tensor], dict]:
+        tensors: dict[str, Tensor] = {}
+        rules = []
+        for i, r in enumerate(self.rules):
+            conds = []
+            for j, c in enumerate(r.conditions):
+                t, m = c.to_payload()
+                tensors.update({f"rule.{i}.condition.{j}.{k}": v for k, v in t.items()})
+                conds.append(m)
+            t, m = r.behavior.to_payload()
+            tensors.update({f"rule.{i}.behavior.{k}": v for k, v in t.items()})
+            rules.append({"mode": r.mode, "negate": r.negate, "conditions": conds, "behavior": m})
+        return tensors, {"kind": self.kind, "fields": {"rules": rules}, "provenance": self.provenance.to_dict()}
+
+    @classmethod
+    def from_payload(cls, tensors: dict[str, Tensor], meta: dict) -> "ConditionalSteering":
+        fields = _fields(meta, cls.kind)
+        specs = fields.get("rules")
+        if not isinstance(specs, list) or not specs or len(specs) > 1000:
+            raise ArtifactFormatError(f"expected 'rules' as a non-empty list in a {cls.kind}, found {specs!r:.100}")
+        used: set = set()
+
+        def nested(prefix: str, m: Any, kinds: tuple) -> Any:
+            if not isinstance(m, dict) or m.get("kind") not in kinds:
+                raise ArtifactFormatError(f"expected a nested artifact of kind {kinds} at {prefix!r}, found "
+                                          f"{(m.get('kind') if isinstance(m, dict) else m)!r:.100}")
+            sub = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+            used.update(prefix + k for k in sub)
+            return payload_to_artifact(sub, m)
+
+        rules = []
+        for i, spec in enumerate(specs):
+            if not isinstance(spec, dict) or set(spec) != {"mode", "negate", "conditions", "behavior"}:
+                raise ArtifactFormatError(f"expected rule {i} as {{mode, negate, conditions, behavior}}, found "
+                                          f"{spec!r:.100}")
+            cs = spec["conditions"]
+            if not isinstance(cs, list) or not cs or len(cs) > 1000:
+                raise ArtifactFormatError(f"expected rule {i}'s conditions as a non-empty list, found {cs!r:.100}")
+            conds = [nested(f"rule.{i}.condition.{j}.", m, (ConditionVector.kind,)) for j, m in enumerate(cs)]
+            behavior = nested(f"rule.{i}.behavior.", spec["behavior"], BEHAVIOR_KINDS)
+            try:
+                rules.append(ConditionalRule(conds, behavior, spec["mode"], spec["negate"]))
+            except VectorsError as e:
+                raise ArtifactFormatError(f"expected a valid rule {i}, found: {e}") from None
+        extra = sorted(set(tensors) - used)
+        if extra:
+            raise ArtifactFormatError(f"expected only rule.N.condition.M.* and rule.N.behavior.* tensors in a {cls.kind}, "
+                                      f"found {extra[:10]}")
+        return cls(rules=rules, provenance=Provenance.from_dict(meta.get("provenance", {})))
+
+
 # --------------------------------------------------------------------------- payload helpers
-ARTIFACT_KINDS: dict[str, type[_Artifact]] = {c.kind: c for c in (SteeringVector, DirectionSet, Probe, Region, LayerSchedule)}
-Artifact = SteeringVector | DirectionSet | Probe | Region | LayerSchedule
+ARTIFACT_KINDS: dict[str, type[_Artifact]] = {c.kind: c for c in (SteeringVector, DirectionSet, Probe, Region, LayerSchedule,
+                                                                 ConditionVector, ConditionalSteering)}
+Artifact = SteeringVector | DirectionSet | Probe | Region | LayerSchedule | ConditionVector | ConditionalSteering
 
 
 def _fields(meta: Any, kind: str) -> dict:
@@ -751,6 +1302,15 @@ def _expect_keys(tensors: dict, required: set, optional: set, kind: str) -> None
 
 
 def artifact_to_payload(obj: Any) -> tuple[dict[str, Tensor], dict]:
+    """An artifact as ``(tensors, meta)``: what the store and the safetensors export write.
+
+    Example:
+        >>> from steerkit.vectors import SteeringVector
+        >>> from steerkit.vectors.artifacts import artifact_to_payload
+        >>> tensors, meta = artifact_to_payload(SteeringVector.from_direction(torch.ones(64), layer=2))
+        >>> sorted(tensors), meta["kind"]
+        (['direction.2'], 'steering_vector')
+    """
     # (every registered kind is an _Artifact; the first test tells the type checker so)
     if not (isinstance(obj, _Artifact) and isinstance(obj, tuple(ARTIFACT_KINDS.values()))):
         raise VectorsError(f"expected a steerkit artifact ({', '.join(ARTIFACT_KINDS)}), found {type(obj).__name__}")
@@ -758,7 +1318,15 @@ def artifact_to_payload(obj: Any) -> tuple[dict[str, Tensor], dict]:
 
 
 def payload_to_artifact(tensors: dict[str, Tensor], meta: Any) -> Any:
-    """Rebuild an artifact from tensors and metadata, validating everything."""
+    """Rebuild an artifact from tensors and metadata, validating everything.
+
+    Example:
+        >>> from steerkit.vectors import SteeringVector
+        >>> from steerkit.vectors.artifacts import artifact_to_payload, payload_to_artifact
+        >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, scale=3.0)
+        >>> payload_to_artifact(*artifact_to_payload(v)) == v
+        True
+    """
     if not isinstance(meta, dict):
         raise ArtifactFormatError(f"expected artifact metadata as a JSON object, found {type(meta).__name__}")
     kind = meta.get("kind")

@@ -60,17 +60,43 @@ INLINE_OPS = ("add", "ablate", "clamp")
 
 
 class SpecError(InputError):
-    """A steering spec that cannot be applied; the message says what was expected and found."""
+    """A steering spec that cannot be applied; the message says what was expected and found.
+
+    Examples:
+        >>> try:
+        ...     parse_spec("not json")
+        ... except ValueError as e:
+        ...     print(type(e).__name__, isinstance(e, steerkit.InputError))
+        SpecError True
+    """
 
 
 @dataclasses.dataclass(frozen=True)
 class ArtifactRef:
+    """A stored artifact a request steers with (``name@version``) and its scale.
+
+    Examples:
+        >>> parse_spec({"artifacts": [{"ref": "happy@1", "scale": 0.5}]}).artifacts
+        (ArtifactRef(ref='happy@1', scale=0.5),)
+    """
+
     ref: str
     scale: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
 class InlineOp:
+    """An operation written into the request (``add``, ``ablate`` or ``clamp`` at
+    ``blocks.{l}.hook_resid_post`` of each of ``layers``), as :func:`parse_spec` validated it.
+
+    Examples:
+        >>> spec = parse_spec({"ops": [{"op": "add", "layers": [1, 2], "vector": [1.0] * 64, "scale": 4.0,
+        ...                             "positions": "generated"}]})
+        >>> op = spec.ops[0]
+        >>> op.op, op.layers, len(op.vectors[0]), op.scale, op.positions
+        ('add', (1, 2), 64, 4.0, 'generated')
+    """
+
     op: str
     layers: tuple[int, ...]
     vectors: tuple[tuple[float, ...], ...]
@@ -81,6 +107,17 @@ class InlineOp:
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
+    """A request's parsed steering: stored artifacts, inline operations, and whether a fingerprint
+    mismatch is only a note (``override``).
+
+    Examples:
+        >>> spec = parse_spec({"artifacts": [{"ref": "happy@1"}]})
+        >>> spec.empty, Spec().empty
+        (False, True)
+        >>> spec.canonical()
+        '{"artifacts":[{"ref":"happy@1","scale":1.0}],"ops":[],"override":false}'
+    """
+
     artifacts: tuple[ArtifactRef, ...] = ()
     ops: tuple[InlineOp, ...] = ()
     override: bool = False
@@ -126,7 +163,12 @@ def _positions(x: Any, what: str) -> Union[str, tuple[int, ...]]:
 
 
 def parse_spec(value: Any) -> Spec:
-    """Validate a request's ``extra_args["steerkit"]`` (a JSON string or a dict) into a :class:`Spec`."""
+    """Validate a request's ``extra_args["steerkit"]`` (a JSON string or a dict) into a :class:`Spec`.
+
+    Examples:
+        >>> parse_spec('{"artifacts": [{"ref": "happy@1", "scale": 2}]}')
+        Spec(artifacts=(ArtifactRef(ref='happy@1', scale=2.0),), ops=(), override=False)
+    """
     if isinstance(value, Spec):
         return value
     if isinstance(value, (str, bytes)):
@@ -197,7 +239,17 @@ def parse_spec(value: Any) -> Spec:
 
 
 def salt(spec: Union[Spec, Any], user_salt: Optional[str] = None) -> str:
-    """The prefix-cache salt of a steered request: equal specs share cached KV, others never do."""
+    """The prefix-cache salt of a steered request: equal specs share cached KV, others never do.
+
+    Examples:
+        >>> a = salt('{"artifacts": [{"ref": "happy@1"}]}')
+        >>> a.startswith("steerkit-"), a == salt({"artifacts": [{"ref": "happy@1", "scale": 1.0}]})
+        (True, True)
+        >>> a == salt({"artifacts": [{"ref": "sad@1"}]})
+        False
+        >>> salt({"artifacts": [{"ref": "happy@1"}]}, user_salt="alice") == "alice-" + a
+        True
+    """
     s = parse_spec(spec)
     h = hashlib.sha256(s.canonical().encode()).hexdigest()[:32]
     return f"{user_salt}-steerkit-{h}" if user_salt else f"steerkit-{h}"
@@ -210,7 +262,12 @@ def request_args(*refs: Union[str, dict], scale: Union[float, Sequence[float]] =
 
     ``request_args("happy@1", scale=1.0)``; several: ``request_args("a@1", "b@2", scale=[1.0, 0.5])``
     or ``request_args({"a@1": 1.0, "b@2": 0.5})``; inline operations through ``ops=[...]`` (see the
-    module docstring). Validates the spec here, so a typo fails in the client."""
+    module docstring). Validates the spec here, so a typo fails in the client.
+
+    Examples:
+        >>> request_args("happy@1", "calm@2", scale=[1.0, 0.5])
+        {'steerkit': '{"artifacts":[{"ref":"happy@1","scale":1.0},{"ref":"calm@2","scale":0.5}]}'}
+    """
     arts: list[dict] = []
     for r in refs:
         if isinstance(r, dict):
@@ -237,7 +294,15 @@ def request_body(model: str, *refs: Union[str, dict], prompt: Optional[str] = No
                  ops: Optional[list] = None, override: bool = False, **params: Any) -> dict:
     """A request body for vLLM's OpenAI-compatible server (``/v1/completions`` with ``prompt``,
     ``/v1/chat/completions`` with ``messages``) that steers with the named artifacts. Sets
-    ``vllm_xargs`` and a ``cache_salt`` (the server also salts steered requests itself)."""
+    ``vllm_xargs`` and a ``cache_salt`` (the server also salts steered requests itself).
+
+    Examples:
+        >>> body = request_body("my-model", "happy@1", prompt="Hello", max_tokens=16)
+        >>> sorted(body)
+        ['cache_salt', 'max_tokens', 'model', 'prompt', 'vllm_xargs']
+        >>> body["vllm_xargs"] == request_args("happy@1"), body["cache_salt"] == salt(body["vllm_xargs"]["steerkit"])
+        (True, True)
+    """
     if (prompt is None) == (messages is None):
         raise SpecError("expected exactly one of prompt= (completions) or messages= (chat completions)")
     body: dict[str, Any] = {"model": model, **params}
@@ -261,7 +326,14 @@ MAX_PER_SITE = 30
 @dataclasses.dataclass(frozen=True)
 class Resolved:
     """A spec as interventions at canonical server sites, ready for the planner (see ``plan.py``).
-    ``key``: the spec's canonical text (equal specs, equal steering)."""
+    ``key``: the spec's canonical text (equal specs, equal steering).
+
+    Examples:
+        >>> spec = parse_spec({"ops": [{"op": "add", "layers": [0, 3], "vector": [0.1] * 64}]})
+        >>> r = resolve(spec, store=store, facts=tiny.facts)
+        >>> r.sites, len(r.interventions), r.key == spec.canonical()
+        (('blocks.0.hook_resid_post', 'blocks.3.hook_resid_post'), 2, True)
+    """
 
     key: str
     interventions: tuple  # tuple[Intervention, ...]
@@ -300,7 +372,16 @@ def _server_positions(spec, where: str) -> None:
 
 def canonical_site(iv: Intervention, facts: ModelFacts) -> Intervention:
     """``iv`` at the site the server hooks for its tensor: ``blocks.{l}.hook_resid_pre`` with ``l > 0``
-    is ``blocks.{l-1}.hook_resid_post``; a site the plugin cannot hook raises :class:`SpecError`."""
+    is ``blocks.{l-1}.hook_resid_post``; a site the plugin cannot hook raises :class:`SpecError`.
+
+    Examples:
+        >>> canonical_site(Intervention.add("blocks.2.hook_resid_pre", torch.ones(64)), tiny.facts).site
+        'blocks.1.hook_resid_post'
+        >>> canonical_site(Intervention.add("blocks.2.attn.hook_z", torch.ones(64)), tiny.facts)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        steerkit.serving.spec.SpecError: expected a site the vLLM plugin can edit ...
+    """
     try:
         s = parse_hook(iv.site, facts.n_layers, has_resid_mid=facts.has_resid_mid)
     except HookNameError as e:
@@ -317,7 +398,15 @@ def canonical_site(iv: Intervention, facts: ModelFacts) -> Intervention:
 def artifact_interventions(art: Any, ref: str, scale: float, facts: ModelFacts, *, override: bool,
                            check: bool) -> tuple[list[Intervention], list[str]]:
     """What a stored artifact does (``art.to_interventions``, checked against ``facts``), with the
-    warnings of its check as notes. ``check=False`` applies it whatever its fingerprint says."""
+    warnings of its check as notes. ``check=False`` applies it whatever its fingerprint says.
+
+    Examples:
+        >>> from steerkit.vectors import SteeringVector
+        >>> v = SteeringVector.from_direction(torch.randn(64), layer=1, model=tiny, scale=2.0)
+        >>> ivs, notes = artifact_interventions(v, "v@1", 1.0, tiny.facts, override=False, check=True)
+        >>> [(iv.site, iv.op) for iv in ivs], notes
+        ([('blocks.1.hook_resid_post', 'add')], [])
+    """
     to = getattr(art, "to_interventions", None)
     if to is None:
         raise SpecError(f"expected artifact {ref!r} to be a kind that steers (a vector, direction set or region), "
@@ -328,12 +417,23 @@ def artifact_interventions(art: Any, ref: str, scale: float, facts: ModelFacts, 
             ivs = to(facts, scale=scale, override=override if check else True)
         except SteerkitError as e:  # ModelMismatchError, VectorsError, InputError
             raise SpecError(f"artifact {ref!r} does not fit the served model: {e}") from None
+    conditional = sorted({iv.site for iv in ivs if iv.when is not None})
+    if conditional:
+        raise SpecError(f"expected steering the vLLM plugin can apply, found conditional steering (CAST conditions, "
+                        f"when=) in artifact {ref!r} at {conditional}: the server does not evaluate conditions; apply "
+                        "it with steerkit itself (sm.steer / sm.generate) or store its behaviour alone")
     notes = [str(w.message) for w in caught] if check else []
     return list(ivs), notes
 
 
 def inline_interventions(op: InlineOp, facts: ModelFacts) -> list[Intervention]:
-    """An inline op as interventions at ``blocks.{l}.hook_resid_post`` for each of its layers."""
+    """An inline op as interventions at ``blocks.{l}.hook_resid_post`` for each of its layers.
+
+    Examples:
+        >>> op = InlineOp("ablate", (1,), ((1.0,) + (0.0,) * 63, (1.0, 1.0) + (0.0,) * 62))
+        >>> [(iv.site, iv.op, tuple(iv.tensor.shape)) for iv in inline_interventions(op, tiny.facts)]
+        [('blocks.1.hook_resid_post', 'ablate', (2, 64))]
+    """
     d_model, n_layers = facts.d_model, facts.n_layers
     V = torch.tensor(op.vectors, dtype=torch.float32)
     if V.shape[1] != d_model:
@@ -364,7 +464,15 @@ def inline_interventions(op: InlineOp, facts: ModelFacts) -> list[Intervention]:
 
 def check_compiles(interventions: Sequence[Intervention], facts: ModelFacts) -> None:
     """Compile the steering once on the CPU, one site at a time, so whatever the server's compile
-    would refuse is refused here with its site named."""
+    would refuse is refused here with its site named.
+
+    Examples:
+        >>> check_compiles([Intervention.add("blocks.1.hook_resid_post", torch.ones(64))], tiny.facts)
+        >>> check_compiles([Intervention.add("blocks.1.hook_resid_post", torch.ones(32))], tiny.facts)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        steerkit.serving.spec.SpecError: steering at 'blocks.1.hook_resid_post' is not valid: expected the add vector of shape [64] ...
+    """
     per_site: dict[str, list[Intervention]] = {}
     for iv in interventions:
         per_site.setdefault(iv.site, []).append(iv)
@@ -384,7 +492,15 @@ def resolve(spec: Spec, *, store: Any, facts: Union[ModelFacts, dict], check: bo
     ``facts``: the served model's :class:`~steerkit.ModelFacts` (or a ``{"name", "d_model",
     "n_layers", "fingerprint"}`` dict); with ``check`` every artifact is checked against them
     (``override`` in the spec turns a fingerprint or depth mismatch into a note); ``check=False``
-    (the worker: the front end has checked) applies them as they are."""
+    (the worker: the front end has checked) applies them as they are.
+
+    Examples:
+        >>> from steerkit.vectors import SteeringVector
+        >>> ref = store.save("happy", SteeringVector.from_direction(torch.randn(64), layer=2, model=tiny, scale=4.0))
+        >>> r = resolve(parse_spec(request_args(ref)["steerkit"]), store=store, facts=tiny.facts)
+        >>> ref, r.sites, [iv.op for iv in r.interventions], r.notes
+        ('happy@1', ('blocks.2.hook_resid_post',), ['add'], ())
+    """
     facts = _facts(facts)
     ivs: list[Intervention] = []
     notes: list[str] = []
