@@ -46,7 +46,15 @@ Number = Union[int, float]
 
 
 class SteerConfigError(InputError):
-    """A configuration or a table does not have the shape, dtype or values expected."""
+    """A configuration or a table does not have the shape, dtype or values expected.
+
+    Examples:
+        >>> try:
+        ...     SteerTable.from_configs([SteerConfig.injection(torch.ones(8)), SteerConfig.injection(torch.ones(4))])
+        ... except ValueError as e:
+        ...     print(type(e).__name__)
+        SteerConfigError
+    """
 
 
 def orthonormalize(
@@ -62,6 +70,13 @@ def orthonormalize(
     is positive (rows multiplied by ``sign(R_ii)``); an all-zero input gives ``[0, d_model]``.
     The result has the input's floating dtype (the default dtype for integer input) and passes
     the orthonormality check of :class:`SteerConfig` (``ORTHO_TOL``).
+
+    Examples:
+        >>> B = orthonormalize(torch.tensor([[3.0, 0.0, 0.0], [1.0, 1.0, 0.0], [2.0, 1.0, 0.0]]))
+        >>> B.shape[0], torch.allclose(B @ B.T, torch.eye(2), atol=1e-6)  # the third vector adds nothing
+        (2, True)
+        >>> B.tolist()
+        [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
     """
     v = torch.as_tensor(vectors)
     if v.dim() == 1:
@@ -89,7 +104,15 @@ def orthonormalize(
 
 def add_terms(add: Tensor, add_scale: Union[Number, Tensor], where: str = "") -> tuple[Tensor, Tensor]:
     """A configuration's injection as rows and one scale per row: ``add`` ``[d]`` or ``[n_add, d]`` and
-    ``add_scale`` a number or ``[n_add]`` become ``([n_add, d], [n_add])`` (float32 scales)."""
+    ``add_scale`` a number or ``[n_add]`` become ``([n_add, d], [n_add])`` (float32 scales).
+
+    Examples:
+        >>> rows, scales = add_terms(torch.ones(2, 4), 0.5)
+        >>> tuple(rows.shape), scales.tolist()
+        ((2, 4), [0.5, 0.5])
+        >>> tuple(add_terms(torch.ones(4), 2.0)[0].shape)
+        (1, 4)
+    """
     v2 = add if add.dim() == 2 else add[None]
     sc = torch.as_tensor(add_scale, dtype=torch.float32).reshape(-1)
     if sc.numel() == 1:
@@ -135,6 +158,15 @@ class Region:
     ``z*`` is the closest point of ``{y : normals @ y <= offsets}`` to ``z`` (:meth:`project`).
     Two regions are equal when they are of the same class and their tensors are equal (dtype,
     shape and values).
+
+    Examples:
+        >>> region = Region(mean=torch.zeros(3), projection=torch.eye(3)[:2],  # the (x0, x1) plane
+        ...                 normals=torch.tensor([[1.0, 0.0]]), offsets=torch.tensor([1.0]))  # x0 <= 1
+        >>> x = torch.tensor([[3.0, 2.0, 5.0]])
+        >>> region.coordinates(x).tolist(), region.contains(x).tolist()
+        ([[3.0, 2.0]], [False])
+        >>> region.project(region.coordinates(x)).round(decimals=4).tolist()
+        [[1.0, 2.0]]
     """
 
     mean: Float[Tensor, " d_model"]
@@ -240,7 +272,16 @@ def _same_tensor(a: Tensor, b: Tensor) -> bool:
 
 @dataclass
 class SteerConfig:
-    """What to do to the rows of one sequence (see the module docstring)."""
+    """What to do to the rows of one sequence (see the module docstring).
+
+    Examples:
+        >>> u = torch.eye(8)[0]
+        >>> cfg = SteerConfig.ablation(u).with_gate(u, 0.2)
+        >>> tuple(cfg.basis.shape), cfg.gate_threshold, cfg.gate_mode
+        ((1, 8), 0.2, 'above')
+        >>> SteerConfig.clamp(u, 3.0).target, SteerConfig.injection(torch.ones(8), 2.0).add_scale
+        (3.0, 2.0)
+    """
 
     basis: Optional[Float[Tensor, "k d_model"]] = None
     strength: Union[Number, Float[Tensor, " k"]] = 1.0
@@ -300,6 +341,13 @@ class SteerTable:
     ``region_W [n, NH, M]`` (unit rows), ``region_c [n, NH]``,
     ``region_s [n]``, ``region_step [n]`` (1 / ||W||_2^2). ``schedule`` holds
     per-layer weights ``w_l`` for the injection, read by :meth:`layer_weight`.
+
+    Examples:
+        >>> t = SteerTable.from_configs([SteerConfig.injection(torch.ones(8)), SteerConfig.ablation(torch.eye(8)[:2])])
+        >>> t.n_configs, t.d_model, t.has_add, t.has_ablate, t.has_gate, t.k
+        (2, 8, True, True, False, 2)
+        >>> t.add[1].abs().sum().item()  # the second configuration adds nothing
+        0.0
     """
 
     n_configs: int
@@ -392,7 +440,9 @@ class SteerTable:
             )
         n = len(configs)
         def vec(t: Tensor, name: str) -> Tensor:
-            t = t.detach().to(torch.float32).cpu()
+            if not (t.requires_grad and torch.is_grad_enabled()):
+                t = t.detach()  # a trainable vector keeps its autograd link into the table
+            t = t.to(torch.float32).cpu()
             if t.shape[-1] != d_model:
                 raise SteerConfigError(
                     f"{name} must end in d_model={d_model}; found shape {tuple(t.shape)}. "

@@ -10,8 +10,9 @@ what it computes alone.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Callable, Iterable, Sequence, Union
+from typing import Callable, Iterable, Iterator, Sequence, Union
 
 import torch
 from jaxtyping import Float
@@ -37,7 +38,13 @@ Prompts = Union[str, Sequence[str]]
 
 
 def per_row_steering(steering) -> bool:
-    """A list is one steering per batch row unless every element is an :class:`Intervention`."""
+    """A list is one steering per batch row unless every element is an :class:`Intervention`.
+
+    Examples:
+        >>> add = Intervention.add("blocks.0.hook_resid_post", torch.ones(64))
+        >>> per_row_steering([add, add]), per_row_steering([[add], None])
+        (False, True)
+    """
     return isinstance(steering, (list, tuple)) and bool(steering) and not all(
         isinstance(s, Intervention) for s in steering)
 
@@ -57,7 +64,13 @@ def _apply_on(site: str, fn, positions, heads=None, neurons=None) -> Interventio
 
 
 class Tokens:
-    """A tokenized, left-padded batch: ``input_ids`` and ``attention_mask`` ``[batch, pos]``."""
+    """A tokenized, left-padded batch: ``input_ids`` and ``attention_mask`` ``[batch, pos]``.
+
+    Examples:
+        >>> t = tiny.pad([[5, 6, 7], [8]])
+        >>> len(t), t.attention_mask.tolist(), t.position_ids.tolist()
+        (2, [[1, 1, 1], [0, 0, 1]], [[0, 1, 2], [0, 0, 0]])
+    """
 
     def __init__(self, input_ids: Tensor, attention_mask: Tensor):
         self.input_ids = input_ids
@@ -72,7 +85,21 @@ class Tokens:
 
 
 class SteerModel:
-    """A model ready to be recorded and steered. Build it with :func:`steerkit.load_model`."""
+    """A model ready to be recorded and steered. Build it with :func:`steerkit.load_model`.
+
+    Examples:
+        >>> sm
+        SteerModel('HuggingFaceTB/SmolLM2-135M-Instruct', backend='hf', n_layers=30, d_model=576, adapter='llama')
+        >>> with sm.record("blocks.15.hook_resid_post", positions="last") as cache:
+        ...     _ = sm.forward(["I love this", "I hate this"])
+        >>> v = cache["blocks.15.hook_resid_post"][0] - cache["blocks.15.hook_resid_post"][1]
+        >>> tuple(v.shape)
+        (576,)
+        >>> with sm.edit("blocks.15.hook_resid_post", add=v, scale=4.0):
+        ...     out = sm.generate(["Tell me about your day"], max_new_tokens=4)
+        >>> len(out), isinstance(out[0], str)
+        (1, True)
+    """
 
     def __init__(self, model, tokenizer, *, name: str, backend: str = "hf", adapter: Adapter | None = None,
                  source_gguf=None, hf_model=None, fingerprint: str | None = None):
@@ -196,20 +223,50 @@ class SteerModel:
         return Tokens(input_ids.to(self.device), mask.to(self.device))
 
     # --- running -----------------------------------------------------------------
-    def forward(self, prompts: Prompts | Tokens, *, chat: bool = True, grad: bool = False
+    def forward(self, prompts: Prompts | Tokens, *, chat: bool = True, grad: bool | None = None
                 ) -> Float[Tensor, "batch pos vocab"]:
         """Logits ``[batch, pos, vocab]`` of a left-padded batch (chat template by default).
 
-        Runs under ``torch.inference_mode`` unless ``grad``: then autograd records the pass, so a
-        metric of the logits can be differentiated with respect to any tensor an intervention
-        brought in (e.g. ``Intervention.apply(site, lambda h: h + delta)`` with ``delta`` requiring
-        grad), as attribution patching does."""
+        Runs under ``torch.inference_mode`` unless ``grad`` (by default: inside :meth:`training`):
+        then autograd records the pass, so a metric of the logits can be differentiated with respect
+        to any tensor an intervention brought in (``Intervention.add(site, v)`` with ``v`` an
+        ``nn.Parameter``, or ``Intervention.apply(site, lambda h: h + delta)``), as attribution
+        patching and :mod:`steerkit.probes.train` do."""
+        if grad is None:
+            grad = self.__dict__.get("_grad_scopes", 0) > 0
         toks = self.tokenize(prompts, chat=chat)
         with torch.enable_grad() if grad else torch.inference_mode():
             with self.hooks.runs.running(toks.attention_mask, toks.input_ids):
                 return self.backend.forward(toks.input_ids, toks.attention_mask, toks.position_ids)
 
     __call__ = forward
+
+    @contextlib.contextmanager
+    def training(self, *, freeze: bool = True) -> Iterator["SteerModel"]:
+        """A scope in which :meth:`forward` runs with autograd (``grad=True`` by default) and grad mode
+        is on, so steering compiled inside it keeps trainable vectors in the graph; outside it,
+        inference mode stays the default. ``freeze`` (default) turns off ``requires_grad`` on the
+        model's weights for the scope (no weight gradients are computed or stored) and restores it
+        on exit, also after an exception. The model stays in eval mode (no dropout).
+
+        Examples:
+            >>> v = torch.nn.Parameter(torch.zeros(tiny.d_model))
+            >>> with tiny.training(), tiny.steer(steerkit.Intervention.add("blocks.0.hook_resid_post", v)):
+            ...     tiny.forward("hi", chat=False)[0, -1, 0].backward()
+            >>> v.grad.shape == v.shape, tiny.forward("hi", chat=False).requires_grad
+            (True, False)
+        """
+        params = [p for p in self.hf_model.parameters() if p.requires_grad] if freeze else []
+        for p in params:
+            p.requires_grad_(False)
+        self.__dict__["_grad_scopes"] = self.__dict__.get("_grad_scopes", 0) + 1
+        try:
+            with torch.enable_grad():
+                yield self
+        finally:
+            self.__dict__["_grad_scopes"] -= 1
+            for p in params:
+                p.requires_grad_(True)
 
     def generate(self, prompts: Prompts | Tokens, max_new_tokens: int = 32, *, chat: bool = True,
                  do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
@@ -366,6 +423,15 @@ def load_model(name_or_path=None, *, backend: str = "hf", dtype: torch.dtype | s
     loading, for a model larger than memory (layers that do not fit are kept on disk and loaded for
     each forward pass) or spread over several devices; hooks and steering tables follow each block's
     device.
+
+    Examples:
+        >>> from steerkit.export_hf import export_hf
+        >>> folder = export_hf(tiny, tmp_dir / "tiny")       # a Hugging Face model folder
+        >>> m = steerkit.load_model(folder)
+        >>> m.n_layers, m.d_model, m.fingerprint() == tiny.fingerprint()
+        (4, 64, True)
+
+        ``steerkit.load_model()`` with no argument is the embedded default model (``sm`` in these examples).
     """
     if backend not in BACKENDS:
         raise InputError(f"expected backend in {BACKENDS}, found {backend!r}")
@@ -387,6 +453,14 @@ def load_model(name_or_path=None, *, backend: str = "hf", dtype: torch.dtype | s
 def wrap(model, tokenizer, *, name: str | None = None, backend: str = "hf", source_gguf=None,
          fingerprint: str | None = None) -> SteerModel:
     """Wrap an already loaded HF causal LM and tokenizer (``fingerprint``: the provenance fingerprint
-    to use instead of the weights', e.g. of the model a quantised one was made from)."""
+    to use instead of the weights', e.g. of the model a quantised one was made from).
+
+    Examples:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> cfg = LlamaConfig(vocab_size=len(tiny.tokenizer), hidden_size=32, intermediate_size=64,
+        ...                   num_hidden_layers=2, num_attention_heads=2)
+        >>> steerkit.wrap(LlamaForCausalLM(cfg).eval(), tiny.tokenizer, name="two-layer")
+        SteerModel('two-layer', backend='hf', n_layers=2, d_model=32, adapter='llama')
+    """
     name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
     return SteerModel(model, tokenizer, name=name, backend=backend, source_gguf=source_gguf, fingerprint=fingerprint)
