@@ -5,7 +5,9 @@ Pages: Profiles (layer-wise divergence of paired prompts, per-pair values, logit
 (saved AUROC sweeps), Steer (baseline vs steered generations, streamed, tokens coloured by their
 projection), Patching (activation / attribution patching of a clean into a corrupted prompt as a
 layer x position or layer x head heatmap, with each cell's per-position detail), Attention (a
-prompt's attention patterns at a layer, one head or all), Store (artifacts, provenance, exports) and
+prompt's attention patterns at a layer, one head or all), Tune (a stored direction over a grid of
+layers x scales with ``steerkit.probes.tune``, or a saved tune result: trade-off curves, a metric
+heatmap, a cell's generations next to the baseline's), Store (artifacts, provenance, exports) and
 Diagnostics (residual norm, sink attention, MI per step). Modules: :mod:`.data` (built-in contrast sets, prompt and layer parsing),
 :mod:`.analysis` (result dataclasses and the computations over a model), :mod:`.io` (readers of saved
 sweep and MI results), :mod:`.figures` (pure figure functions, usable in notebooks), :mod:`.layout`,

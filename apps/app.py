@@ -25,7 +25,7 @@ from steerkit.errors import InputError
 from steerkit.loading import local_models
 from steerkit.vectors.store import default_store_path
 
-from .data import MAX_REQUEST_BYTES, MODEL_DEADLINE_S
+from .data import MAX_REQUEST_BYTES, MODEL_DEADLINE_S, TUNE_DEADLINE_S
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 #: the names a browser on this machine uses for a local app (the Host check's default)
@@ -46,6 +46,8 @@ class AppEnv:
     model_dirs: list = field(default_factory=list)
     #: seconds of model work one request may take
     deadline: float = MODEL_DEADLINE_S
+    #: seconds one tune of the Tune page may take (a background job with progress and cancel)
+    tune_deadline: float = TUNE_DEADLINE_S
     lock: Any = field(default_factory=threading.Lock)
 
     def listed_models(self) -> list[dict]:

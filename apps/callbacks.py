@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import sys
 import tempfile
 import time
@@ -24,6 +25,8 @@ from dash import Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
 from steerkit.errors import InputError, SteerkitError
+from steerkit.files import Folder
+from steerkit.probes.tune import heatmap_figure, tradeoff_figure
 from steerkit.vectors import FORMATS, DirectionSet, SteeringVector, Store, check_compatible, export
 
 from . import analysis, figures
@@ -32,10 +35,14 @@ from . import io as saved
 from .analysis import Cancelled
 from .data import (
     ATTN_VIEWS, MAX_ANSWER_CHARS, MAX_BUILTIN_PAIRS, MAX_FIELD_CHARS, MAX_MODEL_PATH_CHARS,
-    MAX_NEW_TOKENS, MAX_PATCH_PROMPT_CHARS, MAX_PATCH_SITES, MAX_STEER_PROMPT_CHARS, MAX_STRENGTH, PATCH_HOOKS,
-    PATCH_METHODS, UPLOAD_MAX_BYTES, check_choice, check_int, check_number, check_text,
+    MAX_NEW_TOKENS, MAX_PATCH_PROMPT_CHARS, MAX_PATCH_SITES, MAX_STEER_PROMPT_CHARS, MAX_STRENGTH, MAX_TUNE_LAYERS,
+    MAX_TUNE_NEW_TOKENS, PATCH_HOOKS, PATCH_METHODS, UPLOAD_MAX_BYTES, check_choice, check_int, check_number,
+    check_text,
 )
-from .layout import CONTRASTS, DEFAULT_MODEL_VALUE, FIGURES, PAGES, PANE, layer_marks, model_label, model_options
+from .layout import (
+    CONTRASTS, DEFAULT_MODEL_VALUE, FIGURES, PAGES, PANE, TUNE_DAMAGE_LABELS, TUNE_METRIC_LABELS,
+    TUNE_NORMALIZE_LABELS, layer_marks, model_label, model_options,
+)
 from .runtime import cache_key, should_stop
 
 #: characters of an uploaded file's name kept for messages and labels
@@ -127,6 +134,11 @@ def _uploaded(data):
     if len(text) > UPLOAD_MAX_BYTES or len(text.encode("utf-8", "replace")) > UPLOAD_MAX_BYTES:
         raise _too_big(len(text.encode("utf-8", "replace")) if len(text) <= 4 * UPLOAD_MAX_BYTES else len(text))
     return _name(data.get("name")), text
+
+
+def _count(items, noun: str) -> str:
+    """``"3 layers"``, ``"1 layer"``: how many ``items``, with the noun."""
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
 
 
 def _layer(value):
@@ -671,6 +683,247 @@ def register(app, env):
         except InputError as e:
             return figures.empty_figure(str(e))
 
+    # ------------------------------------------------------------------ tune
+    def store_refs(kinds) -> list[dict]:
+        """Dropdown options of the store's newest artifacts of ``kinds`` (value: the ref)."""
+        return [{"label": f"{row['ref']} ({row.get('kind')}, {row.get('method') or '?'})", "value": row["ref"]}
+                for row in Store(env.store_path).list(all_versions=False) if row.get("kind") in kinds]
+
+    def stored(ref, kinds, what: str):
+        """The stored artifact ``ref`` (one of ``kinds``), checked against the loaded model."""
+        ref = check_text(ref, what, MAX_FIELD_CHARS).strip()
+        if not ref:
+            raise InputError(f"expected {what} from the store, found none; save one to the store first "
+                             "(the Profiles page, or steerkit vectors import FILE --name NAME)")
+        art = Store(env.store_path).load(ref)
+        if art.kind not in kinds:
+            raise InputError(f"expected {what} ({' or '.join(kinds)}), found a {art.kind} ({ref})")
+        check_compatible(art, host.get())
+        return art
+
+    def current_tune(data):
+        run = host.result(_key_of(data))
+        return run if isinstance(run, analysis.TuneRun) else None
+
+    def tune_selection(cell, data):
+        """``(layer, scale)`` of the ``tune-cell`` store when it names a cell of the current result."""
+        if not (isinstance(cell, dict) and cell.get("key") == _key_of(data)):
+            return None
+        run, layer, scale = current_tune(data), cell.get("layer"), cell.get("scale")
+        if run is None or isinstance(layer, bool) or not isinstance(layer, int) \
+                or saved.tune_cell(run.result, layer, scale) is None:
+            return None
+        return layer, float(scale)
+
+    @app.callback(Output("tune-artifact", "options"), Output("tune-artifact", "value"),
+                  Output("tune-probe", "options"), Output("tune-probe", "value"),
+                  Input("url", "pathname"), Input("tune-rescan", "n_clicks"), Input("store-refresh", "n_clicks"),
+                  Input("prof-dir-status", "children"), State("tune-artifact", "value"), State("tune-probe", "value"))
+    def tune_artifacts(path, _, __, ___, current, probe):
+        try:
+            dirs, probes = store_refs(("steering_vector", "direction_set")), store_refs(("probe",))
+        except Exception:  # noqa: BLE001 - an unreadable store lists nothing; the Store page says why
+            dirs, probes = [], []
+        dv, pv = [o["value"] for o in dirs], [o["value"] for o in probes]
+        return (dirs, current if current in dv else (dv[0] if dv else None),
+                probes, probe if probe in pv else (pv[0] if pv else None))
+
+    @app.callback(Output("tune-layers", "value"), Input("tune-artifact", "value"), prevent_initial_call=True)
+    def tune_default_layers(ref):
+        """The grid's layers for a picked artifact: its own layers (at most ``MAX_TUNE_LAYERS``), or
+        the five layers around its one layer."""
+        try:
+            art = stored(ref, ("steering_vector", "direction_set"), "a direction")
+        except Exception:  # noqa: BLE001
+            raise PreventUpdate from None
+        n = host.get().n_layers
+        ls = list(getattr(art, "layers", None) or [])
+        if len(ls) == 1:
+            ls = list(range(max(0, ls[0] - 2), min(n - 1, ls[0] + 2) + 1))
+        elif not ls:
+            ls = list(range(max(0, n // 2 - 2), min(n - 1, n // 2 + 2) + 1))
+        ls = ls[:MAX_TUNE_LAYERS]
+        if len(ls) > 1 and ls == list(range(ls[0], ls[-1] + 1)):
+            return f"{ls[0]}-{ls[-1]}"
+        return ",".join(map(str, ls))
+
+    def tune_concept(kind, words, absent, probe):
+        """The concept of a tune (``steerkit.probes.tune.tune``'s ``concept``) and a label for it."""
+        kind = check_choice(kind, "what scores the concept", ("words", "probe"))
+        if kind == "probe":
+            return stored(probe, ("probe",), "a probe"), f"probe {probe}"
+        contains, missing = inputs.tune_words(words, "words"), inputs.tune_words(absent, "absent words")
+        if not contains and not missing:
+            raise InputError("expected words that show the concept (like 'wedding, love'), found none; type some or "
+                             "pick a stored probe")
+        return {"contains": contains, "absent": missing}, {"contains": contains, "absent": missing}
+
+    @app.callback(
+        Output("tune-key", "data"), Output("tune-status", "children"),
+        Input("tune-run", "n_clicks"),
+        State("tune-artifact", "value"), State("tune-layers", "value"), State("tune-scales", "value"),
+        State("tune-max", "value"), State("tune-normalize", "value"), State("tune-prompts", "value"),
+        State("tune-neutral", "value"), State("tune-concept-kind", "value"), State("tune-words", "value"),
+        State("tune-absent", "value"), State("tune-probe", "value"),
+        background=True, prevent_initial_call=True, interval=500,
+        progress=[Output("tune-progress", "value"), Output("tune-progress", "max")],
+        running=[(Output("tune-run", "disabled"), True, False), (Output("tune-cancel", "disabled"), False, True),
+                 (Output("tune-progress", "style"), SHOWN_PROGRESS, HIDDEN_PROGRESS)],
+        cancel=[Input("tune-cancel", "n_clicks")],
+    )
+    def run_tune(set_progress, _, ref, layers, scales, max_new, normalize, prompts, neutral, kind, words, absent,
+                 probe):
+        """Tune a stored direction over the grid on the loaded model (``analysis.tune_run``: one layer per
+        call of ``steerkit.probes.tune.tune``, progress and cancel between layers)."""
+        try:
+            max_new = check_int(max_new, "a number of new tokens", 1, MAX_TUNE_NEW_TOKENS)
+            normalize = check_choice(normalize, "what a scale is", tuple(TUNE_NORMALIZE_LABELS))
+            prompts = inputs.tune_prompts(prompts, "prompts")
+            neutral = inputs.tune_prompts(neutral, "neutral prompts", allow_empty=True) or None
+            scales = inputs.parse_scales(check_text(scales, "the scales", MAX_FIELD_CHARS))
+            sm = host.get()
+            layers = inputs.tune_layers(check_text(layers, "a layer selection", MAX_FIELD_CHARS), sm.n_layers)
+            art = stored(ref, ("steering_vector", "direction_set"), "a direction")
+            concept, concept_key = tune_concept(kind, words, absent, probe)
+            key = cache_key("tune", sm.name, ref, layers, scales, max_new, normalize, prompts, neutral, concept_key)
+            run, hit = host.cached(key, lambda: analysis.tune_run(
+                sm, art, prompts, layers=layers, scales=scales, concept=concept, neutral=neutral,
+                max_new_tokens=max_new, normalize=None if normalize == "none" else normalize,
+                progress=lambda d, t: set_progress((str(d), str(t))), should_stop=should_stop,
+                deadline=env.tune_deadline))
+            note = ""
+            if run.stopped_at_deadline:  # a grid cut short is not what these settings give
+                host.forget(key)
+                key = host.put(cache_key("tune-partial", key, time.time()), run)
+                note = (f" Stopped at the time limit of {env.tune_deadline:g} s after {len(run.result['layers'])} of "
+                        f"{len(layers)} layers; this is what it had (choose fewer layers, scales, prompts or tokens).")
+            rec = run.recommended
+            msg = (f"{ref}: {_count(run.result['layers'], 'layer')} × {_count(run.result['scales'], 'scale')} on "
+                   f"{_count(prompts, 'prompt')}; "
+                   + (f"recommended: layer {rec['layer']}, scale {rec['scale']:g}; " if rec else
+                      "no cell is within the damage bounds (no recommendation); ")
+                   + ("from the cache." if hit else f"computed in {run.seconds:.1f}s.") + note)
+            return {"key": key}, _ok(msg)
+        except Exception as e:  # noqa: BLE001
+            return no_update, explain(e)
+
+    @app.callback(Output("tune-file", "options"), Input("url", "pathname"), Input("tune-rescan", "n_clicks"),
+                  Input("tune-save-status", "children"))
+    def tune_files(*_):
+        return [{"label": rel, "value": rel} for rel in saved.scan_tunes(env.results_path)]
+
+    @app.callback(Output("tune-key", "data", allow_duplicate=True), Output("tune-file-status", "children"),
+                  Input("tune-file", "value"), Input("tune-load", "n_clicks"), prevent_initial_call=True)
+    def load_tune(rel, _):
+        """A saved tune result of the results folder (read through ``steerkit.files.Folder``)."""
+        if not rel:
+            if ctx.triggered_id == "tune-load":
+                return no_update, _warn("Pick a saved tune result from the list first.")
+            raise PreventUpdate
+        try:
+            res = saved.read_tune(env.results_path, rel)
+            key = host.put(cache_key("tune-file", rel, time.time()), analysis.TuneRun(res, source=rel))
+            rec = res.get("recommended")
+            return {"key": key}, _ok(f"{rel}: {_count(res['layers'], 'layer')} × {_count(res['scales'], 'scale')} on "
+                                     f"{_count(res['prompts'], 'prompt')} ({res.get('concept_kind', '?')} concept); "
+                                     + (f"recommended: layer {rec['layer']}, scale {rec['scale']:g}." if rec
+                                        else "no recommended cell."))
+        except Exception as e:  # noqa: BLE001
+            return no_update, explain(e)
+
+    @app.callback(Output("tune-save-status", "children"), Input("tune-save", "n_clicks"), State("tune-key", "data"),
+                  State("tune-save-name", "value"), prevent_initial_call=True)
+    def save_tune(_, data, name):
+        """Write the shown result as ``NAME_tune.json`` into the results folder (``Folder.write_bytes``)."""
+        run = current_tune(data)
+        if run is None:
+            return _warn("Run a tune or load one first.")
+        try:
+            name = check_text(name, "a file name", MAX_FIELD_CHARS).strip()
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", name):
+                raise InputError(f"expected a file name of letters, digits, '_', '.' and '-' (at most 100, starting "
+                                 f"with a letter or digit), found {name[:40]!r}")
+            rel = f"{name}_tune.json"
+            Folder(env.results_path).write_bytes(rel, json.dumps(run.result, allow_nan=False).encode("utf-8"))
+            return _ok(f"Saved {rel} in {env.results_path}.")
+        except Exception as e:  # noqa: BLE001
+            return explain(e)
+
+    @app.callback(Output("tune-cell", "data"), Input("tune-key", "data"), Input("tune-tradeoff", "clickData"),
+                  Input("tune-heatmap", "clickData"), State("tune-damage", "value"))
+    def select_tune_cell(data, click_curves, click_heatmap, damage):
+        """The cell shown below the figures: a clicked point or cell, else the recommended cell (or the
+        first cell of the Pareto front, or the first cell)."""
+        run = current_tune(data)
+        if run is None:
+            return None
+        res = run.result
+        if ctx.triggered_id in ("tune-tradeoff", "tune-heatmap"):
+            click = click_curves if ctx.triggered_id == "tune-tradeoff" else click_heatmap
+            try:
+                point = click["points"][0]
+            except (TypeError, KeyError, IndexError):
+                raise PreventUpdate from None
+            cell = figures.tune_point(res, point, damage if damage in TUNE_DAMAGE_LABELS else "kl")
+            if cell is None:
+                raise PreventUpdate
+            return {"layer": cell[0], "scale": cell[1], "key": data["key"]}
+        first = res.get("recommended") or next((c for c in res["cells"] if c.get("pareto")), res["cells"][0])
+        return {"layer": first["layer"], "scale": float(first["scale"]), "key": data["key"]}
+
+    @app.callback(Output("tune-tradeoff", "figure"), Output("tune-heatmap", "figure"), Input("tune-key", "data"),
+                  Input("tune-cell", "data"), Input("tune-damage", "value"), Input("tune-metric", "value"))
+    def draw_tune(data, cell, damage, metric):
+        run = current_tune(data)
+        if run is None:
+            m = "Run a tune or load a saved result to see its trade-off curves and heatmap."
+            return figures.empty_figure(m), figures.empty_figure(m)
+        try:
+            damage = check_choice(damage, "a damage axis", tuple(TUNE_DAMAGE_LABELS))
+            metric = check_choice(metric, "a heatmap metric", tuple(TUNE_METRIC_LABELS))
+        except InputError as e:
+            return figures.empty_figure(str(e)), figures.empty_figure(str(e))
+        try:
+            curves, heat = tradeoff_figure(run.result, damage=damage), heatmap_figure(run.result, metric)
+        except (InputError, ValueError, TypeError, KeyError) as e:  # a result these figures cannot draw
+            m = f"Could not draw this tune result ({type(e).__name__}: {str(e)[:200]})"
+            return figures.empty_figure(m), figures.empty_figure(m)
+        sel = tune_selection(cell, data)
+        if sel is not None:
+            figures.mark_tune_tradeoff(curves, run.result, *sel, damage=damage)
+            figures.mark_tune_heatmap(heat, run.result, *sel)
+        if run.stopped_at_deadline:
+            for f in (curves, heat):
+                f.update_layout(title=f"{f.layout.title.text} (stopped at the time limit)")
+        for f in (curves, heat):
+            f.update_layout(clickmode="event", height=420)
+        return curves, heat
+
+    @app.callback(Output("tune-table", "data"), Output("tune-cell-status", "children"), Input("tune-cell", "data"),
+                  State("tune-key", "data"))
+    def tune_table(cell, data):
+        """The selected cell's generations next to the baseline's, one row per prompt."""
+        run = current_tune(data)
+        sel = tune_selection(cell, data) if run is not None else None
+        c = saved.tune_cell(run.result, *sel) if sel is not None else None
+        if c is None:
+            return [], html.Span("Click a point or a cell to see its generations next to the baseline's.",
+                                 style={"color": "#666"})
+        res = run.result
+        rec = res.get("recommended") or {}
+        tags = [t for t, on in (("recommended", rec.get("layer") == c["layer"] and saved.tune_cell(
+            res, rec.get("layer"), rec.get("scale")) is c), ("on the Pareto front", c.get("pareto"))) if on]
+
+        def num(v, fmt=".3g"):
+            return "—" if v is None else format(v, fmt)
+        lo, hi = c["concept_ci"]
+        msg = (f"Layer {c['layer']}, scale {c['scale']:g}" + (f" ({', '.join(tags)})" if tags else "")
+               + f": concept {num(c['concept'])} [{num(lo)}, {num(hi)}] (baseline "
+               f"{num(res['baseline'].get('concept'))}), KL {num(c.get('kl'))}, perplexity {num(c.get('perplexity'))}"
+               f" (× {num(c.get('ppl_ratio'))}), repetition {num(c.get('repetition'), '.2f')}; "
+               f"{_count(res['prompts'], 'prompt')}.")
+        return figures.tune_rows(res, c["layer"], c["scale"]), _ok(msg)
+
     # ------------------------------------------------------------------ store
     @app.callback(Output("store-table", "data"), Output("store-path", "children"), Output("store-status", "children"),
                   Output("store-table", "selected_rows"),
@@ -738,7 +991,7 @@ def register(app, env):
         try:
             ref = row["ref"]
             art = Store(env.store_path).load(ref)
-            ext = {"llama.cpp": ".gguf", "repeng": ".gguf", "easysteer": ".gguf", "tlens": ".json", "svec": ".svec",
+            ext = {"llama.cpp": ".gguf", "repeng": ".gguf", "easysteer": ".gguf", "easysteer-v1": ".gguf", "tlens": ".json", "svec": ".svec",
                    "safetensors": ".safetensors"}.get(fmt, ".bin")
             stem = ref.replace("@", "_v")
             with tempfile.TemporaryDirectory() as d:

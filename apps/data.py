@@ -5,6 +5,8 @@
 * :func:`temporal_events` / :func:`render_events` / :func:`temporal_pairs`, :func:`refusal_pairs`:
   the built-in contrasts;
 * :func:`parse_layers`: a layer selection such as ``"12"``, ``"10-14"`` or ``"3,5,9"``;
+* :func:`parse_scales`, :func:`tune_layers`, :func:`tune_prompts`, :func:`tune_words`: the Tune page's
+  grid, prompts and concept words, bounded by the ``MAX_TUNE_*`` limits;
 * ``IOI_*``: the Patching page's default prompt pair and answers.
 
 The ``MAX_*`` constants below are every bound on what one request may carry or ask for (the
@@ -79,6 +81,22 @@ PATCH_HOOKS = ("resid_pre", "attn_out", "mlp_out", "z")
 PATCH_METHODS = ("activation", "attribution", "both")
 #: the Attention page's views: one head, or every head of the layer as small multiples
 ATTN_VIEWS = ("one", "all")
+#: the Tune page's grid: layers and scales of one tune, prompts and their characters, new tokens
+#: per generation, characters of the concept and neutral fields
+MAX_TUNE_LAYERS = 8
+MAX_TUNE_SCALES = 8
+MAX_TUNE_PROMPTS = 32
+MAX_TUNE_PROMPT_CHARS = 1000
+MAX_TUNE_NEW_TOKENS = 64
+MAX_TUNE_CONCEPT_CHARS = 4000
+#: seconds one tune may run (a background job with progress and cancel; the grid of every cell)
+TUNE_DEADLINE_S = 900.0
+#: a saved tune result: layers, scales, prompts, and characters of one generation
+MAX_TUNE_RESULT_LAYERS = 128
+MAX_TUNE_RESULT_SCALES = 128
+MAX_TUNE_RESULT_CELLS = 4096
+MAX_TUNE_RESULT_PROMPTS = 1024
+MAX_TUNE_GENERATION_CHARS = 20_000
 #: the Patching page's defaults: the IOI pair (names swapped) and its answers
 IOI_CLEAN = "When Mary and John went to the store, John gave a drink to"
 IOI_CORRUPTED = "When John and Mary went to the store, Mary gave a drink to"
@@ -280,3 +298,98 @@ def parse_layers(spec, n_layers: int) -> list[int]:
         raise InputError(f"expected layers in 0..{n_layers - 1}, found {bad or out}")
     return sorted(set(out))
 
+
+
+# ============================================================================ the Tune page's grid
+def parse_scales(spec) -> list[float]:
+    """``"0.5, 1, 2, 4"`` (or a list of numbers) -> the distinct scales, sorted: finite, each at most
+    ``MAX_STRENGTH`` in size, at most ``MAX_TUNE_SCALES`` of them.
+
+    Examples:
+        >>> from steerkit.apps.data import parse_scales
+        >>> parse_scales("4, 1,2 , 1")
+        [1.0, 2.0, 4.0]
+        >>> parse_scales("1, 2, 3, 4, 5, 6, 7, 8, 9")
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected at most 8 scales, found 9; choose fewer
+    """
+    if isinstance(spec, (list, tuple)):
+        if len(spec) > MAX_TUNE_SCALES:
+            raise InputError(f"expected at most {MAX_TUNE_SCALES} scales, found {len(spec)}; choose fewer")
+        parts = list(spec)
+    else:
+        s = str(spec if spec is not None else "").strip()
+        if len(s) > MAX_FIELD_CHARS:
+            raise InputError(f"expected scales of at most {MAX_FIELD_CHARS} characters, found {len(s)}")
+        if not s:
+            raise InputError("expected scales like '1, 2, 4, 8', found nothing")
+        parts = [p.strip() for p in s.split(",") if p.strip()]
+        if len(parts) > MAX_TUNE_SCALES:
+            raise InputError(f"expected at most {MAX_TUNE_SCALES} scales, found {len(parts)}; choose fewer")
+    out = []
+    for p in parts:
+        try:
+            x = float(p) if not isinstance(p, bool) else None
+        except (TypeError, ValueError, OverflowError):
+            x = None
+        if x is None or not math.isfinite(x) or abs(x) > MAX_STRENGTH:
+            raise InputError(f"expected scales as finite numbers from {-MAX_STRENGTH:g} to {MAX_STRENGTH:g} separated "
+                             f"by commas (like '1, 2, 4, 8'), found {str(p)[:40]!r}")
+        out.append(x)
+    return sorted(set(out))
+
+
+def tune_layers(spec, n_layers: int) -> list[int]:
+    """A layer selection (:func:`parse_layers`) of at most ``MAX_TUNE_LAYERS`` layers for a tune.
+
+    Examples:
+        >>> from steerkit.apps.data import tune_layers
+        >>> tune_layers("10-12, 20", 30)
+        [10, 11, 12, 20]
+        >>> tune_layers("all", 30)
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected at most 8 layers for a tune, found 30; choose fewer (like '10-14')
+    """
+    layers = parse_layers(spec, n_layers)
+    if len(layers) > MAX_TUNE_LAYERS:
+        raise InputError(f"expected at most {MAX_TUNE_LAYERS} layers for a tune, found {len(layers)}; choose fewer "
+                         "(like '10-14')")
+    return layers
+
+
+def tune_prompts(text, what: str = "prompts", *, allow_empty: bool = False) -> list[str]:
+    """The prompts of a tune from pasted text (:func:`parse_prompt_text`): 1 to ``MAX_TUNE_PROMPTS``
+    of them (none is allowed with ``allow_empty``), each at most ``MAX_TUNE_PROMPT_CHARS`` characters.
+
+    Examples:
+        >>> from steerkit.apps.data import tune_prompts
+        >>> tune_prompts("Tell me a story.\\n\\nDescribe your day.")
+        ['Tell me a story.', 'Describe your day.']
+        >>> tune_prompts("", "neutral prompts", allow_empty=True)
+        []
+    """
+    prompts = parse_prompt_text(check_text(text, f"the {what}", MAX_PROMPT_LIST_CHARS), f"the {what}")
+    if not prompts and not allow_empty:
+        raise InputError(f"expected at least one of the {what} (one per line), found none")
+    if len(prompts) > MAX_TUNE_PROMPTS:
+        raise InputError(f"expected at most {MAX_TUNE_PROMPTS} {what} for a tune, found {len(prompts)}; keep fewer")
+    for i, p in enumerate(prompts):
+        if len(p) > MAX_TUNE_PROMPT_CHARS:
+            raise InputError(f"expected {what} of at most {MAX_TUNE_PROMPT_CHARS} characters, found {len(p)} "
+                             f"in line {i + 1}; shorten it")
+    return prompts
+
+
+def tune_words(text, what: str = "words") -> list[str]:
+    """Comma- or line-separated words (at most ``MAX_TUNE_CONCEPT_CHARS`` characters in all), stripped,
+    empty ones dropped: the substrings a tune's concept looks for.
+
+    Examples:
+        >>> from steerkit.apps.data import tune_words
+        >>> tune_words("wedding, love,\\nbride ,")
+        ['wedding', 'love', 'bride']
+    """
+    text = check_text(text, f"the {what}", MAX_TUNE_CONCEPT_CHARS)
+    return [w.strip() for w in text.replace("\n", ",").split(",") if w.strip()]

@@ -6,7 +6,9 @@ They hold no state and touch no model, so they work the same in the app and in a
     prof = analysis.divergence_profile(sm, *data.temporal_pairs(8))
     figures.profile_figure(prof).show()
 
-Every figure can be saved as a standalone HTML page with :func:`to_html`.
+Every figure can be saved as a standalone HTML page with :func:`to_html`. The Tune page draws
+``steerkit.probes.tune.tradeoff_figure`` / ``heatmap_figure``; :func:`mark_tune_tradeoff`,
+:func:`mark_tune_heatmap`, :func:`tune_point` and :func:`tune_rows` are its selection and table.
 """
 from __future__ import annotations
 
@@ -350,6 +352,133 @@ def attention_figure(att, head: Optional[int] = None) -> go.Figure:
                       coloraxis=dict(colorscale="Blues", cmin=0, cmax=top, colorbar=dict(title="attention")),
                       height=max(420, min(1400, 230 * nrows + 160)), margin=dict(l=90, r=20, t=70, b=90))
     return fig
+
+
+# ------------------------------------------------------------------ tune (the figures are steerkit.probes.tune's)
+SELECTED_COLOR = "#222"
+
+
+def _scale_label(scale) -> str:
+    """A scale as :func:`steerkit.probes.tune.heatmap_figure` labels its columns."""
+    return f"{float(scale):g}"
+
+
+def mark_tune_heatmap(fig: go.Figure, result: dict, layer: int, scale: float) -> go.Figure:
+    """Outline the cell ``(layer, scale)`` of a tune heatmap (:func:`steerkit.probes.tune.heatmap_figure`
+    of ``result``: layers down as ``L{layer}``, scales across); ``fig`` itself, changed in place.
+
+    Examples:
+        >>> from steerkit.apps.figures import mark_tune_heatmap
+        >>> from steerkit.probes.tune import TuneResult, heatmap_figure
+        >>> res = TuneResult.example().to_json()
+        >>> fig = mark_tune_heatmap(heatmap_figure(res, "kl"), res, 10, 4.0)
+        >>> [(s.x0, s.x1, s.y0, s.y1) for s in fig.layout.shapes]
+        [(1.5, 2.5, 0.5, 1.5)]
+    """
+    layers = list(result["layers"])
+    scales = [_scale_label(s) for s in result["scales"]]
+    if layer in layers and _scale_label(scale) in scales:
+        i, j = layers.index(layer), scales.index(_scale_label(scale))
+        fig.add_shape(type="rect", x0=j - 0.5, x1=j + 0.5, y0=i - 0.5, y1=i + 0.5, xref="x", yref="y",
+                      line=dict(color=SELECTED_COLOR, width=3), name="selected")
+    return fig
+
+
+def mark_tune_tradeoff(fig: go.Figure, result: dict, layer: int, scale: float, damage: str = "kl") -> go.Figure:
+    """Ring the point ``(layer, scale)`` of a trade-off figure (:func:`steerkit.probes.tune.tradeoff_figure`
+    of ``result`` with this ``damage``) with a ``selected`` marker; ``fig`` itself, changed in place.
+
+    Examples:
+        >>> from steerkit.apps.figures import mark_tune_tradeoff
+        >>> from steerkit.probes.tune import TuneResult, tradeoff_figure
+        >>> res = TuneResult.example().to_json()
+        >>> fig = mark_tune_tradeoff(tradeoff_figure(res), res, 5, 2.0)
+        >>> fig.data[-1].name, round(fig.data[-1].y[0], 3)
+        ('selected', 0.4)
+    """
+    for c in result["cells"]:
+        if c["layer"] == layer and _scale_label(c["scale"]) == _scale_label(scale):
+            x = c.get(damage)
+            fig.add_trace(go.Scatter(x=[None if x is None else float(x)], y=[float(c["concept"])], mode="markers",
+                                     name="selected", marker=dict(size=24, symbol="square-open", color=SELECTED_COLOR,
+                                                                  line=dict(width=2)),
+                                     hovertemplate=f"selected: layer {layer}, scale {_scale_label(scale)}"
+                                                   "<extra></extra>"))
+            break
+    return fig
+
+
+def tune_point(result: dict, point, damage: str = "kl") -> Optional[tuple[int, float]]:
+    """The ``(layer, scale)`` of a clicked point of a tune figure of ``result`` (a Dash ``clickData``
+    point), or ``None``: a heatmap cell (``x`` the scale's label, ``y`` ``"L{layer}"``); a trade-off
+    point of a ``layer N`` line (its scale in ``customdata[0]``); or a marker drawn over a cell (the
+    Pareto ring, the recommended star, the selection) found by its concept and ``damage`` value.
+
+    Examples:
+        >>> from steerkit.apps.figures import tune_point
+        >>> from steerkit.probes.tune import TuneResult
+        >>> res = TuneResult.example().to_json()
+        >>> tune_point(res, {"x": "4", "y": "L10"}), tune_point(res, {"x": 0.2, "y": 0.4, "curveNumber": 9})
+        ((10, 4.0), (5, 2.0))
+        >>> tune_point(res, {"x": "99", "y": "L10"}) is None
+        True
+    """
+    if not isinstance(point, dict) or not isinstance(result, dict):
+        return None
+    try:
+        return _tune_point(result, point, damage)
+    except (OverflowError, ValueError, TypeError, KeyError):  # a number no cell has (or no number at all)
+        return None
+
+
+def _tune_point(result: dict, point: dict, damage: str) -> Optional[tuple[int, float]]:
+    layers = list(result.get("layers") or ())
+    scales = [float(s) for s in result.get("scales") or ()]
+    x, y = point.get("x"), point.get("y")
+    if isinstance(y, str) and y.startswith("L") and isinstance(x, str):
+        labels = [_scale_label(s) for s in scales]
+        try:
+            layer = int(y[1:])
+        except ValueError:
+            return None
+        if layer in layers and x in labels:
+            return layer, scales[labels.index(x)]
+        return None
+    cd = point.get("customdata")
+    cells = result.get("cells") or ()
+    if isinstance(cd, list) and cd and isinstance(cd[0], (int, float)) and not isinstance(cd[0], bool) \
+            and isinstance(y, (int, float)) and not isinstance(y, bool):
+        for c in cells:  # the scale and the concept name one cell of a layer's line
+            if _scale_label(c["scale"]) == _scale_label(cd[0]) and abs(float(c["concept"]) - y) <= 1e-9 * max(1, abs(y)):
+                if x is None or c.get(damage) is None or (isinstance(x, (int, float)) and abs(float(c[damage]) - x)
+                                                          <= 1e-9 * max(1, abs(x))):
+                    return int(c["layer"]), float(c["scale"])
+    if isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool) \
+            and not isinstance(y, bool):
+        for c in cells:
+            d = c.get(damage)
+            if d is not None and abs(float(d) - x) <= 1e-9 * max(1, abs(x)) \
+                    and abs(float(c["concept"]) - y) <= 1e-9 * max(1, abs(y)):
+                return int(c["layer"]), float(c["scale"])
+    return None
+
+
+def tune_rows(result: dict, layer: int, scale: float) -> list[dict]:
+    """The generations of the cell ``(layer, scale)`` of a tune result next to the baseline's, one row
+    per prompt: ``{"prompt", "baseline", "steered"}`` (no rows when the result has no such cell).
+
+    Examples:
+        >>> from steerkit.apps.figures import tune_rows
+        >>> from steerkit.probes.tune import TuneResult
+        >>> tune_rows(TuneResult.example().to_json(), 5, 2.0)[0]
+        {'prompt': 'a', 'baseline': '...', 'steered': '...'}
+    """
+    for c in result.get("cells") or ():
+        if c["layer"] == layer and _scale_label(c["scale"]) == _scale_label(scale):
+            base = result["baseline"]["generations"]
+            return [{"prompt": p, "baseline": b, "steered": g}
+                    for p, b, g in zip(result["prompts"], base, c["generations"])]
+    return []
 
 
 def empty_figure(message: str) -> go.Figure:

@@ -2,7 +2,10 @@
 
 * :func:`parse_sweep` / :func:`load_sweep` / :func:`find_sweeps` -> :class:`ProbeSweep`;
 * :func:`parse_mi_all` / :func:`parse_mi` / :func:`load_mi_all` / :func:`load_mi` / :func:`find_mi`
-  -> :class:`MIProfile`.
+  -> :class:`MIProfile`;
+* :func:`parse_tune` / :func:`read_tune` / :func:`scan_tunes` / :func:`load_tune`: the result JSON of
+  ``steerkit.probes.tune`` (``TuneResult.to_json()``), checked and bounded; :func:`tune_cell` finds
+  one cell of it.
 
 Every file is read through :class:`steerkit.files.Folder` (no ``..``, no absolute path, no
 symbolic link, only regular files of at most ``MAX_RESULT_BYTES``, never blocking on a FIFO or a
@@ -30,10 +33,14 @@ import numpy as np
 
 from steerkit.errors import InputError
 from steerkit.files import Folder
+from steerkit.probes.tune import FORMAT as TUNE_FORMAT
+from steerkit.probes.tune import METRICS as TUNE_METRICS
 
 from .data import (
     MAX_FIELD_CHARS, MAX_MI_STEPS, MAX_MI_TRAJECTORIES, MAX_RESULT_BYTES, MAX_RESULT_DEPTH, MAX_RESULT_FILES,
     MAX_SCAN_BYTES, MAX_SWEEP_LAYERS, MAX_SWEEP_METHODS, MAX_SWEEP_POSITIONS, MAX_SWEEP_ROWS,
+    MAX_TUNE_GENERATION_CHARS, MAX_TUNE_RESULT_CELLS, MAX_TUNE_RESULT_LAYERS, MAX_TUNE_RESULT_PROMPTS,
+    MAX_TUNE_RESULT_SCALES,
 )
 
 
@@ -414,3 +421,219 @@ def load_mi_all(path) -> list[MIProfile]:
 
 def load_mi(path) -> MIProfile:
     return load_mi_all(path)[0]
+
+
+# ============================================================================ tune results
+def is_tune_name(rel: str) -> bool:
+    """A tune result's file name: ``*tune*.json``.
+
+    Examples:
+        >>> from steerkit.apps.io import is_tune_name
+        >>> is_tune_name("runs/refusal_tune.json"), is_tune_name("mi_tune.csv"), is_tune_name("a_sweep.json")
+        (True, False, False)
+    """
+    n = PurePosixPath(rel).name
+    return "tune" in n and n.endswith(".json")
+
+
+def _finite(x) -> bool:
+    """``x`` is a finite int or float (not a bool; an int too large for a float is not)."""
+    try:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    except OverflowError:
+        return False
+
+
+def _number(value, what: str, name: str, allow_none: bool = True):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"expected {what} as a number in {name}, found {str(value)[:40]!r}")
+    return value
+
+
+def _texts(value, what: str, name: str, n: int) -> None:
+    if not isinstance(value, list) or len(value) != n or not all(isinstance(t, str) for t in value):
+        raise InputError(f"expected {what} as a list of {n} texts (one per prompt) in {name}, found "
+                         f"{type(value).__name__}" + (f" of {len(value)}" if isinstance(value, list) else ""))
+    for t in value:
+        if len(t) > MAX_TUNE_GENERATION_CHARS:
+            raise InputError(f"expected generations of at most {MAX_TUNE_GENERATION_CHARS} characters in {name}, "
+                             f"found {len(t)}")
+
+
+def check_tune(obj, name: str = "tune") -> dict:
+    """``obj`` checked as a tune result (the JSON of ``steerkit.probes.tune.TuneResult.to_json()``):
+    ``layers``, ``scales``, ``prompts``, a ``baseline`` with one generation per prompt, ``cells`` (one
+    per layer x scale, each with ``layer``, ``scale``, the metrics ``concept`` / ``perplexity`` /
+    ``kl`` / ``repetition``, ``concept_ci``, ``pareto`` and one generation per prompt) and an optional
+    ``recommended`` ``{"layer", "scale"}`` naming a cell. Every list is bounded (``MAX_TUNE_RESULT_*``).
+    Returns ``obj`` itself; any problem is an :class:`InputError` naming it.
+
+    Examples:
+        >>> from steerkit.apps.io import check_tune
+        >>> cell = {"layer": 3, "scale": 2.0, "concept": 0.8, "concept_ci": [0.7, 0.9], "perplexity": 12.0,
+        ...         "kl": 0.4, "repetition": 0.1, "pareto": True, "generations": ["Hi!"]}
+        >>> res = {"format": "steerkit.tune/1", "layers": [3], "scales": [2.0], "prompts": ["Say hi."], "cells": [cell],
+        ...        "baseline": {"generations": ["Hello."]}, "recommended": {"layer": 3, "scale": 2.0}}
+        >>> check_tune(res)["recommended"]
+        {'layer': 3, 'scale': 2.0}
+        >>> check_tune({**res, "cells": [{**cell, "layer": 9}]})
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected cells at the result's layers [3] and scales [2.0] in tune, found a cell at layer 9, scale 2.0
+    """
+    if not isinstance(obj, dict):
+        raise InputError(f"expected a tune result (a JSON object with layers, scales, prompts, baseline and cells) "
+                         f"in {name}, found {type(obj).__name__}")
+    if obj.get("format") != TUNE_FORMAT:
+        raise InputError(f"expected a tune result of format {TUNE_FORMAT!r} (TuneResult.to_json) in {name}, found "
+                         f"format {str(obj.get('format'))[:40]!r}")
+    missing = [k for k in ("layers", "scales", "prompts", "baseline", "cells") if k not in obj]
+    if missing:
+        raise InputError(f"expected a tune result with layers, scales, prompts, baseline and cells in {name}, found "
+                         f"no {', '.join(missing)}; save one with TuneResult.save or steerkit.probes.tune")
+    layers, scales, prompts, cells = obj["layers"], obj["scales"], obj["prompts"], obj["cells"]
+    if not isinstance(layers, list) or not 0 < len(layers) <= MAX_TUNE_RESULT_LAYERS \
+            or not all(isinstance(l, int) and not isinstance(l, bool) and 0 <= l < 100_000 for l in layers):
+        raise InputError(f"expected 'layers' as 1 to {MAX_TUNE_RESULT_LAYERS} layer numbers in {name}, found "
+                         f"{str(layers)[:60]!r}")
+    if not isinstance(scales, list) or not 0 < len(scales) <= MAX_TUNE_RESULT_SCALES:
+        raise InputError(f"expected 'scales' as 1 to {MAX_TUNE_RESULT_SCALES} numbers in {name}, found "
+                         f"{str(scales)[:60]!r}")
+    for x in scales:
+        if _number(x, "a scale", name, allow_none=False) != x or not _finite(x):
+            raise InputError(f"expected finite scales in {name}, found {str(x)[:40]}")
+    if not isinstance(prompts, list) or not 0 < len(prompts) <= MAX_TUNE_RESULT_PROMPTS:
+        raise InputError(f"expected 'prompts' as 1 to {MAX_TUNE_RESULT_PROMPTS} texts in {name}, found "
+                         f"{str(prompts)[:60]!r}")
+    _texts(prompts, "'prompts'", name, len(prompts))
+    n = len(prompts)
+    base = obj["baseline"]
+    if not isinstance(base, dict):
+        raise InputError(f"expected 'baseline' as an object with the unsteered generations in {name}, found "
+                         f"{type(base).__name__}")
+    _texts(base.get("generations"), "the baseline's generations", name, n)
+    if _number(base.get("concept"), "the baseline's concept", name) is not None and not _finite(base["concept"]):
+        raise InputError(f"expected the baseline's concept as a finite number in {name}")
+    if not isinstance(cells, list) or not 0 < len(cells) <= min(MAX_TUNE_RESULT_CELLS, len(layers) * len(scales)):
+        raise InputError(f"expected 'cells' as 1 to {len(layers) * len(scales)} objects (layers x scales) in {name}, "
+                         f"found {str(cells)[:60]!r}"[:300])
+    lset, sset = set(layers), set(scales)
+    seen = set()
+    for c in cells:
+        if not isinstance(c, dict):
+            raise InputError(f"expected every cell as an object in {name}, found {type(c).__name__}")
+        l, s = c.get("layer"), c.get("scale")
+        if l not in lset or s not in sset or isinstance(l, bool) or isinstance(s, bool):
+            raise InputError(f"expected cells at the result's layers {layers[:8]} and scales {scales[:8]} in {name}, "
+                             f"found a cell at layer {str(l)[:20]}, scale {str(s)[:20]}")
+        if (l, s) in seen:
+            raise InputError(f"expected one cell per layer and scale in {name}, found layer {l}, scale {s} twice")
+        seen.add((l, s))
+        for k in TUNE_METRICS:
+            if _number(c.get(k), f"the cell's {k}", name) is not None and not _finite(c[k]):
+                raise InputError(f"expected the cell's {k} as a finite number or null in {name}, found "
+                                 f"{str(c[k])[:40]}")
+        ci = c.get("concept_ci")
+        if not isinstance(ci, list) or len(ci) != 2 or not all(_finite(x) for x in ci + [c.get("concept")]):
+            raise InputError(f"expected every cell's concept as a finite number with its concept_ci as [low, high] in "
+                             f"{name}, found {str(c.get('concept'))[:20]} and {str(ci)[:40]}")
+        if not isinstance(c.get("pareto", False), bool):
+            raise InputError(f"expected a cell's 'pareto' as true or false in {name}, found {str(c.get('pareto'))[:20]!r}")
+        _texts(c.get("generations"), f"the generations of the cell at layer {l}, scale {s}", name, n)
+    rec = obj.get("recommended")
+    if rec is not None and (not isinstance(rec, dict) or (rec.get("layer"), rec.get("scale")) not in seen):
+        raise InputError(f"expected 'recommended' as the layer and scale of one of its cells in {name}, found "
+                         f"{str(rec)[:60]!r}")
+    return obj
+
+
+def parse_tune(text, name: str = "tune") -> dict:
+    """A tune result from JSON text (at most ``MAX_RESULT_BYTES``), checked by :func:`check_tune`.
+
+    Examples:
+        >>> from steerkit.apps.io import parse_tune
+        >>> parse_tune("[1, 2]")
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected a tune result (a JSON object with layers, scales, prompts, baseline and cells) in tune, found list
+    """
+    if not isinstance(text, str) or len(text) > MAX_RESULT_BYTES:
+        raise InputError(f"expected a tune result of at most {MAX_RESULT_BYTES >> 20} MiB of JSON text in {name}")
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise InputError(f"expected a tune result as JSON in {name}, could not read it ({type(e).__name__}: "
+                         f"{str(e)[:120]})") from None
+    return check_tune(obj, name)
+
+
+def scan_tunes(results_dir) -> list[str]:
+    """Names (relative to ``results_dir``) of its tune results: ``*tune*.json`` regular files.
+
+    Examples:
+        >>> import json
+        >>> from steerkit.apps.io import scan_tunes
+        >>> _ = (tmp_dir / "refusal_tune.json").write_text("{}")
+        >>> _ = (tmp_dir / "notes.txt").write_text("")
+        >>> scan_tunes(tmp_dir)
+        ['refusal_tune.json']
+    """
+    f = _folder(results_dir)
+    return [] if f is None else [r for r in walk(f) if is_tune_name(r)]
+
+
+def read_tune(results_dir, rel) -> dict:
+    """The tune result ``rel`` of ``results_dir`` (a name from :func:`scan_tunes`), read through
+    :class:`steerkit.files.Folder`: a name that is not a regular ``*tune*.json`` file inside the
+    folder (``..``, an absolute path, a link, a FIFO) gets :func:`not_a_result`.
+
+    Examples:
+        >>> from steerkit.apps.io import read_tune
+        >>> read_tune(tmp_dir, "../elsewhere_tune.json")
+        Traceback (most recent call last):
+        ...
+        steerkit.apps.io.NotAResult: expected a tune result of this app (a name from the list, relative to the results folder), found something else; press Rescan and pick one from the list
+    """
+    f = _folder(results_dir)
+    if f is None or not isinstance(rel, str) or not is_tune_name(rel):
+        raise not_a_result("tune result")
+    return parse_tune(read_result(f, rel, "tune result"), name=PurePosixPath(rel).name)
+
+
+def load_tune(path) -> dict:
+    """The tune result at ``path`` (read through its own folder: no link, no FIFO), checked.
+
+    Examples:
+        >>> from steerkit.apps.io import load_tune
+        >>> load_tune(tmp_dir / "none_tune.json")
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected a tune result at ..., found nothing there
+    """
+    f, name = _split(path)
+    try:
+        data = f.read_bytes(name, MAX_RESULT_BYTES)
+    except FileNotFoundError:
+        raise InputError(f"expected a tune result at {path}, found nothing there") from None
+    return parse_tune(data.decode("utf-8", errors="replace"), name=name)
+
+
+def tune_cell(result: dict, layer, scale) -> Optional[dict]:
+    """The cell of a (checked) tune result at ``layer`` and ``scale`` (scales compared to 1e-9), or
+    ``None``.
+
+    Examples:
+        >>> from steerkit.apps.io import tune_cell
+        >>> res = {"cells": [{"layer": 3, "scale": 2.0, "kl": 0.4}, {"layer": 3, "scale": 4.0, "kl": 1.1}]}
+        >>> tune_cell(res, 3, 4)["kl"], tune_cell(res, 5, 4)
+        (1.1, None)
+    """
+    if isinstance(layer, bool) or not isinstance(layer, (int, float)) or not _finite(scale) \
+            or not isinstance(result, dict):
+        return None
+    for c in result.get("cells") or ():
+        if c.get("layer") == layer and abs(float(c.get("scale")) - float(scale)) <= 1e-9 * max(1.0, abs(scale)):
+            return c
+    return None

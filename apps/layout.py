@@ -3,7 +3,7 @@
 All pages live in the layout at once and the URL only toggles which one is visible, so every
 component id always exists (no callback-on-missing-component errors) and the stores survive
 navigation. Ids are plain strings, prefixed by page (``prof-``, ``probe-``, ``steer-``, ``patch-``,
-``attn-``, ``store-``, ``diag-``); the browser tests rely on them.
+``attn-``, ``tune-``, ``store-``, ``diag-``); the browser tests rely on them.
 """
 from __future__ import annotations
 
@@ -16,20 +16,21 @@ from steerkit.vectors import FORMATS
 from .data import (
     IOI_ANSWER, IOI_CLEAN, IOI_CORRUPTED, IOI_WRONG, MAX_ANSWER_CHARS, MAX_ATTN_TOKENS, MAX_BUILTIN_PAIRS,
     MAX_DIAG_PROMPTS, MAX_FIELD_CHARS, MAX_MODEL_PATH_CHARS, MAX_NEW_TOKENS, MAX_PATCH_PROMPT_CHARS,
-    MAX_PATCH_TOKENS, MAX_STEER_PROMPT_CHARS, UPLOAD_MAX_BYTES,
+    MAX_PATCH_TOKENS, MAX_STEER_PROMPT_CHARS, MAX_TUNE_CONCEPT_CHARS, MAX_TUNE_LAYERS, MAX_TUNE_NEW_TOKENS,
+    MAX_TUNE_PROMPT_CHARS, MAX_TUNE_PROMPTS, MAX_TUNE_SCALES, UPLOAD_MAX_BYTES,
 )
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
 PAGES = [("/profiles", "Profiles"), ("/probes", "Probes"), ("/steer", "Steer"), ("/patching", "Patching"),
-         ("/attention", "Attention"), ("/store", "Store"), ("/diagnostics", "Diagnostics")]
+         ("/attention", "Attention"), ("/tune", "Tune"), ("/store", "Store"), ("/diagnostics", "Diagnostics")]
 
 #: graphs that get a "download HTML" button: graph id -> file stem
 FIGURES = {"prof-graph": "divergence_profile", "prof-pairs": "per_pair", "prof-lens": "logit_lens",
            "probe-heatmap": "probe_auroc", "diag-norm": "residual_norm", "diag-sink": "sink_attention",
            "diag-mi": "mi_per_step", "patch-heatmap": "activation_patching", "patch-detail": "patching_detail",
-           "attn-pattern": "attention_pattern"}
+           "attn-pattern": "attention_pattern", "tune-tradeoff": "tune_tradeoff", "tune-heatmap": "tune_heatmap"}
 
 CARD = {"background": "#fff", "border": "1px solid #e3e3e3", "borderRadius": "6px", "padding": "12px 16px",
         "marginBottom": "14px"}
@@ -356,6 +357,118 @@ def attention_page():
     ], id="page-attention")
 
 
+#: the Tune page's defaults: prompts, the words of the concept, the grid
+TUNE_PROMPTS = "Tell me about your weekend.\nDescribe a good breakfast.\nWhat should I do this evening?"
+TUNE_WORDS = "wedding, love, bride"
+TUNE_SCALES = "0, 2, 4, 8"
+#: what a scale means (``steerkit.probes.tune.tune``'s ``normalize``): value -> label
+TUNE_NORMALIZE_LABELS = {"none": " a multiple of the vector ", "unit": " a length (unit vector) ",
+                         "resid": " a fraction of the residual norm"}
+#: the trade-off figure's damage axes and the heatmap's metrics: value -> label
+TUNE_DAMAGE_LABELS = {"kl": " KL ", "perplexity": " perplexity ", "ppl_ratio": " perplexity ratio ",
+                      "repetition": " repetition"}
+TUNE_METRIC_LABELS = {"concept": "concept", "kl": "KL on neutral prompts", "perplexity": "perplexity",
+                      "ppl_ratio": "perplexity ratio", "repetition": "repetition"}
+TUNE_TABLE_COLUMNS = (("prompt", "prompt"), ("baseline", "baseline"), ("steered", "steered"))
+
+
+def tune_page():
+    """Tune a stored direction over a grid of layers x scales on the loaded model (or load a saved tune
+    result): trade-off curves, a heatmap of one metric, and a clicked cell's generations next to the
+    baseline's."""
+    area = {"width": "100%", "height": "70px"}
+    return html.Div([
+        html.Div([
+            html.P(f"A grid of at most {MAX_TUNE_LAYERS} layers x {MAX_TUNE_SCALES} scales, at most "
+                   f"{MAX_TUNE_PROMPTS} prompts (each at most {MAX_TUNE_PROMPT_CHARS} characters) and "
+                   f"{MAX_TUNE_NEW_TOKENS} new tokens per generation: every cell steers every prompt, scores "
+                   "the concept in the generations and measures the damage (KL on neutral prompts, perplexity "
+                   "under the unsteered model, repetition); the recommended cell has the most concept within "
+                   "the damage bounds (steerkit.probes.tune).",
+                   style={"fontSize": "12px", "color": "#666", "margin": "0 0 8px"}),
+            html.Div([
+                field("Direction (from the store)", dcc.Dropdown(id="tune-artifact", clearable=False,
+                                                                 style={"width": "360px"})),
+                field(f"Layers (at most {MAX_TUNE_LAYERS})", dcc.Input(
+                    id="tune-layers", type="text", value="", placeholder="e.g. 10-14", maxLength=MAX_FIELD_CHARS,
+                    style={"width": "120px"})),
+                field(f"Scales (at most {MAX_TUNE_SCALES})", dcc.Input(
+                    id="tune-scales", type="text", value=TUNE_SCALES, placeholder="e.g. 0, 2, 4, 8",
+                    maxLength=MAX_FIELD_CHARS, style={"width": "140px"})),
+                field(f"Max new tokens (1 to {MAX_TUNE_NEW_TOKENS})", dcc.Input(
+                    id="tune-max", type="number", min=1, max=MAX_TUNE_NEW_TOKENS, step=1, value=16,
+                    style={"width": "80px"})),
+                field("A scale is", dcc.RadioItems(id="tune-normalize", value="none", inline=True, options=[
+                    {"label": label, "value": value} for value, label in TUNE_NORMALIZE_LABELS.items()])),
+            ], style=ROW),
+            html.Div([
+                html.Div(field(f"Prompts (one per line, at most {MAX_TUNE_PROMPTS})", dcc.Textarea(
+                    id="tune-prompts", value=TUNE_PROMPTS, style=area)), style={"flex": "1"}),
+                html.Div(field(f"Neutral prompts for the KL (one per line, at most {MAX_TUNE_PROMPTS}; "
+                               "empty: the built-in ones)", dcc.Textarea(
+                    id="tune-neutral", value="", style=area)), style={"flex": "1"}),
+            ], style={"display": "flex", "gap": "12px", "marginTop": "8px"}),
+            html.Div([
+                field("Concept scored by", dcc.RadioItems(id="tune-concept-kind", value="words", inline=True, options=[
+                    {"label": " words in the generation ", "value": "words"},
+                    {"label": " a stored probe", "value": "probe"}])),
+                field("Words that show the concept (comma separated)", dcc.Input(
+                    id="tune-words", type="text", value=TUNE_WORDS, maxLength=MAX_TUNE_CONCEPT_CHARS,
+                    style={"width": "260px"})),
+                field("Words that must be absent (optional)", dcc.Input(
+                    id="tune-absent", type="text", value="", maxLength=MAX_TUNE_CONCEPT_CHARS,
+                    style={"width": "200px"})),
+                field("Probe (from the store)", dcc.Dropdown(id="tune-probe", clearable=True,
+                                                             style={"width": "260px"})),
+            ], style={**ROW, "marginTop": "8px"}),
+            html.Div(progress_row("tune"), style={"marginTop": "10px"}),
+            message("tune-status"),
+            html.Div([
+                field("Save the result in the results folder as", dcc.Input(
+                    id="tune-save-name", type="text", value="my", maxLength=MAX_FIELD_CHARS,
+                    style={"width": "160px"})),
+                html.Span("_tune.json", style={"fontSize": "13px", "color": "#666", "paddingBottom": "6px"}),
+                html.Button("Save", id="tune-save", n_clicks=0, style=BTN2),
+            ], style={**ROW, "marginTop": "6px"}),
+            message("tune-save-status"),
+        ], style=CARD),
+        html.Div([
+            html.Div([
+                field("or a saved tune result (*tune*.json in the results folder)",
+                      dcc.Dropdown(id="tune-file", clearable=True, options=[], style={"width": "420px"})),
+                html.Button("Load", id="tune-load", n_clicks=0, style=BTN2),
+                html.Button("Rescan", id="tune-rescan", n_clicks=0, style=BTN2),
+            ], style=ROW),
+            message("tune-file-status"),
+        ], style=CARD),
+        html.Div([
+            html.Div([
+                html.Div([field("Damage axis", dcc.RadioItems(id="tune-damage", value="kl", inline=True, options=[
+                    {"label": label, "value": value} for value, label in TUNE_DAMAGE_LABELS.items()])),
+                    graph("tune-tradeoff", 420, placeholder="Run a tune or load a saved result.")],
+                    style={"flex": "1 1 0", "minWidth": "420px"}),
+                html.Div([field("Heatmap metric", dcc.Dropdown(id="tune-metric", clearable=False, value="concept",
+                                                               options=[{"label": label, "value": value} for value, label
+                                                                        in TUNE_METRIC_LABELS.items()],
+                                                               style={"width": "220px"})),
+                          graph("tune-heatmap", 420, placeholder="Run a tune or load a saved result.")],
+                         style={"flex": "1 1 0", "minWidth": "420px"}),
+            ], style={"display": "flex", "gap": "12px", "flexWrap": "wrap"}),
+            html.Div("Click a point of the curves or a cell of the heatmap to see its generations below; the star "
+                     "is the recommended cell.", style={"fontSize": "12px", "color": "#666"}),
+        ], style=CARD),
+        html.Div([
+            message("tune-cell-status"),
+            dash_table.DataTable(id="tune-table", columns=[{"name": n, "id": i} for i, n in TUNE_TABLE_COLUMNS],
+                                 data=[], page_size=32,
+                                 style_cell={"fontSize": "12px", "textAlign": "left", "whiteSpace": "pre-wrap",
+                                             "height": "auto", "verticalAlign": "top", "maxWidth": "420px",
+                                             "fontFamily": "ui-monospace, monospace"},
+                                 style_header={"fontWeight": "bold"}),
+        ], style=CARD),
+    ], id="page-tune")
+
+
 def shell(model_label: str, n_layers: Optional[int], store_path: str, results_path: str, models=(),
           current_model=DEFAULT_MODEL_VALUE):
     nav = html.Div([html.Span("steerkit explorer", style={"fontWeight": "bold", "marginRight": "24px"})]
@@ -368,11 +481,11 @@ def shell(model_label: str, n_layers: Optional[int], store_path: str, results_pa
     return html.Div([
         dcc.Location(id="url"),
         dcc.Store(id="prof-key"), dcc.Store(id="direction"), dcc.Store(id="diag-key"), dcc.Store(id="probe-upload-data"),
-        dcc.Store(id="patch-key"), dcc.Store(id="attn-key"),
+        dcc.Store(id="patch-key"), dcc.Store(id="attn-key"), dcc.Store(id="tune-key"), dcc.Store(id="tune-cell"),
         dcc.Download(id="download-fig"), dcc.Download(id="download-export"),
         nav,
         html.Div([profiles_page(n_layers, models, current_model), probes_page(), steer_page(), patching_page(),
-                  attention_page(), store_page(), diagnostics_page()],
+                  attention_page(), tune_page(), store_page(), diagnostics_page()],
                  style={"padding": "14px 18px", "maxWidth": "1280px", "margin": "0 auto"}),
         html.Div(f"store: {store_path} · results: {results_path}",
                  style={"fontSize": "11px", "color": "#999", "padding": "6px 18px"}),

@@ -1,4 +1,5 @@
-"""``steerkit vectors ...``: list, show, export, import, tag, search and remove stored artifacts.
+"""``steerkit vectors ...``: list, show, export, import, tag, search and remove stored artifacts, and tune one
+(``tune``: which layer and scale steer best, and what they break; :func:`steerkit.probes.tune`).
 
 Wiring: the main CLI calls :func:`register` with its argparse sub-parsers object and, for the
 ``vectors`` command, :func:`run` with the parsed arguments (``args.func`` is also set to ``run``).
@@ -17,9 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steerkit.cli._common import check_output_path, check_store_path, run_group
+from steerkit import load_model
+from steerkit.cli._common import check_min, check_output_path, check_store_path, read_prompts, run_group
 from steerkit.errors import InputError
-from steerkit.vectors import ARTIFACT_KINDS, Store, export, import_artifact
+from steerkit.probes.tune import Rule, tune
+from steerkit.vectors import ARTIFACT_KINDS, DirectionSet, Probe, SteeringVector, Store, export, import_artifact
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -40,7 +43,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     ex = sub.add_parser("export", help="export an artifact for another engine")
     ex.add_argument("ref")
-    ex.add_argument("--format", "-f", required=True, choices=["llama.cpp", "repeng", "easysteer", "tlens", "svec", "safetensors"])
+    ex.add_argument("--format", "-f", required=True, choices=["llama.cpp", "repeng", "easysteer", "easysteer-v1", "tlens", "svec", "safetensors"])
     ex.add_argument("-o", "--output", required=True, help="output file")
     ex.add_argument("--scale", type=float, default=None, help="multiply the vector (llama.cpp/repeng)")
 
@@ -61,6 +64,43 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     rm = sub.add_parser("rm", help="delete a version (NAME@N) or every version of NAME")
     rm.add_argument("ref")
+
+    tu = sub.add_parser("tune", help="try a stored vector at several layers x scales: concept score and damage",
+                        description="Steer prompts with a stored artifact at every layer x scale cell; score the "
+                                    "concept (a stored probe or substrings) with a bootstrap interval, the damage "
+                                    "(perplexity, next-token KL on neutral prompts, repetition), the Pareto front, "
+                                    "and recommend a cell (steerkit.probes.tune).")
+    tu.add_argument("ref", metavar="NAME", help="the artifact to tune: NAME, NAME@N or NAME@TAG (a steering vector "
+                    "or a direction set)")
+    tu.add_argument("--prompts", required=True, help="prompts to steer (.json list, .jsonl, or one per line)")
+    tu.add_argument("--layers", default=None, help="grid layers: comma-separated ints and ranges, e.g. 6,10-14 "
+                    "(default: the vector's own layers)")
+    tu.add_argument("--scales", default="0,2,4,8", help="comma-separated strengths (default 0,2,4,8; negative "
+                    "values as --scales=-4,0,4)")
+    tu.add_argument("--neutral", default=None, help="prompts for the next-token KL (default: built-in neutral ones)")
+    tu.add_argument("--concept-probe", default=None, metavar="NAME", help="a stored probe scores the concept")
+    tu.add_argument("--contains", action="append", default=[], metavar="WORD",
+                    help="a generation scores 1 when it contains one of these (repeatable)")
+    tu.add_argument("--absent", action="append", default=[], metavar="WORD",
+                    help="... and none of these (repeatable)")
+    tu.add_argument("--tokens", type=int, default=32, help="new tokens per generation (default 32)")
+    tu.add_argument("--normalize", default=None, choices=["unit", "resid"],
+                    help="unit: scales are lengths; resid: fractions of the layer's mean residual norm")
+    tu.add_argument("--max-kl", type=float, default=Rule.max_kl, help=f"rule: KL bound (default {Rule.max_kl})")
+    tu.add_argument("--max-ppl-ratio", type=float, default=Rule.max_ppl_ratio,
+                    help=f"rule: perplexity / baseline perplexity bound (default {Rule.max_ppl_ratio})")
+    tu.add_argument("--max-repetition", type=float, default=Rule.max_repetition,
+                    help=f"rule: bound on the share of degenerate generations (default {Rule.max_repetition})")
+    tu.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the concept interval")
+    tu.add_argument("--seed", type=int, default=0)
+    tu.add_argument("--batch-size", type=int, default=64, help="rows per generate / forward call")
+    tu.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: the "
+                    "embedded SmolLM2-135M-Instruct)")
+    tu.add_argument("--backend", default="hf", choices=["hf", "tlens", "nnsight"])
+    tu.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    tu.add_argument("--json", action="store_true", help="print the whole result (with 'recommended') as JSON")
+    tu.add_argument("--out", default=None, metavar="FILE.json", help="also save the result as JSON")
+    tu.add_argument("--plot", default=None, metavar="FILE.html", help="also save the trade-off figure as HTML")
 
     p.set_defaults(func=run)
     return p
@@ -120,9 +160,106 @@ def run(args: argparse.Namespace) -> int:
     elif cmd == "rm":
         for r in store.delete(args.ref):
             print(f"removed {r}", file=out)
+    elif cmd == "tune":
+        return _tune(args, store)
     else:  # pragma: no cover - argparse restricts the choices
-        raise InputError(f"expected a vectors verb (list, show, export, import, tag, search, rm), found {cmd!r}")
+        raise InputError(f"expected a vectors verb (list, show, export, import, tag, search, rm, tune), found {cmd!r}")
     return 0
+
+
+def _int_list(spec: str, flag: str) -> list[int]:
+    """``6,10-14`` as ``[6, 10, 11, 12, 13, 14]``."""
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            if "-" in part.lstrip("-"):
+                a, b = part.split("-", 1)
+                lo, hi = int(a), int(b)
+                if hi < lo:
+                    raise ValueError
+                out += list(range(lo, hi + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise InputError(f"expected {flag} as comma-separated ints and ranges (e.g. 6,10-14), found "
+                             f"{spec!r}") from None
+    return out
+
+
+def _float_list(spec: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"expected {flag} as comma-separated numbers (e.g. 0,2,4,8), found {spec!r}") from None
+
+
+def _tune(args: argparse.Namespace, store: Store) -> int:
+    """``steerkit vectors tune NAME --prompts FILE ...``: everything is checked before the model loads."""
+    for path, flag in ((args.out, "--out"), (args.plot, "--plot")):
+        if path is not None:
+            check_output_path(path, flag)
+    check_min(args.tokens, "--tokens", 1)
+    check_min(args.batch_size, "--batch-size", 1)
+    check_min(args.n_boot, "--n-boot", 1)
+    layers = _int_list(args.layers, "--layers") if args.layers is not None else None
+    scales = _float_list(args.scales, "--scales")
+    if args.concept_probe is not None and (args.contains or args.absent):
+        raise InputError("expected --concept-probe NAME or --contains/--absent WORD, found both; choose one")
+    if args.concept_probe is None and not (args.contains or args.absent):
+        raise InputError("expected a concept score: --concept-probe NAME (a stored probe) or --contains WORD "
+                         "(repeatable, with optional --absent WORD), found neither")
+    rule = Rule(max_kl=args.max_kl, max_ppl_ratio=args.max_ppl_ratio, max_repetition=args.max_repetition)
+    art = store.load(args.ref)
+    if not isinstance(art, (SteeringVector, DirectionSet)):
+        raise InputError(f"expected {args.ref} to be a steering vector or a direction set to tune, found a "
+                         f"{getattr(art, 'kind', type(art).__name__)}")
+    concept: object
+    if args.concept_probe is not None:
+        concept = store.load(args.concept_probe)
+        if not isinstance(concept, Probe):
+            raise InputError(f"expected --concept-probe {args.concept_probe} to be a probe, found a "
+                             f"{getattr(concept, 'kind', type(concept).__name__)}")
+    else:
+        concept = {"contains": list(args.contains), "absent": list(args.absent)}
+    prompts = read_prompts(args.prompts)
+    neutral = read_prompts(args.neutral) if args.neutral is not None else None
+    sm = load_model(args.model, backend=args.backend)
+    res = tune(sm, art, prompts, layers=layers, scales=scales, concept=concept, neutral=neutral,
+               max_new_tokens=args.tokens, batch_size=args.batch_size, rule=rule, n_boot=args.n_boot,
+               seed=args.seed, normalize=args.normalize, chat=not args.no_chat, progress=sys.stderr.isatty())
+    doc = res.to_json()
+    doc["settings"]["artifact"] = f"{args.ref}: {doc['settings']['artifact']}"
+    if args.out is not None:
+        Path(args.out).write_text(json.dumps(doc, allow_nan=False), encoding="utf-8")
+    if args.plot is not None:
+        res.plot().write_html(args.plot, include_plotlyjs="cdn")
+    if args.json:
+        print(json.dumps(doc, indent=1, allow_nan=False))
+        return 0
+    print(_tune_table(doc))
+    return 0
+
+
+def _tune_table(doc: dict) -> str:
+    def num(x, fmt=".3g"):
+        return "-" if x is None else format(x, fmt)
+
+    b = doc["baseline"]
+    lines = [f"concept: {doc['settings'].get('concept', doc['concept_kind'])}",
+             f"baseline: concept {num(b['concept'])} [{num(b['concept_ci'][0])}, {num(b['concept_ci'][1])}], "
+             f"perplexity {num(b['perplexity'])}, repetition {num(b['repetition'], '.2f')}",
+             f"{'layer':>5} {'scale':>7} {'concept':>8} {'95% CI':>17} {'ppl':>8} {'ppl x':>6} {'kl':>7} {'rep':>5}  front"]
+    for c in doc["cells"]:
+        ci = f"[{num(c['concept_ci'][0])}, {num(c['concept_ci'][1])}]"
+        lines.append(f"{c['layer']:>5} {c['scale']:>7g} {num(c['concept']):>8} {ci:>17} {num(c['perplexity']):>8} "
+                     f"{num(c['ppl_ratio']):>6} {num(c['kl']):>7} {num(c['repetition'], '.2f'):>5}  "
+                     f"{'*' if c['pareto'] else ''}")
+    rec, rule = doc["recommended"], doc["rule"]
+    bounds = f"kl <= {rule['max_kl']}, ppl ratio <= {rule['max_ppl_ratio']}, repetition <= {rule['max_repetition']}"
+    lines.append(f"recommended: layer {rec['layer']}, scale {rec['scale']:g} (highest {rule['objective']} with {bounds})"
+                 if rec else f"recommended: none (no cell has {bounds}; loosen the bounds or lower the scales)")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

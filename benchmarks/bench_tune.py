@@ -1,0 +1,117 @@
+"""``steerkit.probes.tune`` on a layers x strengths grid: every cell as per-row steering in shared generate
+calls (batched) vs the same grid as one ``sm.generate`` call per cell (``batched=False``).
+
+The grid: ``--layers`` layers spread over the model (default 6: blocks 4, 8, 12, 16, 20, 24) x ``--scales``
+strengths (default 8: 0.5, 1, ..., 4 times the benchmarks' fixed norm-4 vector ``_common.steering_vectors``),
+on ``--prompts`` prompts (default 32, ``_common.prompts``) x ``--tokens`` new tokens (default 32), the
+concept scored by a substring rule, the KL on the 8 built-in neutral prompts. Conditions, each timed as
+the whole ``tune`` call (generation, the unsteered scoring forward and the KL forwards), in rotated order
+over ``--repeats`` rounds:
+
+* ``batched``: ``tune(..., batch_size=--batch)``: the baseline and every cell's generations as rows of
+  per-row steered ``sm.generate`` calls of ``--batch`` rows (default 256);
+* ``per-cell``: ``tune(..., batched=False, batch_size=--prompts)``: one ``sm.generate`` call per cell
+  (48 for the default grid, plus one for the baseline), the cell's steering shared by its rows, and one
+  KL forward per cell.
+
+Both must give identical generations (checked). Rows go to ``benchmarks/results/tune.csv``; the target
+is the per-cell time over the batched time (``speedup``) >= 3.
+
+Usage:  python benchmarks/bench_tune.py                # 6 layers x 8 strengths, 32 prompts x 32 tokens
+        python benchmarks/bench_tune.py --quick        # 2 layers x 3 strengths, 4 prompts x 8 tokens
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+Clock = C.Clock
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 layers x 3 strengths on 4 prompts x 8 tokens")
+    ap.add_argument("--layers", type=int, default=None, help="grid layers (default 6; quick 2)")
+    ap.add_argument("--scales", type=int, default=None, help="grid strengths (default 8; quick 3)")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts (default 32; quick 4)")
+    ap.add_argument("--tokens", type=int, default=None, help="new tokens per generation (default 32; quick 8)")
+    ap.add_argument("--batch", type=int, default=256, help="rows per generate call when batched (default 256)")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds (default 1)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 0 = torch's default)")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "tune.csv"))
+    a = ap.parse_args(argv)
+
+    import torch
+
+    import steerkit
+    from steerkit.probes import tune
+
+    threads = C.set_threads(a.threads)
+    n_layers = a.layers or (2 if a.quick else 6)
+    n_scales = a.scales or (3 if a.quick else 8)
+    n_prompts = a.prompts or (4 if a.quick else 32)
+    tokens = a.tokens or (8 if a.quick else 32)
+    sm = steerkit.load_model()
+    layers = [4 * (i + 1) for i in range(n_layers)] if n_layers <= 7 else list(range(n_layers))
+    scales = [0.5 * (i + 1) for i in range(n_scales)]
+    v, _ = C.steering_vectors(sm.d_model)
+    prompts = C.prompts(n_prompts)
+    cells = n_layers * n_scales
+    print(f"model {sm.name}; torch {torch.__version__}, {threads} thread(s); {n_layers} layers x {n_scales} "
+          f"strengths = {cells} cells on {n_prompts} prompts x {tokens} tokens ({(cells + 1) * n_prompts} "
+          f"generations); batch {a.batch}", flush=True)
+
+    def run(batched: bool):
+        return tune(sm, v, prompts, layers=layers, scales=scales, concept=["the"], max_new_tokens=tokens,
+                    batch_size=a.batch if batched else n_prompts, batched=batched, n_boot=200, progress=False)
+
+    conds = {"batched": lambda: run(True), "per-cell": lambda: run(False)}
+    with Clock() as c:  # warm-up: one small tune
+        tune(sm, v, prompts[:2], layers=layers[:1], scales=scales[:1], concept=["the"], max_new_tokens=2,
+             n_boot=10, progress=False)
+    print(f"  warm-up: {c.wall:.1f} s wall", flush=True)
+    times = {n: {"cpu": [], "wall": []} for n in conds}
+    results = {}
+    names = list(conds)
+    for r in range(a.repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            with Clock() as c:
+                results[name] = conds[name]()
+            times[name]["cpu"].append(c.cpu)
+            times[name]["wall"].append(c.wall)
+            print(f"  round {r + 1}/{a.repeats} {name}: cpu {c.cpu:.2f} s, wall {c.wall:.2f} s", flush=True)
+    gens = {n: [c["generations"] for c in res.cells] for n, res in results.items()}
+    same = gens["batched"] == gens["per-cell"]
+    kl_diff = max(abs(x["kl"] - y["kl"]) for x, y in zip(results["batched"].cells, results["per-cell"].cells))
+    base = C.median(times["batched"][a.clock])
+    other = "wall" if a.clock == "cpu" else "cpu"
+    rows, out = [], []
+    for name in names:
+        med = C.median(times[name][a.clock])
+        rows.append([name, f"{med:.2f}", f"{C.median(times[name][other]):.2f}", f"{cells / med:.2f}",
+                     f"{med / base:.2f}"])
+        out.append({"mode": "quick" if a.quick else "full", "condition": name, "layers": n_layers, "scales": n_scales,
+                    "cells": cells, "prompts": n_prompts, "tokens": tokens,
+                    "batch": a.batch if name == "batched" else n_prompts, "repeats": a.repeats, "clock": a.clock,
+                    "median_s": round(med, 3), "median_other_s": round(C.median(times[name][other]), 3),
+                    "cells_per_s": round(cells / med, 3), "speedup": round(med / base, 3),
+                    "identical_generations": same, "max_kl_diff": f"{kl_diff:.3g}"})
+    print()
+    print(C.table(["condition", f"median {a.clock} s", f"median {other} s", "cells/s", "time / batched"], rows,
+                  title=f"tune, {n_layers} layers x {n_scales} strengths, {n_prompts} prompts x {tokens} tokens, "
+                        f"{a.repeats} round(s); identical generations: {same}, max |kl diff| {kl_diff:.2g}"))
+    speedup = out[1]["speedup"]
+    print(f"per-cell / batched = {speedup:.2f}x (target >= 3x): {'pass' if speedup >= 3 else 'FAIL'}")
+    path = C.csv_rows(Path(a.out), [{**r, "threads": threads} for r in out])
+    print(f"wrote {len(out)} rows to {path}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
