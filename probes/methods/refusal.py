@@ -27,6 +27,10 @@ Method, as published (reference code: github.com/andyrdt/refusal_direction):
    would. ``lazy=True`` (the default) computes the bypass score of every candidate
    and the induce score and KL only in bypass order until one passes: the same winner as the
    exhaustive search, at about a third of the cost (``lazy=False`` fills the whole table).
+   ``batched=True`` (the default) scores many candidates per forward pass: each row of a batch is
+   one (candidate, prompt) pair with that candidate's own steering (a per-row steering list, one
+   fused kernel call per site), rows sorted by prompt length; it fills the same table and selects
+   the same candidate as ``batched=False`` (one candidate's edits per pass).
 5. **Interventions**: directional ablation ``x - r r^T x`` at every block input, attention
    output and MLP output at all positions (:func:`ablation`); activation addition of the
    unnormalised direction at the selected layer (:func:`addition`); weight orthogonalisation
@@ -37,8 +41,13 @@ Method, as published (reference code: github.com/andyrdt/refusal_direction):
    refusal-prefix list; any ``judge(prompts, completions) -> list[bool]``, e.g. a guard model)
    on greedy generations.
 
-7. **First-token probe** (:func:`first_token_probe`): a harmful-vs-harmless logistic probe on the
-   residual stream at the first generated token (see the comment above it).
+7. **Refusal probe** (:func:`refusal_probe`, saved as ``refusal-probe``): a harmful-vs-harmless
+   logistic probe on ``resid_post`` whose position (the first generated token or a post-instruction
+   template token, the last prompt token among them) and layer are chosen by cross-validation on its
+   own train split (:func:`probe_splits`: every vendored train prompt; the vendored val prompts are
+   held out); the provenance records the position, which :mod:`steerkit.probes.scoring` reads.
+   :func:`first_token_probe` is the first-generated-token probe with judged generations (see the
+   comment above it).
 
 :func:`run` (``run(sm, RefusalConfig(...))``, with progress bars) and :func:`run_refusal` (with a
 progress callback) run all of it; ``steerkit refusal`` is the command line. The
@@ -68,11 +77,12 @@ from tqdm import tqdm
 from steerkit.adapters import adapter_for
 from steerkit.errors import InputError, UnsupportedArchitectureError
 from steerkit.export_hf import export_hf
+from steerkit.interventions import Intervention
 from steerkit.vectors import DirectionSet, SteeringVector
 
 from ..linear import fit_logistic, pipeline_to_probe
 from ..metrics import auroc, bootstrap_auroc_ci, check_labels
-from ..sweep import sweep_activations
+from ..sweep import position_label, record_activations, sweep_activations
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -342,6 +352,66 @@ def choose(cands: list[Candidate], n_layers: int, *, prune_frac: float = 0.2, kl
     return best
 
 
+class _RowScorer:
+    """Scores (candidate, prompt) rows many per forward pass, each row with its own steering.
+
+    A job is ``(kind, candidate)``: ``"bypass"`` (harmful prompts, candidate ablated: mean refusal score),
+    ``"induce"`` (harmless prompts, candidate added at its layer: mean refusal score) or ``"kl"``
+    (harmless prompts, candidate ablated: mean KL from the unsteered next-token distribution). Every
+    job's rows go into one list, sorted by prompt length so a batch holds prompts of one length (little
+    padding), and run ``batch_size`` rows per forward pass with a per-row steering list
+    (:meth:`SteerModel.steer`): one fused kernel call per hooked site for the whole batch."""
+
+    def __init__(self, sm: "SteerModel", vec: Callable, harmful: list[str], harmless: list[str],
+                 refusal_ids: Sequence[int], base_harmless: Tensor, batch_size: int):
+        self.sm, self.vec, self.ids, self.base, self.bs = sm, vec, list(refusal_ids), base_harmless, batch_size
+        self.prompts = {"bypass": harmful, "induce": harmless, "kl": harmless}
+        lens = {p: int(sm.tokenize([p]).attention_mask.sum()) for p in dict.fromkeys(harmful + harmless)}
+        self.lens = lens
+        self.names = [f"blocks.{l}.{k}" for l in range(sm.n_layers) for k in ABLATION_SITES]
+        self._ivs: dict = {}
+
+    def steering(self, kind: str, c: Candidate) -> list[Intervention]:
+        key = ("add" if kind == "induce" else "ablate", c.pos, c.layer)
+        if key not in self._ivs:
+            v = self.vec(c)
+            if key[0] == "add":
+                self._ivs[key] = [Intervention.add(f"blocks.{int(c.layer)}.hook_resid_pre", v.float())]
+            else:
+                r = _unit(v, self.sm.d_model)
+                self._ivs[key] = [Intervention.ablate(n, r) for n in self.names]
+        return self._ivs[key]
+
+    @torch.inference_mode()
+    def run(self, jobs: Sequence[tuple[str, Candidate]], progress=None) -> dict:
+        """``{(kind, pos, layer): mean score}`` of every job; ``progress(n)`` after each batch with the
+        number of jobs it completed."""
+        rows = [(j, i) for j, (kind, _) in enumerate(jobs) for i in range(len(self.prompts[kind]))]
+        rows.sort(key=lambda r: (self.lens[self.prompts[jobs[r[0]][0]][r[1]]], self.prompts[jobs[r[0]][0]][r[1]], r[0]))
+        vals: dict[tuple[int, int], float] = {}
+        left = [len(self.prompts[k]) for k, _ in jobs]
+        for chunk in _batches(rows, self.bs):
+            steer = [self.steering(*jobs[j]) for j, _ in chunk]
+            prompts = [self.prompts[jobs[j][0]][i] for j, i in chunk]
+            with self.sm.steer(steer, label="refusal candidates per row"):
+                lg = last_logits(self.sm, prompts, batch_size=len(chunk))
+            score = refusal_score_from_logits(lg, self.ids)
+            is_kl = [k for k, (j, _) in enumerate(chunk) if jobs[j][0] == "kl"]
+            kl = dict(zip(is_kl, kl_last(self.base[[chunk[k][1] for k in is_kl]], lg[is_kl]).tolist())) if is_kl else {}
+            done = 0
+            for k, (j, i) in enumerate(chunk):
+                vals[(j, i)] = float(kl[k]) if k in kl else float(score[k])
+                left[j] -= 1
+                done += left[j] == 0
+            if progress is not None and done:
+                progress(done)
+        out = {}
+        for j, (kind, c) in enumerate(jobs):  # the mean over the prompts in their order, in float64
+            v = torch.tensor([vals[(j, i)] for i in range(len(self.prompts[kind]))], dtype=torch.float64)
+            out[(kind, c.pos, c.layer)] = float(v.mean())
+        return out
+
+
 @dataclass
 class Selection:
     candidates: Float[Tensor, "n_pos n_layers d_model"]
@@ -362,7 +432,7 @@ def select_direction(sm: "SteerModel", candidates: Tensor, positions: list[int],
                      harmless_val: Sequence[str], refusal_ids: Sequence[int], *, prune_frac: float = 0.2,
                      kl_max: float = 0.1, induce_min: float = 0.0, lazy: bool = True, batch_size: int = 16,
                      layers: Sequence[int] | None = None, progress=None,
-                     fallback: Optional[str] = "relative") -> Selection:
+                     fallback: Optional[str] = "relative", batched: bool = True) -> Selection:
     """Score every candidate on the validation prompts and pick one (see the module docstring).
 
     ``fallback``: ``"relative"`` selects again with ``induce > baseline harmless score`` when no
@@ -371,6 +441,12 @@ def select_direction(sm: "SteerModel", candidates: Tensor, positions: list[int],
 
     ``layers``: evaluate only candidates at these layers (default: all; a compute-saving
     deviation from the paper when given). ``progress(n)`` is called after each candidate.
+
+    ``batched`` (default): many (candidate, prompt) rows per forward pass, each row with its own
+    steering (:class:`_RowScorer`, ``batch_size`` rows a pass); the lazy search evaluates, per pass,
+    the next candidates in bypass order and keeps only the scores the one-at-a-time search would
+    have computed, so the candidate table and the selection are those of ``batched=False`` (one
+    candidate's edits at a time, ``batch_size`` prompts a pass) up to float rounding.
     """
     if fallback not in (None, "relative"):  # before any scoring
         raise InputError(f"expected fallback None or 'relative', found {fallback!r}")
@@ -403,17 +479,56 @@ def select_direction(sm: "SteerModel", candidates: Tensor, positions: list[int],
 
     allowed = set(range(L)) if layers is None else {int(l) for l in layers}
     live = [c for c in table if c.layer < cut and c.layer in allowed]
-    for c in live:
-        if float(vec(c).norm()) == 0.0:  # e.g. the embedding of a template token shared by every prompt
+    if batched:
+        scorer = _RowScorer(sm, vec, harmful_val, harmless_val, refusal_ids, base_harmless, batch_size)
+        ahead: dict = {}  # scores computed ahead of the search: written to the table only when it asks
+
+        def fetch(kind: str, c: Candidate, following: Sequence[Candidate]):
+            key = (kind, c.pos, c.layer)
+            if key not in ahead:
+                k = max(1, batch_size // len(scorer.prompts[kind]))  # candidates per forward pass
+                group = [c] + [o for o in following if (kind, o.pos, o.layer) not in ahead][:k - 1]
+                ahead.update(scorer.run([(kind, o) for o in group]))
+            return ahead[key]
+
+        nonzero = [c for c in live if float(vec(c).norm()) != 0.0]
+        if progress is not None and len(live) > len(nonzero):
+            progress(len(live) - len(nonzero))
+        jobs = [("bypass", c) for c in nonzero] + ([] if lazy else [(k, c) for k in ("kl", "induce") for c in nonzero])
+        got = scorer.run(jobs, progress=progress) if jobs else {}
+        if not lazy:
+            for c in nonzero:
+                c.bypass, c.kl, c.induce = (got[(k, c.pos, c.layer)] for k in ("bypass", "kl", "induce"))
+        else:
+            for c in nonzero:
+                c.bypass = got[("bypass", c.pos, c.layer)]
+        # the candidates lazy_search visits, in its order (it stops at the first NaN bypass score)
+        order = sorted((c for c in nonzero if not math.isnan(c.bypass)), key=lambda c: c.bypass)
+
+        # the lazy search's two evaluations, each also scoring the next candidates in its order ahead
+        def induce(c):  # noqa: F811 - replaces the one-at-a-time version above
+            rest = order[order.index(c) + 1:]
+            c.induce = fetch("induce", c, [o for o in rest if math.isnan(o.induce)])
+
+        def kl_only(c):  # noqa: F811 - replaces the one-at-a-time version above
+            rest = order[order.index(c) + 1:]
+            c.kl = fetch("kl", c, [o for o in rest if math.isnan(o.kl)
+                                   and not ahead.get(("induce", o.pos, o.layer), o.induce) < floor_now[0]])
+    else:
+        for c in live:
+            if float(vec(c).norm()) == 0.0:  # e.g. the embedding of a template token shared by every prompt
+                if progress is not None:
+                    progress(1)
+                continue  # scores stay NaN: discarded, as NaN candidates are in the reference code
+            bypass_and_kl(c, with_kl=not lazy)
+            if not lazy:
+                induce(c)
             if progress is not None:
                 progress(1)
-            continue  # scores stay NaN: discarded, as NaN candidates are in the reference code
-        bypass_and_kl(c, with_kl=not lazy)
-        if not lazy:
-            induce(c)
-        if progress is not None:
-            progress(1)
+    floor_now = [induce_min]
+
     def lazy_search(floor: float):
+        floor_now[0] = floor
         for c in sorted(live, key=lambda c: (math.isnan(c.bypass), c.bypass)):
             if math.isnan(c.bypass):
                 break
@@ -608,18 +723,21 @@ def heldout_auroc(X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray, 
 class ProbeResult:
     rows: list[dict]
     best: dict
-    probe: object  # steerkit.vectors.Probe: harmful-vs-harmless at the first generated token, best layer
+    probe: object  # steerkit.vectors.Probe: harmful-vs-harmless at the chosen position and layer
     completions: dict
     refused: dict
     notes: list[str] = field(default_factory=list)
 
+    positions: dict = field(default_factory=dict)  # position name -> {"spec": what scoring records, "token": text}
+
     def table(self, labels: str = "prompt", position: str = "first_generated") -> list[dict]:
+        """The rows of one label kind at one position, in layer order."""
         return [r for r in self.rows if r["labels"] == labels and r["position"] == position]
 
     def to_json(self) -> dict:
         """The numbers (rows, best, completions, verdicts, notes) as JSON-serialisable values."""
         return _clean({"best": self.best, "rows": self.rows, "completions": self.completions,
-                       "refused": self.refused, "notes": self.notes})
+                       "refused": self.refused, "notes": self.notes, "positions": self.positions})
 
     def plot(self, title: str | None = None):
         """A plotly ``Figure``: train CV AUROC (band: bootstrap 95%) per layer, one line per label kind and
@@ -627,7 +745,7 @@ class ProbeResult:
         import plotly.graph_objects as go
         fig = go.Figure()
         for kind in LABEL_KINDS:
-            for pos in POSITIONS:
+            for pos in dict.fromkeys(r["position"] for r in self.rows):
                 rs = sorted(self.table(kind, pos), key=lambda r: r["layer"])
                 if rs:
                     fig.add_trace(go.Scatter(x=[r["layer"] for r in rs], y=[r["cv_auroc"] for r in rs],
@@ -635,7 +753,7 @@ class ProbeResult:
                                              error_y={"type": "data", "symmetric": False,
                                                       "array": [r["cv_ci"][1] - r["cv_auroc"] for r in rs],
                                                       "arrayminus": [r["cv_auroc"] - r["cv_ci"][0] for r in rs]}))
-        fig.update_layout(title=title or "first-token refusal probe: train CV AUROC per layer",
+        fig.update_layout(title=title or "refusal probe: train CV AUROC per layer and position",
                           xaxis_title="layer", yaxis_title="AUROC", yaxis_range=[0, 1.05])
         return fig
 
@@ -644,7 +762,7 @@ def probe_rows(acts: dict, labels: dict, *, n_folds: int = 5, n_boot: int = 500,
                notes: list | None = None) -> list[dict]:
     """Per label kind, position and layer: train CV AUROC (+CI) and held-out test AUROC (+CI).
 
-    ``acts[split][position]``: ``[L, n, d]``; ``labels[split][kind]``: ``[n]`` 0/1. A label kind
+    ``acts[split][position]``: ``[L, n, d]`` (every position of ``acts["train"]`` is probed); ``labels[split][kind]``: ``[n]`` 0/1. A label kind
     whose train labels have fewer than ``n_folds`` of a class is skipped (with a note); test
     AUROC is ``NaN`` when the test labels have one class.
     """
@@ -661,10 +779,13 @@ def probe_rows(acts: dict, labels: dict, *, n_folds: int = 5, n_boot: int = 500,
         test_ok = len(np.unique(yte)) == 2
         if not test_ok:
             notes.append(f"{kind} labels: the test prompts have one class only; no held-out AUROC")
-        cv = sweep_activations({p: acts["train"][p] for p in POSITIONS}, ytr, method="logistic", n_folds=n_folds,
-                               n_boot=n_boot, seed=seed)
+        # one sweep per position (the same folds: they depend on the labels and the seed only), so only one
+        # position's float64 copy of the activations exists at a time
+        cv_rows = [r for p in acts["train"] for r in
+                   sweep_activations({p: acts["train"][p]}, ytr, method="logistic", n_folds=n_folds, n_boot=n_boot,
+                                     seed=seed).to_rows()]
         with threadpool_limits(limits=1):
-            for r in cv.to_rows():
+            for r in cv_rows:
                 p, l = r["position"], int(r["layer"])
                 row = {"labels": kind, "position": p, "layer": l, "cv_auroc": r["auroc"],
                        "cv_ci": [r["auroc_ci_low"], r["auroc_ci_high"]], "cv_balanced_accuracy": r["balanced_accuracy"],
@@ -727,6 +848,174 @@ def first_token_probe(sm: "SteerModel", train: dict, test: dict, *, judge=None, 
     return ProbeResult(rows, best, probe, comps, refused, notes)
 
 
+# --------------------------------------------------------------------------- the refusal probe of `steerkit refusal`
+# The probe ``steerkit refusal`` saves reads one (position, layer) cell, both chosen by 5-fold cross-validation
+# on its own train split: every vendored *train* prompt (260 harmful + 1000 harmless) by default. The
+# candidate positions are the paper's anchors: the first generated token (the model's greedy first response
+# token, fed back) and every post-instruction template token (the last of them is the last prompt token).
+# Recording needs two generated tokens per prompt (:func:`steerkit.probes.record_activations`), so it is
+# short. The held-out split is the vendored *val* files (disjoint from every train prompt), used only to
+# report AUROCs after the choice.
+LAST_PROMPT = "last_prompt"
+
+
+def probe_splits(n_train: int | None = None, n_test: int | None = None, seed: int = 0) -> tuple[dict, dict]:
+    """``(train, test)``, each ``{"harmful": [...], "harmless": [...]}``, for the refusal probe.
+
+    train: the vendored *train* files (every prompt when ``n_train`` is ``None``, else a seeded sample of
+    ``n_train`` per side); test: the vendored *val* files (all, or ``n_test`` per side), with any prompt
+    that is also in train dropped, so no held-out prompt reaches the fit.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> train, test = R.probe_splits()
+        >>> len(train["harmful"]), len(train["harmless"]), len(test["harmful"]), len(test["harmless"])
+        (260, 1000, 39, 200)
+        >>> tr, te = R.probe_splits(4, 2)
+        >>> [len(v) for v in (*tr.values(), *te.values())], set(tr["harmful"]) & set(te["harmful"])
+        ([4, 4, 2, 2], set())
+    """
+    rng = random.Random(seed)
+    train: dict[str, list[str]] = {}
+    test: dict[str, list[str]] = {}
+    for kind in ("harmful", "harmless"):
+        tr = load_instructions(kind, "train")
+        seen = set(tr) if n_train is None else None
+        if n_train is not None:
+            if not 1 <= n_train <= len(tr):
+                raise InputError(f"expected 1 <= probe n_train <= {len(tr)} {kind} train prompts, found {n_train}")
+            tr = rng.sample(tr, n_train)
+            seen = set(tr)
+        va = [p for p in load_instructions(kind, "val") if p not in seen]
+        if n_test is not None:
+            if not 1 <= n_test <= len(va):
+                raise InputError(f"expected 1 <= probe n_test <= {len(va)} {kind} held-out prompts, found {n_test}")
+            va = rng.sample(va, n_test)
+        train[kind], test[kind] = tr, va
+    return train, test
+
+
+def probe_positions(sm: "SteerModel") -> dict[str, dict]:
+    """The positions the refusal probe tries: ``{name: {"spec": position, "token": text}}``.
+
+    ``spec`` is what :func:`steerkit.probes.record_activations` (and so
+    :func:`steerkit.probes.scoring.score_prompts`) records: ``"first_generated"``; ``"last"`` for the
+    last prompt token (``last_prompt``, the last post-instruction token); a negative index among the
+    prompt's tokens for each earlier post-instruction token (``post_instruction_-2``, ...).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> list(R.probe_positions(sm))[:3]
+        ['first_generated', 'last_prompt', 'post_instruction_-2']
+        >>> R.probe_positions(sm)["post_instruction_-6"]
+        {'spec': -6, 'token': '<|im_end|>'}
+    """
+    pos, toks = post_instruction_positions(sm)
+    out = {"first_generated": {"spec": "first_generated", "token": "(first generated token)"},
+           LAST_PROMPT: {"spec": "last", "token": toks[-1]}}
+    for p, t in reversed(list(zip(pos[:-1], toks[:-1]))):
+        out[f"post_instruction_{p}"] = {"spec": int(p), "token": t}
+    return out
+
+
+def record_probe_activations(sm: "SteerModel", prompts: Sequence[str], positions: dict, *, batch_size: int = 16,
+                             progress=None) -> dict[str, Tensor]:
+    """``{position name: [n_layers, n, d_model]}``: ``resid_post`` of every layer at each of ``positions``
+    (:func:`probe_positions`), recorded in one pass per batch (a two-token greedy generation).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> acts = R.record_probe_activations(tiny, ["hi", "bake bread"], R.probe_positions(tiny))
+        >>> list(acts)[:2], tuple(acts["first_generated"].shape)
+        (['first_generated', 'last_prompt'], (4, 2, 64))
+    """
+    label = {position_label(v["spec"]): name for name, v in positions.items()}
+    parts: dict[str, list[Tensor]] = {name: [] for name in positions}
+    prompts = list(prompts)
+    if not prompts:
+        raise InputError("expected at least one prompt to record, found an empty list")
+    # batches of prompts of similar length (little padding); the rows go back to the prompts' order
+    lens = [int(sm.tokenize([p]).attention_mask.sum()) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: lens[i])
+    for chunk in _batches(order, batch_size):
+        got = record_activations(sm, [prompts[i] for i in chunk], positions=[v["spec"] for v in positions.values()],
+                                 batch_size=len(chunk))
+        for lab, t in got.items():
+            parts[label[lab]].append(t)
+        if progress is not None:
+            progress(len(chunk))
+    back = torch.empty(len(order), dtype=torch.long)
+    back[torch.tensor(order)] = torch.arange(len(order))
+    return {name: torch.cat(v, 1)[:, back] for name, v in parts.items()}
+
+
+def select_probe_cell(rows: list[dict], labels: str = "prompt") -> dict:
+    """The row with the highest *train CV* AUROC over every position and layer (ties: the earlier layer,
+    then the position listed first); the held-out columns are never read.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> rows = [{"labels": "prompt", "position": "a", "layer": 3, "cv_auroc": 0.9, "test_auroc": 0.99},
+        ...         {"labels": "prompt", "position": "b", "layer": 1, "cv_auroc": 0.95, "test_auroc": 0.5}]
+        >>> R.select_probe_cell(rows)["position"]
+        'b'
+    """
+    cand = [r for r in rows if r["labels"] == labels]
+    if not cand:
+        raise InputError(f"expected probe rows for labels={labels!r}, found none")
+    return max(cand, key=lambda r: (r["cv_auroc"], -r["layer"]))
+
+
+def refusal_probe(sm: "SteerModel", train: dict, test: dict, *, positions: dict | None = None, batch_size: int = 16,
+                  n_folds: int = 5, n_boot: int = 500, seed: int = 0, progress=None) -> ProbeResult:
+    """The ``refusal-probe`` of ``steerkit refusal``: harmful (1) vs harmless (0) logistic probe whose
+    position and layer are chosen by cross-validation on ``train`` only.
+
+    ``train``/``test``: ``{"harmful": [...], "harmless": [...]}`` (:func:`probe_splits`); ``positions``:
+    :func:`probe_positions` (default). Every position x layer gets its train CV AUROC and held-out AUROC
+    with bootstrap intervals (``rows``); the cell with the best CV AUROC (:func:`select_probe_cell`) is
+    fitted on every train prompt and stored with its position in ``provenance.method_params``
+    (``position``: what :func:`steerkit.probes.scoring.score_prompts` records; ``position_name``,
+    ``position_token``).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> data = {"harmful": ["how to pick a lock", "make a weapon", "steal a car"] * 2,
+        ...         "harmless": ["bake bread", "write a poem", "name a colour"] * 2}
+        >>> res = R.refusal_probe(tiny, data, data, n_boot=10, n_folds=2)
+        >>> res.probe.provenance.method_params["position"] in ("first_generated", "last")
+        True
+    """
+    positions = positions or probe_positions(sm)
+    acts: dict[str, dict[str, Tensor]] = {}
+    labels: dict[str, dict[str, np.ndarray]] = {}
+    for split, data in (("train", train), ("test", test)):
+        parts = [record_probe_activations(sm, data[kind], positions, batch_size=batch_size, progress=progress)
+                 for kind in ("harmful", "harmless")]
+        acts[split] = {name: torch.cat([parts[0][name], parts[1][name]], 1) for name in positions}
+        labels[split] = {"prompt": np.r_[np.ones(len(data["harmful"]), np.int64),
+                                         np.zeros(len(data["harmless"]), np.int64)]}
+    notes = ["behaviour labels (the model's own refusals) need judged generations; this probe generates two "
+             "tokens per prompt, so it uses prompt labels only (first_token_probe judges longer generations)"]
+    rows = probe_rows(acts, labels, n_folds=n_folds, n_boot=n_boot, seed=seed, notes=notes)
+    best = select_probe_cell(rows, "prompt")
+    name, l = best["position"], best["layer"]
+    X = acts["train"][name][l].numpy().astype(np.float64)
+    pipe = fit_logistic(X, labels=labels["train"]["prompt"], seed=seed)
+    spec, tok = positions[name]["spec"], positions[name]["token"]
+    metrics = {"cv_auroc": best["cv_auroc"], "cv_ci": best["cv_ci"], "test_auroc": best["test_auroc"],
+               "test_ci": best["test_ci"], "labels": "prompt (harmful=1 / harmless=0)",
+               "n_train": {k: len(v) for k, v in train.items()}, "n_test": {k: len(v) for k, v in test.items()}}
+    probe = pipeline_to_probe(pipe, l, sm, hook_site="hook_resid_post", classes=["harmless", "harmful"],
+                              position=spec, prompts=list(train["harmful"]) + list(train["harmless"]),
+                              metrics=_clean(metrics))
+    probe.provenance.method = "refusal_probe"
+    probe.provenance.method_params.update({"position": spec, "position_name": name, "position_token": tok,
+                                           "labels": "prompt", "selection": "train CV AUROC over positions x layers",
+                                           "positions_tried": list(positions)})
+    return ProbeResult(rows, best, probe, {}, {}, notes, positions=positions)
+
+
 # --------------------------------------------------------------------------- artifacts
 def direction_artifacts(sm: "SteerModel", selection: Selection, *, metrics: dict, prompts: Sequence[str] = (),
                         params: dict | None = None):
@@ -760,6 +1049,9 @@ class RefusalConfig:
     fallback: Optional[str] = "relative"  # see select_direction; None: raise when nothing passes the paper's rule
     lazy: bool = True
     probe: bool = True
+    probe_n_train: Optional[int] = None  # refusal probe train prompts per side (default: every vendored train prompt)
+    probe_n_test: Optional[int] = None  # refusal probe held-out prompts per side (default: every vendored val prompt)
+    batched: bool = True  # score many candidates per forward pass (per-row steering); False: one candidate at a time
     n_positions: Optional[int] = None  # use only the last k post-instruction positions (default: all)
     layer_step: int = 1  # evaluate candidates at every layer_step-th layer (default: every layer)
     n_samples: int = 3
@@ -807,8 +1099,9 @@ class RefusalResult:
             "refusal_tokens": self.refusal_tokens, "positions": self.positions,
             "position_tokens": self.position_tokens, "first_tokens_test": self.first_tokens,
             "samples": self.samples, "candidates": [c.as_dict() for c in self.selection.table],
-            "probe": None if pr is None else {"best": pr.best, "rows": pr.rows, "completions": pr.completions,
-                                              "refused": pr.refused},
+            "probe": None if pr is None else {"best": pr.best, "rows": pr.rows, "positions": pr.positions,
+                                              "position": pr.probe.provenance.method_params.get("position"),
+                                              "completions": pr.completions, "refused": pr.refused},
         })
 
     def plot(self, title: str | None = None):
@@ -908,7 +1201,7 @@ def run_refusal(sm: "SteerModel", config: RefusalConfig | None = None, *, judge:
     cut = int(sm.n_layers * (1 - cfg.prune_frac))
     sel = select_direction(sm, cands, positions, keep[("val", "harmful")], keep[("val", "harmless")], rid,
                            prune_frac=cfg.prune_frac, kl_max=cfg.kl_max, induce_min=cfg.induce_min, lazy=cfg.lazy,
-                           fallback=cfg.fallback,
+                           fallback=cfg.fallback, batched=cfg.batched,
                            batch_size=bs, layers=range(0, sm.n_layers, cfg.layer_step),
                            progress=tick("select", len(positions) * len(range(0, cut, cfg.layer_step))))
     b = sel.best
@@ -922,8 +1215,7 @@ def run_refusal(sm: "SteerModel", config: RefusalConfig | None = None, *, judge:
     # 5. evaluate on the held-out test prompts: refusal scores and judged greedy generations
     test_h, test_a = data["test"]["harmful"], data["test"]["harmless"]
     rate, score, samples = {}, {}, {}
-    ngen = 2 * cfg.n_test * 2
-    gtick = tick("generate test", ngen)
+    gtick = tick("generate test", 4 * cfg.n_test)
     for kind, prompts in (("harmful", test_h), ("harmless", test_a)):
         for cond in ("baseline", "ablated", "added"):
             if (kind, cond) in (("harmless", "ablated"), ("harmful", "added")):
@@ -932,8 +1224,6 @@ def run_refusal(sm: "SteerModel", config: RefusalConfig | None = None, *, judge:
                    ablation(sm, v) if cond == "ablated" else addition(sm, v, b.layer))
             with ctx:
                 score[f"{kind}_test_{cond}"] = float(refusal_scores(sm, prompts, rid, batch_size=bs).mean())
-                if cond == "baseline" and cfg.probe:
-                    continue  # generated below together with the probe's activations
                 comps = generate_batched(sm, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=bs,
                                          progress=gtick)
             verdict = judge_refusals(judge, prompts, comps)
@@ -941,15 +1231,14 @@ def run_refusal(sm: "SteerModel", config: RefusalConfig | None = None, *, judge:
             samples[f"{kind}_test_{cond}"] = [{"prompt": p, "completion": c, "refusal": r}
                                               for p, c, r in list(zip(prompts, comps, verdict))[:cfg.n_samples]]
     probe_res = None
-    if cfg.probe:
-        probe_res = first_token_probe(sm, data["train"], data["test"], judge=judge,
-                                      max_new_tokens=cfg.max_new_tokens, batch_size=bs, seed=cfg.seed,
-                                      progress=tick("generate train+test (probe)", 2 * (cfg.n_train + cfg.n_test)))
-        for kind in ("harmful", "harmless"):
-            comps, verdict = probe_res.completions["test"][kind], probe_res.refused["test"][kind]
-            rate[f"{kind}_test_baseline"] = sum(verdict) / len(verdict)
-            samples[f"{kind}_test_baseline"] = [{"prompt": p, "completion": c, "refusal": r} for p, c, r in
-                                                list(zip(data["test"][kind], comps, verdict))[:cfg.n_samples]]
+    if cfg.probe:  # its own split: the vendored train files (CV) and val files (held out)
+        ptrain, ptest = probe_splits(cfg.probe_n_train, cfg.probe_n_test, cfg.seed)
+        n_probe = sum(len(v) for v in (*ptrain.values(), *ptest.values()))
+        probe_res = refusal_probe(sm, ptrain, ptest, batch_size=bs, seed=cfg.seed,
+                                  progress=tick("record probe train+held-out (2 tokens)", n_probe))
+        pb = probe_res.best
+        log(f"refusal probe: {pb['position']} layer {pb['layer']}: train CV AUROC {pb['cv_auroc']:.3f}, "
+            f"held-out AUROC {pb['test_auroc']:.3f}")
     # first tokens of the greedy responses (argmax of the baseline next-token distribution)
     for kind in ("harmful", "harmless"):
         lg = last_logits(sm, data["test"][kind], batch_size=bs)

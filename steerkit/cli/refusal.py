@@ -9,9 +9,13 @@ artifacts into the vector store at ``--out``
 * ``refusal-direction``: a ``SteeringVector`` (the unnormalised difference of means, added at
   ``blocks.{layer}.hook_resid_pre``; its metrics in the provenance),
 * ``refusal-ablation``: a ``DirectionSet`` (the unit direction, ablated everywhere),
-* ``refusal-probe``: the harmful-vs-harmless logistic probe at the first generated token.
+* ``refusal-probe``: the harmful-vs-harmless logistic probe; its position (the first generated token or a
+  post-instruction template token, the last prompt token among them) and layer are chosen by
+  cross-validation on its own train split (every vendored train prompt by default; the vendored val
+  prompts are its held-out set), and its provenance records the position it reads.
 
-``--report FILE`` writes every number (candidate table, rates, samples, probe table) as JSON;
+``--report FILE`` writes every number (candidate table, rates, samples, the probe's CV and held-out
+AUROC at every position x layer) as JSON;
 ``--orthogonalized DIR`` writes a Hugging Face model folder with the direction folded into the
 weights (load it with ``steerkit.load_model(DIR)``).
 """
@@ -56,7 +60,13 @@ def register(subparsers) -> None:
                    "post-instruction positions only (default: all, as the paper)")
     p.add_argument("--layer-step", type=int, default=1, metavar="S", help="candidates at every S-th layer only "
                    "(default 1: every layer, as the paper)")
-    p.add_argument("--no-probe", action="store_true", help="skip the first-token probe")
+    p.add_argument("--no-probe", action="store_true", help="skip the refusal probe")
+    p.add_argument("--probe-n-train", type=int, default=None, metavar="N", help="refusal probe train prompts per "
+                   "side (default: every vendored train prompt, 260 harmful + 1000 harmless)")
+    p.add_argument("--probe-n-test", type=int, default=None, metavar="N", help="refusal probe held-out prompts "
+                   "per side (default: every vendored val prompt, 39 harmful + 200 harmless)")
+    p.add_argument("--one-at-a-time", action="store_true", help="score one candidate per forward pass instead "
+                   "of many (per-row steering); selects the same direction, slower")
     p.add_argument("--orthogonalized", default=None, metavar="DIR", help="also write a weight-orthogonalised model")
     p.add_argument("--report", default=None, metavar="FILE", help="write all metrics as JSON")
     p.add_argument("--no-save", action="store_true", help="do not write to the store")
@@ -71,6 +81,8 @@ def run(args) -> int:
     check_min(args.max_new_tokens, "--max-new-tokens", 1)
     check_min(args.min_keep, "--min-keep", 0)
     check_min(args.positions, "--positions", 1, "K is how many post-instruction positions to try")
+    check_min(args.probe_n_train, "--probe-n-train", 5, "5-fold cross-validation needs 5 prompts per side")
+    check_min(args.probe_n_test, "--probe-n-test", 1)
     check_store_path(args.out, "--out")
     if args.report:
         check_output_path(args.report, "--report")
@@ -82,7 +94,9 @@ def run(args) -> int:
                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, refusal_words=words,
                         min_keep=args.min_keep, kl_max=args.kl_max, induce_min=args.induce_min, lazy=not args.exhaustive,
                         fallback=None if args.no_fallback else "relative",
-                        probe=not args.no_probe, n_positions=args.positions, layer_step=args.layer_step)
+                        probe=not args.no_probe, n_positions=args.positions, layer_step=args.layer_step,
+                        probe_n_train=args.probe_n_train, probe_n_test=args.probe_n_test,
+                        batched=not args.one_at_a_time)
     if args.orthogonalized:  # fail now, not after the run
         o = Path(args.orthogonalized).expanduser()
         if o.exists():
@@ -93,9 +107,11 @@ def run(args) -> int:
     rows = res.summary_rows()
     if res.probe is not None:
         b = res.probe.best
-        rows.append(("probe (harmful vs harmless, first generated token)",
-                     f"layer {b['layer']}: train CV AUROC {b['cv_auroc']:.3f}, test AUROC {b['test_auroc']:.3f} "
-                     f"[{b['test_ci'][0]:.3f}, {b['test_ci'][1]:.3f}]"))
+        tok = res.probe.positions.get(b["position"], {}).get("token", "")
+        rows.append((f"probe (harmful vs harmless) at {b['position']} ({tok!r})",
+                     f"layer {b['layer']}: train CV AUROC {b['cv_auroc']:.3f}, held-out AUROC {b['test_auroc']:.3f} "
+                     f"[{b['test_ci'][0]:.3f}, {b['test_ci'][1]:.3f}] on {b['n_test_pos']} + {b['n_test_neg']} "
+                     "held-out prompts"))
     w = max(len(k) for k, _ in rows)
     print(f"refusal direction on {sm.name}")
     for k, v in rows:

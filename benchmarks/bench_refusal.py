@@ -1,0 +1,111 @@
+"""Refusal-direction candidate scoring: many candidates per forward pass (per-row steering) vs one at a time.
+
+The candidates are those ``steerkit refusal`` builds (difference of means of ``resid_pre`` on the
+harmful and harmless train prompts at the post-instruction positions and every layer), recorded once
+and not timed. Then ``select_direction`` scores them on the validation prompts twice, in the same
+run, timed as a whole call (wall and this process's CPU time, ``_common.Clock``):
+
+* ``one-at-a-time``: ``batched=False``: one candidate's edits installed per forward pass (its
+  ablation at every block input, attention output and MLP output, or its addition at its block), the
+  validation prompts in passes of ``batch_size``;
+* ``batched``: ``batched=True``: (candidate, prompt) rows, ``batch_size`` per forward pass, each row
+  with its own steering in one per-row steering (one fused kernel call per site for the whole batch),
+  the rows sorted by prompt length.
+
+Both use the default lazy search and fallback. The two candidate tables are compared (largest
+|difference| of any score, same NaN pattern) and the selected (position, layer) must be the same
+(``same_selection``; the script exits 1 otherwise). Rows go to ``benchmarks/results/refusal_scoring.csv``
+with ``new_over_old`` (batched / one-at-a-time, target <= 1/3).
+
+Usage:  python benchmarks/bench_refusal.py            # the defaults of `steerkit refusal`: 6 positions x 24 layers
+        python benchmarks/bench_refusal.py --quick    # 2 positions x 3 layers, 8 + 8 train, 4 + 4 val prompts
+
+``--quick`` selects with ``kl_max=1.0``: with 8 + 8 train prompts no candidate of its 6 keeps the KL
+under the default 0.1.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 positions x 3 layers, 8 + 8 train, 4 + 4 val prompts, "
+                    "kl_max 1.0")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default 0 = torch's default)")
+    ap.add_argument("--batch-size", type=int, default=16, help="rows (batched) / prompts (one at a time) per pass")
+    ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "refusal_scoring.csv"))
+    a = ap.parse_args(argv)
+
+    import steerkit
+    from steerkit.probes.methods import refusal as R
+
+    threads = C.set_threads(a.threads)
+    cfg = R.RefusalConfig()
+    n_train, n_val = (8, 4) if a.quick else (cfg.n_train, cfg.n_val)
+    sm = steerkit.load_model()
+    data = R.sample_splits(n_train, n_val, 1, seed=cfg.seed)
+    ids = R.refusal_token_ids(sm.tokenizer, cfg.refusal_words)
+    positions = R.post_instruction_positions(sm)[0]
+    cut = int(sm.n_layers * (1 - cfg.prune_frac))
+    layers = list(range(cut))
+    if a.quick:
+        positions, layers = positions[-2:], [3, 9, 15]
+    acts = {k: R.record_resid_pre(sm, data["train"][k], positions, None, batch_size=a.batch_size)[0]
+            for k in ("harmful", "harmless")}
+    cands = R.mean_diff(acts["harmful"], acts["harmless"])
+    args = (sm, cands, positions, data["val"]["harmful"], data["val"]["harmless"], ids)
+    kw = dict(prune_frac=cfg.prune_frac, kl_max=1.0 if a.quick else cfg.kl_max, induce_min=cfg.induce_min, lazy=cfg.lazy,
+              fallback=cfg.fallback, batch_size=a.batch_size, layers=layers)
+    n_cand = len(positions) * len(layers)
+    print(f"{sm.name}: {n_cand} candidates ({len(positions)} positions x {len(layers)} layers), "
+          f"{n_val} + {n_val} validation prompts, batch {a.batch_size}, {threads} threads", flush=True)
+    res, clocks = {}, {}
+    for path, batched in (("one-at-a-time", False), ("batched", True)):
+        with C.Clock() as clk:
+            res[path] = R.select_direction(*args, batched=batched, **kw)
+        clocks[path] = clk
+        b = res[path].best
+        print(f"  {path:14s} wall {clk.wall:8.1f} s  cpu {clk.cpu:8.1f} s  selected pos {b.pos} layer {b.layer} "
+              f"({res[path].rule} rule)", flush=True)
+    old, new = res["one-at-a-time"], res["batched"]
+    same = (old.best.pos, old.best.layer, old.rule) == (new.best.pos, new.best.layer, new.rule)
+    diff, same_nan = 0.0, True
+    for x, y in zip(old.table, new.table):
+        for k in ("bypass", "induce", "kl"):
+            u, v = getattr(x, k), getattr(y, k)
+            same_nan &= math.isnan(u) == math.isnan(v)
+            if not (math.isnan(u) or math.isnan(v)):
+                diff = max(diff, abs(u - v))
+    n_scored = {p: sum(not math.isnan(getattr(c, k)) for c in res[p].table for k in ("bypass", "induce", "kl"))
+                for p in res}
+    rows = []
+    for path in res:
+        clk, b = clocks[path], res[path].best
+        rows.append({"mode": "quick" if a.quick else "full", "path": path, "n_candidates": n_cand,
+                     "n_positions": len(positions), "n_layers": len(layers), "n_val_per_side": n_val,
+                     "batch_size": a.batch_size, "threads": threads, "wall_s": round(clk.wall, 3),
+                     "cpu_s": round(clk.cpu, 3), "scores_computed": n_scored[path],
+                     "selected_pos": b.pos, "selected_layer": b.layer, "rule": res[path].rule,
+                     "same_selection": same, "table_max_abs_diff": f"{diff:.3g}", "same_nan_pattern": same_nan,
+                     "new_over_old_wall": round(clocks["batched"].wall / clocks["one-at-a-time"].wall, 4),
+                     "new_over_old": round(clocks["batched"].cpu / clocks["one-at-a-time"].cpu, 4)})
+    print(C.table(["path", "wall s", "cpu s", "scores", "selected", "same selection", "max |diff|"],
+                  [[r["path"], r["wall_s"], r["cpu_s"], r["scores_computed"],
+                    f"pos {r['selected_pos']} layer {r['selected_layer']}", r["same_selection"],
+                    r["table_max_abs_diff"]] for r in rows]))
+    r = rows[-1]
+    print(f"batched / one-at-a-time: CPU {r['new_over_old']:.3f}, wall {r['new_over_old_wall']:.3f} "
+          f"(target <= 0.333)")
+    print(f"wrote {C.csv_rows(Path(a.out), rows)}")
+    return 0 if same and same_nan else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
