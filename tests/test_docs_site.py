@@ -49,7 +49,8 @@ def test_api_pages_document_the_public_names(site):
         "api/attention": ["steerkit.attention"],
         "api/quantize": ["steerkit.quantize"],
         "api/probes": ["steerkit.probes.patching.activation_patching", "steerkit.probes.patching.attribution_patching",
-                       "steerkit.probes.lens.logit_lens"],
+                       "steerkit.probes.lens.logit_lens", "steerkit.probes.tune.tune", "steerkit.probes.train.train_bipo",
+                       "steerkit.probes.condition.fit_condition", "steerkit.probes.contrast.contrast_pairs"],
         "api/methods": ["steerkit.probes.methods.REGISTRY", "steerkit.probes.methods.refusal",
                         "steerkit.probes.methods.ioi"],
         "api/vectors": ["steerkit.vectors.SteeringVector", "steerkit.vectors.Store", "steerkit.vectors.export"],
@@ -75,7 +76,8 @@ def test_cli_page_lists_every_verb(site):
 @pytest.mark.slow
 def test_pages_in_the_nav_are_built(site):
     for page in ["installation", "concepts", "app", "serving", "exports", "RESULTS", "reproductions/refusal",
-                 "ARCHITECTURE", "BENCHMARKS", "SECURITY"]:
+                 "ARCHITECTURE", "BENCHMARKS", "SECURITY", "tutorials", "tutorials/06_tuning", "tuning", "training",
+                 "reproductions/cast", "reproductions/bipo"]:
         _page(site, page)
     app = _page(site, "app")
     assert "screenshots/patching.png" in app
