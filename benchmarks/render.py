@@ -76,6 +76,14 @@ TARGETS: dict[str, Target] = {
         "vllm", "ratio_steered_over_unsteered", ">=", 0.9, "x",
         "docs/BENCHMARKS.md (Per-request steering in vLLM: threshold >= 0.9)",
         where=(("engine", ("vllm+steerkit plugin",)),), label=("engine",)),
+    "tuning grid, batched vs one generate call per cell": Target(
+        "tune", "speedup", ">=", 3.0, "x",
+        "benchmarks/README.md and bench_tune.py (per-cell time / batched time >= 3x)",
+        where=(("condition", ("per-cell",)),), label=("mode", "cells", "prompts", "tokens")),
+    "refusal candidate scoring, batched / one at a time (CPU time)": Target(
+        "refusal_scoring", "new_over_old", "<=", 0.333, "x",
+        "benchmarks/README.md and bench_refusal.py (batched <= 1/3 of one candidate at a time)",
+        where=(("path", ("batched",)),), label=("mode",)),
     "fused GPU kernel, fraction of a device copy's bandwidth (headline case)": Target(
         "gpu_kernels", "frac_of_copy", ">=", 0.8, "x",
         "gpu_kernels.py and docs/RESULTS.md (bandwidth >= 0.8 of a device copy)",
@@ -98,14 +106,20 @@ SOURCES: dict[str, tuple[str, str]] = {
     "patching": ("benchmarks/bench_patching.py", "activation patching, batched vs one patch per pass vs "
                                                  "TransformerLens"),
     "pattern_record": ("benchmarks/bench_pattern_record.py", "recording attention patterns vs the residual stream"),
+    "plan": ("benchmarks/bench_plan.py", "the vLLM plugin's planning cost per engine step"),
     "quantized_decode": ("benchmarks/bench_quantized.py", "steered decode speed, float32 vs int8 weights"),
     "record": ("benchmarks/bench_record.py", "recording throughput"),
     "record_memory": ("benchmarks/bench_record.py", "peak memory of one record scope vs a bare pass"),
     "refusal_paths": ("scripts/refusal_paths.py", "the refusal direction on quantised and offloaded loads"),
+    "refusal_scoring": ("benchmarks/bench_refusal.py", "refusal-direction candidate scoring, batched vs one "
+                                                       "candidate at a time"),
     "steering": ("benchmarks/bench_steering.py", "overhead of each fused operation in generation"),
     "steering_per_row": ("benchmarks/bench_steering.py", "per-row configurations vs one shared configuration"),
     "step_overhead": ("benchmarks/bench_step_overhead.py", "what steering adds to one decoding step"),
     "step_vs_ref": ("benchmarks/bench_step_vs_ref.py", "per-step overhead of this tree against a reference commit"),
+    "tune": ("benchmarks/bench_tune.py", "tuning a direction: the batched layer x strength grid vs one generate "
+                                         "call per cell"),
+    "train": ("benchmarks/bench_train.py", "one BiPO training epoch on the default model: seconds and peak memory"),
     "vectors_store": ("benchmarks/vectors_store.py", "store and export throughput"),
     "vllm": ("benchmarks/bench_vllm.py", "per-request steering in vLLM vs steerkit's HF generation"),
 }
@@ -121,14 +135,18 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "load": ("wall_s", ("load",), None),
     "patching": ("median_s", ("condition",), None),
     "pattern_record": ("throughput_vs_bare", ("condition",), None),
+    "plan": ("median_us_per_step", ("step",), "requests"),
     "quantized_decode": ("overhead_pct", ("weights", "condition"), "batch"),
     "record": ("throughput_ratio", ("prompts", "batch"), None),
     "record_memory": ("record_minus_bare_mib", ("prompts",), None),
     "refusal_paths": ("cosine_with_float32", ("path",), None),
+    "refusal_scoring": ("cpu_s", ("path",), "mode"),
     "steering": ("overhead_pct", ("op",), "batch"),
     "steering_per_row": ("per_row_vs_shared_throughput", ("batch",), None),
     "step_overhead": ("overhead_pct", ("condition",), "batch"),
     "step_vs_ref": ("overhead_pct", ("batch", "condition", "run"), "version"),
+    "train": ("s_per_step_cpu", ("pairs", "batch"), "mode"),
+    "tune": ("median_s", ("condition",), "mode"),
     "vectors_store": ("per_s", ("operation", "format"), None),
     "vllm": ("ratio_steered_over_unsteered", ("engine",), None),
 }

@@ -45,7 +45,16 @@ except Exception as exc:  # pragma: no cover - depends on the environment
 
 
 def interpret_mode() -> bool:
-    """True when Triton runs in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    """True when Triton runs in its CPU interpreter (``TRITON_INTERPRET=1``).
+
+    Examples:
+        >>> old = os.environ.get("TRITON_INTERPRET", "0")
+        >>> os.environ["TRITON_INTERPRET"] = "1"; interpret_mode()
+        True
+        >>> os.environ["TRITON_INTERPRET"] = "0"; interpret_mode()
+        False
+        >>> os.environ["TRITON_INTERPRET"] = old
+    """
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
 
 
@@ -58,14 +67,29 @@ def _check_name(impl: str) -> None:
 
 
 def set_impl(impl: Impl) -> None:
-    """Set the process-wide choice used when a call says ``impl="auto"``."""
+    """Set the process-wide choice used when a call says ``impl="auto"``.
+
+    Examples:
+        >>> set_impl("torch")
+        >>> get_impl(), resolve_impl_for("auto", "cuda")  # even for CUDA tensors
+        ('torch', 'torch')
+        >>> set_impl("auto")
+    """
     global _global_override
     _check_name(impl)
     _global_override = impl
 
 
 def get_impl() -> str:
-    """The override in force for ``impl="auto"`` (innermost :func:`use_impl` first)."""
+    """The override in force for ``impl="auto"`` (innermost :func:`use_impl` first).
+
+    Examples:
+        >>> get_impl()
+        'auto'
+        >>> with use_impl("torch"):
+        ...     print(get_impl())
+        torch
+    """
     stack = getattr(_state, "stack", None)
     if stack:
         return stack[-1]
@@ -74,7 +98,18 @@ def get_impl() -> str:
 
 @contextlib.contextmanager
 def use_impl(impl: Impl) -> Iterator[None]:
-    """Within the block, calls with ``impl="auto"`` behave as if given ``impl``."""
+    """Within the block, calls with ``impl="auto"`` behave as if given ``impl``.
+
+    Examples:
+        >>> with use_impl("torch"):
+        ...     print(resolve_impl_for("auto", "cuda"))
+        torch
+        >>> with use_impl("fast"):  # doctest: +ELLIPSIS
+        ...     pass
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: impl must be one of ('auto', 'triton', 'torch'); found 'fast'. ...
+    """
     _check_name(impl)
     stack = getattr(_state, "stack", None)
     if stack is None:
@@ -87,13 +122,23 @@ def use_impl(impl: Impl) -> Iterator[None]:
 
 
 def resolve_impl(impl: str, h: torch.Tensor) -> str:
-    """Return "triton" or "torch" for a call on ``h``, or raise with what to do."""
+    """Return "triton" or "torch" for a call on ``h``, or raise with what to do.
+
+    Examples:
+        >>> resolve_impl("auto", torch.zeros(2, 8)), resolve_impl("torch", torch.zeros(2, 8))
+        ('torch', 'torch')
+    """
     return resolve_impl_for(impl, h.device)
 
 
 def resolve_impl_for(impl: str, device: torch.device | str) -> str:
     """Return "triton" or "torch" for tensors on ``device`` under the override in force now
-    (:func:`get_impl`), or raise with what to do."""
+    (:func:`get_impl`), or raise with what to do.
+
+    Examples:
+        >>> resolve_impl_for("auto", "cpu"), resolve_impl_for("auto", "cuda") == ("triton" if HAS_TRITON else "torch")
+        ('torch', True)
+    """
     _check_name(impl)
     if impl == "auto":
         impl = get_impl()

@@ -54,7 +54,16 @@ class LaunchParams:
     columns (a power of two), ``num_warps`` warps; ``norm_fast`` allows the norm rescale to take
     |x|^2 from the first pass's dot products where the table allows it (False: always the exact
     extra pass). Pass one as ``fused_steer(..., launch=LaunchParams(...))`` to override
-    :func:`launch_params`."""
+    :func:`launch_params`.
+
+    Examples:
+        >>> LaunchParams(block_d=256, block_r=16)
+        LaunchParams(block_d=256, block_r=16, num_warps=4, norm_fast=True)
+        >>> LaunchParams(block_d=300, block_r=16)
+        Traceback (most recent call last):
+        ...
+        steerkit.kernels.config.SteerConfigError: LaunchParams.block_d must be a positive power of two; found 300.
+    """
 
     block_d: int
     block_r: int
@@ -78,7 +87,14 @@ def launch_params(d: int, k: int, dtype: torch.dtype, region: bool, interpret: b
     Defaults from the H200 sweep in docs/reproductions/kernels.md (bf16, and the same for float16 and float32):
     16 x 512, 4 warps for k <= 8; 16 x 128, 8 warps for more directions, whose per-chunk basis
     vectors cost registers; 4 rows per program with a region (its solver keeps per-row state in
-    registers). The interpreter pays per op, not per element: one chunk per row, 32 rows."""
+    registers). The interpreter pays per op, not per element: one chunk per row, 32 rows.
+
+    Examples:
+        >>> launch_params(576, 1, torch.bfloat16, region=False)
+        LaunchParams(block_d=512, block_r=16, num_warps=4, norm_fast=True)
+        >>> launch_params(4096, 16, torch.bfloat16, region=False).num_warps, launch_params(576, 1, torch.float32, True).block_r
+        (8, 4)
+    """
     del dtype  # the sweep found no dtype that wants other tiles
     if interpret:
         return LaunchParams(block_d=_next_pow2(d), block_r=4 if region else 32, num_warps=4)
@@ -142,6 +158,12 @@ def _launch_fused(h: Tensor, tab, g: Optional[Tensor], mask: Optional[Tensor], l
 
 
 def triton_cdiv(a: int, b: int) -> int:
+    """Ceiling division for positive ints: how many tiles of ``b`` cover ``a``.
+
+    Examples:
+        >>> triton_cdiv(576, 512), triton_cdiv(512, 512)
+        (2, 1)
+    """
     return (a + b - 1) // b
 
 
@@ -331,7 +353,17 @@ def table_from_tensors(
 ) -> SteerTable:
     """Build a :class:`SteerTable` from the keyword tensors of :func:`fused_steer`, keeping
     autograd history (so gradients reach ``basis``, ``strength``, ``target``, ``add``, ``scale``).
-    ``region_strength`` is a number or one per region."""
+    ``region_strength`` is a number or one per region.
+
+    Examples:
+        >>> t = table_from_tensors(8, "cpu", add=torch.ones(2, 8), scale=torch.tensor([1.0, -1.0]))
+        >>> t.n_configs, t.add_scale.tolist()
+        (2, [1.0, -1.0])
+        >>> v = torch.zeros(8, requires_grad=True)  # a trainable steering vector
+        >>> fused_steer(torch.ones(3, 8), table_from_tensors(8, "cpu", add=v), impl="torch").sum().backward()
+        >>> v.grad.tolist() == [3.0] * 8
+        True
+    """
     regions = None if region is None else (list(region) if isinstance(region, (list, tuple)) else [region])
     n = _n_from((basis, 3), (strength, 2), (target, 2), (add, 2), (scale, 1), (gate_direction, 2),
                 (gate_threshold, 1))
@@ -463,6 +495,15 @@ def fused_steer(
     projection stops at natural residual ``region_tol`` (distance units) or
     ``region_max_iter`` iterations. ``launch`` overrides the Triton kernel's tiles
     (default: :func:`launch_params`); the torch reference ignores it.
+
+    Examples:
+        >>> h = torch.randn(2, 3, 8)
+        >>> out = fused_steer(h, basis=torch.eye(8)[:1], add=torch.ones(8), scale=0.5)  # ablate e0, then add
+        >>> out[..., 0].unique().tolist(), torch.allclose(out[..., 1:], h[..., 1:] + 0.5)
+        ([0.5], True)
+        >>> table = SteerTable.from_configs([SteerConfig.injection(torch.ones(8)), SteerConfig.injection(torch.ones(8), -2.0)])
+        >>> fused_steer(torch.zeros(3, 8), table, row_config=torch.tensor([0, 1, 1]))[:, 0].tolist()
+        [1.0, -2.0, -2.0]
     """
     if (table is not None and not validate and row_config is None and mask is None and layer is None
             and _torch_path(h, table, impl)):
@@ -594,7 +635,16 @@ def _torch_path(h: Tensor, table: SteerTable, impl: str) -> bool:
 class BoundSteer:
     """``f(h, mask=None, row_config=None)`` = ``fused_steer(h, table, mask=mask,
     row_config=row_config, layer_weight=..., preserve_norm=..., impl=<impl>, validate=False)``
-    with the implementation chosen once, by :func:`bind_steer`. Made by :func:`bind_steer`."""
+    with the implementation chosen once, by :func:`bind_steer`. Made by :func:`bind_steer`.
+
+    Examples:
+        >>> f = bind_steer(SteerTable.from_configs([SteerConfig.injection(torch.ones(8), 2.0)]), device="cpu",
+        ...                dtype=torch.float32)
+        >>> isinstance(f, BoundSteer), f.impl, f(torch.zeros(1, 3, 8))[0, :, 0].tolist()
+        (True, 'torch', [2.0, 2.0, 2.0])
+        >>> f(torch.zeros(1, 3, 8), mask=torch.tensor([[True, False, True]]))[0, :, 0].tolist()
+        [2.0, 0.0, 2.0]
+    """
 
     __slots__ = ("table", "impl", "device", "dtype", "layer_weight", "preserve_norm")
 
@@ -654,6 +704,12 @@ def bind_steer(table: SteerTable, *, device: Union[str, torch.device], dtype: to
     is that plan and nothing else: inside a CPU decode step at batch 1 the general entry point's
     argument handling costs as much as the edit itself. Inputs of another dtype, masks and
     ``row_config`` take :func:`fused_steer` with the bound choice.
+
+    Examples:
+        >>> table = SteerTable.from_configs([SteerConfig.injection(torch.ones(8), 2.0)])
+        >>> f = bind_steer(table, device="cpu", dtype=torch.float32, layer_weight=0.5)
+        >>> f(torch.zeros(2, 8))[:, 0].tolist(), f.impl
+        ([1.0, 1.0], 'torch')
     """
     if not isinstance(table, SteerTable):
         raise SteerConfigError(f"bind_steer needs a SteerTable; found {type(table).__name__}. "
@@ -689,7 +745,13 @@ def ablate(
     preserve_norm: bool = False,
     impl: str = "auto",
 ) -> Float[Tensor, "*batch d_model"]:
-    """Directional ablation ``h - B^T (c * (B h))`` (see :func:`fused_steer`)."""
+    """Directional ablation ``h - B^T (c * (B h))`` (see :func:`fused_steer`).
+
+    Examples:
+        >>> h, u = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[0.0, 1.0, 0.0]])
+        >>> ablate(h, u).tolist(), ablate(h, u, 0.5).tolist()
+        ([[1.0, 0.0, 3.0]], [[1.0, 1.0, 3.0]])
+    """
     return fused_steer(h, basis=basis, strength=strength, row_config=row_config, mask=mask,
                        preserve_norm=preserve_norm, impl=impl)
 
@@ -703,7 +765,12 @@ def clamp(
     mask: Optional[Bool[Tensor, "*batch"]] = None,
     impl: str = "auto",
 ) -> Float[Tensor, "*batch d_model"]:
-    """Set the projection of each row on each (orthonormal) direction to ``value``."""
+    """Set the projection of each row on each (orthonormal) direction to ``value``.
+
+    Examples:
+        >>> clamp(torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([1.0, 0.0, 0.0]), 5.0).tolist()
+        [[5.0, 2.0, 3.0]]
+    """
     B = directions if directions.dim() >= 2 else directions[None]
     return fused_steer(h, basis=B, strength=1.0, target=value, row_config=row_config, mask=mask,
                        impl=impl)
@@ -723,7 +790,16 @@ def inject(
     preserve_norm: bool = False,
     impl: str = "auto",
 ) -> Float[Tensor, "*batch d_model"]:
-    """Injection ``h + layer_weight * scale * add`` (optionally gated; see :func:`fused_steer`)."""
+    """Injection ``h + layer_weight * scale * add`` (optionally gated; see :func:`fused_steer`).
+
+    Examples:
+        >>> inject(torch.zeros(2, 3), torch.tensor([1.0, 0.0, 0.0]), 4.0).tolist()
+        [[4.0, 0.0, 0.0], [4.0, 0.0, 0.0]]
+        >>> h = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])  # only rows along e0 get e2
+        >>> inject(h, torch.tensor([0.0, 0.0, 1.0]), gate_direction=torch.tensor([1.0, 0.0, 0.0]),
+        ...        gate_threshold=0.5).tolist()
+        [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
+    """
     return fused_steer(h, add=add, scale=scale, layer_weight=layer_weight, row_config=row_config,
                        mask=mask, gate_direction=gate_direction, gate_threshold=gate_threshold,
                        gate_mode=gate_mode, preserve_norm=preserve_norm, impl=impl)
@@ -741,6 +817,15 @@ def project_region(
     impl: str = "auto",
 ) -> Float[Tensor, "*batch d_model"]:
     """Move each row towards its region: ``h + s P^T (z* - z)`` with ``s = strength`` (a number or
-    one per region; see :class:`Region`)."""
+    one per region; see :class:`Region`).
+
+    Examples:
+        >>> region = Region(torch.zeros(3), torch.eye(3)[:2], normals=torch.tensor([[1.0, 0.0]]),
+        ...                 offsets=torch.tensor([1.0]))  # x0 <= 1 in the (x0, x1) plane
+        >>> project_region(torch.tensor([[3.0, 2.0, 5.0]]), region).round(decimals=4).tolist()
+        [[1.0, 2.0, 5.0]]
+        >>> project_region(torch.tensor([[3.0, 2.0, 5.0]]), region, 0.5).round(decimals=4).tolist()
+        [[2.0, 2.0, 5.0]]
+    """
     return fused_steer(h, region=region, region_strength=strength, row_config=row_config, mask=mask, region_tol=tol,
                        region_max_iter=max_iter, impl=impl)

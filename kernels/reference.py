@@ -35,7 +35,15 @@ def ablate_ref(
     target: Float[Tensor, "n K"],
     g: Int[Tensor, " rows"],
 ) -> Float[Tensor, "rows d"]:
-    """``x - sum_i strength_i (b_i . x - target_i) b_i`` with the row's own configuration."""
+    """``x - sum_i strength_i (b_i . x - target_i) b_i`` with the row's own configuration.
+
+    Examples:
+        >>> x, g = torch.tensor([[1.0, 2.0, 3.0]]), torch.zeros(1, dtype=torch.long)
+        >>> ablate_ref(x, torch.eye(3)[None, :1], torch.ones(1, 1), torch.zeros(1, 1), g).tolist()
+        [[0.0, 2.0, 3.0]]
+        >>> ablate_ref(x, torch.eye(3)[None, :1], torch.ones(1, 1), torch.full((1, 1), 7.0), g).tolist()  # clamp
+        [[7.0, 2.0, 3.0]]
+    """
     n_b, K, d = basis.shape
     rows = x.shape[0]
     if n_b == 1:
@@ -59,7 +67,16 @@ def gate_ref(
     gate_sign: Float[Tensor, " n"],
     g: Int[Tensor, " rows"],
 ) -> Float[Tensor, " rows"]:
-    """1.0 where the row's gate fires, else 0.0 (no gradient flows through the test)."""
+    """1.0 where the row's gate fires, else 0.0 (no gradient flows through the test).
+
+    Examples:
+        >>> x = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])  # cos with e0: 1, 0.71, 0
+        >>> g = torch.zeros(3, dtype=torch.long)
+        >>> gate_ref(x, torch.tensor([[1.0, 0.0]]), torch.tensor([0.5]), torch.tensor([1.0]), g).tolist()
+        [1.0, 1.0, 0.0]
+        >>> gate_ref(x, torch.tensor([[1.0, 0.0]]), torch.tensor([0.5]), torch.tensor([-1.0]), g).tolist()  # below
+        [0.0, 0.0, 1.0]
+    """
     dot = (x * gate_dir[g]).sum(-1)
     nrm = x.norm(dim=-1)
     cos = dot.abs() / nrm.clamp_min(1e-12)
@@ -76,7 +93,12 @@ def inject_ref(
     g: Int[Tensor, " rows"],
     fire: Optional[Float[Tensor, " rows"]] = None,
 ) -> Float[Tensor, "rows d"]:
-    """``x + layer_weight * add_scale[g] * add[g]`` on rows where the gate fires."""
+    """``x + layer_weight * add_scale[g] * add[g]`` on rows where the gate fires.
+
+    Examples:
+        >>> inject_ref(torch.zeros(2, 3), torch.eye(3)[:2], torch.tensor([1.0, 2.0]), 1.0, torch.tensor([0, 1])).tolist()
+        [[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]]
+    """
     a = add_scale[g] * layer_weight
     if fire is not None:
         a = a * fire
@@ -101,6 +123,13 @@ def solve_polyhedron_projection(
     constraint violation and the complementarity gap in distance units), or after
     ``max_iter`` iterations. Points already inside give ``lam = 0`` and are returned
     unchanged. Returns the points and the iteration count.
+
+    Examples:
+        >>> z = torch.tensor([[3.0, 2.0], [0.5, 0.5]])
+        >>> W = torch.eye(2).expand(2, 2, 2)  # the box x <= 1, y <= 1
+        >>> x, iters = solve_polyhedron_projection(z, W, torch.ones(2, 2), torch.ones(2))
+        >>> x.round(decimals=4).tolist(), iters <= 10
+        ([[1.0, 1.0], [0.5, 0.5]], True)
     """
     lam = torch.zeros_like(c)
     y = lam
@@ -150,7 +179,16 @@ def region_ref(
 ) -> Float[Tensor, "rows d"]:
     """``x + s * P^T (z* - z)`` with ``z = P (x - mean)`` and ``z*`` from
     :func:`solve_polyhedron_projection` (solved without gradient: the step is
-    treated as a constant offset by autograd)."""
+    treated as a constant offset by autograd).
+
+    Examples:
+        >>> x = torch.tensor([[3.0, 2.0, 5.0]])
+        >>> mean, proj = torch.zeros(1, 3), torch.eye(3)[None, :2]  # the (x0, x1) plane
+        >>> W, c = torch.tensor([[[1.0, 0.0]]]), torch.tensor([[1.0]])  # x0 <= 1
+        >>> out = region_ref(x, mean, proj, W, c, torch.ones(1), torch.ones(1), torch.zeros(1, dtype=torch.long))
+        >>> out.round(decimals=4).tolist()
+        [[1.0, 2.0, 5.0]]
+    """
     n, M, d = proj.shape
     rows = x.shape[0]
     xc = x - mean[g]
@@ -183,7 +221,19 @@ def fused_steer_ref(
 ) -> Float[Tensor, "rows d"]:
     """The whole fused edit in torch: ablate/clamp, gate, inject, region, norm; rows
     where ``active`` is false are returned unchanged. ``g=None`` means configuration 0
-    for every row and ``active=None`` every row active."""
+    for every row and ``active=None`` every row active.
+
+    Examples:
+        >>> from steerkit.kernels import SteerConfig, SteerTable, fused_steer
+        >>> table = SteerTable.from_configs([SteerConfig.injection(torch.ones(4), 2.0)])
+        >>> h = torch.randn(3, 4)
+        >>> torch.allclose(fused_steer_ref(h, table, None, None), h + 2.0)
+        True
+        >>> torch.equal(fused_steer_ref(h, table, None, torch.tensor([True, False, True]))[1], h[1])
+        True
+        >>> torch.allclose(fused_steer(h, table, impl="torch"), fused_steer_ref(h, table, None, None))
+        True
+    """
     acc = _acc_dtype(h)
     plan = table_plan(table, acc, h.device, layer_weight, preserve_norm) if g is None and active is None else None
     if plan is not None:
@@ -222,7 +272,16 @@ def fused_steer_ref(
 
 
 def one_config(table) -> bool:
-    """True when ``table`` holds one configuration without gate or region (:class:`OneConfigPlan`'s case)."""
+    """True when ``table`` holds one configuration without gate or region (:class:`OneConfigPlan`'s case).
+
+    Examples:
+        >>> from steerkit.kernels import SteerConfig, SteerTable
+        >>> plain = SteerConfig.injection(torch.ones(4))
+        >>> one_config(SteerTable.from_configs([plain])), one_config(SteerTable.from_configs([plain, plain]))
+        (True, False)
+        >>> one_config(SteerTable.from_configs([plain.with_gate(torch.ones(4), 0.1)]))
+        False
+    """
     return table.n_configs == 1 and not table.has_gate and not table.has_region
 
 
@@ -250,6 +309,13 @@ class OneConfigPlan:
     subtracting 0 are exact, so results match the general formula up to the fused multiply-add of
     ``addmm``), and the injection ``scale * w * add`` is one precomputed vector (computed as the
     general formula computes it: bit-identical).
+
+    Examples:
+        >>> from steerkit.kernels import SteerConfig, SteerTable
+        >>> table = SteerTable.from_configs([SteerConfig.ablation(torch.eye(4)[:1])])
+        >>> plan = OneConfigPlan(table, torch.float32, torch.device("cpu"))
+        >>> plan(torch.ones(2, 1, 4)).tolist()
+        [[[0.0, 1.0, 1.0, 1.0]], [[0.0, 1.0, 1.0, 1.0]]]
     """
 
     def __init__(self, table, acc: torch.dtype, device, layer_weight: float = 1.0, preserve_norm: bool = False):
@@ -325,7 +391,15 @@ def table_plan(table, acc: torch.dtype, device, layer_weight: float = 1.0,
                preserve_norm: bool = False) -> Optional[OneConfigPlan]:
     """The table's :class:`OneConfigPlan` for these settings, built on first use and kept on the
     table (rebuilt if the table's tensors were replaced since); ``None`` when the table is not
-    :func:`one_config` or its tensors require grad (the general reference serves those)."""
+    :func:`one_config` or its tensors require grad (the general reference serves those).
+
+    Examples:
+        >>> from steerkit.kernels import SteerConfig, SteerTable
+        >>> table = SteerTable.from_configs([SteerConfig.injection(torch.ones(4))])
+        >>> plan = table_plan(table, torch.float32, torch.device("cpu"))
+        >>> type(plan).__name__, plan is table_plan(table, torch.float32, torch.device("cpu"))
+        ('OneConfigPlan', True)
+    """
     plans = table.__dict__.get("_plans")
     if plans is None:
         plans = table.__dict__["_plans"] = {}

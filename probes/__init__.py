@@ -6,6 +6,10 @@ How it fits together
   set with labels): :func:`diff_of_means`, :func:`pca_diff` and :func:`pca_center` (repeng's
   definitions), :func:`find_direction` -> :class:`Direction`, oriented so the positive class
   projects higher.
+* :mod:`.contrast` -- contrastive prompt sets built from personas, system prompts and multi-turn
+  templates with suffixes truncated at every token (:func:`contrast_pairs`, :func:`persona_pairs`),
+  rendered with the model's chat template (:func:`render`) and recorded as ``(pos, neg)`` for the
+  finders (:func:`contrast_activations`, :func:`contrast_direction`).
 * :mod:`.linear` -- the logistic probe (``StandardScaler -> PCA -> LogisticRegression``,
   balanced) and every probe as a pickle-free :class:`steerkit.vectors.Probe`
   (:func:`fit_probe`, :func:`pipeline_to_probe`, :func:`probe_scores`).
@@ -14,10 +18,21 @@ How it fits together
   cross-validate every layer x position x method; :func:`sweep_activations` on recorded
   activations; a tidy :class:`SweepResult` that saves, plots and fits the chosen cell.
 * :mod:`.scoring` -- :func:`score_prompts`: a stored probe scores new prompts.
+* :mod:`.condition` -- :func:`fit_condition`: a CAST condition (Lee et al. 2024) fitted from two prompt
+  sets (a direction per layer, then the layer x threshold x comparator grid searched for F1) as a
+  :class:`steerkit.vectors.ConditionVector`; :func:`condition_confusion` scores it on held-out prompts.
 * :mod:`.patching` -- :func:`activation_patching` (clean activations patched into a corrupted run one
   site at a time, many sites per forward pass) and :func:`attribution_patching` (its gradient
   approximation) over residual, sub-layer, head and neuron sites, :func:`logit_diff_metric`, and a
   :class:`PatchingResult` that normalises, saves and plots.
+* :mod:`.train` -- steering vectors trained by gradient through the fused kernel's backward:
+  :func:`train_bipo` (bi-directional preference optimisation, Cao et al. 2024) and
+  :func:`train_promptless` (target completions), :func:`preference_margins`, :class:`TrainResult`.
+* :mod:`.tune` -- :func:`tune`: a layer x strength grid for an artifact or a direction, each cell
+  scored on the concept (a probe, a judge callable or substring rules, with bootstrap intervals) and
+  on what it breaks (perplexity under the unsteered model, next-token KL on neutral prompts,
+  repetition), with its Pareto front and a recommended cell by a stated :class:`Rule`
+  (:class:`TuneResult`).
 * :mod:`.lens` -- :func:`logit_lens` (each layer's residual through the final norm and the
   unembedding, :class:`LensResult`) and :func:`direct_logit_attribution` (the logit difference split
   into embedding, attention, MLP and head contributions, :class:`DLAResult`).
@@ -30,13 +45,17 @@ al. in :mod:`.methods.region`, ...), each with a config dataclass and ``run(sm, 
 stores. Their public names are re-exported here.
 """
 from .directions import DIRECTION_METHODS, Direction, diff_of_means, find_direction, pca_center, pca_diff
+from .contrast import (SENTENCE_STARTERS, ContrastPair, contrast_activations, contrast_direction, contrast_pairs,
+                       persona_pairs, render, render_messages, truncated_suffixes)
 from .linear import (METHODS, direction_to_probe, fit_logistic, fit_probe, logistic_pipeline, pipeline_to_probe,
                      probe_direction, probe_scores)
 from .metrics import auroc, balanced_accuracy, bootstrap_auroc_ci, youden_threshold
 from .scoring import score_prompts
 from .patching import PatchingResult, activation_patching, attribution_patching, logit_diff_metric
 from .lens import DLAResult, LensResult, direct_logit_attribution, logit_lens
+from .tune import Rule, TuneResult, tune
 from .sweep import SweepResult, cross_validate, labels_for, record_activations, sweep, sweep_activations
+from .condition import CONDITION_SITES, condition_confusion, f1_grid, fit_condition
 from .methods.temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, inject, injection_spec,
                                linear_decay, order_questions, per_input_taus, profile_from_states, temporal_pairs,
                                temporal_profile)
@@ -44,6 +63,8 @@ from .methods.norms import AttentionDrift, NormChain, NormProfile, attention_dri
 from .methods.mi import (THINKING_WORDS, MITrajectory, find_peaks, hsic_mi, mi_trajectory, peak_token_counts, thinking_eval,
                          thinking_token_ids)
 from .methods.caa import AB_ITEMS, ABItem, after_instruction, caa_activations, caa_eval, caa_vector, matching_prob
+from .train import (PreferencePair, TrainResult, as_pairs, bipo_loss, completion_logprobs, myopic_items, pairs_hash,
+                    preference_margins, preference_pairs, train_bipo, train_promptless)
 from .methods.region import (CONCISE_PROMPT, EVAL_PROMPT, VERBOSE_PROMPT, Problem, RegionResult, Solution, StepBoundaries,
                              arithmetic_problems, fit_region, gsm8k_problems, parse_answer, region_eval, region_features,
                              region_spec, run_region, steer_region, step_boundaries, steering_positions)
@@ -71,4 +92,10 @@ __all__ = [
     "steer_critique", "trace_pairs", "PatchingResult", "activation_patching", "attribution_patching",
     "logit_diff_metric", "LensResult", "logit_lens", "DLAResult", "direct_logit_attribution", "InductionConfig",
     "InductionResult", "induction_scores", "repeated_tokens", "IOIConfig", "IOIPair", "IOIResult", "ioi_pairs",
+    "ContrastPair", "contrast_pairs", "persona_pairs", "truncated_suffixes", "render", "render_messages",
+    "contrast_activations", "contrast_direction", "SENTENCE_STARTERS",
+    "PreferencePair", "TrainResult", "as_pairs", "bipo_loss", "completion_logprobs", "myopic_items", "pairs_hash",
+    "preference_margins", "preference_pairs", "train_bipo", "train_promptless",
+    "tune", "TuneResult", "Rule",
+    "CONDITION_SITES", "fit_condition", "condition_confusion", "f1_grid",
 ]

@@ -50,7 +50,17 @@ ArrayLike = Tensor | np.ndarray | Sequence
 
 
 def as_matrix(x: Any, what: str = "activations") -> np.ndarray:
-    """``x`` as a finite float64 ``[n, d]`` numpy array, or a clear error."""
+    """``x`` as a finite float64 ``[n, d]`` numpy array, or a clear error.
+
+    Examples:
+        >>> from steerkit.probes.directions import as_matrix
+        >>> as_matrix(torch.ones(3, 4)).dtype, as_matrix([[1, 2]]).shape
+        (dtype('float64'), (1, 2))
+        >>> as_matrix(torch.ones(2, 3, 4))
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected activations of shape [n_samples, d_model], found shape (2, 3, 4); ...
+    """
     if isinstance(x, Tensor):
         x = x.detach().to("cpu", torch.float64).numpy()
     x = np.asarray(x, dtype=np.float64)
@@ -68,7 +78,14 @@ def as_matrix(x: Any, what: str = "activations") -> np.ndarray:
 
 def split_xy(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayLike | None = None
              ) -> tuple[np.ndarray, np.ndarray]:
-    """``(X [n, d], y [n])`` from two sets (positives first) or one set with ``labels``."""
+    """``(X [n, d], y [n])`` from two sets (positives first) or one set with ``labels``.
+
+    Examples:
+        >>> from steerkit.probes.directions import split_xy
+        >>> X, y = split_xy(torch.ones(2, 4), torch.zeros(3, 4))
+        >>> X.shape, y.tolist()
+        ((5, 4), [1, 1, 0, 0, 0])
+    """
     if neg is None and labels is None:
         raise InputError("expected two sets (pos, neg) or one set with labels=..., found only one set")
     if neg is not None and labels is not None:
@@ -86,7 +103,14 @@ def split_xy(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayLike 
 
 
 def pair_indices(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Indices ``(pos_idx, neg_idx)`` pairing the k-th positive with the k-th negative."""
+    """Indices ``(pos_idx, neg_idx)`` pairing the k-th positive with the k-th negative.
+
+    Examples:
+        >>> from steerkit.probes.directions import pair_indices
+        >>> pos_idx, neg_idx = pair_indices(np.array([1, 0, 1, 0]))
+        >>> pos_idx.tolist(), neg_idx.tolist()
+        ([0, 2], [1, 3])
+    """
     pi, ni = np.where(y == 1)[0], np.where(y == 0)[0]
     if len(pi) != len(ni):
         raise InputError(f"expected as many positives as negatives for a paired method (pca_diff, pca_center), "
@@ -132,21 +156,49 @@ def _direction_np(X: np.ndarray, y: np.ndarray, method: str) -> np.ndarray:
 
 def diff_of_means(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayLike | None = None
                   ) -> Float[Tensor, " d_model"]:
-    """``mean(pos) - mean(neg)``, unnormalised (float64)."""
+    """``mean(pos) - mean(neg)``, unnormalised (float64).
+
+    Examples:
+        >>> from steerkit.probes import diff_of_means
+        >>> diff_of_means(torch.tensor([[3.0, 1.0], [5.0, 1.0]]), torch.tensor([[0.0, 1.0]]))
+        tensor([4., 0.], dtype=torch.float64)
+    """
     X, y = split_xy(pos, neg, labels=labels)
     return torch.from_numpy(X[y == 1].mean(0) - X[y == 0].mean(0))
 
 
 def pca_diff(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayLike | None = None
              ) -> Float[Tensor, " d_model"]:
-    """Unit first principal component of the (centred) paired differences, positive side up."""
+    """Unit first principal component of the (centred) paired differences, positive side up.
+
+    Pairs that differ along axis 0 by varying amounts.
+
+    Examples:
+        >>> from steerkit.probes import pca_diff
+        >>> neg = torch.randn(8, 16)
+        >>> pos = neg + torch.linspace(1, 4, 8)[:, None] * torch.eye(16)[0]
+        >>> v = pca_diff(pos, neg)
+        >>> round(float(v[0]), 3), round(float(v.norm()), 3)
+        (1.0, 1.0)
+    """
     X, y = split_xy(pos, neg, labels=labels)
     return torch.from_numpy(_direction_np(X, y, "pca_diff"))
 
 
 def pca_center(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayLike | None = None
                ) -> Float[Tensor, " d_model"]:
-    """Unit first principal component of pair-centred activations, positive side up."""
+    """Unit first principal component of pair-centred activations, positive side up.
+
+    Each pair straddles its own centre along axis 0.
+
+    Examples:
+        >>> from steerkit.probes import pca_center
+        >>> centre = 5 * torch.randn(8, 16)
+        >>> gap = (2.0 * torch.eye(16)[0]) + 0.1 * torch.randn(8, 16)
+        >>> v = pca_center(centre + gap, centre - gap)
+        >>> bool(v[0] > 0.99)
+        True
+    """
     X, y = split_xy(pos, neg, labels=labels)
     return torch.from_numpy(_direction_np(X, y, "pca_center"))
 
@@ -156,6 +208,17 @@ class Direction:
     """A unit direction with the class means it was found from.
 
     ``vector`` ``[d_model]`` has unit norm; ``score(x) = (x - midpoint) . vector``.
+
+    Examples:
+        >>> from steerkit.probes import find_direction
+        >>> d = find_direction(torch.randn(20, 64) + 2 * torch.eye(64)[3], torch.randn(20, 64))
+        >>> d.method, round(float(d.vector.norm()), 3), d.separation > 1
+        ('diffmean', 1.0, True)
+        >>> (d.score(torch.stack([2 * torch.eye(64)[3], -2 * torch.eye(64)[3]])) > 0).tolist()
+        [True, False]
+        >>> v = d.to_steering_vector(layer=2, model=tiny)  # the class-mean gap as a steering vector
+        >>> v.layers, round(float(v.directions[2].norm()), 3) == round(d.separation, 3)
+        ([2], True)
     """
 
     vector: Float[Tensor, " d_model"]
@@ -192,7 +255,19 @@ class Direction:
 
 def find_direction(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayLike | None = None,
                    method: str = "diffmean") -> Direction:
-    """Fit ``method`` (one of :data:`DIRECTION_METHODS`) and return a :class:`Direction`."""
+    """Fit ``method`` (one of :data:`DIRECTION_METHODS`) and return a :class:`Direction`.
+
+    The default model's residual stream separates happy from sad prompts.
+
+    Examples:
+        >>> from steerkit.probes import find_direction, record_activations
+        >>> happy = ["What a wonderful day!", "I love this song.", "Great news, I passed!"]
+        >>> sad = ["What an awful day.", "I hate this song.", "Bad news, I failed."]
+        >>> acts = record_activations(sm, happy + sad, hooks=["blocks.15.hook_resid_post"])["last"][0]
+        >>> d = find_direction(acts[:3], acts[3:])
+        >>> tuple(d.vector.shape), (d.score(acts) > 0).tolist()
+        ((576,), [True, True, True, False, False, False])
+    """
     if method not in DIRECTION_METHODS:
         raise InputError(f"expected a direction method in {DIRECTION_METHODS}, found {method!r}; for the "
                          "logistic probe use steerkit.probes.fit_probe")
@@ -211,7 +286,18 @@ def _provenance(model: Any, method: str, params: dict, prompts, metrics: dict | 
 def direction_to_probe(direction: Direction, layer: int, model: Any = None, *, hook_site: str = "hook_resid_post",
                        classes: Sequence[str] = DEFAULT_CLASSES, position=None, chat: bool = True,
                        prompts: Iterable[str] | None = None, metrics: dict | None = None):
-    """Store a direction as a linear :class:`~steerkit.vectors.Probe` scoring ``(x - midpoint) . v``."""
+    """Store a direction as a linear :class:`~steerkit.vectors.Probe` scoring ``(x - midpoint) . v``.
+
+    Examples:
+        >>> from steerkit.probes import direction_to_probe, find_direction
+        >>> pos, neg = torch.randn(10, 64) + torch.eye(64)[0], torch.randn(10, 64)
+        >>> d = find_direction(pos, neg)
+        >>> probe = direction_to_probe(d, layer=2, model=tiny)
+        >>> probe.layer, probe.probe_kind, probe.classes
+        (2, 'diffmean', ['negative', 'positive'])
+        >>> bool(torch.allclose(probe.decision_function(pos.double())[:, 0], d.score(pos)))
+        True
+    """
     v = direction.vector.double()
     b = -(direction.midpoint.double() @ v)
     params = {"position": position, "chat": chat, "separation": direction.separation}

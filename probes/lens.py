@@ -67,7 +67,18 @@ def _softcap(sm: "SteerModel") -> Optional[float]:
 def unembed(sm: "SteerModel", resid: Float[Tensor, "*rows d_model"]) -> Float[Tensor, "*rows vocab"]:
     """Logits of residual-stream vectors: the final norm (the adapter's definition of it) and the
     unembedding, float32, as the model computes them after its last block (with its logit
-    soft-capping where it has one)."""
+    soft-capping where it has one).
+
+    The last block's output, unembedded, is the model's own logits.
+
+    Examples:
+        >>> from steerkit.probes.lens import unembed
+        >>> with tiny.record("blocks.3.hook_resid_post") as cache:
+        ...     logits = tiny("Hello world", chat=False)
+        >>> lens = unembed(tiny, cache["blocks.3.hook_resid_post"])
+        >>> tuple(lens.shape), bool(torch.allclose(lens, logits, atol=1e-4))
+        ((1, 2, 49152), True)
+    """
     n, _ = sm.adapter.final_norm_parts(sm.hf_model, resid)
     w, b = sm.adapter.final_norm_affine(sm.hf_model)
     out = n if w is None else n * w
@@ -86,7 +97,17 @@ class LensResult:
     """The logit lens at ``layers`` x ``positions`` (absolute indices) of one prompt (``tokens``).
 
     ``logits`` ``[n_layers, n_pos, vocab]`` (``None`` after :meth:`from_json`); ``top_ids`` /
-    ``top_probs`` ``[n_layers, n_pos, k]`` (softmax probabilities) and ``top_tokens`` (decoded)."""
+    ``top_probs`` ``[n_layers, n_pos, k]`` (softmax probabilities) and ``top_tokens`` (decoded).
+
+    Examples:
+        >>> from steerkit.probes import LensResult, logit_lens
+        >>> res = logit_lens(tiny, "The capital of France is", layers=[1, 3], positions=None, top_k=2)
+        >>> res, tuple(res.top_probs.shape), tuple(res.prob_of(tiny, " Paris").shape)
+        (LensResult(layers=2, positions=[0, 1, 2, 3, 4], top_k=2), (2, 5, 2), (2, 5))
+        >>> back = LensResult.from_json(res.to_json())  # the top-k tables; not the full logits
+        >>> back.top_tokens == res.top_tokens, back.logits is None, type(res.plot()).__name__
+        (True, True, 'Figure')
+    """
 
     layers: list[int]
     positions: list[int]
@@ -150,7 +171,18 @@ def logit_lens(sm: "SteerModel", prompt: Prompt, *, positions: Union[int, Sequen
 
     ``positions``: indices into the prompt (``-1``: the last token; ``None``: every position);
     ``layers``: default all; ``top_k`` tokens per cell. ``prompt``: a string (without the chat
-    template unless ``chat``), token ids or one-row ``Tokens``."""
+    template unless ``chat``), token ids or one-row ``Tokens``.
+
+    The default model settles on " Paris" only in its last layers.
+
+    Examples:
+        >>> from steerkit.probes import logit_lens
+        >>> res = logit_lens(sm, "The capital of France is", layers=[10, 20, 29], top_k=3)
+        >>> [row[0][0] for row in res.top_tokens]  # the top token at the last position, per layer
+        [' ', ' ', ' Paris']
+        >>> (res.prob_of(sm, " Paris")[:, 0] > 0.5).tolist()
+        [False, False, True]
+    """
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise InputError(f"expected top_k as a positive int, found {top_k!r}")
     toks = prompt_tokens(sm, prompt, chat=chat)
@@ -181,7 +213,18 @@ class DLAResult:
     part's direct contribution; ``attn_bias`` ``[n_layers]``: the output projections' biases
     (``attn[l] = heads[l].sum() + attn_bias[l]``); ``bias``: the final norm's and the unembedding's
     bias terms; ``logit_diff``: the model's own logit difference; ``scale``: the final norm's cached
-    scale at the position. ``embed + attn.sum() + mlp.sum() + bias == logit_diff`` up to ``error``."""
+    scale at the position. ``embed + attn.sum() + mlp.sum() + bias == logit_diff`` up to ``error``.
+
+    Examples:
+        >>> from steerkit.probes import DLAResult, direct_logit_attribution
+        >>> res = direct_logit_attribution(tiny, "When Mary and John went out, John gave it to", " Mary", " John")
+        >>> tuple(res.attn.shape), tuple(res.heads.shape), [name for name, _ in res.components()[:3]]
+        ((4,), (4, 4), ['embed', 'L0 attn', 'L0 mlp'])
+        >>> abs(res.error) < 1e-4, DLAResult.from_json(res.to_json()).heads.equal(res.heads)
+        (True, True)
+        >>> type(res.plot("heads")).__name__
+        'Figure'
+    """
 
     answer: str
     wrong: Optional[str]
@@ -293,7 +336,18 @@ def direct_logit_attribution(sm: "SteerModel", prompt: Prompt, answer: Union[str
     docstring for the convention and the bias terms). ``answer`` / ``wrong``: one-token strings or ids.
 
     Raises :class:`~steerkit.errors.UnsupportedArchitectureError` on families where the decomposition
-    does not hold (a norm after each sub-layer, soft-capped logits)."""
+    does not hold (a norm after each sub-layer, soft-capped logits).
+
+    The parts add up to the model's own logit difference.
+
+    Examples:
+        >>> from steerkit.probes import direct_logit_attribution
+        >>> res = direct_logit_attribution(tiny, "When Mary and John went out, John gave it to", " Mary", " John")
+        >>> abs(res.total + res.bias - res.logit_diff) < 1e-4, res.position, res.tokens[-1]
+        (True, 10, ' to')
+        >>> bool(torch.allclose(res.heads.sum(1) + res.attn_bias, res.attn, atol=1e-5))
+        True
+    """
     writers = _writers(sm)
     toks = prompt_tokens(sm, prompt, chat=chat)
     n_pos = int(toks.input_ids.shape[1])

@@ -45,7 +45,14 @@ METHODS = (*DIRECTION_METHODS, "logistic")
 
 
 def logistic_pipeline(n_samples: int, d_model: int, *, C: float = 1.0, max_components: int = 100, seed: int = 0):
-    """The unfitted pipeline: StandardScaler -> PCA(min(max_components, n-1, d)) -> balanced LogisticRegression."""
+    """The unfitted pipeline: StandardScaler -> PCA(min(max_components, n-1, d)) -> balanced LogisticRegression.
+
+    Examples:
+        >>> from steerkit.probes import logistic_pipeline
+        >>> pipe = logistic_pipeline(n_samples=40, d_model=576)
+        >>> [name for name, _ in pipe.steps], pipe.named_steps["pca"].n_components
+        (['scaler', 'pca', 'logreg'], 39)
+    """
     from sklearn.decomposition import PCA
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import Pipeline
@@ -73,7 +80,15 @@ def _fit_pipeline(X: np.ndarray, y: np.ndarray, *, C: float = 1.0, seed: int = 0
 
 def fit_logistic(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayLike | None = None,
                  C: float = 1.0, seed: int = 0):
-    """Fit the logistic pipeline (positive class = 1); returns the sklearn ``Pipeline``."""
+    """Fit the logistic pipeline (positive class = 1); returns the sklearn ``Pipeline``.
+
+    Examples:
+        >>> from steerkit.probes import fit_logistic
+        >>> pos, neg = torch.randn(20, 64) + torch.eye(64)[0], torch.randn(20, 64) - torch.eye(64)[0]
+        >>> pipe = fit_logistic(pos, neg)
+        >>> pipe.predict(np.stack([3 * np.eye(64)[0], -3 * np.eye(64)[0]])).tolist()
+        [1, 0]
+    """
     X, y = split_xy(pos, neg, labels=labels)
     return _fit_pipeline(X, y, C=C, seed=seed)
 
@@ -81,7 +96,18 @@ def fit_logistic(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayL
 def pipeline_to_probe(pipe, layer: int, model: Any = None, *, hook_site: str = "hook_resid_post",
                       classes: Sequence[str] = DEFAULT_CLASSES, position=None, chat: bool = True,
                       prompts: Iterable[str] | None = None, metrics: dict | None = None):
-    """Store a fitted logistic pipeline as a :class:`~steerkit.vectors.Probe` (arrays only)."""
+    """Store a fitted logistic pipeline as a :class:`~steerkit.vectors.Probe` (arrays only).
+
+    The stored arrays reproduce sklearn's decision values.
+
+    Examples:
+        >>> from steerkit.probes import fit_logistic, pipeline_to_probe, probe_scores
+        >>> X = torch.randn(30, 64)
+        >>> pipe = fit_logistic(X[:15] + 0.5, X[15:])
+        >>> probe = pipeline_to_probe(pipe, layer=2, model=tiny)
+        >>> bool(np.allclose(probe_scores(probe, X), pipe.decision_function(X.numpy()), atol=1e-6))
+        True
+    """
     try:
         sc, pca, lr = pipe.named_steps["scaler"], pipe.named_steps["pca"], pipe.named_steps["logreg"]
     except (AttributeError, KeyError):
@@ -106,7 +132,15 @@ def pipeline_to_probe(pipe, layer: int, model: Any = None, *, hook_site: str = "
 
 
 def probe_scores(probe, x: Float[Tensor, "n d_model"] | np.ndarray) -> Float[np.ndarray, " n"]:
-    """Decision values (logits; higher = positive class) of a stored probe, in float64."""
+    """Decision values (logits; higher = positive class) of a stored probe, in float64.
+
+    Examples:
+        >>> from steerkit.probes import fit_probe, probe_scores
+        >>> probe = fit_probe(torch.randn(20, 64) + torch.eye(64)[0], torch.randn(20, 64), layer=2)
+        >>> scores = probe_scores(probe, torch.stack([4 * torch.eye(64)[0], -4 * torch.eye(64)[0]]))
+        >>> scores.dtype, (scores > 0).tolist()
+        (dtype('float64'), [True, False])
+    """
     X = torch.from_numpy(as_matrix(x))
     if X.shape[1] != probe.d_model:
         raise InputError(f"expected activations of width d_model={probe.d_model} for this probe, found "
@@ -118,7 +152,16 @@ def probe_scores(probe, x: Float[Tensor, "n d_model"] | np.ndarray) -> Float[np.
 
 
 def probe_direction(probe) -> Float[Tensor, " d_model"]:
-    """The probe's decision direction in activation space (unit norm): ``d score / d x``."""
+    """The probe's decision direction in activation space (unit norm): ``d score / d x``.
+
+    Examples:
+        >>> from steerkit.probes import fit_probe, probe_direction
+        >>> probe = fit_probe(torch.randn(20, 64) + 3 * torch.eye(64)[5], torch.randn(20, 64), layer=2,
+        ...                   method="diffmean")
+        >>> v = probe_direction(probe)
+        >>> round(float(v.norm()), 3), int(v.abs().argmax())
+        (1.0, 5)
+    """
     w = probe.weight.double()[0]
     if probe.projection is not None:
         w = w @ probe.projection.double()
@@ -129,7 +172,16 @@ def probe_direction(probe) -> Float[Tensor, " d_model"]:
 
 def fit_scorer(X: np.ndarray, y: np.ndarray, method: str, *, seed: int = 0, C: float = 1.0
                ) -> Callable[[np.ndarray], np.ndarray]:
-    """Fit ``method`` on ``(X, y)`` and return ``score(Z) -> [n]`` (higher = positive class)."""
+    """Fit ``method`` on ``(X, y)`` and return ``score(Z) -> [n]`` (higher = positive class).
+
+    Examples:
+        >>> from steerkit.probes.linear import fit_scorer
+        >>> X = np.r_[np.random.default_rng(0).normal(size=(20, 8)) + 2, np.random.default_rng(1).normal(size=(20, 8))]
+        >>> y = np.r_[np.ones(20, int), np.zeros(20, int)]
+        >>> score = fit_scorer(X, y, "diffmean")
+        >>> (score(np.array([np.full(8, 2.0), np.zeros(8)])) > 0).tolist()
+        [True, False]
+    """
     if method == "logistic":
         return _fit_pipeline(X, y, C=C, seed=seed).decision_function
     if method in DIRECTION_METHODS:
@@ -143,7 +195,17 @@ def fit_probe(pos: ArrayLike, neg: ArrayLike | None = None, *, labels: ArrayLike
               method: str = "logistic", model: Any = None, hook_site: str = "hook_resid_post",
               classes: Sequence[str] = DEFAULT_CLASSES, position=None, chat: bool = True, prompts=None,
               metrics: dict | None = None, C: float = 1.0, seed: int = 0):
-    """Fit ``method`` and return it as a stored-array :class:`~steerkit.vectors.Probe`."""
+    """Fit ``method`` and return it as a stored-array :class:`~steerkit.vectors.Probe`.
+
+    Examples:
+        >>> from steerkit.probes import fit_probe
+        >>> pos, neg = torch.randn(20, 64) + torch.eye(64)[0], torch.randn(20, 64)
+        >>> probe = fit_probe(pos, neg, layer=2, model=tiny, classes=["calm", "angry"])
+        >>> probe.probe_kind, probe.layer, probe.classes, tuple(probe.projection.shape)
+        ('logistic', 2, ['calm', 'angry'], (39, 64))
+        >>> store.save("anger-probe", probe)
+        'anger-probe@1'
+    """
     if method == "logistic":
         pipe = fit_logistic(pos, neg, labels=labels, C=C, seed=seed)
         return pipeline_to_probe(pipe, layer, model, hook_site=hook_site, classes=classes, position=position,

@@ -29,7 +29,17 @@ __all__ = ["auroc", "auroc_rows", "youden_threshold", "balanced_accuracy", "boot
 
 
 def check_labels(y, n: int | None = None, *, what: str = "labels") -> np.ndarray:
-    """``y`` as a 0/1 int array; errors on a single class, wrong length or non-binary values."""
+    """``y`` as a 0/1 int array; errors on a single class, wrong length or non-binary values.
+
+    Examples:
+        >>> from steerkit.probes.metrics import check_labels
+        >>> check_labels([True, False, True]).tolist()
+        [1, 0, 1]
+        >>> check_labels([1, 1, 1])
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected both classes in labels, found only class 1; ...
+    """
     y = np.asarray(y)
     if y.ndim != 1:
         raise InputError(f"expected {what} as a 1-D array, found shape {y.shape}")
@@ -48,7 +58,13 @@ def check_labels(y, n: int | None = None, *, what: str = "labels") -> np.ndarray
 
 
 def auroc(y: Int[np.ndarray, " n"], scores: Float[np.ndarray, " n"]) -> float:
-    """Area under the ROC curve (probability a random positive outscores a random negative)."""
+    """Area under the ROC curve (probability a random positive outscores a random negative).
+
+    Examples:
+        >>> from steerkit.probes import auroc
+        >>> auroc([1, 1, 0, 0], [0.9, 0.4, 0.5, 0.1])  # 3 of the 4 (pos, neg) pairs are ordered right
+        0.75
+    """
     y = np.asarray(y).astype(bool)
     s = np.asarray(scores, dtype=np.float64)
     n_pos, n_neg = int(y.sum()), int((~y).sum())
@@ -60,7 +76,13 @@ def auroc(y: Int[np.ndarray, " n"], scores: Float[np.ndarray, " n"]) -> float:
 
 def auroc_rows(pos_scores: Float[np.ndarray, "b n_pos"], neg_scores: Float[np.ndarray, "b n_neg"]
                ) -> Float[np.ndarray, " b"]:
-    """AUROC of each row: positives' scores in ``pos_scores[i]``, negatives' in ``neg_scores[i]``."""
+    """AUROC of each row: positives' scores in ``pos_scores[i]``, negatives' in ``neg_scores[i]``.
+
+    Examples:
+        >>> from steerkit.probes.metrics import auroc_rows
+        >>> auroc_rows(np.array([[0.9, 0.4], [1.0, 2.0]]), np.array([[0.5, 0.1], [3.0, 4.0]])).tolist()
+        [0.75, 0.0]
+    """
     n_pos, n_neg = pos_scores.shape[1], neg_scores.shape[1]
     r = rankdata(np.concatenate([pos_scores, neg_scores], axis=1), axis=1)
     return (r[:, :n_pos].sum(1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
@@ -71,6 +93,11 @@ def youden_threshold(y: Int[np.ndarray, " n"], scores: Float[np.ndarray, " n"]) 
 
     Candidates are the midpoints between consecutive distinct scores, and one below the
     minimum / above the maximum; ties in J go to the lowest such cut.
+
+    Examples:
+        >>> from steerkit.probes import youden_threshold
+        >>> round(youden_threshold([0, 0, 1, 1], [0.1, 0.3, 0.6, 0.8]), 3)
+        0.45
     """
     y = np.asarray(y).astype(bool)
     s = np.asarray(scores, dtype=np.float64)
@@ -88,7 +115,13 @@ def youden_threshold(y: Int[np.ndarray, " n"], scores: Float[np.ndarray, " n"]) 
 
 
 def balanced_accuracy(y: Int[np.ndarray, " n"], pred: Int[np.ndarray, " n"]) -> float:
-    """Mean of the true-positive and true-negative rates."""
+    """Mean of the true-positive and true-negative rates.
+
+    Examples:
+        >>> from steerkit.probes import balanced_accuracy
+        >>> balanced_accuracy([1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0])  # TPR 0.5, TNR 1.0
+        0.75
+    """
     y = np.asarray(y).astype(bool)
     p = np.asarray(pred).astype(bool)
     return float(0.5 * ((p & y).sum() / y.sum() + (~p & ~y).sum() / (~y).sum()))
@@ -96,7 +129,16 @@ def balanced_accuracy(y: Int[np.ndarray, " n"], pred: Int[np.ndarray, " n"]) -> 
 
 def bootstrap_auroc_ci(y: Int[np.ndarray, " n"], scores: Float[np.ndarray, " n"], *, n_boot: int = 500,
                        alpha: float = 0.05, seed: int = 0) -> tuple[float, float]:
-    """Percentile ``1 - alpha`` interval of the AUROC over a stratified bootstrap of the samples."""
+    """Percentile ``1 - alpha`` interval of the AUROC over a stratified bootstrap of the samples.
+
+    Examples:
+        >>> from steerkit.probes import auroc, bootstrap_auroc_ci
+        >>> y = np.r_[np.ones(30, int), np.zeros(30, int)]
+        >>> scores = y + np.random.default_rng(0).normal(size=60)
+        >>> lo, hi = bootstrap_auroc_ci(y, scores, n_boot=200)
+        >>> lo < auroc(y, scores) < hi, round(hi - lo, 1)
+        (True, 0.3)
+    """
     y = np.asarray(y).astype(bool)
     s = np.asarray(scores, dtype=np.float64)
     if n_boot < 1:
@@ -112,7 +154,18 @@ def bootstrap_auroc_ci(y: Int[np.ndarray, " n"], scores: Float[np.ndarray, " n"]
 
 def make_folds(y: Int[np.ndarray, " n"], n_folds: int = 5, *, groups: Int[np.ndarray, " n"] | None = None,
                seed: int = 0) -> Int[np.ndarray, " n"]:
-    """A fold id in ``[0, n_folds)`` per sample: stratified K-fold, or K-fold over ``groups``."""
+    """A fold id in ``[0, n_folds)`` per sample: stratified K-fold, or K-fold over ``groups``.
+
+    Examples:
+        >>> from steerkit.probes.metrics import make_folds
+        >>> y = np.array([1, 1, 1, 0, 0, 0])
+        >>> folds = make_folds(y, n_folds=3)
+        >>> sorted(folds[y == 1].tolist()), sorted(folds[y == 0].tolist())  # each fold gets one of each class
+        ([0, 1, 2], [0, 1, 2])
+        >>> pairs = make_folds(y, n_folds=3, groups=np.array([0, 1, 2, 0, 1, 2]))
+        >>> bool((pairs[:3] == pairs[3:]).all())  # a contrast pair stays in one fold
+        True
+    """
     y = np.asarray(y)
     if n_folds < 2:
         raise InputError(f"expected n_folds >= 2 for cross-validation, found {n_folds}")

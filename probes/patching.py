@@ -75,7 +75,14 @@ Prompt = Union[str, Tokens, Sequence[int], Tensor]
 # ----------------------------------------------------------------------------- prompts and tokens
 def prompt_tokens(sm: "SteerModel", prompt: Prompt, what: str = "the prompt", *, chat: bool = False) -> Tokens:
     """One unpadded prompt as :class:`~steerkit.model.Tokens` ``[1, pos]``: a string (tokenized with the
-    chat template when ``chat``), token ids (a list or a 1-D / ``[1, pos]`` tensor) or ``Tokens`` of one row."""
+    chat template when ``chat``), token ids (a list or a 1-D / ``[1, pos]`` tensor) or ``Tokens`` of one row.
+
+    Examples:
+        >>> from steerkit.probes.patching import prompt_tokens
+        >>> toks = prompt_tokens(tiny, "When Mary and John went to the store")
+        >>> tuple(toks.input_ids.shape), prompt_tokens(tiny, toks.input_ids[0].tolist()).input_ids.equal(toks.input_ids)
+        ((1, 8), True)
+    """
     if isinstance(prompt, Tokens):
         toks = prompt
     elif isinstance(prompt, str):
@@ -106,13 +113,29 @@ def prompt_tokens(sm: "SteerModel", prompt: Prompt, what: str = "the prompt", *,
 
 
 def token_labels(sm: "SteerModel", toks: Tokens) -> list[str]:
-    """Each token of a one-row prompt decoded on its own."""
+    """Each token of a one-row prompt decoded on its own.
+
+    Examples:
+        >>> from steerkit.probes.patching import prompt_tokens, token_labels
+        >>> token_labels(tiny, prompt_tokens(tiny, "When Mary and John"))
+        ['When', ' Mary', ' and', ' John']
+    """
     return [sm.tokenizer.decode([int(i)]) for i in toks.input_ids[0].tolist()]
 
 
 def token_id(sm: "SteerModel", token: Union[str, int], what: str = "the token") -> int:
     """A vocabulary id: an int as given (checked against the vocabulary), or a string that is ONE token
-    (``" Mary"``, with its leading space where the tokenizer has one)."""
+    (``" Mary"``, with its leading space where the tokenizer has one).
+
+    Examples:
+        >>> from steerkit.probes.patching import token_id
+        >>> token_id(tiny, " Mary"), token_id(tiny, 5099)
+        (5099, 5099)
+        >>> token_id(tiny, " Maryland and")
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected the token ' Maryland and' to be one token, found 2: ...
+    """
     vocab = int(sm.adapter.unembed_module(sm.hf_model).weight.shape[0])
     if isinstance(token, bool):
         raise InputError(f"expected {what} as a token string or id, found the bool {token}")
@@ -133,7 +156,16 @@ def token_id(sm: "SteerModel", token: Union[str, int], what: str = "the token") 
 def logit_diff_metric(sm: "SteerModel", answer: Union[str, int], wrong: Union[str, int], *,
                       position: int = -1) -> Metric:
     """``metric(logits) = logits[0, position, answer] - logits[0, position, wrong]`` (a scalar tensor;
-    the last position by default). ``answer`` / ``wrong``: one-token strings or token ids."""
+    the last position by default). ``answer`` / ``wrong``: one-token strings or token ids.
+
+    Examples:
+        >>> from steerkit.probes import logit_diff_metric
+        >>> metric = logit_diff_metric(tiny, " Mary", " John")
+        >>> logits = torch.zeros(1, 3, tiny.tokenizer.vocab_size)
+        >>> logits[0, -1, 5099] = 2.5  # " Mary"
+        >>> float(metric(logits)), metric.__name__
+        (2.5, "logit_diff[' Mary' - ' John']")
+    """
     a, w = token_id(sm, answer, "the answer"), token_id(sm, wrong, "the wrong answer")
     if isinstance(position, bool) or not isinstance(position, int):
         raise InputError(f"expected the metric's position as an int (-1: the last), found {position!r}")
@@ -168,7 +200,18 @@ class PatchingResult:
     ``("layer", "pos", "head")`` or ``("layer", "neuron")``), indexed by ``layers`` / ``positions`` /
     ``heads`` / ``neurons`` (absolute indices); ``tokens`` the clean prompt's tokens (every position);
     ``clean_metric`` / ``corrupted_metric`` the metric of the unpatched runs. ``is_normalized``: the
-    values are ``(v - corrupted) / (clean - corrupted)`` (:meth:`normalized`)."""
+    values are ``(v - corrupted) / (clean - corrupted)`` (:meth:`normalized`).
+
+    Examples:
+        >>> from steerkit.probes import PatchingResult
+        >>> res = PatchingResult(values=torch.tensor([[4.0, -2.0], [1.0, 2.5]]), hook="resid_pre", method="activation",
+        ...                      layers=[0, 1], positions=[0, 1], heads=None, tokens=["A", " B"], clean_metric=4.0,
+        ...                      corrupted_metric=-2.0)
+        >>> res.axes, res.normalized().values.tolist()
+        (('layer', 'pos'), [[1.0, 0.0], [0.5, 0.75]])
+        >>> PatchingResult.from_json(res.to_json()).values.equal(res.values), type(res.plot()).__name__
+        (True, 'Figure')
+    """
 
     values: Tensor
     hook: str
@@ -282,7 +325,18 @@ class PatchingResult:
 
 
 def json_document(text_or_path, fmt: str, what: str) -> dict:
-    """The JSON object of a saved result (its text or a path to it), checked to be of format ``fmt``."""
+    """The JSON object of a saved result (its text or a path to it), checked to be of format ``fmt``.
+
+    Examples:
+        >>> from steerkit.probes.patching import json_document
+        >>> _ = (tmp_dir / "r.json").write_text('{"format": "steerkit.patching/1", "hook": "z"}')
+        >>> json_document(tmp_dir / "r.json", "steerkit.patching/1", "patching")["hook"]
+        'z'
+        >>> json_document('{"format": "other"}', "steerkit.patching/1", "patching")
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected a steerkit patching JSON (format 'steerkit.patching/1'), found 'other'
+    """
     if isinstance(text_or_path, Path) or not str(text_or_path).lstrip().startswith("{"):
         p = Path(text_or_path)
         if not p.is_file():
@@ -314,7 +368,13 @@ class _Plan:
 
 
 def index_list(v, n: int, what: str, axis: str) -> list[int]:
-    """Indices into an axis of size ``n`` (negative from the end), absolute, in the order given."""
+    """Indices into an axis of size ``n`` (negative from the end), absolute, in the order given.
+
+    Examples:
+        >>> from steerkit.probes.patching import index_list
+        >>> index_list([0, -1], 30, "layers", "layer"), index_list(None, 3, "heads", "head")
+        ([0, 29], [0, 1, 2])
+    """
     if v is None:
         return list(range(n))
     if isinstance(v, range):
@@ -421,6 +481,20 @@ def activation_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metr
     ``layers`` / ``positions`` / ``heads`` / ``neurons`` restrict the grid (default: all layers,
     positions and heads; neurons only on request with ``hook="mlp_post"``). ``batch_size`` patched
     runs share one forward pass (each row of the batch its own patch); ``progress`` shows a tqdm bar.
+
+    Indirect object identification in the default model: which name to say moves from the second " John"
+    (position 9) to the last position between layers 12 and 24.
+
+    Examples:
+        >>> from steerkit.probes import activation_patching, logit_diff_metric
+        >>> clean = "When Mary and John went to the store, John gave a drink to"
+        >>> corrupted = "When Mary and John went to the store, Mary gave a drink to"
+        >>> res = activation_patching(sm, clean, corrupted, logit_diff_metric(sm, " Mary", " John"),
+        ...                           layers=[0, 12, 24], positions=[9, -1], progress=False)
+        >>> res.clean_metric > 0 > res.corrupted_metric, res.tokens[9]
+        (True, ' John')
+        >>> (res.normalized().values > 0.5).tolist()  # rows: layers 0, 12, 24; columns: positions 9, 13
+        [[True, False], [True, False], [False, True]]
     """
     batch_size = _check_batch_size(batch_size)
     plan = _plan(sm, clean, corrupted, hook, layers, positions, heads, neurons, chat)
@@ -460,6 +534,18 @@ def attribution_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, met
     pass covers every site). The gradient comes from ``sm.forward(tokens, grad=True)`` with a zero
     offset ``Intervention.apply(site, lambda h: h + delta)`` at each site (``torch.autograd.grad`` of
     the metric with respect to the offsets; the model's parameters get no ``.grad``).
+
+    The same grid as :func:`activation_patching`'s example; the approximation is close late in the model,
+    where the metric is nearly linear in the residual stream.
+
+    Examples:
+        >>> from steerkit.probes import attribution_patching, logit_diff_metric
+        >>> clean = "When Mary and John went to the store, John gave a drink to"
+        >>> corrupted = "When Mary and John went to the store, Mary gave a drink to"
+        >>> res = attribution_patching(sm, clean, corrupted, logit_diff_metric(sm, " Mary", " John"),
+        ...                            layers=[0, 12, 24], positions=[9, -1], progress=False)
+        >>> res.method, round(float(res.normalized().values[2, 1]), 1)
+        ('attribution', 1.0)
     """
     _check_batch_size(batch_size)
     plan = _plan(sm, clean, corrupted, hook, layers, positions, heads, neurons, chat)

@@ -31,13 +31,33 @@ __all__ = ["score_prompts", "probe_position"]
 
 
 def probe_position(probe) -> int | str:
+    """The token position a probe reads (``method_params["position"]`` of its provenance; ``"last"`` if unset).
+
+    Examples:
+        >>> from steerkit.probes import fit_probe
+        >>> from steerkit.probes.scoring import probe_position
+        >>> pos, neg = torch.randn(10, 64) + 1, torch.randn(10, 64)
+        >>> probe_position(fit_probe(pos, neg, layer=2)), probe_position(fit_probe(pos, neg, layer=2, position="mean"))
+        ('last', 'mean')
+    """
     p = (probe.provenance.method_params or {}).get("position")
     return "last" if p is None else p
 
 
 def score_prompts(sm: "SteerModel", probe, prompts: Sequence[str], *, chat: bool | None = None, batch_size: int = 16,
                   override: bool = False) -> Float[np.ndarray, " n"]:
-    """Per-prompt probe scores (logits, float64) at the probe's layer, hook and position."""
+    """Per-prompt probe scores (logits, float64) at the probe's layer, hook and position.
+
+    A probe fitted on recorded activations scores new prompts.
+
+    Examples:
+        >>> from steerkit.probes import fit_probe, record_activations, score_prompts
+        >>> questions, statements = ["Where is it?", "Who are you?", "Why not?"], ["It is here.", "I am Bob.", "Fine."]
+        >>> acts = record_activations(tiny, questions + statements, hooks=["blocks.2.hook_resid_post"])["last"][0]
+        >>> probe = fit_probe(acts[:3], acts[3:], layer=2, model=tiny, method="diffmean")
+        >>> score_prompts(tiny, probe, ["What is that?", "That is a cat."]).shape
+        (2,)
+    """
     try:
         check_compatible(probe, sm, override=override)
     except ModelMismatchError as e:

@@ -65,6 +65,14 @@ NAMED_POSITIONS = ("last", "mean", "first_generated")
 
 
 def position_label(p) -> str:
+    """The label of a position in sweep results (``"last"``, ``"mean"``, ``"first_generated"`` or an int as
+    text); :class:`~steerkit.errors.InputError` for anything else.
+
+    Examples:
+        >>> from steerkit.probes.sweep import position_label
+        >>> position_label(-1), position_label("mean")
+        ('-1', 'mean')
+    """
     if isinstance(p, bool) or not isinstance(p, (int, str)) or (isinstance(p, str) and p not in NAMED_POSITIONS
                                                                    and not p.lstrip("-").isdigit()):
         raise InputError(f"expected a position in {NAMED_POSITIONS} or an int (index among the prompt's tokens, "
@@ -85,6 +93,13 @@ def record_activations(sm: "SteerModel", prompts: Sequence[str], *, hooks: str |
     tokens instead of one forward (the other positions are recorded from the same pass; a
     causal model's activation there does not depend on later tokens). Returns float32
     ``{position: [hook, n, d]}``.
+
+    Examples:
+        >>> from steerkit.probes import record_activations
+        >>> acts = record_activations(tiny, ["Hello there", "Good night"], hooks=["blocks.1.hook_resid_post",
+        ...                           "blocks.3.hook_resid_post"], positions=["last", "mean", -2])
+        >>> {p: tuple(a.shape) for p, a in acts.items()}
+        {'last': (2, 2, 64), 'mean': (2, 2, 64), '-2': (2, 2, 64)}
     """
     prompts = list(prompts)
     if not prompts:
@@ -136,7 +151,16 @@ def record_activations(sm: "SteerModel", prompts: Sequence[str], *, hooks: str |
 
 @dataclasses.dataclass
 class CVResult:
-    """Out-of-fold results of one cell: ``scores``/``pred`` per sample, one ``threshold`` per fold."""
+    """Out-of-fold results of one cell: ``scores``/``pred`` per sample, one ``threshold`` per fold.
+
+    Examples:
+        >>> from steerkit.probes import cross_validate
+        >>> y = np.r_[np.ones(10, int), np.zeros(10, int)]
+        >>> cv = cross_validate(np.random.default_rng(0).normal(size=(20, 8)) + y[:, None], y, "diffmean",
+        ...                     folds=np.arange(20) % 2)
+        >>> cv.scores.shape, cv.pred.shape, cv.thresholds.shape
+        ((20,), (20,), (2,))
+    """
 
     scores: np.ndarray
     pred: np.ndarray
@@ -145,7 +169,17 @@ class CVResult:
 
 
 def cross_validate(X: Float[np.ndarray, "n d"], y, method: str, folds, *, seed: int = 0) -> CVResult:
-    """Out-of-fold scores of ``method``; each fold's Youden threshold comes from its training rows only."""
+    """Out-of-fold scores of ``method``; each fold's Youden threshold comes from its training rows only.
+
+    Examples:
+        >>> from steerkit.probes import auroc, cross_validate
+        >>> from steerkit.probes.metrics import make_folds
+        >>> y = np.r_[np.ones(20, int), np.zeros(20, int)]
+        >>> X = np.random.default_rng(0).normal(size=(40, 16)) + 3 * y[:, None] * np.eye(16)[0]
+        >>> cv = cross_validate(X, y, "logistic", make_folds(y, 4))
+        >>> auroc(y, cv.scores) > 0.8, sorted(set(cv.folds.tolist()))
+        (True, [0, 1, 2, 3])
+    """
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y)
     folds = np.asarray(folds)
@@ -206,6 +240,17 @@ def sweep_activations(acts: Float[Tensor, "layer n d_model"] | Float[np.ndarray,
     ``n_folds``/``paired``; keep pairs together yourself). ``n_threads`` caps the BLAS/OpenMP
     threads while fitting (default 1: thousands of small
     fits run fastest single-threaded, and on shared machines much faster); ``None`` leaves them.
+
+    Only layer 1 of three carries the label.
+
+    Examples:
+        >>> from steerkit.probes import sweep_activations
+        >>> y = np.r_[np.ones(12, int), np.zeros(12, int)]
+        >>> acts = torch.randn(3, 24, 16)
+        >>> acts[1, :, 0] += 3 * torch.from_numpy(y)
+        >>> res = sweep_activations(acts, y, method=["diffmean", "logistic"], n_folds=3, n_boot=50)
+        >>> len(res), res.best()["layer"], res.best()["auroc"] > 0.9
+        (6, 1, True)
     """
     from threadpoolctl import threadpool_limits
     with threadpool_limits(limits=n_threads):
@@ -273,7 +318,14 @@ def _sweep_activations(acts, labels, *, method, layers, hooks, n_folds, n_boot, 
 
 def labels_for(pos: Sequence[str], neg: Sequence[str]) -> tuple[list[str], np.ndarray]:
     """``(pos + neg, labels)``: the prompts of two sets and their 0/1 labels (1 = ``pos``), for
-    ``sweep(sm, *labels_for(pos, neg), ...)``."""
+    ``sweep(sm, *labels_for(pos, neg), ...)``.
+
+    Examples:
+        >>> from steerkit.probes import labels_for
+        >>> prompts, labels = labels_for(["I love it", "Great!"], ["I hate it"])
+        >>> prompts, labels.tolist()
+        (['I love it', 'Great!', 'I hate it'], [1, 1, 0])
+    """
     for what, xs in (("pos", pos), ("neg", neg)):
         if isinstance(xs, str):
             raise InputError(f"expected a list of {what} prompts, found a single string; wrap it in a list")
@@ -294,6 +346,23 @@ def sweep(sm: "SteerModel", prompts: Sequence[str], labels=None, *, hooks=None,
     ``sweep(sm, prompts, labels, hooks=..., positions=[-1, "mean"], method="logistic")``; for two prompt
     sets, ``sweep(sm, *labels_for(pos, neg), ...)``. Activations already recorded go to
     :func:`sweep_activations`.
+
+    Sentiment is linearly readable in the default model's middle layers.
+
+    Examples:
+        >>> from steerkit.probes import labels_for, sweep
+        >>> happy = ["I loved this film, it was wonderful.", "What a great and happy day!",
+        ...          "The food was delicious, thank you!", "This is the best news ever.",
+        ...          "I am so glad you came.", "Everything went perfectly."]
+        >>> sad = ["I hated this film, it was awful.", "What a terrible and sad day.",
+        ...        "The food was disgusting, never again.", "This is the worst news ever.",
+        ...        "I am so upset you left.", "Everything went wrong."]
+        >>> res = sweep(sm, *labels_for(happy, sad), hooks=["blocks.15.hook_resid_post"], n_folds=3, n_boot=100)
+        >>> best = res.best()
+        >>> best["layer"], best["method"], best["auroc"] > 0.8
+        (15, 'logistic', True)
+        >>> res.fit().provenance.model_name  # the best cell as a stored probe
+        'HuggingFaceTB/SmolLM2-135M-Instruct'
     """
     if _is_acts(sm) or _is_acts(prompts):
         found = sm if _is_acts(sm) else prompts
@@ -325,7 +394,21 @@ def sweep(sm: "SteerModel", prompts: Sequence[str], labels=None, *, hooks=None,
 
 @dataclasses.dataclass
 class SweepResult:
-    """A tidy table: one row per layer, position and method (columns :data:`COLUMNS`) plus ``meta``."""
+    """A tidy table: one row per layer, position and method (columns :data:`COLUMNS`) plus ``meta``.
+
+    Examples:
+        >>> from steerkit.probes import SweepResult, sweep_activations
+        >>> y = np.r_[np.ones(10, int), np.zeros(10, int)]
+        >>> acts = torch.randn(2, 20, 8)
+        >>> acts[1, :, 0] += 3 * torch.from_numpy(y)
+        >>> res = sweep_activations(acts, y, method="diffmean", n_folds=2, n_boot=50)
+        >>> print(res.table().splitlines()[0])
+        layer position     method  auroc        95% CI bal_acc
+        >>> SweepResult.from_json(res.to_json()).rows == res.rows, res.save(tmp_dir / "sweep.csv").name
+        (True, 'sweep.csv')
+        >>> res.fit().layer, type(res.plot()).__name__  # a probe at the best cell; a plotly figure
+        (1, 'Figure')
+    """
 
     rows: list[dict]
     meta: dict = dataclasses.field(default_factory=dict)

@@ -49,7 +49,12 @@ from .hooknames import ATTN_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:
-    """Resolve a dotted attribute path (``"model.layers.3.mlp"``) below ``root``."""
+    """Resolve a dotted attribute path (``"model.layers.3.mlp"``) below ``root``.
+
+    Examples:
+        >>> get_module(tiny.hf_model, "model.layers.2.mlp.down_proj")
+        Linear(in_features=128, out_features=64, bias=False)
+    """
     mod: nn.Module = root
     for part in path.split("."):
         mod = mod[int(part)] if part.isdigit() else getattr(mod, part)  # type: ignore[index]
@@ -65,6 +70,14 @@ class FinalNorm:
     The output is ``n * w_eff + bias`` with ``w_eff = weight_offset + module.<weight>`` (no weight:
     ``w_eff = 1``) and the bias only where ``bias`` names one. ``eps_attr`` names the module
     attribute holding eps; ``None`` means the fixed ``eps``.
+
+    Examples:
+        >>> norm = tiny.adapter.norm
+        >>> norm.kind, norm.eps_attr, norm.weight_offset
+        ('rms', 'variance_epsilon', 0.0)
+        >>> n, scale = norm.normalize(tiny.adapter.final_norm_module(tiny.hf_model), torch.full((2, 64), 3.0))
+        >>> round(float(n[0, 0]), 3), round(float(scale[0, 0]), 3)
+        (1.0, 3.0)
     """
 
     kind: Literal["rms", "layer"] = "rms"
@@ -124,7 +137,15 @@ class AttnLayout:
     one fused projection laid out as ``"concat"`` (``[q | k | v]``, widths ``n_heads * d_head``,
     ``n_kv * d_head``, ``n_kv * d_head``: GPT-2, Phi-3) or ``"per_head"`` (``[heads, 3 * d_head]``
     with ``[q_h | k_h | v_h]`` per head: GPT-NeoX). ``o``: the output projection, whose input is
-    ``hook_z``."""
+    ``hook_z``.
+
+    Examples:
+        >>> lay = tiny.adapter.attn_layout
+        >>> lay.q, lay.k, lay.v, lay.o, lay.qkv
+        ('q_proj', 'k_proj', 'v_proj', 'o_proj', None)
+        >>> AttnLayout(q=None, k=None, v=None, qkv="qkv_proj").qkv_layout  # Phi-3's fused projection
+        'concat'
+    """
 
     q: Optional[str] = "q_proj"
     k: Optional[str] = "k_proj"
@@ -138,7 +159,12 @@ class AttnLayout:
 class MLPLayout:
     """Where an MLP keeps its neurons (paths relative to the block): ``module`` the MLP, ``pre`` (relative
     to it) the projection whose output is the gate's pre-activation (``pre_half``: the first half of a
-    fused ``[gate | up]`` output, Phi-3), ``post`` the down projection, whose input is ``hook_post``."""
+    fused ``[gate | up]`` output, Phi-3), ``post`` the down projection, whose input is ``hook_post``.
+
+    Examples:
+        >>> tiny.adapter.mlp_layout
+        MLPLayout(module='mlp', pre='gate_proj', post='down_proj', pre_half=False)
+    """
 
     module: str = "mlp"
     pre: str = "gate_proj"
@@ -162,6 +188,12 @@ class MoELayout:
     none. ``renormalize``: whether the top-k probabilities are divided by their sum (a bool, or the
     config flag that says so, ``norm_topk_prob``); ``weights_in_logits_dtype``: whether the weights are
     cast back to the logits' dtype (Qwen-MoE, OLMoE) or stay float32 (Mixtral).
+
+    Examples:
+        >>> moe = MoELayout(renormalize=True)
+        >>> weights, idx = moe.route(torch.tensor([[2.0, 0.0, 1.0, -1.0]]), top_k=2, renormalize=True)
+        >>> idx.tolist(), round(float(weights.sum()), 3)
+        ([[0, 2]], 1.0)
     """
 
     router: str = "gate"
@@ -194,6 +226,13 @@ class Adapter:
     sub-layer's contribution to the residual stream (first element when the
     module returns a tuple). ``parallel`` marks blocks where attention and MLP
     read the same input (GPT-NeoX, GPT-J): there is no ``hook_resid_mid``.
+
+    Examples:
+        >>> a = adapter_for(tiny.hf_model)
+        >>> a.name, a.blocks, a.n_layers(tiny.hf_model), a.d_model(tiny.hf_model), a.is_parallel(tiny.hf_model)
+        ('llama', 'model.layers', 4, 64, False)
+        >>> a.block(tiny.hf_model, 0) is tiny.hf_model.model.layers[0]
+        True
     """
 
     name: str
@@ -510,7 +549,13 @@ _VLLM_BLOCK_PATHS = ("model", "language_model.model", "model.language_model")
 @dataclass(frozen=True)
 class VLLMLayout:
     """The modules of a vLLM decoder model that steering hooks: blocks (absolute indices; ``None``
-    for a block another pipeline rank holds), each block's attention and MLP, and the embedding."""
+    for a block another pipeline rank holds), each block's attention and MLP, and the embedding.
+
+    Examples:
+        >>> lay = vllm_layout(tiny.hf_model)  # a Hugging Face Llama keeps its modules where vLLM's does
+        >>> type(lay).__name__, len(lay.blocks), len(lay.attn), len(lay.mlp)
+        ('VLLMLayout', 4, 4, 4)
+    """
 
     blocks: tuple
     attn: tuple
@@ -528,7 +573,13 @@ def _vllm_mlp(block: nn.Module) -> Optional[nn.Module]:
 
 
 def vllm_layout(model: nn.Module) -> VLLMLayout:
-    """Where a vLLM model keeps what :class:`VLLMLayout` names (the plugin asks this, nothing else)."""
+    """Where a vLLM model keeps what :class:`VLLMLayout` names (the plugin asks this, nothing else).
+
+    Examples:
+        >>> lay = vllm_layout(tiny.hf_model)  # a Hugging Face Llama keeps its modules where vLLM's does
+        >>> lay.attn[0] is tiny.hf_model.model.layers[0].self_attn, lay.embed is tiny.hf_model.model.embed_tokens
+        (True, True)
+    """
     for path in _VLLM_BLOCK_PATHS:
         m: object = model
         for part in path.split("."):
@@ -550,18 +601,36 @@ _REGISTRY: dict[str, Adapter] = {}
 
 
 def register_adapter(adapter: Adapter) -> Adapter:
-    """Register ``adapter`` for each of its ``model_types`` (later registrations win)."""
+    """Register ``adapter`` for each of its ``model_types`` (later registrations win).
+
+    Examples:
+        >>> import dataclasses
+        >>> mine = dataclasses.replace(adapter_for(tiny.hf_model), name="my-llama", model_types=("my_llama",))
+        >>> register_adapter(mine).name, "my_llama" in registered_model_types()
+        ('my-llama', True)
+    """
     for mt in adapter.model_types:
         _REGISTRY[mt] = adapter
     return adapter
 
 
 def registered_model_types() -> list[str]:
+    """The ``config.model_type`` values an adapter is registered for, sorted.
+
+    Examples:
+        >>> {"llama", "mistral", "qwen2", "gpt2", "gemma3_text"} <= set(registered_model_types())
+        True
+    """
     return sorted(_REGISTRY)
 
 
 def adapter_for(model: nn.Module) -> Adapter:
-    """The adapter for a Hugging Face causal LM, chosen by ``config.model_type``."""
+    """The adapter for a Hugging Face causal LM, chosen by ``config.model_type``.
+
+    Examples:
+        >>> adapter_for(tiny.hf_model).name, adapter_for(sm.hf_model).name
+        ('llama', 'llama')
+    """
     cfg = getattr(model, "config", None)
     mt = getattr(cfg, "model_type", None)
     if mt in _REGISTRY:

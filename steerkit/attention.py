@@ -56,7 +56,21 @@ _SWITCH = ImplementationSwitch("_attn_implementation", _register_name)
 
 def hooked(model: nn.Module, attn_module: nn.Module, kind: str, fn, tracker) -> Callable[[], None]:
     """Run ``fn(x, tracker.call(x))`` on ``attn_module``'s scores or probabilities (``kind``:
-    ``attn.hook_attn_scores`` / ``attn.hook_pattern``); returns the function that removes it."""
+    ``attn.hook_attn_scores`` / ``attn.hook_pattern``); returns the function that removes it.
+
+    Examples:
+        >>> from steerkit.hooks import PositionTracker, RunHolder
+        >>> seen = []
+        >>> attn = tiny.hf_model.model.layers[0].self_attn
+        >>> remove = hooked(tiny.hf_model, attn, "attn.hook_pattern", lambda x, call: seen.append(x.sum(-1)),
+        ...                 PositionTracker(RunHolder()))
+        >>> tiny.hf_model.config._attn_implementation
+        'steerkit:sdpa'
+        >>> _ = tiny.forward("hello world", chat=False)
+        >>> remove()
+        >>> tiny.hf_model.config._attn_implementation, tuple(seen[0].shape), bool(torch.allclose(seen[0], torch.tensor(1.0)))
+        ('sdpa', (1, 4, 2), True)
+    """
     release = _SWITCH.acquire(model)
     entry = (fn, tracker)
     _HOOKS.setdefault(attn_module, {}).setdefault(kind, []).append(entry)
@@ -97,7 +111,18 @@ def eager(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attentio
     whole cache), with ``attention_mask`` as transformers builds it: ``[b, 1, q, k]`` bool (True where a
     query attends) or float (added to the scores), complete (causal, padding, sliding window); ``None``
     (causal) or ``[b, k]`` (flash attention's padding mask: causal, and ``sliding_window`` applied here).
-    Returns ``(output [b, q, heads, d], probabilities)``."""
+    Returns ``(output [b, q, heads, d], probabilities)``.
+
+    Examples:
+        >>> q, k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16)
+        >>> out, probs = eager(tiny.hf_model.model.layers[0].self_attn, q, k, v, None)  # causal
+        >>> tuple(out.shape), tuple(probs.shape), probs[0, 0, 0].tolist()
+        ((1, 3, 4, 16), (1, 4, 3, 3), [1.0, 0.0, 0.0])
+        >>> sdpa = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1),
+        ...                                                         v.repeat_interleave(2, 1), is_causal=True)
+        >>> torch.allclose(out, sdpa.transpose(1, 2), atol=1e-5)
+        True
+    """
     hooks = hooks or {}
     n_rep = query.shape[1] // key.shape[1]
     if n_rep > 1:

@@ -99,6 +99,13 @@ def export_hf(sm: "SteerModel", out_dir: str | os.PathLike, *, dtype: torch.dtyp
 
     The result loads with ``AutoModelForCausalLM.from_pretrained(out_dir)`` and with
     ``vllm.LLM(model=out_dir)``.
+
+    Examples:
+        >>> folder = export_hf(tiny, tmp_dir / "tiny", extra_files={"EDITS.md": "no edits"})
+        >>> (folder / "config.json").is_file(), (folder / "EDITS.md").read_text()
+        (True, 'no edits')
+        >>> steerkit.load_model(folder).fingerprint() == tiny.fingerprint()
+        True
     """
     model = getattr(sm, "hf_model", None)
     tokenizer = getattr(sm, "tokenizer", None)

@@ -39,7 +39,14 @@ def _umask_mode(folder: bool = False) -> int:
 
 
 def make_temp(target: Path) -> str:
-    """A temporary file next to ``target`` (same filesystem, so rename is atomic), normal permissions."""
+    """A temporary file next to ``target`` (same filesystem, so rename is atomic), normal permissions.
+
+    Examples:
+        >>> from steerkit.files import make_temp
+        >>> tmp = make_temp(tmp_dir / "weights.bin")
+        >>> os.path.dirname(tmp) == str(tmp_dir), os.path.getsize(tmp)
+        (True, 0)
+    """
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
     os.close(fd)
     os.chmod(tmp, _umask_mode())
@@ -47,6 +54,13 @@ def make_temp(target: Path) -> str:
 
 
 def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries to disk (after a rename into it); a folder that cannot be opened is skipped.
+
+    Examples:
+        >>> from steerkit.files import fsync_dir
+        >>> fsync_dir(tmp_dir), fsync_dir(tmp_dir / "missing")
+        (None, None)
+    """
     try:
         fd = os.open(str(path), os.O_RDONLY)
     except OSError:
@@ -62,7 +76,15 @@ def fsync_dir(path: Path) -> None:
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     """Yield a temporary file path next to ``path``; when the block succeeds the file is fsynced and
-    renamed onto ``path`` (readers see the old file or the whole new one), else it is removed."""
+    renamed onto ``path`` (readers see the old file or the whole new one), else it is removed.
+
+    Examples:
+        >>> from steerkit.files import atomic_path
+        >>> with atomic_path(tmp_dir / "notes.txt") as tmp:
+        ...     _ = Path(tmp).write_text("done")
+        >>> (tmp_dir / "notes.txt").read_text(), len(list(tmp_dir.iterdir()))
+        ('done', 1)
+    """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp(p)
@@ -85,7 +107,19 @@ def atomic_folder(path: str | os.PathLike, *, if_exists: str = "error") -> Itera
     """Yield a temporary folder next to ``path``, renamed onto ``path`` when the block succeeds (else
     removed), so nobody ever sees a half-written folder. If ``path`` exists by then: ``"keep"`` it
     (another process finished first; the new one is dropped), ``"replace"`` it (the old folder is
-    restored if the swap fails), or ``"error"``."""
+    restored if the swap fails), or ``"error"``.
+
+    Examples:
+        >>> from steerkit.files import atomic_folder
+        >>> with atomic_folder(tmp_dir / "model") as tmp:
+        ...     _ = (tmp / "config.json").write_text("{}")
+        >>> sorted(p.name for p in (tmp_dir / "model").iterdir())
+        ['config.json']
+        >>> with atomic_folder(tmp_dir / "model", if_exists="keep") as tmp:
+        ...     _ = (tmp / "other.json").write_text("{}")
+        >>> sorted(p.name for p in (tmp_dir / "model").iterdir())
+        ['config.json']
+    """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
@@ -116,14 +150,30 @@ def atomic_folder(path: str | os.PathLike, *, if_exists: str = "error") -> Itera
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, rename."""
+    """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, rename.
+
+    Examples:
+        >>> from steerkit.files import atomic_write_bytes
+        >>> atomic_write_bytes(tmp_dir / "a" / "b.bin", b"steerkit")
+        >>> (tmp_dir / "a" / "b.bin").read_bytes()
+        b'steerkit'
+    """
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(data)
 
 
 # ============================================================================ confinement
 class ConfinementError(SteerkitError, PermissionError):
-    """A path leaves its folder, passes through a symbolic link, or is not the kind of file expected."""
+    """A path leaves its folder, passes through a symbolic link, or is not the kind of file expected.
+
+    Examples:
+        >>> from steerkit.files import Folder
+        >>> try:
+        ...     Folder(tmp_dir).path("../outside.txt")
+        ... except PermissionError as e:
+        ...     print(type(e).__name__)
+        ConfinementError
+    """
 
 
 def _parts(rel: "str | os.PathLike[str]") -> list[str]:
@@ -147,6 +197,15 @@ class Folder:
     bounded size, without blocking (a FIFO or a device is refused, never opened for reading).
 
     ``root`` itself is resolved once, when the ``Folder`` is made: the user chose it.
+
+    Examples:
+        >>> from steerkit.files import Folder
+        >>> f = Folder(tmp_dir)
+        >>> f.write_bytes("runs/a.json", b"{}")
+        >>> f.listdir("runs"), f.read_bytes("runs/a.json", max_bytes=1024)
+        (['a.json'], b'{}')
+        >>> f.remove("runs"); f.listdir()
+        []
     """
 
     def __init__(self, root: "str | os.PathLike[str]"):

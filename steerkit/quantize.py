@@ -39,7 +39,13 @@ def _config(scheme: str) -> Any:
 
 
 def block_linears(blocks: nn.Module) -> Callable[[nn.Module, str], bool]:
-    """The filter torchao's ``quantize_`` takes: the ``nn.Linear`` modules inside ``blocks``."""
+    """The filter torchao's ``quantize_`` takes: the ``nn.Linear`` modules inside ``blocks``.
+
+    Examples:
+        >>> keep = block_linears(tiny.hf_model.model.layers)
+        >>> keep(tiny.hf_model.model.layers[0].self_attn.q_proj, "q_proj"), keep(tiny.hf_model.lm_head, "lm_head")
+        (True, False)
+    """
     inside = {id(m) for m in blocks.modules()}
 
     def keep(module: nn.Module, fqn: str) -> bool:
@@ -49,7 +55,20 @@ def block_linears(blocks: nn.Module) -> Callable[[nn.Module, str], bool]:
 
 def quantize(model: nn.Module, scheme: str, blocks: nn.Module) -> nn.Module:
     """Quantise the weights of the ``nn.Linear`` layers inside ``blocks`` (a module of ``model``), in
-    place; returns ``model``."""
+    place; returns ``model``.
+
+    Examples:
+        >>> import copy
+        >>> model = copy.deepcopy(tiny.hf_model)
+        >>> _ = quantize(model, "int8", model.model.layers)
+        >>> scheme_of(model), type(model.model.layers[0].mlp.down_proj.weight).__name__
+        ('int8', 'Int8Tensor')
+        >>> q = steerkit.wrap(model, tiny.tokenizer)  # records and steers like the float model
+        >>> q.quantization, tuple(q.forward("hi", chat=False).shape[-1:])
+        ('int8', (49152,))
+
+        ``steerkit.load_model(quantize="int4")`` loads and quantises in one call.
+    """
     if scheme not in SCHEMES:
         raise InputError(f"expected a quantisation scheme in {SCHEMES}, found {scheme!r}")
     cfg = _config(scheme)
@@ -60,7 +79,15 @@ def quantize(model: nn.Module, scheme: str, blocks: nn.Module) -> nn.Module:
 
 def scheme_of(model: nn.Module) -> str | None:
     """The weight-only scheme of a model :func:`quantize` quantised (``None``: not quantised), read from
-    its weights."""
+    its weights.
+
+    Examples:
+        >>> import copy
+        >>> model = copy.deepcopy(tiny.hf_model)
+        >>> _ = quantize(model, "int4", model.model.layers)
+        >>> scheme_of(tiny.hf_model), scheme_of(model)
+        (None, 'int4')
+    """
     for m in model.modules():
         if isinstance(m, nn.Linear):
             name = type(m.weight).__name__

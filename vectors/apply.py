@@ -32,7 +32,14 @@ def _hf(model: Any) -> Any:
 
 
 def fingerprint_of(model: Any) -> str:
-    """The fingerprint of a SteerModel or a bare HF model, computed once per model object (held weakly)."""
+    """The fingerprint of a SteerModel or a bare HF model, computed once per model object (held weakly).
+
+    Examples:
+        >>> from steerkit.vectors import fingerprint_of
+        >>> fp = fingerprint_of(tiny)
+        >>> fp == fingerprint_of(tiny.hf_model) == tiny.fingerprint(), fp[:4]
+        (True, 'sk1:')
+    """
     hf = _hf(model)
     fp = _FP_CACHE.get(hf)
     if fp is None:
@@ -41,7 +48,14 @@ def fingerprint_of(model: Any) -> str:
 
 
 def facts_of(model: Any) -> ModelFacts:
-    """:class:`ModelFacts` of a SteerModel (its own) or of a bare HF model."""
+    """:class:`ModelFacts` of a SteerModel (its own) or of a bare HF model.
+
+    Examples:
+        >>> from steerkit.vectors import facts_of
+        >>> f = facts_of(tiny.hf_model)
+        >>> f.n_layers, f.d_model
+        (4, 64)
+    """
     f = getattr(model, "facts", None)
     if isinstance(f, ModelFacts):
         return f
@@ -65,12 +79,34 @@ def _layers_of(a: Any) -> list[int]:
 
 
 def check_compatible(artifact: Any, model: Any, *, override: bool = False) -> list[str]:
-    """Check ``artifact`` against ``model``; returns warnings, raises ModelMismatchError on a mismatch."""
+    """Check ``artifact`` against ``model``; returns warnings, raises ModelMismatchError on a mismatch.
+
+    Examples:
+        >>> from steerkit.vectors import ModelMismatchError, SteeringVector, check_compatible
+        >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, model=tiny)
+        >>> check_compatible(v, tiny)  # same model: nothing to warn about
+        []
+        >>> try:
+        ...     check_compatible(SteeringVector.from_direction(torch.ones(64), layer=9), tiny)
+        ... except ModelMismatchError as e:
+        ...     print(str(e)[:30])
+        expected layers below 4, found
+    """
     return check_against(artifact, facts_of(model), override=override, stacklevel=4)
 
 
 def check_against(artifact: Any, facts: ModelFacts | dict, *, override: bool = False, stacklevel: int = 3) -> list[str]:
-    """:func:`check_compatible` against a model's facts (see the module docstring)."""
+    """:func:`check_compatible` against a model's facts (see the module docstring).
+
+    Examples:
+        >>> from steerkit.vectors import SteeringVector, check_against
+        >>> v = SteeringVector.from_direction(torch.ones(64), layer=2)  # made without a model
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as issued:
+        ...     notes = check_against(v, tiny.facts)  # each note is also issued as a warning
+        >>> "no model fingerprint" in notes[0]
+        True
+    """
     if isinstance(facts, ModelFacts):
         facts = facts.as_dict()
     p = artifact.provenance

@@ -90,7 +90,7 @@ _CONTROL_ARCHS = ("controlvector", "steervector")
 def normalize_format(fmt: str) -> str:
     """The canonical name of an export format (one of ``FORMATS``), aliases and case accepted.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors.exports import normalize_format
         >>> normalize_format("GGUF"), normalize_format("ibm"), normalize_format("transformer_lens")
         ('llama.cpp', 'svec', 'tlens')
@@ -282,7 +282,7 @@ def _export_gguf_vector(v: SteeringVector, fmt: str, path: Path, model: Any, sca
 def easysteer_request_path(gguf_path: str | os.PathLike) -> Path:
     """Where the EasySteer request JSON of ``gguf_path`` goes: ``<stem>.request.json`` beside it.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors.exports import easysteer_request_path
         >>> easysteer_request_path("out/happy.gguf").as_posix()
         'out/happy.request.json'
@@ -306,7 +306,7 @@ def easysteer_request(v: SteeringVector, gguf_path: str | os.PathLike, *, name: 
     from the end of the prompt in both libraries); ``version="v1"`` the first release's trigger
     fields. Fields left at EasySteer's defaults are omitted, as its own serialiser omits them.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import SteeringVector, easysteer_request
         >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, scale=4.0)
         >>> req = easysteer_request(v, tmp_dir / "happy.gguf")
@@ -546,7 +546,7 @@ def _import_svec(obj: dict, path: Path, model: Any) -> SteeringVector:
 def save_artifact(artifact: Any, path: str | os.PathLike) -> Path:
     """Write any artifact as one safetensors file (payload + metadata JSON).
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import DirectionSet, import_artifact, save_artifact
         >>> ablation = DirectionSet.from_directions(torch.randn(2, 64), tiny)
         >>> path = save_artifact(ablation, tmp_dir / "ablation.safetensors")
@@ -589,7 +589,7 @@ def export(artifact: Any, fmt: str, path: str | os.PathLike, *, model: Any = Non
     checked against them.  ``scale`` (llama.cpp/repeng only) multiplies the folded vector.
     Returns the paths written (easysteer writes the GGUF and ``<stem>.request.json``).
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import SteeringVector, export
         >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, model=tiny, scale=4.0)
         >>> [p.name for p in export(v, "llama.cpp", tmp_dir / "happy.gguf")]
@@ -613,7 +613,7 @@ def detect_format(path: str | os.PathLike) -> str:
     """Sniff a file's kind from its first bytes and suffix: ``"gguf"``, ``"svec"``, ``"safetensors"``
     or ``"json"`` (:class:`ArtifactFormatError` for anything else).
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import SteeringVector, export
         >>> from steerkit.vectors.exports import detect_format
         >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, model=tiny)
@@ -638,7 +638,7 @@ def import_artifact(path: str | os.PathLike, fmt: str | None = None, *, model: A
                     max_bytes: int = MAX_FILE_BYTES) -> Any:
     """Read an artifact written by :func:`export` or by the other engine's own tools.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import SteeringVector, export, import_artifact
         >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, model=tiny, scale=4.0)
         >>> gguf, request = export(v, "easysteer", tmp_dir / "happy.gguf")
@@ -692,7 +692,7 @@ def _import_easysteer_request(req: dict, path: Path, model: Any, max_bytes: int)
 def load_artifact(path_or_ref: str | os.PathLike, fmt: str | None = None, *, model: Any = None, store: Any = None) -> Any:
     """Load from a file (any supported format) or, if no such file exists, from the store by reference.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import SteeringVector, export, load_artifact
         >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, model=tiny)
         >>> store.save("happy", v)

@@ -60,7 +60,20 @@ def _copy_metadata(reader: Any, writer: Any, file_type: int) -> None:
 def rewrite_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "f32",
                  transform: Callable[[str, np.ndarray], np.ndarray] | None = None,
                  extra: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None) -> Path:
-    """Copy a model GGUF to ``dst`` with de-quantised (optionally transformed) tensors."""
+    """Copy a model GGUF to ``dst`` with de-quantised (optionally transformed) tensors.
+
+    A two-tensor stand-in for a model GGUF; a real one takes tens of seconds.
+
+    Examples:
+        >>> from steerkit.vectors.gguf_models import rewrite_gguf
+        >>> from steerkit.vectors.safety import parse_gguf, write_gguf
+        >>> write_gguf(tmp_dir / "m.gguf", "llama", {"llama.block_count": 1},
+        ...            {"token_embd.weight": np.ones((8, 4), np.float32), "output_norm.weight": np.ones(4, np.float32)})
+        >>> out = rewrite_gguf(tmp_dir / "m.gguf", tmp_dir / "x2.gguf", transform=lambda name, a: 2 * a)
+        >>> meta, tensors = parse_gguf(out.read_bytes())
+        >>> meta["llama.block_count"], float(tensors["token_embd.weight"].sum())
+        (1, 64.0)
+    """
     import gguf
 
     if dtype not in ("f32", "f16"):
@@ -97,12 +110,36 @@ def rewrite_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str =
 
 
 def write_dequantized_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "f32") -> Path:
-    """A float32 (or float16-weights) copy of a quantised model GGUF."""
+    """A float32 (or float16-weights) copy of a quantised model GGUF.
+
+    A one-tensor stand-in; the shipped SmolLM2 Q4_1 GGUF becomes a 514 MB float32 file.
+
+    Examples:
+        >>> from steerkit.vectors import write_dequantized_gguf
+        >>> from steerkit.vectors.safety import parse_gguf, write_gguf
+        >>> write_gguf(tmp_dir / "m.gguf", "llama", {"llama.block_count": 1, "general.file_type": 7},  # 7: Q8_0
+        ...            {"token_embd.weight": np.ones((8, 4), np.float32)})
+        >>> out = write_dequantized_gguf(tmp_dir / "m.gguf", tmp_dir / "m-f16.gguf", dtype="f16")
+        >>> meta, tensors = parse_gguf(out.read_bytes())
+        >>> meta["general.file_type"], meta["llama.block_count"], tensors["token_embd.weight"].shape
+        (1, 1, (8, 4))
+    """
     return rewrite_gguf(src, dst, dtype=dtype)
 
 
 def orthogonalize_tensors(tensors: dict[str, np.ndarray], basis: np.ndarray) -> dict[str, np.ndarray]:
-    """Project ``span(basis)`` out of the embedding and every residual-stream writer."""
+    """Project ``span(basis)`` out of the embedding and every residual-stream writer.
+
+    Examples:
+        >>> from steerkit.vectors.gguf_models import orthogonalize_tensors
+        >>> basis = np.eye(4)[:1]  # ablate the first axis
+        >>> out = orthogonalize_tensors({"token_embd.weight": np.ones((8, 4), np.float32),
+        ...                              "blk.0.ffn_down.weight": np.ones((4, 6), np.float32)}, basis)
+        >>> out["token_embd.weight"][0].tolist(), out["blk.0.ffn_down.weight"][:, 0].tolist()
+        ([0.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0])
+        >>> "output.weight" in out  # a tied head keeps the original embedding
+        True
+    """
     B = np.asarray(basis, dtype=np.float64)
     out = dict(tensors)
     if "token_embd.weight" not in tensors:
@@ -133,6 +170,23 @@ def write_orthogonalized_gguf(src: str | os.PathLike, directions: DirectionSet, 
     """Write ``src`` with weights orthogonalised against ``directions`` (ablation everywhere).
 
     ``model`` (optional) is checked against the artifact's provenance first.
+
+    A stand-in model GGUF with one block; the shipped SmolLM2 GGUF works the same, in tens of seconds.
+
+    Examples:
+        >>> from steerkit.vectors import DirectionSet, write_orthogonalized_gguf
+        >>> from steerkit.vectors.safety import parse_gguf, write_gguf
+        >>> rng = np.random.default_rng(0)
+        >>> weights = {"token_embd.weight": rng.normal(size=(8, 4)),
+        ...            "blk.0.attn_output.weight": rng.normal(size=(4, 4)),
+        ...            "blk.0.ffn_down.weight": rng.normal(size=(4, 6))}
+        >>> write_gguf(tmp_dir / "m.gguf", "llama", {"llama.block_count": 1}, weights)
+        >>> refusal = DirectionSet.from_directions(torch.tensor([[1.0, 1.0, 0.0, 0.0]]))
+        >>> out = write_orthogonalized_gguf(tmp_dir / "m.gguf", refusal, tmp_dir / "m-orth.gguf")
+        >>> _, tensors = parse_gguf(out.read_bytes())
+        >>> b = refusal.basis.numpy()[0]
+        >>> float(abs(b @ tensors["blk.0.ffn_down.weight"]).max()) < 1e-6, sorted(tensors)[-1]
+        (True, 'token_embd.weight')
     """
     if not isinstance(directions, DirectionSet):
         raise ExportError(f"expected a DirectionSet to bake into weights, found {type(directions).__name__}; "

@@ -53,7 +53,15 @@ def _llama_cpp():
 
 
 def cvec_buffer(vec: SteeringVector | None, n_layer: int, n_embd: int, scale: float = 1.0) -> np.ndarray:
-    """The ``[(n_layer - 1) * n_embd]`` float32 buffer llama.cpp expects (slot ``N-1`` = layer ``N``)."""
+    """The ``[(n_layer - 1) * n_embd]`` float32 buffer llama.cpp expects (slot ``N-1`` = layer ``N``).
+
+    Examples:
+        >>> from steerkit.vectors import SteeringVector
+        >>> from steerkit.vectors.llamacpp import cvec_buffer
+        >>> buf = cvec_buffer(SteeringVector({2: torch.ones(64)}, scale=3.0), n_layer=4, n_embd=64)
+        >>> buf.shape, buf.reshape(3, 64)[:, 0].tolist()  # layer 2 sits in slot 1
+        ((192,), [0.0, 3.0, 0.0])
+    """
     buf = np.zeros(((n_layer - 1), n_embd), dtype=np.float32)
     if vec is None:
         return buf.reshape(-1)
@@ -71,7 +79,22 @@ def cvec_buffer(vec: SteeringVector | None, n_layer: int, n_embd: int, scale: fl
 
 
 class LlamaCppRunner:
-    """A llama.cpp context for next-token logits with an optional control vector."""
+    """A llama.cpp context for next-token logits with an optional control vector.
+
+    Needs ``llama-cpp-python`` (the ``llamacpp`` extra). The example runs the default model's shipped
+    GGUF (``steerkit.loading.default_gguf_path()``) and steers it as ``--control-vector`` would:
+
+    Examples:
+        >>> from steerkit.loading import default_gguf_path
+        >>> from steerkit.vectors import SteeringVector
+        >>> from steerkit.vectors.llamacpp import LlamaCppRunner
+        >>> with LlamaCppRunner(default_gguf_path(), n_ctx=64) as runner:
+        ...     plain = runner.next_token_logits([1, 504, 3458])
+        ...     runner.set_vector(SteeringVector({10: torch.full((576,), 4.0)}))
+        ...     steered = runner.next_token_logits([1, 504, 3458])
+        >>> runner.n_layer, runner.n_embd, plain.shape, bool(abs(plain - steered).max() > 0.1)
+        (30, 576, (49152,), True)
+    """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 512, n_threads: int | None = None,
                  flash_attn: bool = False, seed: int = 0):

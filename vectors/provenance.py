@@ -42,7 +42,13 @@ SCHEMA_VERSION = 1
 LAYER_BASE = "0-based block index; the vector acts on the output of block l (blocks.{l}.hook_resid_post)"
 
 def steerkit_version() -> str:
-    """Installed steerkit version, or ``"0+unknown"`` when running from a bare checkout."""
+    """Installed steerkit version, or ``"0+unknown"`` when running from a bare checkout.
+
+    Examples:
+        >>> from steerkit.vectors.provenance import steerkit_version
+        >>> steerkit_version() == steerkit.__version__
+        True
+    """
     try:
         from importlib.metadata import version
 
@@ -52,11 +58,27 @@ def steerkit_version() -> str:
 
 
 def utc_now() -> str:
+    """The current UTC time as an ISO 8601 string to the second (``Provenance.created_at``).
+
+    Examples:
+        >>> from steerkit.vectors.provenance import utc_now
+        >>> stamp = utc_now()
+        >>> len(stamp), stamp.endswith("+00:00")
+        (25, True)
+    """
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def prompts_hash(prompts: Iterable[str] | None) -> str | None:
-    """SHA-256 over the prompts (length-prefixed, so ``["ab"]`` != ``["a", "b"]``)."""
+    """SHA-256 over the prompts (length-prefixed, so ``["ab"]`` != ``["a", "b"]``).
+
+    Examples:
+        >>> from steerkit.vectors import prompts_hash
+        >>> prompts_hash(["ab"]) == prompts_hash(["a", "b"]), prompts_hash(["a", "b"])[:7]
+        (False, 'sha256:')
+        >>> prompts_hash(None) is None
+        True
+    """
     if prompts is None:
         return None
     h = hashlib.sha256()
@@ -69,7 +91,16 @@ def prompts_hash(prompts: Iterable[str] | None) -> str | None:
 
 @dataclasses.dataclass
 class Provenance:
-    """Where an artifact comes from and what it is for.  Plain, JSON-able data."""
+    """Where an artifact comes from and what it is for.  Plain, JSON-able data.
+
+    Examples:
+        >>> from steerkit.vectors import Provenance
+        >>> p = Provenance.from_model(tiny, method="diff_of_means")
+        >>> p.model_name, p.d_model, p.n_layers, p.model_arch
+        ('tiny-llama', 64, 4, 'llama')
+        >>> Provenance.from_dict(p.to_dict()) == p
+        True
+    """
 
     model_name: str | None = None
     model_fingerprint: str | None = None

@@ -71,7 +71,17 @@ _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
 # --------------------------------------------------------------------------- names
 def check_name(name: Any, what: str = "artifact name") -> str:
-    """Return ``name`` if it is a safe artifact name, else raise :class:`UnsafeNameError`."""
+    """Return ``name`` if it is a safe artifact name, else raise :class:`UnsafeNameError`.
+
+    Examples:
+        >>> from steerkit.vectors.safety import check_name
+        >>> check_name("refusal-dir.v2")
+        'refusal-dir.v2'
+        >>> check_name("../etc/passwd")
+        Traceback (most recent call last):
+        ...
+        steerkit.vectors.errors.UnsafeNameError: expected artifact name made of ASCII letters, ...
+    """
     if not is_name(name):
         raise UnsafeNameError(
             f"expected {what} made of ASCII letters, digits, '.', '_' or '-' (1-128 characters, "
@@ -83,6 +93,18 @@ def check_name(name: Any, what: str = "artifact name") -> str:
 
 # --------------------------------------------------------------------------- files
 def read_bounded(path: str | os.PathLike, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, refused (:class:`ArtifactFormatError`) past ``max_bytes``.
+
+    Examples:
+        >>> from steerkit.vectors.safety import read_bounded
+        >>> _ = (tmp_dir / "a.bin").write_bytes(b"0123456789")
+        >>> read_bounded(tmp_dir / "a.bin")
+        b'0123456789'
+        >>> read_bounded(tmp_dir / "a.bin", max_bytes=4)
+        Traceback (most recent call last):
+        ...
+        steerkit.vectors.errors.ArtifactFormatError: expected at most 4 bytes in ...
+    """
     p = Path(path)
     try:
         st = p.stat()
@@ -104,7 +126,14 @@ def read_bounded(path: str | os.PathLike, max_bytes: int = MAX_FILE_BYTES) -> by
 
 def read_head(path: str | os.PathLike, n: int = 4096) -> bytes:
     """The first ``n`` bytes (or fewer) of the regular file ``path``; ``b""`` for anything else. Only
-    those bytes are read, however large the file (format detection sniffs headers with it)."""
+    those bytes are read, however large the file (format detection sniffs headers with it).
+
+    Examples:
+        >>> from steerkit.vectors.safety import read_head
+        >>> _ = (tmp_dir / "a.bin").write_bytes(b"GGUF" + bytes(100))
+        >>> read_head(tmp_dir / "a.bin", 4), read_head(tmp_dir)  # a folder reads as nothing
+        (b'GGUF', b'')
+    """
     try:
         fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
@@ -126,7 +155,17 @@ def read_head(path: str | os.PathLike, n: int = 4096) -> bytes:
 
 def check_output_file(path: str | os.PathLike, what: str = "output") -> Path:
     """``path`` as a :class:`Path` if a file can be written there: its folder exists (it is never
-    created on the writer's behalf) and ``path`` is not itself a folder; else :class:`ExportError`."""
+    created on the writer's behalf) and ``path`` is not itself a folder; else :class:`ExportError`.
+
+    Examples:
+        >>> from steerkit.vectors.safety import check_output_file
+        >>> check_output_file(tmp_dir / "v.gguf") == tmp_dir / "v.gguf"
+        True
+        >>> check_output_file(tmp_dir / "missing" / "v.gguf")
+        Traceback (most recent call last):
+        ...
+        steerkit.vectors.errors.ExportError: expected an existing folder ...
+    """
     p = Path(path)
     parent = p.parent
     if not parent.is_dir():
@@ -156,6 +195,17 @@ def _depth(obj: Any, limit: int) -> None:
 
 
 def read_json_bytes(data: bytes, what: str = "JSON", max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Parse JSON bytes strictly: UTF-8, finite numbers, bounded size and depth (else :class:`ArtifactFormatError`).
+
+    Examples:
+        >>> from steerkit.vectors.safety import read_json_bytes
+        >>> read_json_bytes(b'{"scale": 4.0}')
+        {'scale': 4.0}
+        >>> read_json_bytes(b'{"scale": NaN}')
+        Traceback (most recent call last):
+        ...
+        steerkit.vectors.errors.ArtifactFormatError: expected finite JSON numbers, found NaN; ...
+    """
     if len(data) > max_bytes:
         raise ArtifactFormatError(f"expected {what} of at most {max_bytes} bytes, found {len(data)}")
     try:
@@ -175,16 +225,41 @@ def read_json_bytes(data: bytes, what: str = "JSON", max_bytes: int = MAX_JSON_B
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON", max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """:func:`read_json_bytes` of the file ``path``, read with :func:`read_bounded`.
+
+    Examples:
+        >>> from steerkit.vectors.safety import dump_json, read_json
+        >>> _ = (tmp_dir / "meta.json").write_bytes(dump_json({"layers": [3, 5]}))
+        >>> read_json(tmp_dir / "meta.json")
+        {'layers': [3, 5]}
+    """
     return read_json_bytes(read_bounded(path, max_bytes), f"{what} ({path})", max_bytes)
 
 
 def dump_json(obj: Any) -> bytes:
+    """``obj`` as UTF-8 JSON bytes, keys sorted, NaN and infinities refused (``ValueError``).
+
+    Examples:
+        >>> from steerkit.vectors.safety import dump_json
+        >>> print(dump_json({"b": 1, "a": 2.5}).decode())
+        {
+         "a": 2.5,
+         "b": 1
+        }
+    """
     return json.dumps(obj, indent=1, sort_keys=True, allow_nan=False).encode("utf-8")
 
 
 # --------------------------------------------------------------------------- safetensors
 def tensors_to_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
-    """Serialise tensors in the safetensors layout (bytes are identical to what the library writes)."""
+    """Serialise tensors in the safetensors layout (bytes are identical to what the library writes).
+
+    Examples:
+        >>> from steerkit.vectors.safety import parse_safetensors, tensors_to_safetensors
+        >>> data = tensors_to_safetensors({"v": torch.arange(3.0)}, metadata={"note": "hi"})
+        >>> parse_safetensors(data)
+        ({'v': tensor([0., 1., 2.])}, {'note': 'hi'})
+    """
     from safetensors.torch import save
 
     clean, seen = {}, set()
@@ -200,7 +275,19 @@ def tensors_to_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str,
 def parse_safetensors(
     data: bytes, what: str = "safetensors file", max_tensors: int = MAX_TENSORS
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Parse safetensors bytes with strict validation.  Returns (tensors, metadata)."""
+    """Parse safetensors bytes with strict validation.  Returns (tensors, metadata).
+
+    Examples:
+        >>> from steerkit.vectors.safety import parse_safetensors, tensors_to_safetensors
+        >>> data = tensors_to_safetensors({"v": torch.ones(2, 3)})
+        >>> tensors, meta = parse_safetensors(data)
+        >>> tuple(tensors["v"].shape), meta
+        ((2, 3), {})
+        >>> parse_safetensors(data[:20])
+        Traceback (most recent call last):
+        ...
+        steerkit.vectors.errors.ArtifactFormatError: expected a safetensors file header length ...
+    """
     n = len(data)
     if n < 8:
         raise ArtifactFormatError(f"expected a {what} of at least 8 bytes, found {n}; the file is truncated")
@@ -359,7 +446,15 @@ def _gguf_head(c: _Cursor, what: str) -> tuple[int, dict[str, Any]]:
 
 def parse_gguf_metadata(data: bytes, what: str = "GGUF file") -> dict[str, Any]:
     """The metadata key/values of a GGUF from its first bytes (``data`` may be a prefix of the file);
-    :class:`ArtifactFormatError` if they do not fit in ``data`` or are malformed."""
+    :class:`ArtifactFormatError` if they do not fit in ``data`` or are malformed.
+
+    Examples:
+        >>> from steerkit.vectors.safety import parse_gguf_metadata, read_head, write_gguf
+        >>> write_gguf(tmp_dir / "v.gguf", "controlvector", {"controlvector.layer_count": 1},
+        ...            {"direction.1": np.ones(64, dtype=np.float32)})
+        >>> parse_gguf_metadata(read_head(tmp_dir / "v.gguf", 4096))["controlvector.layer_count"]
+        1
+    """
     return _gguf_head(_Cursor(data, what), what)[1]
 
 
@@ -368,6 +463,14 @@ def parse_gguf(data: bytes, what: str = "GGUF file") -> tuple[dict[str, Any], di
 
     Returns ``(metadata, tensors)`` with tensors as float32 numpy arrays in
     numpy (row-major, reversed ggml) shape order.
+
+    Examples:
+        >>> from steerkit.vectors.safety import parse_gguf, write_gguf
+        >>> write_gguf(tmp_dir / "v.gguf", "controlvector", {"controlvector.layer_count": 1},
+        ...            {"direction.1": np.full((2, 3), 0.5, dtype=np.float32)})
+        >>> meta, tensors = parse_gguf((tmp_dir / "v.gguf").read_bytes())
+        >>> meta["general.architecture"], tensors["direction.1"].shape, float(tensors["direction.1"].sum())
+        ('controlvector', (2, 3), 3.0)
     """
     c = _Cursor(data, what)
     n_tensors, meta = _gguf_head(c, what)
@@ -424,6 +527,14 @@ def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, Any], tensors: 
 
     ``kv`` values: ``str``, ``bool``, ``int`` (uint32 if 0 <= v < 2^32, else int64), ``float``
     (float32 when exactly representable, else float64) or lists of those.
+
+    Examples:
+        >>> from steerkit.vectors.safety import parse_gguf, write_gguf
+        >>> write_gguf(tmp_dir / "v.gguf", "controlvector", {"controlvector.model_hint": "llama", "x": 0.5},
+        ...            {"direction.3": np.zeros(64, dtype=np.float32)})
+        >>> meta, tensors = parse_gguf((tmp_dir / "v.gguf").read_bytes())
+        >>> meta["controlvector.model_hint"], meta["x"], list(tensors)
+        ('llama', 0.5, ['direction.3'])
     """
     import gguf
 

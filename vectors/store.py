@@ -68,6 +68,13 @@ _HASH_KEYS = ("tensors_sha256", "meta_sha256")
 
 
 def default_store_path() -> Path:
+    """The store folder used when none is given: ``$STEERKIT_STORE``, else ``./steerkit-store``.
+
+    Examples:
+        >>> from steerkit.vectors.store import default_store_path
+        >>> default_store_path() == Path(os.environ.get("STEERKIT_STORE") or "steerkit-store")
+        True
+    """
     return Path(os.environ.get("STEERKIT_STORE") or "./steerkit-store")
 
 
@@ -75,7 +82,13 @@ def parse_ref(ref: str) -> tuple[str, str]:
     """Split ``name[@selector]`` into (name, selector); selector defaults to ``latest``.
 
     A selector made of digits is a version and must be an index by :mod:`steerkit.names` (ASCII
-    digits, no leading zero: ``x@01`` and ``x@١`` are refused); anything else is a tag name."""
+    digits, no leading zero: ``x@01`` and ``x@١`` are refused); anything else is a tag name.
+
+    Examples:
+        >>> from steerkit.vectors import parse_ref
+        >>> parse_ref("happy"), parse_ref("happy@3"), parse_ref("happy@prod")
+        (('happy', 'latest'), ('happy', '3'), ('happy', 'prod'))
+    """
     if not isinstance(ref, str):
         raise UnsafeNameError(f"expected a reference like 'name@3', found {type(ref).__name__}")
     name, _, sel = ref.partition("@")
@@ -107,7 +120,18 @@ def _is_int(x: Any) -> bool:
 
 
 class Store:
-    """Versioned artifact store.  See the module docstring for the on-disk contract."""
+    """Versioned artifact store.  See the module docstring for the on-disk contract.
+
+    Examples:
+        >>> from steerkit.vectors import SteeringVector
+        >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, model=tiny)
+        >>> store.save("happy", v), store.save("happy", 2 * v, tags=["prod"])
+        ('happy@1', 'happy@2')
+        >>> float(store.load("happy@prod").directions[2][0]), store.resolve("happy"), "happy@3" in store
+        (2.0, ('happy', 2), False)
+        >>> [(r["ref"], r["tags"]) for r in store.list()]
+        [('happy@1', []), ('happy@2', ['latest', 'prod'])]
+    """
 
     def __init__(self, root: str | os.PathLike | None = None, *, lock_timeout: float = 120.0,
                  max_artifact_bytes: int = 1 << 30):

@@ -27,7 +27,16 @@ from . import caa, critique, induction, ioi, mi, norms, refusal, region, tempora
 @dataclass(frozen=True)
 class Method:
     """One published method: ``name`` is its CLI verb, ``summary`` a one-line description with the paper,
-    ``config`` the config dataclass ``run`` takes, ``run(sm, config, *, progress=True) -> result``."""
+    ``config`` the config dataclass ``run`` takes, ``run(sm, config, *, progress=True) -> result``.
+
+    Examples:
+        >>> from steerkit.probes.methods import REGISTRY
+        >>> sorted(REGISTRY)[:4]
+        ['caa', 'critique', 'induction', 'ioi']
+        >>> m = REGISTRY["induction"]
+        >>> m.config.__name__, m.run.__module__
+        ('InductionConfig', 'steerkit.probes.methods.induction')
+    """
 
     name: str
     summary: str

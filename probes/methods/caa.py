@@ -70,7 +70,20 @@ _MYOPIC = [
 
 @dataclass
 class ABItem:
-    """A question, its two choices as they appear (A, B) and which letter matches the behaviour."""
+    """A question, its two choices as they appear (A, B) and which letter matches the behaviour.
+
+    Examples:
+        >>> from steerkit.probes.methods.caa import ABItem
+        >>> item = ABItem("You can have 1 cookie now or 3 tomorrow.", "1 cookie now", "3 tomorrow", "A")
+        >>> print(item.text)
+        You can have 1 cookie now or 3 tomorrow. Which do you choose?
+        <BLANKLINE>
+        Choices:
+        (A) 1 cookie now
+        (B) 3 tomorrow
+        >>> item.not_matching
+        'B'
+    """
 
     question: str
     a: str
@@ -87,7 +100,14 @@ class ABItem:
 
 
 def ab_items() -> list[ABItem]:
-    """The project's myopic-reward A/B set, matching letter alternating A/B."""
+    """The project's myopic-reward A/B set, matching letter alternating A/B.
+
+    Examples:
+        >>> from steerkit.probes.methods.caa import ab_items
+        >>> items = ab_items()
+        >>> len(items), [it.matching for it in items[:4]], items[0].a
+        (24, ['A', 'B', 'A', 'B'], '5 cookies now')
+    """
     out = []
     for i, (q, myopic, patient) in enumerate(_MYOPIC):
         if i % 2 == 0:
@@ -105,7 +125,14 @@ def _answer_prompts(sm: "SteerModel", items: Sequence[ABItem], letters: Sequence
 
 
 def caa_activations(sm: "SteerModel", items: Sequence[ABItem], *, chat: bool = True, batch_size: int = 16):
-    """``(pos, neg)`` each ``[n_items, n_layers, d_model]``: block outputs at the answer letter."""
+    """``(pos, neg)`` each ``[n_items, n_layers, d_model]``: block outputs at the answer letter.
+
+    Examples:
+        >>> from steerkit.probes import AB_ITEMS, caa_activations
+        >>> pos, neg = caa_activations(tiny, AB_ITEMS[:3])
+        >>> tuple(pos.shape), tuple(neg.shape)
+        ((3, 4, 64), (3, 4, 64))
+    """
     if not items:
         raise InputError("expected at least one A/B item, found none")
     names = resid_post(range(sm.n_layers))
@@ -122,7 +149,15 @@ def caa_activations(sm: "SteerModel", items: Sequence[ABItem], *, chat: bool = T
 
 
 def caa_vector(sm: "SteerModel", items: Sequence[ABItem] | None = None, *, chat: bool = True, batch_size: int = 16) -> torch.Tensor:
-    """``[n_layers, d_model]``: mean(matching) - mean(non-matching) at the answer letter, per layer."""
+    """``[n_layers, d_model]``: mean(matching) - mean(non-matching) at the answer letter, per layer.
+
+    Examples:
+        >>> from steerkit.probes import AB_ITEMS, caa_activations, caa_vector
+        >>> v = caa_vector(tiny, AB_ITEMS[:4])
+        >>> pos, neg = caa_activations(tiny, AB_ITEMS[:4])
+        >>> tuple(v.shape), bool(torch.allclose(v, pos.mean(0) - neg.mean(0)))
+        ((4, 64), True)
+    """
     pos, neg = caa_activations(sm, list(items) if items is not None else AB_ITEMS, chat=chat, batch_size=batch_size)
     return pos.mean(0) - neg.mean(0)
 
@@ -130,7 +165,13 @@ def caa_vector(sm: "SteerModel", items: Sequence[ABItem] | None = None, *, chat:
 def after_instruction(sm: "SteerModel", *, chat: bool = True, answer_prefix: str = "("):
     """CAA's steering positions: every token after the instruction -- the chat template's
     post-instruction tokens and the ``answer_prefix`` (``"("``) of the prompt -- and every
-    generated token. Without a chat template, only the answer prefix and the generated tokens."""
+    generated token. Without a chat template, only the answer prefix and the generated tokens.
+
+    Examples:
+        >>> from steerkit.probes import after_instruction
+        >>> after_instruction(tiny, chat=False)  # the answer prefix "(" and every generated token
+        AnyOf(range(-1, 0), 'generated')
+    """
     k = len(sm.tokenizer(answer_prefix, add_special_tokens=False)["input_ids"]) if answer_prefix else 0
     has_template = chat and getattr(sm.tokenizer, "chat_template", None)
     if has_template:
@@ -142,7 +183,17 @@ def matching_prob(sm: "SteerModel", items: Sequence[ABItem], *, vector=None, lay
                   chat: bool = True, batch_size: int = 16, positions=None) -> float:
     """Mean over items of p(matching letter) / (p(A) + p(B)) after ``"("``, with ``multiplier * vector``
     added at block ``layer``'s output at ``positions`` (default :func:`after_instruction`, as the
-    paper: every position after the instruction; ``"all"`` adds it everywhere)."""
+    paper: every position after the instruction; ``"all"`` adds it everywhere).
+
+    Examples:
+        >>> from steerkit.probes import AB_ITEMS, caa_vector, matching_prob
+        >>> items = AB_ITEMS[:4]
+        >>> v = caa_vector(tiny, items)
+        >>> p0 = matching_prob(tiny, items)
+        >>> p1 = matching_prob(tiny, items, vector=v[2], layer=2, multiplier=4.0)
+        >>> 0 < p0 < 1, 0 < p1 < 1, p0 != p1
+        (True, True, True)
+    """
     if positions is None:
         positions = after_instruction(sm, chat=chat)
     ids = {l: sm.tokenizer(l, add_special_tokens=False)["input_ids"][0] for l in ("A", "B")}
@@ -168,7 +219,15 @@ def matching_prob(sm: "SteerModel", items: Sequence[ABItem], *, vector=None, lay
 
 def caa_eval(sm: "SteerModel", vectors: torch.Tensor, items: Sequence[ABItem], layers: Sequence[int],
              multipliers: Sequence[float] = (-1.0, 0.0, 1.0), *, progress=None, **kw) -> list[dict]:
-    """Rows ``{layer, multiplier, p_matching}`` over the grid; ``progress(n)`` after each row."""
+    """Rows ``{layer, multiplier, p_matching}`` over the grid; ``progress(n)`` after each row.
+
+    Examples:
+        >>> from steerkit.probes import AB_ITEMS, caa_eval, caa_vector
+        >>> items = AB_ITEMS[:4]
+        >>> rows = caa_eval(tiny, caa_vector(tiny, items), items, layers=[1, 2], multipliers=(-1.0, 1.0))
+        >>> [(r["layer"], r["multiplier"]) for r in rows]
+        [(1, -1.0), (1, 1.0), (2, -1.0), (2, 1.0)]
+    """
     rows = []
     base = matching_prob(sm, items, **kw)
     for l in layers:
@@ -184,7 +243,13 @@ def caa_eval(sm: "SteerModel", vectors: torch.Tensor, items: Sequence[ABItem], l
 @dataclass
 class CAAConfig:
     """``steerkit caa``: the vector on :data:`AB_ITEMS`, evaluated at ``layers`` (default every 3rd) and
-    ``multipliers``."""
+    ``multipliers``.
+
+    Examples:
+        >>> from steerkit.probes.methods.caa import CAAConfig
+        >>> CAAConfig().multipliers, CAAConfig(layers=(12,)).layers
+        ((-2.0, -1.0, 0.0, 1.0, 2.0), (12,))
+    """
 
     layers: Optional[tuple] = None
     multipliers: tuple = (-2.0, -1.0, 0.0, 1.0, 2.0)
@@ -192,7 +257,18 @@ class CAAConfig:
 
 @dataclass
 class CAAResult:
-    """The CAA vector of every layer ``[n_layers, d_model]`` and the evaluation rows (in-sample)."""
+    """The CAA vector of every layer ``[n_layers, d_model]`` and the evaluation rows (in-sample).
+
+    Examples:
+        >>> from steerkit.probes.methods.caa import CAAResult
+        >>> rows = [{"layer": 2, "multiplier": m, "p_matching": p} for m, p in ((-1.0, 0.3), (0.0, 0.5), (1.0, 0.8))]
+        >>> res = CAAResult(vector=torch.randn(4, 64), layers=[2], rows=rows, n_items=24)
+        >>> len(res.norms), res.to_json()["caa"]["rows"][2]["p_matching"], type(res.plot()).__name__
+        (4, 0.8, 'Figure')
+        >>> vec = res.artifacts(tiny)["caa-vector"]
+        >>> vec.layers, vec.provenance.method, store.save("caa", vec)
+        ([0, 1, 2, 3], 'caa', 'caa@1')
+    """
 
     vector: torch.Tensor
     layers: list
@@ -227,7 +303,16 @@ class CAAResult:
 
 
 def run(sm: "SteerModel", config: CAAConfig | None = None, *, progress: bool = True) -> CAAResult:
-    """The CAA vector on :data:`AB_ITEMS` and p(matching letter) per layer and multiplier."""
+    """The CAA vector on :data:`AB_ITEMS` and p(matching letter) per layer and multiplier.
+
+    Examples:
+        >>> from steerkit.probes.methods import caa
+        >>> res = caa.run(tiny, caa.CAAConfig(layers=(1, 3), multipliers=(0.0, 2.0)), progress=False)
+        >>> res.n_items, [(r["layer"], r["multiplier"]) for r in res.rows]
+        (24, [(1, 0.0), (1, 2.0), (3, 0.0), (3, 2.0)])
+        >>> list(res.to_json()["caa"])
+        ['rows', 'norms']
+    """
     cfg = config or CAAConfig()
     layers = [int(l) for l in cfg.layers] if cfg.layers is not None else list(range(0, sm.n_layers, 3))
     bad = [l for l in layers if not 0 <= l < sm.n_layers]

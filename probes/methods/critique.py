@@ -86,6 +86,14 @@ class ArithTrace:
     is the index of the wrong step (``-1``: clean); ``answer`` is the final answer the trace states,
     ``true_answer`` the right one (``answer != true_answer`` for a corrupted trace as written, equal in
     its :meth:`recovered` version).
+
+    Examples:
+        >>> from steerkit.probes.methods.critique import make_trace
+        >>> t = make_trace(3, corrupt=True, n_steps=3)
+        >>> len(t.steps), 0 <= t.corrupted < 3, t.answer != t.true_answer, t.recovered().is_recovery
+        (3, True, True, True)
+        >>> t.text.splitlines()[-1] == t.answer_sentence
+        True
     """
 
     question: str
@@ -142,7 +150,16 @@ def _write(start: int, ops, corrupt: int, delta: int):
 
 
 def make_trace(question_seed: int, *, corrupt: bool, n_steps: int | None = None) -> ArithTrace:
-    """One trace; the same ``question_seed`` gives the same question with or without ``corrupt``."""
+    """One trace; the same ``question_seed`` gives the same question with or without ``corrupt``.
+
+    Examples:
+        >>> from steerkit.probes.methods.critique import check_step, make_trace
+        >>> clean, bad = make_trace(7, corrupt=False), make_trace(7, corrupt=True)
+        >>> clean.question == bad.question, clean.corrupted, all(check_step(s) for s in clean.steps)
+        (True, -1, True)
+        >>> check_step(bad.steps[bad.corrupted])
+        False
+    """
     r = random.Random(question_seed)
     k = n_steps if n_steps is not None else r.randint(3, 5)
     if k < 2:
@@ -164,7 +181,14 @@ def make_trace(question_seed: int, *, corrupt: bool, n_steps: int | None = None)
 
 def arithmetic_traces(n: int = 40, seed: int = 0, *, error_rate: float = 0.5,
                       n_steps: int | None = None) -> list[ArithTrace]:
-    """``n`` traces of distinct questions; each is corrupted with probability ``error_rate`` (seeded)."""
+    """``n`` traces of distinct questions; each is corrupted with probability ``error_rate`` (seeded).
+
+    Examples:
+        >>> from steerkit.probes import arithmetic_traces
+        >>> traces = arithmetic_traces(20, error_rate=0.5)
+        >>> len(traces), len({t.question for t in traces}), 0 < sum(t.corrupted >= 0 for t in traces) < 20
+        (20, 20, True)
+    """
     if n < 0 or not 0.0 <= error_rate <= 1.0:
         raise InputError(f"expected n >= 0 and 0 <= error_rate <= 1, found n={n}, error_rate={error_rate}")
     r = random.Random(f"critique-{seed}")
@@ -175,7 +199,14 @@ def arithmetic_traces(n: int = 40, seed: int = 0, *, error_rate: float = 0.5,
 
 
 def trace_pairs(n: int = 40, seed: int = 0, *, n_steps: int | None = None) -> list[tuple[ArithTrace, ArithTrace]]:
-    """``(clean, corrupted)`` traces of the same ``n`` questions."""
+    """``(clean, corrupted)`` traces of the same ``n`` questions.
+
+    Examples:
+        >>> from steerkit.probes import trace_pairs
+        >>> pairs = trace_pairs(3)
+        >>> [(c.question == e.question, c.corrupted, e.corrupted >= 0) for c, e in pairs][0]
+        (True, -1, True)
+    """
     if n < 0:
         raise InputError(f"expected n >= 0, found {n}")
     return [(make_trace(seed * 1_000_003 + i, corrupt=False, n_steps=n_steps),
@@ -183,7 +214,13 @@ def trace_pairs(n: int = 40, seed: int = 0, *, n_steps: int | None = None) -> li
 
 
 def check_step(step: str) -> bool:
-    """Whether a written step ``"Step k: a op b = r."`` is arithmetically right."""
+    """Whether a written step ``"Step k: a op b = r."`` is arithmetically right.
+
+    Examples:
+        >>> from steerkit.probes.methods.critique import check_step
+        >>> check_step("Step 1: 12 * 3 = 36."), check_step("Step 2: 36 - 5 = 30.")
+        (True, False)
+    """
     m = _STEP_RE.match(step)
     if not m:
         raise InputError(f"expected a step like 'Step 1: 3 + 4 = 7.', found {step!r}")
@@ -193,7 +230,14 @@ def check_step(step: str) -> bool:
 
 def gsm8k_error_traces(n: int | None = None, *, offset: int = 0, path=None) -> list[dict]:
     """Rows of the vendored GSM8K error prefixes (``question``, ``ground_truth``, ``search``: a reasoning
-    prefix ending right after its first wrong calculation); Phan et al., MIT (``steerkit/data/README.md``)."""
+    prefix ending right after its first wrong calculation); Phan et al., MIT (``steerkit/data/README.md``).
+
+    Examples:
+        >>> from steerkit.probes import gsm8k_error_traces
+        >>> rows = gsm8k_error_traces(2)
+        >>> len(rows), sorted(k for k in rows[0] if k in ("question", "ground_truth", "search"))
+        (2, ['ground_truth', 'question', 'search'])
+    """
     rows = read_jsonl("critique/gsm8k_train_error_first300.jsonl", path=path, n=n, offset=offset,
                       what="question/ground_truth/search rows")
     for i, r in enumerate(rows):
@@ -234,7 +278,15 @@ def _check_traces(traces, what: str) -> list:
 def critique_activations(sm: "SteerModel", traces: Sequence[ArithTrace], *, layers: Sequence[int] | None = None,
                          chat: bool = True, batch_size: int = 16,
                          progress: Callable[[int], None] | None = None) -> Tensor:
-    """``[n_traces, n_layers, d_model]`` (float32, CPU): block outputs averaged over the answer span."""
+    """``[n_traces, n_layers, d_model]`` (float32, CPU): block outputs averaged over the answer span.
+
+    Examples:
+        >>> from steerkit.probes import arithmetic_traces, critique_activations
+        >>> tuple(critique_activations(tiny, arithmetic_traces(3)).shape)
+        (3, 4, 64)
+        >>> tuple(critique_activations(tiny, arithmetic_traces(3), layers=[1, 2]).shape)
+        (3, 2, 64)
+    """
     traces = _check_traces(traces, "input")
     layers = list(range(sm.n_layers)) if layers is None else [int(l) for l in layers]
     for l in layers:
@@ -263,7 +315,17 @@ def critique_activations(sm: "SteerModel", traces: Sequence[ArithTrace], *, laye
 
 def model_answers(sm: "SteerModel", traces: Sequence[ArithTrace], *, chat: bool = True, batch_size: int = 16,
                   max_new_tokens: int = 8) -> list[int | None]:
-    """The model's greedy final answer after each trace's steps and ``"The answer is"``."""
+    """The model's greedy final answer after each trace's steps and ``"The answer is"``.
+
+    The random tiny model rarely writes a number: ``None`` then.
+
+    Examples:
+        >>> from steerkit.probes import arithmetic_traces
+        >>> from steerkit.probes.methods.critique import model_answers
+        >>> answers = model_answers(tiny, arithmetic_traces(2), max_new_tokens=3)
+        >>> len(answers), all(a is None or isinstance(a, int) for a in answers)
+        (2, True)
+    """
     traces = _check_traces(traces, "input")
     out = []
     for i in range(0, len(traces), batch_size):
@@ -279,7 +341,15 @@ def model_answers(sm: "SteerModel", traces: Sequence[ArithTrace], *, chat: bool 
 
 @dataclass
 class CritiqueVector:
-    """``vectors[l]`` per layer (``[n_layers, d_model]``), the contrast used and its counts."""
+    """``vectors[l]`` per layer (``[n_layers, d_model]``), the contrast used and its counts.
+
+    Examples:
+        >>> from steerkit.probes import critique_vector, trace_pairs
+        >>> clean, corrupted = zip(*trace_pairs(3))
+        >>> cv = critique_vector(tiny, clean, corrupted, contrast="error")
+        >>> tuple(cv.vectors.shape), cv.contrast, cv.n_pos, cv.n_neg, cv.n_items
+        ((4, 64), 'error', 3, 3, 3)
+    """
 
     vectors: Tensor
     contrast: str
@@ -290,7 +360,13 @@ class CritiqueVector:
 
 
 def vector_from_activations(pos: Tensor, neg: Tensor) -> Tensor:
-    """``mean(pos) - mean(neg)`` over the first axis (not normalised)."""
+    """``mean(pos) - mean(neg)`` over the first axis (not normalised).
+
+    Examples:
+        >>> from steerkit.probes.methods.critique import vector_from_activations
+        >>> vector_from_activations(torch.tensor([[2.0, 0.0], [4.0, 0.0]]), torch.tensor([[1.0, 1.0]]))
+        tensor([ 2., -1.])
+    """
     pos, neg = torch.as_tensor(pos), torch.as_tensor(neg)
     if pos.shape[0] == 0 or neg.shape[0] == 0:
         raise InputError(f"expected both activation sets non-empty, found {pos.shape[0]} positive and "
@@ -310,6 +386,15 @@ def critique_vector(sm: "SteerModel", clean: Sequence[ArithTrace], corrupted: Se
     answer, minus the clean traces of those questions), ``"error"`` (every corrupted trace as written
     minus every clean trace) or ``"auto"`` (recovery when at least ``min_recoveries`` items recover,
     else error). ``recovered`` (one bool per item) skips asking the model which items it recovers on.
+
+    ``recovered`` given, so the model is not asked.
+
+    Examples:
+        >>> from steerkit.probes import critique_vector, trace_pairs
+        >>> clean, corrupted = zip(*trace_pairs(4))
+        >>> cv = critique_vector(tiny, clean, corrupted, recovered=[True, False, True, False], min_recoveries=2)
+        >>> cv.contrast, cv.n_recovered, cv.n_pos
+        ('recovery', 2, 2)
     """
     clean, corrupted = _check_traces(clean, "clean"), _check_traces(corrupted, "corrupted")
     if len(clean) != len(corrupted):
@@ -352,7 +437,16 @@ def critique_vector(sm: "SteerModel", clean: Sequence[ArithTrace], corrupted: Se
 # --------------------------------------------------------------------------- steering and evaluation
 
 def steer_critique(sm: "SteerModel", vector, layer: int, alpha: float):
-    """A handle adding ``alpha * vector`` to block ``layer``'s output at every position (use with ``with``)."""
+    """A handle adding ``alpha * vector`` to block ``layer``'s output at every position (use with ``with``).
+
+    Examples:
+        >>> from steerkit.probes import steer_critique
+        >>> plain = tiny("Is this right?")
+        >>> with steer_critique(tiny, torch.randn(64), layer=2, alpha=3.0):
+        ...     steered = tiny("Is this right?")
+        >>> bool((steered - plain).abs().max() > 0)
+        True
+    """
     if not 0 <= int(layer) < sm.n_layers:
         raise InputError(f"expected layer in 0..{sm.n_layers - 1}, found {layer}")
     v = torch.as_tensor(vector, dtype=torch.float32)
@@ -360,7 +454,14 @@ def steer_critique(sm: "SteerModel", vector, layer: int, alpha: float):
 
 
 def yes_no_ids(tokenizer) -> tuple[int, int]:
-    """Token ids of ``"Yes"`` and ``"No"`` (the first token of each), checked to differ."""
+    """Token ids of ``"Yes"`` and ``"No"`` (the first token of each), checked to differ.
+
+    Examples:
+        >>> from steerkit.probes.methods.critique import yes_no_ids
+        >>> yes, no = yes_no_ids(tiny.tokenizer)
+        >>> tiny.tokenizer.decode([yes]), tiny.tokenizer.decode([no])
+        ('Yes', 'No')
+    """
     y = tokenizer("Yes", add_special_tokens=False)["input_ids"]
     n = tokenizer("No", add_special_tokens=False)["input_ids"]
     if not y or not n or y[0] == n[0]:
@@ -369,17 +470,39 @@ def yes_no_ids(tokenizer) -> tuple[int, int]:
 
 
 def detection_prompt(trace: ArithTrace) -> str:
+    """The error-detection question about ``trace``: the question, its steps and :data:`DETECT_QUESTION`.
+
+    Examples:
+        >>> from steerkit.probes.methods.critique import detection_prompt, make_trace
+        >>> t = make_trace(0, corrupt=False)
+        >>> p = detection_prompt(t)
+        >>> p.startswith(t.question), p.endswith("Answer Yes or No."), t.steps[0] in p
+        (True, True, True)
+    """
     return DETECT_PROMPT.format(question=trace.question, solution=trace.reasoning)
 
 
 def f1_score(acc_error: float, acc_correct: float) -> float:
-    """Harmonic mean of the accuracies on erroneous and on correct sequences (0 when both are 0)."""
+    """Harmonic mean of the accuracies on erroneous and on correct sequences (0 when both are 0).
+
+    Examples:
+        >>> from steerkit.probes import f1_score
+        >>> f1_score(1.0, 0.5), f1_score(0.0, 0.0)
+        (0.6666666666666666, 0.0)
+    """
     s = acc_error + acc_correct
     return 0.0 if s == 0 else 2.0 * acc_error * acc_correct / s
 
 
 def detection_scores(pred_error: Sequence[bool], is_error: Sequence[bool]) -> dict:
-    """Accuracy on erroneous (``is_error``) and correct sequences, and their harmonic mean ``f1``."""
+    """Accuracy on erroneous (``is_error``) and correct sequences, and their harmonic mean ``f1``.
+
+    Examples:
+        >>> from steerkit.probes import detection_scores
+        >>> d = detection_scores([True, True, False, True], [True, True, False, False])
+        >>> d["acc_error"], d["acc_correct"], round(d["f1"], 3)
+        (1.0, 0.5, 0.667)
+    """
     p, y = np.asarray(pred_error, bool), np.asarray(is_error, bool)
     if p.shape != y.shape:
         raise InputError(f"expected one prediction per sequence, found {p.size} predictions for {y.size} sequences")
@@ -392,7 +515,17 @@ def detection_scores(pred_error: Sequence[bool], is_error: Sequence[bool]) -> di
 
 def yes_no_margins(sm: "SteerModel", traces: Sequence[ArithTrace], *, vector=None, layer: int | None = None,
                    alpha: float = 0.0, chat: bool = True, batch_size: int = 16) -> np.ndarray:
-    """``logit(Yes) - logit(No)`` at the answer position of each detection prompt (steered when given)."""
+    """``logit(Yes) - logit(No)`` at the answer position of each detection prompt (steered when given).
+
+    Examples:
+        >>> from steerkit.probes import arithmetic_traces
+        >>> from steerkit.probes.methods.critique import yes_no_margins
+        >>> traces = arithmetic_traces(3)
+        >>> plain = yes_no_margins(tiny, traces)
+        >>> steered = yes_no_margins(tiny, traces, vector=torch.randn(64), layer=2, alpha=4.0)
+        >>> plain.shape, bool(abs(plain - steered).max() > 0)
+        ((3,), True)
+    """
     traces = _check_traces(traces, "evaluation")
     yes, no = yes_no_ids(sm.tokenizer)
     out = []
@@ -410,7 +543,15 @@ def yes_no_margins(sm: "SteerModel", traces: Sequence[ArithTrace], *, vector=Non
 
 def detection_eval(sm: "SteerModel", traces: Sequence[ArithTrace], *, vector=None, layer: int | None = None,
                    alpha: float = 0.0, chat: bool = True, batch_size: int = 16) -> dict:
-    """Error-detection scores (:func:`detection_scores`) with ``alpha * vector`` at block ``layer``."""
+    """Error-detection scores (:func:`detection_scores`) with ``alpha * vector`` at block ``layer``.
+
+    Examples:
+        >>> from steerkit.probes import detection_eval, trace_pairs
+        >>> traces = [t for pair in trace_pairs(2) for t in pair]  # two correct, two erroneous
+        >>> d = detection_eval(tiny, traces)
+        >>> d["n_error"], d["n_correct"], 0 <= d["f1"] <= 1, 0 <= d["auroc"] <= 1
+        (2, 2, True, True)
+    """
     traces = _check_traces(traces, "evaluation")
     m = yes_no_margins(sm, traces, vector=vector, layer=layer, alpha=alpha, chat=chat, batch_size=batch_size)
     y = [t.corrupted >= 0 for t in traces]
@@ -424,7 +565,16 @@ def critique_sweep(sm: "SteerModel", vectors: Tensor, traces: Sequence[ArithTrac
                    alphas: Sequence[float] = DEFAULT_ALPHAS, *, chat: bool = True, batch_size: int = 16,
                    progress: Callable[[int], None] | None = None) -> list[dict]:
     """Rows ``{layer, alpha, f1, acc_error, acc_correct, ...}`` over layers x alphas (``alpha = 0`` is
-    the unsteered model, computed once)."""
+    the unsteered model, computed once).
+
+    Examples:
+        >>> from steerkit.probes import critique_sweep, critique_vector, trace_pairs
+        >>> clean, corrupted = zip(*trace_pairs(2))
+        >>> cv = critique_vector(tiny, clean, corrupted, contrast="error")
+        >>> rows = critique_sweep(tiny, cv.vectors, list(clean + corrupted), layers=[1, 2], alphas=(0.0, 1.0))
+        >>> [(r["layer"], r["alpha"]) for r in rows], rows[0]["f1"] == rows[2]["f1"]  # alpha 0: one baseline
+        ([(1, 0.0), (1, 1.0), (2, 0.0), (2, 1.0)], True)
+    """
     traces = _check_traces(traces, "evaluation")
     vectors = torch.as_tensor(vectors)
     layers = list(range(sm.n_layers)) if layers is None else [int(l) for l in layers]
@@ -452,7 +602,15 @@ def critique_sweep(sm: "SteerModel", vectors: Tensor, traces: Sequence[ArithTrac
 
 
 def logit_lens_tokens(sm: "SteerModel", v, k: int = 10) -> dict:
-    """Top and bottom ``k`` tokens of ``unembed(final_norm(v))``."""
+    """Top and bottom ``k`` tokens of ``unembed(final_norm(v))``.
+
+    Examples:
+        >>> from steerkit.probes import logit_lens_tokens
+        >>> v = tiny.hf_model.lm_head.weight[5099].detach()  # the unembedding row of " Mary"
+        >>> lens = logit_lens_tokens(tiny, v, k=3)
+        >>> len(lens["top"]), len(lens["bottom"]), lens["top"][0][0]
+        (3, 3, ' Mary')
+    """
     norm = sm.adapter.final_norm_module(sm.hf_model)
     unembed = sm.adapter.unembed_module(sm.hf_model)
     with torch.inference_mode():
@@ -470,7 +628,17 @@ def logit_lens_tokens(sm: "SteerModel", v, k: int = 10) -> dict:
 
 @dataclass
 class CritiqueResult:
-    """Everything one run of the method produced (see :func:`run_critique`)."""
+    """Everything one run of the method produced (see :func:`run_critique`).
+
+    Examples:
+        >>> from steerkit.probes import run_critique
+        >>> res = run_critique(tiny, n=4, layers=[2], alphas=(0.0, 1.0), contrast="error", lens_k=3)
+        >>> res.best()["layer"], res.baseline()["alpha"], len(res.norms), type(res.plot()).__name__
+        (2, 0.0, 4, 'Figure')
+        >>> vec = res.artifacts(tiny)["critique-vector"]
+        >>> vec.layers, store.save("critique", vec), res.to_json()["saved_layer"]
+        ([2], 'critique@1', 2)
+    """
 
     vectors: Tensor  # [n_layers, d_model]
     contrast: str
@@ -543,7 +711,14 @@ def run_critique(sm: "SteerModel", n: int = 40, *, n_eval: int | None = None, la
                  seed: int = 0, chat: bool = True, batch_size: int = 16, lens_k: int = 10,
                  progress: Callable[[int], None] | None = None) -> CritiqueResult:
     """Vector from ``n`` question pairs (seed ``seed``); detection F1 on ``n_eval`` (default ``n``) held-out
-    questions (seed ``seed + 1``), half of them corrupted, over ``layers`` x ``alphas``."""
+    questions (seed ``seed + 1``), half of them corrupted, over ``layers`` x ``alphas``.
+
+    Examples:
+        >>> from steerkit.probes import run_critique
+        >>> res = run_critique(tiny, n=4, n_eval=4, layers=[1, 3], alphas=(0.0, 2.0), contrast="error", lens_k=2)
+        >>> res.contrast, res.n_train, len(res.rows), sorted(res.lens)
+        ('error', 4, 4, [1, 3])
+    """
     if n < 1:
         raise InputError(f"expected n >= 1 training questions, found {n}")
     n_eval = n if n_eval is None else n_eval
@@ -563,7 +738,16 @@ def run_critique(sm: "SteerModel", n: int = 40, *, n_eval: int | None = None, la
 
 
 def to_artifact(sm: "SteerModel", result: CritiqueResult, layer: int, *, seed: int = 0):
-    """The vector at ``layer`` as a ``SteeringVector`` with provenance (contrast, counts) and metrics."""
+    """The vector at ``layer`` as a ``SteeringVector`` with provenance (contrast, counts) and metrics.
+
+    Examples:
+        >>> from steerkit.probes import run_critique
+        >>> from steerkit.probes.methods.critique import to_artifact
+        >>> res = run_critique(tiny, n=4, layers=[2], alphas=(0.0,), contrast="error", lens_k=0)
+        >>> vec = to_artifact(tiny, res, layer=3)
+        >>> vec.layers, vec.provenance.method_params["contrast"]
+        ([3], 'error')
+    """
     if not 0 <= layer < result.vectors.shape[0]:
         raise InputError(f"expected layer in 0..{result.vectors.shape[0] - 1}, found {layer}")
     rows = [r for r in result.rows if r["layer"] == layer]
@@ -581,7 +765,13 @@ class CritiqueConfig:
     """``steerkit critique``: ``n`` training questions (a clean and a corrupted trace each), ``n_eval``
     held-out step sequences (default ``n``), swept over ``layers`` (``None``: every 5th layer and the
     last, a subset to save CPU time; ``"all"``: every layer) x ``alphas``; ``layer``: the layer whose
-    vector is saved (default: the layer of the best F1 among the swept ones)."""
+    vector is saved (default: the layer of the best F1 among the swept ones).
+
+    Examples:
+        >>> from steerkit.probes.methods.critique import CritiqueConfig
+        >>> CritiqueConfig().n, CritiqueConfig(layers=[3, 5]).swept_layers(30)
+        (40, [3, 5])
+    """
 
     n: int = 40
     n_eval: Optional[int] = None
@@ -606,7 +796,15 @@ class CritiqueConfig:
 
 def run(sm: "SteerModel", config: CritiqueConfig | None = None, *, progress: bool = True) -> CritiqueResult:
     """The whole method (:func:`run_critique`) with a progress bar; the result saves the vector of
-    ``config.layer`` (default: the best F1's layer) through :meth:`CritiqueResult.artifacts`."""
+    ``config.layer`` (default: the best F1's layer) through :meth:`CritiqueResult.artifacts`.
+
+    Examples:
+        >>> from steerkit.probes.methods import critique
+        >>> cfg = critique.CritiqueConfig(n=4, n_eval=4, layers=[2], alphas=(0.0, 1.0), contrast="error", layer=2)
+        >>> res = critique.run(tiny, cfg, progress=False)
+        >>> res.artifact_layer(), sorted(res.artifacts(tiny))
+        (2, ['critique-vector'])
+    """
     cfg = config or CritiqueConfig()
     n_eval = cfg.n if cfg.n_eval is None else cfg.n_eval
     if cfg.n < 1 or n_eval < 2:

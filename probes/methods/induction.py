@@ -46,7 +46,14 @@ def _positive_int(v, what: str, low: int = 1) -> int:
 def repeated_tokens(n_seqs: int, seq_len: int, *, bos: int, low: int, high: int,
                     seed: int = 0) -> Int[Tensor, "n_seqs tokens"]:
     """``[n_seqs, 2 * seq_len + 1]`` token ids: ``bos``, then ``seq_len`` ids drawn uniformly from
-    ``low..high-1`` (a ``torch.Generator`` seeded with ``seed``), then the same ids again."""
+    ``low..high-1`` (a ``torch.Generator`` seeded with ``seed``), then the same ids again.
+
+    Examples:
+        >>> from steerkit.probes.methods.induction import repeated_tokens
+        >>> ids = repeated_tokens(2, 5, bos=1, low=100, high=20000)
+        >>> tuple(ids.shape), ids[:, 0].tolist(), bool((ids[:, 1:6] == ids[:, 6:]).all())
+        ((2, 11), [1, 1], True)
+    """
     _positive_int(n_seqs, "the number of sequences")
     _positive_int(seq_len, "the sequence length", 2)
     if not 0 <= low < high:
@@ -58,7 +65,20 @@ def repeated_tokens(n_seqs: int, seq_len: int, *, bos: int, low: int, high: int,
 
 def induction_scores(pattern: Float[Tensor, "batch heads q_pos k_pos"], seq_len: int) -> Float[Tensor, "batch heads"]:
     """Per sequence and head: the mean of ``pattern``'s diagonal at offset ``-(seq_len - 1)``
-    (TransformerLens's induction score; ``pattern`` as ``blocks.{l}.attn.hook_pattern`` records it)."""
+    (TransformerLens's induction score; ``pattern`` as ``blocks.{l}.attn.hook_pattern`` records it).
+
+    A head that attends from each repeated token to the token after its first copy.
+
+    Examples:
+        >>> from steerkit.probes.methods.induction import induction_scores
+        >>> seq_len, n = 4, 9
+        >>> pattern = torch.zeros(1, 2, n, n)
+        >>> pattern[0, 0] = torch.eye(n)  # head 0 attends to itself
+        >>> for q in range(seq_len - 1, n):
+        ...     pattern[0, 1, q, q - seq_len + 1] = 1.0  # head 1: the induction offset
+        >>> induction_scores(pattern, seq_len).tolist()
+        [[0.0, 1.0]]
+    """
     if pattern.dim() != 4 or pattern.shape[-1] != pattern.shape[-2]:
         raise InputError(f"expected an attention pattern [batch, heads, pos, pos], found shape {tuple(pattern.shape)}")
     if not 2 <= seq_len <= pattern.shape[-1]:
@@ -73,7 +93,14 @@ class InductionConfig:
     after a BOS token), drawn with ``seed`` from token ids ``vocab_low..vocab_high-1`` (TransformerLens's
     100..20000 by default, cut to the vocabulary); ``layers`` to score (``None``: all), ``batch_size``
     sequences per forward pass, ``top_k`` heads listed; ``bos``: the first token's id (``None``: the
-    tokenizer's BOS, else its EOS)."""
+    tokenizer's BOS, else its EOS).
+
+    Examples:
+        >>> from steerkit.probes.methods.induction import InductionConfig
+        >>> cfg = InductionConfig(n_seqs=4, seq_len=20, layers=(0, 1))
+        >>> cfg.n_seqs, cfg.seq_len, cfg.vocab_low, cfg.vocab_high
+        (4, 20, 100, 20000)
+    """
 
     n_seqs: int = 32
     seq_len: int = 50
@@ -90,7 +117,16 @@ class InductionConfig:
 class InductionResult:
     """Induction scores ``[len(layers), n_heads]`` (rows: ``layers``) and the mean per-token loss
     ``[2 * seq_len]`` (entry ``t``: the loss of predicting token ``t + 1`` from the prefix up to ``t``,
-    so ``loss[:seq_len]`` is the first half and ``loss[seq_len:]`` the repeated half)."""
+    so ``loss[:seq_len]`` is the first half and ``loss[seq_len:]`` the repeated half).
+
+    Examples:
+        >>> from steerkit.probes.methods import induction
+        >>> res = induction.run(tiny, induction.InductionConfig(n_seqs=2, seq_len=8), progress=False)
+        >>> res.scores.shape, res.loss.shape, len(res.top_heads(3))
+        ((4, 4), (16,), 3)
+        >>> sorted(res.to_json())[:4], [type(f).__name__ for f in res.figures()]
+        (['layers', 'loss', 'loss_drop', 'loss_first'], ['Figure', 'Figure'])
+    """
 
     scores: np.ndarray
     layers: list
@@ -197,7 +233,17 @@ def _check_config(sm: "SteerModel", cfg: InductionConfig) -> tuple[list[int], in
 
 def run(sm: "SteerModel", config: InductionConfig | None = None, *, progress: bool = True) -> InductionResult:
     """Induction scores of every head of the chosen layers and the per-token loss on repeated random
-    sequences (see the module docstring); the patterns come from ``sm.record``."""
+    sequences (see the module docstring); the patterns come from ``sm.record``.
+
+    The default model copies the repeated half: its loss there falls by several nats, and its best heads
+    score high.
+
+    Examples:
+        >>> from steerkit.probes.methods import induction
+        >>> res = induction.run(sm, induction.InductionConfig(n_seqs=4, seq_len=20), progress=False)
+        >>> res.loss_drop > 3, res.top_heads(1)[0][2] > 0.5
+        (True, True)
+    """
     cfg = config or InductionConfig()
     layers, bos, low, high = _check_config(sm, cfg)
     ids = repeated_tokens(cfg.n_seqs, cfg.seq_len, bos=bos, low=low, high=high, seed=cfg.seed)
@@ -223,7 +269,15 @@ def run(sm: "SteerModel", config: InductionConfig | None = None, *, progress: bo
 
 
 def summary_lines(res: InductionResult, k: Optional[int] = None) -> list[str]:
-    """Human-readable lines: the two losses and the top heads."""
+    """Human-readable lines: the two losses and the top heads.
+
+    Examples:
+        >>> from steerkit.probes.methods import induction
+        >>> res = induction.run(tiny, induction.InductionConfig(n_seqs=2, seq_len=8), progress=False)
+        >>> lines = induction.summary_lines(res, k=2)
+        >>> len(lines), lines[0].startswith("per-token loss: first half"), lines[1].startswith("  L")
+        (3, True, True)
+    """
     out = [f"per-token loss: first half {res.loss_first:.3f}, repeated half {res.loss_repeated:.3f} nats "
            f"(drop {res.loss_drop:.3f})"]
     out += [f"  L{l}H{h}: {s:.3f}" for l, h, s in res.top_heads(k)]

@@ -53,7 +53,15 @@ HOOKS = ("resid_pre", "z")
 class IOIConfig:
     """``steerkit ioi``: ``templates`` (each with ``{IO}``, ``{S}`` and ``{S2}`` once; names are
     inserted as given, leading space included) filled with every ``(IO, S)`` pair of ``names``;
-    ``hooks`` patched (``resid_pre`` and / or ``z``); ``batch_size`` patched runs per forward pass."""
+    ``hooks`` patched (``resid_pre`` and / or ``z``); ``batch_size`` patched runs per forward pass.
+
+    Examples:
+        >>> from steerkit.probes.methods.ioi import IOIConfig
+        >>> cfg = IOIConfig(templates=("When{IO} and{S} went to the store,{S2} gave a drink to",),
+        ...                 names=((" Mary", " John"),), hooks=("z",))
+        >>> len(IOIConfig().templates), len(IOIConfig().names), cfg.hooks
+        (4, 4, ('z',))
+    """
 
     templates: tuple = TEMPLATES
     names: tuple = NAMES
@@ -63,6 +71,17 @@ class IOIConfig:
 
 @dataclass
 class IOIPair:
+    """One IOI prompt pair: the ``clean`` prompt (S repeated), the ``corrupted`` one (IO repeated) that
+    differs from it at token ``s2_pos`` only, and their logit differences once :func:`run` measured them.
+
+    Examples:
+        >>> from steerkit.probes.methods.ioi import IOIPair
+        >>> p = IOIPair(0, " Mary", " John", "When Mary and John left, John thanked",
+        ...             "When Mary and John left, Mary thanked", s2_pos=6)
+        >>> p.io, p.s, p.clean_metric != p.clean_metric  # NaN until measured
+        (' Mary', ' John', True)
+    """
+
     template: int
     io: str
     s: str
@@ -79,7 +98,17 @@ class IOIResult:
     first pair); ``z``: the normalised ``[n_layers, n_heads]`` grid over every pair; ``s2_curve`` /
     ``end_curve`` ``[n_layers]``: the restored fraction when ``resid_pre`` is patched at the S2 token /
     at the last token, over every pair. ``pairs``: every prompt pair with its clean and corrupted
-    logit differences."""
+    logit differences.
+
+    Examples:
+        >>> from steerkit.probes.methods import ioi
+        >>> cfg = ioi.IOIConfig(templates=(ioi.TEMPLATES[0],), names=((" Mary", " John"),), hooks=("z",))
+        >>> res = ioi.run(tiny, cfg, progress=False)
+        >>> len(res.pairs), res.z.axes, tuple(res.z.values.shape), len(res.top_heads(3))
+        (1, ('layer', 'head'), (4, 4), 3)
+        >>> sorted(res.to_json())[:3], type(res.plot()).__name__
+        (['clean_accuracy', 'clean_logit_diff', 'corrupted_logit_diff'], 'Figure')
+    """
 
     pairs: list
     resid_pre: list
@@ -157,7 +186,15 @@ class IOIResult:
 
 def ioi_pairs(sm: "SteerModel", templates=TEMPLATES, names=NAMES) -> list[IOIPair]:
     """Every (template, name pair) as an :class:`IOIPair`, checked: each name is one token, and the clean
-    and corrupted prompts tokenize to the same length and differ in exactly one token (S2)."""
+    and corrupted prompts tokenize to the same length and differ in exactly one token (S2).
+
+    Examples:
+        >>> from steerkit.probes.methods.ioi import ioi_pairs
+        >>> pairs = ioi_pairs(tiny, templates=("When{IO} and{S} went to the store,{S2} gave a drink to",),
+        ...                   names=((" Mary", " John"), (" Tom", " Sarah")))
+        >>> len(pairs), pairs[0].clean, pairs[0].s2_pos
+        (2, 'When Mary and John went to the store, John gave a drink to', 9)
+    """
     templates, names = tuple(templates), tuple(names)
     if not templates or not names:
         raise InputError(f"expected at least one template and one name pair, found {len(templates)} and {len(names)}")
@@ -208,7 +245,20 @@ def _check_config(cfg: IOIConfig) -> None:
 
 def run(sm: "SteerModel", config: IOIConfig | None = None, *, progress: bool = True) -> IOIResult:
     """Activation patching of ``resid_pre`` and ``z`` on every IOI prompt pair (see the module
-    docstring), aggregated into normalised grids."""
+    docstring), aggregated into normalised grids.
+
+    One template and one name pair on the tiny model; the default config on ``sm`` patches 16 pairs, minutes
+    of work.
+
+    Examples:
+        >>> from steerkit.probes.methods import ioi
+        >>> cfg = ioi.IOIConfig(templates=(ioi.TEMPLATES[0],), names=((" Mary", " John"),))
+        >>> res = ioi.run(tiny, cfg, progress=False)
+        >>> [r.axes for r in res.resid_pre], res.s2_curve.shape, res.end_curve.shape
+        ([('layer', 'pos')], (4,), (4,))
+        >>> round(float(res.resid_pre[0].values[0, 9]), 3)  # patching S2 before block 0 restores everything
+        1.0
+    """
     cfg = config or IOIConfig()
     _check_config(cfg)
     pairs = ioi_pairs(sm, cfg.templates, cfg.names)
@@ -245,7 +295,15 @@ def run(sm: "SteerModel", config: IOIConfig | None = None, *, progress: bool = T
 
 
 def summary_lines(res: IOIResult, k: int = 8) -> list[str]:
-    """Human-readable lines: the logit differences, the S2 / last-token curves and the top heads."""
+    """Human-readable lines: the logit differences, the S2 / last-token curves and the top heads.
+
+    Examples:
+        >>> from steerkit.probes.methods import ioi
+        >>> cfg = ioi.IOIConfig(templates=(ioi.TEMPLATES[0],), names=((" Mary", " John"),), hooks=("z",))
+        >>> lines = ioi.summary_lines(ioi.run(tiny, cfg, progress=False), k=2)
+        >>> len(lines), lines[0].startswith("1 prompt pairs: clean logit diff"), lines[1].startswith("  z L")
+        (3, True, True)
+    """
     out = [f"{len(res.pairs)} prompt pairs: clean logit diff {res.clean_logit_diff:.3f} (IO > S in "
            f"{res.clean_accuracy:.0%}), corrupted {res.corrupted_logit_diff:.3f}"]
     if res.s2_curve is not None:

@@ -57,7 +57,16 @@ def _kernelmat(X: torch.Tensor, sigma: float) -> torch.Tensor:
 
 def hsic_mi(x, y, sigma: float = 50.0, eps: float = 1e-5, *, dtype=torch.float32) -> float:
     """Normalised HSIC estimate of the MI between ``x`` and ``y`` (vectors of equal length, or
-    ``[m, d]`` sample matrices with equal ``m``)."""
+    ``[m, d]`` sample matrices with equal ``m``).
+
+    A vector shares more information with a noisy copy of itself than with noise.
+
+    Examples:
+        >>> from steerkit.probes import hsic_mi
+        >>> x = torch.randn(64)
+        >>> hsic_mi(x, x + 0.1 * torch.randn(64), sigma=1.0) > hsic_mi(x, torch.randn(64), sigma=1.0)
+        True
+    """
     x = torch.as_tensor(x).detach().to("cpu", dtype)
     y = torch.as_tensor(y).detach().to("cpu", dtype)
     if x.dim() == 1:
@@ -75,7 +84,13 @@ def hsic_mi(x, y, sigma: float = 50.0, eps: float = 1e-5, *, dtype=torch.float32
 
 
 def find_peaks(values: Sequence[float], k: float = 2.0) -> list[int]:
-    """Indices whose value exceeds ``mean + k * std`` (population std)."""
+    """Indices whose value exceeds ``mean + k * std`` (population std).
+
+    Examples:
+        >>> from steerkit.probes import find_peaks
+        >>> find_peaks([1, 1, 1, 9, 1, 1, 1, 1]), find_peaks([1, 2, 3], k=5.0)
+        ([3], [])
+    """
     v = np.asarray(values, dtype=float)
     if v.size == 0:
         return []
@@ -85,6 +100,18 @@ def find_peaks(values: Sequence[float], k: float = 2.0) -> list[int]:
 
 @dataclass
 class MITrajectory:
+    """The MI between block ``layer``'s output at each generated token and a reference answer's
+    representation, per generation step (``mi``), the decoded ``tokens`` and the ``peaks`` above
+    mean + ``threshold_k`` std.
+
+    Examples:
+        >>> from steerkit.probes import MITrajectory
+        >>> tr = MITrajectory(layer=20, mi=np.array([0.1, 0.2, 0.9, 0.1]), tokens=["So", ",", " Wait", " x"],
+        ...                   peaks=[2])
+        >>> tr.peak_tokens, tr.to_json()["peak_tokens"], type(tr.plot()).__name__
+        ([' Wait'], [' Wait'], 'Figure')
+    """
+
     layer: int
     mi: np.ndarray  # [steps]
     tokens: list[str]
@@ -115,7 +142,13 @@ class MITrajectory:
 
 
 def reference_rep(sm: "SteerModel", reference: str, layer: int, *, chat: bool = False) -> torch.Tensor:
-    """The reference solution's representation: block ``layer``'s output at its last token."""
+    """The reference solution's representation: block ``layer``'s output at its last token.
+
+    Examples:
+        >>> from steerkit.probes.methods.mi import reference_rep
+        >>> tuple(reference_rep(tiny, "The answer is 42.", layer=2).shape)
+        (64,)
+    """
     name = f"blocks.{layer}.hook_resid_post"
     with sm.record(name, positions="last") as cache:
         sm.forward([reference], chat=chat)
@@ -126,7 +159,14 @@ def mi_trajectory(sm: "SteerModel", prompt: str, reference: str, layer: int, *, 
                   k: float = 2.0, sigma: float = 50.0, eps: float = 1e-5) -> MITrajectory:
     """Greedy generation from ``prompt``; MI per step between block ``layer``'s output at the newest
     token and the reference representation. Step t's state is the one that produced token t (the
-    last prompt token for t = 0, then each generated token)."""
+    last prompt token for t = 0, then each generated token).
+
+    Examples:
+        >>> from steerkit.probes import mi_trajectory
+        >>> tr = mi_trajectory(tiny, "What is 2 + 3?", "2 + 3 = 5. The answer is 5.", layer=2, max_new_tokens=6)
+        >>> tr.mi.shape, len(tr.tokens), tr.layer
+        ((6,), 6, 2)
+    """
     name = f"blocks.{layer}.hook_resid_post"
     ref = reference_rep(sm, reference, layer)
     with sm.record(name, positions="all") as cache:
@@ -149,12 +189,27 @@ THINKING_WORDS = ("So", "Wait", "Hmm", "Therefore", "Let", "Now", "Then", "First
 
 def thinking_token_ids(tokenizer, words: Sequence[str] = THINKING_WORDS) -> tuple[list[int], list[str]]:
     """``(ids, dropped)``: the single-token forms (with and without a leading space) of ``words``, and
-    the words that have no single-token form in this tokenizer."""
+    the words that have no single-token form in this tokenizer.
+
+    Examples:
+        >>> from steerkit.probes import thinking_token_ids
+        >>> ids, dropped = thinking_token_ids(tiny.tokenizer, ["Wait", "So"])
+        >>> len(ids) >= 2, dropped, sorted({tiny.tokenizer.decode([i]).strip() for i in ids})
+        (True, [], ['So', 'Wait'])
+    """
     return single_token_ids(tokenizer, words)
 
 
 def peak_token_counts(trajectories: Sequence[MITrajectory]) -> dict[str, int]:
-    """How often each token (stripped) sits at an MI peak over ``trajectories``, most frequent first."""
+    """How often each token (stripped) sits at an MI peak over ``trajectories``, most frequent first.
+
+    Examples:
+        >>> from steerkit.probes import MITrajectory, peak_token_counts
+        >>> a = MITrajectory(20, np.zeros(3), [" Wait", " So", " Wait"], peaks=[0, 1, 2])
+        >>> b = MITrajectory(20, np.zeros(2), [" x", "Wait"], peaks=[1])
+        >>> peak_token_counts([a, b])
+        {'Wait': 3, 'So': 1}
+    """
     counts: dict[str, int] = {}
     for tr in trajectories:
         for t in tr.peak_tokens:
@@ -171,6 +226,16 @@ def thinking_eval(sm: "SteerModel", problems, *, layer: Optional[int] = None, wo
 
     Returns ``{condition: {"accuracy", "ci95", "n", "tokens_mean", ...}, "layer", "thinking_ids",
     "examples"}``; ``progress(n)`` is called per batch and condition.
+
+    The mechanics on the tiny model, which cannot do arithmetic.
+
+    Examples:
+        >>> from steerkit.probes import arithmetic_problems, thinking_eval
+        >>> out = thinking_eval(tiny, arithmetic_problems(2), max_new_tokens=4, continue_tokens=2)
+        >>> out["layer"], out["n"], sorted(out["greedy"])
+        (2, 2, ['accuracy', 'ci95', 'correct', 'tokens_mean'])
+        >>> [c for c in ("greedy", "recycling", "continuation") if c in out]
+        ['greedy', 'recycling', 'continuation']
     """
     problems = list(problems)
     if not problems:
@@ -234,7 +299,14 @@ class MIConfig:
     default: the vendored ``reasoning/gsm8k_test_first300.jsonl``) at ``layer`` (default two thirds deep),
     peaks above mean + ``k`` std. ``eval`` ("arith" or "gsm8k") also runs :func:`thinking_eval` on
     ``n_eval`` problems, recycling at ``recycle_layer`` (default ``layer``) on ``thinking_words``
-    (default :data:`THINKING_WORDS`) and continuing with ``continue_with`` (empty: skipped)."""
+    (default :data:`THINKING_WORDS`) and continuing with ``continue_with`` (empty: skipped).
+
+    Examples:
+        >>> from steerkit.probes.methods.mi import MIConfig
+        >>> cfg = MIConfig(n=1, max_new_tokens=8, eval="arith", n_eval=2)
+        >>> cfg.k, cfg.continue_with, cfg.layer is None  # None: two thirds deep
+        (2.0, 'Wait', True)
+    """
 
     data: Optional[str] = None
     n: int = 3
@@ -252,7 +324,14 @@ class MIConfig:
 
 @dataclass
 class MIResult:
-    """One :class:`MITrajectory` per question, the tokens at their peaks, and the thinking evaluation."""
+    """One :class:`MITrajectory` per question, the tokens at their peaks, and the thinking evaluation.
+
+    Examples:
+        >>> from steerkit.probes.methods import mi
+        >>> res = mi.run(tiny, mi.MIConfig(n=2, max_new_tokens=5), progress=False)
+        >>> res.layer, len(res.trajectories), sorted(res.to_json()), type(res.plot()).__name__
+        (2, 2, ['mi', 'peak_tokens'], 'Figure')
+    """
 
     layer: int
     trajectories: list = field(default_factory=list)
@@ -284,7 +363,16 @@ class MIResult:
 
 
 def run(sm: "SteerModel", config: MIConfig | None = None, *, progress: bool = True) -> MIResult:
-    """MI trajectories and their peaks on the questions; with ``config.eval``, :func:`thinking_eval`."""
+    """MI trajectories and their peaks on the questions; with ``config.eval``, :func:`thinking_eval`.
+
+    One GSM8K question from the vendored data, a few generated tokens.
+
+    Examples:
+        >>> from steerkit.probes.methods import mi
+        >>> res = mi.run(tiny, mi.MIConfig(n=1, max_new_tokens=6, layer=3), progress=False)
+        >>> res.trajectories[0].layer, res.trajectories[0].mi.shape, res.thinking_eval is None
+        (3, (6,), True)
+    """
     cfg = config or MIConfig()
     if cfg.eval not in (None, "arith", "gsm8k"):
         raise InputError(f"expected eval None, 'arith' or 'gsm8k', found {cfg.eval!r}")

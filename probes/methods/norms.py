@@ -48,6 +48,16 @@ def _prompt_list(prompts) -> list[str]:
 
 @dataclass
 class NormProfile:
+    """Per-layer residual norms (``blocks.{l}.hook_resid_post``) over every real prompt token, with and
+    without each prompt's first token (the attention sink), from :func:`norm_profile`.
+
+    Examples:
+        >>> from steerkit.probes import norm_profile
+        >>> prof = norm_profile(tiny, ["Hello there", "How are you?"])
+        >>> prof.n_layers, prof.growth.shape, sorted(prof.to_json())[:3], type(prof.plot()).__name__
+        (4, (3,), ['first', 'growth', 'mean'], 'Figure')
+    """
+
     mean: np.ndarray  # [n_layers] mean ||h_l|| over all real prompt tokens
     std: np.ndarray  # [n_layers] its spread
     mean_no_first: np.ndarray  # [n_layers] without each prompt's first token
@@ -91,7 +101,17 @@ class NormProfile:
 
 
 def norm_profile(sm: "SteerModel", prompts: Sequence[str], *, batch_size: int = 16, chat: bool = True) -> NormProfile:
-    """Per-layer residual norms of ``prompts`` on ``sm``."""
+    """Per-layer residual norms of ``prompts`` on ``sm``.
+
+    The default model's residual norm grows with depth, and its first token -- the attention sink -- carries
+    a far larger norm than the others.
+
+    Examples:
+        >>> from steerkit.probes import norm_profile
+        >>> prof = norm_profile(sm, ["What is the capital of France?", "List three prime numbers."])
+        >>> bool(prof.mean[-1] > prof.mean[0]), bool(prof.first[15] > 5 * prof.mean_no_first[15])
+        (True, True)
+    """
     prompts = _prompt_list(prompts)
     names = resid_post(range(sm.n_layers))
     alls, firsts, rests = [[] for _ in names], [[] for _ in names], [[] for _ in names]
@@ -123,7 +143,15 @@ def norm_profile(sm: "SteerModel", prompts: Sequence[str], *, batch_size: int = 
 @dataclass
 class AttentionDrift:
     """Attention mass and residual norm per layer and generation step (step 0: the last prompt
-    token, which produces the first new token; step s: the s-th generated token fed back)."""
+    token, which produces the first new token; step s: the s-th generated token fed back).
+
+    Examples:
+        >>> from steerkit.probes import attention_drift
+        >>> drift = attention_drift(tiny, ["Hello there"], max_new_tokens=3)
+        >>> total = drift.sink + drift.recent + drift.prompt + drift.generated  # the mass adds up to one
+        >>> drift.sink.shape, bool(np.allclose(total, 1, atol=1e-4))
+        ((4, 3), True)
+    """
 
     sink: np.ndarray  # [n_layers, n_steps] mass on the first real token
     recent: np.ndarray  # [n_layers, n_steps] mass on the `window` most recent tokens (query included)
@@ -187,7 +215,14 @@ class AttentionDrift:
 def attention_drift(sm: "SteerModel", prompts: Sequence[str], *, max_new_tokens: int = 32, window: int = 4,
                     chat: bool = True, batch_size: int = 8) -> AttentionDrift:
     """Attention mass on sink / prompt / recent / older generated tokens and the residual norm at the
-    newest token, per layer and greedy generation step (see the module docstring)."""
+    newest token, per layer and greedy generation step (see the module docstring).
+
+    Examples:
+        >>> from steerkit.probes import attention_drift
+        >>> drift = attention_drift(tiny, ["Hello there", "Good night"], max_new_tokens=4, window=2)
+        >>> drift.norm.shape, drift.n_prompts, drift.window, type(drift.plot()).__name__
+        ((4, 4), 2, 2, 'Figure')
+    """
     prompts = _prompt_list(prompts)
     if window < 1:
         raise InputError(f"expected a recent-token window >= 1, found {window}")
@@ -237,7 +272,14 @@ def attention_drift(sm: "SteerModel", prompts: Sequence[str], *, max_new_tokens:
 @dataclass
 class NormChain:
     """Mean residual norm after every block application: ``passes`` x ``n_layers`` applications,
-    the first pass being the model's own forward."""
+    the first pass being the model's own forward.
+
+    Examples:
+        >>> from steerkit.probes import norm_chain
+        >>> chain = norm_chain(tiny, ["Hello there"], passes=2)
+        >>> chain.norms.shape, chain.growth_per_pass.shape, type(chain.plot()).__name__
+        ((8,), (1,), 'Figure')
+    """
 
     norms: np.ndarray  # [passes * n_layers] mean ||h|| over real tokens without the first one
     first: np.ndarray  # [passes * n_layers] mean ||h|| at the first (sink) token
@@ -275,7 +317,17 @@ class NormChain:
 @torch.inference_mode()
 def norm_chain(sm: "SteerModel", prompts: Sequence[str], *, passes: int = 3, chat: bool = True) -> NormChain:
     """Run the prompts once, then push the last block's output through all blocks ``passes - 1`` more
-    times, each block called with the arguments it got in the real pass (see the module docstring)."""
+    times, each block called with the arguments it got in the real pass (see the module docstring).
+
+    The first pass is the model's own forward: its norms are the norm profile's.
+
+    Examples:
+        >>> from steerkit.probes import norm_chain, norm_profile
+        >>> chain = norm_chain(tiny, ["Hello there", "How are you?"], passes=3)
+        >>> prof = norm_profile(tiny, ["Hello there", "How are you?"])
+        >>> len(chain.norms), bool(np.allclose(chain.norms[:4], prof.mean_no_first, rtol=1e-4))
+        (12, True)
+    """
     prompts = _prompt_list(prompts)
     if passes < 1:
         raise InputError(f"expected passes >= 1, found {passes}")
@@ -347,7 +399,14 @@ DEFAULT_PROMPTS = ("What is the capital of France?", "Write a haiku about rain."
 class NormsConfig:
     """``steerkit norms``: ``prompts`` (default :data:`DEFAULT_PROMPTS`); ``drift_tokens`` greedy tokens
     for the attention drift (0 skips it) with a recent-token ``window``; ``passes`` through the blocks
-    for the re-applied-blocks chain (1 skips it)."""
+    for the re-applied-blocks chain (1 skips it).
+
+    Examples:
+        >>> from steerkit.probes.methods.norms import NormsConfig
+        >>> cfg = NormsConfig(prompts=("Hello there",), drift_tokens=0, passes=1)  # the norm profile only
+        >>> cfg.window, len(NormsConfig().prompts or ()), NormsConfig().drift_tokens
+        (4, 0, 32)
+    """
 
     prompts: Optional[tuple] = None
     drift_tokens: int = 32
@@ -357,7 +416,15 @@ class NormsConfig:
 
 @dataclass
 class NormsResult:
-    """The norm profile, and the re-applied-blocks chain and attention drift when computed."""
+    """The norm profile, and the re-applied-blocks chain and attention drift when computed.
+
+    Examples:
+        >>> from steerkit.probes.methods import norms
+        >>> res = norms.run(tiny, norms.NormsConfig(prompts=("Hello there",), drift_tokens=2, passes=2),
+        ...                 progress=False)
+        >>> list(res.to_json()), len(res.figures()), res.n_prompts
+        (['norms', 'chain', 'drift'], 3, 1)
+    """
 
     profile: NormProfile
     n_prompts: int
@@ -382,7 +449,14 @@ class NormsResult:
 
 
 def run(sm: "SteerModel", config: NormsConfig | None = None, *, progress: bool = True) -> NormsResult:
-    """Norm profile, re-applied-blocks chain (``passes > 1``) and attention drift (``drift_tokens > 0``)."""
+    """Norm profile, re-applied-blocks chain (``passes > 1``) and attention drift (``drift_tokens > 0``).
+
+    Examples:
+        >>> from steerkit.probes.methods import norms
+        >>> res = norms.run(tiny, norms.NormsConfig(drift_tokens=0, passes=1), progress=False)
+        >>> res.n_prompts, res.chain is None, res.drift is None, res.profile.n_layers
+        (6, True, True, 4)
+    """
     cfg = config or NormsConfig()
     prompts = _prompt_list(cfg.prompts if cfg.prompts is not None else DEFAULT_PROMPTS)
     steps = 1 + (cfg.passes > 1) + (cfg.drift_tokens > 0)

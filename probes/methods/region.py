@@ -69,7 +69,14 @@ METHOD = "region-hou"
 
 @dataclass
 class Problem:
-    """A word problem with a numeric ``answer``; ``source`` is ``"arith"`` or ``"gsm8k"``."""
+    """A word problem with a numeric ``answer``; ``source`` is ``"arith"`` or ``"gsm8k"``.
+
+    Examples:
+        >>> from steerkit.probes import Problem
+        >>> p = Problem("What is 2 + 3 * 4?", 14.0)
+        >>> p.source, p.answer
+        ('arith', 14.0)
+    """
 
     question: str
     answer: float
@@ -178,7 +185,15 @@ def arithmetic_problems(n: int = 60, seed: int = 0, *, level: str = "easy", excl
     """``n`` distinct templated multi-step (2-3 operations) arithmetic problems, templates cycled in a
     random order; deterministic in ``seed``. ``level``: ``"easy"`` (one-digit numbers, the level a
     135M model sometimes solves) or ``"medium"`` (two-digit numbers, change, rates, sharing). Questions
-    in ``exclude`` are skipped (held-out sets: pass the training questions)."""
+    in ``exclude`` are skipped (held-out sets: pass the training questions).
+
+    Examples:
+        >>> from steerkit.probes import arithmetic_problems
+        >>> train = arithmetic_problems(3, seed=0)
+        >>> test = arithmetic_problems(3, seed=1, exclude=[p.question for p in train])
+        >>> len(train), not {p.question for p in train} & {p.question for p in test}, train == arithmetic_problems(3)
+        (3, True, True)
+    """
     if level not in _TEMPLATES:
         raise InputError(f"expected level in {sorted(_TEMPLATES)}, found {level!r}")
     templates = _TEMPLATES[level]
@@ -203,7 +218,14 @@ def arithmetic_problems(n: int = 60, seed: int = 0, *, level: str = "easy", excl
 
 def gsm8k_problems(n: Optional[int] = None, *, offset: int = 0, path=None) -> list[Problem]:
     """GSM8K test problems (the vendored first 300, MIT; see ``steerkit/data/README.md``), rows
-    ``offset .. offset + n``; ``path`` reads another jsonl with ``question`` / ``answer`` (``#### N``)."""
+    ``offset .. offset + n``; ``path`` reads another jsonl with ``question`` / ``answer`` (``#### N``).
+
+    Examples:
+        >>> from steerkit.probes import gsm8k_problems
+        >>> probs = gsm8k_problems(2)
+        >>> len(probs), probs[0].source, probs[0].answer, "####" in probs[0].solution
+        (2, 'gsm8k', 18.0, True)
+    """
     rows = read_jsonl("reasoning/gsm8k_test_first300.jsonl", path=path, n=n, offset=offset,
                       what="GSM8K-style problems")
     out = []
@@ -239,7 +261,13 @@ def _num(s: str) -> Optional[float]:
 
 def parse_answer(text: str) -> Optional[float]:
     """The final number of a solution: the first ``answer is N`` (or ``answer: N``), else ``#### N``,
-    else ``\\boxed{N}``, else the last number in the text; ``None`` when there is no number."""
+    else ``\\boxed{N}``, else the last number in the text; ``None`` when there is no number.
+
+    Examples:
+        >>> from steerkit.probes import parse_answer
+        >>> parse_answer("3 + 4 = 7, so the answer is 7."), parse_answer("#### 1,250"), parse_answer("no idea")
+        (7.0, 1250.0, None)
+    """
     m = _ANSWER_RE.search(text)
     if m:
         v = _num(m.group(1))
@@ -258,6 +286,13 @@ def parse_answer(text: str) -> Optional[float]:
 
 
 def is_correct(text: str, answer: float, tol: float = 1e-6) -> bool:
+    """Whether the number :func:`parse_answer` finds in ``text`` equals ``answer`` (relative ``tol``).
+
+    Examples:
+        >>> from steerkit.probes.methods.region import is_correct
+        >>> is_correct("The answer is 14.", 14), is_correct("The answer is 13.", 14), is_correct("", 14)
+        (True, False, False)
+    """
     v = parse_answer(text)
     return v is not None and abs(v - float(answer)) <= tol * max(1.0, abs(float(answer)))
 
@@ -269,7 +304,13 @@ def segment_steps(text: str) -> str:
     """The solution with one step per paragraph: split at line breaks and at sentence ends, each step
     followed by a blank line, so that a step boundary follows every step, the last one included (a
     short solution often has no blank line of its own; the last boundary is where a verbose solution
-    goes on and a concise one stops)."""
+    goes on and a concise one stops).
+
+    Examples:
+        >>> from steerkit.probes.methods.region import segment_steps
+        >>> segment_steps("First 3 * 4 = 12. Then 2 + 12 = 14.\\nThe answer is 14.").split("\\n\\n")
+        ['First 3 * 4 = 12.', 'Then 2 + 12 = 14.', 'The answer is 14.', '']
+    """
     steps = []
     for line in re.split(r"\n+", text):
         steps += [x.strip() for x in _SENT.split(line.strip()) if x.strip()]
@@ -300,7 +341,15 @@ _ALNUM = re.compile(r"[^\W_]", re.UNICODE)
 class StepBoundaries:
     """Token ids at which a new reasoning step begins: ``single`` tokens that hold a blank line
     themselves, and pairs ``(first, second)`` that spell one together (the second token is the
-    boundary)."""
+    boundary).
+
+    Examples:
+        >>> from steerkit.probes import step_boundaries
+        >>> b = step_boundaries(tiny.tokenizer)
+        >>> ids = tiny.tokenizer("Step one.\\n\\nStep two.", add_special_tokens=False)["input_ids"]
+        >>> sum(b.mask(ids)), type(b.spec()).__name__  # single tokens or pairs
+        (1, 'AnyOf')
+    """
 
     single: tuple[int, ...]
     first: tuple[int, ...]
@@ -327,7 +376,14 @@ _BOUNDARY_CACHE: dict = {}
 
 
 def step_boundaries(tokenizer) -> StepBoundaries:
-    """The step-boundary tokens of ``tokenizer`` (every vocabulary entry decoded once; cached)."""
+    """The step-boundary tokens of ``tokenizer`` (every vocabulary entry decoded once; cached).
+
+    Examples:
+        >>> from steerkit.probes import step_boundaries
+        >>> b = step_boundaries(tiny.tokenizer)
+        >>> "\\n\\n" in [tiny.tokenizer.decode([i]) for i in b.single], step_boundaries(tiny.tokenizer) is b
+        (True, True)
+    """
     key = (id(tokenizer), len(tokenizer))
     hit = _BOUNDARY_CACHE.get(key)
     if hit is not None and hit[0] is tokenizer:
@@ -356,14 +412,26 @@ def step_boundaries(tokenizer) -> StepBoundaries:
 
 
 def steering_positions(tokenizer, *, last: bool = True):
-    """``AnyOf("last", <generated step-boundary tokens>)``: where :func:`steer_region` edits."""
+    """``AnyOf("last", <generated step-boundary tokens>)``: where :func:`steer_region` edits.
+
+    Examples:
+        >>> from steerkit.probes import steering_positions
+        >>> steering_positions(tiny.tokenizer).specs[0], type(steering_positions(tiny.tokenizer, last=False)).__name__
+        ('last', 'AnyOf')
+    """
     b = step_boundaries(tokenizer).spec("generated")
     return AnyOf("last", b) if last else b
 
 
 # --------------------------------------------------------------------------- features
 def default_layer(n_layers: int) -> int:
-    """Two thirds deep: ``2 * n_layers // 3``."""
+    """Two thirds deep: ``2 * n_layers // 3``.
+
+    Examples:
+        >>> from steerkit.probes.methods.region import default_layer
+        >>> default_layer(30), default_layer(4)
+        (20, 2)
+    """
     return (2 * int(n_layers)) // 3
 
 
@@ -380,7 +448,16 @@ def region_features(sm: "SteerModel", texts: Sequence, layer: Optional[int] = No
     With ``prompts`` (one per text), each input is ``sm.format(prompt, chat)`` followed by the text
     (a string, or the generated token ids), and only boundaries inside the text count; without, each
     text is a whole input (tokenized with ``chat``) and every boundary counts. ``return_counts`` also
-    returns the number of points of each text."""
+    returns the number of points of each text.
+
+    Examples:
+        >>> from steerkit.probes import region_features
+        >>> texts = ["3 * 4 = 12.\\n\\n2 + 12 = 14.\\n\\nThe answer is 14.\\n\\n", "The answer is 14.\\n\\n"]
+        >>> feats, counts = region_features(tiny, texts, layer=2, prompts=["What is 2 + 3 * 4?"] * 2,
+        ...                                 return_counts=True)
+        >>> tuple(feats.shape), counts
+        ((4, 64), [3, 1])
+    """
     texts = list(texts)
     if prompts is not None and len(prompts) != len(texts):
         raise InputError(f"expected one prompt per text ({len(texts)}), found {len(prompts)}")
@@ -446,6 +523,18 @@ def fit_region(concise, verbose, *, n_components: int = 10, n_clusters: int = 8,
     unit normal ``w_k``; offset ``c_k = max(quantile_q(w_k . z_concise), w_k . mean(z_concise))``.
     ``layer`` (default two thirds of ``model``'s depth, or 0 without a model), ``model`` and ``prompts``
     go into the provenance; the fit's numbers are in ``region.provenance.metrics``.
+
+    Concise points near the origin, verbose ones shifted along the first axis.
+
+    Examples:
+        >>> from steerkit.probes import fit_region
+        >>> concise = torch.randn(40, 64)
+        >>> verbose = torch.randn(40, 64) + 6 * torch.eye(64)[0]
+        >>> region = fit_region(concise, verbose, n_components=4, n_clusters=2, model=tiny)
+        >>> region.layer, tuple(region.projection.shape), region.provenance.metrics["concise_inside"] > 0.5
+        (2, (4, 64), True)
+        >>> float(region.contains(verbose).float().mean()) < 0.1
+        True
     """
     from sklearn.cluster import KMeans
     from sklearn.svm import LinearSVC
@@ -517,14 +606,31 @@ def fit_region(concise, verbose, *, n_components: int = 10, n_clusters: int = 8,
 
 # --------------------------------------------------------------------------- steering
 def region_spec(region, strength: float = 1.0) -> dict:
-    """``{blocks.l.<site>: SteerConfig(region=...)}`` for :meth:`SteerModel.steer` / ``generate(steering=)``."""
+    """``{blocks.l.<site>: SteerConfig(region=...)}`` for :meth:`SteerModel.steer` / ``generate(steering=)``.
+
+    Examples:
+        >>> from steerkit.probes import fit_region, region_spec
+        >>> region = fit_region(torch.randn(20, 64), torch.randn(20, 64) + 4, n_components=2, n_clusters=1, model=tiny)
+        >>> spec = region_spec(region, strength=0.5)
+        >>> list(spec), spec["blocks.2.hook_resid_post"].region_strength
+        (['blocks.2.hook_resid_post'], 0.5)
+    """
     return {f"blocks.{region.layer}.{region.hook_site}": SteerConfig(region=region, region_strength=float(strength))}
 
 
 def steer_region(sm: "SteerModel", region, strength: float = 1.0, *, positions=None, override: bool = False):
     """Register the projection on ``sm`` (a handle; use with ``with``): at the last prompt token and at
     generated step-boundary tokens (``positions`` overrides), ``h += s P^T (z* - z)`` at the region's
-    layer, through the fused kernel. The region is checked against the model first."""
+    layer, through the fused kernel. The region is checked against the model first.
+
+    Examples:
+        >>> from steerkit.probes import fit_region, steer_region
+        >>> region = fit_region(torch.randn(20, 64), torch.randn(20, 64) + 4, n_components=2, n_clusters=1, model=tiny)
+        >>> with steer_region(tiny, region):
+        ...     texts = tiny.generate(["What is 2 + 3?"], max_new_tokens=4)
+        >>> len(texts)
+        1
+    """
     check_compatible(region, sm, override=override)
     pos = steering_positions(sm.tokenizer) if positions is None else positions
     return sm.steer(region_spec(region, strength), positions=pos)
@@ -534,7 +640,15 @@ def steer_region(sm: "SteerModel", region, strength: float = 1.0, *, positions=N
 @dataclass
 class Solution:
     """One generated solution: its text (trimmed for training styles), token ids, whether it is correct,
-    and whether it ended before ``max_new_tokens``."""
+    and whether it ended before ``max_new_tokens``.
+
+    Examples:
+        >>> from steerkit.probes import Problem, Solution
+        >>> s = Solution(Problem("What is 2 + 3?", 5.0), "eval", "2 + 3 = 5. The answer is 5.", [17, 42, 7],
+        ...              correct=True, finished=True)
+        >>> s.n_tokens, s.correct
+        (3, True)
+    """
 
     problem: Problem
     style: str
@@ -553,7 +667,15 @@ def solve(sm: "SteerModel", problems: Sequence[Problem], style: str = "eval", *,
           ) -> list[Solution]:
     """Greedy solutions of ``problems`` with the ``style`` prompt (``"verbose"``, ``"concise"`` or
     ``"eval"``), with the region projection when ``region`` is given. Verbose/concise texts are trimmed
-    after their first answer statement."""
+    after their first answer statement.
+
+    Examples:
+        >>> from steerkit.probes import arithmetic_problems
+        >>> from steerkit.probes.methods.region import solve
+        >>> sols = solve(tiny, arithmetic_problems(2), "concise", max_new_tokens=5)
+        >>> len(sols), sols[0].style, all(s.n_tokens <= 5 for s in sols)
+        (2, 'concise', True)
+    """
     if style not in STYLES:
         raise InputError(f"expected style in {sorted(STYLES)}, found {style!r}")
     tpl = STYLES[style]
@@ -586,7 +708,18 @@ def _boot_ci(x: np.ndarray, n_boot: int = 2000, seed: int = 0) -> list[float]:
 
 
 def summarize(sols: Sequence[Solution]) -> dict:
-    """Mean generated tokens (bootstrap 95% interval), accuracy (Wilson 95%), fraction finished."""
+    """Mean generated tokens (bootstrap 95% interval), accuracy (Wilson 95%), fraction finished.
+
+    Examples:
+        >>> from steerkit.probes import Problem, Solution
+        >>> from steerkit.probes.methods.region import summarize
+        >>> p = Problem("What is 2 + 3?", 5.0)
+        >>> sols = [Solution(p, "eval", "The answer is 5.", [1] * 6, True, True),
+        ...         Solution(p, "eval", "The answer is 6.", [1] * 10, False, False)]
+        >>> s = summarize(sols)
+        >>> s["n"], s["tokens_mean"], s["accuracy"], s["finished"]
+        (2, 8.0, 0.5, 0.5)
+    """
     n = len(sols)
     t = np.array([s.n_tokens for s in sols], float)
     k = sum(s.correct for s in sols)
@@ -598,7 +731,15 @@ def summarize(sols: Sequence[Solution]) -> dict:
 def region_eval(sm: "SteerModel", problems: Sequence[Problem], region, *, strength: float = 1.0, max_new_tokens: int = 96,
                 batch_size: int = 16, progress=None, keep_texts: int = 3) -> dict:
     """Generated tokens and accuracy on ``problems`` (the :data:`EVAL_PROMPT`) without and with the
-    projection; ``paired_token_diff`` is projected minus baseline per problem (bootstrap 95%)."""
+    projection; ``paired_token_diff`` is projected minus baseline per problem (bootstrap 95%).
+
+    Examples:
+        >>> from steerkit.probes import arithmetic_problems, fit_region, region_eval
+        >>> region = fit_region(torch.randn(20, 64), torch.randn(20, 64) + 4, n_components=2, n_clusters=1, model=tiny)
+        >>> out = region_eval(tiny, arithmetic_problems(2), region, max_new_tokens=4)
+        >>> out["baseline"]["n"], out["projected"]["n"], sorted(out["paired_token_diff"])
+        (2, 2, ['ci95', 'mean'])
+    """
     base = solve(sm, problems, "eval", max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress)
     proj = solve(sm, problems, "eval", max_new_tokens=max_new_tokens, batch_size=batch_size, region=region,
                  strength=strength, progress=progress)
@@ -614,7 +755,18 @@ def region_eval(sm: "SteerModel", problems: Sequence[Problem], region, *, streng
 
 @dataclass
 class RegionResult:
-    """Everything one run of the method produced (see :func:`run_region`)."""
+    """Everything one run of the method produced (see :func:`run_region`).
+
+    Examples:
+        >>> from steerkit.probes import RegionResult, fit_region
+        >>> region = fit_region(torch.randn(20, 64), torch.randn(20, 64) + 4, n_components=2, n_clusters=1, model=tiny)
+        >>> res = RegionResult(region, layer=2, n_train=10, n_verbose_kept=10, n_concise_kept=10,
+        ...                    n_points={"concise": 20, "verbose": 20})
+        >>> res.to_json()["fit"]["n_concise"], res.to_json()["eval"] is None
+        (20, True)
+        >>> store.save("region-concise", res.artifacts(tiny)["region-concise"])
+        'region-concise@1'
+    """
 
     region: object
     layer: int
@@ -662,7 +814,22 @@ class RegionResult:
 def select_solutions(sols: Sequence[Solution], keep: str = "correct", min_kept: int = 8) -> tuple[list[Solution], str]:
     """The solutions to fit on and how they were chosen: ``keep="correct"`` keeps the correct ones, and
     falls back to the *answered* ones (an answer statement, or finished with a number) when fewer than ``min_kept`` are
-    correct (a small model solves few problems); ``"answered"`` / ``"all"`` skip the correctness test."""
+    correct (a small model solves few problems); ``"answered"`` / ``"all"`` skip the correctness test.
+
+    Examples:
+        >>> from steerkit.probes import Problem, Solution
+        >>> from steerkit.probes.methods.region import select_solutions
+        >>> p = Problem("What is 2 + 3?", 5.0)
+        >>> sols = [Solution(p, "eval", "The answer is 5.", [1], True, True),
+        ...         Solution(p, "eval", "The answer is 6.", [1], False, True),
+        ...         Solution(p, "eval", "hmm", [1], False, False)]
+        >>> kept, rule = select_solutions(sols, min_kept=1)
+        >>> len(kept), rule
+        (1, 'correct')
+        >>> kept, rule = select_solutions(sols, min_kept=2)  # too few correct: the answered ones
+        >>> len(kept), rule
+        (2, 'answered (fallback: 1 correct < min_kept=2)')
+    """
     if keep not in ("correct", "answered", "all"):
         raise InputError(f"expected keep in ('correct', 'answered', 'all'), found {keep!r}")
     answered = [x for x in sols if _ANSWER_RE.search(x.text) or (x.finished and parse_answer(x.text) is not None)]
@@ -683,7 +850,18 @@ def run_region(sm: "SteerModel", train: Sequence[Problem], test: Sequence[Proble
     """The whole method: verbose and concise solutions of ``train`` by the model, the kept ones'
     (:func:`select_solutions`) features after :data:`EVAL_PROMPT` (texts re-paragraphed by
     :func:`segment_steps` when ``segment``), the fitted region, and (when ``test`` is given) the
-    evaluation."""
+    evaluation.
+
+    The mechanics on a few short solutions of the default model, all of them kept; the method itself fits on
+    40 problems and evaluates on 30 held-out ones.
+
+    Examples:
+        >>> from steerkit.probes import arithmetic_problems, run_region
+        >>> res = run_region(sm, arithmetic_problems(2), n_components=2, n_clusters=1, keep="all",
+        ...                  train_max_new_tokens=12)
+        >>> res.layer, res.n_verbose_kept, res.selection["verbose"], res.n_points["concise"] >= 2
+        (20, 2, 'all', True)
+    """
     layer = default_layer(sm.n_layers) if layer is None else int(layer)
     sols = {s: solve(sm, train, s, max_new_tokens=train_max_new_tokens, batch_size=batch_size, progress=progress)
             for s in ("verbose", "concise")}
@@ -714,7 +892,14 @@ def run_region(sm: "SteerModel", train: Sequence[Problem], test: Sequence[Proble
 class RegionConfig:
     """``steerkit region``: ``n_train`` training and ``n_test`` held-out problems (0: fit only) from
     ``data`` ("arith": templated arithmetic of ``level``; "gsm8k": the vendored problems, test ones from
-    the end of the file; "mix": half of each); the rest as :func:`run_region`."""
+    the end of the file; "mix": half of each); the rest as :func:`run_region`.
+
+    Examples:
+        >>> from steerkit.probes.methods.region import RegionConfig
+        >>> cfg = RegionConfig(data="mix", n_train=4, n_test=2)
+        >>> cfg.level, cfg.keep, cfg.n_components
+        ('easy', 'correct', 10)
+    """
 
     data: str = "arith"
     level: str = "easy"
@@ -733,7 +918,14 @@ class RegionConfig:
 
 
 def config_problems(config: RegionConfig) -> tuple[list[Problem], list[Problem]]:
-    """``(train, test)`` problems of ``config`` (test never repeats a training question)."""
+    """``(train, test)`` problems of ``config`` (test never repeats a training question).
+
+    Examples:
+        >>> from steerkit.probes.methods.region import RegionConfig, config_problems
+        >>> train, test = config_problems(RegionConfig(data="mix", n_train=4, n_test=2))
+        >>> [p.source for p in train], [p.source for p in test]
+        (['gsm8k', 'gsm8k', 'arith', 'arith'], ['gsm8k', 'arith'])
+    """
     cfg = config
     if cfg.data not in ("arith", "gsm8k", "mix"):
         raise InputError(f"expected data in ('arith', 'gsm8k', 'mix'), found {cfg.data!r}")
@@ -755,7 +947,16 @@ def config_problems(config: RegionConfig) -> tuple[list[Problem], list[Problem]]
 
 
 def run(sm: "SteerModel", config: RegionConfig | None = None, *, progress: bool = True) -> RegionResult:
-    """The whole method on the problems of ``config`` (:func:`config_problems`, :func:`run_region`)."""
+    """The whole method on the problems of ``config`` (:func:`config_problems`, :func:`run_region`).
+
+    Examples:
+        >>> from steerkit.probes.methods import region
+        >>> cfg = region.RegionConfig(n_train=2, n_test=0, n_components=2, n_clusters=1, keep="all",
+        ...                           train_max_new_tokens=12)
+        >>> res = region.run(sm, cfg, progress=False)  # (a few short solutions; see run_region)
+        >>> res.layer, res.eval is None, res.n_train
+        (20, True, 2)
+    """
     cfg = config or RegionConfig()
     train, test = config_problems(cfg)
     with tqdm(total=2 * len(train) + 2 * len(test), desc="region", file=sys.stderr, disable=not progress) as bar:

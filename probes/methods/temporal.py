@@ -81,7 +81,17 @@ _FRAMES = [
 
 @dataclass
 class TemporalPair:
-    """One event list in order (``events``) and reversed; ``text``/``text_rev`` are the prompts."""
+    """One event list in order (``events``) and reversed; ``text``/``text_rev`` are the prompts.
+
+    Examples:
+        >>> from steerkit.probes import TemporalPair
+        >>> p = TemporalPair(["boil the water", "add the pasta"], "process", "Events: {events}.",
+        ...                  "What happened first?")
+        >>> p.text
+        'Events: boil the water; then add the pasta. What happened first?'
+        >>> p.text_rev
+        'Events: add the pasta; then boil the water. What happened first?'
+    """
 
     events: list[str]
     kind: str
@@ -103,7 +113,15 @@ class TemporalPair:
 
 def temporal_pairs(n: int = 60, seed: int = 0, *, question: str = "What happened first?") -> list[TemporalPair]:
     """``n`` ordered event lists and their reversals from the templates (scenario, frame and a random
-    contiguous sub-sequence of >= 2 events vary; deterministic in ``seed``)."""
+    contiguous sub-sequence of >= 2 events vary; deterministic in ``seed``).
+
+    Examples:
+        >>> from steerkit.probes import temporal_pairs
+        >>> pairs = temporal_pairs(5, seed=0)
+        >>> same = [p.text for p in pairs] == [p.text for p in temporal_pairs(5)]  # deterministic in seed
+        >>> len(pairs), all(len(p.events) >= 2 for p in pairs), same
+        (5, True, True)
+    """
     rng = random.Random(seed)
     out: list[TemporalPair] = []
     seen = set()
@@ -124,7 +142,15 @@ def temporal_pairs(n: int = 60, seed: int = 0, *, question: str = "What happened
 
 @dataclass
 class OrderItem:
-    """A question about event order: ``prompt``, ``choices`` (next-token strings), ``answer`` index."""
+    """A question about event order: ``prompt``, ``choices`` (next-token strings), ``answer`` index.
+
+    Examples:
+        >>> from steerkit.probes import OrderItem
+        >>> item = OrderItem("I woke up; then I ate. Question: Did 'I ate' happen before 'I woke up'?",
+        ...                  ["Yes", "No"], answer=1, kind="yesno")
+        >>> item.choices[item.answer]
+        'No'
+    """
 
     prompt: str
     choices: list[str]
@@ -135,7 +161,14 @@ class OrderItem:
 
 def order_questions(n: int = 200, seed: int = 1) -> list[OrderItem]:
     """Half yes/no ("Did A happen before B?"), half two-choice ("Which happened first? A) .. B) .."),
-    balanced answers; the narrative is the ordered event list."""
+    balanced answers; the narrative is the ordered event list.
+
+    Examples:
+        >>> from steerkit.probes import order_questions
+        >>> items = order_questions(4)
+        >>> [it.kind for it in items], [it.choices for it in items[:2]]
+        (['yesno', 'choice', 'yesno', 'choice'], [['Yes', 'No'], ['A', 'B']])
+    """
     rng = random.Random(seed)
     items: list[OrderItem] = []
     for i in range(n):
@@ -160,7 +193,17 @@ def order_questions(n: int = 200, seed: int = 1) -> list[OrderItem]:
 # --------------------------------------------------------------------------- profile
 @dataclass
 class Profile:
-    """The temporal divergence profile over layers (arrays of length ``n_layers``)."""
+    """The temporal divergence profile over layers (arrays of length ``n_layers``).
+
+    Examples:
+        >>> from steerkit.probes import temporal_pairs, temporal_profile
+        >>> prof = temporal_profile(tiny, temporal_pairs(4))
+        >>> prof.n_layers, prof.n_pairs, tuple(prof.tau.shape), 0 <= prof.peak_layer < 4
+        (4, 4, (4, 64), True)
+        >>> sched = prof.schedule(source=1)  # weights rel_l / max(rel) after the source layer
+        >>> list(sched.weights), type(prof.plot()).__name__
+        ([2, 3], 'Figure')
+    """
 
     rel: np.ndarray
     rel_std: np.ndarray
@@ -233,7 +276,15 @@ def _texts(pairs) -> tuple[list[str], list[str]]:
 
 def last_token_states(sm: "SteerModel", prompts: Sequence[str], layers: Optional[Sequence[int]] = None, *, batch_size: int = 16,
                       chat: bool = True) -> torch.Tensor:
-    """``[n_prompts, n_layers, d_model]`` block outputs at the last prompt token (float32, CPU)."""
+    """``[n_prompts, n_layers, d_model]`` block outputs at the last prompt token (float32, CPU).
+
+    Examples:
+        >>> from steerkit.probes.methods.temporal import last_token_states
+        >>> tuple(last_token_states(tiny, ["Hello there", "Good night"]).shape)
+        (2, 4, 64)
+        >>> tuple(last_token_states(tiny, ["Hello there"], layers=[1, 3]).shape)
+        (1, 2, 64)
+    """
     layers = list(range(sm.n_layers)) if layers is None else list(layers)
     names = resid_post(layers)
     out = []
@@ -246,7 +297,14 @@ def last_token_states(sm: "SteerModel", prompts: Sequence[str], layers: Optional
 
 def temporal_profile(sm: "SteerModel", pairs, *, batch_size: int = 16, chat: bool = True, keep_taus: bool = True,
                      progress=None) -> Profile:
-    """The profile of ``pairs`` (``TemporalPair`` or ``(text, reversed_text)``) on ``sm``."""
+    """The profile of ``pairs`` (``TemporalPair`` or ``(text, reversed_text)``) on ``sm``.
+
+    Examples:
+        >>> from steerkit.probes import temporal_profile
+        >>> prof = temporal_profile(tiny, [("A; then B.", "B; then A."), ("C; then D.", "D; then C.")])
+        >>> prof.n_pairs, prof.rel.shape, bool((prof.cos <= 1 + 1e-6).all())
+        (2, (4,), True)
+    """
     fw, rv = _texts(pairs)
     h = last_token_states(sm, fw, batch_size=batch_size, chat=chat)
     if progress:
@@ -259,7 +317,19 @@ def temporal_profile(sm: "SteerModel", pairs, *, batch_size: int = 16, chat: boo
 
 def profile_from_states(h: torch.Tensor, h_rev: torch.Tensor, *, keep_taus: bool = True,
                         model_name: str = "") -> Profile:
-    """The profile from recorded states ``[n, n_layers, d]`` of the ordered and reversed prompts."""
+    """The profile from recorded states ``[n, n_layers, d]`` of the ordered and reversed prompts.
+
+    ``rel_l = ||h - h_rev|| / ||h||``, averaged over the pairs.
+
+    Examples:
+        >>> from steerkit.probes import profile_from_states
+        >>> h = torch.ones(3, 2, 4)
+        >>> h_rev = h.clone()
+        >>> h_rev[:, 1] = 0.5  # the orders differ at layer 1 only
+        >>> prof = profile_from_states(h, h_rev)
+        >>> prof.rel.tolist(), prof.peak_layer, tuple(prof.taus.shape)
+        ([0.0, 0.5], 1, (3, 2, 4))
+    """
     h, h_rev = h.double(), h_rev.double()
     tau = h - h_rev
     rel = tau.norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)  # [n, L]
@@ -273,7 +343,13 @@ def profile_from_states(h: torch.Tensor, h_rev: torch.Tensor, *, keep_taus: bool
 # --------------------------------------------------------------------------- injection
 def linear_decay(source: int, n_layers: int):
     """Fallback schedule without a profile: ``w_l`` falls linearly from 1 (layer after the source) to
-    ``1 / (n_layers - 1 - source)`` at the last layer."""
+    ``1 / (n_layers - 1 - source)`` at the last layer.
+
+    Examples:
+        >>> from steerkit.probes import linear_decay
+        >>> linear_decay(source=1, n_layers=6).weights
+        {2: 1.0, 3: 0.75, 4: 0.5, 5: 0.25}
+    """
     after = list(range(source + 1, n_layers))
     k = len(after)
     return LayerSchedule({l: (k - i) / k for i, l in enumerate(after)})
@@ -281,7 +357,16 @@ def linear_decay(source: int, n_layers: int):
 
 def injection_spec(tau_source: torch.Tensor, schedule, beta: float) -> dict:
     """``{blocks.l.hook_resid_post: SteerConfig.injection(tau_source, beta * w_l)}`` for every layer in
-    the schedule with a nonzero weight. Apply with ``sm.steer(spec, positions="last")`` (prefill only)."""
+    the schedule with a nonzero weight. Apply with ``sm.steer(spec, positions="last")`` (prefill only).
+
+    Examples:
+        >>> from steerkit.probes import injection_spec, linear_decay
+        >>> spec = injection_spec(torch.randn(64), linear_decay(1, 4), beta=2.0)
+        >>> sorted(spec)
+        ['blocks.2.hook_resid_post', 'blocks.3.hook_resid_post']
+        >>> with tiny.steer(spec, positions="last"):
+        ...     logits = tiny("Hello")
+    """
     weights = schedule.weights if hasattr(schedule, "weights") else dict(schedule)
     v = torch.as_tensor(tau_source, dtype=torch.float32).reshape(-1)
     return {f"blocks.{int(l)}.hook_resid_post": SteerConfig.injection(v, float(beta) * float(w))
@@ -290,7 +375,16 @@ def injection_spec(tau_source: torch.Tensor, schedule, beta: float) -> dict:
 
 def inject(sm: "SteerModel", tau_source, schedule, beta: float):
     """Register Temporal Activation Injection on ``sm`` (a handle; use with ``with``): ``tau_source``
-    ``[d_model]`` for every row, or ``[batch, d_model]`` for per-input taus (one spec per row)."""
+    ``[d_model]`` for every row, or ``[batch, d_model]`` for per-input taus (one spec per row).
+
+    Examples:
+        >>> from steerkit.probes import inject, linear_decay
+        >>> plain = tiny(["A; then B.", "C; then D."])
+        >>> with inject(tiny, torch.randn(2, 64), linear_decay(1, 4), beta=4.0):  # one tau per row
+        ...     injected = tiny(["A; then B.", "C; then D."])
+        >>> bool((injected[:, -1] - plain[:, -1]).abs().max() > 0), bool(torch.equal(injected[:, 0], plain[:, 0]))
+        (True, True)
+    """
     t = torch.as_tensor(tau_source, dtype=torch.float32)
     if t.dim() == 1:
         return sm.steer(injection_spec(t, schedule, beta), positions="last")
@@ -299,7 +393,14 @@ def inject(sm: "SteerModel", tau_source, schedule, beta: float):
 
 def per_input_taus(sm: "SteerModel", prompts: Sequence[str], reversed_prompts: Sequence[str], source: int, *,
                    batch_size: int = 16, chat: bool = True) -> torch.Tensor:
-    """``[n, d_model]``: tau at the source layer for each input (needs the reversed pass)."""
+    """``[n, d_model]``: tau at the source layer for each input (needs the reversed pass).
+
+    Examples:
+        >>> from steerkit.probes import per_input_taus
+        >>> taus = per_input_taus(tiny, ["A; then B.", "C; then D."], ["B; then A.", "D; then C."], source=1)
+        >>> tuple(taus.shape)
+        (2, 64)
+    """
     h = last_token_states(sm, prompts, [source], batch_size=batch_size, chat=chat)[:, 0]
     hr = last_token_states(sm, reversed_prompts, [source], batch_size=batch_size, chat=chat)[:, 0]
     return h - hr
@@ -320,7 +421,14 @@ def choice_accuracy(sm: "SteerModel", items: Sequence[OrderItem], *, steering=No
     """Accuracy (argmax over the choices' first tokens at the next position) with a Wilson 95% interval.
 
     ``steering``: ``None``, a fixed spec dict (applied at the last prompt token), or a callable
-    ``(batch_items) -> spec | list of specs``."""
+    ``(batch_items) -> spec | list of specs``.
+
+    Examples:
+        >>> from steerkit.probes import choice_accuracy, order_questions
+        >>> out = choice_accuracy(tiny, order_questions(6))
+        >>> out["n"], 0 <= out["accuracy"] <= 1, len(out["ci95"])
+        (6, True, 2)
+    """
     correct = []
     for i in range(0, len(items), batch_size):
         batch = list(items[i:i + batch_size])
@@ -344,6 +452,13 @@ class _null:
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% by default) of ``k`` successes in ``n`` trials; NaNs when ``n`` is 0.
+
+    Examples:
+        >>> from steerkit.probes.methods.temporal import wilson
+        >>> tuple(round(x, 3) for x in wilson(8, 10))
+        (0.49, 0.943)
+    """
     if n == 0:
         return (float("nan"), float("nan"))
     p = k / n
@@ -354,7 +469,14 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def choose_beta(sm: "SteerModel", dev_items: Sequence[OrderItem], tau_source, schedule, betas: Sequence[float], **kw) -> tuple[float, list]:
-    """The beta with the best dev accuracy (ties: the smallest |beta|); never pass the reported split."""
+    """The beta with the best dev accuracy (ties: the smallest |beta|); never pass the reported split.
+
+    Examples:
+        >>> from steerkit.probes import choose_beta, linear_decay, order_questions
+        >>> beta, rows = choose_beta(tiny, order_questions(4), torch.randn(64), linear_decay(1, 4), [0.0, 1.0])
+        >>> beta in (0.0, 1.0), [b for b, _ in rows]
+        (True, [0.0, 1.0])
+    """
     rows = []
     for b in betas:
         spec = None if b == 0 else injection_spec(tau_source, schedule, b)
@@ -369,7 +491,13 @@ class TemporalConfig:
     """``steerkit temporal``: ``n_pairs`` generated event pairs; ``eval`` order questions to evaluate
     (0: skip) with beta picked among ``betas`` on ``n_dev`` separate dev questions; ``source``: the
     source layer (default: the profile's peak, or the peak among the earlier layers when that is the
-    last layer, since nothing follows it)."""
+    last layer, since nothing follows it).
+
+    Examples:
+        >>> from steerkit.probes.methods.temporal import TemporalConfig
+        >>> TemporalConfig().n_pairs, TemporalConfig().betas, TemporalConfig(n_pairs=8, source=1).source
+        (60, (0.0, 0.5, 1.0, 2.0, 4.0), 1)
+    """
 
     n_pairs: int = 60
     eval: int = 0
@@ -381,7 +509,17 @@ class TemporalConfig:
 
 @dataclass
 class TemporalResult:
-    """The profile, the source layer and its injection schedule, and the evaluation (when asked)."""
+    """The profile, the source layer and its injection schedule, and the evaluation (when asked).
+
+    Examples:
+        >>> from steerkit.probes.methods import temporal
+        >>> res = temporal.run(tiny, temporal.TemporalConfig(n_pairs=4, source=1), progress=False)
+        >>> res.source, list(res.schedule.weights), sorted(res.to_json())
+        (1, [2, 3], ['profile', 'source_layer'])
+        >>> arts = res.artifacts(tiny)
+        >>> arts["temporal-tau"].layers, store.save("temporal-tau", arts["temporal-tau"])
+        ([2, 3], 'temporal-tau@1')
+    """
 
     profile: Profile
     source: int
@@ -413,7 +551,15 @@ class TemporalResult:
 
 def run(sm: "SteerModel", config: TemporalConfig | None = None, *, progress: bool = True) -> TemporalResult:
     """The temporal divergence profile on ``config.n_pairs`` generated pairs, the source layer, and (with
-    ``config.eval``) order-question accuracy without injection, with the fixed tau and with per-input taus."""
+    ``config.eval``) order-question accuracy without injection, with the fixed tau and with per-input taus.
+
+    Examples:
+        >>> from steerkit.probes.methods import temporal
+        >>> cfg = temporal.TemporalConfig(n_pairs=4, eval=4, n_dev=4, betas=(0.0, 1.0))
+        >>> res = temporal.run(tiny, cfg, progress=False)
+        >>> sorted(res.eval), res.eval["base"]["n"]
+        (['base', 'beta', 'dev_rows', 'fixed_tau', 'per_input_tau'], 4)
+    """
     cfg = config or TemporalConfig()
     if cfg.n_pairs < 2:
         raise InputError(f"expected n_pairs >= 2, found {cfg.n_pairs}")

@@ -119,7 +119,7 @@ def check_vllm_version(version: str) -> None:
     plugin patches the internals listed in :data:`VLLM_INTERNALS`, which move between releases, and
     an engine must fail when it starts, not in the middle of a request.
 
-    Example:
+    Examples:
         >>> check_vllm_version("0.32.0")
         >>> check_vllm_version("0.40.1")
         Traceback (most recent call last):
