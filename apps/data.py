@@ -184,13 +184,28 @@ def parse_prompt_text(text: str, what: str = "prompts") -> list[str]:
                                      f"{i + 1} ({e.msg})") from None
     else:
         out = [l.strip() for l in s.splitlines() if l.strip()]
-    if len(out) > MAX_PAIRS:
-        raise InputError(f"expected at most {MAX_PAIRS} prompts in {what}, found {len(out)}")
-    for i, p in enumerate(out):
-        if len(p) > MAX_PROMPT_CHARS:
-            raise InputError(f"expected prompts of at most {MAX_PROMPT_CHARS} characters in {what}, found "
-                             f"{len(p)} in prompt {i + 1}")
-    return out
+    return bounded_prompts(out, what, MAX_PAIRS, MAX_PROMPT_CHARS)
+
+
+def bounded_prompts(prompts: list[str], what: str, max_count: int, max_chars: int) -> list[str]:
+    """``prompts`` checked to be at most ``max_count``, each at most ``max_chars`` characters.
+
+    Examples:
+        >>> from steerkit.apps.data import bounded_prompts
+        >>> bounded_prompts(["a", "bb"], "the prompts", 2, 2)
+        ['a', 'bb']
+        >>> bounded_prompts(["a", "bbb"], "the prompts", 2, 2)
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected prompts of at most 2 characters in the prompts, found 3 in prompt 2; shorten it
+    """
+    if len(prompts) > max_count:
+        raise InputError(f"expected at most {max_count} prompts in {what}, found {len(prompts)}; keep fewer")
+    for i, p in enumerate(prompts):
+        if len(p) > max_chars:
+            raise InputError(f"expected prompts of at most {max_chars} characters in {what}, found "
+                             f"{len(p)} in prompt {i + 1}; shorten it")
+    return prompts
 
 
 def check_pairs(a: Sequence[str], b: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -373,13 +388,7 @@ def tune_prompts(text, what: str = "prompts", *, allow_empty: bool = False) -> l
     prompts = parse_prompt_text(check_text(text, f"the {what}", MAX_PROMPT_LIST_CHARS), f"the {what}")
     if not prompts and not allow_empty:
         raise InputError(f"expected at least one of the {what} (one per line), found none")
-    if len(prompts) > MAX_TUNE_PROMPTS:
-        raise InputError(f"expected at most {MAX_TUNE_PROMPTS} {what} for a tune, found {len(prompts)}; keep fewer")
-    for i, p in enumerate(prompts):
-        if len(p) > MAX_TUNE_PROMPT_CHARS:
-            raise InputError(f"expected {what} of at most {MAX_TUNE_PROMPT_CHARS} characters, found {len(p)} "
-                             f"in line {i + 1}; shorten it")
-    return prompts
+    return bounded_prompts(prompts, f"the {what} of a tune", MAX_TUNE_PROMPTS, MAX_TUNE_PROMPT_CHARS)
 
 
 def tune_words(text, what: str = "words") -> list[str]:

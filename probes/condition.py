@@ -65,7 +65,7 @@ def f1_grid(sims: torch.Tensor, labels: torch.Tensor, thresholds: torch.Tensor,
     (float32, as the evaluator computes them), ``labels`` ``[n]`` (1 = should fire), ``thresholds``
     ``[k]``. Returns ``{"f1", "tp", "fp", "fn", "tn"}``, each ``[comparators, layers, k]``.
 
-    Example:
+    Examples:
         >>> g = f1_grid(torch.tensor([[0.1, 0.9]]), torch.tensor([0, 1]), torch.tensor([0.5]))
         >>> g["f1"].flatten()  # "above" 0.5 separates them, "below" does not
         tensor([1., 0.], dtype=torch.float64)
@@ -99,7 +99,7 @@ def fit_condition(sm: "SteerModel", matching_prompts: Iterable[str], other_promp
     :data:`CONDITION_SITES` (default ``"resid_pre"``, the block's input); ``thresholds``: the grid
     (default 201 values spanning every similarity seen).
 
-    Example:
+    Examples:
         >>> from steerkit.probes import fit_condition
         >>> food = ["How do I bake bread?", "Best pasta sauce?", "How to roast potatoes?", "A soup recipe?"]
         >>> other = ["How do I fix a bike?", "What is gravity?", "Who wrote Hamlet?", "How do tides work?"]
@@ -200,7 +200,7 @@ def condition_confusion(cv: ConditionVector, sm: "SteerModel", matching_prompts:
     """``{tp, fp, fn, tn, f1, precision, recall, accuracy}`` of ``cv`` on labelled prompts, decided by
     the compiled evaluator (:meth:`ConditionVector.fires`): e.g. a held-out split.
 
-    Example:
+    Examples:
         >>> from steerkit.probes import condition_confusion
         >>> from steerkit.vectors import ConditionVector
         >>> always = ConditionVector(torch.ones(64), layer=1, threshold=-1.0)

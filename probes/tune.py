@@ -97,6 +97,8 @@ from steerkit.model import Tokens
 from steerkit.vectors import DirectionSet, Probe, SteeringVector
 from steerkit.vectors import ModelMismatchError, check_compatible
 
+from .patching import json_document
+
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
@@ -405,18 +407,8 @@ def _document(doc) -> dict:
     """A tune document: the dict itself, its JSON text, a path to it, or a :class:`TuneResult`."""
     if isinstance(doc, TuneResult):
         return doc.to_json()
-    if isinstance(doc, (str, Path)) and not isinstance(doc, dict):
-        text = str(doc)
-        if isinstance(doc, Path) or not text.lstrip().startswith("{"):
-            p = Path(text)
-            if not p.is_file():
-                raise InputError(f"expected tune JSON text, a dict or a path to a file holding it, found "
-                                 f"{text!r:.120}")
-            text = p.read_text(encoding="utf-8")
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(f"expected tune JSON, found text that does not parse ({e})") from None
+    if isinstance(doc, (str, Path)):
+        doc = json_document(doc, FORMAT, "tune")
     if not isinstance(doc, Mapping) or doc.get("format") != FORMAT:
         raise InputError(f"expected a steerkit tune document (format {FORMAT!r}), found "
                          f"{str(doc.get('format') if isinstance(doc, Mapping) else type(doc).__name__)[:80]!r}")

@@ -10,6 +10,9 @@ PY=${PYTHON:-.venv/bin/python}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # the examples are small: one intra-op thread each is as fast, and does not oversubscribe shared cores
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# the examples choose their kernel implementation themselves: an interpreter switch from the caller's
+# environment (the test suite sets one) would change what they show
+unset TRITON_INTERPRET
 modules=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do modules+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift

@@ -7,6 +7,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from tests.tiny_models import no_leftover_hooks  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def default_model():
@@ -20,8 +22,5 @@ def default_model():
 @pytest.fixture
 def sm(default_model):
     """The default model, checked to carry no leftover hooks before and after each test."""
-    before = default_model.hook_count()
-    yield default_model
-    leftover = default_model.hook_count() - before
-    default_model.reset()
-    assert leftover == 0, f"test left {leftover} hooks on the model"
+    with no_leftover_hooks(default_model) as m:
+        yield m

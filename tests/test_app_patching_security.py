@@ -21,7 +21,7 @@ from steerkit.apps import analysis  # noqa: E402
 from steerkit.apps import data as limits  # noqa: E402
 from steerkit.errors import InputError  # noqa: E402
 from tests import test_app_security as sec  # noqa: E402
-from tests.test_app_security import VALUES, _key, post, strings, text_of  # noqa: E402
+from tests.test_app_security import _key, draw_request, post, strings, text_of  # noqa: E402
 
 # the fixtures of tests/test_app_security.py: a tiny model, its folders, the app over them, a client
 tiny_sm, folders, app, client = sec.tiny_sm, sec.folders, sec.app, sec.client
@@ -194,10 +194,7 @@ def test_fuzz_the_patching_and_attention_callbacks(app, client):
     def one(key, data):
         if time.monotonic() > t_end:
             return
-        spec = app.callback_map[key]
-        props = [f"{i['id']}.{i['property']}" for i in spec["inputs"] + spec["state"]]
-        values = {p: data.draw(VALUES, label=p) for p in props}
-        changed = data.draw(st.sampled_from([f"{i['id']}.{i['property']}" for i in spec["inputs"]]))
+        values, changed = draw_request(app, key, data)
         r = post(client, app, key, values, changed=changed)
         statuses.append(r.status_code)
         assert r.status_code < 500, (key, r.status_code, r.data[:500])

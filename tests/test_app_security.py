@@ -132,6 +132,16 @@ def post(client, app, key, values, changed=None, headers=None, base_url=BASE):
     return r
 
 
+def draw_request(app, key, data) -> tuple[dict, str]:
+    """A fuzz request for callback ``key``: random values for its inputs and states (``VALUES``) and the
+    input that changed, drawn through hypothesis' ``data``."""
+    spec = app.callback_map[key]
+    props = [f"{i['id']}.{i['property']}" for i in spec["inputs"] + spec["state"]]
+    values = {p: data.draw(VALUES, label=p) for p in props}
+    changed = data.draw(st.sampled_from([f"{i['id']}.{i['property']}" for i in spec["inputs"]]))
+    return values, changed
+
+
 def strings(o) -> str:
     """Every string in a JSON value (the messages a page would show), joined."""
     if isinstance(o, str):
@@ -483,10 +493,7 @@ def test_fuzz_every_callback_input(app, client, folders, monkeypatch):
     def one(key, data):
         if time.monotonic() > t_end:
             return
-        spec = app.callback_map[key]
-        props = [f"{i['id']}.{i['property']}" for i in spec["inputs"] + spec["state"]]
-        values = {p: data.draw(VALUES, label=p) for p in props}
-        changed = data.draw(st.sampled_from([f"{i['id']}.{i['property']}" for i in spec["inputs"]]))
+        values, changed = draw_request(app, key, data)
         if "model-path.value" in values:
             typed.append(values["model-path.value"])
         with log:  # only the app's work is watched, not hypothesis' own files

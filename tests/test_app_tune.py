@@ -160,9 +160,9 @@ def test_grid_inputs_are_bounded_with_clear_messages():
     with pytest.raises(InputError, match="expected layers in 0..29"):
         limits.tune_layers("30", 30)
     assert limits.tune_prompts("a\nb") == ["a", "b"]
-    with pytest.raises(InputError, match="at most 32 prompts for a tune, found 33"):
+    with pytest.raises(InputError, match="at most 32 prompts in the prompts of a tune, found 33"):
         limits.tune_prompts("\n".join(f"p{i}" for i in range(33)))
-    with pytest.raises(InputError, match="prompts of at most 1000 characters, found 1001 in line 2"):
+    with pytest.raises(InputError, match="prompts of at most 1000 characters in the prompts of a tune, found 1001 in prompt 2"):
         limits.tune_prompts("ok\n" + "x" * 1001)
     with pytest.raises(InputError, match="at least one of the prompts"):
         limits.tune_prompts("")
@@ -362,11 +362,11 @@ def test_a_tune_runs_draws_and_shows_a_cells_generations(app, client):
     ("scales", ["1"], "the scales as text"),
     ("max", limits.MAX_TUNE_NEW_TOKENS + 1, "a number of new tokens from 1 to 64"),
     ("max", "8", "a number of new tokens from 1 to 64"),
-    ("prompts", "\n".join(f"p{i}" for i in range(33)), "at most 32 prompts for a tune, found 33"),
-    ("prompts", "x" * 1001, "prompts of at most 1000 characters, found 1001"),
+    ("prompts", "\n".join(f"p{i}" for i in range(33)), "at most 32 prompts in the prompts of a tune, found 33"),
+    ("prompts", "x" * 1001, "prompts of at most 1000 characters in the prompts of a tune, found 1001"),
     ("prompts", "", "expected at least one of the prompts"),
     ("prompts", "A" * 300_000, "characters in the prompts, found 300000"),
-    ("neutral", "\n".join(f"n{i}" for i in range(33)), "at most 32 neutral prompts"),
+    ("neutral", "\n".join(f"n{i}" for i in range(33)), "at most 32 prompts in the neutral prompts of a tune"),
     ("normalize", "loud", "expected what a scale is in"),
     ("concept_kind", "vibes", "expected what scores the concept in"),
     ("words", "", "expected words that show the concept"),
@@ -492,7 +492,7 @@ def test_fuzz_the_tune_callbacks(app, client, folders):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from tests.test_app_security import VALUES, strings
+    from tests.test_app_security import draw_request, strings
     keys = [k for k, v in app.callback_map.items()
             if any(str(i["id"]).startswith("tune-") for i in v["inputs"] + v["state"])]
     assert len(keys) >= 8
@@ -505,10 +505,7 @@ def test_fuzz_the_tune_callbacks(app, client, folders):
     def one(key, data):
         if time.monotonic() > t_end:
             return
-        spec = app.callback_map[key]
-        props = [f"{i['id']}.{i['property']}" for i in spec["inputs"] + spec["state"]]
-        values = {p: data.draw(VALUES, label=p) for p in props}
-        changed = data.draw(st.sampled_from([f"{i['id']}.{i['property']}" for i in spec["inputs"]]))
+        values, changed = draw_request(app, key, data)
         r = post(client, app, key, values, changed=changed)
         statuses.append(r.status_code)
         assert r.status_code < 500, (key, r.status_code, r.data[:500])

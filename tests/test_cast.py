@@ -22,7 +22,7 @@ from steerkit.vectors import (ArtifactFormatError, ConditionalRule, ConditionalS
 from steerkit.vectors.artifacts import artifact_to_payload, payload_to_artifact
 from steerkit.vectors.exports import import_artifact, save_artifact
 
-from tiny_models import tiny_model
+from tiny_models import no_leftover_hooks, tiny_model
 
 COND_SITE = "blocks.1.hook_resid_pre"
 LATE = "blocks.2.hook_resid_post"
@@ -40,11 +40,8 @@ def tiny():
 
 @pytest.fixture
 def t(tiny):
-    before = tiny.hook_count()
-    yield tiny
-    left = tiny.hook_count() - before
-    tiny.reset()
-    assert left == 0, f"test left {left} hooks"
+    with no_leftover_hooks(tiny) as m:
+        yield m
 
 
 def _sims(sm, cond_like: Condition, prompts=PROMPTS) -> torch.Tensor:

@@ -22,6 +22,8 @@ Token ids shared by every model and the tokenizer: ``<pad>`` 0, ``<eos>`` 1,
 """
 from __future__ import annotations
 
+import contextlib
+
 import functools
 import string
 
@@ -153,3 +155,12 @@ def greedy_by_forward(sm, prompts, n: int) -> list[list[int]]:
                     want[b].append(t)
     return want
 
+
+@contextlib.contextmanager
+def no_leftover_hooks(model):
+    """Yields ``model``; afterwards removes every hook and fails if the block left any."""
+    before = model.hook_count()
+    yield model
+    leftover = model.hook_count() - before
+    model.reset()
+    assert leftover == 0, f"test left {leftover} hooks on the model"

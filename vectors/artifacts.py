@@ -143,7 +143,7 @@ class _Artifact:
 class LayerSchedule(_Artifact):
     """Per-layer weights (and optionally per-token weights) for injecting a vector.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import LayerSchedule, SteeringVector
         >>> sched = LayerSchedule({1: 0.5, 2: 1.0})
         >>> sched.weight(1), sched.weight(3)  # a layer it does not list gets 0
@@ -218,7 +218,7 @@ class SteeringVector(_Artifact):
     ``directions[l]`` has shape ``[d_model]``; ``l`` is the 0-based block index and the default
     hook site ``hook_resid_post`` is the block's output.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import SteeringVector
         >>> v = SteeringVector.from_direction(torch.randn(64), layer=2, model=tiny, scale=4.0)
         >>> v.layers, v.d_model, v.hook_name(2), v.provenance.model_name
@@ -464,7 +464,7 @@ class DirectionSet(_Artifact):
     what weight orthogonalisation bakes in.  With a list of layers it ablates only at
     ``blocks.{l}.{hook_site}``.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import DirectionSet
         >>> ablation = DirectionSet.from_directions(torch.randn(2, 64), tiny)
         >>> ablation.k, ablation.d_model, ablation.layers
@@ -587,7 +587,7 @@ class Probe(_Artifact):
     """A fitted linear probe stored as arrays: ``z = ((x - mean) / scale) @ projection.T``,
     ``logits = z @ weight.T + bias`` (``projection`` optional; ``mean``/``scale`` optional).
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import Probe
         >>> probe = Probe(weight=torch.tensor([[1.0, -1.0]]), bias=torch.tensor([0.0]), layer=3,
         ...               classes=["neg", "pos"])
@@ -709,7 +709,7 @@ class Region(KernelRegion, _Artifact):
     it to ``SteerConfig(region=...)`` or :func:`steerkit.kernels.fused_steer` as it is) stored at
     ``blocks.{layer}.{hook_site}`` with a provenance.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import Provenance, Region
         >>> box = Region(mean=torch.zeros(64), projection=torch.eye(64)[:1],  # x[0] <= 1
         ...              normals=torch.tensor([[1.0]]), offsets=torch.tensor([1.0]), layer=2,
@@ -859,7 +859,7 @@ class ConditionVector(_Artifact):
     searched, as ``report["grid"]``). Conditions do not steer: pair one with a behaviour in a
     :class:`ConditionalSteering`.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import ConditionVector
         >>> cv = ConditionVector(torch.ones(64), layer=1, threshold=0.2)
         >>> cv.to_condition()
@@ -1055,7 +1055,7 @@ class ConditionalRule:
     """One rule of a :class:`ConditionalSteering`: apply ``behavior`` (a steering artifact) on rows where
     ``"any"`` / ``"all"`` of ``conditions`` fire (the opposite with ``negate``).
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import ConditionVector, ConditionalRule, SteeringVector
         >>> c1 = ConditionVector(torch.ones(64), layer=1, threshold=0.2)
         >>> c2 = ConditionVector(-torch.ones(64), layer=2, threshold=0.1)
@@ -1107,7 +1107,7 @@ class ConditionalSteering(_Artifact):
     ``ConditionalSteering(rules=[ConditionalRule([c1, c2], v1, mode="any"), ConditionalRule([c3], v2)])`` several.
     ``sm.steer(cs)`` / ``sm.generate(..., steering=cs)`` apply it; ``cs * k`` scales every behaviour.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import ConditionalSteering, ConditionVector, SteeringVector
         >>> cv = ConditionVector(torch.ones(64), layer=1, threshold=-1.0)  # fires on every prompt
         >>> cs = ConditionalSteering(condition=cv, behavior=SteeringVector.from_direction(torch.ones(64), layer=2))
@@ -1304,7 +1304,7 @@ def _expect_keys(tensors: dict, required: set, optional: set, kind: str) -> None
 def artifact_to_payload(obj: Any) -> tuple[dict[str, Tensor], dict]:
     """An artifact as ``(tensors, meta)``: what the store and the safetensors export write.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import SteeringVector
         >>> from steerkit.vectors.artifacts import artifact_to_payload
         >>> tensors, meta = artifact_to_payload(SteeringVector.from_direction(torch.ones(64), layer=2))
@@ -1320,7 +1320,7 @@ def artifact_to_payload(obj: Any) -> tuple[dict[str, Tensor], dict]:
 def payload_to_artifact(tensors: dict[str, Tensor], meta: Any) -> Any:
     """Rebuild an artifact from tensors and metadata, validating everything.
 
-    Example:
+    Examples:
         >>> from steerkit.vectors import SteeringVector
         >>> from steerkit.vectors.artifacts import artifact_to_payload, payload_to_artifact
         >>> v = SteeringVector.from_direction(torch.ones(64), layer=2, scale=3.0)

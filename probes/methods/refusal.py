@@ -101,7 +101,17 @@ Judge = Callable[[Sequence[str], Sequence[str]], list]
 
 # --------------------------------------------------------------------------- data
 def load_instructions(kind: str, split: str) -> list[str]:
-    """The vendored instructions: ``kind`` in {"harmful", "harmless"}, ``split`` in {"train", "val"}."""
+    """The vendored instructions: ``kind`` in {"harmful", "harmless"}, ``split`` in {"train", "val"}.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> [len(R.load_instructions(k, s)) for k in ("harmful", "harmless") for s in ("train", "val")]
+        [260, 39, 1000, 200]
+        >>> R.load_instructions("harmful", "test")
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected kind in ('harmful', 'harmless') and split in ('train', 'val'), ...
+    """
     if kind not in ("harmful", "harmless") or split not in ("train", "val"):
         raise InputError(f"expected kind in ('harmful', 'harmless') and split in ('train', 'val'), "
                          f"found {kind!r}, {split!r}")
@@ -115,6 +125,12 @@ def sample_splits(n_train: int, n_val: int, n_test: int, seed: int = 0) -> dict[
 
     train and test are disjoint samples of the vendored *train* files (test is never used to
     compute or select anything); val comes from the *val* files and is used for selection only.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> s = R.sample_splits(4, 2, 3)
+        >>> {k: [len(v) for v in s[k].values()] for k in s}, set(s["train"]["harmful"]) & set(s["test"]["harmful"])
+        ({'train': [4, 4], 'val': [2, 2], 'test': [3, 3]}, set())
     """
     rng = random.Random(seed)
     out: dict[str, dict[str, list[str]]] = {"train": {}, "val": {}, "test": {}}
@@ -132,7 +148,14 @@ def sample_splits(n_train: int, n_val: int, n_test: int, seed: int = 0) -> dict[
 
 # --------------------------------------------------------------------------- tokens
 def refusal_token_ids(tokenizer, words: Iterable[str] = DEFAULT_REFUSAL_WORDS) -> list[int]:
-    """First token id of each refusal-start word (as the first token of a response: no leading space)."""
+    """First token id of each refusal-start word (as the first token of a response: no leading space).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> ids = R.refusal_token_ids(tiny.tokenizer)
+        >>> ids, [tiny.tokenizer.decode([i]) for i in ids]
+        ([57, 1653], ['I', 'As'])
+    """
     ids: list[int] = []
     for w in words:
         t = tokenizer(w, add_special_tokens=False)["input_ids"]
@@ -150,6 +173,12 @@ def post_instruction_positions(sm: "SteerModel", *, chat: bool = True) -> tuple[
 
     Found at run time by formatting a sentinel instruction and taking every token that starts
     at or after the end of the instruction text. Without a chat template: ``[-1]``.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> positions, texts = R.post_instruction_positions(tiny)
+        >>> positions, texts[0], texts[-2]
+        ([-6, -5, -4, -3, -2, -1], '<|im_end|>', 'istant')
     """
     sentinel = "Zq7 sentinel instruction"
     text = sm.format(sentinel, chat=chat)
@@ -178,6 +207,12 @@ def last_logits(sm: "SteerModel", prompts: Sequence[str], *, batch_size: int = 1
 
     Hooks registered on ``sm`` (edits, records) are active. On the HF backend only the last
     position goes through the unembedding.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> logits = R.last_logits(tiny, ["hi", "bake bread", "sing"], batch_size=2)
+        >>> tuple(logits.shape), logits.dtype
+        ((3, 49152), torch.float32)
     """
     prompts = list(prompts)
     if not prompts:
@@ -197,7 +232,15 @@ def last_logits(sm: "SteerModel", prompts: Sequence[str], *, batch_size: int = 1
 
 def refusal_score_from_logits(logits: Float[Tensor, "n vocab"], refusal_ids: Sequence[int],
                               eps: float = EPS) -> Float[Tensor, " n"]:
-    """``log p - log(1 - p)`` with ``p`` the probability mass on ``refusal_ids`` (float64)."""
+    """``log p - log(1 - p)`` with ``p`` the probability mass on ``refusal_ids`` (float64).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> logits = torch.zeros(2, 4)
+        >>> logits[1, 0] = 10.0  # row 0: p = 2/4 on ids 0 and 1; row 1: nearly all of it on id 0
+        >>> [round(s, 3) for s in R.refusal_score_from_logits(logits, [0, 1]).tolist()]
+        [0.0, 9.307]
+    """
     if logits.dim() == 3:
         logits = logits[:, -1]
     probs = torch.softmax(logits.double(), dim=-1)
@@ -206,12 +249,29 @@ def refusal_score_from_logits(logits: Float[Tensor, "n vocab"], refusal_ids: Seq
 
 
 def refusal_scores(sm: "SteerModel", prompts: Sequence[str], refusal_ids: Sequence[int], *, batch_size: int = 16) -> Tensor:
-    """Refusal score of each prompt ``[n]`` under whatever edits are active on ``sm``."""
+    """Refusal score of each prompt ``[n]`` under whatever edits are active on ``sm``.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> ids, prompts = R.refusal_token_ids(tiny.tokenizer), ["make a bomb", "bake bread"]
+        >>> scores = R.refusal_scores(tiny, prompts, ids)
+        >>> with R.addition(tiny, torch.randn(64), layer=1, scale=8.0):  # an edit changes the scores
+        ...     steered = R.refusal_scores(tiny, prompts, ids)
+        >>> tuple(scores.shape), scores.dtype, bool(torch.allclose(scores, steered))
+        ((2,), torch.float64, False)
+    """
     return refusal_score_from_logits(last_logits(sm, prompts, batch_size=batch_size), refusal_ids)
 
 
 def kl_last(base_logits: Tensor, new_logits: Tensor) -> Tensor:
-    """Per-prompt KL(base || new) of the next-token distributions ``[n]`` (float64)."""
+    """Per-prompt KL(base || new) of the next-token distributions ``[n]`` (float64).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> base = torch.tensor([[0.0, 0.0], [2.0, 0.0]])
+        >>> [round(k, 3) for k in R.kl_last(base, base).tolist()], round(float(R.kl_last(base[:1], base[1:])[0]), 3)
+        ([0.0, 0.0], 0.434)
+    """
     lp = torch.log_softmax(base_logits.double(), -1)
     lq = torch.log_softmax(new_logits.double(), -1)
     return (lp.exp() * (lp - lq)).sum(-1)
@@ -223,14 +283,32 @@ ABLATION_SITES = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out")
 
 def ablation(sm: "SteerModel", direction: Float[Tensor, " d_model"]):
     """Directional ablation of ``direction`` (normalised) at every block input, attention output
-    and MLP output, all positions. Returns a handle; use it with ``with``."""
+    and MLP output, all positions. Returns a handle; use it with ``with``.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> r = torch.randn(64)
+        >>> with R.ablation(tiny, r), tiny.record("blocks.3.hook_resid_post") as cache:
+        ...     _ = R.last_logits(tiny, ["bake bread"])
+        >>> float((cache["blocks.3.hook_resid_post"] @ (r / r.norm())).abs().max()) < 1e-4  # nothing left along r
+        True
+    """
     r = _unit(direction, sm.d_model)
     names = [f"blocks.{l}.{k}" for l in range(sm.n_layers) for k in ABLATION_SITES]
     return sm.edit({n: r for n in names}, op="ablate")
 
 
 def addition(sm: "SteerModel", direction: Float[Tensor, " d_model"], layer: int, scale: float = 1.0):
-    """Activation addition of ``scale * direction`` at ``blocks.{layer}.hook_resid_pre``, all positions."""
+    """Activation addition of ``scale * direction`` at ``blocks.{layer}.hook_resid_pre``, all positions.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> v, base = torch.randn(64), R.last_logits(tiny, ["bake bread"])
+        >>> with R.addition(tiny, v, layer=1, scale=4.0):
+        ...     steered = R.last_logits(tiny, ["bake bread"])
+        >>> bool(torch.allclose(steered, base)), bool(torch.allclose(R.last_logits(tiny, ["bake bread"]), base))
+        (False, True)
+    """
     return sm.edit(f"blocks.{int(layer)}.hook_resid_pre", add=direction.float(), scale=scale)
 
 
@@ -251,7 +329,15 @@ def _unit(v: Tensor, d_model: int | None = None) -> Tensor:
 def record_resid_pre(sm: "SteerModel", prompts: Sequence[str], positions: list[int], refusal_ids: Sequence[int] | None = None,
                      *, batch_size: int = 16, progress=None):
     """Residual stream at every block input and ``positions``: ``[n, n_pos, n_layers, d_model]``,
-    and the refusal scores of the same forward passes (``None`` without ``refusal_ids``)."""
+    and the refusal scores of the same forward passes (``None`` without ``refusal_ids``).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> ids = R.refusal_token_ids(tiny.tokenizer)
+        >>> acts, scores = R.record_resid_pre(tiny, ["hi", "bake bread", "sing"], [-2, -1], ids, batch_size=2)
+        >>> tuple(acts.shape), tuple(scores.shape)
+        ((3, 2, 4, 64), (3,))
+    """
     names = [f"blocks.{l}.hook_resid_pre" for l in range(sm.n_layers)]
     acts, scores = [], []
     for chunk in _batches(list(prompts), batch_size):
@@ -270,7 +356,13 @@ def record_resid_pre(sm: "SteerModel", prompts: Sequence[str], positions: list[i
 
 
 def mean_diff(harmful_acts: Tensor, harmless_acts: Tensor) -> Tensor:
-    """Difference of means over the first axis (prompts): ``mean(harmful) - mean(harmless)``."""
+    """Difference of means over the first axis (prompts): ``mean(harmful) - mean(harmless)``.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> R.mean_diff(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.zeros(1, 2))
+        tensor([2., 3.])
+    """
     if harmful_acts.shape[1:] != harmless_acts.shape[1:]:
         raise InputError(f"expected activations of equal shapes after the prompt axis, found "
                          f"{tuple(harmful_acts.shape)} and {tuple(harmless_acts.shape)}")
@@ -287,6 +379,14 @@ def filter_by_score(prompts: Sequence[str], scores: Tensor, *, refuses: bool, mi
 
     Returns ``(kept, note)``; when fewer than ``min_keep`` would remain, everything is kept and the
     note says so.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> prompts, scores = ["a", "b", "c"], torch.tensor([1.5, -0.2, 0.3])
+        >>> R.filter_by_score(prompts, scores, refuses=True, min_keep=2)
+        (['a', 'c'], 'kept 2/3 refused (score > 0)')
+        >>> R.filter_by_score(prompts, scores, refuses=False, min_keep=2)
+        (['a', 'b', 'c'], 'only 1/3 not refused (score < 0) (< min_keep=2); kept all, unfiltered')
     """
     keep = (scores > 0) if refuses else (scores < 0)
     kept = [p for p, k in zip(prompts, keep.tolist()) if k]
@@ -300,6 +400,15 @@ def filter_by_score(prompts: Sequence[str], scores: Tensor, *, refuses: bool, mi
 # --------------------------------------------------------------------------- selection
 @dataclass
 class Candidate:
+    """One candidate direction: its position and layer, its three validation scores (``NaN``: not
+    evaluated) and its ``status`` after selection (:func:`choose`).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> c = R.Candidate(pos=-1, layer=3, bypass=-2.5)
+        >>> c.status, c.as_dict()["bypass"], R.discard_reason(c, n_layers=30) is None
+        ('pending', -2.5, True)
+    """
     pos: int  # negative index among the prompt tokens (-1: last)
     layer: int
     bypass: float = float("nan")
@@ -313,7 +422,17 @@ class Candidate:
 
 def discard_reason(c: Candidate, n_layers: int, *, prune_frac: float = 0.2, kl_max: float = 0.1,
                    induce_min: float = 0.0) -> Optional[str]:
-    """Why the reference code would discard ``c`` (``None``: it passes). Unevaluated scores pass."""
+    """Why the reference code would discard ``c`` (``None``: it passes). Unevaluated scores pass.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> R.discard_reason(R.Candidate(-1, 26, bypass=-3.0), n_layers=30)
+        'in the last 20% of layers'
+        >>> R.discard_reason(R.Candidate(-1, 10, bypass=-3.0, induce=1.0, kl=0.5), n_layers=30)
+        'KL 0.5 > 0.1'
+        >>> R.discard_reason(R.Candidate(-1, 10, bypass=-3.0, induce=1.0, kl=0.05), n_layers=30) is None
+        True
+    """
     if c.layer >= int(n_layers * (1.0 - prune_frac)):
         return f"in the last {prune_frac:.0%} of layers"
     if math.isnan(c.bypass):
@@ -328,7 +447,16 @@ def discard_reason(c: Candidate, n_layers: int, *, prune_frac: float = 0.2, kl_m
 def choose(cands: list[Candidate], n_layers: int, *, prune_frac: float = 0.2, kl_max: float = 0.1,
            induce_min: float = 0.0) -> Candidate:
     """The candidate with the lowest bypass score among those with every score evaluated and no
-    discard reason. Sets ``status`` on every candidate. Raises when none passes."""
+    discard reason. Sets ``status`` on every candidate. Raises when none passes.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> cands = [R.Candidate(-1, 2, bypass=-4.0, induce=-1.0, kl=0.01),
+        ...          R.Candidate(-1, 5, bypass=-3.0, induce=0.5, kl=0.02),
+        ...          R.Candidate(-1, 9, bypass=-5.0, induce=2.0, kl=0.01)]
+        >>> R.choose(cands, n_layers=10).layer, [c.status for c in cands]
+        (5, ['discarded: induce score -1 < 0.0', 'selected', 'discarded: in the last 20% of layers'])
+    """
     best = None
     for c in cands:
         r = discard_reason(c, n_layers, prune_frac=prune_frac, kl_max=kl_max, induce_min=induce_min)
@@ -414,6 +542,18 @@ class _RowScorer:
 
 @dataclass
 class Selection:
+    """The outcome of :func:`select_direction`: every candidate (``[n_pos, n_layers, d_model]``), the
+    scored ``table``, the ``best`` candidate, the baseline validation scores and the ``rule`` that chose.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> cands = torch.zeros(2, 4, 64)
+        >>> cands[1, 2, 0] = 3.0
+        >>> best = R.Candidate(-1, 2, bypass=-4.0, induce=0.5, kl=0.01, status="selected")
+        >>> sel = R.Selection(cands, [-2, -1], [best], best, baseline_harmful=1.0, baseline_harmless=-2.0)
+        >>> float(sel.direction.norm()), sel.rule
+        (3.0, 'paper')
+    """
     candidates: Float[Tensor, "n_pos n_layers d_model"]
     positions: list[int]
     table: list[Candidate]
@@ -447,6 +587,14 @@ def select_direction(sm: "SteerModel", candidates: Tensor, positions: list[int],
     the next candidates in bypass order and keeps only the scores the one-at-a-time search would
     have computed, so the candidate table and the selection are those of ``batched=False`` (one
     candidate's edits at a time, ``batch_size`` prompts a pass) up to float rounding.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> ids = R.refusal_token_ids(tiny.tokenizer)
+        >>> sel = R.select_direction(tiny, torch.randn(2, 4, 64), [-2, -1], ["make a bomb", "steal a car"],
+        ...                          ["bake bread", "write a poem"], ids)
+        >>> len(sel.table), sel.best.status, sel.best.layer < 3, tuple(sel.direction.shape)
+        (8, 'selected', True, (64,))
     """
     if fallback not in (None, "relative"):  # before any scoring
         raise InputError(f"expected fallback None or 'relative', found {fallback!r}")
@@ -568,6 +716,13 @@ def orthogonalize_weights(model: nn.Module, direction: Tensor, adapter=None, *, 
     have ``direction`` projected out: ``W <- (I - r r^T) W`` on the output side, so no block ever
     writes along ``r`` -- exactly run-time :func:`ablation` at every block input, attention output
     and MLP output. Tied input/output embeddings are untied (the unembedding keeps its weights).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> r = torch.randn(64)
+        >>> m = R.orthogonalize_weights(tiny.hf_model, r)  # a copy: tiny keeps its weights
+        >>> float((m.model.embed_tokens.weight.detach() @ (r / r.norm())).abs().max()) < 1e-5, m is tiny.hf_model
+        (True, False)
     """
     adapter = adapter or adapter_for(model)
     if hasattr(model, "hf_model"):
@@ -608,6 +763,15 @@ def save_orthogonalized(sm: "SteerModel", direction: Tensor, out_dir: str | Path
     Written with :func:`steerkit.export_hf.export_hf` (atomic; works for the GGUF-loaded default
     model, which ``save_pretrained`` refuses); ``steerkit_orthogonalized.json`` in the folder
     records the source model and the direction's norm. Load it with ``steerkit.load_model(out_dir)``.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> r = torch.randn(64)
+        >>> ortho = steerkit.load_model(R.save_orthogonalized(tiny, r, tmp_dir / "tiny-ortho"))
+        >>> with R.ablation(tiny, r):  # the saved weights give the run-time ablation's logits
+        ...     ablated = R.last_logits(tiny, ["bake bread"])
+        >>> bool(torch.allclose(R.last_logits(ortho, ["bake bread"]), ablated, atol=1e-4))
+        True
     """
     m = orthogonalize_weights(sm.hf_model, direction, sm.adapter)
     view = SimpleNamespace(hf_model=m, tokenizer=sm.tokenizer, name=f"{sm.name} (refusal direction orthogonalised)",
@@ -623,12 +787,26 @@ def _norm_text(s: str) -> str:
 
 
 def substring_judge(prompts: Sequence[str], completions: Sequence[str]) -> list[bool]:
-    """``True`` (refusal) when a completion contains one of :data:`REFUSAL_SUBSTRINGS` (any case)."""
+    """``True`` (refusal) when a completion contains one of :data:`REFUSAL_SUBSTRINGS` (any case).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> R.substring_judge(["q1", "q2", "q3"], ["I’m sorry, I can't help.", "Sure! Here it is.", "as an AI, no."])
+        [True, False, True]
+    """
     subs = [_norm_text(s) for s in REFUSAL_SUBSTRINGS]
     return [any(s in _norm_text(c) for s in subs) for c in completions]
 
 
 def judge_refusals(judge: Judge, prompts: Sequence[str], completions: Sequence[str]) -> list[bool]:
+    """One ``bool`` (refusal) per completion from ``judge(prompts, completions)``; :class:`InputError`
+    when the judge returns a different number of verdicts.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> R.judge_refusals(lambda ps, cs: [c.startswith("No") for c in cs], ["a", "b"], ["No.", "Here you go"])
+        [True, False]
+    """
     out = list(judge(list(prompts), list(completions)))
     if len(out) != len(completions):
         raise InputError(f"expected the judge to return one verdict per completion ({len(completions)}), "
@@ -638,6 +816,16 @@ def judge_refusals(judge: Judge, prompts: Sequence[str], completions: Sequence[s
 
 def generate_batched(sm: "SteerModel", prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 16,
                      progress=None) -> list[str]:
+    """Greedy completions of ``prompts``, ``batch_size`` at a time; ``progress(n)`` after each batch.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> done = []
+        >>> outs = R.generate_batched(tiny, ["hi", "bake bread", "sing"], max_new_tokens=3, batch_size=2,
+        ...                           progress=done.append)
+        >>> len(outs), all(isinstance(o, str) for o in outs), done
+        (3, True, [2, 1])
+    """
     out: list[str] = []
     for chunk in _batches(list(prompts), batch_size):
         out += sm.generate(chunk, max_new_tokens=max_new_tokens)
@@ -677,7 +865,14 @@ LABEL_KINDS = ("prompt", "behaviour")
 def first_token_activations(sm: "SteerModel", prompts: Sequence[str], *, max_new_tokens: int = 24, batch_size: int = 16,
                             progress=None):
     """Greedy generations and ``resid_post`` of every layer at the first generated token and at the
-    last prompt token: ``(completions, {"first_generated": [L, n, d], "last_prompt": [L, n, d]})``."""
+    last prompt token: ``(completions, {"first_generated": [L, n, d], "last_prompt": [L, n, d]})``.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> comps, acts = R.first_token_activations(tiny, ["hi", "bake bread"], max_new_tokens=2)
+        >>> len(comps), {k: tuple(v.shape) for k, v in acts.items()}
+        (2, {'first_generated': (4, 2, 64), 'last_prompt': (4, 2, 64)})
+    """
     if max_new_tokens < 2:
         raise InputError(f"expected max_new_tokens >= 2 (the first generated token must be fed back), "
                          f"found {max_new_tokens}")
@@ -705,7 +900,16 @@ def first_token_activations(sm: "SteerModel", prompts: Sequence[str], *, max_new
 
 def heldout_auroc(X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray, y_test: np.ndarray, *,
                   n_boot: int = 500, seed: int = 0) -> tuple[float, float, float]:
-    """AUROC (and bootstrap interval) on the test rows of the logistic pipeline fitted on the train rows."""
+    """AUROC (and bootstrap interval) on the test rows of the logistic pipeline fitted on the train rows.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> rng, y = np.random.default_rng(0), np.r_[np.ones(20, np.int64), np.zeros(20, np.int64)]
+        >>> X_train, X_test = (rng.normal(size=(40, 5)) + 2.0 * y[:, None] for _ in range(2))
+        >>> a, lo, hi = R.heldout_auroc(X_train, y, X_test, y, n_boot=50)
+        >>> a > 0.9, lo <= a <= hi
+        (True, True)
+    """
     if X_train.ndim != 2 or X_test.ndim != 2 or X_train.shape[1] != X_test.shape[1]:
         raise InputError(f"expected train and test activations [n, d] of equal d, found {X_train.shape} and {X_test.shape}")
     for what, X in (("train", X_train), ("test", X_test)):
@@ -721,6 +925,19 @@ def heldout_auroc(X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray, 
 
 @dataclass
 class ProbeResult:
+    """A refusal probe's table (``rows``: per label kind, position and layer), the chosen row (``best``),
+    the fitted ``probe`` artifact, the judged generations and notes; ``to_json()`` and ``plot()``.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> rows = [{"labels": "prompt", "position": "last_prompt", "layer": l, "cv_auroc": a, "cv_ci": [a - 0.1, a]}
+        ...         for l, a in enumerate([0.6, 0.9, float("nan")])]
+        >>> pr = R.ProbeResult(rows, rows[1], probe=None, completions={}, refused={})
+        >>> [r["layer"] for r in pr.table(position="last_prompt")], pr.to_json()["rows"][2]["cv_auroc"]
+        ([0, 1, 2], None)
+        >>> len(pr.plot().data)  # one line: prompt labels at last_prompt
+        1
+    """
     rows: list[dict]
     best: dict
     probe: object  # steerkit.vectors.Probe: harmful-vs-harmless at the chosen position and layer
@@ -765,6 +982,15 @@ def probe_rows(acts: dict, labels: dict, *, n_folds: int = 5, n_boot: int = 500,
     ``acts[split][position]``: ``[L, n, d]`` (every position of ``acts["train"]`` is probed); ``labels[split][kind]``: ``[n]`` 0/1. A label kind
     whose train labels have fewer than ``n_folds`` of a class is skipped (with a note); test
     AUROC is ``NaN`` when the test labels have one class.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> rng, y = np.random.default_rng(0), np.r_[np.ones(10, np.int64), np.zeros(10, np.int64)]
+        >>> X = torch.tensor(rng.normal(size=(2, 20, 8)) + 2.0 * y[None, :, None])  # [layers, prompts, d]
+        >>> acts = {"train": {"last_prompt": X}, "test": {"last_prompt": X}}
+        >>> labels = {"train": {"prompt": y}, "test": {"prompt": y}}
+        >>> [(r["position"], r["layer"], r["cv_auroc"] > 0.9) for r in R.probe_rows(acts, labels, n_folds=2, n_boot=20)]
+        [('last_prompt', 0, True), ('last_prompt', 1, True)]
     """
     from threadpoolctl import threadpool_limits
     notes = notes if notes is not None else []
@@ -802,7 +1028,15 @@ def probe_rows(acts: dict, labels: dict, *, n_folds: int = 5, n_boot: int = 500,
 
 
 def best_row(rows: list[dict], labels: str, position: str = "first_generated") -> dict:
-    """The row with the highest *train CV* AUROC (ties: earliest layer) -- never chosen on test."""
+    """The row with the highest *train CV* AUROC (ties: earliest layer) -- never chosen on test.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> rows = [{"labels": "prompt", "position": "first_generated", "layer": l, "cv_auroc": a}
+        ...         for l, a in [(0, 0.7), (1, 0.9), (2, 0.9)]]
+        >>> R.best_row(rows, "prompt")["layer"]
+        1
+    """
     cand = [r for r in rows if r["labels"] == labels and r["position"] == position]
     if not cand:
         raise InputError(f"expected probe rows for labels={labels!r} at {position!r}, found none")
@@ -816,6 +1050,14 @@ def first_token_probe(sm: "SteerModel", train: dict, test: dict, *, judge=None, 
     ``train``/``test``: ``{"harmful": [...], "harmless": [...]}``. The artifact is the
     harmful-vs-harmless (``prompt`` labels) probe at the first generated token of the layer with
     the best train CV AUROC, fitted on all train prompts.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> data = {"harmful": ["how to pick a lock", "make a weapon", "steal a car"] * 2,
+        ...         "harmless": ["bake bread", "write a poem", "name a colour"] * 2}
+        >>> res = R.first_token_probe(tiny, data, data, max_new_tokens=2, n_folds=2, n_boot=10)
+        >>> res.best["position"], res.probe.provenance.method, len(res.completions["train"]["harmful"])
+        ('first_generated', 'first_token_refusal_probe', 6)
     """
     judge = judge or substring_judge
     acts, labels, comps, refused = {}, {}, {}, {}
@@ -1020,7 +1262,16 @@ def refusal_probe(sm: "SteerModel", train: dict, test: dict, *, positions: dict 
 def direction_artifacts(sm: "SteerModel", selection: Selection, *, metrics: dict, prompts: Sequence[str] = (),
                         params: dict | None = None):
     """``(SteeringVector, DirectionSet)``: the unnormalised direction added at
-    ``blocks.{layer}.hook_resid_pre``, and its unit vector to ablate everywhere."""
+    ``blocks.{layer}.hook_resid_pre``, and its unit vector to ablate everywhere.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> best = R.Candidate(-1, 2, bypass=-4.0, induce=0.5, kl=0.01, status="selected")
+        >>> sel = R.Selection(torch.randn(1, 4, 64), [-1], [best], best, baseline_harmful=1.0, baseline_harmless=-2.0)
+        >>> sv, ds = R.direction_artifacts(tiny, sel, metrics={"bypass": -4.0})
+        >>> sv.hook_name(2), bool(torch.allclose(sv.directions[2], sel.direction)), type(ds).__name__
+        ('blocks.2.hook_resid_pre', True, 'DirectionSet')
+    """
     b = selection.best
     v = selection.direction.clone()
     p = dict(params or {}, layer=b.layer, position=b.pos)
@@ -1035,6 +1286,15 @@ def direction_artifacts(sm: "SteerModel", selection: Selection, *, metrics: dict
 # --------------------------------------------------------------------------- the whole method
 @dataclass
 class RefusalConfig:
+    """The settings of :func:`run` / :func:`run_refusal` (prompt counts per side, selection thresholds, what
+    to evaluate); check them with :func:`check_config`.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> cfg = R.RefusalConfig(n_train=8, probe=False)
+        >>> cfg.n_train, cfg.n_val, cfg.refusal_words, cfg.fallback
+        (8, 16, ('I', 'As'), 'relative')
+    """
     n_train: int = 32
     n_val: int = 16
     n_test: int = 16
@@ -1059,6 +1319,19 @@ class RefusalConfig:
 
 @dataclass
 class RefusalResult:
+    """What :func:`run` returns: the :class:`Selection`, the refusal tokens, the positions, notes,
+    metrics and samples, and the probe; ``to_json()``, ``plot()`` and the store ``artifacts(sm)``.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> cfg = R.RefusalConfig(n_train=4, n_val=2, n_test=2, max_new_tokens=4, min_keep=1, probe=False,
+        ...                       n_positions=2)
+        >>> res = R.run(tiny, cfg, progress=False)
+        >>> res.to_json()["positions"], len(res.to_json()["candidates"]), len(res.plot().data)
+        ([-2, -1], 8, 3)
+        >>> store.save("refusal-direction", res.artifacts(tiny)["refusal-direction"]) is not None
+        True
+    """
     selection: Selection
     refusal_ids: list[int]
     refusal_tokens: list[str]
@@ -1160,6 +1433,15 @@ def run_refusal(sm: "SteerModel", config: RefusalConfig | None = None, *, judge:
     """Run the whole method on ``sm``: data, filtering, candidates, selection, evaluation, probe.
 
     ``progress(stage, n_done_increment, total)``: optional progress callback.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> cfg = R.RefusalConfig(n_train=4, n_val=2, n_test=2, max_new_tokens=4, min_keep=1, probe=False,
+        ...                       n_positions=2)
+        >>> stages = []
+        >>> res = R.run_refusal(tiny, cfg, progress=lambda stage, n, total: stages.append(stage))
+        >>> list(dict.fromkeys(stages)), res.positions, sorted(res.metrics["refusal_rate"])[:2]
+        (['record train', 'select', 'generate test'], [-2, -1], ['harmful_test_ablated', 'harmful_test_baseline'])
     """
     cfg = config or RefusalConfig()
     tick = (lambda stage, total: (lambda n: progress(stage, n, total))) if progress else (lambda stage, total: None)
@@ -1284,7 +1566,17 @@ class _Bars:
 
 
 def check_config(config: RefusalConfig) -> RefusalConfig:
-    """``config`` when its counts are valid; :class:`InputError` naming the field otherwise."""
+    """``config`` when its counts are valid; :class:`InputError` naming the field otherwise.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> R.check_config(R.RefusalConfig(n_train=4)).n_train
+        4
+        >>> R.check_config(R.RefusalConfig(layer_step=0))
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected layer_step >= 1, found 0
+    """
     for k in ("n_train", "n_val", "n_test", "batch_size", "layer_step"):
         if getattr(config, k) < 1:
             raise InputError(f"expected {k} >= 1, found {getattr(config, k)}")
@@ -1296,7 +1588,16 @@ def check_config(config: RefusalConfig) -> RefusalConfig:
 def run(sm: "SteerModel", config: RefusalConfig | None = None, *, progress: bool = True,
         judge: Judge = substring_judge, log: Callable[[str], None] | None = None) -> RefusalResult:
     """The whole method (:func:`run_refusal`) with a tqdm bar per stage on stderr (``progress=False``:
-    none) and ``log`` lines (default: stderr when ``progress``)."""
+    none) and ``log`` lines (default: stderr when ``progress``).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> cfg = R.RefusalConfig(n_train=4, n_val=2, n_test=2, max_new_tokens=4, min_keep=1, probe=False,
+        ...                       n_positions=2)
+        >>> res = R.run(tiny, cfg, progress=False)  # progress=True: a tqdm bar per stage
+        >>> res.metrics["layer"] < 3, res.metrics["position"] in (-2, -1), sorted(res.artifacts(tiny))
+        (True, True, ['refusal-ablation', 'refusal-direction'])
+    """
     cfg = check_config(config or RefusalConfig())
     if log is None:
         log = (lambda s: print(s, file=sys.stderr)) if progress else (lambda s: None)

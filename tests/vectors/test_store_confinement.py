@@ -34,8 +34,10 @@ MARKER = "OUTSIDE-SENTINEL-7f3a"
 
 
 def vec(seed=0, d=8):
+    """A small vector with a fixed creation time, so two calls with one seed are equal artifacts."""
     g = torch.Generator().manual_seed(seed)
-    return SteeringVector({2: torch.randn(d, generator=g)}, provenance=Provenance(d_model=d, method=f"m{seed}"))
+    return SteeringVector({2: torch.randn(d, generator=g)},
+                          provenance=Provenance(d_model=d, method=f"m{seed}", created_at="2026-01-01T00:00:00+00:00"))
 
 
 def _sha(b: bytes) -> str:
