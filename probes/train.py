@@ -413,6 +413,18 @@ def _result(sm: "SteerModel", v: Tensor, layer: int, site: str, method: str, par
 
 
 # =============================================================================== trainers
+def _log_step(history: list, bar, callback, epoch: int, loss: Tensor, v: Tensor, **extra) -> None:
+    """One optimiser step's row (step, epoch, loss, ``extra``, the vector's norm) into ``history``, the
+    progress bar and ``callback``."""
+    row = {"step": len(history) + 1, "epoch": epoch, "loss": float(loss.detach()), **extra,
+           "norm": float(v.detach().norm())}
+    history.append(row)
+    bar.update(1)
+    bar.set_postfix(loss=f"{row['loss']:.4f}", norm=f"{row['norm']:.2f}")
+    if callback is not None:
+        callback(row)
+
+
 def train_bipo(sm: "SteerModel", pairs, layer: int, *, site: str = "resid_post", epochs: int = 4, lr: float = 0.02,
                beta: float = 0.1, batch_size: int = 4, seed: int = 0, init=None, weight_decay: float = 0.0,
                chat: bool = True, progress: bool = True,
@@ -458,13 +470,7 @@ def train_bipo(sm: "SteerModel", pairs, layer: int, *, site: str = "resid_post",
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                row = {"step": len(history) + 1, "epoch": epoch, "loss": float(loss.detach()), "direction": d,
-                       "norm": float(v.detach().norm())}
-                history.append(row)
-                bar.update(1)
-                bar.set_postfix(loss=f"{row['loss']:.4f}", norm=f"{row['norm']:.2f}")
-                if callback is not None:
-                    callback(row)
+                _log_step(history, bar, callback, epoch, loss, v, direction=d)
     params = dict(layer=layer, site=site, epochs=epochs, lr=lr, beta=beta, batch_size=batch_size, seed=seed,
                   weight_decay=weight_decay, chat=chat, n_pairs=n, init=init is not None)
     return _result(sm, v, layer, site, "bipo", params, history, pairs_hash(ps), time.perf_counter() - t0)
@@ -522,13 +528,7 @@ def train_promptless(sm: "SteerModel", targets: Sequence[str], layer: int, *, pr
                         nv = v.norm()
                         if nv > max_norm:
                             v.mul_(max_norm / nv)
-                row = {"step": len(history) + 1, "epoch": epoch, "loss": float(loss.detach()),
-                       "norm": float(v.detach().norm())}
-                history.append(row)
-                bar.update(1)
-                bar.set_postfix(loss=f"{row['loss']:.4f}", norm=f"{row['norm']:.2f}")
-                if callback is not None:
-                    callback(row)
+                _log_step(history, bar, callback, epoch, loss, v)
     params = dict(layer=layer, site=site, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
                   max_norm=max_norm, chat=chat, n_targets=len(targets), n_prompts=len(prompts),
                   init=init is not None)

@@ -21,7 +21,7 @@ from steerkit.apps import analysis  # noqa: E402
 from steerkit.apps import data as limits  # noqa: E402
 from steerkit.errors import InputError  # noqa: E402
 from tests import test_app_security as sec  # noqa: E402
-from tests.test_app_security import _key, draw_request, post, strings, text_of  # noqa: E402
+from tests.test_app_security import _key, draw_request, post, run_page, strings, text_of  # noqa: E402
 
 # the fixtures of tests/test_app_security.py: a tiny model, its folders, the app over them, a client
 tiny_sm, folders, app, client = sec.tiny_sm, sec.folders, sec.app, sec.client
@@ -35,10 +35,7 @@ GOOD = {"patch-run.n_clicks": 1, "patch-clean.value": "abcd", "patch-corrupted.v
 
 
 def run_patch(app, client, **changes):
-    vals = dict(GOOD, **{f"patch-{k}.value": v for k, v in changes.items()})
-    r = post(client, app, _key(app, "patch-key.data"), vals)
-    assert r.status_code == 200, r.data[:300]
-    return r
+    return run_page(app, client, "patch", GOOD, changes)
 
 
 def patch_key(r):

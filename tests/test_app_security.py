@@ -132,6 +132,15 @@ def post(client, app, key, values, changed=None, headers=None, base_url=BASE):
     return r
 
 
+def run_page(app, client, page: str, good: dict, changes: dict):
+    """POST a page's run callback (``{page}-key.data``) with its ``good`` inputs, ``changes`` (keyword names,
+    ``_`` for ``-``) replacing some; asserts HTTP 200."""
+    vals = dict(good, **{f"{page}-{k.replace('_', '-')}.value": v for k, v in changes.items()})
+    r = post(client, app, _key(app, f"{page}-key.data"), vals)
+    assert r.status_code == 200, r.data[:300]
+    return r
+
+
 def draw_request(app, key, data) -> tuple[dict, str]:
     """A fuzz request for callback ``key``: random values for its inputs and states (``VALUES``) and the
     input that changed, drawn through hypothesis' ``data``."""

@@ -26,7 +26,7 @@ from steerkit.apps import io as saved  # noqa: E402
 from steerkit.apps.analysis import Cancelled  # noqa: E402
 from steerkit.errors import InputError  # noqa: E402
 from steerkit.probes.tune import TuneResult, heatmap_figure, tradeoff_figure, tune  # noqa: E402
-from tests.test_app_security import _key, post, text_of  # noqa: E402
+from tests.test_app_security import _key, post, run_page, text_of  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -298,10 +298,7 @@ GOOD = {"tune-run.n_clicks": 1, "tune-artifact.value": "tiny-dir@1", "tune-layer
 
 
 def run_tune(app, client, **changes):
-    vals = dict(GOOD, **{f"tune-{k.replace('_', '-')}.value": v for k, v in changes.items()})
-    r = post(client, app, _key(app, "tune-key.data"), vals)
-    assert r.status_code == 200, r.data[:300]
-    return r
+    return run_page(app, client, "tune", GOOD, changes)
 
 
 def key_of(r):
