@@ -888,6 +888,40 @@ class SiteProgram:
         r = rule_of(when).expand(lead)
         return r if m is None else m & r
 
+    def kernel_rows(self, lead: tuple, device, groups: Optional[Tensor], mask_of: MaskOf,
+                    rule_of: Optional[Callable] = None) -> Optional[tuple[Optional[Tensor], Optional[Tensor]]]:
+        """Which rows of shape ``lead`` the fused kernel steers, and with which configuration of
+        :attr:`table`: ``(active, row_config)``, ``None`` for either meaning every row / configuration
+        0; ``None`` when it steers no row (arguments as for :meth:`apply`). What :meth:`apply` calls
+        the kernel with, and what an engine writes into its steering slots.
+
+        Examples:
+            >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), positions="last")
+            >>> program = compile([add], tiny.facts).programs["blocks.1.hook_resid_post"]
+            >>> active, rc = program.kernel_rows((4,), "cpu", None, lambda spec: torch.tensor([0, 0, 0, 1]).bool())
+            >>> active.tolist(), rc
+            ([False, False, False, True], None)
+        """
+        if self.kernel is None:
+            return None
+        if self.simple:
+            m = self._mask(self.specs[0], self.whens[0], mask_of, rule_of, lead)
+            if m is None:
+                return None, None
+            return (m, None) if bool(m.any()) else None
+        g = torch.zeros(lead, dtype=torch.long, device=device) if groups is None else groups
+        owned = g >= 0
+        gc = g.clamp_min(0)
+        bits = torch.zeros(lead, dtype=torch.long, device=device)
+        for j, spec in enumerate(self.specs):
+            m = self._mask(spec, self.whens[j], mask_of, rule_of, lead)
+            w = self.bit_weight[gc, j]
+            bits += w if m is None else w * m
+        active = owned & (bits > 0)
+        if not bool(active.any()):
+            return None
+        return active, (self.base[gc] + bits - 1).clamp_min(0)
+
     def apply(self, h: Float[Tensor, "*rows d_model"], groups: Optional[Tensor], mask_of: MaskOf,
               start: int = 0, rule_of: Optional[Callable] = None) -> Optional[Tensor]:
         """``h`` steered (a new tensor), or ``None`` when nothing applies. ``groups``: each row's group
@@ -899,26 +933,9 @@ class SiteProgram:
         out = None
         lead = h.shape[:-1]
         if self.kernel is not None:
-            if self.simple:
-                m = self._mask(self.specs[0], self.whens[0], mask_of, rule_of, lead)
-                if m is None:
-                    out = self.kernel(h)
-                elif bool(m.any()):
-                    out = self.kernel(h, m)
-            else:
-                lead = h.shape[:-1]
-                g = torch.zeros(lead, dtype=torch.long, device=h.device) if groups is None else groups
-                owned = g >= 0
-                gc = g.clamp_min(0)
-                bits = torch.zeros(lead, dtype=torch.long, device=h.device)
-                for j, spec in enumerate(self.specs):
-                    m = self._mask(spec, self.whens[j], mask_of, rule_of, lead)
-                    w = self.bit_weight[gc, j]
-                    bits += w if m is None else w * m
-                active = owned & (bits > 0)
-                if bool(active.any()):
-                    rc = self.base[gc] + bits - 1
-                    out = self.kernel(h, active, rc.clamp_min(0))
+            rows = self.kernel_rows(lead, h.device, groups, mask_of, rule_of)
+            if rows is not None:
+                out = self.kernel(h, *rows)
         for p, sel in self.steps:
             m = self._mask(p.positions, p.when, mask_of, rule_of, lead)
             if sel is not None or groups is not None:  # only the rows of the groups that have it

@@ -304,7 +304,9 @@ def test_cli_model_export_and_serve_dry_run(tiny, tmp_path, capsys):
                  "--", "--max-model-len", "512"]) == 0
     err = capsys.readouterr().err
     assert "VLLM_PLUGINS=steerkit" in err and f"STEERKIT_STORE={tmp_path / 'st'}" in err
-    assert "--enforce-eager" in err and err.rstrip().endswith("--max-model-len 512")
+    assert "--enforce-eager" not in err and err.rstrip().endswith("--max-model-len 512")  # compiled by default
+    assert main(["serve", str(tmp_path / "exp"), "--eager", "--dry-run"]) == 0
+    assert "--enforce-eager" in capsys.readouterr().err
     assert main(["serve", str(tmp_path / "nothing"), "--dry-run"]) == 2  # no model folder: a clear error
     assert "steerkit model export" in capsys.readouterr().err
     assert main(["serve", str(tmp_path / "exp"), "--host", "0.0.0.0", "--dry-run"]) == 2
@@ -360,13 +362,28 @@ def test_request_check_refuses_bad_specs_before_the_route_and_replays_good_bodie
     err = json.loads(out)["error"]
     assert status == 400 and "expected an artifact 'nope@1'" in err["message"] and err["param"] == "vllm_xargs.steerkit"
     assert received == []  # the route never ran
+    bad_record = json.dumps({"prompt": "hi", "stream": True, "vllm_xargs": {"steerkit_record": json.dumps(
+        {"hooks": ["blocks.1.hook_resid_post"], "run": "r1"})}}).encode()
+    monkeypatch.delenv("STEERKIT_RECORD_DIR", raising=False)
+    status, out = _asgi(app, bad_record)
+    assert status == 400 and "record folder" in json.loads(out)["error"]["message"] and received == []
     for good in (json.dumps({"prompt": "hi", "vllm_xargs": {"steerkit": json.dumps({"artifacts": [{"ref": "v@1"}]})}}),
                  json.dumps({"prompt": "hi"}), "not json"):
         status, out = _asgi(app, good.encode(), path="/v1/chat/completions")
         assert (status, out) == (200, b"ok") and received[-1] == good.encode()  # replayed byte for byte
+    # compiled on the CPU: the steering operator's host path runs everything
     mc.enforce_eager = False
-    status, out = _asgi(app, json.dumps({"prompt": "x", "vllm_xargs": {"steerkit": "{}"}}).encode())
-    assert status == 400 and "--enforce-eager" in json.loads(out)["error"]["message"]
+    ablate3 = json.dumps({"prompt": "x", "vllm_xargs": {"steerkit": json.dumps({"ops": [
+        {"op": "ablate", "layers": [1], "vectors": torch.eye(tiny.d_model)[:3].tolist()}]})}}).encode()
+    monkeypatch.setenv("STEERKIT_VLLM_SLOTS", "basis=2")
+    assert _asgi(app, ablate3) == (200, b"ok")
+    # compiled on CUDA (graphs): a table larger than the slots is refused, with what to do
+    app.fastapi.state.vllm_config.device_config = SimpleNamespace(device_type="cuda")
+    status, out = _asgi(app, ablate3)
+    msg = json.loads(out)["error"]["message"]
+    assert status == 400 and "a basis of 3 directions (the slots hold 2)" in msg and "--enforce-eager" in msg
+    monkeypatch.setenv("STEERKIT_VLLM_SLOTS", "basis=4")
+    assert _asgi(app, ablate3) == (200, b"ok")
 
 
 def test_plugin_refuses_untested_vllm_versions(monkeypatch):

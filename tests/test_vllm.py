@@ -51,6 +51,12 @@ def strip_eos(ids, eos):
 
 @pytest.fixture(scope="module")
 def setup(default_model, tmp_path_factory):
+    return build_setup(default_model, tmp_path_factory)
+
+
+def build_setup(default_model, tmp_path_factory):
+    """The exported model, a store of artifacts and steerkit's HF reference generator (the module
+    fixture of every vLLM test module on the default model)."""
     from steerkit.export_hf import export_hf
     from steerkit.serving import request_args
     from steerkit.vectors import DirectionSet, Store, SteeringVector
@@ -107,7 +113,9 @@ def setup(default_model, tmp_path_factory):
             "clamp_op": clamp_op, "args": request_args, "eos": sm.tokenizer.eos_token_id}
 
 
-def run_offline(setup, batches, engine=None, name="job"):
+def run_offline(setup, batches, engine=None, name="job", full=False, timeout=900):
+    """Run ``batches`` in one offline engine (tests/vllm_driver.py); each batch's outputs, or with
+    ``full`` the driver's whole result (seconds and compilation counters too)."""
     job = {"model": str(setup["model"]), "engine": engine or {}, "batches": batches}
     jp, op = setup["root"] / f"{name}.json", setup["root"] / f"{name}.out.json"
     jp.write_text(json.dumps(job))
@@ -115,38 +123,55 @@ def run_offline(setup, batches, engine=None, name="job"):
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one process: the plugin patches it in place
     # cwd away from the repository: its top-level kernels/ folder must not shadow the 'kernels' package
     r = subprocess.run([str(VLLM_PY), str(ROOT / "tests" / "vllm_driver.py"), str(jp), str(op)], env=env,
-                       capture_output=True, text=True, timeout=900, cwd=setup["root"])
+                       capture_output=True, text=True, timeout=timeout, cwd=setup["root"])
     assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(op.read_text())["batches"]
+    res = json.loads(op.read_text())
+    return res if full else res["batches"]
 
 
 def req(setup, prompt, args=None, max_tokens=MAX_NEW, salt=None):
     return {"prompt_token_ids": setup["ids"][prompt], "args": args, "max_tokens": max_tokens, "cache_salt": salt}
 
 
-def test_offline_mixed_batch_matches_hf_row_by_row(setup):
-    """A: add at layer 12; none; B: ablation at every block input / attention / MLP output; A at scale
-    0; an inline clamp; A on a long prompt and that prompt unsteered; a vector with a per-layer
-    schedule over layers 10-13; a region projection at layer 10. With at most 2 sequences running and 64-token prefill chunks, requests join
-    and leave the running batch and prompts are prefilled in chunks."""
+#: the engine of the mixed batch: requests join and leave (2 running), 64-token prefill chunks
+MIXED_ENGINE = {"max_num_seqs": 2, "max_num_batched_tokens": 64, "enable_chunked_prefill": True}
+
+
+def mixed_batch(setup):
+    """The mixed batch and steerkit's own HF tokens for each row alone: A: add at layer 12; none;
+    B: ablation at every block input / attention / MLP output; A at scale 0; an inline clamp; A on a
+    long prompt and that prompt unsteered; a vector with a per-layer schedule over layers 10-13; a
+    region projection at layer 10."""
     a = setup["args"]
     p = PROMPTS
     batch = [req(setup, p[0], a("happy@1", scale=1.0)), req(setup, p[1]), req(setup, p[2], a("calm@1")),
              req(setup, p[3], a("happy@1", scale=0.0)), req(setup, p[4], a(ops=[setup["clamp_op"]])),
              req(setup, LONG, a("happy@1", scale=1.0)), req(setup, LONG), req(setup, p[1], a("sched@1")),
              req(setup, p[2], a("region@1"))]
-    out = run_offline(setup, [batch], engine={"max_num_seqs": 2, "max_num_batched_tokens": 64,
-                                              "enable_chunked_prefill": True}, name="mixed")[0]
     hf = setup["hf"]
     want = [hf(p[0], "happy@1"), hf(p[1]), hf(p[2], "calm@1"), hf(p[3], "happy@1", 0.0), hf(p[4], clamp=True),
             hf(LONG, "happy@1"), hf(LONG), hf(p[1], "sched@1"), hf(p[2], "region@1")]
+    return batch, want
+
+
+def assert_mixed_batch(setup, out, want):
+    """Each row's tokens equal HF's, and the steering really changes the rows it is meant for."""
+    hf, p = setup["hf"], PROMPTS
     got = [strip_eos(o["token_ids"], setup["eos"]) for o in out]
     for i, (g, w) in enumerate(zip(got, want)):
         assert g == w, f"row {i}: vLLM {g} != HF {w}"
-    # the steering really changes the rows it is meant for
     assert want[0] != hf(p[0]) and want[2] != hf(p[2]) and want[4] != hf(p[4]) and want[5] != want[6]
     assert want[7] != hf(p[1]) and want[8] != hf(p[2])
     assert want[3] == hf(p[3])  # scale 0 == unsteered
+
+
+def test_offline_mixed_batch_matches_hf_row_by_row(setup):
+    """The mixed batch (:func:`mixed_batch`) in eager mode. With at most 2 sequences running and
+    64-token prefill chunks, requests join and leave the running batch and prompts are prefilled in
+    chunks."""
+    batch, want = mixed_batch(setup)
+    out = run_offline(setup, [batch], engine=MIXED_ENGINE, name="mixed")[0]
+    assert_mixed_batch(setup, out, want)
 
 
 def test_prefix_cache_never_mixes_steered_and_unsteered_kv(setup):
@@ -187,7 +212,7 @@ def server(setup):
     port = free_port()
     log = open(setup["root"] / "server.log", "w")
     cmd = [str(VLLM_PY), "-m", "steerkit", "serve", str(setup["model"]), "--store", str(setup["store"]),
-           "--port", str(port), "--", "--dtype", "float32", "--max-model-len", "2048", "--seed", "0"]
+           "--port", str(port), "--eager", "--", "--dtype", "float32", "--max-model-len", "2048", "--seed", "0"]
     proc = subprocess.Popen(cmd, env=env_for(setup["store"]), stdout=log, stderr=subprocess.STDOUT, cwd=setup["root"])
     url = f"http://127.0.0.1:{port}"
     wait_until_up(proc, url + "/health", setup["root"] / "server.log", 600, "vLLM", poll=2)

@@ -3,12 +3,18 @@ sharded, resumable activations folder) and ``demo`` (the quick-start pipeline)."
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 from steerkit import load_model
 from steerkit.cli._common import check_min, check_output_path, parse_hooks, read_prompts, resolve_hooks
-from steerkit.dataset import record_dataset
+from steerkit.dataset import ActivationDataset, record_dataset
 from steerkit.demo import main as demo_main
-from steerkit.errors import InputError
+from steerkit.errors import BackendUnavailableError, InputError
+from steerkit.serving import capture
 
 POSITION_NAMES = ("all", "prompt", "generated", "last")
 
@@ -48,11 +54,74 @@ def parse_positions(text: str):
     return out
 
 
+def _config_layers(model_dir: str | None) -> int:
+    """``num_hidden_layers`` of a Hugging Face model folder (for ``--engine vllm``)."""
+    cfg_path = Path(model_dir or "") / "config.json"
+    if model_dir is None or not cfg_path.is_file():
+        raise InputError(f"expected --model MODEL_DIR, a Hugging Face model folder vLLM loads, with --engine vllm, "
+                         f"found {model_dir!r}; write one with: steerkit model export --format hf DIR")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+        return int((cfg.get("text_config") or cfg)["num_hidden_layers"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise InputError(f"expected num_hidden_layers in {cfg_path}, could not read it ({type(e).__name__}: {e}); "
+                         "is it a decoder language model's folder?") from None
+
+
+def _record_vllm(args, pos, parsed_hooks) -> int:
+    """``steerkit record --engine vllm``: the data set of the HF path, recorded by vLLM in its own Python
+    (``--vllm-python``, ``$STEERKIT_VLLM_PYTHON`` or this one), run from a temporary folder so no folder
+    of the working directory shadows a package vLLM imports."""
+    hooks = resolve_hooks(parsed_hooks, _config_layers(args.model))
+    try:
+        engine = json.loads(args.engine_args)
+    except ValueError as e:
+        raise InputError(f"expected --engine-args as a JSON object of vllm.LLM arguments such as "
+                         f"'{{\"max_num_batched_tokens\": 2048}}', could not parse it ({e})") from None
+    if not isinstance(engine, dict):
+        raise InputError(f"expected --engine-args as a JSON object, found {type(engine).__name__}")
+    prompts = read_prompts(args.prompts)
+    out = Path(args.out).resolve()
+    _, todo = capture.dataset_plan(args.model, prompts, hooks, out, positions=pos, shard_size=args.shard_size,
+                                   chat=not args.no_chat)
+    if not todo:
+        ds = ActivationDataset(out)
+        print(f"nothing to record: {args.out} already holds {len(ds)} prompts x {len(hooks)} hooks "
+              f"({len(ds.shards)} shards)")
+        return 0
+    python = args.vllm_python or os.environ.get("STEERKIT_VLLM_PYTHON") or sys.executable
+    if not Path(python).is_file():
+        raise InputError(f"expected --vllm-python to name a Python with vLLM and steerkit installed, found no file "
+                         f"at {python}")
+    with tempfile.TemporaryDirectory(prefix="steerkit-record-") as tmp:
+        job = {"model": str(Path(args.model).resolve()), "prompts": prompts, "hooks": hooks, "positions": pos,
+               "out": str(out), "shard_size": args.shard_size, "batch_size": args.batch_size,
+               "chat": not args.no_chat, "engine": engine, "progress": not args.quiet}
+        job_path = Path(tmp) / "job.json"
+        job_path.write_text(json.dumps(job))
+        env = dict(os.environ)
+        plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p.strip()]
+        env["VLLM_PLUGINS"] = ",".join(dict.fromkeys(plugins + ["steerkit"]))
+        env[capture.ENV] = str(Path(tmp) / "spool")
+        code = "import sys; from steerkit.serving.capture import main; sys.exit(main())"
+        rc = subprocess.run([python, "-c", code, str(job_path)], cwd=tmp, env=env).returncode
+    if rc != 0:
+        raise BackendUnavailableError(f"expected the vLLM recording ({python}) to finish, found it exit with status "
+                                      f"{rc} (its output above says why); finished shards are kept, run the same "
+                                      "command again to resume, and check that this Python has vllm and steerkit "
+                                      "(--vllm-python)")
+    ds = ActivationDataset(out)
+    print(f"recorded {len(ds)} prompts x {len(hooks)} hooks into {args.out} ({len(ds.shards)} shards, vLLM)")
+    return 0
+
+
 def cmd_record(args) -> int:
     check_output_path(args.out, "--out", folder=True)
     check_min(args.batch_size, "--batch-size", 1)
     check_min(args.shard_size, "--shard-size", 1)
     pos = parse_positions(args.positions)
+    if getattr(args, "engine", "hf") == "vllm":
+        return _record_vllm(args, pos, parse_hooks(args.hooks))
     parsed_hooks = parse_hooks(args.hooks)
     prompts = read_prompts(args.prompts)
     sm = load_model(args.model, backend=args.backend)
@@ -91,6 +160,12 @@ def register(sub) -> None:
     sp.add_argument("--shard-size", type=int, default=256)
     sp.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
+    sp.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="hf: steerkit's own forward (default); "
+                    "vllm: through vLLM's continuous batching (--model must be a Hugging Face folder)")
+    sp.add_argument("--vllm-python", default=None, help="the Python with vLLM for --engine vllm (default: "
+                    "$STEERKIT_VLLM_PYTHON, else this one)")
+    sp.add_argument("--engine-args", default="{}", help="vllm.LLM arguments as JSON for --engine vllm, e.g. "
+                    "'{\"max_num_batched_tokens\": 2048}' (default: float32, eager)")
     sp.set_defaults(func=cmd_record)
 
     sp = sub.add_parser("demo", help="the quick-start pipeline on the default model")

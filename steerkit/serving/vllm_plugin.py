@@ -1,7 +1,7 @@
 """steerkit inside stock vLLM: a general plugin that steers each request with its own artifacts.
 
 Enable it with ``VLLM_PLUGINS=steerkit`` (entry point group ``vllm.general_plugins``) and point it at
-a store with ``STEERKIT_STORE``; run the model with ``enforce_eager=True`` (``--enforce-eager``).
+a store with ``STEERKIT_STORE``. The engine may run compiled (vLLM's default) or eager.
 vLLM calls :func:`register` in every process it starts; it patches, idempotently:
 
 * **front end** (``LLM`` / API-server process): ``InputProcessor._validate_params`` parses each
@@ -16,23 +16,31 @@ vLLM calls :func:`register` in every process it starts; it patches, idempotently
 * **engine core**: ``Request.from_engine_core_request`` salts a steered request's prefix-cache
   hash with its spec (:func:`steerkit.serving.spec.salt`), so KV computed under one steering is
   never reused by a request with another (or none); identical steering still shares its cache.
-* **worker**: after ``load_model`` (GPU and CPU model runners), forward hooks on the modules
-  :func:`steerkit.adapters.vllm_layout` names, one per hookable site: each decoder layer for
+* **worker**: after ``load_model`` (GPU and CPU model runners), one forward hook per hookable site
+  on the modules :func:`steerkit.adapters.vllm_layout` names: each decoder layer for
   ``blocks.{l}.hook_resid_post`` (its output ``(hidden, residual)`` sums to the residual stream
   after the block), its attention and MLP for ``hook_attn_out`` / ``hook_mlp_out`` and the embedding
-  for ``blocks.0.hook_resid_pre``; after ``_prepare_inputs`` (the step's batch layout is final) the
-  step's :func:`~steerkit.serving.plan.plan_step` from each request's rows (``query_start_loc``),
-  positions and resolved interventions; after ``execute_model`` the plan is cleared, so dummy /
-  profiling runs are never steered. Each steered site calls its compiled program
-  (:meth:`steerkit.interventions.SiteProgram.apply`, the object the local backends call) on the
-  steered rows of the step; unsteered rows are not touched.
+  for ``blocks.0.hook_resid_pre``. A hook does one thing: it calls the steering operator
+  (``torch.ops.steerkit.steer_resid_slots_`` / ``steer_slots_``, :mod:`steerkit.kernels.slots`) on
+  the module's output, in place, with the site's persistent buffers
+  (:class:`~steerkit.serving.plan.StepSlots`). Under ``torch.compile`` the hook is traced once and
+  the operator stays in the graph; under CUDA graphs its dense path is captured. After
+  ``_prepare_inputs`` (the step's batch layout is final) the step's
+  :func:`~steerkit.serving.plan.plan_step` (each request's rows, positions and resolved
+  interventions, compiled by :func:`steerkit.interventions.compile`, the compile the local
+  backends use) is written into the buffers (:meth:`~steerkit.serving.plan.StepSlots.fill`:
+  per-token slot indices from :meth:`~steerkit.interventions.SiteProgram.kernel_rows`, the tables
+  only when the step's steering changed); after ``execute_model`` they are cleared, so dummy /
+  profiling runs are never steered. Unsteered tokens have index -1 and are not touched. A step
+  whose steering does not fit the slots (more configurations than ``STEERKIT_VLLM_SLOTS`` holds, or
+  an operation other than the fused kernel's) is steered from its plan by the operator's host
+  path; on the dense path (CUDA graphs) the front end refuses such a request with 400
+  (:func:`graph_refusal`).
 
 :func:`register` refuses a vLLM outside :data:`TESTED_VLLM` and one whose internals (listed, every
 one of them, in :data:`VLLM_INTERNALS`) are not where the plugin expects them: the engine stops at
 start-up with the reason, never in the middle of a request.
 
-Only eager mode is supported: under CUDA graphs or ``torch.compile`` the hooks run once while
-tracing and never again, so steered requests are refused (400) when the engine is not eager.
 A failure inside the worker is logged and that step runs unsteered (an exception there would
 kill the engine for every user); the front-end check makes it rare.
 """
@@ -50,11 +58,14 @@ import torch
 
 from steerkit.adapters import vllm_layout
 from steerkit.errors import BackendUnavailableError
-from steerkit.interventions import ModelFacts
+from steerkit.interventions import ModelFacts, compile
 from steerkit.vectors import Store
 from steerkit.vectors.provenance import folder_fingerprint
 
-from .plan import Block, SteeringCache, plan_step
+from . import capture
+from steerkit.kernels.slots import set_host_fallback, steer_resid_slots_, steer_slots_
+
+from .plan import SLOTS_ENV, Block, SlotShape, SteeringCache, StepSlots, plan_step, slot_capacity, slot_refusal
 from .spec import KEY, SpecError, parse_spec, resolve, salt
 
 log = logging.getLogger("steerkit.serving")
@@ -79,9 +90,16 @@ VLLM_INTERNALS = (
     # worker
     "vllm.v1.worker.gpu_model_runner.GPUModelRunner.load_model / _prepare_inputs / execute_model (patched)",
     "vllm.v1.worker.cpu_model_runner.CPUModelRunner.load_model (patched when it defines its own)",
-    "runner.model, runner.model_config (enforce_eager, dtype), runner.device",
+    "runner.model, runner.model_config (enforce_eager, dtype), runner.device, runner.max_num_tokens (the slots' "
+    "token capacity); vllm_config.device_config.device_type (CUDA graphs or not)",
+    "forward hooks traced by torch.compile (Dynamo inlines module hooks registered before the first compile)",
     "runner.input_batch.num_reqs, runner.input_batch.req_ids, runner.query_start_loc.np, runner.positions(.np)",
     "runner.requests[req_id].sampling_params, .num_prompt_tokens",
+    # recording (steerkit.serving.capture)
+    "vllm.LLM(model=..., enforce_eager=...), LLM.generate(prompts, params, use_tqdm=...) -> RequestOutput in "
+    "order (.prompt_token_ids, .outputs[0].token_ids), LLM.get_tokenizer(), llm.llm_engine.model_config "
+    "(get_hidden_size(), hf_config), SamplingParams.clone() / .n; env VLLM_ENABLE_V1_MULTIPROCESSING "
+    "(an engine-core process inherits STEERKIT_RECORD_DIR when it starts)",
     # model
     "module layout through steerkit.adapters.vllm_layout (blocks, attn, mlp, embed)",
     "decoder layer output (hidden, residual) with hidden + residual = the residual stream after the block; "
@@ -206,22 +224,46 @@ class _Resolver:
 
 
 # ------------------------------------------------------------------------------ front end
-def check_spec(raw: Any, model_config, resolver: "_Resolver", facts_cache: dict) -> None:
+def check_spec(raw: Any, model_config, resolver: "_Resolver", facts_cache: dict, graphs: bool = False) -> None:
     """Check one request's steering spec against the served model; raises :class:`SpecError` with
-    the reason a client reads (the front-end check and :class:`RequestCheck` both call this)."""
-    if not model_config.enforce_eager:
-        raise SpecError(
-            "expected a vLLM engine in eager mode for steerkit steering, found one with CUDA graphs / "
-            "torch.compile (the steering hooks would run once while tracing and then never): start it with "
-            "enforce_eager=True / --enforce-eager")
+    the reason a client reads (the front-end check and :class:`RequestCheck` both call this).
+    ``graphs``: the engine may replay CUDA graphs, where the steering operator takes its dense path
+    (:mod:`steerkit.kernels.slots`): the steering must then fit the slots and use no region."""
     try:
         if "facts" not in facts_cache:
             facts_cache["facts"] = served_facts(model_config)
-        resolver.get(raw, facts_cache["facts"])
+        res = resolver.get(raw, facts_cache["facts"])
+        if graphs and res is not None:
+            why = graph_refusal(res, facts_cache["facts"])
+            if why is not None:
+                raise SpecError(f"expected steering that runs inside CUDA graphs, found {why}; start the engine "
+                                "with --enforce-eager for this steering, or raise STEERKIT_VLLM_SLOTS")
     except SpecError as e:
         raise SpecError(f"steerkit: {e}") from None
     except Exception as e:  # noqa: BLE001 - anything else is still this request's problem
         raise SpecError(f"steerkit: could not apply the steering spec ({type(e).__name__}: {e})") from None
+
+
+def graph_refusal(resolved: Any, facts: ModelFacts) -> Optional[str]:
+    """Why one request's steering cannot run on the steering operator's dense (CUDA-graph) path
+    (``None``: it can): an operation other than the fused kernel's, a region projection, or a
+    table larger than the slots (:data:`~steerkit.serving.plan.SLOTS_ENV`)."""
+    cap = slot_capacity(os.environ.get(SLOTS_ENV))
+    steering = compile([list(resolved.interventions)], facts, per_row=True)
+    for site, program in steering.programs.items():
+        if program.table is not None and program.table.has_region:
+            return f"a region projection at {site!r} (its solve iterates on the host)"
+    need = sum(p.table.n_configs for p in steering.programs.values() if p.table is not None)
+    if need > cap["configs"]:
+        return f"{need} configurations (the slots hold {cap['configs']})"
+    return slot_refusal(steering, SlotShape(facts.d_model, **cap))
+
+
+def uses_graphs(vllm_config) -> bool:
+    """Whether an engine may replay CUDA graphs (compiled, on a CUDA device)."""
+    mc = getattr(vllm_config, "model_config", None)
+    dev = getattr(getattr(vllm_config, "device_config", None), "device_type", "cpu")
+    return mc is not None and not mc.enforce_eager and str(dev).startswith("cuda")
 
 
 _FRONT: dict[str, Any] = {"resolver": None, "facts": {}}
@@ -242,10 +284,16 @@ def _patch_front_end() -> None:
 
     def _validate_params(self, params, supported_tasks):
         out = orig(self, params, supported_tasks)
+        if isinstance(params, SamplingParams) and params.extra_args:
+            try:
+                capture.check_request(params.extra_args, self.vllm_config.model_config)
+            except SpecError as e:
+                raise VLLMValidationError(str(e), parameter=f"vllm_xargs.{capture.KEY}") from None
         if not isinstance(params, SamplingParams) or not params.extra_args or KEY not in params.extra_args:
             return out
         try:
-            check_spec(params.extra_args[KEY], self.vllm_config.model_config, _front_resolver(), _FRONT["facts"])
+            check_spec(params.extra_args[KEY], self.vllm_config.model_config, _front_resolver(), _FRONT["facts"],
+                       uses_graphs(self.vllm_config))
         except SpecError as e:
             raise VLLMValidationError(str(e), parameter=f"vllm_xargs.{KEY}") from None
         return out
@@ -314,14 +362,17 @@ class RequestCheck:
         except ValueError:
             return None  # not JSON: vLLM answers it
         xargs = obj.get("vllm_xargs") if isinstance(obj, dict) else None
-        if not isinstance(xargs, dict) or KEY not in xargs:
+        if not isinstance(xargs, dict) or (KEY not in xargs and capture.KEY not in xargs):
             return None
         state = getattr(scope.get("app"), "state", None)
-        config = getattr(getattr(state, "vllm_config", None), "model_config", None)
+        vllm_config = getattr(state, "vllm_config", None)
+        config = getattr(vllm_config, "model_config", None)
         if config is None:
             return None  # no engine config in reach: the engine's own check stays
         try:
-            check_spec(xargs[KEY], config, _front_resolver(), _FRONT["facts"])
+            capture.check_request(xargs, config)
+            if KEY in xargs:
+                check_spec(xargs[KEY], config, _front_resolver(), _FRONT["facts"], uses_graphs(vllm_config))
         except SpecError as e:
             return str(e)
         return None
@@ -341,6 +392,8 @@ def _patch_engine_core() -> None:
                 request.cache_salt = salt(extra[KEY], request.cache_salt)
             except SpecError:  # validated in the front end; keep it away from shared cache anyway
                 request.cache_salt = f"{request.cache_salt or ''}-steerkit-invalid-{id(request)}"
+        if capture.KEY in extra:  # a recorded request computes (and records) every prompt token itself
+            request.cache_salt = f"{request.cache_salt or ''}-steerkit-record-{os.urandom(12).hex()}"
         return orig(cls, request, block_hasher)
 
     Request.from_engine_core_request = classmethod(from_engine_core_request)
@@ -365,50 +418,47 @@ def hook_sites(model) -> dict:
     return sites
 
 
-def _resid_hook(site: str):
-    def hook(_mod, _args, output):
+def _fallback_site(slots: StepSlots):
+    """The host fallback (:func:`steerkit.kernels.slots.set_host_fallback`): steer one site in place
+    from the step's own plan, for a step whose steering does not fit the slots."""
+    def steer(i: int, x: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
         plan = _STATE["plan"]
+        site = slots.sites[i]
         if plan is None or site not in plan:
-            return None
-        try:
-            hidden, residual = output
-            rows = plan.rows(site)
-            new = plan.steered(site, hidden[rows] + residual[rows])
-            if new is None:
-                return None
-            hidden, residual = hidden.clone(), residual.clone()
-            # the next layer (and the final norm) sums the two: 0 + new is exactly new
-            hidden[rows] = 0
+            return
+        rows = plan.rows(site)
+        if residual is None:
+            new = plan.steered(site, x[rows])
+            if new is not None:
+                x[rows] = new.to(x.dtype)
+            return
+        new = plan.steered(site, x[rows] + residual[rows])
+        if new is not None:
+            x[rows] = 0
             residual[rows] = new.to(residual.dtype)
-            return hidden, residual
-        except Exception:  # noqa: BLE001 - never take the engine down
-            log.exception("steerkit: steering failed at %s; this step runs unsteered", site)
-            return None
-    return hook
+    return steer
 
 
-def _out_hook(site: str):
-    def hook(_mod, _args, output):
-        plan = _STATE["plan"]
-        if plan is None or site not in plan:
-            return None
-        try:
-            t = output[0] if isinstance(output, tuple) else output
-            new = plan.apply(site, t)
-            if new is t:
-                return None
-            return (new, *output[1:]) if isinstance(output, tuple) else new
-        except Exception:  # noqa: BLE001
-            log.exception("steerkit: steering failed at %s; this step runs unsteered", site)
-            return None
-    return hook
+def _site_hook(site: str, kind: str, slots: StepSlots):
+    """The forward hook of one site: the steering operator on the module's output, in place. It
+    reads only the slots' persistent buffers, so a compiled graph that traced it once steers every
+    later step by what :meth:`StepSlots.fill` wrote."""
+    i = slots.index[site]
+    cfg, info, pn, tables = slots.cfg[i], slots.info[i], slots.preserve[i], slots.slots
+    if kind == "resid":
+        def resid_hook(_mod, _args, output):
+            hidden, residual = output
+            steer_resid_slots_(hidden, residual, cfg, info, pn, tables)
+        return resid_hook
+
+    def out_hook(_mod, _args, output):
+        steer_slots_(output[0] if isinstance(output, tuple) else output, cfg, info, pn, tables)
+    return out_hook
 
 
-def _install_hooks(model) -> list:
-    handles = []
-    for site, (module, kind) in hook_sites(model).items():
-        handles.append(module.register_forward_hook(_resid_hook(site) if kind == "resid" else _out_hook(site)))
-    return handles
+def _install_hooks(model, slots: StepSlots) -> list:
+    return [module.register_forward_hook(_site_hook(site, kind, slots))
+            for site, (module, kind) in hook_sites(model).items()]
 
 
 def _step_blocks(runner, resolver, facts: ModelFacts) -> list:
@@ -453,17 +503,22 @@ def _patch_worker() -> None:
 
         def load_model(self, *a, _orig=orig_load, **k):
             _orig(self, *a, **k)
-            if not self.model_config.enforce_eager:
-                log.warning("steerkit: the engine is not in eager mode; steered requests will be refused "
-                            "(start vLLM with enforce_eager=True / --enforce-eager)")
-                return
-            self._steerkit_hooks = _install_hooks(self.model)
-            self._steerkit_facts = served_facts(self.model_config)
+            capture.on_load(self)
+            self._steerkit_facts = facts = served_facts(self.model_config)
             self._steerkit_resolver = _Resolver()
             dtype = getattr(self.model_config, "dtype", None)
             dtype = dtype if isinstance(dtype, torch.dtype) else next(self.model.parameters()).dtype
-            self._steerkit_compiled = SteeringCache(self._steerkit_facts, self.device, dtype)
-            log.info("steerkit: %d steering hooks installed in pid %d", len(self._steerkit_hooks), os.getpid())
+            self._steerkit_compiled = SteeringCache(facts, self.device, dtype)
+            sites = hook_sites(self.model)
+            cap = slot_capacity(os.environ.get(SLOTS_ENV))
+            self._steerkit_slots = slots = StepSlots(list(sites), d_model=facts.d_model,
+                                                     max_tokens=int(self.max_num_tokens), device=self.device,
+                                                     dtype=dtype, **cap)
+            set_host_fallback(_fallback_site(slots))
+            self._steerkit_hooks = _install_hooks(self.model, slots)
+            log.info("steerkit: %d steering hooks installed in pid %d (%s; slots %s, %.1f MiB)",
+                     len(self._steerkit_hooks), os.getpid(),
+                     "eager" if self.model_config.enforce_eager else "compiled", cap, slots.nbytes() / 2**20)
 
         cls.load_model = load_model
 
@@ -472,13 +527,19 @@ def _patch_worker() -> None:
 
     def _prepare_inputs(self, *a, **k):
         out = orig_prepare(self, *a, **k)
+        capture.on_prepare(self)
         if getattr(self, "_steerkit_hooks", None):
+            slots = self._steerkit_slots
             try:
                 blocks = _step_blocks(self, self._steerkit_resolver, self._steerkit_facts)
-                _STATE["plan"] = plan_step(blocks, self._steerkit_compiled) if blocks else None
+                plan = plan_step(blocks, self._steerkit_compiled) if blocks else None
+                _STATE["plan"] = plan
+                if not slots.fill(plan):
+                    slots.fallback(plan)  # steered from the plan, in place, by the host path
             except Exception:  # noqa: BLE001
                 log.exception("steerkit: could not plan this step's steering; it runs unsteered")
                 _STATE["plan"] = None
+                slots.clear()
         return out
 
     GMR._prepare_inputs = _prepare_inputs
@@ -489,5 +550,9 @@ def _patch_worker() -> None:
             return orig_execute(self, *a, **k)
         finally:
             _STATE["plan"] = None
+            slots = getattr(self, "_steerkit_slots", None)
+            if slots is not None:
+                slots.clear()
+            capture.on_step_end(self)
 
     GMR.execute_model = execute_model

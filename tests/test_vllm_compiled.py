@@ -1,0 +1,88 @@
+"""Per-request steering inside vLLM's compiled mode (``torch.compile``; no ``enforce_eager``).
+
+Each hooked site calls the steering operator (``torch.ops.steerkit.steer_resid_slots_`` /
+``steer_slots_``, :mod:`steerkit.kernels.slots`), traced into the graph once; before each step the
+plugin writes the step's configurations and per-token slot indices into persistent buffers. The
+mixed batch of tests/test_vllm.py must give, row by row, exactly steerkit's own HF greedy tokens,
+and the compilation counters must not move while steered steps, requests and artifacts change.
+
+vLLM's first compiled start here compiles for several minutes and caches the result under
+``~/.cache/vllm``; this module starts one engine.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.test_vllm import (MIXED_ENGINE, PROMPTS, VLLM_PY, assert_mixed_batch, build_setup, mixed_batch,  # noqa: F401
+                             req, run_offline)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+STEPS = 50
+#: the counters that move when vLLM or Dynamo compiles anything
+COMPILE_COUNTERS = ("num_graphs_seen", "num_backend_compilations", "num_inductor_compiles", "num_eager_compiles",
+                    "num_aot_compiles", "num_aot_artifacts_loaded", "num_compiled_artifacts_loaded",
+                    "num_cache_entries_updated", "dynamo_unique_graphs", "dynamo_frames_ok")
+
+
+@pytest.fixture(scope="module")
+def setup(default_model, tmp_path_factory):
+    return build_setup(default_model, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def compiled_run(setup):
+    """One compiled engine: the mixed batch, then two batches of 50 steered steps (four requests
+    with one artifact each, then eight with other artifacts, scales and inline ops)."""
+    a = setup["args"]
+    p = PROMPTS
+    batch, want = mixed_batch(setup)
+    vec = [0.05] * setup["sm"].d_model
+    first = [req(setup, p[i], a("happy@1", scale=s), STEPS) for i, s in enumerate((0.5, 1.0, 1.5, 2.0))]
+    second = [req(setup, p[0], a("calm@1"), STEPS), req(setup, p[1], a("sched@1"), STEPS),
+              req(setup, p[2], a("region@1"), STEPS), req(setup, p[3], a("happy@1", "calm@1"), STEPS),
+              req(setup, p[4], a(ops=[setup["clamp_op"]]), STEPS),
+              req(setup, p[0], a(ops=[{"op": "add", "layers": [3, 20], "vector": vec, "scale": 8.0}]), STEPS),
+              req(setup, p[1], None, STEPS),
+              req(setup, p[2], a(ops=[{"op": "add", "layers": [7], "vector": vec, "scale": 5.0,
+                                       "positions": "generated"}]), STEPS)]
+    for r in first + second:
+        r["ignore_eos"] = True
+    res = run_offline(setup, [batch, first, second], engine={**MIXED_ENGINE, "enforce_eager": False},
+                      name="compiled", full=True, timeout=2000)  # a first start compiles for minutes
+    return {"res": res, "want": want, "first": first, "second": second}
+
+
+def test_compiled_mixed_batch_matches_hf_row_by_row(setup, compiled_run):
+    """The same mixed batch as the eager test, in a compiled engine: every row equals HF alone."""
+    assert_mixed_batch(setup, compiled_run["res"]["batches"][0], compiled_run["want"])
+
+
+def test_compiled_steering_does_not_recompile(setup, compiled_run):
+    """Compilation counters after the mixed batch = after 50 steered steps with one artifact =
+    after 50 more with eight other steerings: the graph is compiled once."""
+    counts = compiled_run["res"]["compile_counts"]
+    # it really is compiled: traced by Dynamo and compiled, or loaded from vLLM's compile cache
+    assert counts[0]["dynamo_unique_graphs"] + counts[0]["num_aot_compiles"] + counts[0]["num_aot_artifacts_loaded"] \
+        + counts[0]["num_backend_compilations"] >= 1, counts[0]
+    for k in COMPILE_COUNTERS:
+        assert counts[0][k] == counts[1][k] == counts[2][k], (k, counts)
+    for b in (1, 2):
+        for o in compiled_run["res"]["batches"][b]:
+            assert len(o["token_ids"]) == STEPS, o  # 50 steps each
+
+
+def test_compiled_long_steered_rows_match_hf(setup, compiled_run):
+    """The 50-step rows with one artifact at four scales against HF alone (HF stops at EOS; vLLM was
+    told to ignore it, so HF's tokens are a prefix of vLLM's)."""
+    from steerkit.vectors import Store
+    sm = setup["sm"]
+    art = Store(setup["store"]).load("happy@1")
+    got = [o["token_ids"] for o in compiled_run["res"]["batches"][1]]
+    wants = []
+    for i, s in enumerate((0.5, 1.0, 1.5, 2.0)):
+        with sm.steer(art, scale=s):
+            want = [int(x) for x in sm.generate([PROMPTS[i]], STEPS, return_tokens=True)[0]]
+        assert got[i][:len(want)] == want, (i, s)
+        wants.append(want)
+    assert len({tuple(w) for w in wants}) > 1  # the scale matters
