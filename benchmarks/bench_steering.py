@@ -6,7 +6,11 @@ Prints, side by side in one run (interleaved repeats, medians):
 - a batch of 8 with 8 different configurations vs the same batch with one shared configuration
   (target: throughput >= 0.9 of shared), and vs 8 sequential single-row runs.
 
-Usage: python benchmarks/bench_steering.py [--quick] [--tokens N] [--repeats R]
+Times are CPU seconds of this single-threaded process (``--threads 1``, ``time.process_time``) per
+decoding step: a steered row may stop at EOS earlier or later than the unsteered one, so each run's
+time is divided by its number of steps (the longest row's new tokens).
+
+Usage: python benchmarks/bench_steering.py [--quick] [--tokens N] [--repeats R] [--threads 1]
 
 Rows go to ``benchmarks/results/steering.csv`` (``--out``: one per operation and batch) and
 ``steering_per_row.csv`` next to it (the per-row comparison).
@@ -32,6 +36,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--layer", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (CPU-time ratios need 1)")
     ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "steering.csv"),
                     help="CSV of the per-operation rows; the per-row comparison goes to <stem>_per_row.csv next to it")
     args = ap.parse_args()
@@ -61,10 +66,14 @@ def main():
                     "What is a good breakfast?", "Explain rain to a child.", "Name a famous painter.",
                     "How do birds fly?", "Give me a tip for learning."]
 
+    C.set_threads(args.threads)
+
     def run(prompts, steering=None, preserve_norm=False):
-        t = time.perf_counter()
-        sm.generate(prompts, max_new_tokens=args.tokens, steering=steering, preserve_norm=preserve_norm)
-        return time.perf_counter() - t
+        """CPU seconds per decoding step of one greedy generation."""
+        t = time.process_time()
+        out = sm.generate(prompts, max_new_tokens=args.tokens, steering=steering, preserve_norm=preserve_norm,
+                          return_tokens=True)
+        return (time.process_time() - t) / max(1, max(len(o) for o in out))
 
     results = []
     for bs in (1, 8):
@@ -78,8 +87,8 @@ def main():
             r = statistics.median(steered) / statistics.median(base)
             results.append({"op": name, "batch": bs, "unsteered_s": statistics.median(base),
                             "steered_s": statistics.median(steered), "overhead_pct": 100 * (r - 1)})
-            print(f"batch {bs}  {name:22s} unsteered {statistics.median(base):7.3f}s  steered "
-                  f"{statistics.median(steered):7.3f}s  overhead {100 * (r - 1):+6.1f}%", flush=True)
+            print(f"batch {bs}  {name:22s} unsteered {1e3 * statistics.median(base):7.2f} ms/step  steered "
+                  f"{1e3 * statistics.median(steered):7.2f} ms/step  overhead {100 * (r - 1):+6.1f}%", flush=True)
     # per-row configurations
     prompts = base_prompts
     per_row = [{hook: SteerConfig.injection(torch.randn(d, generator=g), 4.0)} for _ in prompts]
@@ -88,7 +97,7 @@ def main():
     for _ in range(args.repeats):
         t_shared.append(run(prompts, shared))
         t_rows.append(run(prompts, per_row))
-        t_seq.append(sum(run([p], [s]) for p, s in zip(prompts, per_row)))
+        t_seq.append(sum(run([p], [s]) for p, s in zip(prompts, per_row)))  # per step of each run, summed
     ms, mr, mq = (statistics.median(x) for x in (t_shared, t_rows, t_seq))
     print(f"\nbatch 8, 8 different configs vs 1 shared: throughput ratio {ms / mr:.3f} (target >= 0.9)")
     print(f"batch 8, 8 different configs vs 8 sequential single-row runs: speed-up {mq / mr:.2f}x")
@@ -97,12 +106,13 @@ def main():
     print(json.dumps(results))
     mode = "quick" if args.quick else "full"
     out = Path(args.out)
-    ops_rows = [{"mode": mode, "op": r["op"], "batch": r["batch"], "unsteered_s": round(r["unsteered_s"], 4),
-                 "steered_s": round(r["steered_s"], 4), "overhead_pct": round(r["overhead_pct"], 2),
+    ops_rows = [{"mode": mode, "op": r["op"], "batch": r["batch"],
+                 "unsteered_ms_per_step": round(1e3 * r["unsteered_s"], 3),
+                 "steered_ms_per_step": round(1e3 * r["steered_s"], 3), "overhead_pct": round(r["overhead_pct"], 2),
                  "tokens": args.tokens, "repeats": args.repeats} for r in results if "op" in r]
     print(f"wrote {C.csv_rows(out, ops_rows)}")
-    per_row = [{"mode": mode, "batch": len(prompts), "configs": len(prompts), "shared_s": round(ms, 4),
-                "per_row_s": round(mr, 4), "sequential_s": round(mq, 4),
+    per_row = [{"mode": mode, "batch": len(prompts), "configs": len(prompts), "shared_ms_per_step": round(1e3 * ms, 3),
+                "per_row_ms_per_step": round(1e3 * mr, 3), "sequential_ms_per_step": round(1e3 * mq, 3),
                 "per_row_vs_shared_throughput": round(ms / mr, 4), "per_row_vs_sequential_speedup": round(mq / mr, 3),
                 "tokens": args.tokens, "repeats": args.repeats}]
     print(f"wrote {C.csv_rows(out.with_name(out.stem + '_per_row.csv'), per_row)}")

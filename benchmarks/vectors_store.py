@@ -23,7 +23,7 @@ from steerkit.vectors import FORMATS, Provenance, SteeringVector, Store, export,
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
-SUFFIX = {"llama.cpp": ".gguf", "repeng": ".gguf", "easysteer": ".gguf", "tlens": ".json", "svec": ".svec",
+SUFFIX = {"llama.cpp": ".gguf", "repeng": ".gguf", "easysteer": ".gguf", "easysteer-v1": ".gguf", "tlens": ".json", "svec": ".svec",
           "safetensors": ".safetensors"}
 
 
