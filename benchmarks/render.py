@@ -128,6 +128,7 @@ SOURCES: dict[str, tuple[str, str]] = {
     "vllm": ("benchmarks/bench_vllm.py", "per-request steering in vLLM (compiled and eager) vs steerkit's HF "
                                          "generation"),
     "gpu_steer_graph": ("benchmarks/gpu_steer_graph.py", "the steering operator inside a CUDA-graph replay"),
+    "vllm_record": ("benchmarks/bench_vllm_record.py", "recording a data set through vLLM vs steerkit's HF path"),
 }
 
 #: CSV stem -> (y column, columns naming each bar, column that colours the bars or None)
@@ -156,6 +157,7 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "vectors_store": ("per_s", ("operation", "format"), None),
     "vllm": ("ratio_steered_over_unsteered", ("engine",), None),
     "gpu_steer_graph": ("overhead_pct", ("condition",), None),
+    "vllm_record": ("prompts_per_s", ("engine",), None),
 }
 
 
