@@ -113,14 +113,15 @@ def build_setup(default_model, tmp_path_factory):
             "clamp_op": clamp_op, "args": request_args, "eos": sm.tokenizer.eos_token_id}
 
 
-def run_offline(setup, batches, engine=None, name="job", full=False, timeout=900):
+def run_offline(setup, batches, engine=None, name="job", full=False, timeout=900, env=None):
     """Run ``batches`` in one offline engine (tests/vllm_driver.py); each batch's outputs, or with
     ``full`` the driver's whole result (seconds and compilation counters too)."""
     job = {"model": str(setup["model"]), "engine": engine or {}, "batches": batches}
     jp, op = setup["root"] / f"{name}.json", setup["root"] / f"{name}.out.json"
     jp.write_text(json.dumps(job))
-    env = env_for(setup["store"])
+    extra, env = env or {}, env_for(setup["store"])
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one process: the plugin patches it in place
+    env.update(extra)
     # cwd away from the repository: its top-level kernels/ folder must not shadow the 'kernels' package
     r = subprocess.run([str(VLLM_PY), str(ROOT / "tests" / "vllm_driver.py"), str(jp), str(op)], env=env,
                        capture_output=True, text=True, timeout=timeout, cwd=setup["root"])

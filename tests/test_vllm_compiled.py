@@ -5,20 +5,27 @@ Each hooked site calls the steering operator (``torch.ops.steerkit.steer_resid_s
 plugin writes the step's configurations and per-token slot indices into persistent buffers. The
 mixed batch of tests/test_vllm.py must give, row by row, exactly steerkit's own HF greedy tokens,
 and the compilation counters must not move while steered steps, requests and artifacts change.
+The engine runs with ``STEERKIT_VLLM_RECORD=1``, so its graph also holds the record operator:
+steered and unsteered requests record rows equal to steerkit's HF recording.
 
 vLLM's first compiled start here compiles for several minutes and caches the result under
 ``~/.cache/vllm``; this module starts one engine.
 """
 from __future__ import annotations
 
-import pytest
+import contextlib
 
+import pytest
+import torch
+
+from steerkit.serving.capture import record_args
 from tests.test_vllm import (MIXED_ENGINE, PROMPTS, VLLM_PY, assert_mixed_batch, build_setup, mixed_batch,  # noqa: F401
                              req, run_offline)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 STEPS = 50
+REC_HOOKS = ["blocks.5.hook_resid_post", "blocks.14.hook_mlp_out", "blocks.20.hook_attn_out"]
 #: the counters that move when vLLM or Dynamo compiles anything
 COMPILE_COUNTERS = ("num_graphs_seen", "num_backend_compilations", "num_inductor_compiles", "num_eager_compiles",
                     "num_aot_compiles", "num_aot_artifacts_loaded", "num_compiled_artifacts_loaded",
@@ -48,9 +55,15 @@ def compiled_run(setup):
                                        "positions": "generated"}]), STEPS)]
     for r in first + second:
         r["ignore_eos"] = True
-    res = run_offline(setup, [batch, first, second], engine={**MIXED_ENGINE, "enforce_eager": False},
-                      name="compiled", full=True, timeout=2000)  # a first start compiles for minutes
-    return {"res": res, "want": want, "first": first, "second": second}
+    record = [req(setup, p[0], {**a("happy@1"), **record_args(REC_HOOKS, "prompt", run="rc", request="0")}, 4),
+              req(setup, p[1], None, 4),
+              req(setup, p[2], record_args(REC_HOOKS, "last", run="rc", request="2"), 4)]
+    folder = setup["root"] / "record-compiled"
+    folder.mkdir(exist_ok=True)
+    res = run_offline(setup, [batch, first, second, record], engine={**MIXED_ENGINE, "enforce_eager": False},
+                      name="compiled", full=True, timeout=2000,  # a first start compiles for minutes
+                      env={"STEERKIT_VLLM_RECORD": "1", "STEERKIT_RECORD_DIR": str(folder)})
+    return {"res": res, "want": want, "first": first, "second": second, "record_dir": folder}
 
 
 def test_compiled_mixed_batch_matches_hf_row_by_row(setup, compiled_run):
@@ -86,3 +99,27 @@ def test_compiled_long_steered_rows_match_hf(setup, compiled_run):
         assert got[i][:len(want)] == want, (i, s)
         wants.append(want)
     assert len({tuple(w) for w in wants}) > 1  # the scale matters
+
+
+def test_compiled_engine_records_rows_equal_to_hf(setup, compiled_run):
+    """Recording in the compiled engine: a steered request's prompt rows and an unsteered request's
+    last prompt token equal steerkit's own HF recording (float32, 1e-4 relative); the unrecorded
+    request in between records nothing."""
+    from steerkit.files import Folder
+    from steerkit.serving.capture import _read_run
+    from steerkit.vectors import Store
+    sm = setup["sm"]
+    rows = _read_run(Folder(compiled_run["record_dir"]), "rc")
+    assert sorted(rows) == ["0", "2"]
+    art = Store(setup["store"]).load("happy@1")
+    for req_id, prompt, positions, steer in (("0", PROMPTS[0], "prompt", True), ("2", PROMPTS[2], "last", False)):
+        toks = sm.pad([setup["ids"][prompt]])
+        with (sm.steer(art) if steer else contextlib.nullcontext()), sm.record(REC_HOOKS, positions=positions) as c:
+            sm.forward(toks)
+        for h in REC_HOOKS:
+            got = rows[req_id][h]
+            want = c[h][0] if positions == "prompt" else c[h]
+            vals = torch.stack([got[p] for p in sorted(got)])
+            assert vals.shape == want.shape, (req_id, h, vals.shape, want.shape)
+            rel = float((vals - want).norm() / want.norm())
+            assert rel < 1e-4, (req_id, h, rel)

@@ -191,8 +191,14 @@ def test_front_end_refuses_a_compiled_engine_and_a_missing_record_folder(monkeyp
     from steerkit.serving.spec import SpecError
     cfg = SimpleNamespace(enforce_eager=False, hf_config=SimpleNamespace(num_hidden_layers=30))
     args = capture.record_args(H, "last", run="r1")
-    with pytest.raises(SpecError, match="start with --enforce-eager to record"):
+    monkeypatch.delenv(capture.RECORD_ENV, raising=False)
+    with pytest.raises(SpecError, match="started without STEERKIT_VLLM_RECORD=1"):
         capture.check_request(args, cfg)
+    monkeypatch.setenv(capture.RECORD_ENV, "1")  # a compiled engine with its record hooks in the graph
+    monkeypatch.setenv(capture.ENV, "/tmp")
+    capture.check_request(args, cfg)
+    with pytest.raises(SpecError, match="replays CUDA graphs"):
+        capture.check_request(args, cfg, graphs=True)
     cfg.enforce_eager = True
     monkeypatch.delenv(capture.ENV, raising=False)
     with pytest.raises(SpecError, match="expected the engine's record folder in .STEERKIT_RECORD_DIR"):

@@ -25,8 +25,11 @@ request with ``max_tokens=N`` runs on ``N - 1`` of its generated tokens (the las
 never fed back).
 
 The worker (the plugin calls :func:`on_load`, :func:`on_prepare`, :func:`on_step_end`): forward hooks
-on the sites :func:`steerkit.adapters.vllm_layout` names, installed only in an eager engine and
-after the steering hooks (so they see steered values); per step :func:`on_prepare` plans the rows of
+on the sites :func:`steerkit.adapters.vllm_layout` names, after the steering hooks (so they see
+steered values), each calling the record operator ``torch.ops.steerkit.record_site_`` (so a graph
+traced by ``torch.compile`` keeps it and runs it at every step, on the host); an eager engine installs
+them at its first recording step, a compiled one started with ``STEERKIT_VLLM_RECORD=1`` when it
+loads (:func:`can_record`); per step :func:`on_prepare` plans the rows of
 each recorded request (``query_start_loc``, positions, prompt length), the hooks copy those rows
 to the CPU, and :func:`on_step_end` writes them as one safetensors file per run and step through
 :class:`steerkit.files.Folder` (confined to the record folder, written atomically) and forgets them:
@@ -69,7 +72,8 @@ from .spec import NAMED_POSITIONS, SpecError
 
 log = logging.getLogger("steerkit.serving")
 
-__all__ = ["KEY", "ENV", "RecordSpec", "parse_record", "record_args", "check_request", "StepRecorder",
+__all__ = ["KEY", "ENV", "RECORD_ENV", "RecordSpec", "parse_record", "record_args", "check_request", "can_record",
+           "StepRecorder",
            "RowBlock", "start_llm", "record_generate", "record_dataset_vllm", "dataset_plan", "main"]
 
 #: the ``extra_args`` key of a request's record spec
@@ -231,7 +235,7 @@ def _n_layers(model_config: Any) -> int:
     return int(text.num_hidden_layers)
 
 
-def check_request(extra_args: dict, model_config: Any) -> None:
+def check_request(extra_args: dict, model_config: Any, graphs: bool = False) -> None:
     """Front end: refuse a bad record spec with :class:`~steerkit.serving.spec.SpecError` (the plugin
     turns it into ``VLLMValidationError``: ``LLM.generate`` raises, the OpenAI server answers 400).
 
@@ -242,13 +246,17 @@ def check_request(extra_args: dict, model_config: Any) -> None:
         >>> check_request(record_args("blocks.1.hook_mlp_out", run="r1"), cfg)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        steerkit.serving.spec.SpecError: expected a vLLM engine in eager mode to record activations, ... start with --enforce-eager to record (enforce_eager=True in LLM(...))
+        steerkit.serving.spec.SpecError: expected a vLLM engine that can record activations, found a compiled one started without STEERKIT_VLLM_RECORD=1 ... to record (enforce_eager=True in LLM(...))
     """
     if not extra_args or KEY not in extra_args:
         return
-    if not getattr(model_config, "enforce_eager", False):
-        raise SpecError("expected a vLLM engine in eager mode to record activations, found one with CUDA graphs / "
-                        "torch.compile (the record hooks would run once while tracing, then never): start with "
+    if graphs and not getattr(model_config, "enforce_eager", False):
+        raise SpecError("expected a vLLM engine that can record activations, found one that replays CUDA graphs "
+                        "(the record operator copies rows out on the host): start with --enforce-eager to record "
+                        "(enforce_eager=True in LLM(...))")
+    if not can_record(model_config):
+        raise SpecError(f"expected a vLLM engine that can record activations, found a compiled one started without "
+                        f"{RECORD_ENV}=1 (its graph has no record hooks): start it with {RECORD_ENV}=1, or with "
                         "--enforce-eager to record (enforce_eager=True in LLM(...))")
     if not os.environ.get(ENV):
         raise SpecError(f"expected the engine's record folder in ${ENV}, found it unset; record through "
@@ -258,6 +266,27 @@ def check_request(extra_args: dict, model_config: Any) -> None:
 
 
 # ------------------------------------------------------------------------------ worker
+#: ``STEERKIT_VLLM_RECORD=1``: a compiled engine installs the record hooks when it loads (they must be
+#: in the graph it traces), so it can record; an eager engine installs them at its first recording step
+RECORD_ENV = "STEERKIT_VLLM_RECORD"
+#: recorders by id, read by the record operator's body
+_RECORDERS: dict[int, "StepRecorder"] = {}
+
+
+@torch.library.custom_op("steerkit::record_site_", mutates_args=("token",))
+def _record_site_op(x: Tensor, residual: Optional[Tensor], token: Tensor, recorder: int, site: int) -> None:
+    """The record hook's body as an operator of the graph: a compiled graph keeps it (it "mutates" the
+    recorder's token) and runs it at every step, on the host; it copies the planned rows out."""
+    rec = _RECORDERS.get(recorder)
+    if rec is not None:
+        rec._record(rec._names[site], x, residual)
+
+
+@_record_site_op.register_fake
+def _(x, residual, token, recorder, site) -> None:
+    return None
+
+
 def record_sites(model: Any) -> dict:
     """``{site: (module, kind)}`` the worker can record on this rank (module paths from
     :func:`steerkit.adapters.vllm_layout`): "resid" for a decoder layer, "out" for a module whose
@@ -304,15 +333,6 @@ def _flat(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _rows_of(output: Any, kind: str, rows: Tensor) -> Tensor:
-    """The site's value at ``rows`` of the flattened step: a decoder layer's ``hidden + residual`` (the
-    residual stream after the block), else the module's output."""
-    if kind == "resid" and isinstance(output, tuple) and len(output) >= 2 and output[1] is not None \
-            and output[0].shape == output[1].shape:
-        return _flat(output[0])[rows] + _flat(output[1])[rows]
-    return _flat(output[0] if isinstance(output, tuple) else output)[rows]
-
-
 class StepRecorder:
     """The worker's recorder for one model: forward hooks on its sites (:func:`record_sites`) that copy
     the rows :meth:`plan` chose for this step to the CPU, and :meth:`collect`, which hands them out
@@ -331,6 +351,9 @@ class StepRecorder:
 
     def __init__(self, model: Any):
         self.sites = record_sites(model)
+        self._names = list(self.sites)
+        self._token = torch.zeros(1)
+        _RECORDERS[id(self)] = self
         self.handles: list = []
         self._entries: list = []  # (spec, positions np) per recorded block with rows
         self._site_rows: dict = {}  # site -> (rows tensor, [(entry index, offset, n)])
@@ -358,20 +381,32 @@ class StepRecorder:
         self.remove()
 
     def _hook(self, site: str, kind: str):
+        """The forward hook: the record operator on the module's output (``hidden, residual`` of a
+        decoder layer), which runs :meth:`_record` at every step, traced or not."""
+        i, me, token = self._names.index(site), id(self), self._token
+
         def hook(_mod, _args, output):
-            plan = self._site_rows.get(site)
-            if plan is None:
-                return None
-            try:
-                dev = (output[0] if isinstance(output, tuple) else output).device
-                rows = self._device_rows.get((site, dev))
-                if rows is None:
-                    rows = self._device_rows[(site, dev)] = plan[0].to(dev)
-                self._got[site] = _rows_of(output, kind, rows).detach().to("cpu", torch.float32)
-            except Exception:  # noqa: BLE001 - never take the engine down
-                log.exception("steerkit: recording failed at %s; this step's rows there are skipped", site)
-            return None
+            if kind == "resid" and isinstance(output, tuple) and len(output) >= 2 and output[1] is not None \
+                    and output[0].shape == output[1].shape:
+                torch.ops.steerkit.record_site_(output[0], output[1], token, me, i)
+            else:
+                torch.ops.steerkit.record_site_(output[0] if isinstance(output, tuple) else output, None, token,
+                                                me, i)
         return hook
+
+    def _record(self, site: str, x: Tensor, residual: Optional[Tensor]) -> None:
+        """Copy this step's planned rows of ``site`` (``x`` or ``x + residual``) to the CPU."""
+        plan = self._site_rows.get(site)
+        if plan is None:
+            return
+        try:
+            rows = self._device_rows.get((site, x.device))
+            if rows is None:
+                rows = self._device_rows[(site, x.device)] = plan[0].to(x.device)
+            v = _flat(x)[rows] if residual is None else _flat(x)[rows] + _flat(residual)[rows]
+            self._got[site] = v.detach().to("cpu", torch.float32)
+        except Exception:  # noqa: BLE001 - never take the engine down
+            log.exception("steerkit: recording failed at %s; this step's rows there are skipped", site)
 
     # --- one step -----------------------------------------------------------------------
     def plan(self, blocks: Sequence[RowBlock]) -> None:
@@ -440,14 +475,30 @@ def _parsed(raw: Any) -> Optional[RecordSpec]:
     return hit if isinstance(hit, RecordSpec) else None
 
 
+def can_record(model_config: Any) -> bool:
+    """Whether an engine records: eager, or compiled with ``STEERKIT_VLLM_RECORD=1`` (its record
+    hooks are then installed when it loads, inside the graph it traces).
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> can_record(SimpleNamespace(enforce_eager=True))
+        True
+    """
+    return bool(getattr(model_config, "enforce_eager", False)) or os.environ.get(RECORD_ENV) == "1"
+
+
 def on_load(runner: Any) -> None:
-    """Worker, after ``load_model``: note whether the engine is eager (the hooks themselves are
-    installed at the first step, after the steering hooks, so they record steered values)."""
+    """Worker, after ``load_model`` and after the steering hooks (so recording sees steered values):
+    in an eager engine the record hooks are installed at the first step that records; a compiled one
+    with ``STEERKIT_VLLM_RECORD=1`` installs them now, before vLLM traces the model."""
     runner._steerkit_recorder = None
-    runner._steerkit_record_eager = bool(getattr(runner.model_config, "enforce_eager", False))
+    runner._steerkit_record_eager = can_record(runner.model_config)
     if not runner._steerkit_record_eager:
-        log.warning("steerkit: the engine is not in eager mode; record requests will be refused "
-                    "(start with --enforce-eager to record)")
+        log.info("steerkit: compiled engine without %s=1; record requests will be refused", RECORD_ENV)
+    elif not getattr(runner.model_config, "enforce_eager", False):
+        runner._steerkit_recorder = StepRecorder(runner.model).install()
+        log.info("steerkit: %d record hooks installed in pid %d (compiled)", len(runner._steerkit_recorder.handles),
+                 os.getpid())
 
 
 def _row_blocks(runner: Any) -> list[RowBlock]:

@@ -286,7 +286,8 @@ def _patch_front_end() -> None:
         out = orig(self, params, supported_tasks)
         if isinstance(params, SamplingParams) and params.extra_args:
             try:
-                capture.check_request(params.extra_args, self.vllm_config.model_config)
+                capture.check_request(params.extra_args, self.vllm_config.model_config,
+                                      uses_graphs(self.vllm_config))
             except SpecError as e:
                 raise VLLMValidationError(str(e), parameter=f"vllm_xargs.{capture.KEY}") from None
         if not isinstance(params, SamplingParams) or not params.extra_args or KEY not in params.extra_args:
@@ -370,7 +371,7 @@ class RequestCheck:
         if config is None:
             return None  # no engine config in reach: the engine's own check stays
         try:
-            capture.check_request(xargs, config)
+            capture.check_request(xargs, config, uses_graphs(vllm_config))
             if KEY in xargs:
                 check_spec(xargs[KEY], config, _front_resolver(), _FRONT["facts"], uses_graphs(vllm_config))
         except SpecError as e:
@@ -503,7 +504,6 @@ def _patch_worker() -> None:
 
         def load_model(self, *a, _orig=orig_load, **k):
             _orig(self, *a, **k)
-            capture.on_load(self)
             self._steerkit_facts = facts = served_facts(self.model_config)
             self._steerkit_resolver = _Resolver()
             dtype = getattr(self.model_config, "dtype", None)
@@ -516,6 +516,7 @@ def _patch_worker() -> None:
                                                      dtype=dtype, **cap)
             set_host_fallback(_fallback_site(slots))
             self._steerkit_hooks = _install_hooks(self.model, slots)
+            capture.on_load(self)  # after the steering hooks: recording sees steered values
             log.info("steerkit: %d steering hooks installed in pid %d (%s; slots %s, %.1f MiB)",
                      len(self._steerkit_hooks), os.getpid(),
                      "eager" if self.model_config.enforce_eager else "compiled", cap, slots.nbytes() / 2**20)
