@@ -253,18 +253,37 @@ def _dense(h: Tensor, cfg: Tensor, preserve: Tensor, tensors: Sequence[Tensor]) 
     return active, torch.where(preserve, kept, plain)
 
 
-@torch.library.custom_op("steerkit::steer_slots_", mutates_args=("x",))
-def _steer_slots_op(x: Tensor, cfg: Tensor, info: Tensor, preserve: Tensor, tensors: list[Tensor]) -> None:
+def _steer_in_place(x: Tensor, residual: Optional[Tensor], cfg: Tensor, info: Tensor, preserve: Tensor,
+                    tensors: Sequence[Tensor]) -> None:
+    """Both operators' body: steer ``x`` (or the stream ``x + residual``, written back as ``x = 0``,
+    ``residual = steered``: the next layer, and the final norm, sums the two, and 0 + new is exactly
+    new) on the rows ``cfg`` indexes; other rows keep their values."""
     if x.is_cuda:
-        active, new = _dense(x, cfg, preserve, tensors)
-        x.copy_(torch.where(active[:, None], new.to(x.dtype), x))
+        active, new = _dense(x if residual is None else x + residual, cfg, preserve, tensors)
+        a = active[:, None]
+        if residual is None:
+            x.copy_(torch.where(a, new.to(x.dtype), x))
+        else:
+            residual.copy_(torch.where(a, new.to(residual.dtype), residual))
+            x.masked_fill_(a, 0)
         return
-    if _fallback(info, x, None):
+    if _fallback(info, x, residual):
         return
     host = _host_rows(cfg, info, tensors, x.shape[0], x.shape[-1])
-    if host is not None:
-        rows, g, tab, pn = host
+    if host is None:
+        return
+    rows, g, tab, pn = host
+    if residual is None:
         x[rows] = fused_steer_ref(x[rows], tab, g, None, preserve_norm=pn).to(x.dtype)
+    else:
+        new = fused_steer_ref(x[rows] + residual[rows], tab, g, None, preserve_norm=pn)
+        x[rows] = 0
+        residual[rows] = new.to(residual.dtype)
+
+
+@torch.library.custom_op("steerkit::steer_slots_", mutates_args=("x",))
+def _steer_slots_op(x: Tensor, cfg: Tensor, info: Tensor, preserve: Tensor, tensors: list[Tensor]) -> None:
+    _steer_in_place(x, None, cfg, info, preserve, tensors)
 
 
 @_steer_slots_op.register_fake
@@ -275,22 +294,7 @@ def _(x, cfg, info, preserve, tensors) -> None:
 @torch.library.custom_op("steerkit::steer_resid_slots_", mutates_args=("hidden", "residual"))
 def _steer_resid_slots_op(hidden: Tensor, residual: Tensor, cfg: Tensor, info: Tensor, preserve: Tensor,
                           tensors: list[Tensor]) -> None:
-    # a steered row becomes (0, steered stream): the next layer (and the final norm) sums the two,
-    # and 0 + new is exactly new; other rows keep both halves
-    if hidden.is_cuda:
-        active, new = _dense(hidden + residual, cfg, preserve, tensors)
-        a = active[:, None]
-        residual.copy_(torch.where(a, new.to(residual.dtype), residual))
-        hidden.masked_fill_(a, 0)
-        return
-    if _fallback(info, hidden, residual):
-        return
-    host = _host_rows(cfg, info, tensors, hidden.shape[0], hidden.shape[-1])
-    if host is not None:
-        rows, g, tab, pn = host
-        new = fused_steer_ref(hidden[rows] + residual[rows], tab, g, None, preserve_norm=pn)
-        hidden[rows] = 0
-        residual[rows] = new.to(residual.dtype)
+    _steer_in_place(hidden, residual, cfg, info, preserve, tensors)
 
 
 @_steer_resid_slots_op.register_fake

@@ -597,6 +597,34 @@ def vllm_layout(model: nn.Module) -> VLLMLayout:
         f"{type(model).__name__}; add its layout to steerkit.adapters.vllm_layout")
 
 
+def vllm_sites(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
+    """``{site: (module, kind)}`` for every site a vLLM model exposes on this rank: ``kind`` "resid"
+    for a decoder layer (``blocks.{l}.hook_resid_post``: its output ``(hidden, residual)`` sums to the
+    residual stream after the block), "out" for a module whose output is the site (the embedding for
+    ``blocks.0.hook_resid_pre``, attention and MLP for ``hook_attn_out`` / ``hook_mlp_out``). Blocks
+    of other pipeline ranks are absent; indices stay absolute.
+
+    Examples:
+        >>> sites = vllm_sites(tiny.hf_model)
+        >>> len(sites), sites["blocks.2.hook_resid_post"][1], sites["blocks.0.hook_resid_pre"][1]
+        (13, 'resid', 'out')
+    """
+    lay = vllm_layout(model)
+    sites: dict[str, tuple[nn.Module, str]] = {}
+    if lay.embed is not None:
+        sites["blocks.0.hook_resid_pre"] = (lay.embed, "out")
+    for l, blk in enumerate(lay.blocks):  # absolute indices: None for the blocks of other pipeline ranks
+        if blk is None:
+            continue
+        sites[f"blocks.{l}.hook_resid_post"] = (blk, "resid")
+        attn, mlp = lay.attn[l], lay.mlp[l]
+        if attn is not None:
+            sites[f"blocks.{l}.hook_attn_out"] = (attn, "out")
+        if mlp is not None:
+            sites[f"blocks.{l}.hook_mlp_out"] = (mlp, "out")
+    return sites
+
+
 _REGISTRY: dict[str, Adapter] = {}
 
 

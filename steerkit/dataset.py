@@ -90,25 +90,7 @@ def _record_into(sm: "SteerModel", prompts: list[str], names: list[str], out: Pa
             "fingerprint": sm.fingerprint(), "n_prompts": len(prompts), "prompts_sha256": _prompts_hash(prompts),
             "shard_size": shard_size, "chat": chat, "d_model": sm.d_model}
     man_path = out / MANIFEST
-    done: dict[str, int] = {}
-    if man_path.exists():
-        try:
-            old = json.loads(man_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InputError(f"expected valid JSON in {man_path} to resume the recording in {out}, found a parse "
-                             f"error: {e}; use another folder or delete this one") from None
-        if not isinstance(old, dict):
-            raise InputError(f"expected a JSON object in {man_path}, found {type(old).__name__}; use another "
-                             "folder or delete this one")
-        keys = ("hooks", "positions", "fingerprint", "prompts_sha256", "shard_size", "chat")
-        diff = [k for k in keys if old.get(k) != meta[k]]
-        if diff:
-            raise InputError(f"expected {out} to hold a recording of the same run to resume, found one that "
-                             f"differs in {diff}; use another folder or delete this one")
-        done = old.get("shards", {})
-    n_shards = (len(prompts) + shard_size - 1) // shard_size
-    todo = [i for i in range(n_shards) if not (out / f"shard-{i:05d}.safetensors").exists()
-            or f"shard-{i:05d}.safetensors" not in done]
+    done, todo = resume_state(out, meta, len(prompts), shard_size)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -145,6 +127,33 @@ def _record_into(sm: "SteerModel", prompts: list[str], names: list[str], out: Pa
     if not man_path.exists():
         _atomic_write_bytes(man_path, json.dumps({**meta, "shards": done}, indent=1).encode())
     return ActivationDataset(out)
+
+
+def resume_state(out: Path, meta: dict, n_prompts: int, shard_size: int) -> tuple[dict[str, int], list[int]]:
+    """What a recording into ``out`` still has to do: ``(done, todo)``, the shards its manifest lists
+    whose files exist (``{file name: prompts}``) and the indices of the shards to record. A manifest of
+    another run (hooks, positions, fingerprint, prompts, shard size or chat differ from ``meta``) or
+    an unreadable one is refused with what to do."""
+    man_path = out / MANIFEST
+    done: dict[str, int] = {}
+    if man_path.exists():
+        try:
+            old = json.loads(man_path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InputError(f"expected valid JSON in {man_path} to resume the recording in {out}, found a parse "
+                             f"error: {e}; use another folder or delete this one") from None
+        if not isinstance(old, dict):
+            raise InputError(f"expected a JSON object in {man_path}, found {type(old).__name__}; use another "
+                             "folder or delete this one")
+        keys = ("hooks", "positions", "fingerprint", "prompts_sha256", "shard_size", "chat")
+        diff = [k for k in keys if old.get(k) != meta[k]]
+        if diff:
+            raise InputError(f"expected {out} to hold a recording of the same run to resume, found one that "
+                             f"differs in {diff}; use another folder or delete this one")
+        done = {k: v for k, v in old.get("shards", {}).items() if (out / k).exists()}
+    n_shards = (n_prompts + shard_size - 1) // shard_size
+    todo = [i for i in range(n_shards) if f"shard-{i:05d}.safetensors" not in done]
+    return done, todo
 
 
 class ActivationDataset:

@@ -60,8 +60,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from steerkit.adapters import vllm_layout
-from steerkit.dataset import FORMAT, MANIFEST, ActivationDataset, _prompts_hash
+from steerkit.adapters import vllm_sites
+from steerkit.dataset import FORMAT, MANIFEST, ActivationDataset, _prompts_hash, resume_state
 from steerkit.errors import BackendUnavailableError, HookNameError, InputError, SteerkitError
 from steerkit.files import Folder, atomic_write_bytes
 from steerkit.fingerprint import folder_fingerprint
@@ -297,19 +297,7 @@ def record_sites(model: Any) -> dict:
         >>> len(sites), sites["blocks.2.hook_resid_post"][1], sites["blocks.0.hook_resid_pre"][1]
         (13, 'resid', 'out')
     """
-    lay = vllm_layout(model)
-    sites: dict = {}
-    if lay.embed is not None:
-        sites["blocks.0.hook_resid_pre"] = (lay.embed, "out")
-    for l, blk in enumerate(lay.blocks):  # absolute indices: None for the blocks of other pipeline ranks
-        if blk is None:
-            continue
-        sites[f"blocks.{l}.hook_resid_post"] = (blk, "resid")
-        if lay.attn[l] is not None:
-            sites[f"blocks.{l}.hook_attn_out"] = (lay.attn[l], "out")
-        if lay.mlp[l] is not None:
-            sites[f"blocks.{l}.hook_mlp_out"] = (lay.mlp[l], "out")
-    return sites
+    return vllm_sites(model)
 
 
 @dataclasses.dataclass
@@ -788,27 +776,8 @@ def dataset_plan(model_dir: str, prompts: Sequence[str], hooks: Sequence[str], o
     if out.exists() and not out.is_dir():
         raise InputError(f"expected the output folder {out} to be a folder or not exist yet, found a file; "
                          "choose another path or remove the file")
-    done: dict = {}
-    man = out / MANIFEST
-    if man.exists():
-        try:
-            old = json.loads(man.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise InputError(f"expected valid JSON in {man} to resume the recording in {out}, found a parse "
-                             f"error: {e}; use another folder or delete this one") from None
-        if not isinstance(old, dict):
-            raise InputError(f"expected a JSON object in {man}, found {type(old).__name__}; use another folder "
-                             "or delete this one")
-        keys = ("hooks", "positions", "fingerprint", "prompts_sha256", "shard_size", "chat")
-        diff = [k for k in keys if old.get(k) != meta[k]]
-        if diff:
-            raise InputError(f"expected {out} to hold a recording of the same run to resume, found one that "
-                             f"differs in {diff}; use another folder or delete this one")
-        done = old.get("shards", {})
-    n_shards = (len(prompts) + shard_size - 1) // shard_size
-    todo = [i for i in range(n_shards) if not (out / f"shard-{i:05d}.safetensors").exists()
-            or f"shard-{i:05d}.safetensors" not in done]
-    meta["shards"] = {k: v for k, v in done.items() if (out / k).exists()}
+    done, todo = resume_state(out, meta, len(prompts), shard_size)
+    meta["shards"] = done
     return meta, todo
 
 

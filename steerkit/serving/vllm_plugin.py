@@ -56,7 +56,7 @@ from typing import Any, Optional
 
 import torch
 
-from steerkit.adapters import vllm_layout
+from steerkit.adapters import vllm_sites
 from steerkit.errors import BackendUnavailableError
 from steerkit.interventions import ModelFacts, compile
 from steerkit.vectors import Store
@@ -402,21 +402,9 @@ def _patch_engine_core() -> None:
 
 # ------------------------------------------------------------------------------ worker
 def hook_sites(model) -> dict:
-    """``{site: (module, kind)}`` for every site the plugin hooks on this rank: ``kind`` "resid" for
-    a decoder layer (``blocks.{l}.hook_resid_post``), "out" for a module whose output is the site."""
-    lay = vllm_layout(model)
-    sites: dict = {}
-    if lay.embed is not None:
-        sites["blocks.0.hook_resid_pre"] = (lay.embed, "out")
-    for l, blk in enumerate(lay.blocks):  # absolute indices: None for the blocks of other pipeline ranks
-        if blk is None:
-            continue
-        sites[f"blocks.{l}.hook_resid_post"] = (blk, "resid")
-        if lay.attn[l] is not None:
-            sites[f"blocks.{l}.hook_attn_out"] = (lay.attn[l], "out")
-        if lay.mlp[l] is not None:
-            sites[f"blocks.{l}.hook_mlp_out"] = (lay.mlp[l], "out")
-    return sites
+    """``{site: (module, kind)}`` for every site the plugin hooks on this rank
+    (:func:`steerkit.adapters.vllm_sites`)."""
+    return vllm_sites(model)
 
 
 def _fallback_site(slots: StepSlots):
