@@ -380,7 +380,9 @@ class ActivationCache:
             seg["closed"] = True
 
     # --- read --------------------------------------------------------------------
-    def _build(self, name: str):
+    def _build(self, name: str, keep: bool = True):
+        """``(values, positions, lengths)`` of ``name``, built once and kept (``keep=False``: built
+        and not kept, for a caller that copies it anyway, like :meth:`stack`)."""
         if name in self._final:
             return self._final[name]
         if name not in self._runs:
@@ -389,55 +391,58 @@ class ActivationCache:
         if not segs:
             raise InputError(f"nothing was recorded at {name!r}: run sm.forward(...) or sm.generate(...) "
                              "inside the record scope")
-        rows_v, rows_p = [], []
         # attention matrices: each generation step has more keys; pad every chunk to the most
         keys = max((t[1] for seg in segs for t in seg["t"] if len(t) == 2 and self._is_matrix(name)), default=None)
+        vals, rows, poss, n_rows = [], [], [], 0
         for seg in segs:
             vs = seg["v"]
             if keys is not None:
                 scores = name.endswith("hook_attn_scores")
                 vs = [_pad_keys(v, t, keys, scores) for v, t in zip(vs, seg["t"])]
-            b, p, v = torch.cat(seg["b"]), torch.cat(seg["p"]), torch.cat(vs)
-            for r in range(seg["B"]):
-                sel = (b == r).nonzero(as_tuple=True)[0]
-                order = p[sel].argsort(stable=True)
-                ps = p[sel][order]
-                if ps.numel() > 1 and bool((ps[1:] == ps[:-1]).any()):
-                    # a re-run step (representation recycling) recorded these positions again:
-                    # the last recording of a position is the one the run kept
-                    last = torch.ones_like(ps, dtype=torch.bool)
-                    last[:-1] = ps[1:] != ps[:-1]
-                    order, ps = order[last], ps[last]
-                rows_v.append(v[sel[order.to(sel.device)].to(v.device)])
-                rows_p.append(ps)
-        n = max(int(r.shape[0]) for r in rows_v)
+            vals += vs
+            rows += [b + n_rows for b in seg["b"]]  # the rows of every segment, one after another
+            poss += seg["p"]
+            n_rows += seg["B"]
+        v, b, p = torch.cat(vals), torch.cat(rows), torch.cat(poss)
+        # each row's entries in position order (stable); a position recorded twice in one run (a
+        # re-run step, as representation recycling does) keeps its last recording
+        key = b * (int(p.max()) + 2 if p.numel() else 1) + p
+        order = torch.argsort(key, stable=True)
+        ks = key[order]
+        last = torch.ones_like(ks, dtype=torch.bool)
+        last[:-1] = ks[1:] != ks[:-1]
+        order = order[last]
+        bs, ps = b[order], p[order]
+        lengths = torch.bincount(bs, minlength=n_rows)
+        n = int(lengths.max()) if n_rows else 0
         if n == 0 and isinstance(self.spec, str) and self.spec == "generated" and not any(seg["gen"] for seg in segs):
             lens = [int(x) for seg in segs if seg["n"] is not None for x in seg["n"].tolist()]
             raise InputError(f"expected positions='generated' to select generated tokens at {name!r}, found none: "
                              f"only forward passes ran in this record scope (prompt lengths in tokens: {lens}), "
                              "and they generate nothing; record inside sm.generate(...), or use positions='all', "
                              "'prompt', 'last' or token indices")
-        ref = rows_v[0] if rows_v else segs[0]["v"][0]
-        d = ref.shape[-1]
-        out = torch.zeros(len(rows_v), n, d, dtype=ref.dtype, device=ref.device)
-        pos = torch.full((len(rows_v), n), -1, dtype=torch.long)
-        lengths = torch.tensor([int(r.shape[0]) for r in rows_v], dtype=torch.long)
-        for i, (rv, rp) in enumerate(zip(rows_v, rows_p)):
-            out[i, : rv.shape[0]] = rv
-            pos[i, : rp.shape[0]] = rp
+        col = torch.arange(bs.numel()) - (torch.cumsum(lengths, 0) - lengths)[bs]
+        out = torch.zeros(n_rows, n, v.shape[-1], dtype=v.dtype, device=v.device)
+        out[bs.to(v.device), col.to(v.device)] = v[order.to(v.device)]
+        pos = torch.full((n_rows, n), -1, dtype=torch.long)
+        pos[bs, col] = ps
         tail = self._tails.get(name, ())
         if tail:
             out = out.unflatten(-1, (tail[0], -1))  # [batch, n, heads, d_head | k_pos]
             if self._is_matrix(name):
                 out = out.transpose(1, 2)  # [batch, heads, n, k_pos]
-        self._final[name] = (out, pos, lengths)
-        return self._final[name]
+        if keep:
+            self._final[name] = (out, pos, lengths)
+        return out, pos, lengths
 
     def _is_matrix(self, name: str) -> bool:
         return name.rsplit(".", 2)[-2:] in (["attn", "hook_pattern"], ["attn", "hook_attn_scores"])
 
     def __getitem__(self, name: str) -> Tensor:
-        out, _, lengths = self._build(name)
+        return self._value(name)
+
+    def _value(self, name: str, keep: bool = True) -> Tensor:
+        out, _, lengths = self._build(name, keep)
         if self.spec == "last":
             if bool((lengths != 1).any()):
                 raise InputError(f"expected one last-prompt-token activation per row at {name!r}, "
@@ -468,7 +473,20 @@ class ActivationCache:
 
     def stack(self, names: Optional[Iterable[str]] = None) -> Tensor:
         """``[n_hooks, batch, ...]``: the named (default: all) hooks stacked, e.g. every layer."""
-        return torch.stack([self[n] for n in (names or self.names)])
+        # each hook built, copied into the stack and dropped: the peak is the recorded rows, the
+        # stacked result and one hook's values, not a kept copy of every hook besides
+        names = list(names or self.names)
+        first = self._value(names[0], keep=False)
+        out = first.new_empty((len(names), *first.shape))
+        out[0] = first
+        del first
+        for i, n in enumerate(names[1:], 1):
+            v = self._value(n, keep=False)
+            if v.shape != out.shape[1:]:
+                raise InputError(f"expected every stacked hook to have the shape of {names[0]!r} "
+                                 f"{tuple(out.shape[1:])}, found {tuple(v.shape)} at {n!r}; stack hooks of one kind")
+            out[i] = v
+        return out
 
     def clear(self) -> None:
         self._runs = {n: [] for n in self.names}
