@@ -40,17 +40,24 @@ VLLM_PY = Path(os.environ.get("STEERKIT_VLLM_PYTHON") or ROOT / ".venv-vllm" / "
 JOB = r'''
 import json, sys, time
 from steerkit.serving import capture
-job = json.loads(open(sys.argv[1]).read())
-t0 = time.perf_counter()
-llm = capture.start_llm(job["model"], dtype="float32", seed=0, max_model_len=2048,
-                        max_num_seqs=job["vllm_batch"], enable_prefix_caching=False)
-start = time.perf_counter() - t0
-capture.record_dataset_vllm(llm, job["model"], job["warm"], job["hooks"], job["warm_out"], positions="last",
-                            batch_size=job["vllm_batch"], shard_size=job["shard_size"], progress=False)
-t = time.perf_counter()
-capture.record_dataset_vllm(llm, job["model"], job["prompts"], job["hooks"], job["out"], positions="last",
-                            batch_size=job["vllm_batch"], shard_size=job["shard_size"], progress=False)
-json.dump({"start_s": start, "record_s": time.perf_counter() - t}, open(sys.argv[2], "w"))
+
+
+def run():
+    job = json.loads(open(sys.argv[1]).read())
+    t0 = time.perf_counter()
+    llm = capture.start_llm(job["model"], dtype="float32", seed=0, max_model_len=2048,
+                            max_num_seqs=job["vllm_batch"], enable_prefix_caching=False)
+    start = time.perf_counter() - t0
+    capture.record_dataset_vllm(llm, job["model"], job["warm"], job["hooks"], job["warm_out"], positions="last",
+                                batch_size=job["vllm_batch"], shard_size=job["shard_size"], progress=False)
+    t = time.perf_counter()
+    capture.record_dataset_vllm(llm, job["model"], job["prompts"], job["hooks"], job["out"], positions="last",
+                                batch_size=job["vllm_batch"], shard_size=job["shard_size"], progress=False)
+    json.dump({"start_s": start, "record_s": time.perf_counter() - t}, open(sys.argv[2], "w"))
+
+
+if __name__ == "__main__":  # vLLM starts its engine with spawn
+    run()
 '''
 
 

@@ -206,3 +206,33 @@ def test_a_compiled_graph_follows_refilled_buffers_without_recompiling(tiny):
         slots.fill(plan)
         torch.testing.assert_close(cm(x), want, atol=1e-5, rtol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_steady_batch_reuses_its_slot_indices_and_a_reordered_one_does_not(tiny):
+    """Two requests steered at every position: the second fill of the same step reuses the indices
+    (same rows, same steering), a step with the requests' rows swapped recomputes them; each equals
+    the eager programs."""
+    d = tiny.d_model
+    g = torch.Generator().manual_seed(5)
+    facts = _facts(tiny)
+    ra = resolve(parse_spec({"ops": [{"op": "add", "layers": [1], "vector": torch.randn(d, generator=g).tolist()}]}),
+                 store=_Store({}), facts=facts)
+    rb = resolve(parse_spec({"ops": [{"op": "add", "layers": [1], "vector": torch.randn(d, generator=g).tolist(),
+                                      "scale": -2.0}]}), store=_Store({}), facts=facts)
+    cache = SteeringCache(tiny.facts, None)
+    site = "blocks.1.hook_resid_post"
+    slots = StepSlots(_sites(tiny), d_model=d, max_tokens=16, configs=8)
+    i = slots.index[site]
+    h = torch.randn(3, d, generator=g)
+    steps = [[(0, 1, 5, 4, ra), (1, 2, 7, 6, None), (2, 3, 3, 2, rb)],   # a decode step
+             [(0, 1, 6, 4, ra), (1, 2, 8, 6, None), (2, 3, 4, 2, rb)],   # the next one: same rows
+             [(0, 1, 4, 2, rb), (1, 2, 8, 6, None), (2, 3, 7, 4, ra)]]   # the requests' rows swapped
+    for step in steps:
+        blocks = [Block(a, b, np.array([pos]), n, r) for a, b, pos, n, r in step]
+        plan = plan_step(blocks, cache)
+        assert slots.fill(plan)
+        got = h.clone()
+        steer_slots_(got, slots.cfg[i], slots.info[i], slots.preserve[i], slots.slots)
+        torch.testing.assert_close(got, plan.apply(site, h), atol=1e-6, rtol=1e-6)
+        slots.clear()
+    assert site in slots._idx  # the steady steps took the cached indices

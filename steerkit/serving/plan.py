@@ -260,7 +260,8 @@ class StepSlots:
         self.preserve = torch.zeros(S, dtype=torch.bool, device=device)
         self.device = device
         self._loaded: Optional[CompiledSteering] = None
-        self._spans: dict[str, tuple] = {}  # site -> (stages, offset, n, preserve_norm) of the loaded steering
+        self._spans: dict[str, tuple] = {}  # site -> (info row, offset, all positions?) of the loaded steering
+        self._idx: dict[str, tuple] = {}  # site -> (its requests' rows, slot index per row): the last step's
         self._dirty: list[int] = []  # sites whose cfg rows the previous step set
 
     def refusal(self, steering: CompiledSteering) -> Optional[str]:
@@ -285,9 +286,11 @@ class StepSlots:
             if program.table is None or site not in self.index:
                 continue
             stages = self.slots.load(program.table, off)
-            spans[site] = (stages, off, program.table.n_configs, program.preserve_norm)
+            static = all(spec == "all" for spec in program.specs) and all(w is None for w in program.whens)
+            spans[site] = (slot_info(stages, program.preserve_norm, off, program.table.n_configs), off, static)
+            self.preserve[self.index[site]] = program.preserve_norm
             off += program.table.n_configs
-        self._loaded, self._spans = steering, spans
+        self._loaded, self._spans, self._idx = steering, spans, {}
         return True
 
     def fallback(self, plan: StepPlan) -> None:
@@ -324,20 +327,30 @@ class StepSlots:
             span = self._spans.get(site)
             if span is None:
                 continue
-            stages, off, n, pn = span
-            sel = sr.program.kernel_rows((len(sr.rows),), sr.rows.device, sr.groups, plan.mask_of(site))
-            if sel is None:
-                continue
-            active, rc = sel
-            idx = torch.full((len(sr.rows),), off, dtype=torch.long, device=sr.rows.device)
-            if rc is not None:
-                idx = idx + rc
-            if active is not None:
-                idx = torch.where(active, idx, torch.full_like(idx, -1))
+            info, off, static = span
+            # a site whose every spec selects all positions steers the same slots for the same rows:
+            # a steady decode batch reuses the previous step's indices (keyed by its requests' rows)
+            sig = tuple((plan.blocks[j].start, plan.blocks[j].end, plan.blocks[j].resolved.key) for j in sr.blocks) \
+                if static else None
+            hit = self._idx.get(site) if sig is not None else None
+            if hit is not None and hit[0] == sig:
+                idx = hit[1]
+            else:
+                sel = sr.program.kernel_rows((len(sr.rows),), sr.rows.device, sr.groups, plan.mask_of(site))
+                if sel is None:
+                    continue
+                active, rc = sel
+                idx = torch.full((len(sr.rows),), off, dtype=torch.long, device=sr.rows.device)
+                if rc is not None:
+                    idx = idx + rc
+                if active is not None:
+                    idx = torch.where(active, idx, torch.full_like(idx, -1))
+                idx = idx.to(self.cfg.device)
+                if sig is not None:
+                    self._idx[site] = (sig, idx)
             i = self.index[site]
-            self.cfg[i, sr.rows] = idx.to(self.cfg.device)
-            self.info[i] = slot_info(stages, pn, off, n)
-            self.preserve[i] = pn
+            self.cfg[i, sr.rows] = idx
+            self.info[i] = info
             self._dirty.append(i)
         return True
 
