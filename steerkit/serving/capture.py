@@ -68,6 +68,7 @@ from steerkit.fingerprint import folder_fingerprint
 from steerkit.hooknames import parse as parse_hook
 from steerkit.interventions import server_mask_of
 
+from .plan import runner_requests
 from .spec import NAMED_POSITIONS, SpecError
 
 log = logging.getLogger("steerkit.serving")
@@ -490,23 +491,11 @@ def on_load(runner: Any) -> None:
 
 
 def _row_blocks(runner: Any) -> list[RowBlock]:
-    num_reqs = runner.input_batch.num_reqs
-    qsl = runner.query_start_loc.np[: num_reqs + 1]
-    total = int(qsl[num_reqs]) if num_reqs else 0
-    positions = runner.positions.np[:total] if hasattr(runner.positions, "np") else \
-        runner.positions.cpu().numpy()[:total]
     blocks = []
-    for i, req_id in enumerate(runner.input_batch.req_ids[:num_reqs]):
-        st = runner.requests.get(req_id)
-        sp = getattr(st, "sampling_params", None)
-        extra = (sp.extra_args or {}) if sp is not None else {}
-        if KEY not in extra:
-            continue
-        spec = _parsed(extra[KEY])
-        if spec is None:
-            continue
-        a, b = int(qsl[i]), int(qsl[i + 1])
-        blocks.append(RowBlock(a, b, np.asarray(positions[a:b], dtype=np.int64), int(st.num_prompt_tokens), spec))
+    for _, a, b, positions, n_prompt, raw in runner_requests(runner, KEY):
+        spec = _parsed(raw)
+        if spec is not None:
+            blocks.append(RowBlock(a, b, positions, n_prompt, spec))
     return blocks
 
 

@@ -43,6 +43,34 @@ class Block:
     resolved: Any  # spec.Resolved or None (unsteered)
 
 
+def runner_requests(runner: Any, key: str):
+    """The requests of a vLLM V1 model runner's step that carry ``extra_args[key]``: ``(request id,
+    start, end, positions [end - start], prompt length, extra_args[key])``, rows ``start:end`` of the
+    flattened batch (``runner.input_batch``, ``query_start_loc``, ``positions``, ``requests``: the
+    runner fields listed in :data:`steerkit.serving.vllm_plugin.VLLM_INTERNALS`).
+
+    Examples:
+        >>> from types import SimpleNamespace as NS
+        >>> req = lambda extra: NS(sampling_params=NS(extra_args=extra), num_prompt_tokens=3)
+        >>> runner = NS(input_batch=NS(num_reqs=2, req_ids=["a", "b"]), query_start_loc=NS(np=np.array([0, 3, 4])),
+        ...             positions=NS(np=np.array([0, 1, 2, 7])), requests={"a": req({"k": 1}), "b": req(None)})
+        >>> [(r, a, b, p.tolist(), n, v) for r, a, b, p, n, v in runner_requests(runner, "k")]
+        [('a', 0, 3, [0, 1, 2], 3, 1)]
+    """
+    num_reqs = runner.input_batch.num_reqs
+    qsl = runner.query_start_loc.np[: num_reqs + 1]
+    total = int(qsl[num_reqs]) if num_reqs else 0
+    positions = runner.positions.np[:total] if hasattr(runner.positions, "np") else \
+        runner.positions.cpu().numpy()[:total]
+    for i, req_id in enumerate(runner.input_batch.req_ids[:num_reqs]):
+        st = runner.requests.get(req_id)
+        sp = getattr(st, "sampling_params", None)
+        extra = (sp.extra_args or {}) if sp is not None else {}
+        if key in extra:
+            a, b = int(qsl[i]), int(qsl[i + 1])
+            yield req_id, a, b, np.asarray(positions[a:b], dtype=np.int64), int(st.num_prompt_tokens), extra[key]
+
+
 class SteeringCache:
     """:class:`~steerkit.interventions.CompiledSteering` per tuple of steering keys (one row group per
     key, in that order), least recently used dropped."""
@@ -356,4 +384,4 @@ class StepSlots:
 
 
 __all__ = ["Block", "SiteRows", "SlotShape", "SteeringCache", "StepPlan", "StepSlots", "SLOTS_ENV", "SLOT_DEFAULTS",
-           "plan_step", "single_request_plan", "slot_capacity", "slot_refusal"]
+           "plan_step", "runner_requests", "single_request_plan", "slot_capacity", "slot_refusal"]

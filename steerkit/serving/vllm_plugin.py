@@ -65,7 +65,8 @@ from steerkit.vectors.provenance import folder_fingerprint
 from . import capture
 from steerkit.kernels.slots import set_host_fallback, steer_resid_slots_, steer_slots_
 
-from .plan import SLOTS_ENV, Block, SlotShape, SteeringCache, StepSlots, plan_step, slot_capacity, slot_refusal
+from .plan import (SLOTS_ENV, Block, SlotShape, SteeringCache, StepSlots, plan_step, runner_requests, slot_capacity,
+                   slot_refusal)
 from .spec import KEY, SpecError, parse_spec, resolve, salt
 
 log = logging.getLogger("steerkit.serving")
@@ -451,27 +452,15 @@ def _install_hooks(model, slots: StepSlots) -> list:
 
 
 def _step_blocks(runner, resolver, facts: ModelFacts) -> list:
-    num_reqs = runner.input_batch.num_reqs
-    qsl = runner.query_start_loc.np[: num_reqs + 1]
-    total = int(qsl[num_reqs]) if num_reqs else 0
-    positions = runner.positions.np[:total] if hasattr(runner.positions, "np") else \
-        runner.positions.cpu().numpy()[:total]
     blocks = []
-    for i, req_id in enumerate(runner.input_batch.req_ids[:num_reqs]):
-        st = runner.requests.get(req_id)
-        sp = getattr(st, "sampling_params", None)
-        extra = (sp.extra_args or {}) if sp is not None else {}
-        if KEY not in extra:
-            continue
+    for req_id, a, b, positions, n_prompt, raw in runner_requests(runner, KEY):
         try:
-            res = resolver.get(extra[KEY], facts, check=False)  # checked in the front end
+            res = resolver.get(raw, facts, check=False)  # checked in the front end
         except Exception as e:  # noqa: BLE001 - the store changed since the front end checked
             log.error("steerkit: request %s runs unsteered: %s", req_id, e)
             continue
-        if res is None:
-            continue
-        a, b = int(qsl[i]), int(qsl[i + 1])
-        blocks.append(Block(a, b, positions[a:b], int(st.num_prompt_tokens), res))
+        if res is not None:
+            blocks.append(Block(a, b, positions, n_prompt, res))
     return blocks
 
 
