@@ -18,6 +18,7 @@ equals the same blocks run eagerly with :func:`steerkit.kernels.fused_steer_ref`
 atol 1e-4), i.e. that the captured graph really reads the refilled buffers.
 
 Usage:  python benchmarks/gpu_steer_graph.py                  # on one CUDA GPU, about a minute
+        python benchmarks/gpu_steer_graph.py --quick          # 8 blocks, fewer replays
         python benchmarks/gpu_steer_graph.py --smoke          # CPU: the arithmetic check only, no graph
 Needs only torch (and this checkout: it imports steerkit, or its kernels/ folder when steerkit is not
 installed). Writes ``benchmarks/results/gpu_steer_graph.csv`` (``--out``) and ``$OUT/gpu_steer_graph.json``
@@ -83,9 +84,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--quick", action="store_true", help="8 blocks, 50 replays x 3 rounds")
     ap.add_argument("--smoke", action="store_true", help="CPU, small sizes: the arithmetic check only")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_steer_graph.csv"))
     a = ap.parse_args()
+    if a.quick:
+        a.layers, a.reps, a.rounds = 8, 50, 3
     if a.smoke:
         a.d_model, a.layers, a.tokens, device = 64, 2, 8, torch.device("cpu")
     elif not torch.cuda.is_available():
@@ -171,7 +175,8 @@ def main() -> None:
     rows = []
     for c, _, _ in conds:
         ms = statistics.median(times[c])
-        rows.append({**{k: result[k] for k in ("device", "d_model", "layers", "tokens", "dtype")}, "condition": c,
+        rows.append({"mode": "quick" if a.quick else "full",
+                     **{k: result[k] for k in ("device", "d_model", "layers", "tokens", "dtype")}, "condition": c,
                      "ms_per_replay": round(ms, 4), "overhead_pct": round(100 * (ms / base - 1), 2),
                      "op_us_per_site": round(1e3 * (ms - base) / a.layers, 2) if c != "base" else 0.0})
         print(f"{c:>11}: {ms:.3f} ms per replay, {rows[-1]['overhead_pct']:+.2f}% vs base")
