@@ -597,7 +597,7 @@ def vllm_layout(model: nn.Module) -> VLLMLayout:
         f"{type(model).__name__}; add its layout to steerkit.adapters.vllm_layout")
 
 
-def vllm_sites(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
+def vllm_sites(model: nn.Module) -> dict[str, tuple[Any, str]]:
     """``{site: (module, kind)}`` for every site a vLLM model exposes on this rank: ``kind`` "resid"
     for a decoder layer (``blocks.{l}.hook_resid_post``: its output ``(hidden, residual)`` sums to the
     residual stream after the block), "out" for a module whose output is the site (the embedding for
@@ -610,7 +610,7 @@ def vllm_sites(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
         (13, 'resid', 'out')
     """
     lay = vllm_layout(model)
-    sites: dict[str, tuple[nn.Module, str]] = {}
+    sites: dict[str, tuple[Any, str]] = {}
     if lay.embed is not None:
         sites["blocks.0.hook_resid_pre"] = (lay.embed, "out")
     for l, blk in enumerate(lay.blocks):  # absolute indices: None for the blocks of other pipeline ranks
