@@ -11,7 +11,8 @@ Measured side by side in one run, on the default model (float32, greedy, 64 new 
 3. steerkit's own HF generation of the same batch: unsteered, and with the 8 vectors as per-row
    steering (``sm.generate(..., steering=[...])``).
 
-Prints tokens/s, the ratios steered / unsteered (targets: compiled >= 0.95, eager >= 0.9), the
+Prints tokens/s (medians), the ratios steered / unsteered (the median over the repeats of each steered
+batch's speed over the unsteered batch run just before it; targets: compiled >= 0.95, eager >= 0.9), the
 speed-up of compiled over eager with both steered, and vLLM / HF.
 
 Usage: ``.venv/bin/python benchmarks/bench_vllm.py [--new 64] [--requests 16] [--repeats 3] [--json out.json]``
@@ -104,7 +105,9 @@ def main() -> None:
         secs = out["seconds"][2:]
         plain, steer = [n_tok / x for x in secs[0::2]], [n_tok / x for x in secs[1::2]]
         res[f"{mode}_unsteered_tok_s"], res[f"{mode}_steered_tok_s"] = med(plain), med(steer)
-        res[f"{mode}_ratio_steered_over_unsteered"] = med(steer) / med(plain)
+        # each steered batch against the unsteered one just before it: the median of those paired ratios
+        # (a drift of the machine's speed over the run moves both of a pair alike)
+        res[f"{mode}_ratio_steered_over_unsteered"] = med(s / p for p, s in zip(plain, steer))
         res[f"{mode}_process_s"] = time.perf_counter() - t0
         print(f"vLLM {mode}: batch seconds (warm-up pair, then unsteered/steered pairs): "
               f"{[round(x, 2) for x in out['seconds']]}; process {res[f'{mode}_process_s']:.0f} s", flush=True)
@@ -122,7 +125,7 @@ def main() -> None:
         sm.generate(texts, args.new, steering=rows)
         h_steer.append(n_tok / (time.perf_counter() - t))
     res.update(hf_unsteered_tok_s=med(h_plain), hf_steered_tok_s=med(h_steer),
-               hf_ratio_steered_over_unsteered=med(h_steer) / med(h_plain))
+               hf_ratio_steered_over_unsteered=med(s / p for p, s in zip(h_plain, h_steer)))
     res["compiled_over_eager_steered"] = res["compiled_steered_tok_s"] / res["eager_steered_tok_s"]
     print(f"{n_req} concurrent requests x {args.new} new tokens, 8 artifacts, median of {args.repeats} (tokens/s):")
     for k, name, target in (("compiled", "vLLM compiled", ">= 0.95"), ("eager", "vLLM eager", ">= 0.9"),

@@ -243,6 +243,7 @@ def fused_steer_ref(
     x0 = h if h.dtype == acc else h.to(acc)
     if g is None:
         g = torch.zeros(h.shape[0], dtype=torch.long, device=h.device)
+    every_row = active is None
     if active is None:
         active = torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
     g = g.long()
@@ -267,8 +268,9 @@ def fused_steer_ref(
         n0 = x0.norm(dim=-1, keepdim=True)
         n1 = x.norm(dim=-1, keepdim=True)
         x = x * torch.where(n1 > 0, n0 / n1.clamp_min(1e-30), torch.ones_like(n1))
-    out = torch.where(active[:, None], x, x0)
-    return out.to(h.dtype)
+    if every_row:  # no row to keep: skip the select (a new tensor all the same)
+        return x.to(h.dtype) if x is not h else h.clone()
+    return torch.where(active[:, None], x, x0).to(h.dtype)
 
 
 def one_config(table) -> bool:

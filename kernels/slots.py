@@ -18,7 +18,7 @@ Shapes never change between steps, so a graph is compiled (or a CUDA graph captu
 many requests, artifacts or steps go through it: the engine only writes new values into the
 buffers, as vLLM's multi-LoRA does for its adapter weights and indices.
 
-The operator mutates its inputs in place (``mutates_args``), so untouched rows cost nothing, and
+The operator mutates its inputs in place (its schema marks them ``Tensor(a!)``), so untouched rows cost nothing, and
 registers a fake implementation (no computation, for tracing). Its arithmetic is
 :func:`~steerkit.kernels.fused_steer_ref`, the same reference every other path of steerkit runs:
 
@@ -191,8 +191,10 @@ def slot_info(stages: Sequence[bool] = (False, False, False, False), preserve_no
 #: Held in one place per process: a test runner may import this file twice (``kernels.slots`` and
 #: ``steerkit.kernels.slots``), and the operator runs the copy that registered it.
 _STATE_KEY = "steerkit.kernels._slots_state"
-_HOST_FALLBACK: list = sys.modules.setdefault(_STATE_KEY, types.ModuleType(_STATE_KEY)).__dict__.setdefault(
-    "fallback", [None])
+_STATE = sys.modules.setdefault(_STATE_KEY, types.ModuleType(_STATE_KEY))
+_HOST_FALLBACK: list = _STATE.__dict__.setdefault("fallback", [None])
+_SPANS: dict = {}  # (slots storage, info row) -> the span's SteerTable (see _span_table)
+_STAGE_FIELDS = tuple(tuple((name, FIELDS.index(name)) for name in names) for names in _STAGES.values())
 
 
 def set_host_fallback(fn: Optional[Callable[[int, Tensor, Optional[Tensor]], None]]) -> None:
@@ -213,30 +215,34 @@ def set_host_fallback(fn: Optional[Callable[[int, Tensor, Optional[Tensor]], Non
     _HOST_FALLBACK[0] = fn
 
 
-def _fallback(info: Tensor, x: Tensor, residual: Optional[Tensor]) -> bool:
-    if int(info[6]) != -1:
-        return False
-    fn = _HOST_FALLBACK[0]
-    if fn is not None:
-        fn(int(info[5]), x, residual)
-    return True
+def _span_table(tensors: Sequence[Tensor], row: Sequence[int], d: int) -> SteerTable:
+    """The slots' span ``row`` names (views of the persistent tensors), built once per span: the
+    views stay valid when the slots are refilled in place, and they keep the storage they view alive,
+    so its address (the key) cannot be reused by other slots meanwhile."""
+    ab, ga, ad, rg, _, off, n = row
+    key = (tensors[0].data_ptr(), tuple(tensors[0].shape), ab, ga, ad, rg, off, n)
+    hit = _SPANS.get(key)
+    if hit is None:
+        if len(_SPANS) >= 4096:
+            _SPANS.clear()
+        span = slice(off, off + n)
+        kw: dict[str, Any] = {name: (tensors[i][span] if used else None)
+                                for fields, used in zip(_STAGE_FIELDS, (ab, ga, ad, rg)) for name, i in fields}
+        hit = _SPANS[key] = SteerTable(n_configs=n, d_model=d, **kw)
+    return hit
 
 
-def _host_rows(cfg: Tensor, info: Tensor, tensors: Sequence[Tensor], T: int, d: int):
+def _host_rows(cfg: Tensor, row: Sequence[int], tensors: Sequence[Tensor], T: int, d: int):
     """Host path: ``(rows, their slot indices within the span, the span's table)``, or ``None``
-    when the site steers no row of this step."""
-    ab, ga, ad, rg, pn, off, n = info.tolist()
+    when the site steers no row of this step (``row``: the site's info row, as ints)."""
+    n = row[6]
     if n <= 0:
         return None
     c = cfg[:T]
     rows = torch.nonzero(c >= 0).squeeze(1)
     if rows.numel() == 0:
         return None
-    span = slice(off, off + n)
-    kw: dict[str, Any] = {name: (t[span] if used else None)
-                            for names, used in zip(_STAGES.values(), (ab, ga, ad, rg))
-                            for name, t in zip(names, (tensors[FIELDS.index(x)] for x in names))}
-    return rows, c[rows] - off, SteerTable(n_configs=n, d_model=d, **kw), bool(pn)
+    return rows, c.index_select(0, rows) - row[5], _span_table(tensors, row, d), bool(row[4])
 
 
 def _dense(h: Tensor, cfg: Tensor, preserve: Tensor, tensors: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
@@ -258,6 +264,14 @@ def _steer_in_place(x: Tensor, residual: Optional[Tensor], cfg: Tensor, info: Te
     """Both operators' body: steer ``x`` (or the stream ``x + residual``, written back as ``x = 0``,
     ``residual = steered``: the next layer, and the final norm, sums the two, and 0 + new is exactly
     new) on the rows ``cfg`` indexes; other rows keep their values."""
+    # the host row decides the fallback on every device: an eager CUDA engine uses it; under CUDA graphs
+    # this runs at capture only, when no step is planned (graph engines refuse what would need it)
+    row = info.tolist()
+    if row[6] == -1:  # the step's steering is not in the slots: the engine's fallback steers this site
+        fn = _HOST_FALLBACK[0]
+        if fn is not None:
+            fn(row[5], x, residual)
+        return
     if x.is_cuda:
         active, new = _dense(x if residual is None else x + residual, cfg, preserve, tensors)
         a = active[:, None]
@@ -267,39 +281,47 @@ def _steer_in_place(x: Tensor, residual: Optional[Tensor], cfg: Tensor, info: Te
             residual.copy_(torch.where(a, new.to(residual.dtype), residual))
             x.masked_fill_(a, 0)
         return
-    if _fallback(info, x, residual):
-        return
-    host = _host_rows(cfg, info, tensors, x.shape[0], x.shape[-1])
+    host = _host_rows(cfg, row, tensors, x.shape[0], x.shape[-1])
     if host is None:
         return
     rows, g, tab, pn = host
     if residual is None:
-        x[rows] = fused_steer_ref(x[rows], tab, g, None, preserve_norm=pn).to(x.dtype)
+        x.index_copy_(0, rows, fused_steer_ref(x.index_select(0, rows), tab, g, None, preserve_norm=pn).to(x.dtype))
     else:
-        new = fused_steer_ref(x[rows] + residual[rows], tab, g, None, preserve_norm=pn)
-        x[rows] = 0
-        residual[rows] = new.to(residual.dtype)
+        new = fused_steer_ref(x.index_select(0, rows) + residual.index_select(0, rows), tab, g, None, preserve_norm=pn)
+        x.index_fill_(0, rows, 0)
+        residual.index_copy_(0, rows, new.to(residual.dtype))
 
 
-@torch.library.custom_op("steerkit::steer_slots_", mutates_args=("x",))
-def _steer_slots_op(x: Tensor, cfg: Tensor, info: Tensor, preserve: Tensor, tensors: list[Tensor]) -> None:
-    _steer_in_place(x, None, cfg, info, preserve, tensors)
+def define_op(schema: str, body: Callable[..., None]) -> None:
+    """Register ``torch.ops.steerkit.<name>`` from its ``schema`` (``"name(Tensor(a!) x, ...) -> ()"``):
+    ``body`` is the kernel for every device, and a fake that computes nothing stands in while tracing.
+    Defined with the dispatcher directly (``torch.library.Library``): a ``torch.library.custom_op``
+    wrapper adds about 25 us to every call, which a compiled engine pays at every site of every step.
+    Once per process: a second call with the same name keeps the first registration.
+
+    Examples:
+        >>> seen = []
+        >>> define_op("doc_touch_(Tensor(a!) x, int k) -> ()", lambda x, k: seen.append(k))
+        >>> torch.ops.steerkit.doc_touch_(torch.zeros(1), 3)
+        >>> seen
+        [3]
+    """
+    name = schema.split("(", 1)[0].strip()
+    libs = _STATE.__dict__.setdefault("libraries", {})
+    if name in libs:
+        return
+    lib = torch.library.Library("steerkit", "FRAGMENT")
+    lib.define(schema)
+    lib.impl(name, body, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"steerkit::{name}", lambda *args: None, lib=lib)
+    libs[name] = lib
 
 
-@_steer_slots_op.register_fake
-def _(x, cfg, info, preserve, tensors) -> None:
-    return None
-
-
-@torch.library.custom_op("steerkit::steer_resid_slots_", mutates_args=("hidden", "residual"))
-def _steer_resid_slots_op(hidden: Tensor, residual: Tensor, cfg: Tensor, info: Tensor, preserve: Tensor,
-                          tensors: list[Tensor]) -> None:
-    _steer_in_place(hidden, residual, cfg, info, preserve, tensors)
-
-
-@_steer_resid_slots_op.register_fake
-def _(hidden, residual, cfg, info, preserve, tensors) -> None:
-    return None
+define_op("steer_slots_(Tensor(a!) x, Tensor cfg, Tensor info, Tensor preserve, Tensor[] tensors) -> ()",
+          lambda x, cfg, info, preserve, tensors: _steer_in_place(x, None, cfg, info, preserve, tensors))
+define_op("steer_resid_slots_(Tensor(a!) hidden, Tensor(b!) residual, Tensor cfg, Tensor info, Tensor preserve, "
+          "Tensor[] tensors) -> ()", _steer_in_place)
 
 
 def steer_slots_(x: Float[Tensor, "tokens d_model"], cfg: Int[Tensor, " max_tokens"], info: Int[Tensor, " 7"],

@@ -67,6 +67,7 @@ from steerkit.files import Folder, atomic_write_bytes
 from steerkit.fingerprint import folder_fingerprint
 from steerkit.hooknames import parse as parse_hook
 from steerkit.interventions import server_mask_of
+from steerkit.kernels.slots import define_op
 
 from .plan import runner_requests
 from .spec import NAMED_POSITIONS, SpecError
@@ -274,8 +275,7 @@ RECORD_ENV = "STEERKIT_VLLM_RECORD"
 _RECORDERS: dict[int, "StepRecorder"] = {}
 
 
-@torch.library.custom_op("steerkit::record_site_", mutates_args=("token",))
-def _record_site_op(x: Tensor, residual: Optional[Tensor], token: Tensor, recorder: int, site: int) -> None:
+def _record_site(x: Tensor, residual: Optional[Tensor], token: Tensor, recorder: int, site: int) -> None:
     """The record hook's body as an operator of the graph: a compiled graph keeps it (it "mutates" the
     recorder's token) and runs it at every step, on the host; it copies the planned rows out."""
     rec = _RECORDERS.get(recorder)
@@ -283,9 +283,7 @@ def _record_site_op(x: Tensor, residual: Optional[Tensor], token: Tensor, record
         rec._record(rec._names[site], x, residual)
 
 
-@_record_site_op.register_fake
-def _(x, residual, token, recorder, site) -> None:
-    return None
+define_op("record_site_(Tensor x, Tensor? residual, Tensor(a!) token, int recorder, int site) -> ()", _record_site)
 
 
 def record_sites(model: Any) -> dict:
