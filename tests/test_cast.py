@@ -9,6 +9,7 @@ import json
 import warnings
 from importlib.resources import files
 
+import numpy as np
 import pytest
 import torch
 
@@ -477,14 +478,94 @@ def test_fit_condition_mechanics_and_report(t):
         steerkit.probes.fit_condition(t, "food", other, progress=False)
 
 
-def test_serving_refuses_conditional_steering(t, tmp_path):
-    from steerkit.serving.spec import SpecError, parse_spec, resolve
+def test_serving_resolves_conditional_steering_at_server_sites(t, tmp_path):
+    """A stored ConditionalSteering resolves for the vLLM plugin: its behaviour and its condition
+    (``blocks.1.hook_resid_pre``) at the sites the server hooks (``blocks.0.hook_resid_post``)."""
+    from steerkit.serving.spec import parse_spec, resolve
     store = Store(tmp_path / "s")
-    cs = ConditionalSteering(condition=_cv(t), behavior=_sv(t))
+    store.save("cast", ConditionalSteering(condition=_cv(t), behavior=_sv(t)))
+    res = resolve(parse_spec({"artifacts": [{"ref": "cast@1"}]}), store=store, facts=t.facts)
+    assert res.sites == ("blocks.2.hook_resid_post",)
+    assert res.condition_sites == ("blocks.0.hook_resid_post",)
+    (c,) = res.conditions
+    assert c.key[1:] == _cv(t).to_condition().key[1:]  # the same condition, read at the canonical site
+    assert res.interventions[0].when.conditions == (c,)
+    from steerkit.serving.vllm_plugin import graph_refusal  # CUDA graphs cannot decide on the host
+    assert "conditional steering" in graph_refusal(res, t.facts)
+
+
+def _server_run(sm, res, ids, chunks, conditions, req_id="r"):
+    """``ids`` through the HF model as a server runs them: prefill chunks of ``chunks`` tokens, each a
+    step planned by ``plan_step`` (one request) and applied by hooks on every block's output, with
+    the KV cache carried between steps. Returns the logits of every position."""
+    from steerkit.serving.plan import Block, SteeringCache, plan_step
+    compiler, state = SteeringCache(sm.facts), {}
+
+    def hook_of(site):
+        def hook(_m, _a, out):
+            plan = state.get("plan")
+            if plan is None or site not in plan:
+                return None
+            h = out[0] if isinstance(out, tuple) else out
+            new = plan.apply(site, h[0])[None]
+            return (new, *out[1:]) if isinstance(out, tuple) else new
+        return hook
+
+    handles = [sm.adapter.block(sm.model, layer).register_forward_hook(hook_of(f"blocks.{layer}.hook_resid_post"))
+               for layer in range(sm.n_layers)]
+    past, logits, start = None, [], 0
+    try:
+        with torch.inference_mode():
+            for n in chunks:
+                block = Block(0, n, np.arange(start, start + n), len(ids), res, req_id)
+                state["plan"] = plan_step([block], compiler, conditions)
+                out = sm.model(input_ids=torch.tensor([ids[start:start + n]]), cache=past, use_cache=True)
+                past, start = out.cache, start + n
+                logits.append(out.logits[0])
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.cat(logits)
+
+
+def test_server_plan_decides_on_the_prompt_as_sm_steer_does(t, tmp_path):
+    """The server's plan for a ConditionalSteering: a prompt in one prefill chunk gives exactly the
+    logits of ``sm.steer(cs)`` (fired prompts steered, the others untouched); split over chunks, the
+    decision and its similarity are the same, taken when the last prompt token passes the site, and
+    the chunk after it is steered."""
+    from steerkit.serving.plan import RequestConditions
+    from steerkit.serving.spec import parse_spec, resolve
+    sims = torch.tensor(_cv(t).similarities(t, PROMPTS)).sort().values
+    cv = _cv(t, threshold=float(sims[1] + sims[2]) / 2)
+    fired = cv.fires(t, PROMPTS)
+    assert 0 < sum(fired) < len(PROMPTS)
+    cs = ConditionalSteering(condition=cv, behavior=_sv(t))
+    store = Store(tmp_path / "s")
     store.save("cast", cs)
-    with pytest.raises(SpecError, match="conditional steering") as e:
-        resolve(parse_spec({"artifacts": [{"ref": "cast@1"}]}), store=store, facts=t.facts)
-    assert isinstance(e.value, InputError)
+    res = resolve(parse_spec({"artifacts": [{"ref": "cast@1"}]}), store=store, facts=t.facts)
+    (cond,) = res.conditions
+    for prompt, f, sim in zip(PROMPTS, fired, cv.similarities(t, PROMPTS)):
+        ids = t.tokenize(prompt, chat=cv.chat).input_ids[0].tolist()
+        with t.steer(cs):
+            want = t.forward(prompt, chat=cv.chat)[0]
+        plain = t.forward(prompt, chat=cv.chat)[0]
+        rc = RequestConditions()
+        got = _server_run(t, res, ids, [len(ids)], rc)
+        assert torch.allclose(got, want, atol=1e-5), prompt
+        assert rc.fired("r", res.interventions[0].when) is f
+        assert rc.similarity("r", cond) == pytest.approx(sim, abs=1e-5)
+        assert bool((got - plain).abs().max() > 1e-3) is f  # the behaviour acts only where it fired
+        if len(ids) < 3:
+            continue
+        rc2 = RequestConditions()
+        k = len(ids) // 2
+        chunked = _server_run(t, res, ids, [k, len(ids) - k], rc2)
+        assert rc2.similarity("r", cond) == pytest.approx(sim, abs=1e-5)
+        assert rc2.fired("r", res.interventions[0].when) is f
+        assert torch.allclose(chunked[:k], plain[:k], atol=1e-5)  # undecided on the first chunk
+        assert bool((chunked[k:] - plain[k:]).abs().max() > 1e-3) is f  # decided: the rest is steered
+    rc.keep([])
+    assert len(rc) == 0
 
 
 # ----------------------------------------------------------------------------- backends

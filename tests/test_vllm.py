@@ -189,6 +189,46 @@ def test_prefix_cache_never_mixes_steered_and_unsteered_kv(setup):
         assert [strip_eos(x["token_ids"], setup["eos"]) for x in o] == w, f"batch {b}"
 
 
+#: the engine of the conditional batch: every prompt in one prefill chunk (the decision is taken on it
+#: before the sites after the condition's run, as in sm.generate)
+CAST_ENGINE = {"max_num_seqs": 4, "max_num_batched_tokens": 512}
+
+
+def test_offline_conditional_steering_matches_hf_row_by_row(setup):
+    """Requests naming a stored ConditionalSteering (CAST): a topic condition fitted on the default
+    model (food prompts vs others, ``fit_condition``) gating the layer-12 vector. On held-out prompts,
+    each row equals steerkit's own ``sm.steer(cs)`` generation of it alone: where the condition fires
+    the behaviour steers it (its tokens differ from the unsteered ones), elsewhere the tokens are
+    exactly the unsteered ones; unconditional and unsteered requests share the batch."""
+    from importlib.resources import files
+
+    from steerkit.probes import fit_condition
+    from steerkit.vectors import ConditionalSteering, Store
+    sm, hf = setup["sm"], setup["hf"]
+    food = json.loads(files("steerkit").joinpath("data/conditions/food_topic.json").read_text(encoding="utf-8"))
+    cond = fit_condition(sm, food["matching_train"], food["other_train"], progress=False)
+    store = Store(setup["store"])
+    store.save("cast", ConditionalSteering(condition=cond, behavior=store.load("happy@1")))
+    prompts = food["matching_test"][:3] + food["other_test"][:3]
+    sims = cond.similarities(sm, prompts, progress=False)
+    fired = cond.fires(sm, prompts, progress=False)
+    assert sum(fired[:3]) >= 2 and not any(fired[3:]), (sims, cond.threshold)
+    assert min(abs(x - cond.threshold) for x in sims) > 1e-3  # no decision within float noise of the threshold
+    ids = {p: sm.tokenize(p).input_ids[0].tolist() for p in prompts}
+    a = setup["args"]
+
+    def row(p, args=None):
+        return {"prompt_token_ids": ids[p], "args": args, "max_tokens": MAX_NEW}
+    batch = [row(p, a("cast@1")) for p in prompts] + [row(prompts[0], a("happy@1")), row(prompts[3])]
+    out = run_offline(setup, [batch], CAST_ENGINE, name="cast")[0]
+    got = [strip_eos(o["token_ids"], setup["eos"]) for o in out]
+    want = [hf(p, "cast@1") for p in prompts] + [hf(prompts[0], "happy@1"), hf(prompts[3])]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"row {i} ({prompts[i % len(prompts)]!r}): vLLM {g} != HF {w}"
+    for p, f, w in zip(prompts, fired, want):
+        assert (w != hf(p)) is f, p  # fired: steered; not fired: exactly unsteered
+
+
 def test_bad_requests_get_clear_errors_and_the_engine_keeps_serving(setup):
     a = setup["args"]
     batches = [[req(setup, PROMPTS[0], a("no-such-artifact@1"), 4)],

@@ -27,7 +27,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.errors import InputError
-from steerkit.interventions import KERNEL_OPS, CompiledSteering, ModelFacts, SiteProgram, compile, server_mask_of
+from steerkit.interventions import (KERNEL_OPS, CompiledSteering, Condition, ModelFacts, SiteProgram, When, compile,
+                                   condition_similarity, server_mask_of)
 from steerkit.kernels.config import SteerConfigError
 from steerkit.kernels.slots import SlotShape, SteerSlots, slot_info
 
@@ -41,6 +42,7 @@ class Block:
     positions: np.ndarray  # [end - start] absolute positions (contiguous)
     n_prompt: int
     resolved: Any  # spec.Resolved or None (unsteered)
+    req_id: str = ""  # the engine's request id (CAST decisions are held per request)
 
 
 def runner_requests(runner: Any, key: str):
@@ -108,16 +110,105 @@ class SiteRows:
     blocks: tuple  # indices into StepPlan.blocks
 
 
-class StepPlan:
-    """What every hooked site does in one step (see the module docstring)."""
+class RequestConditions:
+    """The CAST decisions of a server's requests (:class:`steerkit.Condition`), held across steps.
 
-    def __init__(self, blocks: Sequence[Block], steering: CompiledSteering, sites: dict, device):
+    ``sm.generate`` decides a row's conditions on the forward pass that holds its prompt and holds the
+    decision for every later step. A server sees a prompt in one or several prefill chunks, so for each
+    (request, condition) this gathers, at the condition's site, the aggregate of the prompt rows it has
+    seen (the running sum and count for ``"mean"``, the row for ``"last"``) and decides when the
+    prompt's last token passes the site. Sites that run after it in that step already see the decision;
+    before it (earlier sites, earlier chunks) the request is undecided and its rules select nothing, as
+    in ``sm.generate`` for sites before the condition's. Entries of finished requests are dropped by
+    :meth:`keep`.
+
+    Examples:
+        >>> c = steerkit.Condition("blocks.1.hook_resid_post", torch.ones(64), 0.5, measure="cosine")
+        >>> rc = RequestConditions()
+        >>> rc.observe("r1", c, torch.ones(2, 64), np.array([0, 1]), n_prompt=4)  # the first chunk
+        >>> rc.fired("r1", steerkit.When(c)) is None  # undecided
+        True
+        >>> rc.observe("r1", c, torch.ones(2, 64), np.array([2, 3]), n_prompt=4)  # the prompt's end
+        >>> rc.fired("r1", steerkit.When(c)), round(rc.similarity("r1", c), 3)
+        (True, 1.0)
+    """
+
+    def __init__(self) -> None:
+        self._acc: dict = {}  # (request, condition key) -> [sum or last row, count]
+        self._done: dict = {}  # (request, condition key) -> (similarity, fired)
+
+    def __len__(self) -> int:
+        return len({r for r, _ in self._acc} | {r for r, _ in self._done})
+
+    def observe(self, req_id: str, c: Condition, x: Float[Tensor, "n width"], positions: np.ndarray,
+                n_prompt: int) -> None:
+        """Take the rows ``x`` of ``req_id`` at ``c``'s site (their absolute ``positions``) into its
+        decision; decide when they hold the prompt's last token. Decided requests are skipped."""
+        key = (req_id, c.key)
+        if key in self._done:
+            return
+        sel = np.flatnonzero(np.asarray(positions) < n_prompt)
+        if sel.size == 0:
+            return
+        pos = np.asarray(positions)
+        rows = x[torch.from_numpy(sel).to(x.device)].float()
+        if int(pos[sel[0]]) == 0:  # the prompt from its start (again, after a preemption): a fresh sum
+            self._acc.pop(key, None)
+        acc = self._acc.setdefault(key, [None, 0])
+        if c.aggregate == "mean":
+            s = rows.sum(0)
+            acc[0] = s if acc[0] is None else acc[0] + s
+        else:
+            acc[0] = rows[-1]
+        acc[1] += int(sel.size)
+        if int(pos[sel[-1]]) != n_prompt - 1:
+            return
+        agg = acc[0] / acc[1] if c.aggregate == "mean" else acc[0]
+        sim = condition_similarity(agg, c.direction.to(agg.device), c.measure)
+        self._done[key] = (float(sim), bool(c.fires(sim)))
+        del self._acc[key]
+
+    def fired(self, req_id: str, when: When) -> Optional[bool]:
+        """Whether ``when`` selects ``req_id`` (``None`` while one of its conditions is undecided)."""
+        fired = []
+        for c in when.conditions:
+            d = self._done.get((req_id, c.key))
+            if d is None:
+                return None
+            fired.append(torch.tensor([d[1]]))
+        return bool(when.rule(fired)[0])
+
+    def similarity(self, req_id: str, c: Condition) -> Optional[float]:
+        """``req_id``'s similarity for ``c`` (``None`` while undecided)."""
+        d = self._done.get((req_id, c.key))
+        return None if d is None else d[0]
+
+    def keep(self, live) -> None:
+        """Drop the entries of requests not in ``live``."""
+        live = set(live)
+        for d in (self._acc, self._done):
+            for k in [k for k in d if k[0] not in live]:
+                del d[k]
+
+
+class StepPlan:
+    """What every hooked site does in one step (see the module docstring). With ``conditions`` (the
+    engine's :class:`RequestConditions`), the sites of CAST conditions take their requests' prompt
+    rows into the decisions, and each rule (``when``) selects the rows of the requests it fired for."""
+
+    def __init__(self, blocks: Sequence[Block], steering: CompiledSteering, sites: dict, device,
+                 conditions: Optional[RequestConditions] = None):
         self.blocks = list(blocks)
         self.steering = steering
         self.sites: dict[str, SiteRows] = sites
         self.device = device
-        self._block_masks = [server_mask_of(torch.from_numpy(np.asarray(b.positions, dtype=np.int64)), b.n_prompt)
-                             for b in self.blocks]
+        self.conditions = conditions
+        #: whether a request of this step has conditional steering (decided on the host)
+        self.conditional = any(b.resolved is not None and b.resolved.conditions for b in self.blocks)
+        if self.conditional and conditions is None:
+            raise InputError("expected the engine's RequestConditions for a step with conditional steering (CAST), "
+                             "found none; pass conditions= to plan_step")
+        self._block_masks: dict[int, Any] = {}  # block index -> its server_mask_of, built when first asked
         self._masks: dict = {}  # (block indices, spec id) -> (spec, mask on device | None)
 
     def __contains__(self, site: str) -> bool:
@@ -135,7 +226,7 @@ class StepPlan:
             hit = self._masks.get(key)
             if hit is not None:
                 return hit[1]
-            parts = [self._block_masks[i](spec) for i in sr.blocks]
+            parts = [self._block_mask(i)(spec) for i in sr.blocks]
             if all(m is None for m in parts):
                 out = None
             else:
@@ -145,11 +236,50 @@ class StepPlan:
             return out
         return mask_of
 
+    def _block_mask(self, i: int):
+        m = self._block_masks.get(i)
+        if m is None:
+            b = self.blocks[i]
+            m = self._block_masks[i] = server_mask_of(torch.from_numpy(np.asarray(b.positions, dtype=np.int64)),
+                                                      b.n_prompt)
+        return m
+
     def steered(self, site: str, h_rows: Float[Tensor, "n d_model"]) -> Optional[Float[Tensor, "n d_model"]]:
         """The steered values of ``site``'s rows given those rows of the hidden states (``h[rows]``),
         or ``None`` where nothing applies to them in this step."""
         sr = self.sites[site]
-        return sr.program.apply(h_rows, sr.groups, self.mask_of(site))
+        rule_of = None
+        if self.conditional:
+            self._observe(sr, h_rows)
+            rule_of = self._rule_of(sr)
+        return sr.program.apply(h_rows, sr.groups, self.mask_of(site), rule_of=rule_of)
+
+    def _observe(self, sr: SiteRows, h_rows: Tensor) -> None:
+        """Each request's rows into the decisions of its conditions evaluated at this site (on the
+        site's values before its own edits, as ``sm.generate`` evaluates them)."""
+        if not sr.program.conditions or self.conditions is None:
+            return
+        off = 0
+        for j in sr.blocks:
+            b = self.blocks[j]
+            n = b.end - b.start
+            mine = b.resolved.conditions
+            for c in sr.program.conditions:
+                if c in mine:
+                    self.conditions.observe(b.req_id, c, h_rows[off:off + n], b.positions, b.n_prompt)
+            off += n
+
+    def _rule_of(self, sr: SiteRows):
+        """``rule_of(when)``: ``[n]`` bool over the site's rows, true on the rows of requests ``when``
+        selects (false while undecided)."""
+        assert self.conditions is not None
+        conditions, blocks = self.conditions, [self.blocks[j] for j in sr.blocks]
+
+        def rule_of(when):
+            parts = [torch.full((b.end - b.start,), bool(conditions.fired(b.req_id, when)), dtype=torch.bool)
+                     for b in blocks]
+            return torch.cat(parts).to(self.device)
+        return rule_of
 
     def apply(self, site: str, h: Float[Tensor, "tokens d_model"]) -> Float[Tensor, "tokens d_model"]:
         """``h`` (every row of the step) with ``site``'s rows steered: a new tensor, or ``h`` itself
@@ -163,8 +293,10 @@ class StepPlan:
         return out
 
 
-def plan_step(blocks: Sequence[Block], compiler: SteeringCache) -> Optional[StepPlan]:
-    """The :class:`StepPlan` of this step, or ``None`` when no block is steered."""
+def plan_step(blocks: Sequence[Block], compiler: SteeringCache,
+              conditions: Optional[RequestConditions] = None) -> Optional[StepPlan]:
+    """The :class:`StepPlan` of this step, or ``None`` when no block is steered; ``conditions``: the
+    engine's :class:`RequestConditions` (needed when a request has conditional steering)."""
     steered = [(i, b) for i, b in enumerate(blocks) if b.resolved is not None and b.end > b.start
                and b.resolved.interventions]
     if not steered:
@@ -179,8 +311,9 @@ def plan_step(blocks: Sequence[Block], compiler: SteeringCache) -> Optional[Step
     device = compiler.device
     per_site: dict[str, list[int]] = {}
     for j, (_, b) in enumerate(steered):
-        for site in b.resolved.sites:
-            per_site.setdefault(site, []).append(j)
+        for site in b.resolved.sites + b.resolved.condition_sites:
+            if j not in per_site.setdefault(site, []):
+                per_site[site].append(j)
     plan_blocks = [b for _, b in steered]
     shared: dict = {}  # block subsets shared by several sites share their index tensors
     sites: dict[str, SiteRows] = {}
@@ -194,7 +327,7 @@ def plan_step(blocks: Sequence[Block], compiler: SteeringCache) -> Optional[Step
                            torch.from_numpy(groups.astype(np.int64)).to(device))
         rows_t, groups_t = shared[sub]
         sites[site] = SiteRows(cs.programs[site], rows_t, groups_t, sub)
-    return StepPlan(plan_blocks, cs, sites, device)
+    return StepPlan(plan_blocks, cs, sites, device, conditions)
 
 
 def single_request_plan(resolved: Any, n_tokens: int, n_prompt: int, start_pos: int = 0, *,
@@ -342,6 +475,8 @@ class StepSlots:
         self.clear()
         if plan is None:
             return True
+        if plan.conditional:  # CAST decisions are taken on the host, during the step: the plan steers it
+            return False
         if any(site not in self.index for site in plan.sites):
             return False
         try:
@@ -383,5 +518,5 @@ class StepSlots:
         return True
 
 
-__all__ = ["Block", "SiteRows", "SlotShape", "SteeringCache", "StepPlan", "StepSlots", "SLOTS_ENV", "SLOT_DEFAULTS",
+__all__ = ["Block", "RequestConditions", "SiteRows", "SlotShape", "SteeringCache", "StepPlan", "StepSlots", "SLOTS_ENV", "SLOT_DEFAULTS",
            "plan_step", "runner_requests", "single_request_plan", "slot_capacity", "slot_refusal"]

@@ -29,8 +29,9 @@ front end for every request). :func:`resolve` turns a parsed spec into intervent
 artifacts lower themselves (``artifact.to_interventions(facts, ...)``, exactly what
 ``SteerModel.steer`` compiles), inline ops through the :class:`~steerkit.Intervention`
 constructors; sites are made canonical for the server (``blocks.{l}.hook_resid_pre`` with ``l > 0``
-is ``blocks.{l-1}.hook_resid_post``) and the whole steering is compiled once on the CPU, so a spec
-that cannot run fails in the front end, not inside the server's forward pass. :func:`salt` gives the
+is ``blocks.{l-1}.hook_resid_post``, for the edits and for the CAST conditions of a
+:class:`~steerkit.vectors.ConditionalSteering` alike) and the whole steering is compiled once on the
+CPU, so a spec that cannot run fails in the front end, not inside the server's forward pass. :func:`salt` gives the
 prefix-cache salt that keeps KV computed under one steering away from requests with another.
 """
 from __future__ import annotations
@@ -46,11 +47,14 @@ import torch
 
 from steerkit.errors import HookNameError, InputError, SteerkitError
 from steerkit.hooknames import parse as parse_hook
-from steerkit.interventions import Intervention, ModelFacts, compile
+from steerkit.interventions import Intervention, ModelFacts, When, compile
 from steerkit.kernels import orthonormalize
 from steerkit.positions import AnyOf, TokenMatch
 
 KEY = "steerkit"
+#: set by the plugin's front end on a request whose steering is conditional (CAST): the engine core then
+#: gives it a prefix-cache salt of its own, since its decision reads every token of its prompt
+CAST_KEY = "steerkit_cast"
 MAX_ARTIFACTS = 32
 MAX_OPS = 64
 MAX_FLOATS = 1 << 17  # inline numbers per request (a 4096-wide model: 32 vectors)
@@ -344,6 +348,16 @@ class Resolved:
         """The sites the interventions act at, in first-use order."""
         return tuple(dict.fromkeys(iv.site for iv in self.interventions))
 
+    @property
+    def conditions(self) -> tuple:
+        """The CAST conditions the interventions' rules (``when``) read, each once, in first-use order."""
+        return tuple(dict.fromkeys(c for iv in self.interventions if iv.when is not None for c in iv.when.conditions))
+
+    @property
+    def condition_sites(self) -> tuple:
+        """The sites those conditions are evaluated at."""
+        return tuple(dict.fromkeys(c.site for c in self.conditions))
+
 
 def _facts(facts: Union[ModelFacts, dict]) -> ModelFacts:
     if isinstance(facts, ModelFacts):
@@ -382,17 +396,30 @@ def canonical_site(iv: Intervention, facts: ModelFacts) -> Intervention:
         ...
         steerkit.serving.spec.SpecError: expected a site the vLLM plugin can edit ...
     """
+    site = _server_site(iv.site, facts, "edit")
+    _server_positions(iv.positions, repr(iv.site))
+    when = iv.when
+    if when is not None:  # CAST: each condition read where the server hooks its tensor too
+        conds = []
+        for c in when.conditions:
+            cs = _server_site(c.site, facts, "read a condition at")
+            conds.append(c if cs == c.site else dataclasses.replace(c, site=cs))
+        when = When(tuple(conds), when.mode, when.negate)
+    return iv if (site, when) == (iv.site, iv.when) else dataclasses.replace(iv, site=site, when=when)
+
+
+def _server_site(site: str, facts: ModelFacts, what: str) -> str:
+    """The canonical server site of ``site`` (see :func:`canonical_site`)."""
     try:
-        s = parse_hook(iv.site, facts.n_layers, has_resid_mid=facts.has_resid_mid)
+        s = parse_hook(site, facts.n_layers, has_resid_mid=facts.has_resid_mid)
     except HookNameError as e:
         raise SpecError(str(e)) from None
     if s.kind not in SERVER_SITES:
-        raise SpecError(f"expected a site the vLLM plugin can edit (blocks.{{l}}.{{{'|'.join(SERVER_SITES)}}}), "
-                        f"found {iv.site!r}")
-    _server_positions(iv.positions, repr(iv.site))
+        raise SpecError(f"expected a site the vLLM plugin can {what} (blocks.{{l}}.{{{'|'.join(SERVER_SITES)}}}), "
+                        f"found {site!r}")
     if s.kind == "hook_resid_pre" and s.layer is not None and s.layer > 0:
-        return dataclasses.replace(iv, site=f"blocks.{s.layer - 1}.hook_resid_post")
-    return iv
+        return f"blocks.{s.layer - 1}.hook_resid_post"
+    return site
 
 
 def artifact_interventions(art: Any, ref: str, scale: float, facts: ModelFacts, *, override: bool,
@@ -417,11 +444,6 @@ def artifact_interventions(art: Any, ref: str, scale: float, facts: ModelFacts, 
             ivs = to(facts, scale=scale, override=override if check else True)
         except SteerkitError as e:  # ModelMismatchError, VectorsError, InputError
             raise SpecError(f"artifact {ref!r} does not fit the served model: {e}") from None
-    conditional = sorted({iv.site for iv in ivs if iv.when is not None})
-    if conditional:
-        raise SpecError(f"expected steering the vLLM plugin can apply, found conditional steering (CAST conditions, "
-                        f"when=) in artifact {ref!r} at {conditional}: the server does not evaluate conditions; apply "
-                        "it with steerkit itself (sm.steer / sm.generate) or store its behaviour alone")
     notes = [str(w.message) for w in caught] if check else []
     return list(ivs), notes
 

@@ -15,7 +15,9 @@ vLLM calls :func:`register` in every process it starts; it patches, idempotently
   error event in it.
 * **engine core**: ``Request.from_engine_core_request`` salts a steered request's prefix-cache
   hash with its spec (:func:`steerkit.serving.spec.salt`), so KV computed under one steering is
-  never reused by a request with another (or none); identical steering still shares its cache.
+  never reused by a request with another (or none); identical steering still shares its cache. A
+  request with conditional steering (CAST), which the front end marks (:data:`~steerkit.serving.spec.CAST_KEY`),
+  and a recorded one get a salt of their own: every prompt token is computed, never read from cache.
 * **worker**: after ``load_model`` (GPU and CPU model runners), one forward hook per hookable site
   on the modules :func:`steerkit.adapters.vllm_layout` names: each decoder layer for
   ``blocks.{l}.hook_resid_post`` (its output ``(hidden, residual)`` sums to the residual stream
@@ -36,6 +38,14 @@ vLLM calls :func:`register` in every process it starts; it patches, idempotently
   an operation other than the fused kernel's) is steered from its plan by the operator's host
   path; on the dense path (CUDA graphs) the front end refuses such a request with 400
   (:func:`graph_refusal`).
+* **conditional steering** (a stored :class:`~steerkit.vectors.ConditionalSteering`, CAST): its
+  steps are steered from the plan by the host path. At each condition's site the request's prompt
+  rows go into its decision (:class:`~steerkit.serving.plan.RequestConditions`, per request, across
+  prefill chunks), taken when the prompt's last token passes the site and held for the rest of the
+  request; each rule's behaviour then steers the rows of the requests it fired for. A prompt in one
+  prefill chunk is steered exactly as ``sm.generate`` steers it; for a prompt split over several
+  chunks the tokens of the chunks before the decision are not steered (``sm.generate`` steers the
+  prompt's tokens at the sites after the condition's). CUDA-graph engines refuse it with 400.
 
 :func:`register` refuses a vLLM outside :data:`TESTED_VLLM` and one whose internals (listed, every
 one of them, in :data:`VLLM_INTERNALS`) are not where the plugin expects them: the engine stops at
@@ -65,9 +75,9 @@ from steerkit.vectors.provenance import folder_fingerprint
 from . import capture
 from steerkit.kernels.slots import set_host_fallback, steer_resid_slots_, steer_slots_
 
-from .plan import (SLOTS_ENV, Block, SlotShape, SteeringCache, StepSlots, plan_step, runner_requests, slot_capacity,
-                   slot_refusal)
-from .spec import KEY, SpecError, parse_spec, resolve, salt
+from .plan import (SLOTS_ENV, Block, RequestConditions, SlotShape, SteeringCache, StepSlots, plan_step, runner_requests,
+                   slot_capacity, slot_refusal)
+from .spec import CAST_KEY, KEY, SpecError, parse_spec, resolve, salt
 
 log = logging.getLogger("steerkit.serving")
 
@@ -225,9 +235,10 @@ class _Resolver:
 
 
 # ------------------------------------------------------------------------------ front end
-def check_spec(raw: Any, model_config, resolver: "_Resolver", facts_cache: dict, graphs: bool = False) -> None:
-    """Check one request's steering spec against the served model; raises :class:`SpecError` with
-    the reason a client reads (the front-end check and :class:`RequestCheck` both call this).
+def check_spec(raw: Any, model_config, resolver: "_Resolver", facts_cache: dict, graphs: bool = False) -> Any:
+    """Check one request's steering spec against the served model and return it resolved (``None``
+    for an empty spec); raises :class:`SpecError` with the reason a client reads (the front-end check
+    and :class:`RequestCheck` both call this).
     ``graphs``: the engine may replay CUDA graphs, where the steering operator takes its dense path
     (:mod:`steerkit.kernels.slots`): the steering must then fit the slots and use no region."""
     try:
@@ -239,6 +250,7 @@ def check_spec(raw: Any, model_config, resolver: "_Resolver", facts_cache: dict,
             if why is not None:
                 raise SpecError(f"expected steering that runs inside CUDA graphs, found {why}; start the engine "
                                 "with --enforce-eager for this steering, or raise STEERKIT_VLLM_SLOTS")
+        return res
     except SpecError as e:
         raise SpecError(f"steerkit: {e}") from None
     except Exception as e:  # noqa: BLE001 - anything else is still this request's problem
@@ -249,6 +261,8 @@ def graph_refusal(resolved: Any, facts: ModelFacts) -> Optional[str]:
     """Why one request's steering cannot run on the steering operator's dense (CUDA-graph) path
     (``None``: it can): an operation other than the fused kernel's, a region projection, or a
     table larger than the slots (:data:`~steerkit.serving.plan.SLOTS_ENV`)."""
+    if resolved.conditions:
+        return "conditional steering (CAST conditions are decided on the host, during the step)"
     cap = slot_capacity(os.environ.get(SLOTS_ENV))
     steering = compile([list(resolved.interventions)], facts, per_row=True)
     for site, program in steering.programs.items():
@@ -294,10 +308,12 @@ def _patch_front_end() -> None:
         if not isinstance(params, SamplingParams) or not params.extra_args or KEY not in params.extra_args:
             return out
         try:
-            check_spec(params.extra_args[KEY], self.vllm_config.model_config, _front_resolver(), _FRONT["facts"],
-                       uses_graphs(self.vllm_config))
+            res = check_spec(params.extra_args[KEY], self.vllm_config.model_config, _front_resolver(), _FRONT["facts"],
+                             uses_graphs(self.vllm_config))
         except SpecError as e:
             raise VLLMValidationError(str(e), parameter=f"vllm_xargs.{KEY}") from None
+        if res is not None and res.conditions:
+            params.extra_args[CAST_KEY] = True  # the engine core gives it a prefix-cache salt of its own
         return out
 
     InputProcessor._validate_params = _validate_params
@@ -396,6 +412,8 @@ def _patch_engine_core() -> None:
                 request.cache_salt = f"{request.cache_salt or ''}-steerkit-invalid-{id(request)}"
         if capture.KEY in extra:  # a recorded request computes (and records) every prompt token itself
             request.cache_salt = f"{request.cache_salt or ''}-steerkit-record-{os.urandom(12).hex()}"
+        elif extra.get(CAST_KEY):  # conditional steering decides on the whole prompt: no cached prompt KV
+            request.cache_salt = f"{request.cache_salt or ''}-steerkit-cast-{os.urandom(12).hex()}"
         return orig(cls, request, block_hasher)
 
     Request.from_engine_core_request = classmethod(from_engine_core_request)
@@ -460,7 +478,7 @@ def _step_blocks(runner, resolver, facts: ModelFacts) -> list:
             log.error("steerkit: request %s runs unsteered: %s", req_id, e)
             continue
         if res is not None:
-            blocks.append(Block(a, b, positions, n_prompt, res))
+            blocks.append(Block(a, b, positions, n_prompt, res, req_id))
     return blocks
 
 
@@ -486,6 +504,7 @@ def _patch_worker() -> None:
             dtype = getattr(self.model_config, "dtype", None)
             dtype = dtype if isinstance(dtype, torch.dtype) else next(self.model.parameters()).dtype
             self._steerkit_compiled = SteeringCache(facts, self.device, dtype)
+            self._steerkit_conditions = RequestConditions()
             sites = hook_sites(self.model)
             cap = slot_capacity(os.environ.get(SLOTS_ENV))
             self._steerkit_slots = slots = StepSlots(list(sites), d_model=facts.d_model,
@@ -510,7 +529,10 @@ def _patch_worker() -> None:
             slots = self._steerkit_slots
             try:
                 blocks = _step_blocks(self, self._steerkit_resolver, self._steerkit_facts)
-                plan = plan_step(blocks, self._steerkit_compiled) if blocks else None
+                conditions = self._steerkit_conditions
+                if len(conditions):
+                    conditions.keep(self.requests)  # finished requests' decisions go
+                plan = plan_step(blocks, self._steerkit_compiled, conditions) if blocks else None
                 _STATE["plan"] = plan
                 if not slots.fill(plan):
                     slots.fallback(plan)  # steered from the plan, in place, by the host path
