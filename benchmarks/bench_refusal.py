@@ -40,6 +40,8 @@ def main(argv=None) -> int:
                     "kl_max 1.0")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default 0 = torch's default)")
     ap.add_argument("--batch-size", type=int, default=16, help="rows (batched) / prompts (one at a time) per pass")
+    ap.add_argument("--device", default="cpu", help="torch device of the model (default cpu; on cuda read the wall "
+                    "times)")
     ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "refusal_scoring.csv"))
     a = ap.parse_args(argv)
 
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
     threads = C.set_threads(a.threads)
     cfg = R.RefusalConfig()
     n_train, n_val = (8, 4) if a.quick else (cfg.n_train, cfg.n_val)
-    sm = steerkit.load_model()
+    sm = steerkit.load_model(device=a.device)
     data = R.sample_splits(n_train, n_val, 1, seed=cfg.seed)
     ids = R.refusal_token_ids(sm.tokenizer, cfg.refusal_words)
     positions = R.post_instruction_positions(sm)[0]
@@ -88,7 +90,7 @@ def main(argv=None) -> int:
     rows = []
     for path in res:
         clk, b = clocks[path], res[path].best
-        rows.append({"mode": "quick" if a.quick else "full", "path": path, "n_candidates": n_cand,
+        rows.append({"mode": "quick" if a.quick else "full", "device": a.device, "path": path, "n_candidates": n_cand,
                      "n_positions": len(positions), "n_layers": len(layers), "n_val_per_side": n_val,
                      "batch_size": a.batch_size, "threads": threads, "wall_s": round(clk.wall, 3),
                      "cpu_s": round(clk.cpu, 3), "scores_computed": n_scored[path],

@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="rounds (default 1)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 0 = torch's default)")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    ap.add_argument("--device", default="cpu", help="torch device of the model (default cpu; on cuda read the wall "
+                    "times)")
     ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "tune.csv"))
     a = ap.parse_args(argv)
 
@@ -56,7 +58,7 @@ def main(argv=None) -> int:
     n_scales = a.scales or (3 if a.quick else 8)
     n_prompts = a.prompts or (4 if a.quick else 32)
     tokens = a.tokens or (8 if a.quick else 32)
-    sm = steerkit.load_model()
+    sm = steerkit.load_model(device=a.device)
     layers = [4 * (i + 1) for i in range(n_layers)] if n_layers <= 7 else list(range(n_layers))
     scales = [0.5 * (i + 1) for i in range(n_scales)]
     v, _ = C.steering_vectors(sm.d_model)
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
         med = C.median(times[name][a.clock])
         rows.append([name, f"{med:.2f}", f"{C.median(times[name][other]):.2f}", f"{cells / med:.2f}",
                      f"{med / base:.2f}"])
-        out.append({"mode": "quick" if a.quick else "full", "condition": name, "layers": n_layers, "scales": n_scales,
+        out.append({"mode": "quick" if a.quick else "full", "device": a.device, "condition": name, "layers": n_layers, "scales": n_scales,
                     "cells": cells, "prompts": n_prompts, "tokens": tokens,
                     "batch": a.batch if name == "batched" else n_prompts, "repeats": a.repeats, "clock": a.clock,
                     "median_s": round(med, 3), "median_other_s": round(C.median(times[name][other]), 3),
