@@ -111,6 +111,8 @@ SOURCES: dict[str, tuple[str, str]] = {
                                                  "TransformerLens"),
     "pattern_record": ("benchmarks/bench_pattern_record.py", "recording attention patterns vs the residual stream"),
     "plan": ("benchmarks/bench_plan.py", "the vLLM plugin's planning cost per engine step"),
+    "slots_op": ("benchmarks/bench_slots_op.py", "the steering operator's cost per call, as defined vs through "
+                                                 "torch.library.custom_op"),
     "quantized_decode": ("benchmarks/bench_quantized.py", "steered decode speed, float32 vs int8 weights"),
     "record": ("benchmarks/bench_record.py", "recording throughput"),
     "record_memory": ("benchmarks/bench_record.py", "peak memory of one record scope vs a bare pass"),
@@ -143,6 +145,7 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "patching": ("median_s", ("condition",), None),
     "pattern_record": ("throughput_vs_bare", ("condition",), None),
     "plan": ("median_us_per_step", ("step",), "requests"),
+    "slots_op": ("us_per_call", ("case",), "registration"),
     "quantized_decode": ("overhead_pct", ("weights", "condition"), "batch"),
     "record": ("throughput_ratio", ("prompts", "batch"), None),
     "record_memory": ("record_minus_bare_mib", ("prompts",), None),

@@ -194,17 +194,16 @@ def test_prefix_cache_never_mixes_steered_and_unsteered_kv(setup):
 CAST_ENGINE = {"max_num_seqs": 4, "max_num_batched_tokens": 512}
 
 
-def test_offline_conditional_steering_matches_hf_row_by_row(setup):
-    """Requests naming a stored ConditionalSteering (CAST): a topic condition fitted on the default
-    model (food prompts vs others, ``fit_condition``) gating the layer-12 vector. On held-out prompts,
-    each row equals steerkit's own ``sm.steer(cs)`` generation of it alone: where the condition fires
-    the behaviour steers it (its tokens differ from the unsteered ones), elsewhere the tokens are
-    exactly the unsteered ones; unconditional and unsteered requests share the batch."""
+def cast_batch(setup):
+    """A stored ConditionalSteering (CAST), its requests and steerkit's HF tokens for each row alone:
+    a topic condition fitted on the default model (food prompts vs others, ``fit_condition``) gating
+    the layer-12 vector ``happy``, on 3 + 3 held-out prompts; then an unconditional and an unsteered
+    request. Also returns whether the condition fires on each of the six prompts."""
     from importlib.resources import files
 
     from steerkit.probes import fit_condition
     from steerkit.vectors import ConditionalSteering, Store
-    sm, hf = setup["sm"], setup["hf"]
+    sm, hf, a = setup["sm"], setup["hf"], setup["args"]
     food = json.loads(files("steerkit").joinpath("data/conditions/food_topic.json").read_text(encoding="utf-8"))
     cond = fit_condition(sm, food["matching_train"], food["other_train"], progress=False)
     store = Store(setup["store"])
@@ -214,19 +213,30 @@ def test_offline_conditional_steering_matches_hf_row_by_row(setup):
     fired = cond.fires(sm, prompts, progress=False)
     assert sum(fired[:3]) >= 2 and not any(fired[3:]), (sims, cond.threshold)
     assert min(abs(x - cond.threshold) for x in sims) > 1e-3  # no decision within float noise of the threshold
-    ids = {p: sm.tokenize(p).input_ids[0].tolist() for p in prompts}
-    a = setup["args"]
 
     def row(p, args=None):
-        return {"prompt_token_ids": ids[p], "args": args, "max_tokens": MAX_NEW}
+        return {"prompt_token_ids": sm.tokenize(p).input_ids[0].tolist(), "args": args, "max_tokens": MAX_NEW}
     batch = [row(p, a("cast@1")) for p in prompts] + [row(prompts[0], a("happy@1")), row(prompts[3])]
-    out = run_offline(setup, [batch], CAST_ENGINE, name="cast")[0]
-    got = [strip_eos(o["token_ids"], setup["eos"]) for o in out]
     want = [hf(p, "cast@1") for p in prompts] + [hf(prompts[0], "happy@1"), hf(prompts[3])]
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert g == w, f"row {i} ({prompts[i % len(prompts)]!r}): vLLM {g} != HF {w}"
     for p, f, w in zip(prompts, fired, want):
-        assert (w != hf(p)) is f, p  # fired: steered; not fired: exactly unsteered
+        assert (w != hf(p)) is f, p  # in HF: fired, steered; not fired, exactly unsteered
+    return prompts, batch, want
+
+
+def assert_rows(setup, out, want, what):
+    got = [strip_eos(o["token_ids"], setup["eos"]) for o in out]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"row {i} ({what[i]!r}): vLLM {g} != HF {w}"
+
+
+def test_offline_conditional_steering_matches_hf_row_by_row(setup):
+    """Requests naming a stored ConditionalSteering (:func:`cast_batch`) in one batch with an
+    unconditional and an unsteered request: each row equals steerkit's own ``sm.steer(cs)`` generation
+    of it alone, so the behaviour steers the prompts where the condition fires and leaves the others
+    exactly unsteered."""
+    prompts, batch, want = cast_batch(setup)
+    out = run_offline(setup, [batch], CAST_ENGINE, name="cast")[0]
+    assert_rows(setup, out, want, prompts + prompts[:1] + prompts[3:4])
 
 
 def test_bad_requests_get_clear_errors_and_the_engine_keeps_serving(setup):

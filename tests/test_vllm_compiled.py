@@ -6,7 +6,8 @@ plugin writes the step's configurations and per-token slot indices into persiste
 mixed batch of tests/test_vllm.py must give, row by row, exactly steerkit's own HF greedy tokens,
 and the compilation counters must not move while steered steps, requests and artifacts change.
 The engine runs with ``STEERKIT_VLLM_RECORD=1``, so its graph also holds the record operator:
-steered and unsteered requests record rows equal to steerkit's HF recording.
+steered and unsteered requests record rows equal to steerkit's HF recording. Requests naming a
+ConditionalSteering (steered from the host path) give steerkit's HF tokens too.
 
 vLLM's first compiled start here compiles for several minutes and caches the result under
 ``~/.cache/vllm``; this module starts one engine.
@@ -19,8 +20,8 @@ import pytest
 import torch
 
 from steerkit.serving.capture import record_args
-from tests.test_vllm import (MIXED_ENGINE, PROMPTS, VLLM_PY, assert_mixed_batch, build_setup, mixed_batch,  # noqa: F401
-                             req, run_offline)
+from tests.test_vllm import (MIXED_ENGINE, PROMPTS, VLLM_PY, assert_mixed_batch, assert_rows,  # noqa: F401
+                             build_setup, cast_batch, mixed_batch, req, run_offline)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -58,12 +59,15 @@ def compiled_run(setup):
     record = [req(setup, p[0], {**a("happy@1"), **record_args(REC_HOOKS, "prompt", run="rc", request="0")}, 4),
               req(setup, p[1], None, 4),
               req(setup, p[2], record_args(REC_HOOKS, "last", run="rc", request="2"), 4)]
+    cast_prompts, cast, cast_want = cast_batch(setup)  # conditional steering: each request alone, in one chunk
     folder = setup["root"] / "record-compiled"
     folder.mkdir(exist_ok=True)
-    res = run_offline(setup, [batch, first, second, record], engine={**MIXED_ENGINE, "enforce_eager": False},
+    res = run_offline(setup, [batch, first, second, record] + [[r] for r in cast],
+                      engine={**MIXED_ENGINE, "enforce_eager": False},
                       name="compiled", full=True, timeout=2000,  # a first start compiles for minutes
                       env={"STEERKIT_VLLM_RECORD": "1", "STEERKIT_RECORD_DIR": str(folder)})
-    return {"res": res, "want": want, "first": first, "second": second, "record_dir": folder}
+    return {"res": res, "want": want, "first": first, "second": second, "record_dir": folder,
+            "cast": (cast_prompts, cast_want)}
 
 
 def test_compiled_mixed_batch_matches_hf_row_by_row(setup, compiled_run):
@@ -83,6 +87,16 @@ def test_compiled_steering_does_not_recompile(setup, compiled_run):
     for b in (1, 2):
         for o in compiled_run["res"]["batches"][b]:
             assert len(o["token_ids"]) == STEPS, o  # 50 steps each
+    for k in COMPILE_COUNTERS:  # nor do recording and conditional steering (steered from the host path)
+        assert counts[-1][k] == counts[0][k], (k, counts)
+
+
+def test_compiled_conditional_steering_matches_hf(setup, compiled_run):
+    """Requests naming a ConditionalSteering (tests/test_vllm.py:cast_batch), each alone (one prefill
+    chunk), in the compiled engine: every row equals steerkit's own ``sm.steer(cs)`` tokens."""
+    prompts, want = compiled_run["cast"]
+    out = [b[0] for b in compiled_run["res"]["batches"][4:]]
+    assert_rows(setup, out, want, prompts + prompts[:1] + prompts[3:4])
 
 
 def test_compiled_long_steered_rows_match_hf(setup, compiled_run):
