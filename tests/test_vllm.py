@@ -158,9 +158,7 @@ def mixed_batch(setup):
 def assert_mixed_batch(setup, out, want):
     """Each row's tokens equal HF's, and the steering really changes the rows it is meant for."""
     hf, p = setup["hf"], PROMPTS
-    got = [strip_eos(o["token_ids"], setup["eos"]) for o in out]
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert g == w, f"row {i}: vLLM {g} != HF {w}"
+    assert_rows(setup, out, want)
     assert want[0] != hf(p[0]) and want[2] != hf(p[2]) and want[4] != hf(p[4]) and want[5] != want[6]
     assert want[7] != hf(p[1]) and want[8] != hf(p[2])
     assert want[3] == hf(p[3])  # scale 0 == unsteered
@@ -223,10 +221,11 @@ def cast_batch(setup):
     return prompts, batch, want
 
 
-def assert_rows(setup, out, want, what):
+def assert_rows(setup, out, want, what=None):
+    """Each row's vLLM tokens (EOS stripped) equal HF's; ``what`` names the rows in the message."""
     got = [strip_eos(o["token_ids"], setup["eos"]) for o in out]
     for i, (g, w) in enumerate(zip(got, want)):
-        assert g == w, f"row {i} ({what[i]!r}): vLLM {g} != HF {w}"
+        assert g == w, f"row {i}{f' ({what[i]!r})' if what else ''}: vLLM {g} != HF {w}"
 
 
 def test_offline_conditional_steering_matches_hf_row_by_row(setup):

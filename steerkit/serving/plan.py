@@ -147,10 +147,10 @@ class RequestConditions:
         key = (req_id, c.key)
         if key in self._done:
             return
-        sel = np.flatnonzero(np.asarray(positions) < n_prompt)
+        pos = np.asarray(positions)
+        sel = np.flatnonzero(pos < n_prompt)
         if sel.size == 0:
             return
-        pos = np.asarray(positions)
         rows = x[torch.from_numpy(sel).to(x.device)].float()
         if int(pos[sel[0]]) == 0:  # the prompt from its start (again, after a preemption): a fresh sum
             self._acc.pop(key, None)
@@ -311,9 +311,8 @@ def plan_step(blocks: Sequence[Block], compiler: SteeringCache,
     device = compiler.device
     per_site: dict[str, list[int]] = {}
     for j, (_, b) in enumerate(steered):
-        for site in b.resolved.sites + b.resolved.condition_sites:
-            if j not in per_site.setdefault(site, []):
-                per_site[site].append(j)
+        for site in dict.fromkeys(b.resolved.sites + b.resolved.condition_sites):
+            per_site.setdefault(site, []).append(j)
     plan_blocks = [b for _, b in steered]
     shared: dict = {}  # block subsets shared by several sites share their index tensors
     sites: dict[str, SiteRows] = {}

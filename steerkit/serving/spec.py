@@ -37,6 +37,7 @@ prefix-cache salt that keeps KV computed under one steering away from requests w
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -343,17 +344,17 @@ class Resolved:
     interventions: tuple  # tuple[Intervention, ...]
     notes: tuple = ()
 
-    @property
+    @functools.cached_property
     def sites(self) -> tuple:
         """The sites the interventions act at, in first-use order."""
         return tuple(dict.fromkeys(iv.site for iv in self.interventions))
 
-    @property
+    @functools.cached_property
     def conditions(self) -> tuple:
         """The CAST conditions the interventions' rules (``when``) read, each once, in first-use order."""
         return tuple(dict.fromkeys(c for iv in self.interventions if iv.when is not None for c in iv.when.conditions))
 
-    @property
+    @functools.cached_property
     def condition_sites(self) -> tuple:
         """The sites those conditions are evaluated at."""
         return tuple(dict.fromkeys(c.site for c in self.conditions))

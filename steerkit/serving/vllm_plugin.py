@@ -56,6 +56,7 @@ kill the engine for every user); the front-end check makes it rare.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -264,24 +265,12 @@ def graph_refusal(resolved: Any, facts: ModelFacts) -> Optional[str]:
     if resolved.conditions:
         return "conditional steering (CAST conditions are decided on the host, during the step)"
     cap = slot_capacity(os.environ.get(SLOTS_ENV))
-    # a resolved spec (the front end's resolver hands out one object per spec) is compiled for this check
-    # once, not once per request; the entry holds the object, so its id is not reused meanwhile
-    key = (id(resolved), id(facts), tuple(sorted(cap.items())))
-    hit = _GRAPH_REFUSALS.get(key)
-    if hit is not None and hit[0] is resolved:
-        _GRAPH_REFUSALS.move_to_end(key)
-        return hit[1]
-    why = _graph_refusal(resolved, facts, cap)
-    _GRAPH_REFUSALS[key] = (resolved, why)
-    while len(_GRAPH_REFUSALS) > 256:
-        _GRAPH_REFUSALS.popitem(last=False)
-    return why
+    return _graph_refusal(resolved, facts, tuple(sorted(cap.items())))
 
 
-_GRAPH_REFUSALS: "OrderedDict[tuple, tuple]" = OrderedDict()
-
-
-def _graph_refusal(resolved: Any, facts: ModelFacts, cap: dict) -> Optional[str]:
+@functools.lru_cache(maxsize=256)  # a resolved spec is compiled for this check once, not once per request
+def _graph_refusal(resolved: Any, facts: ModelFacts, cap_items: tuple) -> Optional[str]:
+    cap = dict(cap_items)
     steering = compile([list(resolved.interventions)], facts, per_row=True)
     for site, program in steering.programs.items():
         if program.table is not None and program.table.has_region:
