@@ -19,8 +19,8 @@ cell, how much of the concept the steered generations show and what the steering
     ``"case": True``), or a list of strings / one string (``contains`` only).
 
 * **perplexity**: ``exp`` of the mean negative log-likelihood of the cell's completion tokens (every
-  token of every completion of the cell, pooled) under the UNSTEERED model, from one batched forward
-  of prompt plus completion; ``None`` when every completion of the cell is empty. The rule reads the
+  token of every completion of the cell, pooled) under the UNSTEERED model; ``None`` when every
+  completion of the cell is empty. The rule reads the
   ratio to the baseline's perplexity (``ppl_ratio``).
 * **kl**: the next-token KL divergence ``KL(unsteered || steered)`` in nats at the last position of each
   ``neutral`` prompt (the distribution of the first response token), averaged over the neutral prompts.
@@ -42,8 +42,10 @@ unsteered model: such cells reuse the baseline.
 
 Batched: the prompts are tokenized once; every generation of every cell (and the baseline, generated once)
 is one row of a per-row steering (``sm.generate(tokens, steering=[...])``, ``batch_size`` rows per call);
-perplexity and probe activations come from one unsteered forward over all rows, and the KL from per-row
-steered forwards of the neutral prompts.
+the perplexity comes from unsteered passes in which each prompt's KV cache is computed once and shared
+by every row that continues it (each row feeds only its completion; with a probe concept, which reads
+activations along the whole row, one forward of prompt plus completion per row), and the KL from
+per-row steered forwards of the neutral prompts (only the last position unembedded).
 
 A cell is on the **Pareto front** when no other cell has a concept at least as high and every damage
 (``kl``, ``perplexity``, ``repetition``; ``None`` counts as infinitely bad) at most as high, one of
@@ -92,6 +94,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from steerkit.errors import InputError
+from steerkit.generation import continuation_logprobs
 from steerkit.interventions import Intervention
 from steerkit.model import Tokens
 from steerkit.vectors import DirectionSet, Probe, SteeringVector
@@ -811,23 +814,26 @@ def _generate_rows(sm: "SteerModel", ids: list[list[int]], plan: list, steer_of,
 def _score_rows(sm: "SteerModel", ids: list[list[int]], rows: _Rows, probe: Optional[Probe], *, batch_size: int,
                 bar) -> tuple[list[float], list[int], list]:
     """Unsteered forwards of prompt + completion: per row the completion's summed NLL, its token count and
-    (with a probe) the probe's input activation."""
+    (with a probe) the probe's input activation. Without a probe, each prompt's KV cache is computed once
+    and every row feeds only its completion (:func:`~steerkit.generation.continuation_logprobs`); a probe
+    reads activations along the whole row, so its rows go through one full forward each."""
+    count = [len(t) for t in rows.tokens]
+    if probe is None:
+        lps = continuation_logprobs(sm, ids, list(zip(rows.prompt, rows.tokens)), batch_size=batch_size,
+                                    progress=bar.update)
+        return [float(-lp.double().sum()) for lp in lps], count, [None] * len(lps)
     vocab = int(sm.adapter.unembed_module(sm.hf_model).weight.shape[0])
     seqs = [ids[p] + t for p, t in zip(rows.prompt, rows.tokens)]
     longest = max(len(s) for s in seqs)
     size = max(1, min(batch_size, (1 << 27) // max(1, longest * vocab)))
     nll: list[float] = [0.0] * len(seqs)
-    count = [len(t) for t in rows.tokens]
     acts: list = [None] * len(seqs)
-    hook = None if probe is None else f"blocks.{probe.layer}.{probe.hook_site}"
+    hook = f"blocks.{probe.layer}.{probe.hook_site}"
     for part in _chunks(len(seqs), size):
         batch = sm.pad([seqs[r] for r in part])
-        if hook is not None:
-            with sm.record([hook], positions="all", device="cpu") as cache:
-                logits = sm.forward(batch)
-            rec = cache[hook]
-        else:
+        with sm.record([hook], positions="all", device="cpu") as cache:
             logits = sm.forward(batch)
+        rec = cache[hook]
         P = batch.input_ids.shape[1]
         for i, r in enumerate(part):
             k = count[r]
@@ -835,8 +841,7 @@ def _score_rows(sm: "SteerModel", ids: list[list[int]], rows: _Rows, probe: Opti
                 lp = torch.log_softmax(logits[i, P - k - 1:P - 1].float(), dim=-1)
                 tgt = batch.input_ids[i, P - k:].to(lp.device)
                 nll[r] = float(-lp.gather(-1, tgt[:, None]).sum())
-            if hook is not None and probe is not None:
-                acts[r] = _probe_row(probe, rec[i], len(ids[rows.prompt[r]]), len(seqs[r]))
+            acts[r] = _probe_row(probe, rec[i], len(ids[rows.prompt[r]]), len(seqs[r]))
         bar.update(len(part))
     return nll, count, acts
 
@@ -847,10 +852,10 @@ def _kl_cells(sm: "SteerModel", neutral_ids: list[list[int]], cells: list, steer
     def last_logp(steering, id_rows):
         toks = sm.pad(id_rows)
         if steering is None:
-            logits = sm.forward(toks)
+            logits = sm.forward(toks, logits_to_keep=1)
         else:
             with sm.steer(steering, label=f"tune kl x{len(id_rows)}"):
-                logits = sm.forward(toks)
+                logits = sm.forward(toks, logits_to_keep=1)
         return torch.log_softmax(logits[:, -1].float(), dim=-1)
 
     n = len(neutral_ids)

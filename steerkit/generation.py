@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from .errors import InputError, SteerkitError
@@ -245,6 +246,100 @@ def _crop(backend, cache, keep: int):
     if extra > 0:
         cache.crop(-extra)  # negative: remove that many (transformers 4.x and 5.x alike)
     return cache
+
+
+def _select_rows(backend, cache, index: Tensor):
+    """A new cache holding rows ``index`` of ``cache`` (``cache`` itself is left as it is)."""
+    out = backend.new_cache()
+    for i, layer in enumerate(cache.layers):
+        out.update(layer.keys.index_select(0, index), layer.values.index_select(0, index), i)
+    return out
+
+
+@torch.inference_mode()
+def continuation_logprobs(sm: "SteerModel", prompts: Sequence[Sequence[int]],
+                          rows: Sequence[tuple[int, Sequence[int]]], *, batch_size: int = 64,
+                          progress: Callable[[int], None] | None = None) -> list[Float[Tensor, " k"]]:
+    """Per row ``(prompt index, continuation token ids)``: the log-probability ``[k]`` (float32, CPU) of each
+    continuation token after its prompt and the tokens before it, under the model as it is, as a
+    generation would have seen those tokens: the hooks on ``sm`` are active, the prompt is the prompt
+    and the continuation tokens are generated positions (an edit with ``positions="generated"`` reaches
+    them; ``"last"`` and negative indices refer to the prompt). With no edits, or edits at every
+    position, it equals the log-softmax of :meth:`SteerModel.forward` on prompt + continuation, up to
+    float rounding.
+
+    Each prompt's KV cache is computed once (``batch_size`` prompts a pass) and shared by every row that
+    continues it; a row's pass feeds only its continuation, and only those positions go through the
+    unembedding. ``progress(n)`` is called with the number of rows each pass completed.
+
+    Examples:
+        >>> ids = [tiny.tokenizer("a b c")["input_ids"], tiny.tokenizer("d")["input_ids"]]
+        >>> lp = continuation_logprobs(tiny, ids, [(0, [5, 6]), (1, [7]), (0, [])])
+        >>> [tuple(x.shape) for x in lp], bool((lp[0] <= 0).all())
+        ([(2,), (1,), (0,)], True)
+    """
+    n_prompts = len(prompts)
+    for r, (p, _) in enumerate(rows):
+        if not (_is_int(p) and 0 <= int(p) < n_prompts):
+            raise InputError(f"expected row {r}'s prompt index in [0, {n_prompts}), found {p!r}")
+    out: list = [torch.zeros(0) for _ in rows]
+    by_prompt: dict[int, list[int]] = {}
+    for r, (p, cont) in enumerate(rows):
+        if len(cont):
+            by_prompt.setdefault(int(p), []).append(r)
+    if progress is not None and len(rows) > sum(len(v) for v in by_prompt.values()):
+        progress(len(rows) - sum(len(v) for v in by_prompt.values()))
+    backend, vocab = sm.backend, None
+    used = sorted(by_prompt)
+    for i0 in range(0, len(used), batch_size):
+        chunk = used[i0:i0 + batch_size]
+        toks = sm.pad([prompts[p] for p in chunk])
+        P = toks.input_ids.shape[1]
+        with sm.hooks.runs.running(toks.attention_mask, toks.input_ids) as run:
+            run.generating = True
+            last, cache = backend.step(toks.input_ids, toks.attention_mask, toks.position_ids, backend.new_cache())
+        first = torch.log_softmax(last.float(), dim=-1)
+        vocab = first.shape[-1]
+        local = {p: j for j, p in enumerate(chunk)}
+        todo = [r for p in chunk for r in by_prompt[p]]
+        longest = max(len(rows[r][1]) for r in todo)
+        size = max(1, min(batch_size, (1 << 27) // max(1, (longest - 1) * vocab)))
+        for j0 in range(0, len(todo), size):
+            part = todo[j0:j0 + size]
+            conts = [list(rows[r][1]) for r in part]
+            idx = torch.tensor([local[int(rows[r][0])] for r in part], device=first.device)
+            t0 = torch.tensor([c[0] for c in conts], device=first.device)
+            head = first.index_select(0, idx).gather(-1, t0[:, None])[:, 0]
+            T = max(len(c) for c in conts) - 1  # fed: every continuation token but the last
+            if T == 0:
+                for i, r in enumerate(part):
+                    out[r] = head[i:i + 1].cpu()
+                if progress is not None:
+                    progress(len(part))
+                continue
+            dev = toks.input_ids.device
+            feed = torch.full((len(part), T), sm.tokenizer.pad_token_id, dtype=torch.long, device=dev)
+            fmask = torch.zeros((len(part), T), dtype=toks.attention_mask.dtype, device=dev)
+            for i, c in enumerate(conts):
+                feed[i, :len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+                fmask[i, :len(c) - 1] = 1
+            pmask = toks.attention_mask.index_select(0, idx.to(dev))
+            pos = toks.position_ids.index_select(0, idx.to(dev))[:, -1:] + 1 + torch.arange(T, device=dev)[None]
+            with sm.hooks.runs.running(pmask, toks.input_ids.index_select(0, idx.to(dev))) as run:
+                run.generating, run.chunk_start = True, P
+                run.append_tokens(feed)
+                logits, _ = backend.step(feed, torch.cat([pmask, fmask], 1), pos,
+                                         _select_rows(backend, cache, idx.to(dev)), keep=0)
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            for i, (r, c) in enumerate(zip(part, conts)):
+                k = len(c)
+                tgt = torch.tensor(c[1:], dtype=torch.long, device=lp.device)
+                rest = lp[i, :k - 1].gather(-1, tgt[:, None])[:, 0]
+                out[r] = torch.cat([head[i:i + 1].to(rest.device), rest]).cpu()
+            if progress is not None:
+                progress(len(part))
+        del cache
+    return out
 
 
 def _wants_generated_rows(sm: "SteerModel") -> bool:

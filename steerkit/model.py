@@ -223,9 +223,11 @@ class SteerModel:
         return Tokens(input_ids.to(self.device), mask.to(self.device))
 
     # --- running -----------------------------------------------------------------
-    def forward(self, prompts: Prompts | Tokens, *, chat: bool = True, grad: bool | None = None
-                ) -> Float[Tensor, "batch pos vocab"]:
+    def forward(self, prompts: Prompts | Tokens, *, chat: bool = True, grad: bool | None = None,
+                logits_to_keep: int = 0) -> Float[Tensor, "batch pos vocab"]:
         """Logits ``[batch, pos, vocab]`` of a left-padded batch (chat template by default).
+        ``logits_to_keep=k`` (as in transformers) returns only the last ``k`` positions ``[batch, k, vocab]``
+        and runs only those through the unembedding (0: every position).
 
         Runs under ``torch.inference_mode`` unless ``grad`` (by default: inside :meth:`training`):
         then autograd records the pass, so a metric of the logits can be differentiated with respect
@@ -234,10 +236,13 @@ class SteerModel:
         patching and :mod:`steerkit.probes.train` do."""
         if grad is None:
             grad = self.__dict__.get("_grad_scopes", 0) > 0
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise InputError(f"expected logits_to_keep as an int >= 0 (0: every position), found {logits_to_keep!r}")
         toks = self.tokenize(prompts, chat=chat)
         with torch.enable_grad() if grad else torch.inference_mode():
             with self.hooks.runs.running(toks.attention_mask, toks.input_ids):
-                return self.backend.forward(toks.input_ids, toks.attention_mask, toks.position_ids)
+                return self.backend.forward(toks.input_ids, toks.attention_mask, toks.position_ids,
+                                            keep=logits_to_keep)
 
     __call__ = forward
 

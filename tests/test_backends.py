@@ -337,3 +337,47 @@ def test_component_edits_and_records_in_generation_agree(hf, others):
         assert cg[site].shape == cw[site].shape, name
         assert float((cg[site] - cw[site]).abs().max()) < 1e-4, name
         assert float((cg["blocks.5.attn.hook_z"] - cw["blocks.5.attn.hook_z"]).abs().max()) < 1e-3, name
+
+
+def test_logits_to_keep_and_continuation_logprobs_agree(hf, others, toks, ref_logits, vec):
+    """``logits_to_keep=k`` returns the last ``k`` positions of the full logits on every backend.
+    ``continuation_logprobs`` (each prompt's KV cache shared by its rows) equals the log-softmax of a full
+    forward of prompt + continuation, with no edit and with an edit at every position; under an edit of
+    the generated positions only it equals the distribution the generation itself sampled from."""
+    from steerkit.generation import continuation_logprobs
+    prompts = [hf.tokenizer(p)["input_ids"] for p in ("The capital of France is", "Rain falls on")]
+    rows = [(0, [12366, 30, 378, 314]), (1, [260]), (0, [12366]), (1, [288, 3273, 284, 5248, 28, 339]), (0, [])]
+
+    def full_forward(sm):
+        out = []
+        for p, t in rows:
+            full = sm.forward(sm.pad([prompts[p] + t]))[0].float()
+            lp = torch.log_softmax(full[len(prompts[p]) - 1:-1], -1)
+            out.append(lp.gather(-1, torch.tensor(t, dtype=torch.long)[:, None])[:, 0] if t else torch.zeros(0))
+        return out
+
+    unembed = hf.adapter.unembed_module(hf.hf_model)
+    for name, sm in {"hf": hf, **others}.items():
+        last = sm.forward(toks, logits_to_keep=1)
+        assert last.shape == (ref_logits.shape[0], 1, ref_logits.shape[-1]), name
+        torch.testing.assert_close(last[:, 0], ref_logits[:, -1], rtol=1e-4, atol=1e-3)
+        plain = continuation_logprobs(sm, prompts, rows, batch_size=2)
+        for got, want in zip(plain, full_forward(sm)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        with sm.edit("blocks.3.hook_resid_post", add=vec):
+            for got, want in zip(continuation_logprobs(sm, prompts, rows, batch_size=2), full_forward(sm)):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        # generated positions only: the generation's own next-token distributions (ln_final output, unembedded)
+        n = len(prompts[0])
+        with sm.edit("blocks.3.hook_resid_post", add=vec, positions="generated"):
+            with sm.record("ln_final.hook_out", positions="all") as rec:
+                gen = sm.generate(sm.pad(prompts[:1]), max_new_tokens=5, return_tokens=True)[0]
+            got = continuation_logprobs(sm, prompts, [(0, gen)])[0]
+        with torch.inference_mode():
+            lp = torch.log_softmax(unembed(rec["ln_final.hook_out"][0, n - 1:n - 1 + len(gen)]).float(), -1)
+        torch.testing.assert_close(got, lp.gather(-1, torch.tensor(gen)[:, None])[:, 0], rtol=1e-4, atol=1e-4)
+        assert not torch.allclose(got, continuation_logprobs(sm, prompts, [(0, gen)])[0]), name
+    with pytest.raises(InputError, match="logits_to_keep"):
+        hf.forward(toks, logits_to_keep=-1)
+    with pytest.raises(InputError, match="prompt index"):
+        continuation_logprobs(hf, prompts, [(2, [5])])

@@ -205,8 +205,8 @@ def _batches(xs: Sequence, bs: int):
 def last_logits(sm: "SteerModel", prompts: Sequence[str], *, batch_size: int = 16, chat: bool = True) -> Float[Tensor, "n vocab"]:
     """Next-token logits at the last prompt position ``[n, vocab]`` (float32), in batches.
 
-    Hooks registered on ``sm`` (edits, records) are active. On the HF backend only the last
-    position goes through the unembedding.
+    Hooks registered on ``sm`` (edits, records) are active. Only the last position goes through the
+    unembedding.
 
     Examples:
         >>> from steerkit.probes.methods import refusal as R
@@ -219,14 +219,7 @@ def last_logits(sm: "SteerModel", prompts: Sequence[str], *, batch_size: int = 1
         raise InputError("expected at least one prompt, found an empty list")
     out = []
     for chunk in _batches(prompts, batch_size):
-        toks = sm.tokenize(chunk, chat=chat)
-        with sm.hooks.runs.running(toks.attention_mask):
-            if sm.backend_name == "hf":
-                lg = sm.backend.model(input_ids=toks.input_ids, attention_mask=toks.attention_mask,
-                                      position_ids=toks.position_ids, use_cache=False, logits_to_keep=1).logits
-            else:
-                lg = sm.backend.forward(toks.input_ids, toks.attention_mask, toks.position_ids)
-        out.append(lg[:, -1].float().cpu())
+        out.append(sm.forward(chunk, chat=chat, logits_to_keep=1)[:, -1].float().cpu())
     return torch.cat(out)
 
 

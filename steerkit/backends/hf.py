@@ -116,18 +116,20 @@ class HFBackend(TorchHooks):
         return len(self._torch_handles)
 
     # --- running -----------------------------------------------------------------
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, keep: int = 0) -> Tensor:
+        """Logits of the last ``keep`` positions (0: all; the others skip the unembedding)."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False)
+                         use_cache=False, logits_to_keep=keep)
         return out.logits
 
     def new_cache(self):
         from transformers import DynamicCache
         return DynamicCache(config=self.model.config)
 
-    def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache):
-        """One generation step with a KV cache: logits of the last position, and the cache."""
+    def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache, keep: int = 1):
+        """One step with a KV cache: logits of the last position (``keep=0``: ``[batch, T, vocab]`` of
+        every fed position), and the cache."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+                         use_cache=True, logits_to_keep=keep, **{self._cache_kw: cache})
         new_cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
-        return out.logits[:, -1], new_cache
+        return (out.logits[:, -1] if keep == 1 else out.logits), new_cache

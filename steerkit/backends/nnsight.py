@@ -275,16 +275,18 @@ class NNsightBackend:
         return logits
 
     # --- running -----------------------------------------------------------------
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, keep: int = 0) -> Tensor:
+        """Logits of the last ``keep`` positions (0: all)."""
         return self._run(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False)
+                         use_cache=False, logits_to_keep=keep)
 
     def new_cache(self):
         from transformers import DynamicCache
         return DynamicCache(config=self.model.config)
 
-    def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache):
-        """One KV-cached generation step (one trace): logits of the last position, and the cache."""
+    def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache, keep: int = 1):
+        """One KV-cached step (one trace): logits of the last position (``keep=0``: ``[batch, T, vocab]``
+        of every fed position), and the cache."""
         logits = self._run(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
-        return logits[:, -1], cache
+                           use_cache=True, logits_to_keep=keep, **{self._cache_kw: cache})
+        return (logits[:, -1] if keep == 1 else logits), cache

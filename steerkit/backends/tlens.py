@@ -201,22 +201,24 @@ class TLensBackend(TorchHooks):
         return n
 
     # --- running -----------------------------------------------------------------
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, keep: int = 0) -> Tensor:
+        """Logits of the last ``keep`` positions (0: all)."""
         return self.bridge(input_ids, return_type="logits", attention_mask=attention_mask,
-                           position_ids=position_ids, use_cache=False)
+                           position_ids=position_ids, use_cache=False, logits_to_keep=keep)
 
     def new_cache(self):
         from transformers import DynamicCache
         return DynamicCache(config=self.hf.config)
 
-    def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache):
-        """One KV-cached generation step: logits of the last position, and the cache.
+    def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache, keep: int = 1):
+        """One KV-cached step: logits of the last position (``keep=0``: ``[batch, T, vocab]`` of every fed
+        position), and the cache.
 
         The cache object is passed to the HF model under its own keyword (``cache=`` on
         transformers 5.x) and updated in place by the bridge's attention (see the module
         docstring for the keyword alias that makes that work).
         """
         logits = self.bridge(input_ids, return_type="logits", attention_mask=attention_mask,
-                             position_ids=position_ids, use_cache=True, logits_to_keep=1,
+                             position_ids=position_ids, use_cache=True, logits_to_keep=keep,
                              **{self._cache_kw: cache})
-        return logits[:, -1], cache
+        return (logits[:, -1] if keep == 1 else logits), cache
