@@ -9,7 +9,9 @@ the whole ``tune`` call (generation, the unsteered scoring forward and the KL fo
 over ``--repeats`` rounds:
 
 * ``batched``: ``tune(..., batch_size=--batch)``: the baseline and every cell's generations as rows of
-  per-row steered ``sm.generate`` calls of ``--batch`` rows (default 256);
+  per-row steered ``sm.generate`` calls of ``--batch`` rows (default 64, ``tune``'s own default: on this
+  2-core CPU a call of 32 to 128 rows costs the least per row, 256 costs more, see
+  ``bench_batch_scaling.py``);
 * ``per-cell``: ``tune(..., batched=False, batch_size=--prompts)``: one ``sm.generate`` call per cell
   (48 for the default grid, plus one for the baseline), the cell's steering shared by its rows, and one
   KL forward per cell.
@@ -39,7 +41,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scales", type=int, default=None, help="grid strengths (default 8; quick 3)")
     ap.add_argument("--prompts", type=int, default=None, help="prompts (default 32; quick 4)")
     ap.add_argument("--tokens", type=int, default=None, help="new tokens per generation (default 32; quick 8)")
-    ap.add_argument("--batch", type=int, default=256, help="rows per generate call when batched (default 256)")
+    ap.add_argument("--batch", type=int, default=64, help="rows per generate call when batched (default 64, tune's "
+                    "default; on a GPU try 256)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds (default 1)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 0 = torch's default)")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
