@@ -102,6 +102,10 @@ TARGETS: dict[str, Target] = {
 SOURCES: dict[str, tuple[str, str]] = {
     "app": ("benchmarks/bench_app.py", "the explorer's latency in a headless browser"),
     "backend_memory": ("benchmarks/bench_backend_memory.py", "resident memory, one backend vs three"),
+    "batch_scaling": ("benchmarks/bench_batch_scaling.py", "cost per row of per-row steered generation and "
+                                                           "scoring passes against rows per call"),
+    "continuation": ("benchmarks/bench_continuation.py", "scoring continuations: each prompt's KV cache "
+                                                         "shared vs one full forward per row"),
     "generation": ("benchmarks/bench_generation.py", "steered vs unsteered greedy generation, per library"),
     "gpu_kernels": ("benchmarks/gpu_kernels.py", "the fused Triton steering kernel on a CUDA GPU, per case"),
     "gpu_kernels_sweep": ("benchmarks/gpu_kernels.py", "the fused kernel's launch-parameter sweep"),
@@ -137,6 +141,8 @@ SOURCES: dict[str, tuple[str, str]] = {
 PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "app": ("value", ("measure",), "unit"),
     "backend_memory": ("model_mib", ("condition",), None),
+    "batch_scaling": ("gain_vs_ref", ("rows",), "kind"),
+    "continuation": ("median_s", ("condition",), "mode"),
     "generation": ("paired_overhead_pct", ("library", "edit"), "batch"),
     "gpu_kernels": ("frac_of_copy", ("case", "dtype"), None),
     "gpu_kernels_sweep": ("frac_of_copy", ("block_r", "block_d", "num_warps"), "case"),

@@ -23,7 +23,7 @@ from .hooknames import layer_names, resid_post, resid_pre
 from .hooks import ActivationCache, HookHandle, RecordHandle
 from .interventions import CompiledSteering, Condition, Gate, Intervention, ModelFacts, When
 from .kernels import orthonormalize
-from .generation import Recycle, continue_thinking
+from .generation import Recycle, continuation_logprobs, continue_thinking
 from .model import SteerModel, Tokens, load_model, wrap
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
     "RecordHandle", "layer_names", "resid_post", "resid_pre",
     "SteerkitError", "HookNameError", "InputError", "ModelNotFoundError", "UnsupportedArchitectureError",
     "BackendUnavailableError", "RowIndexError",
-    "generate", "Recycle", "continue_thinking",
+    "generate", "Recycle", "continue_thinking", "continuation_logprobs",
 ]
 
 
