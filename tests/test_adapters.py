@@ -322,6 +322,23 @@ def test_generate_with_cache_matches_forward(arch):
     assert sm.hook_count() == 0
 
 
+def test_continuation_logprobs_match_forward(arch):
+    """Scoring continuations with each prompt's KV cache shared == the log-softmax of full forwards, under
+    an edit at every position (every family's cache layout)."""
+    sm = steer(arch)
+    prompts = [sm.tokenizer(p)["input_ids"] for p in ("hello there", "hi")]
+    rows = [(0, [30, 31, 32]), (1, [33]), (1, [34, 35, 36, 37, 38]), (0, [])]
+    with sm.edit("blocks.0.hook_resid_post", add=vec(7)):
+        got = steerkit.continuation_logprobs(sm, prompts, rows, batch_size=2)
+        for (p, t), g in zip(rows, got):
+            assert g.shape == (len(t),)
+            if t:
+                full = sm.forward(sm.pad([prompts[p] + t]))[0].float()
+                want = torch.log_softmax(full[len(prompts[p]) - 1:-1], -1).gather(-1, torch.tensor(t)[:, None])[:, 0]
+                torch.testing.assert_close(g, want, atol=ATOL, rtol=1e-4)
+    assert sm.hook_count() == 0
+
+
 @pytest.mark.parametrize("arch_", ["phi3", "gpt_neox", "gpt_neox_seq", "gpt2"])
 def test_decomposition_holds_with_dropout(arch_):
     """attn_out/mlp_out are what is added to the residual even when dropout is active."""
