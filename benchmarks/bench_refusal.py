@@ -8,7 +8,8 @@ run, timed as a whole call (wall and this process's CPU time, ``_common.Clock``)
 * ``one-at-a-time``: ``batched=False``: one candidate's edits installed per forward pass (its
   ablation at every block input, attention output and MLP output, or its addition at its block), the
   validation prompts in passes of ``batch_size``;
-* ``batched``: ``batched=True``: (candidate, prompt) rows, ``batch_size`` per forward pass, each row
+* ``batched``: ``batched=True``: (candidate, prompt) rows, ``--score-rows`` per forward pass (default
+  ``refusal.score_rows``: ``--batch-size`` on a CPU, 256 on a GPU), each row
   with its own steering in one per-row steering (one fused kernel call per site for the whole batch),
   the rows sorted by prompt length.
 
@@ -39,7 +40,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="2 positions x 3 layers, 8 + 8 train, 4 + 4 val prompts, "
                     "kl_max 1.0")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default 0 = torch's default)")
-    ap.add_argument("--batch-size", type=int, default=16, help="rows (batched) / prompts (one at a time) per pass")
+    ap.add_argument("--batch-size", type=int, default=16, help="prompts per pass (one at a time; default 16)")
+    ap.add_argument("--score-rows", type=int, default=None, help="rows per pass of the batched path (default: "
+                    "--batch-size on a CPU, 256 on a GPU)")
     ap.add_argument("--device", default="cpu", help="torch device of the model (default cpu; on cuda read the wall "
                     "times)")
     ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "refusal_scoring.csv"))
@@ -64,10 +67,12 @@ def main(argv=None) -> int:
     cands = R.mean_diff(acts["harmful"], acts["harmless"])
     args = (sm, cands, positions, data["val"]["harmful"], data["val"]["harmless"], ids)
     kw = dict(prune_frac=cfg.prune_frac, kl_max=1.0 if a.quick else cfg.kl_max, induce_min=cfg.induce_min, lazy=cfg.lazy,
-              fallback=cfg.fallback, batch_size=a.batch_size, layers=layers)
+              fallback=cfg.fallback, batch_size=a.batch_size, layers=layers, rows=a.score_rows)
+    rows_per_pass = R.score_rows(sm.device, a.batch_size, a.score_rows)
     n_cand = len(positions) * len(layers)
     print(f"{sm.name}: {n_cand} candidates ({len(positions)} positions x {len(layers)} layers), "
-          f"{n_val} + {n_val} validation prompts, batch {a.batch_size}, {threads} threads", flush=True)
+          f"{n_val} + {n_val} validation prompts, batch {a.batch_size} (batched: {rows_per_pass} rows a pass), "
+          f"{threads} threads", flush=True)
     res, clocks = {}, {}
     for path, batched in (("one-at-a-time", False), ("batched", True)):
         with C.Clock() as clk:
@@ -92,7 +97,8 @@ def main(argv=None) -> int:
         clk, b = clocks[path], res[path].best
         rows.append({"mode": "quick" if a.quick else "full", "device": a.device, "path": path, "n_candidates": n_cand,
                      "n_positions": len(positions), "n_layers": len(layers), "n_val_per_side": n_val,
-                     "batch_size": a.batch_size, "threads": threads, "wall_s": round(clk.wall, 3),
+                     "batch_size": a.batch_size, "score_rows": rows_per_pass if path == "batched" else "",
+                     "threads": threads, "wall_s": round(clk.wall, 3),
                      "cpu_s": round(clk.cpu, 3), "scores_computed": n_scored[path],
                      "selected_pos": b.pos, "selected_layer": b.layer, "rule": res[path].rule,
                      "same_selection": same, "table_max_abs_diff": f"{diff:.3g}", "same_nan_pattern": same_nan,

@@ -90,6 +90,7 @@ def cases(d: Path) -> dict[tuple[str, ...], list[tuple[list, list[str]]]]:
         ("probe", "sweep"): [(["probe", "sweep", "--pos", p, "--neg", p, "--hooks", "resid_post:abc"], ["'abc'"]),
                              (["probe", "sweep", "--pos", p, "--neg", p, "--folds", "1"], ["--folds >= 2"])],
         ("refusal",): [(["refusal", "--n-train", "0"], ["--n-train >= 1"]),
+                       (["refusal", "--score-rows", "0"], ["--score-rows >= 1"]),
                        (["refusal", "--report", f / "r.json"], ["in its way"])],
         ("app",): [(["app", "--port", "99999"], ["--port in 1..65535", "99999"]),
                    (["app", "--store", f], ["--store", "found a file"])],

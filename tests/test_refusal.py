@@ -413,6 +413,26 @@ def test_batched_scoring_runs_many_rows_with_their_own_steering_per_pass(monkeyp
     R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, kl_max=1e9, induce_min=-1e9,
                        lazy=False, batch_size=8, batched=False)
     assert set(calls) == {1}  # one candidate's edits (every row alike) per pass
+    calls.clear()  # rows= sets the rows per pass apart from batch_size (an accelerator's default: 256)
+    wide = R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, kl_max=1e9, induce_min=-1e9,
+                              lazy=False, batch_size=8, batched=True, rows=24)
+    assert sum(calls) == n_rows and max(calls) == 24 and len(calls) == n_rows // 24
+    narrow = R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, kl_max=1e9, induce_min=-1e9,
+                                lazy=False, batch_size=8, batched=True)
+    _same_tables(narrow, wide)
+
+
+def test_score_rows_default_follows_the_device():
+    """On a CPU the batched search passes ``batch_size`` rows (a larger pass costs more per row there); on an
+    accelerator at least 256 (many candidates per pass); ``rows`` / ``score_rows`` overrides, checked."""
+    assert R.score_rows("cpu", 16) == 16 and R.score_rows(torch.device("cpu"), 32) == 32
+    assert R.score_rows("cuda", 16) == 256 and R.score_rows("cuda:1", 512) == 512 and R.score_rows("mps", 8) == 256
+    assert R.score_rows("cuda", 16, rows=48) == 48 and R.score_rows("cpu", 16, rows=48) == 48
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(InputError, match="rows per pass"):
+            R.score_rows("cpu", 16, rows=bad)
+    with pytest.raises(InputError, match="score_rows"):
+        R.check_config(R.RefusalConfig(score_rows=0))
 
 
 # --------------------------------------------------------------------------- the refusal probe of `steerkit refusal`

@@ -560,12 +560,35 @@ class Selection:
         return self.candidates[self.positions.index(self.best.pos), self.best.layer]
 
 
+#: rows per forward pass of the batched candidate search on an accelerator (see :func:`score_rows`)
+ACCELERATOR_SCORE_ROWS = 256
+
+
+def score_rows(device, batch_size: int, rows: Optional[int] = None) -> int:
+    """Rows per forward pass of the batched candidate search: ``rows`` when given, else ``batch_size`` on a
+    CPU (where a pass of 16 rows of a small model already fills the cores and larger passes cost more per
+    row, ``benchmarks/bench_batch_scaling.py``) and at least :data:`ACCELERATOR_SCORE_ROWS` on any other
+    device (where a 16-row pass leaves it mostly idle: many candidates per pass).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> R.score_rows("cpu", 16), R.score_rows("cuda:0", 16), R.score_rows("cuda", 16, rows=64)
+        (16, 256, 64)
+    """
+    if rows is not None:
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise InputError(f"expected rows per pass as an int >= 1 (or None for the device's default), found {rows!r}")
+        return rows
+    return batch_size if torch.device(device).type == "cpu" else max(batch_size, ACCELERATOR_SCORE_ROWS)
+
+
 @torch.inference_mode()
 def select_direction(sm: "SteerModel", candidates: Tensor, positions: list[int], harmful_val: Sequence[str],
                      harmless_val: Sequence[str], refusal_ids: Sequence[int], *, prune_frac: float = 0.2,
                      kl_max: float = 0.1, induce_min: float = 0.0, lazy: bool = True, batch_size: int = 16,
                      layers: Sequence[int] | None = None, progress=None,
-                     fallback: Optional[str] = "relative", batched: bool = True) -> Selection:
+                     fallback: Optional[str] = "relative", batched: bool = True,
+                     rows: Optional[int] = None) -> Selection:
     """Score every candidate on the validation prompts and pick one (see the module docstring).
 
     ``fallback``: ``"relative"`` selects again with ``induce > baseline harmless score`` when no
@@ -576,7 +599,8 @@ def select_direction(sm: "SteerModel", candidates: Tensor, positions: list[int],
     deviation from the paper when given). ``progress(n)`` is called after each candidate.
 
     ``batched`` (default): many (candidate, prompt) rows per forward pass, each row with its own
-    steering (:class:`_RowScorer`, ``batch_size`` rows a pass); the lazy search evaluates, per pass,
+    steering (:class:`_RowScorer`, ``rows`` a pass: by default ``batch_size`` on a CPU and 256 on an
+    accelerator, :func:`score_rows`); the lazy search evaluates, per pass,
     the next candidates in bypass order and keeps only the scores the one-at-a-time search would
     have computed, so the candidate table and the selection are those of ``batched=False`` (one
     candidate's edits at a time, ``batch_size`` prompts a pass) up to float rounding.
@@ -621,13 +645,14 @@ def select_direction(sm: "SteerModel", candidates: Tensor, positions: list[int],
     allowed = set(range(L)) if layers is None else {int(l) for l in layers}
     live = [c for c in table if c.layer < cut and c.layer in allowed]
     if batched:
-        scorer = _RowScorer(sm, vec, harmful_val, harmless_val, refusal_ids, base_harmless, batch_size)
+        per_pass = score_rows(sm.device, batch_size, rows)
+        scorer = _RowScorer(sm, vec, harmful_val, harmless_val, refusal_ids, base_harmless, per_pass)
         ahead: dict = {}  # scores computed ahead of the search: written to the table only when it asks
 
         def fetch(kind: str, c: Candidate, following: Sequence[Candidate]):
             key = (kind, c.pos, c.layer)
             if key not in ahead:
-                k = max(1, batch_size // len(scorer.prompts[kind]))  # candidates per forward pass
+                k = max(1, per_pass // len(scorer.prompts[kind]))  # candidates per forward pass
                 group = [c] + [o for o in following if (kind, o.pos, o.layer) not in ahead][:k - 1]
                 ahead.update(scorer.run([(kind, o) for o in group]))
             return ahead[key]
@@ -1305,6 +1330,7 @@ class RefusalConfig:
     probe_n_train: Optional[int] = None  # refusal probe train prompts per side (default: every vendored train prompt)
     probe_n_test: Optional[int] = None  # refusal probe held-out prompts per side (default: every vendored val prompt)
     batched: bool = True  # score many candidates per forward pass (per-row steering); False: one candidate at a time
+    score_rows: Optional[int] = None  # rows per pass of the batched search (default: batch_size on a CPU, 256 elsewhere)
     n_positions: Optional[int] = None  # use only the last k post-instruction positions (default: all)
     layer_step: int = 1  # evaluate candidates at every layer_step-th layer (default: every layer)
     n_samples: int = 3
@@ -1476,7 +1502,7 @@ def run_refusal(sm: "SteerModel", config: RefusalConfig | None = None, *, judge:
     cut = int(sm.n_layers * (1 - cfg.prune_frac))
     sel = select_direction(sm, cands, positions, keep[("val", "harmful")], keep[("val", "harmless")], rid,
                            prune_frac=cfg.prune_frac, kl_max=cfg.kl_max, induce_min=cfg.induce_min, lazy=cfg.lazy,
-                           fallback=cfg.fallback, batched=cfg.batched,
+                           fallback=cfg.fallback, batched=cfg.batched, rows=cfg.score_rows,
                            batch_size=bs, layers=range(0, sm.n_layers, cfg.layer_step),
                            progress=tick("select", len(positions) * len(range(0, cut, cfg.layer_step))))
     b = sel.best
@@ -1573,6 +1599,8 @@ def check_config(config: RefusalConfig) -> RefusalConfig:
     for k in ("n_train", "n_val", "n_test", "batch_size", "layer_step"):
         if getattr(config, k) < 1:
             raise InputError(f"expected {k} >= 1, found {getattr(config, k)}")
+    if config.score_rows is not None and config.score_rows < 1:
+        raise InputError(f"expected score_rows >= 1 (or None for the device's default), found {config.score_rows}")
     if not config.refusal_words:
         raise InputError("expected at least one refusal word, found none")
     return config

@@ -66,7 +66,9 @@ def register(subparsers) -> None:
     p.add_argument("--probe-n-test", type=int, default=None, metavar="N", help="refusal probe held-out prompts "
                    "per side (default: every vendored val prompt, 39 harmful + 200 harmless)")
     p.add_argument("--one-at-a-time", action="store_true", help="score one candidate per forward pass instead "
-                   "of many (per-row steering); selects the same direction, slower")
+                   "of many (per-row steering); selects the same direction")
+    p.add_argument("--score-rows", type=int, default=None, metavar="N", help="rows per forward pass of the "
+                   "batched candidate search (default: --batch-size on a CPU, 256 on a GPU)")
     p.add_argument("--orthogonalized", default=None, metavar="DIR", help="also write a weight-orthogonalised model")
     p.add_argument("--report", default=None, metavar="FILE", help="write all metrics as JSON")
     p.add_argument("--no-save", action="store_true", help="do not write to the store")
@@ -83,6 +85,7 @@ def run(args) -> int:
     check_min(args.positions, "--positions", 1, "K is how many post-instruction positions to try")
     check_min(args.probe_n_train, "--probe-n-train", 5, "5-fold cross-validation needs 5 prompts per side")
     check_min(args.probe_n_test, "--probe-n-test", 1)
+    check_min(args.score_rows, "--score-rows", 1)
     check_store_path(args.out, "--out")
     if args.report:
         check_output_path(args.report, "--report")
@@ -96,7 +99,7 @@ def run(args) -> int:
                         fallback=None if args.no_fallback else "relative",
                         probe=not args.no_probe, n_positions=args.positions, layer_step=args.layer_step,
                         probe_n_train=args.probe_n_train, probe_n_test=args.probe_n_test,
-                        batched=not args.one_at_a_time)
+                        batched=not args.one_at_a_time, score_rows=args.score_rows)
     if args.orthogonalized:  # fail now, not after the run
         o = Path(args.orthogonalized).expanduser()
         if o.exists():
