@@ -289,56 +289,47 @@ def continuation_logprobs(sm: "SteerModel", prompts: Sequence[Sequence[int]],
             by_prompt.setdefault(int(p), []).append(r)
     if progress is not None and len(rows) > sum(len(v) for v in by_prompt.values()):
         progress(len(rows) - sum(len(v) for v in by_prompt.values()))
-    backend, vocab = sm.backend, None
+    backend = sm.backend
+    pad = sm.tokenizer.pad_token_id
     used = sorted(by_prompt)
     for i0 in range(0, len(used), batch_size):
         chunk = used[i0:i0 + batch_size]
         toks = sm.pad([prompts[p] for p in chunk])
-        P = toks.input_ids.shape[1]
+        P, dev = toks.input_ids.shape[1], toks.input_ids.device
         with sm.hooks.runs.running(toks.attention_mask, toks.input_ids) as run:
             run.generating = True
             last, cache = backend.step(toks.input_ids, toks.attention_mask, toks.position_ids, backend.new_cache())
-        first = torch.log_softmax(last.float(), dim=-1)
-        vocab = first.shape[-1]
+        first = torch.log_softmax(last.float(), dim=-1)  # each prompt's distribution of its first continuation token
         local = {p: j for j, p in enumerate(chunk)}
         todo = [r for p in chunk for r in by_prompt[p]]
         longest = max(len(rows[r][1]) for r in todo)
-        size = max(1, min(batch_size, (1 << 27) // max(1, (longest - 1) * vocab)))
+        size = max(1, min(batch_size, (1 << 27) // max(1, (longest - 1) * first.shape[-1])))
         for j0 in range(0, len(todo), size):
             part = todo[j0:j0 + size]
             conts = [list(rows[r][1]) for r in part]
-            idx = torch.tensor([local[int(rows[r][0])] for r in part], device=first.device)
-            t0 = torch.tensor([c[0] for c in conts], device=first.device)
+            idx = torch.tensor([local[int(rows[r][0])] for r in part], device=dev)
+            t0 = torch.tensor([c[0] for c in conts], device=dev)
             head = first.index_select(0, idx).gather(-1, t0[:, None])[:, 0]
             T = max(len(c) for c in conts) - 1  # fed: every continuation token but the last
-            if T == 0:
-                for i, r in enumerate(part):
-                    out[r] = head[i:i + 1].cpu()
-                if progress is not None:
-                    progress(len(part))
-                continue
-            dev = toks.input_ids.device
-            feed = torch.full((len(part), T), sm.tokenizer.pad_token_id, dtype=torch.long, device=dev)
-            fmask = torch.zeros((len(part), T), dtype=toks.attention_mask.dtype, device=dev)
-            for i, c in enumerate(conts):
-                feed[i, :len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
-                fmask[i, :len(c) - 1] = 1
-            pmask = toks.attention_mask.index_select(0, idx.to(dev))
-            pos = toks.position_ids.index_select(0, idx.to(dev))[:, -1:] + 1 + torch.arange(T, device=dev)[None]
-            with sm.hooks.runs.running(pmask, toks.input_ids.index_select(0, idx.to(dev))) as run:
-                run.generating, run.chunk_start = True, P
-                run.append_tokens(feed)
-                logits, _ = backend.step(feed, torch.cat([pmask, fmask], 1), pos,
-                                         _select_rows(backend, cache, idx.to(dev)), keep=0)
-            lp = torch.log_softmax(logits.float(), dim=-1)
+            if T > 0:
+                fill = [[pad] * (T + 1 - len(c)) for c in conts]
+                feed = torch.tensor([c[:-1] + f for c, f in zip(conts, fill)], device=dev)
+                nxt = torch.tensor([c[1:] + f for c, f in zip(conts, fill)], device=dev)  # what each fed token predicts
+                fmask = torch.tensor([[1] * (len(c) - 1) + [0] * len(f) for c, f in zip(conts, fill)],
+                                     dtype=toks.attention_mask.dtype, device=dev)
+                pmask = toks.attention_mask.index_select(0, idx)
+                pos = toks.position_ids.index_select(0, idx)[:, -1:] + 1 + torch.arange(T, device=dev)[None]
+                with sm.hooks.runs.running(pmask, toks.input_ids.index_select(0, idx)) as run:
+                    run.generating, run.chunk_start = True, P
+                    run.append_tokens(feed)
+                    logits, _ = backend.step(feed, torch.cat([pmask, fmask], 1), pos,
+                                             _select_rows(backend, cache, idx), keep=0)
+                logits = logits.float()
+                rest = logits.gather(-1, nxt[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)
             for i, (r, c) in enumerate(zip(part, conts)):
-                k = len(c)
-                tgt = torch.tensor(c[1:], dtype=torch.long, device=lp.device)
-                rest = lp[i, :k - 1].gather(-1, tgt[:, None])[:, 0]
-                out[r] = torch.cat([head[i:i + 1].to(rest.device), rest]).cpu()
+                out[r] = (torch.cat([head[i:i + 1], rest[i, :len(c) - 1]]) if T > 0 else head[i:i + 1]).cpu()
             if progress is not None:
                 progress(len(part))
-        del cache
     return out
 
 
