@@ -43,7 +43,7 @@ def main():
     if args.quick:
         args.tokens, args.repeats = 8, 1
     import steerkit
-    from steerkit.kernels import Region, SteerConfig
+    from steerkit.kernels import Polyhedron, SteerConfig
 
     sm = steerkit.load_model()
     d, L = sm.d_model, args.layer
@@ -51,7 +51,7 @@ def main():
     v = torch.randn(d, generator=g)
     u = steerkit.orthonormalize(torch.randn(1, d, generator=g))
     comps = steerkit.orthonormalize(torch.randn(8, d, generator=g))
-    reg = Region(mean=torch.zeros(d), projection=comps, normals=torch.randn(8, 8, generator=g), offsets=torch.ones(8))
+    reg = Polyhedron(mean=torch.zeros(d), projection=comps, normals=torch.randn(8, 8, generator=g), offsets=torch.ones(8))
     hook = f"blocks.{L}.hook_resid_post"
     every = [f"blocks.{l}.hook_resid_pre" for l in range(sm.n_layers)]
     ops = {

@@ -73,7 +73,7 @@ def make_case(name, rows, d, dtype, device, *, k=0, inject=False, n_cfg=1, norm=
     if region:
         m, nh = 16, 16
         P = K.orthonormalize(torch.randn(m, d, generator=gen, dtype=torch.float64)).float()
-        kw["region"] = K.Region(mean=torch.zeros(d), projection=P, normals=torch.randn(nh, m, generator=gen),
+        kw["region"] = K.Polyhedron(mean=torch.zeros(d), projection=P, normals=torch.randn(nh, m, generator=gen),
                                 offsets=torch.rand(nh, generator=gen) * 2)
     rc = kw.get("row_config")
     tkw = {k_: v for k_, v in kw.items() if k_ != "row_config"}

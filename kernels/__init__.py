@@ -22,7 +22,7 @@ backward passes (Triton kernel or torch), so vectors can be optimised by gradien
 """
 
 from ._backend import HAS_TRITON, get_impl, interpret_mode, resolve_impl, resolve_impl_for, set_impl, use_impl
-from .config import (MAX_HALFSPACES, MAX_K, MAX_M, ORTHO_TOL, Region, SteerConfig, SteerConfigError, SteerTable,
+from .config import (MAX_HALFSPACES, MAX_K, MAX_M, ORTHO_TOL, Polyhedron, SteerConfig, SteerConfigError, SteerTable,
                      orthonormalize)
 from .fused import (BoundSteer, LaunchParams, ablate, bind_steer, clamp, fused_steer, inject, launch_params,
                     project_region, table_from_tensors)
@@ -31,8 +31,18 @@ from .reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer
 
 __all__ = [
     "fused_steer", "bind_steer", "BoundSteer", "ablate", "clamp", "inject", "project_region",
-    "SteerConfig", "SteerTable", "Region", "SteerConfigError", "orthonormalize", "table_from_tensors",
+    "SteerConfig", "SteerTable", "Polyhedron", "SteerConfigError", "orthonormalize", "table_from_tensors",
     "fused_steer_ref", "solve_polyhedron_projection", "LaunchParams", "launch_params",
     "use_impl", "set_impl", "get_impl", "resolve_impl", "resolve_impl_for", "interpret_mode", "HAS_TRITON",
     "MAX_K", "MAX_M", "MAX_HALFSPACES", "ORTHO_TOL", "DEFAULT_REGION_TOL", "DEFAULT_REGION_MAX_ITER",
 ]
+
+
+def __getattr__(name: str):
+    if name == "Region":  # the geometry's former name; steerkit.vectors.Region is the stored artifact
+        import warnings
+        warnings.warn("steerkit.kernels.Region is now steerkit.kernels.Polyhedron (steerkit.Polyhedron); "
+                      "steerkit.vectors.Region is the stored region artifact", DeprecationWarning, stacklevel=2)
+        return Polyhedron
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+

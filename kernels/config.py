@@ -12,7 +12,7 @@ A :class:`SteerConfig` describes what to do to the rows of one sequence:
   below (``"below"``) the threshold.
 * ``add`` ``[d_model]`` or ``[n_add, d_model]`` and ``add_scale``: injection of
   ``layer_weight * sum_j add_scale_j * add_j``.
-* ``region``: a :class:`Region` (PCA subspace and polyhedron) the row is moved
+* ``region``: a :class:`Polyhedron` (PCA subspace and polyhedron) the row is moved
   towards, and ``region_strength``: the fraction of the way it moves (1: onto the
   polyhedron's closest point in the subspace).
 
@@ -148,7 +148,7 @@ def _check_orthonormal(name: str, m: Tensor) -> None:
 
 
 @dataclass(eq=False)
-class Region:
+class Polyhedron:
     """Polyhedron in a PCA subspace: ``{x : normals @ (projection @ (x - mean)) <= offsets}``.
 
     ``projection [k, d_model]`` has orthonormal rows (``k <= MAX_M``), ``normals [m, k]`` and
@@ -160,7 +160,7 @@ class Region:
     shape and values).
 
     Examples:
-        >>> region = Region(mean=torch.zeros(3), projection=torch.eye(3)[:2],  # the (x0, x1) plane
+        >>> region = Polyhedron(mean=torch.zeros(3), projection=torch.eye(3)[:2],  # the (x0, x1) plane
         ...                 normals=torch.tensor([[1.0, 0.0]]), offsets=torch.tensor([1.0]))  # x0 <= 1
         >>> x = torch.tensor([[3.0, 2.0, 5.0]])
         >>> region.coordinates(x).tolist(), region.contains(x).tolist()
@@ -183,41 +183,41 @@ class Region:
         k = self.projection.shape[0] if self.projection.dim() == 2 else -1
         if self.mean.shape != (d_model,):
             raise SteerConfigError(
-                f"Region.mean must have shape ({d_model},); found {tuple(self.mean.shape)}. "
+                f"Polyhedron.mean must have shape ({d_model},); found {tuple(self.mean.shape)}. "
                 "Pass the mean of the hidden states the PCA was fitted on."
             )
         if self.projection.dim() != 2 or self.projection.shape[1] != d_model:
             raise SteerConfigError(
-                f"Region.projection must have shape (k, {d_model}); found "
+                f"Polyhedron.projection must have shape (k, {d_model}); found "
                 f"{tuple(self.projection.shape)}."
             )
         if not 1 <= k <= MAX_M:
             raise SteerConfigError(
-                f"Region subspace dimension k must be 1..{MAX_M}; found k={k}. "
+                f"Polyhedron subspace dimension k must be 1..{MAX_M}; found k={k}. "
                 f"Keep the first {MAX_M} principal components."
             )
         if self.normals.dim() != 2 or self.normals.shape[1] != k:
             raise SteerConfigError(
-                f"Region.normals must have shape (m, {k}); found {tuple(self.normals.shape)}."
+                f"Polyhedron.normals must have shape (m, {k}); found {tuple(self.normals.shape)}."
             )
         m = self.normals.shape[0]
         if not 1 <= m <= MAX_HALFSPACES:
             raise SteerConfigError(
-                f"Region polyhedron must have 1..{MAX_HALFSPACES} half-spaces; found {m}. "
+                f"Polyhedron polyhedron must have 1..{MAX_HALFSPACES} half-spaces; found {m}. "
                 "Drop redundant half-spaces or split the region."
             )
         if self.offsets.shape != (m,):
             raise SteerConfigError(
-                f"Region.offsets must have shape ({m},) to match normals; found {tuple(self.offsets.shape)}."
+                f"Polyhedron.offsets must have shape ({m},) to match normals; found {tuple(self.offsets.shape)}."
             )
-        for n, t in (("Region.mean", self.mean), ("Region.projection", self.projection),
-                     ("Region.normals", self.normals), ("Region.offsets", self.offsets)):
+        for n, t in (("Polyhedron.mean", self.mean), ("Polyhedron.projection", self.projection),
+                     ("Polyhedron.normals", self.normals), ("Polyhedron.offsets", self.offsets)):
             _finite(n, t)
         if (self.normals.detach().norm(dim=1) == 0).any():
             raise SteerConfigError(
-                "Region.normals has a zero row (a half-space with no normal); remove it."
+                "Polyhedron.normals has a zero row (a half-space with no normal); remove it."
             )
-        _check_orthonormal("Region.projection", self.projection)
+        _check_orthonormal("Polyhedron.projection", self.projection)
 
     def coordinates(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... k"]:
         """Subspace coordinates ``projection @ (x - mean)``, in ``x``'s dtype and device."""
@@ -241,8 +241,8 @@ class Region:
         k = int(self.projection.shape[0])
         if zt.dim() == 0 or zt.shape[-1] != k:
             raise SteerConfigError(
-                f"Region.project expects coordinates [..., {k}] (the region's subspace); found "
-                f"{tuple(zt.shape)}. Map points of the model's space with Region.coordinates first."
+                f"Polyhedron.project expects coordinates [..., {k}] (the region's subspace); found "
+                f"{tuple(zt.shape)}. Map points of the model's space with Polyhedron.coordinates first."
             )
         flat = zt.reshape(-1, k).to(torch.float64)
         W = self.normals.detach().to(device=flat.device, dtype=torch.float64)
@@ -258,7 +258,7 @@ class Region:
         return out.reshape(zt.shape).to(zt.dtype)
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Region) or type(other) is not type(self):
+        if not isinstance(other, Polyhedron) or type(other) is not type(self):
             return NotImplemented
         return all(_same_tensor(getattr(self, n), getattr(other, n))
                    for n in ("mean", "projection", "normals", "offsets"))
@@ -291,7 +291,7 @@ class SteerConfig:
     gate_mode: Literal["above", "below"] = "above"
     add: Union[None, Float[Tensor, " d_model"], Float[Tensor, "n_add d_model"]] = None
     add_scale: Union[Number, Float[Tensor, " n_add"]] = 1.0
-    region: Optional[Region] = None
+    region: Optional[Polyhedron] = None
     region_strength: float = 1.0
 
     @classmethod

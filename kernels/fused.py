@@ -33,7 +33,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from . import _backend
-from .config import (MAX_K, Region, SteerConfig, SteerConfigError, SteerTable, _check_orthonormal,
+from .config import (MAX_K, Polyhedron, SteerConfig, SteerConfigError, SteerTable, _check_orthonormal,
                      _finite)
 from .reference import DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref, table_plan
 
@@ -467,7 +467,7 @@ def fused_steer(
     gate_direction: Union[None, Float[Tensor, " d_model"], Float[Tensor, "n_configs d_model"]] = None,
     gate_threshold: Union[Number, Float[Tensor, " n_configs"]] = 0.0,
     gate_mode: str = "above",
-    region: Union[None, Region, Sequence[Optional[Region]]] = None,
+    region: Union[None, Polyhedron, Sequence[Optional[Polyhedron]]] = None,
     region_strength: Union[Number, Sequence[Number], Float[Tensor, " n_configs"]] = 1.0,
     row_config: Optional[Int[Tensor, "*batch"]] = None,
     mask: Optional[Bool[Tensor, "*batch"]] = None,
@@ -807,7 +807,7 @@ def inject(
 
 def project_region(
     h: Float[Tensor, "*batch d_model"],
-    region: Union[Region, Sequence[Optional[Region]]],
+    region: Union[Polyhedron, Sequence[Optional[Polyhedron]]],
     strength: Union[Number, Sequence[Number], Float[Tensor, " n_configs"]] = 1.0,
     *,
     row_config: Optional[Int[Tensor, "*batch"]] = None,
@@ -817,10 +817,10 @@ def project_region(
     impl: str = "auto",
 ) -> Float[Tensor, "*batch d_model"]:
     """Move each row towards its region: ``h + s P^T (z* - z)`` with ``s = strength`` (a number or
-    one per region; see :class:`Region`).
+    one per region; see :class:`Polyhedron`).
 
     Examples:
-        >>> region = Region(torch.zeros(3), torch.eye(3)[:2], normals=torch.tensor([[1.0, 0.0]]),
+        >>> region = Polyhedron(torch.zeros(3), torch.eye(3)[:2], normals=torch.tensor([[1.0, 0.0]]),
         ...                 offsets=torch.tensor([1.0]))  # x0 <= 1 in the (x0, x1) plane
         >>> project_region(torch.tensor([[3.0, 2.0, 5.0]]), region).round(decimals=4).tolist()
         [[1.0, 2.0, 5.0]]

@@ -21,14 +21,14 @@ from .errors import (BackendUnavailableError, HookNameError, InputError, ModelNo
                      SteerkitError, UnsupportedArchitectureError)
 from .hooknames import layer_names, resid_post, resid_pre
 from .hooks import ActivationCache, HookHandle, RecordHandle
-from .interventions import CompiledSteering, Condition, Gate, Intervention, ModelFacts, When
-from .kernels import orthonormalize
+from .interventions import (ORTHO_TOL, CompiledSteering, Condition, Gate, Intervention, ModelFacts, Polyhedron, When,
+                            orthonormalize)
 from .generation import Recycle, continuation_logprobs, continue_thinking
 from .model import SteerModel, Tokens, load_model, wrap
 
 __all__ = [
     "__version__", "load_model", "wrap", "SteerModel", "Tokens", "Adapter", "adapter_for", "register_adapter",
-    "Intervention", "Gate", "Condition", "When", "ModelFacts", "CompiledSteering", "orthonormalize", "ActivationCache", "HookHandle",
+    "Intervention", "Gate", "Condition", "When", "ModelFacts", "CompiledSteering", "orthonormalize", "ORTHO_TOL", "Polyhedron", "ActivationCache", "HookHandle",
     "RecordHandle", "layer_names", "resid_post", "resid_pre",
     "SteerkitError", "HookNameError", "InputError", "ModelNotFoundError", "UnsupportedArchitectureError",
     "BackendUnavailableError", "RowIndexError",

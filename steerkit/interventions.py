@@ -46,7 +46,8 @@ from steerkit.errors import InputError
 from steerkit.hooknames import EXPERT_OUT, HEAD_HOOKS, KV_HOOKS, MATRIX_HOOKS, MLP_HOOKS, ROUTER_LOGITS, ROUTING_HOOKS
 from steerkit.hooknames import record_only_error
 from steerkit.hooknames import parse as parse_hook
-from steerkit.kernels import ORTHO_TOL, Region, SteerConfig, SteerTable, bind_steer
+from steerkit.kernels import (MAX_HALFSPACES, MAX_M, ORTHO_TOL, Polyhedron, SteerConfig, SteerConfigError, SteerTable,
+                             bind_steer, orthonormalize)
 from steerkit.kernels.config import add_terms
 from steerkit.positions import PositionSpec, RunState, chunk_mask, spec_key, validate_positions
 
@@ -476,7 +477,7 @@ class Intervention:
     tensor: Optional[Tensor] = None  # add / replace: [d_model]; ablate / clamp: [k, d_model] orthonormal
     scale: float = 1.0  # add / replace: multiplier; ablate: strength; project: strength
     value: Optional[Tensor] = None  # clamp: target per direction [k]
-    region: Optional[Region] = None
+    region: Optional[Polyhedron] = None
     fn: Optional[Callable[[Tensor], Tensor]] = None
     positions: PositionSpec = "all"
     gate: Optional[Gate] = None
@@ -558,11 +559,11 @@ class Intervention:
         return cls(site, "patch", t, 1.0, positions=positions, heads=heads, neurons=neurons, when=when)
 
     @classmethod
-    def project(cls, site: str, region: Region, strength: float = 1.0, *, positions: PositionSpec = "all",
+    def project(cls, site: str, region: Polyhedron, strength: float = 1.0, *, positions: PositionSpec = "all",
                 gate: Optional[Gate] = None, preserve_norm: bool = False, when: Optional[When] = None) -> "Intervention":
-        if not isinstance(region, Region):
-            raise InputError(f"expected a steerkit.kernels.Region to project into, found {type(region).__name__}; "
-                             "build one with steerkit.kernels.Region(mean, projection, normals, offsets) "
+        if not isinstance(region, Polyhedron):
+            raise InputError(f"expected a steerkit.Polyhedron to project into, found {type(region).__name__}; "
+                             "build one with steerkit.Polyhedron(mean, projection, normals, offsets) "
                              "or load a stored region artifact (it is one)")
         return cls(site, "project", None, strength, region=region, positions=positions, gate=gate,
                    preserve_norm=preserve_norm, when=when)

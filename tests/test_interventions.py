@@ -135,7 +135,7 @@ def test_region_projection_strength_lives_in_the_config(tiny):
     """A stored region is the kernel's region: it is projected into as it is, and the strength of
     the projection is the configuration's ``region_strength`` (the table's ``region_s``)."""
     from steerkit.interventions import from_config
-    from steerkit.kernels import Region as KernelRegion
+    from steerkit.kernels import Polyhedron as KernelRegion
     from steerkit.vectors import Region
     d, L = tiny.d_model, 1
     site = f"blocks.{L}.hook_resid_post"

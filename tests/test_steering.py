@@ -4,7 +4,7 @@ import torch
 
 import steerkit
 from steerkit.errors import InputError
-from steerkit.kernels import Region, SteerConfig
+from steerkit.kernels import Polyhedron, SteerConfig
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ def specs(default_model):
     B = steerkit.orthonormalize(torch.randn(2, d, generator=g))
     u = B[0]
     comps = steerkit.orthonormalize(torch.randn(3, d, generator=g))
-    reg = Region(mean=torch.zeros(d), projection=comps, normals=torch.eye(3), offsets=torch.full((3,), 0.5))
+    reg = Polyhedron(mean=torch.zeros(d), projection=comps, normals=torch.eye(3), offsets=torch.full((3,), 0.5))
     return [
         {"blocks.12.hook_resid_post": SteerConfig.injection(v, 4.0)},
         None,

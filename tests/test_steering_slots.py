@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from steerkit.kernels import Region, SteerConfig, SteerTable, fused_steer_ref, orthonormalize
+from steerkit.kernels import Polyhedron, SteerConfig, SteerTable, fused_steer_ref, orthonormalize
 from steerkit.kernels.slots import (FIELDS, SlotShape, SteerSlots, _dense, set_host_fallback, slot_info,
                                     steer_resid_slots_, steer_slots_)
 from steerkit.serving.plan import Block, SteeringCache, StepSlots, plan_step, slot_capacity
@@ -31,7 +31,7 @@ def tiny():
 
 def _configs(g):
     u = orthonormalize(torch.randn(3, D, generator=g))
-    region = Region(mean=torch.randn(D, generator=g) * 0.1, projection=orthonormalize(torch.randn(2, D, generator=g)),
+    region = Polyhedron(mean=torch.randn(D, generator=g) * 0.1, projection=orthonormalize(torch.randn(2, D, generator=g)),
                     normals=torch.eye(2), offsets=torch.tensor([0.5, 0.5]))
     return [SteerConfig.injection(torch.randn(D, generator=g), 2.0),
             SteerConfig.ablation(u[:2]),

@@ -17,7 +17,7 @@ Five dataclasses, each holding tensors plus a :class:`~steerkit.vectors.provenan
   projection, weight, bias, class names), never as a pickle.
 * :class:`Region` -- a polyhedron in a PCA subspace: ``mean``, ``projection [k, d]``,
   half-space ``normals [m, k]`` and ``offsets [m]``; ``x`` is inside when
-  ``normals @ projection @ (x - mean) <= offsets``. It is a :class:`steerkit.kernels.Region`
+  ``normals @ projection @ (x - mean) <= offsets``. It is a :class:`steerkit.Polyhedron`
   (the geometry: coordinates, membership, the projection QP, what the fused kernel reads) with a
   layer, a hook site and a provenance.
 * :class:`LayerSchedule` -- per-layer weights (as Temporal Activation Injection uses) and an
@@ -45,8 +45,8 @@ from tqdm.auto import tqdm
 
 from steerkit.interventions import Condition, Intervention, ModelFacts, When
 from steerkit.interventions import compile as compile_steering
-from steerkit.kernels import ORTHO_TOL, orthonormalize
-from steerkit.kernels import Region as KernelRegion
+from steerkit.interventions import ORTHO_TOL, orthonormalize
+from steerkit.interventions import Polyhedron as KernelRegion
 
 from .apply import check_against
 from .errors import ArtifactFormatError, ModelMismatchError, VectorsError
@@ -705,7 +705,7 @@ class Probe(_Artifact):
 class Region(KernelRegion, _Artifact):
     """A polyhedron in a PCA subspace: inside iff ``normals @ (projection @ (x - mean)) <= offsets``.
 
-    A :class:`steerkit.kernels.Region` (``coordinates``, ``contains``, ``project``, ``validate``; pass
+    A :class:`steerkit.Polyhedron` (``coordinates``, ``contains``, ``project``, ``validate``; pass
     it to ``SteerConfig(region=...)`` or :func:`steerkit.kernels.fused_steer` as it is) stored at
     ``blocks.{layer}.{hook_site}`` with a provenance.
 

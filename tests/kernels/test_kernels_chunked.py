@@ -12,7 +12,7 @@ import torch
 
 from _kernel_helpers import TOLS, assert_close_report, rand_orthonormal
 
-from steerkit.kernels import LaunchParams, Region, fused_steer
+from steerkit.kernels import LaunchParams, Polyhedron, fused_steer
 
 SMALL = LaunchParams(block_d=64, block_r=8, num_warps=4)
 
@@ -78,7 +78,7 @@ def test_region_chunked():
     gen = torch.Generator().manual_seed(5)
     h = torch.randn(rows, d, generator=gen) * 2
     P = rand_orthonormal(m, d, gen)
-    reg = Region(mean=torch.zeros(d), projection=P, normals=torch.randn(4, m, generator=gen),
+    reg = Polyhedron(mean=torch.zeros(d), projection=P, normals=torch.randn(4, m, generator=gen),
                  offsets=torch.rand(4, generator=gen))
     out_t = fused_steer(h, region=reg, preserve_norm=True, impl="triton", launch=SMALL)
     out_r = fused_steer(h, region=reg, preserve_norm=True, impl="torch")

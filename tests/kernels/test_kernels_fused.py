@@ -10,7 +10,7 @@ import torch
 from _kernel_helpers import TOLS, assert_close_report, naive_row, rand_orthonormal
 
 import steerkit.kernels as K
-from steerkit.kernels import Region, SteerConfig, SteerConfigError, SteerTable, fused_steer
+from steerkit.kernels import Polyhedron, SteerConfig, SteerConfigError, SteerTable, fused_steer
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -304,7 +304,7 @@ def test_error_messages():
         fused_steer(h, add=torch.randn(32), mask=torch.ones(5, dtype=torch.bool))
     P = torch.eye(40)[:33, :32]
     with pytest.raises(SteerConfigError, match=r"k must be 1\.\.32; found k=33"):
-        fused_steer(h, region=Region(mean=torch.zeros(32), projection=P, normals=torch.randn(2, 33),
+        fused_steer(h, region=Polyhedron(mean=torch.zeros(32), projection=P, normals=torch.randn(2, 33),
                                      offsets=torch.ones(2)))
     with pytest.raises(SteerConfigError, match=r"table is for d_model=32 but h has d_model=16"):
         fused_steer(torch.randn(2, 16), SteerTable.from_configs([SteerConfig.injection(torch.randn(32))]))

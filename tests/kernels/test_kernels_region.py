@@ -1,4 +1,4 @@
-"""Region projection against an independent solver (scipy SLSQP), and identity inside."""
+"""Region projection (Polyhedron) against an independent solver (scipy SLSQP), and identity inside."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from scipy.optimize import minimize
 from _kernel_helpers import TOLS, assert_close_report, rand_orthonormal
 
 import steerkit.kernels as K
-from steerkit.kernels import Region, fused_steer, solve_polyhedron_projection
+from steerkit.kernels import Polyhedron, fused_steer, solve_polyhedron_projection
 
 TOL = K.DEFAULT_REGION_TOL  # natural-residual tolerance the solver promises (distance units)
 
@@ -64,7 +64,7 @@ def _region_case(d, m, nh, gen):
     P = rand_orthonormal(m, d, gen)
     mu = torch.randn(d, generator=gen) * 0.1
     W, c = random_polyhedron(m, nh, gen)
-    return Region(mean=mu, projection=P, normals=(W * 3).float(), offsets=(c * 3).float())
+    return Polyhedron(mean=mu, projection=P, normals=(W * 3).float(), offsets=(c * 3).float())
 
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
