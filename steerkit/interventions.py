@@ -46,8 +46,10 @@ from steerkit.errors import InputError
 from steerkit.hooknames import EXPERT_OUT, HEAD_HOOKS, KV_HOOKS, MATRIX_HOOKS, MLP_HOOKS, ROUTER_LOGITS, ROUTING_HOOKS
 from steerkit.hooknames import record_only_error
 from steerkit.hooknames import parse as parse_hook
-from steerkit.kernels import (MAX_HALFSPACES, MAX_M, ORTHO_TOL, Polyhedron, SteerConfig, SteerConfigError, SteerTable,
-                             bind_steer, orthonormalize)
+from steerkit.kernels import ORTHO_TOL, Polyhedron, SteerConfig, SteerTable, bind_steer
+# what the layers above take from the kernels, through the core (only the core and serving import kernels)
+from steerkit.kernels import MAX_HALFSPACES as MAX_HALFSPACES, MAX_M as MAX_M  # noqa: E401
+from steerkit.kernels import SteerConfigError as SteerConfigError, orthonormalize as orthonormalize
 from steerkit.kernels.config import add_terms
 from steerkit.positions import PositionSpec, RunState, chunk_mask, spec_key, validate_positions
 
