@@ -28,6 +28,9 @@ import torch
 from torch import Tensor
 
 from .errors import HookNameError, InputError, RowIndexError
+from safetensors import safe_open
+from safetensors.torch import save
+from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -83,8 +86,6 @@ def record_dataset(sm: "SteerModel", prompts: Sequence[str], hooks, out_dir, *, 
 
 def _record_into(sm: "SteerModel", prompts: list[str], names: list[str], out: Path, *, positions, batch_size: int,
                  shard_size: int, chat: bool, dtype: torch.dtype | None, progress: bool) -> "ActivationDataset":
-    from safetensors.torch import save
-
     spec = positions if isinstance(positions, (str, int)) else list(positions) if not isinstance(positions, (range, slice)) else str(positions)
     meta = {"format": FORMAT, "hooks": names, "positions": spec, "model": sm.name,
             "fingerprint": sm.fingerprint(), "n_prompts": len(prompts), "prompts_sha256": _prompts_hash(prompts),
@@ -93,7 +94,6 @@ def _record_into(sm: "SteerModel", prompts: list[str], names: list[str], out: Pa
     done, todo = resume_state(out, meta, len(prompts), shard_size)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
         bar = tqdm(total=len(prompts), desc="recording", unit="prompt",
                    initial=len(prompts) - sum(min(shard_size, len(prompts) - i * shard_size) for i in todo))
     for i in todo:
@@ -187,7 +187,6 @@ class ActivationDataset:
 
     def iter(self, hook: str) -> Iterator[Tensor]:
         """Yield the tensor of ``hook`` shard by shard (``[n, d_model]``)."""
-        from safetensors import safe_open
         self._check(hook)
         for s in self.shards:
             with safe_open(str(self.path / s), framework="pt") as f:
@@ -199,7 +198,6 @@ class ActivationDataset:
 
     def lengths(self, hook: str) -> Tensor:
         """Rows per prompt when positions vary (``[n_prompts]``)."""
-        from safetensors import safe_open
         self._check(hook)
         out = []
         for s in self.shards:
@@ -214,7 +212,6 @@ class ActivationDataset:
         if isinstance(key, str):
             return self.load(key)
         hook, i = key
-        from safetensors import safe_open
         self._check(hook)
         if self.meta.get("positions") != "last":
             raise InputError("row access ds[hook, i] needs a positions='last' recording; for varying "

@@ -39,6 +39,7 @@ from .errors import InputError
 from .files import atomic_folder
 from .fingerprint import model_fingerprint
 from .version import __version__
+from safetensors.torch import save_file
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -132,7 +133,6 @@ def export_hf(sm: "SteerModel", out_dir: str | os.PathLike, *, dtype: torch.dtyp
             raise InputError(f"expected out_dir not to exist, found {out_dir}; "
                              "pass overwrite=True to replace it or choose another path")
 
-    from safetensors.torch import save_file
 
     tensors, tied = _tensors_to_save(model, cast)
     saved_dtype = cast or next(iter(t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)

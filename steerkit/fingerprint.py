@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from steerkit.errors import ModelNotFoundError
+from transformers import AutoConfig
 
 __all__ = ["model_fingerprint", "folder_fingerprint"]
 
@@ -121,7 +122,6 @@ def folder_fingerprint(folder: Any) -> str:
         fp = json.loads(meta.read_text(encoding="utf-8")).get("model_fingerprint")
         if fp:
             return str(fp)
-    from transformers import AutoConfig  # heavy: only for folders
 
     cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
 

