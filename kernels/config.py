@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Literal, Optional, Sequence, Union
 
 import torch
@@ -389,6 +390,12 @@ class SteerTable:
     @property
     def k(self) -> int:
         return 0 if self.basis is None else self.basis.shape[1]
+
+    @cached_property
+    def _plans(self) -> dict:
+        """The torch reference's prepared plans of this table, by settings (filled by
+        :func:`~steerkit.kernels.reference.table_plan`; a copy made by :meth:`to` starts empty)."""
+        return {}
 
     def layer_weight(self, layer: int) -> float:
         """Schedule weight ``w_l`` for ``layer`` (1.0 when the table has no schedule)."""

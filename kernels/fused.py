@@ -25,7 +25,6 @@ step, and returns a :class:`BoundSteer`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Optional, Sequence, Union
 
 import torch
@@ -227,12 +226,8 @@ class _AblateInjectFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, impl, h, basis, strength, target, add, add_scale, g, mask, layer_weight,
                 n_configs, launch):
-        tab = SimpleNamespace(basis=basis, strength=strength, target=target, add=add,
-                              add_scale=add_scale, has_ablate=basis is not None,
-                              has_add=add is not None, has_gate=False, has_region=False,
-                              n_configs=n_configs, gate_dir=None, gate_thr=None, gate_sign=None,
-                              region_mean=None, region_proj=None, region_W=None, region_c=None,
-                              region_s=None, region_step=None)
+        tab = SteerTable(n_configs=n_configs, d_model=h.shape[1], basis=basis, strength=strength, target=target,
+                         add=add, add_scale=add_scale)
         rows = h.shape[0]
         gi = g.long() if g is not None else torch.zeros(rows, dtype=torch.long, device=h.device)
         act = mask.bool() if mask is not None else torch.ones(rows, dtype=torch.bool, device=h.device)

@@ -402,9 +402,7 @@ def table_plan(table, acc: torch.dtype, device, layer_weight: float = 1.0,
         >>> type(plan).__name__, plan is table_plan(table, torch.float32, torch.device("cpu"))
         ('OneConfigPlan', True)
     """
-    plans = table.__dict__.get("_plans")
-    if plans is None:
-        plans = table.__dict__["_plans"] = {}
+    plans = table._plans
     key = (acc, device, layer_weight, preserve_norm)
     plan = plans.get(key, False)
     if plan is not False and (plan is None or all(a is b for a, b in zip(plan.src, _plan_sources(table)))):
