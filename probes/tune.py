@@ -29,12 +29,15 @@ cell, how much of the concept the steered generations show and what the steering
   n-gram share is ``1 - distinct / m`` (0 when ``m < 1``), and it is degenerate when that share is above
   ``repetition_bound`` (0.5 by default).
 
-What a scale means: for a :class:`~steerkit.vectors.SteeringVector` (operation ``"add"``), the cell at
-``(l, s)`` adds ``s * v_l`` at ``blocks.{l}.{hook_site}`` at every position (``v_l`` its direction at
-layer ``l``, or its one direction at every grid layer when it has only one; the vector's own ``scale``
-and schedule are not used: the grid's scale replaces them); for a raw tensor ``[d_model]`` it adds
-``s * v`` at ``blocks.{l}.hook_resid_post``; for a :class:`~steerkit.vectors.DirectionSet` it ablates the
-basis at ``blocks.{l}.{hook_site}`` with strength ``s`` (1 removes the span's component, 0 does nothing).
+What a scale means: the cell at ``(l, s)`` is the artifact at layer ``l`` alone, steered through its
+own ``to_interventions(sm.facts, scale=s)`` (its site, positions and operation kept). For a
+:class:`~steerkit.vectors.SteeringVector` (operation ``"add"``) that adds ``s * v_l`` at
+``blocks.{l}.{hook_site}`` at the vector's positions (every position when it has none; ``v_l`` its
+direction at layer ``l``, or its one direction at every grid layer when it has only one; the vector's
+own ``scale`` and schedule are not used: the grid's scale replaces them); a raw tensor ``[d_model]`` is
+such a vector (:meth:`~steerkit.vectors.SteeringVector.from_direction`, at its default site
+``hook_resid_post``); a :class:`~steerkit.vectors.DirectionSet` ablates its basis at
+``blocks.{l}.{hook_site}`` with strength ``s`` (1 removes the span's component, 0 does nothing).
 ``normalize="unit"`` divides added vectors by their norm first (a scale is then a length in the residual
 stream); ``normalize="resid"`` also multiplies by the layer's mean residual norm over the prompts' tokens
 (a scale is then a fraction of a typical residual vector: ``s = 0.5`` adds half of one). Scale 0 is the
@@ -47,46 +50,16 @@ by every row that continues it (each row feeds only its completion; with a probe
 activations along the whole row, one forward of prompt plus completion per row), and the KL from
 per-row steered forwards of the neutral prompts (only the last position unembedded).
 
-A cell is on the **Pareto front** when no other cell has a concept at least as high and every damage
-(``kl``, ``perplexity``, ``repetition``; ``None`` counts as infinitely bad) at most as high, one of
-them strictly. The **recommended** cell follows a :class:`Rule`: the highest concept (or its CI's lower
-bound, ``objective="concept_lo"``) among cells whose KL, perplexity ratio and repetition are within the
-rule's bounds (defaults: KL <= 1 nat, perplexity ratio <= 1.5, repetition <= 0.25). It is chosen among
-front cells: that gives the same concept (a feasible dominated cell is dominated by a feasible front
-cell) and puts the pick on the front, so a cell that another beats on damage at an equal concept is
-never picked; among front cells of equal concept, the smaller ``|scale|`` wins, then the lower KL, then
-the lower layer. When no cell meets the bounds, ``recommended`` is ``None``.
-
-JSON schema of :meth:`TuneResult.to_json` (``format`` ``"steerkit.tune/1"``)::
-
-    {"format": "steerkit.tune/1",
-     "layers": [int, ...], "scales": [float, ...], "prompts": [str, ...], "neutral": [str, ...],
-     "baseline": {"generations": [str, ...], "concept": float, "concept_ci": [lo, hi],
-                  "scores": [float, ...], "perplexity": float | null, "repetition": float},
-     "cells": [{"layer": int, "scale": float, "concept": float, "concept_ci": [lo, hi],
-                "scores": [float, ...], "perplexity": float | null, "ppl_ratio": float | null,
-                "kl": float, "repetition": float, "pareto": bool, "generations": [str, ...]}, ...],
-     "recommended": {"layer": int, "scale": float} | null,
-     "rule": {"objective": str, "max_kl": float | null, "max_ppl_ratio": float | null,
-              "max_repetition": float | null},
-     "concept_kind": "probe" | "callable" | "substring",
-     "settings": {"artifact": str, "model": str, "max_new_tokens": int, "batch_size": int, "n_boot": int,
-                  "alpha": float, "seed": int, "normalize": str | null, "chat": bool, "repetition_n": int,
-                  "repetition_bound": float, "concept": str, "site": str, "operation": "add" | "ablate",
-                  "batched": bool, "resid_norms": {str(layer): float} | null}}
-
-Cells are layer-major (every scale of the first layer, then the next layer). :func:`tradeoff_figure`
-and :func:`heatmap_figure` draw such a document (the app's Tune page uses them); :meth:`TuneResult.plot`
-is the trade-off figure.
+What :func:`tune` returns, the Pareto front, the rule and the JSON schema are in
+:mod:`steerkit.probes.tune_result` (its names are re-exported here); the figures in
+:mod:`steerkit.probes.plots.tune`.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import numbers
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -95,26 +68,24 @@ from tqdm import tqdm
 
 from steerkit.errors import InputError
 from steerkit.generation import continuation_logprobs
-from steerkit.interventions import Intervention
+from steerkit.interventions import Intervention, ModelFacts
 from steerkit.model import Tokens
 from steerkit.vectors import DirectionSet, Probe, SteeringVector
 from steerkit.vectors import ModelMismatchError, check_compatible
 
-from .patching import json_document
+from .tune_result import DAMAGES, FORMAT, METRICS, OBJECTIVES, Rule, TuneResult, bootstrap_mean_ci, pareto_front
+from .plots.require import plotly_required
+from .tune_result import _finite_or_none, _is_num, recommend, repetition_share
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
 __all__ = ["tune", "TuneResult", "Rule", "pareto_front", "recommend", "repetition_share", "bootstrap_mean_ci",
-           "tradeoff_figure", "heatmap_figure", "NEUTRAL_PROMPTS", "FORMAT", "METRICS", "DAMAGES"]
-
-FORMAT = "steerkit.tune/1"
-#: the per-cell metrics (keys of every cell of a result), as :func:`heatmap_figure` takes them
-METRICS = ("concept", "perplexity", "ppl_ratio", "kl", "repetition")
-#: the damage metrics: lower is better; the Pareto front and :func:`tradeoff_figure` read them
-DAMAGES = ("kl", "perplexity", "repetition")
+           "NEUTRAL_PROMPTS", "FORMAT", "METRICS", "DAMAGES", "OBJECTIVES"]
+#: the figures, reachable here by their old names (plotly is imported on first use): they live in
+#: :mod:`steerkit.probes.plots.tune`
+_FIGURES = ("tradeoff_figure", "heatmap_figure")
 NORMALIZE = (None, "unit", "resid")
-OBJECTIVES = ("concept", "concept_lo")
 
 #: neutral prompts for the next-token KL when none are given
 NEUTRAL_PROMPTS = (
@@ -129,449 +100,67 @@ NEUTRAL_PROMPTS = (
 )
 
 
-# ----------------------------------------------------------------------------- small checks
-def _is_num(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+def __getattr__(name: str):
+    if name in _FIGURES:
+        with plotly_required():
+            from .plots import tune as figures
+        return getattr(figures, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-def _finite_or_none(x) -> Optional[float]:
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-def _bad(x) -> float:
-    """A damage value for comparisons: ``None`` is infinitely bad."""
-    return math.inf if x is None else float(x)
-
-
-# ----------------------------------------------------------------------------- the rule
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """How :func:`tune` picks its recommended cell: the highest ``objective`` (``"concept"``, or
-    ``"concept_lo"``: the lower end of its bootstrap interval) among Pareto-front cells with
-    ``kl <= max_kl``, ``perplexity / baseline perplexity <= max_ppl_ratio`` and
-    ``repetition <= max_repetition`` (a bound of ``None`` is no bound); ties go to the smaller
-    ``|scale|``, then the lower KL, then the lower layer (:func:`recommend`).
-
-    Examples:
-        >>> from steerkit.probes.tune import Rule
-        >>> Rule(max_kl=0.5).to_dict()
-        {'objective': 'concept', 'max_kl': 0.5, 'max_ppl_ratio': 1.5, 'max_repetition': 0.25}
-        >>> Rule.of({"max_ppl_ratio": None}).max_ppl_ratio is None
-        True
-    """
-
-    max_kl: Optional[float] = 1.0
-    max_ppl_ratio: Optional[float] = 1.5
-    max_repetition: Optional[float] = 0.25
-    objective: str = "concept"
-
-    def __post_init__(self):
-        if self.objective not in OBJECTIVES:
-            raise InputError(f"expected the rule's objective in {OBJECTIVES}, found {self.objective!r}")
-        for name in ("max_kl", "max_ppl_ratio", "max_repetition"):
-            v = getattr(self, name)
-            if v is not None and (not _is_num(v) or not math.isfinite(float(v)) or float(v) < 0):
-                raise InputError(f"expected the rule's {name} as a number >= 0 or None (no bound), found {v!r}")
-            object.__setattr__(self, name, None if v is None else float(v))
-
-    @classmethod
-    def of(cls, rule: Union["Rule", Mapping, None]) -> "Rule":
-        """A rule from a :class:`Rule`, a dict of its fields (others are refused) or ``None`` (the defaults)."""
-        if rule is None:
-            return cls()
-        if isinstance(rule, Rule):
-            return rule
-        if isinstance(rule, Mapping):
-            names = {f.name for f in dataclasses.fields(cls)}
-            extra = sorted(set(rule) - names)
-            if extra:
-                raise InputError(f"expected rule keys among {sorted(names)}, found {extra}")
-            return cls(**dict(rule))
-        raise InputError(f"expected rule= as a steerkit.probes.tune.Rule, a dict of its fields or None, found "
-                         f"{type(rule).__name__}")
-
-    def to_dict(self) -> dict:
-        """The rule as a JSON-safe dict (its fields, objective first)."""
-        return {"objective": self.objective, "max_kl": self.max_kl, "max_ppl_ratio": self.max_ppl_ratio,
-                "max_repetition": self.max_repetition}
-
-    def admits(self, cell: Mapping) -> bool:
-        """Whether a cell (a dict with ``kl``, ``ppl_ratio``, ``repetition``) is within every bound."""
-        for key, bound in (("kl", self.max_kl), ("ppl_ratio", self.max_ppl_ratio),
-                           ("repetition", self.max_repetition)):
-            if bound is not None and not _bad(cell.get(key)) <= bound:
-                return False
-        return True
-
-    def value(self, cell: Mapping) -> float:
-        """The cell's objective value."""
-        if self.objective == "concept_lo":
-            return float(cell["concept_ci"][0])
-        return float(cell["concept"])
-
-
-def pareto_front(cells: Sequence[Mapping], damages: Sequence[str] = DAMAGES) -> list[bool]:
-    """For each cell, whether no other cell has ``concept`` >= and every damage <= (``None`` counts as
-    infinitely bad), one of them strictly.
-
-    Examples:
-        >>> from steerkit.probes.tune import pareto_front
-        >>> cells = [dict(concept=0.1, kl=0.0, perplexity=5.0, repetition=0.0),
-        ...          dict(concept=0.5, kl=0.2, perplexity=6.0, repetition=0.0),
-        ...          dict(concept=0.4, kl=0.3, perplexity=7.0, repetition=0.0)]
-        >>> pareto_front(cells)
-        [True, True, False]
-    """
-    pts = [(float(c["concept"]), [_bad(c.get(d)) for d in damages]) for c in cells]
-    out = []
-    for i, (ci, di) in enumerate(pts):
-        dominated = False
-        for j, (cj, dj) in enumerate(pts):
-            if j == i:
-                continue
-            if cj >= ci and all(a <= b for a, b in zip(dj, di)) and (cj > ci or any(a < b for a, b in zip(dj, di))):
-                dominated = True
-                break
-        out.append(not dominated)
-    return out
-
-
-def recommend(cells: Sequence[Mapping], rule: Union[Rule, Mapping, None] = None) -> Optional[dict]:
-    """The recommended ``{"layer", "scale"}`` among ``cells`` (dicts with ``layer``, ``scale``, ``concept``,
-    ``concept_ci``, ``kl``, ``ppl_ratio``, ``repetition`` and ``pareto``) by ``rule`` (see :class:`Rule`), or
-    ``None`` when no cell meets its bounds.
-
-    Examples:
-        >>> from steerkit.probes.tune import recommend
-        >>> cells = [dict(layer=3, scale=s, concept=c, concept_ci=[c, c], kl=k, ppl_ratio=1.0, repetition=0.0,
-        ...               pareto=True) for s, c, k in [(1.0, 0.2, 0.1), (2.0, 0.6, 0.4), (4.0, 0.9, 3.0)]]
-        >>> recommend(cells, {"max_kl": 1.0})
-        {'layer': 3, 'scale': 2.0}
-        >>> recommend(cells, {"max_kl": 0.01}) is None
-        True
-    """
-    rule = Rule.of(rule)
-    ok = [c for c in cells if c.get("pareto", True) and rule.admits(c)]
-    if not ok:
-        return None
-    best = min(ok, key=lambda c: (-rule.value(c), abs(float(c["scale"])), _bad(c.get("kl")), int(c["layer"])))
-    return {"layer": int(best["layer"]), "scale": float(best["scale"])}
-
-
-def repetition_share(tokens: Sequence[int], n: int = 3) -> float:
-    """The repeated n-gram share of a token sequence: ``1 - distinct n-grams / n-grams`` (0 when it has
-    no n-gram).
-
-    Examples:
-        >>> from steerkit.probes.tune import repetition_share
-        >>> repetition_share([1, 2, 3, 4, 5])
-        0.0
-        >>> round(repetition_share([7, 8, 7, 8, 7, 8, 7, 8]), 3)
-        0.667
-    """
-    m = len(tokens) - n + 1
-    if m < 1:
-        return 0.0
-    grams = {tuple(tokens[i:i + n]) for i in range(m)}
-    return 1.0 - len(grams) / m
-
-
-def bootstrap_mean_ci(scores: Sequence[float], *, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0
-                      ) -> tuple[float, float]:
-    """Percentile ``1 - alpha`` interval of the mean of ``scores`` over ``n_boot`` bootstrap resamples
-    (a seeded generator; ``(x, x)`` for one score).
-
-    Examples:
-        >>> from steerkit.probes.tune import bootstrap_mean_ci
-        >>> lo, hi = bootstrap_mean_ci([0.0, 1.0, 1.0, 0.0, 1.0], n_boot=200)
-        >>> 0.0 <= lo <= 0.6 <= hi <= 1.0
-        True
-    """
-    x = np.asarray(scores, dtype=np.float64)
-    if x.size == 0:
-        raise InputError("expected at least one score to bootstrap, found none")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
-        raise InputError(f"expected n_boot as an int >= 1, found {n_boot!r}")
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(1)
-    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return float(lo), float(hi)
-
-
-# ----------------------------------------------------------------------------- the result
-@dataclasses.dataclass(frozen=True, eq=False)
-class TuneResult:
-    """What :func:`tune` measured: the grid (``layers`` x ``scales``), the prompts, the baseline (the
-    unsteered model on the prompts), one dict per cell (layer-major; the keys of the module docstring's
-    schema), the ``recommended`` cell (``{"layer", "scale"}`` or ``None``), the :class:`Rule`, what scored
-    the concept (``concept_kind``) and the settings. ``to_json()`` / ``from_json()`` / ``plot()``.
-
-    Examples:
-        >>> from steerkit.probes.tune import TuneResult
-        >>> res = TuneResult.from_json(TuneResult.example().to_json())
-        >>> res.recommended, res.cell(5, 2.0)["pareto"]
-        ({'layer': 5, 'scale': 2.0}, True)
-    """
-
-    layers: tuple
-    scales: tuple
-    prompts: tuple
-    neutral: tuple
-    baseline: dict
-    cells: tuple
-    recommended: Optional[dict]
-    rule: Rule
-    concept_kind: str
-    settings: dict
-
-    def __repr__(self):
-        return (f"TuneResult({len(self.layers)} layers x {len(self.scales)} scales on {len(self.prompts)} prompts, "
-                f"concept {self.concept_kind}, recommended={self.recommended})")
-
-    def cell(self, layer: int, scale: float) -> dict:
-        """The cell at ``(layer, scale)``."""
-        for c in self.cells:
-            if c["layer"] == layer and c["scale"] == float(scale):
-                return c
-        raise InputError(f"expected a cell of the grid (layers {list(self.layers)}, scales {list(self.scales)}), "
-                         f"found ({layer}, {scale})")
-
-    @property
-    def front(self) -> list[dict]:
-        """The Pareto-front cells."""
-        return [c for c in self.cells if c["pareto"]]
-
-    def to_json(self) -> dict:
-        """The result as a JSON-safe dict (schema in the module docstring); ``json.dumps`` it as it is."""
-        return {"format": FORMAT, "layers": list(self.layers), "scales": list(self.scales),
-                "prompts": list(self.prompts), "neutral": list(self.neutral), "baseline": dict(self.baseline),
-                "cells": [dict(c) for c in self.cells],
-                "recommended": None if self.recommended is None else dict(self.recommended),
-                "rule": self.rule.to_dict(), "concept_kind": self.concept_kind, "settings": dict(self.settings)}
-
-    def save(self, path) -> Path:
-        """Write :meth:`to_json` to ``path`` (UTF-8 JSON text); :meth:`from_json` reads it back."""
-        p = Path(path)
-        p.write_text(json.dumps(self.to_json(), allow_nan=False), encoding="utf-8")
-        return p
-
-    @classmethod
-    def from_json(cls, doc) -> "TuneResult":
-        """A result from :meth:`to_json`'s dict, its JSON text, or a path to a file holding it."""
-        d = _document(doc)
-        try:
-            return cls(layers=tuple(int(l) for l in d["layers"]), scales=tuple(float(s) for s in d["scales"]),
-                       prompts=tuple(str(p) for p in d["prompts"]), neutral=tuple(str(p) for p in d.get("neutral", [])),
-                       baseline=dict(d["baseline"]), cells=tuple(dict(c) for c in d["cells"]),
-                       recommended=None if d.get("recommended") is None else
-                       {"layer": int(d["recommended"]["layer"]), "scale": float(d["recommended"]["scale"])},
-                       rule=Rule.of(d.get("rule")), concept_kind=str(d["concept_kind"]),
-                       settings=dict(d.get("settings", {})))
-        except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"expected a complete steerkit tune JSON, found a malformed one ({e!r:.120})") from None
-
-    @classmethod
-    def example(cls) -> "TuneResult":
-        """A small made-up result (2 layers x 3 scales) for examples and figure previews."""
-        layers, scales = (5, 10), (0.0, 2.0, 4.0)
-        cells = []
-        for l in layers:
-            for s in scales:
-                c = 0.1 + s * (0.15 if l == 5 else 0.1)
-                kl = s * s * (0.05 if l == 5 else 0.1)
-                cells.append({"layer": l, "scale": s, "concept": c, "concept_ci": [c - 0.05, c + 0.05],
-                              "scores": [c, c], "perplexity": 4.0 * (1 + kl), "ppl_ratio": 1 + kl, "kl": kl,
-                              "repetition": 0.0 if s < 4 else 0.5, "pareto": False, "generations": ["...", "..."]})
-        for c, p in zip(cells, pareto_front(cells)):
-            c["pareto"] = p
-        rule = Rule()
-        base = {"generations": ["...", "..."], "concept": 0.1, "concept_ci": [0.05, 0.15], "scores": [0.1, 0.1],
-                "perplexity": 4.0, "repetition": 0.0}
-        return cls(layers=layers, scales=scales, prompts=("a", "b"), neutral=("n",), baseline=base, cells=tuple(cells),
-                   recommended=recommend(cells, rule), rule=rule, concept_kind="substring",
-                   settings={"artifact": "example", "model": "none"})
-
-    def plot(self, *, damage: str = "kl"):
-        """The trade-off figure (:func:`tradeoff_figure`): concept against ``damage`` per layer across scales.
-
-        Examples:
-            >>> from steerkit.probes.tune import TuneResult
-            >>> fig = TuneResult.example().plot()
-            >>> fig.layout.xaxis.title.text
-            'kl (next-token KL on neutral prompts, nats)'
-        """
-        return tradeoff_figure(self.to_json(), damage=damage)
-
-
-def _document(doc) -> dict:
-    """A tune document: the dict itself, its JSON text, a path to it, or a :class:`TuneResult`."""
-    if isinstance(doc, TuneResult):
-        return doc.to_json()
-    if isinstance(doc, (str, Path)):
-        doc = json_document(doc, FORMAT, "tune")
-    if not isinstance(doc, Mapping) or doc.get("format") != FORMAT:
-        raise InputError(f"expected a steerkit tune document (format {FORMAT!r}), found "
-                         f"{str(doc.get('format') if isinstance(doc, Mapping) else type(doc).__name__)[:80]!r}")
-    for key in ("layers", "scales", "cells", "baseline"):
-        if key not in doc:
-            raise InputError(f"expected the key {key!r} in a tune document, found only {sorted(doc)[:12]}")
-    return dict(doc)
-
-
-# ----------------------------------------------------------------------------- figures
-_AXIS = {"kl": "kl (next-token KL on neutral prompts, nats)",
-         "perplexity": "perplexity (unsteered model on the steered generations)",
-         "ppl_ratio": "perplexity ratio (to the baseline)",
-         "repetition": "repetition (share of degenerate generations)",
-         "concept": "concept score"}
-
-
-def _go():
-    try:
-        import plotly.graph_objects as go
-    except ImportError:
-        raise InputError("expected plotly to be installed to plot, found it missing; pip install plotly") from None
-    return go
-
-
-def tradeoff_figure(result_json: dict, *, damage: str = "kl"):
-    """Trade-off curves of a tune document (:meth:`TuneResult.to_json`, its text or a path): one line per
-    layer through its scales, concept up the y axis against ``damage`` (``"kl"``, ``"perplexity"``,
-    ``"ppl_ratio"`` or ``"repetition"``) along x, each point labelled with its scale and with its concept
-    interval as an error bar; Pareto-front cells ringed, the recommended cell a star, the baseline a
-    dashed line at its concept. Returns a plotly figure.
-
-    Examples:
-        >>> from steerkit.probes.tune import TuneResult, tradeoff_figure
-        >>> fig = tradeoff_figure(TuneResult.example().to_json(), damage="perplexity")
-        >>> [t.name for t in fig.data]
-        ['layer 5', 'layer 10', 'Pareto front', 'recommended']
-    """
-    d = _document(result_json)
-    if damage not in _AXIS or damage == "concept":
-        raise InputError(f"expected damage in {tuple(k for k in _AXIS if k != 'concept')}, found {damage!r}")
-    go = _go()
-    fig = go.Figure()
-    cells = d["cells"]
-
-    def xval(c):
-        v = c.get(damage)
-        return None if v is None else float(v)
-
-    for layer in d["layers"]:
-        row = sorted((c for c in cells if c["layer"] == layer), key=lambda c: c["scale"])
-        if not row:
-            continue
-        fig.add_trace(go.Scatter(
-            x=[xval(c) for c in row], y=[c["concept"] for c in row], mode="lines+markers+text",
-            name=f"layer {layer}", text=[f"{c['scale']:g}" for c in row], textposition="top center",
-            error_y=dict(type="data", symmetric=False, array=[c["concept_ci"][1] - c["concept"] for c in row],
-                         arrayminus=[c["concept"] - c["concept_ci"][0] for c in row], thickness=1),
-            customdata=[[c["scale"], c.get("kl"), c.get("perplexity"), c.get("repetition")] for c in row],
-            hovertemplate=(f"layer {layer}, scale %{{customdata[0]}}<br>concept %{{y:.3g}}<br>kl %{{customdata[1]:.3g}}"
-                           "<br>perplexity %{customdata[2]:.3g}<br>repetition %{customdata[3]:.2f}<extra></extra>")))
-    front = sorted((c for c in cells if c.get("pareto")), key=lambda c: _bad(xval(c)))
-    fig.add_trace(go.Scatter(x=[xval(c) for c in front], y=[c["concept"] for c in front], mode="markers",
-                             name="Pareto front", marker=dict(size=16, symbol="circle-open", color="black",
-                                                              line=dict(width=2)),
-                             hovertemplate="Pareto: concept %{y:.3g}<extra></extra>"))
-    rec = d.get("recommended")
-    if rec is not None:
-        rc = [c for c in cells if c["layer"] == rec["layer"] and float(c["scale"]) == float(rec["scale"])]
-        if rc:
-            fig.add_trace(go.Scatter(x=[xval(rc[0])], y=[rc[0]["concept"]], mode="markers", name="recommended",
-                                     marker=dict(size=20, symbol="star", color="gold", line=dict(width=1, color="black")),
-                                     hovertemplate=(f"recommended: layer {rec['layer']}, scale {rec['scale']:g}"
-                                                    "<extra></extra>")))
-    base = d["baseline"].get("concept")
-    if base is not None:
-        fig.add_hline(y=float(base), line_dash="dash", line_color="gray", annotation_text="unsteered")
-    fig.update_layout(title=f"concept vs {damage} per layer across scales ({d.get('concept_kind', '')} concept)",
-                      xaxis_title=_AXIS[damage], yaxis_title=_AXIS["concept"], template="plotly_white",
-                      legend_title="layer")
-    return fig
-
-
-def heatmap_figure(result_json: dict, metric: str):
-    """A heatmap of one per-cell ``metric`` of a tune document (``"concept"``, ``"perplexity"``,
-    ``"ppl_ratio"``, ``"kl"`` or ``"repetition"``): layers down, scales across, the recommended cell
-    marked with a star. Returns a plotly figure.
-
-    Examples:
-        >>> from steerkit.probes.tune import TuneResult, heatmap_figure
-        >>> fig = heatmap_figure(TuneResult.example().to_json(), "kl")
-        >>> [list(row) for row in fig.data[0].z]
-        [[0.0, 0.2, 0.8], [0.0, 0.4, 1.6]]
-    """
-    d = _document(result_json)
-    if metric not in METRICS:
-        raise InputError(f"expected metric in {METRICS}, found {metric!r}")
-    go = _go()
-    layers, scales = list(d["layers"]), [float(s) for s in d["scales"]]
-    z: list[list] = [[None] * len(scales) for _ in layers]
-    for c in d["cells"]:
-        if c["layer"] in layers and float(c["scale"]) in scales:
-            v = c.get(metric)
-            z[layers.index(c["layer"])][scales.index(float(c["scale"]))] = None if v is None else float(v)
-    x, y = [f"{s:g}" for s in scales], [f"L{l}" for l in layers]
-    fig = go.Figure(go.Heatmap(z=z, x=x, y=y, colorscale="Viridis" if metric == "concept" else "Reds",
-                               colorbar=dict(title=metric),
-                               hovertemplate="%{y}, scale %{x}: %{z:.4g}<extra></extra>"))
-    rec = d.get("recommended")
-    if rec is not None and rec["layer"] in layers and float(rec["scale"]) in scales:
-        fig.add_trace(go.Scatter(x=[f"{float(rec['scale']):g}"], y=[f"L{rec['layer']}"], mode="markers",
-                                 name="recommended", marker=dict(symbol="star", size=18, color="gold",
-                                                                 line=dict(width=1, color="black"))))
-    fig.update_layout(title=f"{_AXIS.get(metric, metric)} per layer and scale", xaxis_title="scale",
-                      yaxis_title="layer", xaxis=dict(type="category"),
-                      yaxis=dict(type="category", autorange="reversed"), template="plotly_white")
-    return fig
 
 
 # ----------------------------------------------------------------------------- what a cell does
 @dataclasses.dataclass(frozen=True)
 class _Source:
-    """The artifact as the grid uses it: what one cell at ``(layer, scale)`` applies."""
+    """The artifact as the grid uses it: a steering vector (``"add"``) or a direction set (``"ablate"``); the
+    cell at ``(layer, scale)`` is the artifact at that layer alone (:meth:`at`), lowered by its own
+    ``to_interventions``."""
 
-    op: str  # "add" or "ablate"
-    site: str  # the hook inside a block: "hook_resid_post" or "hook_resid_pre"
-    vectors: dict  # layer -> tensor ([d_model] to add, [k, d_model] basis to ablate); key None: every layer
-    positions: Any
+    artifact: Union[SteeringVector, DirectionSet]
     label: str
 
-    def tensor(self, layer: int) -> Tensor:
-        v = self.vectors.get(layer, self.vectors.get(None))
-        if v is None:
-            raise InputError(f"expected the artifact to have a direction at every grid layer, found none at layer "
-                             f"{layer} (it has layers {sorted(k for k in self.vectors if k is not None)}); pass "
-                             "layers= among those, or a vector with one direction (used at every layer)")
-        return v
+    @property
+    def op(self) -> str:
+        return "ablate" if isinstance(self.artifact, DirectionSet) else "add"
 
-    def hook(self, layer: int) -> str:
-        return f"blocks.{layer}.{self.site}"
+    @property
+    def site(self) -> str:
+        return self.artifact.hook_site
+
+    def own_layers(self) -> list[int]:
+        """The vector's layers when it has several directions (a grid's default), else none."""
+        a = self.artifact
+        return list(a.directions) if isinstance(a, SteeringVector) and len(a.directions) > 1 else []
+
+    def tensor(self, layer: int) -> Tensor:
+        """The direction the cell at ``layer`` adds (a vector's own at that layer, or its only one), or the
+        basis it ablates."""
+        a = self.artifact
+        if isinstance(a, DirectionSet):
+            return a.basis.float()
+        dirs = a.directions
+        if len(dirs) == 1:
+            return next(iter(dirs.values())).float()
+        if layer not in dirs:
+            raise InputError(f"expected the artifact to have a direction at every grid layer, found none at layer "
+                             f"{layer} (it has layers {sorted(dirs)}); pass layers= among those, or a vector with "
+                             "one direction (used at every layer)")
+        return dirs[layer].float()
+
+    def at(self, layer: int) -> Union[SteeringVector, DirectionSet]:
+        """The artifact at ``layer`` alone: a vector's direction there at scale 1 without a schedule (the
+        grid's scale replaces them), or the direction set ablated there only."""
+        a = self.artifact
+        if isinstance(a, DirectionSet):
+            return dataclasses.replace(a, basis=a.basis.float(), layers=[layer])
+        return dataclasses.replace(a, directions={layer: self.tensor(layer)}, scale=1.0, schedule=None)
+
+    def interventions(self, facts: ModelFacts, layer: int, scale: float, override: bool) -> list[Intervention]:
+        """What the cell ``(layer, scale)`` applies."""
+        return self.at(layer).to_interventions(facts, scale=scale, override=override)
 
 
 def _source(sm: "SteerModel", artifact, override: bool) -> _Source:
-    if isinstance(artifact, (SteeringVector, DirectionSet)):
-        try:
-            check_compatible(artifact, sm, override=override)
-        except ModelMismatchError as e:
-            raise InputError(f"{e}") from None
-    if isinstance(artifact, SteeringVector):
-        if artifact.operation != "add":
-            raise InputError(f"expected a steering vector with operation 'add' to tune, found {artifact.operation!r}; "
-                             "tune its direction as a tensor (vec.directions[layer]) instead")
-        dirs = dict(artifact.directions)
-        vectors = dirs if len(dirs) > 1 else {None: next(iter(dirs.values()))}
-        pos = artifact.positions if artifact.positions is not None else "all"
-        label = f"steering_vector ({artifact.provenance.method or 'unnamed'}, layers {list(dirs)})"
-        return _Source("add", artifact.hook_site, {k: v.float() for k, v in vectors.items()}, pos, label)
-    if isinstance(artifact, DirectionSet):
-        return _Source("ablate", artifact.hook_site, {None: artifact.basis.float()}, "all",
-                       f"direction_set (k={artifact.k})")
     if isinstance(artifact, (Tensor, np.ndarray)):
         t = torch.as_tensor(artifact).detach().float().cpu()
         if t.dim() == 2 and t.shape[0] == 1:
@@ -580,17 +169,21 @@ def _source(sm: "SteerModel", artifact, override: bool) -> _Source:
             raise InputError(f"expected a direction tensor of shape [d_model={sm.d_model}], found {tuple(t.shape)}")
         if not bool(torch.isfinite(t).all()) or float(t.norm()) == 0.0:
             raise InputError("expected a nonzero direction with finite values, found zeros or NaN/inf")
-        return _Source("add", "hook_resid_post", {None: t}, "all", f"tensor [d_model={sm.d_model}]")
-    raise InputError(f"expected the artifact as a SteeringVector, a DirectionSet or a direction tensor [d_model], "
-                     f"found {type(artifact).__name__}; load a stored one with Store().load(name)")
-
-
-def _intervention(src: _Source, layer: int, scale: float, factor: float) -> Intervention:
-    """The cell ``(layer, scale)``'s intervention (``factor``: the normalisation of an added vector)."""
-    v = src.tensor(layer)
-    if src.op == "ablate":
-        return Intervention.ablate(src.hook(layer), v, scale)
-    return Intervention.add(src.hook(layer), v, scale * factor, positions=src.positions)
+        return _Source(SteeringVector.from_direction(t, 0, sm), f"tensor [d_model={sm.d_model}]")
+    if not isinstance(artifact, (SteeringVector, DirectionSet)):
+        raise InputError(f"expected the artifact as a SteeringVector, a DirectionSet or a direction tensor [d_model], "
+                         f"found {type(artifact).__name__}; load a stored one with Store().load(name)")
+    try:
+        check_compatible(artifact, sm, override=override)
+    except ModelMismatchError as e:
+        raise InputError(f"{e}") from None
+    if isinstance(artifact, DirectionSet):
+        return _Source(artifact, f"direction_set (k={artifact.k})")
+    if artifact.operation != "add":
+        raise InputError(f"expected a steering vector with operation 'add' to tune, found {artifact.operation!r}; "
+                         "tune its direction as a tensor (vec.directions[layer]) instead")
+    return _Source(artifact, f"steering_vector ({artifact.provenance.method or 'unnamed'}, layers "
+                              f"{list(artifact.directions)})")
 
 
 # ----------------------------------------------------------------------------- the concept score
@@ -708,7 +301,7 @@ def _int_arg(v, what: str, minimum: int) -> int:
 
 def _layers(sm: "SteerModel", layers, src: _Source) -> list[int]:
     if layers is None:
-        have = sorted(k for k in src.vectors if k is not None)
+        have = src.own_layers()
         if not have:
             raise InputError("expected layers=[...] (the grid's layers), found None; the artifact has one direction, "
                              "so say where to try it, e.g. layers=[6, 10, 14]")
@@ -752,11 +345,11 @@ def _prompt_ids(toks: Tokens) -> list[list[int]]:
     return [toks.input_ids[b][toks.attention_mask[b].bool()].tolist() for b in range(len(toks))]
 
 
-def _resid_norms(sm: "SteerModel", src: _Source, layers: list[int], ids: list[list[int]], batch_size: int
+def _resid_norms(sm: "SteerModel", site_of: Mapping[int, str], ids: list[list[int]], batch_size: int
                  ) -> dict[int, float]:
-    """Each grid layer's mean residual norm at the steered site over the prompts' tokens (each row's first
-    token, an attention sink with an outsized norm, left out)."""
-    sites = [src.hook(l) for l in layers]
+    """Each grid layer's mean residual norm at its steered site (``site_of[layer]``) over the prompts' tokens
+    (each row's first token, an attention sink with an outsized norm, left out)."""
+    layers, sites = list(site_of), list(site_of.values())
     tot = {s: 0.0 for s in sites}
     cnt = 0
     for rows in _chunks(len(ids), batch_size):
@@ -789,7 +382,7 @@ def _generate_rows(sm: "SteerModel", ids: list[list[int]], plan: list, steer_of,
     toks: list = [None] * len(plan)
     if batched:
         for rows in _chunks(len(plan), batch_size):
-            steering = [None if plan[r][1] is None else [steer_of(plan[r][1])] for r in rows]
+            steering = [None if plan[r][1] is None else steer_of(plan[r][1]) for r in rows]
             out = sm.generate(sm.pad([ids[plan[r][0]] for r in rows]), max_new_tokens=max_new_tokens,
                               steering=None if all(s is None for s in steering) else steering, return_tokens=True)
             for r, t in zip(rows, out):
@@ -803,7 +396,7 @@ def _generate_rows(sm: "SteerModel", ids: list[list[int]], plan: list, steer_of,
             for part in _chunks(len(rs), batch_size):
                 sel = [rs[i] for i in part]
                 out = sm.generate(sm.pad([ids[plan[r][0]] for r in sel]), max_new_tokens=max_new_tokens,
-                                  steering=None if c is None else [steer_of(c)], return_tokens=True)
+                                  steering=None if c is None else steer_of(c), return_tokens=True)
                 for r, t in zip(sel, out):
                     toks[r] = list(t)
                 bar.update(len(sel))
@@ -866,7 +459,7 @@ def _kl_cells(sm: "SteerModel", neutral_ids: list[list[int]], cells: list, steer
     if batched:
         for part in _chunks(len(plan), batch_size):
             rows = [plan[r] for r in part]
-            lq = last_logp([[steer_of(c)] for c, _ in rows], [neutral_ids[j] for _, j in rows])
+            lq = last_logp([steer_of(c) for c, _ in rows], [neutral_ids[j] for _, j in rows])
             for i, (c, j) in enumerate(rows):
                 p = base[j]
                 kl_sum[c] += float((p.exp() * (p - lq[i])).sum())
@@ -874,7 +467,7 @@ def _kl_cells(sm: "SteerModel", neutral_ids: list[list[int]], cells: list, steer
     else:
         for c in cells:
             for part in _chunks(n, batch_size):
-                lq = last_logp([steer_of(c)], [neutral_ids[j] for j in part])
+                lq = last_logp(steer_of(c), [neutral_ids[j] for j in part])
                 for i, j in enumerate(part):
                     p = base[j]
                     kl_sum[c] += float((p.exp() * (p - lq[i])).sum())
@@ -941,18 +534,9 @@ def tune(sm: "SteerModel", artifact, prompts: Sequence[str], *, layers: Optional
 
     ids = _prompt_ids(sm.tokenize(prompts, chat=chat))
     neutral_ids = _prompt_ids(sm.tokenize(neutral, chat=chat))
-    resid = _resid_norms(sm, src, layers, ids, batch_size) if normalize == "resid" else None
-
-    def factor(layer: int) -> float:
-        if normalize is None or src.op == "ablate":
-            return 1.0
-        f = 1.0 / float(src.tensor(layer).norm())
-        return f * resid[layer] if resid is not None else f
-
-    grid = [(l, s) for l in layers for s in scales]
-    steered = [i for i, (_, s) in enumerate(grid) if s != 0.0]
-    ivs = {i: _intervention(src, grid[i][0], grid[i][1], factor(grid[i][0])) for i in steered}
-    steer_of = ivs.__getitem__
+    grid, ivs, resid = _grid(sm, src, layers, scales, ids, normalize=normalize, batch_size=batch_size,
+                             override=override)
+    steered, steer_of = list(ivs), ivs.__getitem__
     plan = [(p, None) for p in range(len(prompts))] + [(p, c) for c in steered for p in range(len(prompts))]
     n_kl = len(neutral) * (1 + len(steered))
     with tqdm(total=2 * len(plan) + n_kl, desc="tune", unit="row", disable=not progress, leave=False) as bar:
@@ -964,15 +548,7 @@ def tune(sm: "SteerModel", artifact, prompts: Sequence[str], *, layers: Optional
         bar.set_postfix_str("kl")
         kl = _kl_cells(sm, neutral_ids, steered, steer_of, batch_size=batch_size, batched=batched, bar=bar)
 
-    if con.kind == "probe" and con.probe is not None:
-        probe = con.probe
-        s = probe.decision_function(torch.stack(acts).float())[:, 0].double()
-        scores = (torch.sigmoid(s) if probe.probe_kind == "logistic" else s).tolist()
-    elif con.kind == "callable":
-        scores = _callable_scores(con.fn, [prompts[p] for p in rows.prompt], rows.texts)
-    else:
-        scores = [con.substring_score(t) for t in rows.texts]
-
+    scores = _concept_scores(con, rows, acts, prompts)
     by_cell: dict = {}
     for r, c in enumerate(rows.cell):
         by_cell.setdefault(c, []).append(r)
@@ -987,15 +563,8 @@ def tune(sm: "SteerModel", artifact, prompts: Sequence[str], *, layers: Optional
                 "scores": sc, "perplexity": _finite_or_none(ppl), "repetition": rep}
 
     baseline = summary(by_cell[None])
-    cells = []
-    for i, (l, s) in enumerate(grid):
-        m = summary(by_cell[i]) if i in by_cell else dict(baseline)
-        ppl, bppl = m["perplexity"], baseline["perplexity"]
-        ratio = None if ppl is None or bppl is None or bppl == 0 else ppl / bppl
-        cells.append({"layer": l, "scale": s, "concept": m["concept"], "concept_ci": m["concept_ci"],
-                      "scores": m["scores"], "perplexity": ppl, "ppl_ratio": _finite_or_none(ratio),
-                      "kl": kl.get(i, 0.0), "repetition": m["repetition"], "pareto": False,
-                      "generations": m["generations"]})
+    cells = [_cell(l, s, summary(by_cell[i]) if i in by_cell else dict(baseline), baseline, kl.get(i, 0.0))
+             for i, (l, s) in enumerate(grid)]
     for c, p in zip(cells, pareto_front(cells)):
         c["pareto"] = p
     settings = {"artifact": src.label, "model": sm.name, "max_new_tokens": max_new_tokens, "batch_size": batch_size,
@@ -1006,3 +575,45 @@ def tune(sm: "SteerModel", artifact, prompts: Sequence[str], *, layers: Optional
     return TuneResult(layers=tuple(layers), scales=tuple(scales), prompts=tuple(prompts), neutral=tuple(neutral),
                       baseline=baseline, cells=tuple(cells), recommended=recommend(cells, rule), rule=rule,
                       concept_kind=con.kind, settings=settings)
+
+
+def _grid(sm: "SteerModel", src: _Source, layers: list[int], scales: list[float], ids: list[list[int]], *,
+          normalize: Optional[str], batch_size: int, override: bool) -> tuple[list, dict, Optional[dict]]:
+    """The grid's ``(layer, scale)`` cells (layer-major), each steered cell's interventions by cell index
+    (the artifact at its layer, lowered at the cell's scale times the normalisation factor) and, with
+    ``normalize="resid"``, the layers' residual norms at the steered sites."""
+    facts = sm.facts
+    resid = None
+    if normalize == "resid":
+        sites = {l: src.interventions(facts, l, 1.0, override)[0].site for l in layers}
+        resid = _resid_norms(sm, sites, ids, batch_size)
+
+    def factor(layer: int) -> float:
+        if normalize is None or src.op == "ablate":
+            return 1.0
+        f = 1.0 / float(src.tensor(layer).norm())
+        return f * resid[layer] if resid is not None else f
+
+    grid = [(l, s) for l in layers for s in scales]
+    ivs = {i: src.interventions(facts, l, s * factor(l), override) for i, (l, s) in enumerate(grid) if s != 0.0}
+    return grid, ivs, resid
+
+
+def _concept_scores(con: _Concept, rows: _Rows, acts: list, prompts: list[str]) -> list[float]:
+    """Each row's concept score (the module docstring)."""
+    if con.kind == "probe" and con.probe is not None:
+        probe = con.probe
+        s = probe.decision_function(torch.stack(acts).float())[:, 0].double()
+        return (torch.sigmoid(s) if probe.probe_kind == "logistic" else s).tolist()
+    if con.kind == "callable":
+        return _callable_scores(con.fn, [prompts[p] for p in rows.prompt], rows.texts)
+    return [con.substring_score(t) for t in rows.texts]
+
+
+def _cell(layer: int, scale: float, m: dict, baseline: dict, kl: float) -> dict:
+    """One cell of the result from its summary ``m`` (the baseline's for a scale-0 cell)."""
+    ppl, bppl = m["perplexity"], baseline["perplexity"]
+    ratio = None if ppl is None or bppl is None or bppl == 0 else ppl / bppl
+    return {"layer": layer, "scale": scale, "concept": m["concept"], "concept_ci": m["concept_ci"],
+            "scores": m["scores"], "perplexity": ppl, "ppl_ratio": _finite_or_none(ratio), "kl": kl,
+            "repetition": m["repetition"], "pareto": False, "generations": m["generations"]}
