@@ -24,9 +24,7 @@ not hold, and :func:`direct_logit_attribution` raises
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import torch
@@ -36,27 +34,14 @@ from torch import Tensor
 
 from steerkit.errors import InputError, UnsupportedArchitectureError
 
-from .patching import Prompt, index_list, json_document, prompt_tokens, token_id, token_labels
+from .patching import Prompt, index_list, json_text, prompt_tokens, read_document, token_id, token_labels
+from .plots.require import plotly_required
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
 LENS_FORMAT = "steerkit.logit_lens/1"
 DLA_FORMAT = "steerkit.dla/1"
-
-
-def _write(text: str, path) -> str:
-    if path is not None:
-        Path(path).write_text(text, encoding="utf-8")
-    return text
-
-
-def _plotly():
-    try:
-        import plotly.graph_objects as go
-    except ImportError:
-        raise InputError("expected plotly to be installed to plot, found it missing; pip install plotly") from None
-    return go
 
 
 def _softcap(sm: "SteerModel") -> Optional[float]:
@@ -134,35 +119,25 @@ class LensResult:
 
     def to_json(self, path=None) -> str:
         """The top-k tables as JSON (written to ``path`` when given); the full logits are not stored."""
-        return _write(json.dumps(self.to_dict(), allow_nan=False), path)
+        return json_text(self.to_dict(), path)
 
     @classmethod
     def from_json(cls, text_or_path) -> "LensResult":
-        d = json_document(text_or_path, LENS_FORMAT, "logit lens")
-        try:
-            return cls(layers=[int(i) for i in d["layers"]], positions=[int(i) for i in d["positions"]],
-                       tokens=[str(t) for t in d["tokens"]], top_ids=torch.tensor(d["top_ids"], dtype=torch.long),
-                       top_probs=torch.tensor(d["top_probs"], dtype=torch.float32),
-                       top_tokens=[[[str(t) for t in cell] for cell in row] for row in d["top_tokens"]])
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            raise InputError(f"expected a complete steerkit logit lens JSON, found a malformed one ({e!r:.120})") from None
+        return read_document(text_or_path, LENS_FORMAT, "logit lens", cls._from_dict)
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> "LensResult":
+        return cls(layers=[int(i) for i in d["layers"]], positions=[int(i) for i in d["positions"]],
+                   tokens=[str(t) for t in d["tokens"]], top_ids=torch.tensor(d["top_ids"], dtype=torch.long),
+                   top_probs=torch.tensor(d["top_probs"], dtype=torch.float32),
+                   top_tokens=[[[str(t) for t in cell] for cell in row] for row in d["top_tokens"]])
 
     def plot(self, *, title: Optional[str] = None):
         """A plotly heatmap: layers down, positions across, each cell's top token written in it and
-        coloured by its probability."""
-        go = _plotly()
-        x = [f"{p} {self.tokens[p]!r}" if 0 <= p < len(self.tokens) else str(p) for p in self.positions]
-        y = [f"L{l}" for l in self.layers]
-        text = [[cell[0] for cell in row] for row in self.top_tokens]
-        hover = [["<br>".join(f"{t!r}: {float(pr):.3f}" for t, pr in zip(cell, probs))
-                  for cell, probs in zip(row, prow)] for row, prow in zip(self.top_tokens, self.top_probs)]
-        fig = go.Figure(go.Heatmap(z=self.top_probs[..., 0].tolist(), x=x, y=y, text=text, texttemplate="%{text}",
-                                   customdata=hover, hovertemplate="%{y} %{x}<br>%{customdata}<extra></extra>",
-                                   colorscale="Blues", zmin=0, zmax=1, colorbar=dict(title="top-1 prob")))
-        fig.update_layout(title=title or "logit lens (resid_post through the final norm)", xaxis_title="position",
-                          yaxis_title="layer", yaxis=dict(autorange="reversed", type="category"),
-                          xaxis=dict(type="category"), template="plotly_white")
-        return fig
+        coloured by its probability (:func:`steerkit.probes.plots.lens.lens_figure`)."""
+        with plotly_required():
+            from .plots import lens as figures
+        return figures.lens_figure(self, title=title)
 
 
 def logit_lens(sm: "SteerModel", prompt: Prompt, *, positions: Union[int, Sequence[int], None] = -1, top_k: int = 5,
@@ -272,40 +247,29 @@ class DLAResult:
 
     def to_json(self, path=None) -> str:
         """The result as JSON (written to ``path`` when given); :meth:`from_json` reads it back exactly."""
-        return _write(json.dumps(self.to_dict(), allow_nan=False), path)
+        return json_text(self.to_dict(), path)
 
     @classmethod
     def from_json(cls, text_or_path) -> "DLAResult":
-        d = json_document(text_or_path, DLA_FORMAT, "direct logit attribution")
-        try:
-            return cls(answer=str(d["answer"]), wrong=None if d["wrong"] is None else str(d["wrong"]),
-                       answer_id=int(d["answer_id"]), wrong_id=None if d["wrong_id"] is None else int(d["wrong_id"]),
-                       position=int(d["position"]), tokens=[str(t) for t in d["tokens"]], embed=float(d["embed"]),
-                       attn=torch.tensor(d["attn"], dtype=torch.float64), mlp=torch.tensor(d["mlp"], dtype=torch.float64),
-                       heads=torch.tensor(d["heads"], dtype=torch.float64),
-                       attn_bias=torch.tensor(d["attn_bias"], dtype=torch.float64), bias=float(d["bias"]),
-                       logit_diff=float(d["logit_diff"]), scale=float(d["scale"]))
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            raise InputError(f"expected a complete steerkit DLA JSON, found a malformed one ({e!r:.120})") from None
+        return read_document(text_or_path, DLA_FORMAT, "direct logit attribution", cls._from_dict)
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> "DLAResult":
+        return cls(answer=str(d["answer"]), wrong=None if d["wrong"] is None else str(d["wrong"]),
+                   answer_id=int(d["answer_id"]), wrong_id=None if d["wrong_id"] is None else int(d["wrong_id"]),
+                   position=int(d["position"]), tokens=[str(t) for t in d["tokens"]], embed=float(d["embed"]),
+                   attn=torch.tensor(d["attn"], dtype=torch.float64), mlp=torch.tensor(d["mlp"], dtype=torch.float64),
+                   heads=torch.tensor(d["heads"], dtype=torch.float64),
+                   attn_bias=torch.tensor(d["attn_bias"], dtype=torch.float64), bias=float(d["bias"]),
+                   logit_diff=float(d["logit_diff"]), scale=float(d["scale"]))
 
     def plot(self, kind: str = "components", *, title: Optional[str] = None):
         """A plotly figure: ``kind="components"`` a bar per part (embed, each layer's attn and mlp);
-        ``kind="heads"`` a heatmap of the heads (layers down, heads across)."""
-        go = _plotly()
-        what = f"{self.answer!r}" + (f" - {self.wrong!r}" if self.wrong is not None else "")
-        if kind == "components":
-            names, vals = zip(*self.components())
-            fig = go.Figure(go.Bar(x=list(names), y=list(vals)))
-            fig.update_layout(xaxis_title="component", yaxis_title="direct logit contribution")
-        elif kind == "heads":
-            fig = go.Figure(go.Heatmap(z=self.heads.tolist(), x=[f"H{h}" for h in range(self.heads.shape[1])],
-                                       y=[f"L{l}" for l in range(self.heads.shape[0])], colorscale="RdBu", zmid=0))
-            fig.update_layout(xaxis_title="head", yaxis_title="layer", yaxis=dict(autorange="reversed"))
-        else:
-            raise InputError(f"expected kind 'components' or 'heads', found {kind!r}")
-        fig.update_layout(title=title or f"direct logit attribution of {what} at position {self.position} "
-                          f"(logit diff {self.logit_diff:.3g})", template="plotly_white")
-        return fig
+        ``kind="heads"`` a heatmap of the heads (layers down, heads across)
+        (:func:`steerkit.probes.plots.lens.dla_figure`)."""
+        with plotly_required():
+            from .plots import lens as figures
+        return figures.dla_figure(self, kind, title=title)
 
 
 def _writers(sm: "SteerModel") -> list[tuple[Tensor, Optional[Tensor]]]:

@@ -40,7 +40,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar, Union
 
 import torch
 from jaxtyping import Float
@@ -50,6 +50,8 @@ from tqdm import tqdm
 from steerkit.errors import InputError
 from steerkit.interventions import Intervention
 from steerkit.model import Tokens
+
+from .plots.require import plotly_required
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -70,6 +72,7 @@ FORMAT = "steerkit.patching/1"
 
 Metric = Callable[[Float[Tensor, "1 pos vocab"]], Tensor]
 Prompt = Union[str, Tokens, Sequence[int], Tensor]
+T = TypeVar("T")
 
 
 # ----------------------------------------------------------------------------- prompts and tokens
@@ -263,33 +266,30 @@ class PatchingResult:
 
     def to_json(self, path=None) -> str:
         """The result as JSON (written to ``path`` when given); :meth:`from_json` reads it back exactly."""
-        text = json.dumps(self.to_dict(), allow_nan=False)
-        if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
-        return text
+        return json_text(self.to_dict(), path)
 
     @classmethod
     def from_json(cls, text_or_path) -> "PatchingResult":
         """A result from :meth:`to_json`'s text or a path to it."""
-        d = json_document(text_or_path, FORMAT, "patching")
-        try:
-            values = torch.tensor(d["values"], dtype=torch.float32).reshape(d["shape"])
-            res = cls(values=values, hook=str(d["hook"]), method=str(d["method"]),
-                      layers=[int(i) for i in d["layers"]], positions=[int(i) for i in d["positions"]],
-                      heads=None if d["heads"] is None else [int(i) for i in d["heads"]],
-                      tokens=[str(t) for t in d["tokens"]], clean_metric=float(d["clean_metric"]),
-                      corrupted_metric=float(d["corrupted_metric"]),
-                      neurons=None if d.get("neurons") is None else [int(i) for i in d["neurons"]],
-                      is_normalized=bool(d.get("is_normalized", False)))
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            raise InputError(f"expected a complete steerkit patching JSON, found a malformed one ({e!r:.120})") from None
+        res = read_document(text_or_path, FORMAT, "patching", cls._from_dict)
         if res.hook not in HOOKS or res.method not in METHODS:
             raise InputError(f"expected hook in {tuple(HOOKS)} and method in {METHODS}, found {res.hook!r} / "
                              f"{res.method!r}")
         return res
 
+    @classmethod
+    def _from_dict(cls, d: dict) -> "PatchingResult":
+        values = torch.tensor(d["values"], dtype=torch.float32).reshape(d["shape"])
+        return cls(values=values, hook=str(d["hook"]), method=str(d["method"]),
+                   layers=[int(i) for i in d["layers"]], positions=[int(i) for i in d["positions"]],
+                   heads=None if d["heads"] is None else [int(i) for i in d["heads"]],
+                   tokens=[str(t) for t in d["tokens"]], clean_metric=float(d["clean_metric"]),
+                   corrupted_metric=float(d["corrupted_metric"]),
+                   neurons=None if d.get("neurons") is None else [int(i) for i in d["neurons"]],
+                   is_normalized=bool(d.get("is_normalized", False)))
+
     # --- plotting ----------------------------------------------------------------
-    def _labels(self) -> tuple[list[str], list[str], Tensor]:
+    def labelled_grid(self) -> tuple[list[str], list[str], Tensor]:
         """(x labels, y labels, the 2-D grid) of the heatmap."""
         pos = [f"{p} {self.tokens[p]!r}" if 0 <= p < len(self.tokens) else str(p) for p in self.positions]
         layers = [f"L{l}" for l in self.layers]
@@ -305,23 +305,11 @@ class PatchingResult:
 
     def plot(self, *, title: Optional[str] = None):
         """A plotly heatmap (diverging, centred at 0): layers down, positions (with their tokens) or
-        heads across; rows ``L{l}H{h}`` by positions for ``z_pos``."""
-        try:
-            import plotly.graph_objects as go
-        except ImportError:
-            raise InputError("expected plotly to be installed to plot, found it missing; pip install plotly") from None
-        x, y, z = self._labels()
-        what = "restored fraction" if self.is_normalized else "metric"
-        fig = go.Figure(go.Heatmap(z=z.float().tolist(), x=x, y=y, colorscale="RdBu", zmid=0,
-                                   colorbar=dict(title=what),
-                                   hovertemplate="%{y} %{x}: %{z:.4g}<extra></extra>"))
-        xt = {"pos": "position", "head": "head", "neuron": "neuron"}[self.axes[-1] if self.hook != "z_pos" else "pos"]
-        fig.update_layout(title=title or f"{self.method} patching of {self.hook} ({what}; clean "
-                          f"{self.clean_metric:.3g}, corrupted {self.corrupted_metric:.3g})",
-                          xaxis_title=xt, yaxis_title="layer" if self.hook != "z_pos" else "layer, head",
-                          yaxis=dict(autorange="reversed", type="category"), xaxis=dict(type="category"),
-                          template="plotly_white")
-        return fig
+        heads across; rows ``L{l}H{h}`` by positions for ``z_pos``
+        (:func:`steerkit.probes.plots.patching.patching_figure`)."""
+        with plotly_required():
+            from .plots import patching as figures
+        return figures.patching_figure(self, title=title)
 
 
 def json_document(text_or_path, fmt: str, what: str) -> dict:
@@ -350,6 +338,34 @@ def json_document(text_or_path, fmt: str, what: str) -> dict:
         raise InputError(f"expected a steerkit {what} JSON (format {fmt!r}), found "
                          f"{str(d.get('format') if isinstance(d, dict) else d)[:80]!r}")
     return d
+
+
+def read_document(text_or_path, fmt: str, what: str, build: Callable[[dict], T]) -> T:
+    """``build`` of the saved result's JSON object (:func:`json_document`); a field missing or of the
+    wrong type is an :class:`~steerkit.errors.InputError` naming the result.
+
+    Examples:
+        >>> from steerkit.probes.patching import read_document
+        >>> read_document('{"format": "f/1", "n": "3"}', "f/1", "demo", lambda d: int(d["n"]))
+        3
+        >>> read_document('{"format": "f/1"}', "f/1", "demo", lambda d: int(d["n"]))
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected a complete steerkit demo JSON, found a malformed one (KeyError('n'))
+    """
+    d = json_document(text_or_path, fmt, what)
+    try:
+        return build(d)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise InputError(f"expected a complete steerkit {what} JSON, found a malformed one ({e!r:.120})") from None
+
+
+def json_text(d: dict, path=None) -> str:
+    """``d`` as strict JSON (no NaN or infinity), written to ``path`` when given; returns the text."""
+    text = json.dumps(d, allow_nan=False)
+    if path is not None:
+        Path(path).write_text(text, encoding="utf-8")
+    return text
 
 
 # ----------------------------------------------------------------------------- the grid
