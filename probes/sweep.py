@@ -513,57 +513,35 @@ class SweepResult:
         return "\n".join(lines)
 
     # --- plotting ---------------------------------------------------------------
+    def series(self) -> dict[tuple[str, str], list[dict]]:
+        """The rows of each ``(position, method)``, sorted by layer: one line of :meth:`plot` each."""
+        series: dict[tuple[str, str], list[dict]] = {}
+        for r in self.rows:
+            series.setdefault((r["position"], r["method"]), []).append(r)
+        return {k: sorted(rs, key=lambda r: r["layer"]) for k, rs in series.items()}
+
     def plot(self, metric: str = "auroc", *, backend: str | None = None, title: str | None = None):
         """A figure of ``metric`` per layer, one line per position and method (with the AUROC CI band).
 
         Returns a plotly ``Figure`` (preferred; the Dash app reuses it) or a matplotlib ``Figure``
-        when plotly is missing; ``backend="plotly"``/``"matplotlib"`` forces one.
+        when plotly is missing; ``backend="plotly"``/``"matplotlib"`` forces one
+        (:mod:`steerkit.probes.plots.sweep`, :mod:`steerkit.probes.plots.sweep_matplotlib`).
         """
-        series = {}
-        for r in self.rows:
-            series.setdefault((r["position"], r["method"]), []).append(r)
         title = title or f"{metric} per layer" + (f" ({self.meta['model']})" if self.meta.get("model") else "")
-        band = metric == "auroc"
         if backend in (None, "plotly"):
             try:
-                import plotly.graph_objects as go
+                from .plots import sweep as figures
             except ImportError:
                 if backend == "plotly":
                     raise InputError("expected plotly to be installed for backend='plotly', found it missing; "
                                      "pip install plotly") from None
             else:
-                fig = go.Figure()
-                for (pos, m), rs in series.items():
-                    rs = sorted(rs, key=lambda r: r["layer"])
-                    x = [r["layer"] for r in rs]
-                    name = f"{m} @ {pos}"
-                    if band:
-                        fig.add_trace(go.Scatter(x=x + x[::-1], y=[r["auroc_ci_high"] for r in rs]
-                                                 + [r["auroc_ci_low"] for r in rs][::-1], fill="toself",
-                                                 opacity=0.2, line=dict(width=0), showlegend=False,
-                                                 hoverinfo="skip", legendgroup=name))
-                    fig.add_trace(go.Scatter(x=x, y=[r[metric] for r in rs], mode="lines+markers", name=name,
-                                             legendgroup=name))
-                fig.update_layout(title=title, xaxis_title="layer", yaxis_title=metric, template="plotly_white")
-                return fig
+                return figures.sweep_figure(self, metric, title=title)
         try:
-            import matplotlib
-            matplotlib.use("Agg", force=False)
-            import matplotlib.pyplot as plt
+            from .plots import sweep_matplotlib
         except ImportError:
             raise InputError("expected plotly or matplotlib to plot, found neither; pip install plotly") from None
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for (pos, m), rs in series.items():
-            rs = sorted(rs, key=lambda r: r["layer"])
-            x = [r["layer"] for r in rs]
-            ax.plot(x, [r[metric] for r in rs], marker="o", label=f"{m} @ {pos}")
-            if band:
-                ax.fill_between(x, [r["auroc_ci_low"] for r in rs], [r["auroc_ci_high"] for r in rs], alpha=0.2)
-        ax.set_xlabel("layer")
-        ax.set_ylabel(metric)
-        ax.set_title(title)
-        ax.legend()
-        return fig
+        return sweep_matplotlib.sweep_figure(self, metric, title=title)
 
     # --- fitting the chosen cell --------------------------------------------------
     def fit(self, layer: int | None = None, position=None, method: str | None = None, *,

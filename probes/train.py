@@ -59,6 +59,7 @@ from steerkit.interventions import Intervention
 from steerkit.vectors import SteeringVector
 
 from .methods.caa import ABItem
+from .plots.require import plotly_required
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -365,22 +366,11 @@ class TrainResult:
                 "provenance": self.vector.provenance.to_dict()}
 
     def plot(self, title: Optional[str] = None):
-        """A plotly ``Figure``: the loss of every step and the mean of each epoch."""
-        try:
-            import plotly.graph_objects as go
-        except ImportError:
-            raise InputError("expected plotly to be installed to plot, found it missing; pip install plotly") from None
-        fig = go.Figure()
-        fig.add_trace(go.Scatter(x=[r["step"] for r in self.history], y=self.losses, mode="lines",
-                                 name="step loss", opacity=0.5))
-        ends = {}
-        for r in self.history:
-            ends[r["epoch"]] = r["step"]
-        fig.add_trace(go.Scatter(x=[ends[e] for e in sorted(ends)], y=self.epoch_losses(), mode="lines+markers",
-                                 name="epoch mean"))
-        fig.update_layout(title=title or f"{self.method} training loss (layer {self.layer})", xaxis_title="step",
-                          yaxis_title="loss")
-        return fig
+        """A plotly ``Figure``: the loss of every step and the mean of each epoch
+        (:func:`steerkit.probes.plots.train.loss_figure`)."""
+        with plotly_required():
+            from .plots import train as figures
+        return figures.loss_figure(self, title)
 
 
 def _check_train_args(epochs, lr, batch_size) -> None:
