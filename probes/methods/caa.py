@@ -26,6 +26,7 @@ from steerkit.hooknames import resid_post
 from steerkit.positions import AnyOf
 from steerkit.vectors import SteeringVector
 
+from ..plots.require import plotly_required
 from .refusal import post_instruction_positions
 
 if TYPE_CHECKING:
@@ -283,16 +284,11 @@ class CAAResult:
         return {"caa": {"rows": self.rows, "norms": self.norms}}
 
     def plot(self, title: str | None = None):
-        """A plotly ``Figure``: p(matching letter) against the multiplier, one line per layer."""
-        import plotly.graph_objects as go
-        fig = go.Figure()
-        for l in self.layers:
-            rs = sorted((r for r in self.rows if r["layer"] == l), key=lambda r: r["multiplier"])
-            fig.add_trace(go.Scatter(x=[r["multiplier"] for r in rs], y=[r["p_matching"] for r in rs],
-                                     mode="lines+markers", name=f"layer {l}"))
-        fig.update_layout(title=title or f"CAA: p(matching) vs multiplier ({self.n_items} A/B items)",
-                          xaxis_title="multiplier", yaxis_title="p(matching letter)", yaxis_range=[0, 1])
-        return fig
+        """A plotly ``Figure``: p(matching letter) against the multiplier, one line per layer
+        (:func:`steerkit.probes.plots.caa.caa_figure`)."""
+        with plotly_required():
+            from ..plots import caa as figures
+        return figures.caa_figure(self, title)
 
     def artifacts(self, sm: "SteerModel") -> dict:
         """``{"caa-vector": SteeringVector}`` with the vector of every layer."""

@@ -59,6 +59,7 @@ from steerkit.errors import InputError
 from steerkit.vectors import SteeringVector
 
 from ..metrics import auroc
+from ..plots.require import plotly_required
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -694,16 +695,11 @@ class CritiqueResult:
         return {"critique-vector": to_artifact(sm, self, layer, seed=self.seed)}
 
     def plot(self, title: str | None = None):
-        """A plotly ``Figure``: error-detection F1 against alpha, one line per layer."""
-        import plotly.graph_objects as go
-        fig = go.Figure()
-        for l in self.layers:
-            rs = sorted((r for r in self.rows if r["layer"] == l), key=lambda r: r["alpha"])
-            fig.add_trace(go.Scatter(x=[r["alpha"] for r in rs], y=[r["f1"] for r in rs], mode="lines+markers",
-                                     name=f"layer {l}"))
-        fig.update_layout(title=title or f"error-detection F1 vs alpha ({self.contrast} contrast)",
-                          xaxis_title="alpha", yaxis_title="F1", yaxis_range=[0, 1])
-        return fig
+        """A plotly ``Figure``: error-detection F1 against alpha, one line per layer
+        (:func:`steerkit.probes.plots.critique.f1_figure`)."""
+        with plotly_required():
+            from ..plots import critique as figures
+        return figures.f1_figure(self, title)
 
 
 def run_critique(sm: "SteerModel", n: int = 40, *, n_eval: int | None = None, layers: Sequence[int] | None = None,

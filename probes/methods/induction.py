@@ -29,6 +29,8 @@ from tqdm import tqdm
 
 from steerkit.errors import InputError
 
+from ..plots.require import plotly_required
+
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
@@ -170,28 +172,18 @@ class InductionResult:
     to_json = to_dict
 
     def plot(self, title: str | None = None):
-        """A plotly heatmap of the induction score per layer (down) and head (across)."""
-        import plotly.graph_objects as go
-        H = self.scores.shape[1]
-        fig = go.Figure(go.Heatmap(z=self.scores.tolist(), x=[f"H{h}" for h in range(H)],
-                                   y=[f"L{l}" for l in self.layers], colorscale="Blues", zmin=0,
-                                   colorbar=dict(title="score"),
-                                   hovertemplate="%{y} %{x}: %{z:.3f}<extra></extra>"))
-        fig.update_layout(title=title or f"induction score per head ({self.n_seqs} repeated random sequences of "
-                          f"{self.seq_len} tokens)", xaxis_title="head", yaxis_title="layer",
-                          yaxis=dict(autorange="reversed", type="category"), xaxis=dict(type="category"),
-                          template="plotly_white")
-        return fig
+        """A plotly heatmap of the induction score per layer (down) and head (across)
+        (:func:`steerkit.probes.plots.induction.score_figure`)."""
+        with plotly_required():
+            from ..plots import induction as figures
+        return figures.score_figure(self, title)
 
     def loss_plot(self, title: str | None = None):
-        """A plotly line of the mean per-token loss by position (the repeat starts at ``seq_len``)."""
-        import plotly.graph_objects as go
-        fig = go.Figure(go.Scatter(x=list(range(len(self.loss))), y=list(self.loss), mode="lines", name="loss"))
-        fig.add_vline(x=self.seq_len - 0.5, line_dash="dash", line_color="grey")
-        fig.update_layout(title=title or f"per-token loss: first half {self.loss_first:.2f}, repeated half "
-                          f"{self.loss_repeated:.2f} nats", xaxis_title="position (predicting the next token)",
-                          yaxis_title="loss (nats)", template="plotly_white")
-        return fig
+        """A plotly line of the mean per-token loss by position (the repeat starts at ``seq_len``)
+        (:func:`steerkit.probes.plots.induction.loss_figure`)."""
+        with plotly_required():
+            from ..plots import induction as figures
+        return figures.loss_figure(self, title)
 
     def figures(self) -> list:
         """The score heatmap and the loss curve."""

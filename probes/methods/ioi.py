@@ -31,6 +31,7 @@ from tqdm import tqdm
 from steerkit.errors import InputError
 
 from ..patching import PatchingResult, activation_patching, logit_diff_metric, token_id
+from ..plots.require import plotly_required
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -166,22 +167,10 @@ class IOIResult:
 
     def plot(self, title: str | None = None):
         """A plotly figure with two heatmaps side by side: ``resid_pre`` of the first template and
-        ``z`` over every pair (whichever were computed)."""
-        from plotly.subplots import make_subplots
-        grids = ([("resid_pre, template 0", self.resid_pre[0])] if self.resid_pre else []) + \
-            ([("z, every pair", self.z)] if self.z is not None else [])
-        fig = make_subplots(rows=1, cols=len(grids), subplot_titles=[t for t, _ in grids], horizontal_spacing=0.12)
-        for c, (_, g) in enumerate(grids, start=1):
-            heatmap = g.plot().data[0]  # the grid's own heatmap (labels and values), on a shared colour axis
-            heatmap.update(coloraxis="coloraxis", showscale=None)
-            fig.add_trace(heatmap, row=1, col=c)
-            fig.update_yaxes(autorange="reversed", type="category", row=1, col=c)
-            fig.update_xaxes(type="category", row=1, col=c)
-        fig.update_layout(title=title or f"IOI activation patching on {self.model_name or 'the model'} ({len(self.pairs)} "
-                          f"pairs; clean logit diff {self.clean_logit_diff:.2f}, corrupted {self.corrupted_logit_diff:.2f})",
-                          coloraxis=dict(colorscale="RdBu", cmid=0, colorbar=dict(title="restored")),
-                          template="plotly_white", width=1200, height=700)
-        return fig
+        ``z`` over every pair (whichever were computed) (:func:`steerkit.probes.plots.ioi.ioi_figure`)."""
+        with plotly_required():
+            from ..plots import ioi as figures
+        return figures.ioi_figure(self, title)
 
 
 def ioi_pairs(sm: "SteerModel", templates=TEMPLATES, names=NAMES) -> list[IOIPair]:

@@ -35,6 +35,7 @@ from steerkit.datafiles import read_jsonl
 from steerkit.errors import InputError
 from steerkit.generation import Recycle, continue_thinking, single_token_ids
 
+from ..plots.require import plotly_required
 from .region import EVAL_PROMPT, arithmetic_problems, gsm8k_problems, is_correct
 from .temporal import wilson
 
@@ -130,15 +131,11 @@ class MITrajectory:
     to_json = to_dict
 
     def plot(self, title: str | None = None):
-        """A plotly ``Figure``: MI per step, peaks marked with their tokens."""
-        import plotly.graph_objects as go
-        fig = go.Figure()
-        fig.add_trace(go.Scatter(y=list(self.mi), mode="lines", name="MI", text=self.tokens))
-        fig.add_trace(go.Scatter(x=self.peaks, y=[float(self.mi[p]) for p in self.peaks], mode="markers+text",
-                                 text=self.peak_tokens, textposition="top center", name="peaks"))
-        fig.update_layout(title=title or f"MI per generation step (layer {self.layer})", xaxis_title="step",
-                          yaxis_title="MI (HSIC)")
-        return fig
+        """A plotly ``Figure``: MI per step, peaks marked with their tokens
+        (:func:`steerkit.probes.plots.mi.trajectory_figure`)."""
+        with plotly_required():
+            from ..plots import mi as figures
+        return figures.trajectory_figure(self, title)
 
 
 def reference_rep(sm: "SteerModel", reference: str, layer: int, *, chat: bool = False) -> torch.Tensor:
@@ -349,17 +346,11 @@ class MIResult:
         return out
 
     def plot(self, title: str | None = None):
-        """A plotly ``Figure``: MI per generation step, one line per question, peaks marked."""
-        import plotly.graph_objects as go
-        fig = go.Figure()
-        for i, tr in enumerate(self.trajectories):
-            fig.add_trace(go.Scatter(y=list(tr.mi), mode="lines", name=f"question {i}", text=tr.tokens))
-            fig.add_trace(go.Scatter(x=tr.peaks, y=[float(tr.mi[p]) for p in tr.peaks], mode="markers+text",
-                                     text=tr.peak_tokens, textposition="top center", name=f"peaks {i}",
-                                     showlegend=False))
-        fig.update_layout(title=title or f"MI per generation step (layer {self.layer})", xaxis_title="step",
-                          yaxis_title="MI (HSIC)")
-        return fig
+        """A plotly ``Figure``: MI per generation step, one line per question, peaks marked
+        (:func:`steerkit.probes.plots.mi.result_figure`)."""
+        with plotly_required():
+            from ..plots import mi as figures
+        return figures.result_figure(self, title)
 
 
 def run(sm: "SteerModel", config: MIConfig | None = None, *, progress: bool = True) -> MIResult:

@@ -34,6 +34,8 @@ from tqdm import tqdm
 from steerkit.errors import InputError
 from steerkit.hooknames import resid_post
 
+from ..plots.require import plotly_required
+
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
@@ -87,17 +89,10 @@ class NormProfile:
     to_json = to_dict
 
     def plot(self, title: str | None = None):
-        """A plotly ``Figure`` of the per-layer norms (log scale)."""
-        import plotly.graph_objects as go
-        x = list(range(self.n_layers))
-        fig = go.Figure()
-        fig.add_trace(go.Scatter(x=x, y=list(self.mean), mode="lines+markers", name="all tokens",
-                                 error_y=dict(type="data", array=list(self.std))))
-        fig.add_trace(go.Scatter(x=x, y=list(self.mean_no_first), mode="lines", name="without first token"))
-        fig.add_trace(go.Scatter(x=x, y=list(self.first), mode="lines", line_dash="dot", name="first token"))
-        fig.update_layout(title=title or f"residual norm per layer ({self.n_tokens} tokens)", xaxis_title="layer",
-                          yaxis_title="||h||", yaxis_type="log")
-        return fig
+        """A plotly ``Figure`` of the per-layer norms, log scale (:func:`steerkit.probes.plots.norms.profile_figure`)."""
+        with plotly_required():
+            from ..plots import norms as figures
+        return figures.profile_figure(self, title)
 
 
 def norm_profile(sm: "SteerModel", prompts: Sequence[str], *, batch_size: int = 16, chat: bool = True) -> NormProfile:
@@ -183,32 +178,11 @@ class AttentionDrift:
 
     def plot(self, layers: Optional[Sequence[int]] = None, title: str | None = None):
         """A plotly ``Figure``: sink / prompt / recent / generated mass per step for a few layers (top),
-        and the sink mass and the newest token's norm as layer x step heatmaps (bottom)."""
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-        L = self.n_layers
-        layers = list(layers) if layers is not None else sorted({0, L // 3, (2 * L) // 3, L - 1})
-        fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], vertical_spacing=0.15,
-                            subplot_titles=("attention mass per step", "sink mass (layer x step)",
-                                            "||h|| at the newest token (layer x step)"))
-        steps = list(range(self.n_steps))
-        dash = {"sink": "solid", "prompt": "dot", "recent": "dash", "generated": "dashdot"}
-        for l in layers:
-            for part in ("sink", "prompt", "recent", "generated"):
-                fig.add_trace(go.Scatter(x=steps, y=list(getattr(self, part)[l]), mode="lines",
-                                         line_dash=dash[part], name=f"L{l} {part}", legendgroup=f"L{l}"),
-                              row=1, col=1)
-        fig.add_trace(go.Heatmap(z=self.sink.tolist(), x=steps, colorscale="Viridis", showscale=False),
-                      row=2, col=1)
-        fig.add_trace(go.Heatmap(z=np.log10(np.maximum(self.norm, 1e-6)).tolist(), x=steps, colorscale="Magma",
-                                 colorbar=dict(title="log10 ||h||", len=0.4, y=0.2)), row=2, col=2)
-        fig.update_xaxes(title_text="generation step")
-        fig.update_yaxes(title_text="mass", row=1, col=1)
-        fig.update_yaxes(title_text="layer", row=2, col=1)
-        fig.update_yaxes(title_text="layer", row=2, col=2)
-        fig.update_layout(title=title or f"attention drift during generation ({self.n_prompts} prompts, "
-                          f"recent window {self.window})", height=800)
-        return fig
+        and the sink mass and the newest token's norm as layer x step heatmaps (bottom)
+        (:func:`steerkit.probes.plots.norms.drift_figure`)."""
+        with plotly_required():
+            from ..plots import norms as figures
+        return figures.drift_figure(self, layers, title)
 
 
 @torch.inference_mode()
@@ -302,16 +276,11 @@ class NormChain:
     to_json = to_dict
 
     def plot(self, title: str | None = None):
-        import plotly.graph_objects as go
-        x = list(range(len(self.norms)))
-        fig = go.Figure()
-        fig.add_trace(go.Scatter(x=x, y=list(self.norms), mode="lines+markers", name="without first token"))
-        fig.add_trace(go.Scatter(x=x, y=list(self.first), mode="lines", line_dash="dot", name="first token"))
-        for p in range(1, self.passes):
-            fig.add_vline(x=p * self.n_layers - 0.5, line_dash="dash", line_color="grey")
-        fig.update_layout(title=title or f"norm along {self.passes} passes through the {self.n_layers} blocks",
-                          xaxis_title="block application", yaxis_title="||h||", yaxis_type="log")
-        return fig
+        """A plotly ``Figure``: the norm along the re-applied blocks, each pass's start marked
+        (:func:`steerkit.probes.plots.norms.chain_figure`)."""
+        with plotly_required():
+            from ..plots import norms as figures
+        return figures.chain_figure(self, title)
 
 
 @torch.inference_mode()
