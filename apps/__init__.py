@@ -9,10 +9,11 @@ prompt's attention patterns at a layer, one head or all), Tune (a stored directi
 layers x scales with ``steerkit.probes.tune``, or a saved tune result: trade-off curves, a metric
 heatmap, a cell's generations next to the baseline's), Store (artifacts, provenance, exports) and
 Diagnostics (residual norm, sink attention, MI per step). Modules: :mod:`.data` (built-in contrast sets, prompt and layer parsing),
-:mod:`.analysis` (result dataclasses and the computations over a model), :mod:`.io` (readers of saved
-sweep and MI results), :mod:`.figures` (pure figure functions, usable in notebooks), :mod:`.layout`,
-:mod:`.callbacks`, :mod:`.runtime` (model host, threaded background-callback manager) and :mod:`.app`
-(``create_app`` / ``run``).
+:mod:`.analysis` (result dataclasses and the computations over a model, one module per page), :mod:`.io`
+(readers of saved sweep and MI results), :mod:`.figures` (pure figure functions, usable in notebooks;
+the one module that imports plotly), :mod:`.layout`, :mod:`.pages` (one module per page, each wiring
+its callbacks), :mod:`.callbacks` (wires every page), :mod:`.runtime` (model host, threaded
+background-callback manager) and :mod:`.app` (``create_app`` / ``run``).
 
 The app trusts no request: it answers only requests whose ``Host`` / ``Origin`` name the local
 machine (or an ``--allowed-host``), reads files only through :class:`steerkit.files.Folder`

@@ -6,9 +6,11 @@ They hold no state and touch no model, so they work the same in the app and in a
     prof = analysis.divergence_profile(sm, *data.temporal_pairs(8))
     figures.profile_figure(prof).show()
 
-Every figure can be saved as a standalone HTML page with :func:`to_html`. The Tune page draws
-``steerkit.probes.tune.tradeoff_figure`` / ``heatmap_figure``; :func:`mark_tune_tradeoff`,
-:func:`mark_tune_heatmap`, :func:`tune_point` and :func:`tune_rows` are its selection and table.
+Every figure can be saved as a standalone HTML page with :func:`to_html` (:func:`figure_page` for a
+figure a page sent back). The Tune page draws ``steerkit.probes.tune.tradeoff_figure`` /
+``heatmap_figure`` (:func:`tune_figures`); :func:`mark_tune_tradeoff`, :func:`mark_tune_heatmap`,
+:func:`tune_point` and :func:`tune_rows` are its selection and table. This is the app's one module
+that imports plotly.
 """
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ from typing import Optional, Sequence
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from steerkit.errors import InputError
+from steerkit.probes.tune import heatmap_figure, tradeoff_figure
 
 REL_COLOR = "#1f77b4"
 COS_COLOR = "#ff7f0e"
@@ -514,3 +519,32 @@ def to_html(fig: go.Figure, path=None) -> str:
     if path is not None:
         Path(path).write_text(s, encoding="utf-8")
     return s
+
+
+def figure_page(fig: dict) -> Optional[str]:
+    """A figure a page holds (its JSON, as Dash sends it back) as a standalone HTML page, or ``None``
+    when it is not a figure this app drew."""
+    try:
+        return to_html(go.Figure(fig))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def tune_figures(result: dict, damage: str, metric: str, *, selected: Optional[tuple[int, float]] = None,
+                 stopped: bool = False) -> tuple[go.Figure, go.Figure]:
+    """The Tune page's trade-off curves (concept against ``damage``) and ``metric`` heatmap of a tune
+    result, with the ``selected`` cell ``(layer, scale)`` marked; ``stopped``: the grid was cut at the
+    time limit (the titles say so). A result these figures cannot draw gives two empty figures saying why."""
+    try:
+        curves, heat = tradeoff_figure(result, damage=damage), heatmap_figure(result, metric)
+    except (InputError, ValueError, TypeError, KeyError) as e:
+        m = f"Could not draw this tune result ({type(e).__name__}: {str(e)[:200]})"
+        return empty_figure(m), empty_figure(m)
+    if selected is not None:
+        mark_tune_tradeoff(curves, result, *selected, damage=damage)
+        mark_tune_heatmap(heat, result, *selected)
+    for f in (curves, heat):
+        if stopped:
+            f.update_layout(title=f"{f.layout.title.text} (stopped at the time limit)")
+        f.update_layout(clickmode="event", height=420)
+    return curves, heat

@@ -18,13 +18,13 @@ import json
 import sys
 import threading
 import time
-from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 import torch
 from dash import DiskcacheManager
 
 import steerkit
+from steerkit.bounded import BoundedDict
 
 _cancel_event: contextvars.ContextVar[Optional[threading.Event]] = contextvars.ContextVar("steerkit_app_cancel",
                                                                                          default=None)
@@ -93,7 +93,8 @@ class ModelHost:
         self._sm = None if (model is None or isinstance(model, str) or hasattr(model, "__fspath__")) else model
         self._load_lock = threading.Lock()
         self.lock = threading.RLock()
-        self.results: "OrderedDict[str, Any]" = OrderedDict()
+        #: computed results by key, the least recently used dropped past ``max_results``
+        self.results: BoundedDict[str, Any] = BoundedDict(max_results)
         self._results_lock = threading.Lock()
         self.max_results = max_results
         self.threads = threads
@@ -144,19 +145,13 @@ class ModelHost:
     def put(self, key: str, value: Any) -> str:
         with self._results_lock:
             self.results[key] = value
-            self.results.move_to_end(key)
-            while len(self.results) > self.max_results:
-                self.results.popitem(last=False)
         return key
 
     def result(self, key: Optional[str]):
         if not key or not isinstance(key, str):
             return None
         with self._results_lock:
-            v = self.results.get(key)
-            if v is not None:
-                self.results.move_to_end(key)
-            return v
+            return self.results.get(key)
 
     def forget(self, key: str) -> None:
         """Drop the cached result for ``key`` (a result cut short is not cached)."""

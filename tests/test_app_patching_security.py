@@ -74,7 +74,7 @@ def test_patching_token_counts_are_bounded_and_must_match(app, client):
 
 
 def test_patching_grid_size_is_bounded(tiny_sm, monkeypatch):
-    monkeypatch.setattr(analysis, "MAX_PATCH_SITES", 7)
+    monkeypatch.setattr(analysis.patching, "MAX_PATCH_SITES", 7)
     with pytest.raises(InputError, match="at most 7 cells, found 2 layers x 4 positions = 8"):
         analysis.patching_run(tiny_sm, "abcd", "abce", "a", "b")
     with pytest.raises(InputError, match="at most 7 cells, found 2 layers x 4 heads = 8"):
@@ -155,7 +155,7 @@ def test_attention_layers_are_bounded(app, client, layer):
 def test_attention_prompt_heads_and_views_are_bounded(app, client, tiny_sm, monkeypatch):
     run = _key(app, "attn-key.data")
     # (the tiny model's context, 128 tokens, is the limit's value: a smaller limit shows the check)
-    monkeypatch.setattr(analysis, "MAX_ATTN_TOKENS", 8)
+    monkeypatch.setattr(analysis.attention, "MAX_ATTN_TOKENS", 8)
     r = post(client, app, run, {"attn-run.n_clicks": 1, "attn-layer.value": 0, "attn-prompt.value": "a" * 9})
     assert "at most 8 tokens, found 9" in text_of(r)
     monkeypatch.undo()
@@ -174,7 +174,7 @@ def test_attention_prompt_heads_and_views_are_bounded(app, client, tiny_sm, monk
     assert "Attention pattern, layer 1 head 3" in text_of(r)
     r = post(client, app, draw, {"attn-key.data": key, "attn-head.value": 77, "attn-view.value": "all"})
     assert "all 4 heads" in text_of(r)  # the head is not used for the grid of every head
-    monkeypatch.setattr(analysis, "MAX_ATTN_CELLS", 50)
+    monkeypatch.setattr(analysis.attention, "MAX_ATTN_CELLS", 50)
     with pytest.raises(InputError, match="at most 50 attention weights"):
         analysis.attention_patterns(tiny_sm, "hello", 0)  # 4 heads x 5 x 5 = 100
 

@@ -1,0 +1,52 @@
+"""Result objects and the computations behind the explorer's pages, over a :class:`steerkit.SteerModel`,
+one module per page.
+
+The app's page modules (:mod:`steerkit.apps.pages`) call these functions, and so can a notebook. Each
+result is a dataclass that the figure functions in :mod:`steerkit.apps.figures` turn into Plotly
+figures; nothing here imports a plotting library.
+
+* :mod:`.profile`: :func:`divergence_profile` -> :class:`DivergenceProfile`: per layer, the relative
+  divergence ``||h_l(a) - h_l(b)|| / ||h_l(a)||`` and the cosine of ``h_l(a)``, ``h_l(b)`` at the last
+  prompt token, for every pair, plus the logit-lens top tokens of the mean difference at each layer.
+* :mod:`.common`: :func:`logit_lens` (the top and bottom tokens of a residual-space vector),
+  :class:`Cancelled` and the helpers the computations share.
+* :mod:`.steering`: :func:`steer_setting` -> :class:`SteerSetting`, the Steer page's settings as
+  :class:`steerkit.Intervention` s, always through an artifact's own ``to_interventions`` (a direction
+  that is not stored is built into one by :func:`direction_artifacts`); :func:`steer_compare` ->
+  :class:`SteerResult`: baseline and steered generations of one prompt in one batch with per-row
+  steering (streamable), each token with its projection on the direction.
+* :mod:`.diagnostics`: :func:`layer_diagnostics` -> :class:`LayerDiagnostics`: residual norm and sink
+  attention per layer.
+* :mod:`.patching`: :func:`patching_run` -> :class:`PatchingRun`: activation and / or attribution
+  patching of a clean into a corrupted prompt (:func:`steerkit.probes.activation_patching`), a layer x
+  position or layer x head grid; :func:`head_detail` -> :class:`HeadDetail`: one head patched per position.
+* :mod:`.attention`: :func:`attention_patterns` -> :class:`AttentionPatterns`: every head's
+  ``attn.hook_pattern`` at a layer.
+* :mod:`.tune`: :func:`tune_run` -> :class:`TuneRun`: :func:`steerkit.probes.tune.tune` over a layers x
+  scales grid, one layer per call (progress, cancel and the time limit between layers), merged into one
+  tune result.
+
+Long computations take ``progress(done, total)`` and ``should_stop()`` callables; when
+``should_stop()`` turns true they raise :class:`Cancelled` between batches (or tokens).
+"""
+from __future__ import annotations
+
+import time  # noqa: F401 - the computations' clock (``time.monotonic``), patched by tests through this name
+
+from .attention import AttentionPatterns, attention_patterns
+from .common import Cancelled, logit_lens
+from .diagnostics import LayerDiagnostics, layer_diagnostics
+from .patching import HeadDetail, PatchingRun, head_detail, patching_run
+from .profile import DivergenceProfile, divergence_profile
+from .steering import (
+    OPERATIONS, STEERABLE, SteerResult, SteerSetting, artifact_interventions, direction_artifacts, steer_compare,
+    steer_setting,
+)
+from .tune import TuneRun, merge_tunes, tune_run
+
+__all__ = [
+    "AttentionPatterns", "Cancelled", "DivergenceProfile", "HeadDetail", "LayerDiagnostics", "OPERATIONS",
+    "PatchingRun", "STEERABLE", "SteerResult", "SteerSetting", "TuneRun", "artifact_interventions",
+    "attention_patterns", "direction_artifacts", "divergence_profile", "head_detail", "layer_diagnostics",
+    "logit_lens", "merge_tunes", "patching_run", "steer_compare", "steer_setting", "tune_run",
+]
