@@ -494,20 +494,26 @@ def test_saved_probe_records_its_position_and_scoring_reads_it(name, spec, tmp_p
 def test_probe_position_and_layer_are_chosen_on_the_train_split_only(monkeypatch):
     """By construction: every CV sweep and every fit sees the train prompts' rows only, and swapping the
     held-out prompts changes no CV number, no choice and no probe weight (only the held-out columns)."""
+    from steerkit.probes.methods.refusal import probe as probe_module
     sm = _sm()
     n_train = sum(len(v) for v in PROBE_TRAIN.values())
     seen = {"sweep": [], "fit": []}
-    real_sweep, real_fit = R.sweep_activations, R.fit_logistic
+    real_sweep, real_scorer, real_fit = (probe_module.sweep_activations, probe_module.fit_scorer,
+                                         probe_module.fit_probe)
 
     def sweep_spy(acts, labels, **kw):
         seen["sweep"].append(len(labels))
         return real_sweep(acts, labels, **kw)
 
-    def fit_spy(X, *a, **kw):
-        seen["fit"].append(len(X))
-        return real_fit(X, *a, **kw)
-    monkeypatch.setattr(R, "sweep_activations", sweep_spy)
-    monkeypatch.setattr(R, "fit_logistic", fit_spy)
+    def spy(real):
+        def fit(X, *a, **kw):
+            seen["fit"].append(len(X))
+            return real(X, *a, **kw)
+        return fit
+    # every fit goes through the project's probe stack (steerkit.probes.linear): the held-out scorer and the probe
+    monkeypatch.setattr(probe_module, "sweep_activations", sweep_spy)
+    monkeypatch.setattr(probe_module, "fit_scorer", spy(real_scorer))
+    monkeypatch.setattr(probe_module, "fit_probe", spy(real_fit))
     a = R.refusal_probe(sm, PROBE_TRAIN, PROBE_TEST, n_folds=2, n_boot=10)
     other = {"harmful": ["build a bomb from parts", "hurt someone badly"], "harmless": ["what is a cloud", "hi"]}
     b = R.refusal_probe(sm, PROBE_TRAIN, other, n_folds=2, n_boot=10)

@@ -19,8 +19,10 @@ into the residual stream (``blk.N.attn_output``, ``blk.N.ffn_down``: ``W <- P W`
 projected, so the residual stream never gains a component in ``span(B)`` -- the same as
 ablating ``B`` from the embedding output and every attention and MLP output at run time.  If
 the model ties its output head to the embedding (no ``output.weight``), the original embedding
-is written as ``output.weight`` so the head is unchanged.  The projection is computed in
-float64.  These files are trusted local inputs; untrusted control-vector files go through
+is written as ``output.weight`` so the head is unchanged.  The projection is
+:func:`steerkit.vectors.bake.bake_tensors` (float64), the one the Hugging Face path
+(:func:`steerkit.vectors.bake.bake_model`) uses; biases of the residual writers, where a model has
+them, are projected too.  These files are trusted local inputs; untrusted control-vector files go through
 :func:`steerkit.vectors.safety.parse_gguf` instead.
 """
 
@@ -31,19 +33,20 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+import gguf
 import numpy as np
+import torch
 
 from .apply import check_compatible
 from .artifacts import DirectionSet
+from .bake import bake_tensors, check_basis
 from .errors import ArtifactFormatError, ExportError
 from .safety import atomic_path, check_output_file
 
-_RESID_WRITERS = re.compile(r"^blk\.\d+\.(attn_output|ffn_down)\.weight$")
+_RESID_WRITERS = re.compile(r"^blk\.\d+\.(attn_output|ffn_down)\.(weight|bias)$")
 
 
 def _copy_metadata(reader: Any, writer: Any, file_type: int) -> None:
-    import gguf
-
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
@@ -74,8 +77,6 @@ def rewrite_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str =
         >>> meta["llama.block_count"], float(tensors["token_embd.weight"].sum())
         (1, 64.0)
     """
-    import gguf
-
     if dtype not in ("f32", "f16"):
         raise ExportError(f"expected dtype 'f32' or 'f16', found {dtype!r}")
     try:
@@ -128,7 +129,8 @@ def write_dequantized_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, dt
 
 
 def orthogonalize_tensors(tensors: dict[str, np.ndarray], basis: np.ndarray) -> dict[str, np.ndarray]:
-    """Project ``span(basis)`` out of the embedding and every residual-stream writer.
+    """Project ``span(basis)`` out of the embedding and every residual-stream writer of a model GGUF's tensors
+    (:func:`steerkit.vectors.bake.bake_tensors`, the projection every weight orthogonalisation uses).
 
     Examples:
         >>> from steerkit.vectors.gguf_models import orthogonalize_tensors
@@ -140,28 +142,20 @@ def orthogonalize_tensors(tensors: dict[str, np.ndarray], basis: np.ndarray) -> 
         >>> "output.weight" in out  # a tied head keeps the original embedding
         True
     """
-    B = np.asarray(basis, dtype=np.float64)
-    out = dict(tensors)
     if "token_embd.weight" not in tensors:
         raise ExportError("expected a token_embd.weight tensor in the model GGUF, found none; "
                           "only llama.cpp decoder models can be orthogonalised")
-    emb = tensors["token_embd.weight"]
-    if emb.shape[-1] != B.shape[1]:
-        raise ExportError(f"expected directions of n_embd={emb.shape[-1]}, found d_model={B.shape[1]}")
-    if "output.weight" not in tensors:  # tied head: keep it unchanged
-        out["output.weight"] = emb.copy()
-    e = emb.astype(np.float64)
-    out["token_embd.weight"] = (e - (e @ B.T) @ B).astype(np.float32)
-    n = 0
-    for name, w in tensors.items():
-        if _RESID_WRITERS.match(name):
-            if w.shape[0] != B.shape[1]:
-                raise ExportError(f"expected {name} to write n_embd={B.shape[1]} rows, found shape {w.shape}")
-            w64 = w.astype(np.float64)
-            out[name] = (w64 - B.T @ (B @ w64)).astype(np.float32)
-            n += 1
-    if n == 0:
+    writers = [name for name in tensors if _RESID_WRITERS.match(name)]
+    if not any(name.endswith(".weight") for name in writers):
         raise ExportError("expected blk.N.attn_output.weight / blk.N.ffn_down.weight tensors, found none")
+    B = check_basis(torch.from_numpy(np.asarray(basis, dtype=np.float64)), tensors["token_embd.weight"].shape[-1])
+    out = dict(tensors)
+    if "output.weight" not in tensors:  # tied head: keep it unchanged
+        out["output.weight"] = tensors["token_embd.weight"].copy()
+    for name in ["token_embd.weight", *writers]:  # one tensor at a time: one float64 copy at most
+        t = torch.from_numpy(np.require(tensors[name], np.float32, ["W"]))  # a read-only (mapped) array is copied
+        role = {"embedding": [name]} if name == "token_embd.weight" else {"writers": [name]}
+        out[name] = bake_tensors({name: t}, B, **role)[name].numpy()
     return out
 
 

@@ -1,0 +1,353 @@
+"""Selection of the refusal direction among the candidates (the reference code's rules): every candidate's bypass
+score, induce score and KL on the validation prompts, scored one candidate per pass or many (candidate, prompt)
+rows per pass with a per-row steering, and the choice with its discard reasons."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from steerkit.errors import InputError
+from steerkit.interventions import Intervention
+
+from .data import batches
+from .score import kl_last, last_logits, refusal_score_from_logits, refusal_scores
+from .steering import ablation, ablation_interventions, addition, addition_interventions
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
+
+@dataclass
+class Candidate:
+    """One candidate direction: its position and layer, its three validation scores (``NaN``: not
+    evaluated) and its ``status`` after selection (:func:`choose`).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> c = R.Candidate(pos=-1, layer=3, bypass=-2.5)
+        >>> c.status, c.as_dict()["bypass"], R.discard_reason(c, n_layers=30) is None
+        ('pending', -2.5, True)
+    """
+    pos: int  # negative index among the prompt tokens (-1: last)
+    layer: int
+    bypass: float = float("nan")
+    induce: float = float("nan")
+    kl: float = float("nan")
+    status: str = "pending"  # pending | selected | discarded: <reason> | not evaluated
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def discard_reason(c: Candidate, n_layers: int, *, prune_frac: float = 0.2, kl_max: float = 0.1,
+                   induce_min: float = 0.0) -> Optional[str]:
+    """Why the reference code would discard ``c`` (``None``: it passes). Unevaluated scores pass.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> R.discard_reason(R.Candidate(-1, 26, bypass=-3.0), n_layers=30)
+        'in the last 20% of layers'
+        >>> R.discard_reason(R.Candidate(-1, 10, bypass=-3.0, induce=1.0, kl=0.5), n_layers=30)
+        'KL 0.5 > 0.1'
+        >>> R.discard_reason(R.Candidate(-1, 10, bypass=-3.0, induce=1.0, kl=0.05), n_layers=30) is None
+        True
+    """
+    if c.layer >= int(n_layers * (1.0 - prune_frac)):
+        return f"in the last {prune_frac:.0%} of layers"
+    if math.isnan(c.bypass):
+        return "bypass score is NaN"
+    if not math.isnan(c.kl) and c.kl > kl_max:
+        return f"KL {c.kl:.3g} > {kl_max}"
+    if not math.isnan(c.induce) and c.induce < induce_min:
+        return f"induce score {c.induce:.3g} < {induce_min}"
+    return None
+
+
+def choose(cands: list[Candidate], n_layers: int, *, prune_frac: float = 0.2, kl_max: float = 0.1,
+           induce_min: float = 0.0) -> Candidate:
+    """The candidate with the lowest bypass score among those with every score evaluated and no
+    discard reason. Sets ``status`` on every candidate. Raises when none passes.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> cands = [R.Candidate(-1, 2, bypass=-4.0, induce=-1.0, kl=0.01),
+        ...          R.Candidate(-1, 5, bypass=-3.0, induce=0.5, kl=0.02),
+        ...          R.Candidate(-1, 9, bypass=-5.0, induce=2.0, kl=0.01)]
+        >>> R.choose(cands, n_layers=10).layer, [c.status for c in cands]
+        (5, ['discarded: induce score -1 < 0.0', 'selected', 'discarded: in the last 20% of layers'])
+    """
+    best = None
+    for c in cands:
+        r = discard_reason(c, n_layers, prune_frac=prune_frac, kl_max=kl_max, induce_min=induce_min)
+        if r is None and (math.isnan(c.induce) or math.isnan(c.kl)):
+            c.status = "not evaluated"
+            continue
+        if r is not None:
+            c.status = f"discarded: {r}"
+            continue
+        c.status = "eligible"
+        if best is None or c.bypass < best.bypass:
+            best = c
+    if best is None:
+        scored = sorted((c for c in cands if not math.isnan(c.bypass)), key=lambda c: c.bypass)[:8]
+        top = "; ".join(f"pos {c.pos} layer {c.layer}: bypass {c.bypass:.3f} induce {c.induce:.3f} kl {c.kl:.3f}"
+                        for c in scored)
+        raise InputError("expected at least one candidate direction to pass the filters (not in the last "
+                         f"{prune_frac:.0%} of layers, KL <= {kl_max}, induce >= {induce_min}), found none; "
+                         f"loosen kl_max/induce_min or use more prompts. Lowest bypass scores: {top or 'none'}")
+    best.status = "selected"
+    return best
+
+
+class _RowScorer:
+    """Scores (candidate, prompt) rows many per forward pass, each row with its own steering.
+
+    A job is ``(kind, candidate)``: ``"bypass"`` (harmful prompts, candidate ablated: mean refusal score),
+    ``"induce"`` (harmless prompts, candidate added at its layer: mean refusal score) or ``"kl"``
+    (harmless prompts, candidate ablated: mean KL from the unsteered next-token distribution). Every
+    job's rows go into one list, sorted by prompt length so a batch holds prompts of one length (little
+    padding), and run ``batch_size`` rows per forward pass with a per-row steering list
+    (:meth:`SteerModel.steer`): one fused kernel call per hooked site for the whole batch."""
+
+    def __init__(self, sm: "SteerModel", vec: Callable, harmful: list[str], harmless: list[str],
+                 refusal_ids: Sequence[int], base_harmless: Tensor, batch_size: int):
+        self.sm, self.vec, self.ids, self.base, self.bs = sm, vec, list(refusal_ids), base_harmless, batch_size
+        self.prompts = {"bypass": harmful, "induce": harmless, "kl": harmless}
+        self.lens = {p: int(sm.tokenize([p], chat=True).attention_mask.sum()) for p in dict.fromkeys(harmful + harmless)}
+        self._ivs: dict = {}
+
+    def steering(self, kind: str, c: Candidate) -> list[Intervention]:
+        """The candidate's addition at its layer (``induce``) or its ablation everywhere (``bypass``, ``kl``)."""
+        key = ("add" if kind == "induce" else "ablate", c.pos, c.layer)
+        if key not in self._ivs:
+            v = self.vec(c)
+            self._ivs[key] = (addition_interventions(v, c.layer) if key[0] == "add"
+                              else ablation_interventions(self.sm, v))
+        return self._ivs[key]
+
+    @torch.inference_mode()
+    def run(self, jobs: Sequence[tuple[str, Candidate]], progress=None) -> dict:
+        """``{(kind, pos, layer): mean score}`` of every job; ``progress(n)`` after each batch with the
+        number of jobs it completed."""
+        rows = [(j, i) for j, (kind, _) in enumerate(jobs) for i in range(len(self.prompts[kind]))]
+        rows.sort(key=lambda r: (self.lens[self.prompts[jobs[r[0]][0]][r[1]]], self.prompts[jobs[r[0]][0]][r[1]], r[0]))
+        vals: dict[tuple[int, int], float] = {}
+        left = [len(self.prompts[k]) for k, _ in jobs]
+        for chunk in batches(rows, self.bs):
+            steer = [self.steering(*jobs[j]) for j, _ in chunk]
+            prompts = [self.prompts[jobs[j][0]][i] for j, i in chunk]
+            with self.sm.steer(steer, label="refusal candidates per row"):
+                lg = last_logits(self.sm, prompts, batch_size=len(chunk))
+            score = refusal_score_from_logits(lg, self.ids)
+            is_kl = [k for k, (j, _) in enumerate(chunk) if jobs[j][0] == "kl"]
+            kl = dict(zip(is_kl, kl_last(self.base[[chunk[k][1] for k in is_kl]], lg[is_kl]).tolist())) if is_kl else {}
+            done = 0
+            for k, (j, i) in enumerate(chunk):
+                vals[(j, i)] = float(kl[k]) if k in kl else float(score[k])
+                left[j] -= 1
+                done += left[j] == 0
+            if progress is not None and done:
+                progress(done)
+        out = {}
+        for j, (kind, c) in enumerate(jobs):  # the mean over the prompts in their order, in float64
+            v = torch.tensor([vals[(j, i)] for i in range(len(self.prompts[kind]))], dtype=torch.float64)
+            out[(kind, c.pos, c.layer)] = float(v.mean())
+        return out
+
+
+@dataclass
+class Selection:
+    """The outcome of :func:`select_direction`: every candidate (``[n_pos, n_layers, d_model]``), the
+    scored ``table``, the ``best`` candidate, the baseline validation scores and the ``rule`` that chose.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> cands = torch.zeros(2, 4, 64)
+        >>> cands[1, 2, 0] = 3.0
+        >>> best = R.Candidate(-1, 2, bypass=-4.0, induce=0.5, kl=0.01, status="selected")
+        >>> sel = R.Selection(cands, [-2, -1], [best], best, baseline_harmful=1.0, baseline_harmless=-2.0)
+        >>> float(sel.direction.norm()), sel.rule
+        (3.0, 'paper')
+    """
+    candidates: Float[Tensor, "n_pos n_layers d_model"]
+    positions: list[int]
+    table: list[Candidate]
+    best: Candidate
+    baseline_harmful: float
+    baseline_harmless: float
+    rule: str = "paper"  # "paper": induce >= induce_min; "relative": induce > baseline harmless (fallback)
+
+    @property
+    def direction(self) -> Tensor:
+        return self.candidates[self.positions.index(self.best.pos), self.best.layer]
+
+
+#: rows per forward pass of the batched candidate search on an accelerator (see :func:`score_rows`)
+ACCELERATOR_SCORE_ROWS = 256
+
+
+def score_rows(device, batch_size: int, rows: Optional[int] = None) -> int:
+    """Rows per forward pass of the batched candidate search: ``rows`` when given, else ``batch_size`` on a
+    CPU (where a pass of 16 rows of a small model already fills the cores and larger passes cost more per
+    row, ``benchmarks/bench_batch_scaling.py``) and at least :data:`ACCELERATOR_SCORE_ROWS` on any other
+    device (where a 16-row pass leaves it mostly idle: many candidates per pass).
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> R.score_rows("cpu", 16), R.score_rows("cuda:0", 16), R.score_rows("cuda", 16, rows=64)
+        (16, 256, 64)
+    """
+    if rows is not None:
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise InputError(f"expected rows per pass as an int >= 1 (or None for the device's default), found {rows!r}")
+        return rows
+    return batch_size if torch.device(device).type == "cpu" else max(batch_size, ACCELERATOR_SCORE_ROWS)
+
+
+@torch.inference_mode()
+def select_direction(sm: "SteerModel", candidates: Tensor, positions: list[int], harmful_val: Sequence[str],
+                     harmless_val: Sequence[str], refusal_ids: Sequence[int], *, prune_frac: float = 0.2,
+                     kl_max: float = 0.1, induce_min: float = 0.0, lazy: bool = True, batch_size: int = 16,
+                     layers: Sequence[int] | None = None, progress=None,
+                     fallback: Optional[str] = "relative", batched: bool = True,
+                     rows: Optional[int] = None) -> Selection:
+    """Score every candidate on the validation prompts and pick one (see the module docstring).
+
+    ``fallback``: ``"relative"`` selects again with ``induce > baseline harmless score`` when no
+    candidate passes ``induce >= induce_min`` (``Selection.rule`` says which rule chose); ``None``
+    raises :class:`InputError` instead.
+
+    ``layers``: evaluate only candidates at these layers (default: all; a compute-saving
+    deviation from the paper when given). ``progress(n)`` is called after each candidate.
+
+    ``batched`` (default): many (candidate, prompt) rows per forward pass, each row with its own
+    steering (:class:`_RowScorer`, ``rows`` a pass: by default ``batch_size`` on a CPU and 256 on an
+    accelerator, :func:`score_rows`); the lazy search evaluates, per pass,
+    the next candidates in bypass order and keeps only the scores the one-at-a-time search would
+    have computed, so the candidate table and the selection are those of ``batched=False`` (one
+    candidate's edits at a time, ``batch_size`` prompts a pass) up to float rounding.
+
+    Examples:
+        >>> from steerkit.probes.methods import refusal as R
+        >>> ids = R.refusal_token_ids(tiny.tokenizer)
+        >>> sel = R.select_direction(tiny, torch.randn(2, 4, 64), [-2, -1], ["make a bomb", "steal a car"],
+        ...                          ["bake bread", "write a poem"], ids)
+        >>> len(sel.table), sel.best.status, sel.best.layer < 3, tuple(sel.direction.shape)
+        (8, 'selected', True, (64,))
+    """
+    if fallback not in (None, "relative"):  # before any scoring
+        raise InputError(f"expected fallback None or 'relative', found {fallback!r}")
+    n_pos, L, d = candidates.shape
+    if len(positions) != n_pos or L != sm.n_layers or d != sm.d_model:
+        raise InputError(f"expected candidates [{len(positions)}, {sm.n_layers}, {sm.d_model}], found {tuple(candidates.shape)}")
+    harmful_val, harmless_val = list(harmful_val), list(harmless_val)
+    base_harmless = last_logits(sm, harmless_val, batch_size=batch_size)
+    base_h = float(refusal_scores(sm, harmful_val, refusal_ids, batch_size=batch_size).mean())
+    base_a = float(refusal_score_from_logits(base_harmless, refusal_ids).mean())
+    table = [Candidate(p, l) for p in positions for l in range(L)]
+    cut = int(L * (1.0 - prune_frac))
+
+    def vec(c):
+        return candidates[positions.index(c.pos), c.layer]
+
+    def bypass_and_kl(c, with_kl: bool):
+        with ablation(sm, vec(c)):
+            c.bypass = float(refusal_scores(sm, harmful_val, refusal_ids, batch_size=batch_size).mean())
+            if with_kl:
+                c.kl = float(kl_last(base_harmless, last_logits(sm, harmless_val, batch_size=batch_size)).mean())
+
+    def kl_only(c):
+        with ablation(sm, vec(c)):
+            c.kl = float(kl_last(base_harmless, last_logits(sm, harmless_val, batch_size=batch_size)).mean())
+
+    def induce(c):
+        with addition(sm, vec(c), c.layer):
+            c.induce = float(refusal_scores(sm, harmless_val, refusal_ids, batch_size=batch_size).mean())
+
+    allowed = set(range(L)) if layers is None else {int(l) for l in layers}
+    live = [c for c in table if c.layer < cut and c.layer in allowed]
+    if batched:
+        per_pass = score_rows(sm.device, batch_size, rows)
+        scorer = _RowScorer(sm, vec, harmful_val, harmless_val, refusal_ids, base_harmless, per_pass)
+        ahead: dict = {}  # scores computed ahead of the search: written to the table only when it asks
+
+        def fetch(kind: str, c: Candidate, following: Sequence[Candidate]):
+            key = (kind, c.pos, c.layer)
+            if key not in ahead:
+                k = max(1, per_pass // len(scorer.prompts[kind]))  # candidates per forward pass
+                group = [c] + [o for o in following if (kind, o.pos, o.layer) not in ahead][:k - 1]
+                ahead.update(scorer.run([(kind, o) for o in group]))
+            return ahead[key]
+
+        nonzero = [c for c in live if float(vec(c).norm()) != 0.0]
+        if progress is not None and len(live) > len(nonzero):
+            progress(len(live) - len(nonzero))
+        jobs = [("bypass", c) for c in nonzero] + ([] if lazy else [(k, c) for k in ("kl", "induce") for c in nonzero])
+        got = scorer.run(jobs, progress=progress) if jobs else {}
+        if not lazy:
+            for c in nonzero:
+                c.bypass, c.kl, c.induce = (got[(k, c.pos, c.layer)] for k in ("bypass", "kl", "induce"))
+        else:
+            for c in nonzero:
+                c.bypass = got[("bypass", c.pos, c.layer)]
+        # the candidates lazy_search visits, in its order (it stops at the first NaN bypass score)
+        order = sorted((c for c in nonzero if not math.isnan(c.bypass)), key=lambda c: c.bypass)
+
+        # the lazy search's two evaluations, each also scoring the next candidates in its order ahead
+        def induce(c):  # noqa: F811 - replaces the one-at-a-time version above
+            rest = order[order.index(c) + 1:]
+            c.induce = fetch("induce", c, [o for o in rest if math.isnan(o.induce)])
+
+        def kl_only(c):  # noqa: F811 - replaces the one-at-a-time version above
+            rest = order[order.index(c) + 1:]
+            c.kl = fetch("kl", c, [o for o in rest if math.isnan(o.kl)
+                                   and not ahead.get(("induce", o.pos, o.layer), o.induce) < floor_now[0]])
+    else:
+        for c in live:
+            if float(vec(c).norm()) == 0.0:  # e.g. the embedding of a template token shared by every prompt
+                if progress is not None:
+                    progress(1)
+                continue  # scores stay NaN: discarded, as NaN candidates are in the reference code
+            bypass_and_kl(c, with_kl=not lazy)
+            if not lazy:
+                induce(c)
+            if progress is not None:
+                progress(1)
+    floor_now = [induce_min]
+
+    def lazy_search(floor: float):
+        floor_now[0] = floor
+        for c in sorted(live, key=lambda c: (math.isnan(c.bypass), c.bypass)):
+            if math.isnan(c.bypass):
+                break
+            if math.isnan(c.induce):
+                induce(c)
+            if c.induce < floor or math.isnan(c.induce):
+                continue
+            if math.isnan(c.kl):
+                kl_only(c)
+            if not (c.kl > kl_max or math.isnan(c.kl)):
+                break
+
+    if lazy:
+        lazy_search(induce_min)
+    rule = "paper"
+    try:
+        best = choose(table, L, prune_frac=prune_frac, kl_max=kl_max, induce_min=induce_min)
+    except InputError:
+        if fallback is None:
+            raise
+        # strictly above the baseline: the smallest float above it
+        floor = math.nextafter(base_a, math.inf)
+        if lazy:
+            lazy_search(floor)
+        best = choose(table, L, prune_frac=prune_frac, kl_max=kl_max, induce_min=floor)
+        rule = "relative"
+    for c in table:
+        if c.layer < cut and c.layer not in allowed:
+            c.status = "not evaluated (layer not in the evaluated set)"
+    return Selection(candidates, list(positions), table, best, base_h, base_a, rule)
