@@ -5,12 +5,17 @@ Mechanics on synthetic data and tiny random models; one short end-to-end check o
 """
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from steerkit.errors import InputError
 from steerkit.model import wrap
 from steerkit.positions import AnyOf, TokenMatch
+from steerkit.probes.methods import problems as Q
 from steerkit.probes.methods import region as R
 from steerkit.vectors import Region
 from tiny_models import tiny_model
@@ -233,7 +238,7 @@ def test_problem_generators_and_answer_parsing():
     assert R.parse_answer("... #### 42") == 42.0 and R.parse_answer("x \\boxed{-3}") == -3.0
     assert R.parse_answer("we get 12 then 15") == 15.0 and R.parse_answer("no numbers") is None
     assert R.is_correct("The answer is 19.", 19) and not R.is_correct("The answer is 18.", 19)
-    assert R._trim("4 * 6 = 24\n\nThe answer is 24.\n\nQuestion: next") == "4 * 6 = 24\n\nThe answer is 24."
+    assert Q.trim_solution("4 * 6 = 24\n\nThe answer is 24.\n\nQuestion: next") == "4 * 6 = 24\n\nThe answer is 24."
     assert R.segment_steps("So 3.5 + 1 = 4.5. Then add 2.\nThe answer is 6.5.") == \
         "So 3.5 + 1 = 4.5.\n\nThen add 2.\n\nThe answer is 6.5.\n\n"
     sols = [R.Solution(ps[0], "concise", t, [1, 2], c, f) for t, c, f in
@@ -274,3 +279,32 @@ def test_cli_registers_region():
     from steerkit.cli import build_parser
     a = build_parser().parse_args(["region", "--n-train", "4", "--n-test", "2", "--data", "mix"])
     assert a.func is not None and a.method == "region" and a.n_train == 4 and a.data == "mix"
+
+
+def test_region_steers_through_its_own_interventions():
+    sm = _sm(num_hidden_layers=3)
+    reg = Region(mean=torch.zeros(sm.d_model), projection=torch.eye(sm.d_model)[:2], normals=torch.tensor([[1.0, 0.0]]),
+                 offsets=torch.tensor([0.5]), layer=1, hook_site="hook_resid_pre")
+    with pytest.warns(UserWarning, match="no model fingerprint"):
+        spec = R.region_spec(reg, 0.5, sm.facts)
+    assert [(iv.site, iv.op, iv.scale, iv.region is reg) for iv in spec] == [
+        ("blocks.1.hook_resid_pre", "project", 0.5, True)]
+    with pytest.raises(InputError, match="sm.facts"):
+        R.region_spec(reg, 0.5)
+    # steer_region is the region's own steering at the method's positions
+    prompts = ["ab\n\nab", "b\nab"]
+    kw = dict(max_new_tokens=6, chat=False, return_tokens=True)
+    with pytest.warns(UserWarning), R.steer_region(sm, reg, 0.5):
+        got = sm.generate(prompts, **kw)
+    with sm.steer(spec, positions=R.steering_positions(sm.tokenizer)):
+        ref = sm.generate(prompts, **kw)
+    assert got == ref and sm.hook_count() == 0
+
+
+@pytest.mark.parametrize("path", ["probes/tune.py", "probes/tune_result.py", "probes/methods/temporal.py",
+                                  "probes/methods/region.py", "probes/methods/problems.py"])
+def test_compute_modules_import_neither_the_kernels_nor_plotting(path):
+    tree = ast.parse((Path(__file__).resolve().parents[1] / path).read_text(encoding="utf-8"))
+    mods = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    mods += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in mods if m.startswith(("steerkit.kernels", "plotly", "matplotlib"))], mods

@@ -22,11 +22,11 @@ while the model reasons, moves the state at each new step to the closest point o
   ``project`` solves the same QP as the fused kernel).
 * Steering (:func:`steer_region`): at the last prompt token and at every generated token whose
   *input* token is a step boundary, ``z = P (h - mean)``, ``z*`` = the closest point of the
-  polyhedron, ``h += s P^T (z* - z)`` (``s = 1``), one fused-kernel call per step
-  (``SteerConfig(region=...)``) with the position spec ``AnyOf("last", TokenMatch(...,
-  within="generated"))`` (:func:`steering_positions`).
-* Data: templated multi-step arithmetic word problems (:func:`arithmetic_problems`) and the vendored
-  first 300 GSM8K test problems (:func:`gsm8k_problems`). Verbose and concise solutions come from the
+  polyhedron, ``h += s P^T (z* - z)`` (``s = 1``): the region artifact steers through its own
+  ``to_interventions`` (one ``project`` intervention at its site, one fused-kernel call per step) with
+  the position spec ``AnyOf("last", TokenMatch(..., within="generated"))`` (:func:`steering_positions`).
+* Data (:mod:`.problems`, its names re-exported here): templated multi-step arithmetic word problems
+  (:func:`arithmetic_problems`) and the vendored first 300 GSM8K test problems (:func:`gsm8k_problems`). Verbose and concise solutions come from the
   model itself (:data:`VERBOSE_PROMPT` / :data:`CONCISE_PROMPT`); the correct ones are kept
   (:func:`parse_answer` reads the final number; :func:`select_solutions` falls back to the answered
   ones when too few are correct), and re-paragraphed one step per sentence or line, each followed by
@@ -37,7 +37,7 @@ while the model reasons, moves the state at each new step to the closest point o
 """
 from __future__ import annotations
 
-import random
+import functools
 import re
 import sys
 from dataclasses import dataclass, field
@@ -48,289 +48,23 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from steerkit.datafiles import read_jsonl
 from steerkit.errors import InputError
-from steerkit.kernels import MAX_HALFSPACES, MAX_M, SteerConfig
+from steerkit.interventions import MAX_HALFSPACES, MAX_M, Intervention, ModelFacts
 from steerkit.model import Tokens
 from steerkit.positions import AnyOf, TokenMatch
 from steerkit.vectors import Region
-from steerkit.vectors.apply import check_compatible
 from steerkit.vectors.provenance import Provenance, prompts_hash
 
+from ..plots.require import plotly_required
+from .problems import ANSWER_RE, STYLES, Problem, is_correct, parse_answer, segment_steps, trim_solution
+from .problems import CONCISE_PROMPT as CONCISE_PROMPT, VERBOSE_PROMPT as VERBOSE_PROMPT
+from .problems import EVAL_PROMPT, arithmetic_problems, gsm8k_problems
 from .temporal import wilson
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
 METHOD = "region-hou"
-
-# --------------------------------------------------------------------------- data
-
-
-@dataclass
-class Problem:
-    """A word problem with a numeric ``answer``; ``source`` is ``"arith"`` or ``"gsm8k"``.
-
-    Examples:
-        >>> from steerkit.probes import Problem
-        >>> p = Problem("What is 2 + 3 * 4?", 14.0)
-        >>> p.source, p.answer
-        ('arith', 14.0)
-    """
-
-    question: str
-    answer: float
-    source: str = "arith"
-    solution: str = ""
-
-
-_NAMES = ["Tom", "Anna", "Sam", "Mia", "Ben", "Lisa", "Omar", "Kim", "Raj", "Eva", "Leo", "Zoe"]
-_ITEMS = ["apples", "pencils", "stickers", "marbles", "cookies", "books", "cards", "shells"]
-
-
-def _t_buy_give(r):
-    n, it = r.choice(_NAMES), r.choice(_ITEMS)
-    a, b = r.randint(5, 30), r.randint(2, 20)
-    c = r.randint(1, a + b - 1)
-    return f"{n} has {a} {it}. {n} buys {b} more and then gives {c} to a friend. How many {it} does {n} have now?", a + b - c
-
-
-def _t_packs(r):
-    n, it = r.choice(_NAMES), r.choice(_ITEMS)
-    a, b = r.randint(2, 9), r.randint(3, 12)
-    c = r.randint(1, a * b - 1)
-    return f"{n} buys {a} packs of {it} with {b} {it} in each pack and then loses {c} of them. How many {it} does {n} have left?", a * b - c
-
-
-def _t_change(r):
-    n = r.choice(_NAMES)
-    p, a = r.randint(2, 9), r.randint(2, 6)
-    bill = next(x for x in (10, 20, 50, 100) if x > p * a)
-    return f"A shop sells notebooks for {p} dollars each. {n} buys {a} notebooks and pays with a {bill} dollar bill. How much change does {n} get?", bill - p * a
-
-
-def _t_pages(r):
-    n = r.choice(_NAMES)
-    a, b, c = r.randint(5, 25), r.randint(2, 7), r.randint(3, 30)
-    return f"{n} reads {a} pages a day for {b} days and then reads {c} more pages. How many pages does {n} read in total?", a * b + c
-
-
-def _t_chairs(r):
-    a, b = r.randint(3, 12), r.randint(4, 10)
-    c = r.randint(1, a * b - 1)
-    return f"A hall has {a} rows of chairs with {b} chairs in each row. Then {c} chairs are taken away. How many chairs are left?", a * b - c
-
-
-def _t_money(r):
-    n = r.choice(_NAMES)
-    a, b, c = r.randint(20, 90), r.randint(3, 15), r.randint(5, 40)
-    b = min(b, a - 1)
-    return f"{n} has {a} dollars. {n} spends {b} dollars on lunch and then earns {c} dollars. How many dollars does {n} have now?", a - b + c
-
-
-def _t_share(r):
-    k, b, c = r.randint(2, 9), r.randint(2, 6), r.randint(1, 9)
-    return f"{k * b} cookies are shared equally by {b} children. Then each child gets {c} more cookies. How many cookies does each child have?", k + c
-
-
-def _t_expr(r):
-    a, b, c, d = r.randint(2, 15), r.randint(2, 15), r.randint(2, 6), r.randint(1, 20)
-    if r.random() < 0.5:
-        return f"What is ({a} + {b}) * {c} - {d}?", (a + b) * c - d
-    return f"What is {a} * {c} + {b} - {d}?", a * c + b - d
-
-
-_TEMPLATES = {"medium": [_t_buy_give, _t_packs, _t_change, _t_pages, _t_chairs, _t_money, _t_share, _t_expr]}
-
-
-def _e_sum3(r):
-    a, b, c = r.randint(1, 9), r.randint(1, 9), r.randint(1, 9)
-    return f"What is {a} + {b} + {c}?", a + b + c
-
-
-def _e_buy_twice(r):
-    n, it = r.choice(_NAMES), r.choice(_ITEMS)
-    a, b, c = r.randint(1, 9), r.randint(1, 9), r.randint(1, 9)
-    return f"{n} has {a} {it}. {n} buys {b} more {it}, and then {c} more. How many {it} does {n} have now?", a + b + c
-
-
-def _e_mul_add(r):
-    a, b, c = r.randint(1, 9), r.randint(2, 5), r.randint(1, 9)
-    return f"What is {a} + {b} * {c}?", a + b * c
-
-
-def _e_give_twice(r):
-    n, it = r.choice(_NAMES), r.choice(_ITEMS)
-    a, b, c = r.randint(1, 9), r.randint(1, 9), r.randint(1, 9)
-    return (f"{n} has {a + b + c} {it}. {n} gives {a} {it} to a friend and {b} {it} to a neighbour. "
-            f"How many {it} does {n} have left?"), c
-
-
-def _e_add_sub(r):
-    a, b = r.randint(2, 9), r.randint(2, 9)
-    c = r.randint(1, a + b - 1)
-    return f"What is {a} + {b} - {c}?", a + b - c
-
-
-def _e_bags(r):
-    n, it = r.choice(_NAMES), r.choice(_ITEMS)
-    a, b, c = r.randint(2, 4), r.randint(2, 5), r.randint(1, 9)
-    return f"{n} has {a} bags with {b} {it} in each bag and {c} more {it}. How many {it} does {n} have in total?", a * b + c
-
-
-_TEMPLATES["easy"] = [_e_sum3, _e_buy_twice, _e_mul_add, _e_give_twice, _e_add_sub, _e_bags]
-
-
-def arithmetic_problems(n: int = 60, seed: int = 0, *, level: str = "easy", exclude: Sequence[str] = ()) -> list[Problem]:
-    """``n`` distinct templated multi-step (2-3 operations) arithmetic problems, templates cycled in a
-    random order; deterministic in ``seed``. ``level``: ``"easy"`` (one-digit numbers, the level a
-    135M model sometimes solves) or ``"medium"`` (two-digit numbers, change, rates, sharing). Questions
-    in ``exclude`` are skipped (held-out sets: pass the training questions).
-
-    Examples:
-        >>> from steerkit.probes import arithmetic_problems
-        >>> train = arithmetic_problems(3, seed=0)
-        >>> test = arithmetic_problems(3, seed=1, exclude=[p.question for p in train])
-        >>> len(train), not {p.question for p in train} & {p.question for p in test}, train == arithmetic_problems(3)
-        (3, True, True)
-    """
-    if level not in _TEMPLATES:
-        raise InputError(f"expected level in {sorted(_TEMPLATES)}, found {level!r}")
-    templates = _TEMPLATES[level]
-    r = random.Random(seed)
-    seen = set(exclude)
-    out: list[Problem] = []
-    order = list(range(len(templates)))
-    tries = 0
-    while len(out) < n:
-        if tries > 200 * max(n, 1):
-            raise InputError(f"expected to find {n} distinct arithmetic problems, found only {len(out)}")
-        tries += 1
-        if len(out) % len(order) == 0:
-            r.shuffle(order)
-        q, a = templates[order[len(out) % len(order)]](r)
-        if q in seen:
-            continue
-        seen.add(q)
-        out.append(Problem(q, float(a), "arith"))
-    return out
-
-
-def gsm8k_problems(n: Optional[int] = None, *, offset: int = 0, path=None) -> list[Problem]:
-    """GSM8K test problems (the vendored first 300, MIT; see ``steerkit/data/README.md``), rows
-    ``offset .. offset + n``; ``path`` reads another jsonl with ``question`` / ``answer`` (``#### N``).
-
-    Examples:
-        >>> from steerkit.probes import gsm8k_problems
-        >>> probs = gsm8k_problems(2)
-        >>> len(probs), probs[0].source, probs[0].answer, "####" in probs[0].solution
-        (2, 'gsm8k', 18.0, True)
-    """
-    rows = read_jsonl("reasoning/gsm8k_test_first300.jsonl", path=path, n=n, offset=offset,
-                      what="GSM8K-style problems")
-    out = []
-    for i, r in enumerate(rows):
-        sol = r.get("answer", "")
-        m = re.search(r"####\s*(-?[\d,]*\.?\d+)", sol)
-        if not m or not isinstance(r.get("question"), str):
-            raise InputError(f"expected a question and an answer ending in '#### <number>' in row {offset + i}, "
-                             f"found {str(r)[:80]!r}")
-        out.append(Problem(r["question"], float(m.group(1).replace(",", "")), "gsm8k", sol))
-    return out
-
-
-VERBOSE_PROMPT = ("{question}\nExplain your reasoning in detail, step by step, and finish with "
-                  "'The answer is <number>.'")
-CONCISE_PROMPT = ("{question}\nBe brief: give only the key calculation in one short line, then "
-                  "'The answer is <number>.'")
-EVAL_PROMPT = "{question}\nSolve the problem step by step and finish with 'The answer is <number>.'"
-STYLES = {"verbose": VERBOSE_PROMPT, "concise": CONCISE_PROMPT, "eval": EVAL_PROMPT}
-_STOP = ("\nQuestion:",)  # a model that goes on with a new problem
-
-_NUM = r"-?\$?\s?-?[\d,]*\.?\d+"
-_ANSWER_RE = re.compile(r"answer\s*(?:is|:|=)\s*\**\s*(" + _NUM + ")", re.IGNORECASE)
-
-
-def _num(s: str) -> Optional[float]:
-    s = s.replace("$", "").replace(",", "").replace(" ", "")
-    try:
-        return float(s.rstrip("."))
-    except ValueError:
-        return None
-
-
-def parse_answer(text: str) -> Optional[float]:
-    """The final number of a solution: the first ``answer is N`` (or ``answer: N``), else ``#### N``,
-    else ``\\boxed{N}``, else the last number in the text; ``None`` when there is no number.
-
-    Examples:
-        >>> from steerkit.probes import parse_answer
-        >>> parse_answer("3 + 4 = 7, so the answer is 7."), parse_answer("#### 1,250"), parse_answer("no idea")
-        (7.0, 1250.0, None)
-    """
-    m = _ANSWER_RE.search(text)
-    if m:
-        v = _num(m.group(1))
-        if v is not None:
-            return v
-    for pat in (r"####\s*(" + _NUM + ")", r"\\boxed\{\s*(" + _NUM + r")\s*\}"):
-        m = re.search(pat, text)
-        if m and _num(m.group(1)) is not None:
-            return _num(m.group(1))
-    nums = re.findall(r"-?\d[\d,]*\.?\d*", text)
-    for s in reversed(nums):
-        v = _num(s)
-        if v is not None:
-            return v
-    return None
-
-
-def is_correct(text: str, answer: float, tol: float = 1e-6) -> bool:
-    """Whether the number :func:`parse_answer` finds in ``text`` equals ``answer`` (relative ``tol``).
-
-    Examples:
-        >>> from steerkit.probes.methods.region import is_correct
-        >>> is_correct("The answer is 14.", 14), is_correct("The answer is 13.", 14), is_correct("", 14)
-        (True, False, False)
-    """
-    v = parse_answer(text)
-    return v is not None and abs(v - float(answer)) <= tol * max(1.0, abs(float(answer)))
-
-
-_SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(])")
-
-
-def segment_steps(text: str) -> str:
-    """The solution with one step per paragraph: split at line breaks and at sentence ends, each step
-    followed by a blank line, so that a step boundary follows every step, the last one included (a
-    short solution often has no blank line of its own; the last boundary is where a verbose solution
-    goes on and a concise one stops).
-
-    Examples:
-        >>> from steerkit.probes.methods.region import segment_steps
-        >>> segment_steps("First 3 * 4 = 12. Then 2 + 12 = 14.\\nThe answer is 14.").split("\\n\\n")
-        ['First 3 * 4 = 12.', 'Then 2 + 12 = 14.', 'The answer is 14.', '']
-    """
-    steps = []
-    for line in re.split(r"\n+", text):
-        steps += [x.strip() for x in _SENT.split(line.strip()) if x.strip()]
-    return "".join(x + "\n\n" for x in steps)
-
-
-def _trim(text: str) -> str:
-    """The solution up to and including its first answer statement (a few-shot prompt invites the
-    model to go on with another question)."""
-    for s in _STOP:
-        i = text.find(s)
-        if i >= 0:
-            text = text[:i]
-    m = _ANSWER_RE.search(text)
-    if m:
-        end = m.end()
-        if end < len(text) and text[end] == ".":
-            end += 1
-        text = text[:end]
-    return text.rstrip()
 
 
 # --------------------------------------------------------------------------- step boundaries
@@ -372,11 +106,9 @@ class StepBoundaries:
         return [t in s or (i > 0 and ids[i - 1] in f and t in sc) for i, t in enumerate(ids)]
 
 
-_BOUNDARY_CACHE: dict = {}
-
-
 def step_boundaries(tokenizer) -> StepBoundaries:
-    """The step-boundary tokens of ``tokenizer`` (every vocabulary entry decoded once; cached).
+    """The step-boundary tokens of ``tokenizer`` (every vocabulary entry decoded once; cached per tokenizer
+    and vocabulary size).
 
     Examples:
         >>> from steerkit.probes import step_boundaries
@@ -384,12 +116,13 @@ def step_boundaries(tokenizer) -> StepBoundaries:
         >>> "\\n\\n" in [tiny.tokenizer.decode([i]) for i in b.single], step_boundaries(tiny.tokenizer) is b
         (True, True)
     """
-    key = (id(tokenizer), len(tokenizer))
-    hit = _BOUNDARY_CACHE.get(key)
-    if hit is not None and hit[0] is tokenizer:
-        return hit[1]
+    return _boundaries(tokenizer, len(tokenizer))
+
+
+@functools.lru_cache(maxsize=8)
+def _boundaries(tokenizer, size: int) -> StepBoundaries:
     single, first, second = [], [], []
-    for i in range(len(tokenizer)):
+    for i in range(size):
         try:
             s = tokenizer.decode([i])
         except Exception:  # ids the tokenizer cannot decode
@@ -406,9 +139,7 @@ def step_boundaries(tokenizer) -> StepBoundaries:
             first.append(i)
         if s.lstrip(" \t").startswith("\n"):
             second.append(i)
-    out = StepBoundaries(tuple(single), tuple(first), tuple(second))
-    _BOUNDARY_CACHE[key] = (tokenizer, out)
-    return out
+    return StepBoundaries(tuple(single), tuple(first), tuple(second))
 
 
 def steering_positions(tokenizer, *, last: bool = True):
@@ -605,23 +336,29 @@ def fit_region(concise, verbose, *, n_components: int = 10, n_clusters: int = 8,
 
 
 # --------------------------------------------------------------------------- steering
-def region_spec(region, strength: float = 1.0) -> dict:
-    """``{blocks.l.<site>: SteerConfig(region=...)}`` for :meth:`SteerModel.steer` / ``generate(steering=)``.
+def region_spec(region: Region, strength: float = 1.0, facts: Optional[ModelFacts] = None) -> list[Intervention]:
+    """The projection into ``region`` as interventions, ``region.to_interventions(facts, scale=strength)``
+    (checked against the model's ``facts``, e.g. ``sm.facts``): one ``project`` at
+    ``blocks.{layer}.{hook_site}``, for :meth:`SteerModel.steer` / ``generate(steering=)`` (a list of such
+    lists steers each row its own way). :func:`steer_region` adds the method's positions.
 
     Examples:
         >>> from steerkit.probes import fit_region, region_spec
         >>> region = fit_region(torch.randn(20, 64), torch.randn(20, 64) + 4, n_components=2, n_clusters=1, model=tiny)
-        >>> spec = region_spec(region, strength=0.5)
-        >>> list(spec), spec["blocks.2.hook_resid_post"].region_strength
-        (['blocks.2.hook_resid_post'], 0.5)
+        >>> [(iv.site, iv.op, iv.scale) for iv in region_spec(region, 0.5, tiny.facts)]
+        [('blocks.2.hook_resid_post', 'project', 0.5)]
     """
-    return {f"blocks.{region.layer}.{region.hook_site}": SteerConfig(region=region, region_strength=float(strength))}
+    if facts is None:
+        raise InputError("expected the model's facts to check the region against (region_spec(region, strength, "
+                         "sm.facts)), found none; or steer with the region itself: sm.steer(region, strength)")
+    return region.to_interventions(facts, scale=float(strength))
 
 
-def steer_region(sm: "SteerModel", region, strength: float = 1.0, *, positions=None, override: bool = False):
+def steer_region(sm: "SteerModel", region: Region, strength: float = 1.0, *, positions=None, override: bool = False):
     """Register the projection on ``sm`` (a handle; use with ``with``): at the last prompt token and at
     generated step-boundary tokens (``positions`` overrides), ``h += s P^T (z* - z)`` at the region's
-    layer, through the fused kernel. The region is checked against the model first.
+    layer, through the fused kernel: ``sm.steer(region, strength, positions=...)``, which checks the
+    region against the model first.
 
     Examples:
         >>> from steerkit.probes import fit_region, steer_region
@@ -631,9 +368,8 @@ def steer_region(sm: "SteerModel", region, strength: float = 1.0, *, positions=N
         >>> len(texts)
         1
     """
-    check_compatible(region, sm, override=override)
     pos = steering_positions(sm.tokenizer) if positions is None else positions
-    return sm.steer(region_spec(region, strength), positions=pos)
+    return sm.steer(region, float(strength), positions=pos, override=override)
 
 
 # --------------------------------------------------------------------------- solving / evaluating
@@ -692,7 +428,7 @@ def solve(sm: "SteerModel", problems: Sequence[Problem], style: str = "eval", *,
             text = sm.tokenizer.decode(t, skip_special_tokens=True)
             finished = len(t) < max_new_tokens
             if style != "eval":
-                text = _trim(text)
+                text = trim_solution(text)
             out.append(Solution(p, style, text, list(t), is_correct(text, p.answer), finished))
         if progress:
             progress(len(batch))
@@ -788,19 +524,11 @@ class RegionResult:
 
     def plot(self, title: str | None = None):
         """A plotly ``Figure``: mean generated tokens and accuracy of the training solutions (verbose,
-        concise) and, with an evaluation, of the held-out ones (baseline, projected)."""
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-        bars = {f"train {s}": self.train_summary[s] for s in ("verbose", "concise") if s in self.train_summary}
-        if self.eval is not None:
-            bars.update({f"held-out {k}": self.eval[k] for k in ("baseline", "projected") if k in self.eval})
-        names = list(bars)
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("generated tokens (mean)", "accuracy"))
-        fig.add_trace(go.Bar(x=names, y=[bars[k]["tokens_mean"] for k in names], name="tokens"), row=1, col=1)
-        fig.add_trace(go.Bar(x=names, y=[bars[k]["accuracy"] for k in names], name="accuracy"), row=1, col=2)
-        fig.update_yaxes(range=[0, 1], row=1, col=2)
-        fig.update_layout(title=title or f"concise region at layer {self.layer}", showlegend=False)
-        return fig
+        concise) and, with an evaluation, of the held-out ones (baseline, projected)
+        (:func:`steerkit.probes.plots.region.result_figure`)."""
+        with plotly_required():
+            from ..plots import region as figures
+        return figures.result_figure(self, title=title)
 
     def artifacts(self, sm: "SteerModel") -> dict:
         """``{"region-concise": Region}``, with the held-out evaluation in its provenance metrics."""
@@ -832,7 +560,7 @@ def select_solutions(sols: Sequence[Solution], keep: str = "correct", min_kept: 
     """
     if keep not in ("correct", "answered", "all"):
         raise InputError(f"expected keep in ('correct', 'answered', 'all'), found {keep!r}")
-    answered = [x for x in sols if _ANSWER_RE.search(x.text) or (x.finished and parse_answer(x.text) is not None)]
+    answered = [x for x in sols if ANSWER_RE.search(x.text) or (x.finished and parse_answer(x.text) is not None)]
     if keep == "all":
         return list(sols), "all"
     if keep == "answered":

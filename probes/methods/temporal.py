@@ -11,9 +11,9 @@ daily routines, processes -- since no public text data fits).
   that plots, serialises, and gives the injection schedule.
 * Injection: for every layer ``l`` after the source, ``h_l[last] += beta * w_l * tau_source`` with
   ``w_l = rel_l / max(rel)`` (or :func:`linear_decay` when no profile exists), at the last prompt
-  token during prefill only (``positions="last"``: generated steps are never touched), through the
-  fused kernel (``SteerConfig.injection``). :func:`injection_spec` builds the steering spec for a
-  fixed (dataset-mean) tau; :func:`per_input_taus` + a list of specs give the per-input variant.
+  token during prefill only (``positions="last"``: generated steps are never touched): one
+  ``Intervention.add`` per layer (:func:`injection_spec`, for a fixed, dataset-mean tau);
+  :func:`per_input_taus` + one such list per row give the per-input variant.
 * :func:`order_questions` -- yes/no and two-choice order questions; :func:`choice_accuracy` scores
   them by comparing the next-token logits of the choices; :func:`choose_beta` picks beta on a dev
   split only.
@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import random
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -34,8 +35,10 @@ from tqdm import tqdm
 
 from steerkit.errors import InputError
 from steerkit.hooknames import resid_post
-from steerkit.kernels import SteerConfig
+from steerkit.interventions import Intervention
 from steerkit.vectors import LayerSchedule, SteeringVector
+
+from ..plots.require import plotly_required
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -245,18 +248,11 @@ class Profile:
     to_json = to_dict
 
     def plot(self, title: str | None = None):
-        """A plotly ``Figure``: rel_l with a +-1 std band, cos_l on a second axis, the source layer marked."""
-        import plotly.graph_objects as go
-        x = list(range(self.n_layers))
-        fig = go.Figure()
-        fig.add_trace(go.Scatter(x=x + x[::-1], y=list(self.rel + self.rel_std) + list((self.rel - self.rel_std)[::-1]),
-                                 fill="toself", line=dict(width=0), opacity=0.2, name="+-1 std", hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=x, y=list(self.rel), mode="lines+markers", name="rel = ||tau|| / ||h||"))
-        fig.add_trace(go.Scatter(x=x, y=list(self.cos), mode="lines", name="cos(h(x), h(x_rev))", yaxis="y2"))
-        fig.add_vline(x=self.peak_layer, line_dash="dash", line_color="gray")
-        fig.update_layout(title=title or f"temporal divergence (n={self.n_pairs}, peak layer {self.peak_layer})",
-                          xaxis_title="layer", yaxis_title="rel", yaxis2=dict(title="cos", overlaying="y", side="right"))
-        return fig
+        """A plotly ``Figure``: rel_l with a +-1 std band, cos_l on a second axis, the source layer marked
+        (:func:`steerkit.probes.plots.temporal.profile_figure`)."""
+        with plotly_required():
+            from ..plots import temporal as figures
+        return figures.profile_figure(self, title=title)
 
 
 def _texts(pairs) -> tuple[list[str], list[str]]:
@@ -355,22 +351,25 @@ def linear_decay(source: int, n_layers: int):
     return LayerSchedule({l: (k - i) / k for i, l in enumerate(after)})
 
 
-def injection_spec(tau_source: torch.Tensor, schedule, beta: float) -> dict:
-    """``{blocks.l.hook_resid_post: SteerConfig.injection(tau_source, beta * w_l)}`` for every layer in
-    the schedule with a nonzero weight. Apply with ``sm.steer(spec, positions="last")`` (prefill only).
+def injection_spec(tau_source: torch.Tensor, schedule, beta: float) -> list[Intervention]:
+    """The injection as interventions: ``Intervention.add(blocks.l.hook_resid_post, tau_source, beta * w_l,
+    positions="last")`` for every layer in the schedule (a :class:`~steerkit.vectors.LayerSchedule` or
+    ``{layer: w_l}``) with a nonzero weight: the last prompt token, during prefill only. Apply with
+    ``sm.steer(spec)``; a list of them, one per row, steers each row with its own tau.
 
     Examples:
         >>> from steerkit.probes import injection_spec, linear_decay
         >>> spec = injection_spec(torch.randn(64), linear_decay(1, 4), beta=2.0)
-        >>> sorted(spec)
-        ['blocks.2.hook_resid_post', 'blocks.3.hook_resid_post']
-        >>> with tiny.steer(spec, positions="last"):
+        >>> [(iv.site, iv.scale, iv.positions) for iv in spec]
+        [('blocks.2.hook_resid_post', 2.0, 'last'), ('blocks.3.hook_resid_post', 1.0, 'last')]
+        >>> with tiny.steer(spec):
         ...     logits = tiny("Hello")
     """
     weights = schedule.weights if hasattr(schedule, "weights") else dict(schedule)
     v = torch.as_tensor(tau_source, dtype=torch.float32).reshape(-1)
-    return {f"blocks.{int(l)}.hook_resid_post": SteerConfig.injection(v, float(beta) * float(w))
-            for l, w in weights.items() if w != 0.0}
+    kept = [(int(l), float(w)) for l, w in weights.items() if w != 0.0]
+    return [Intervention.add(site, v, float(beta) * w, positions="last")
+            for (_, w), site in zip(kept, resid_post([l for l, _ in kept]))]
 
 
 def inject(sm: "SteerModel", tau_source, schedule, beta: float):
@@ -387,8 +386,8 @@ def inject(sm: "SteerModel", tau_source, schedule, beta: float):
     """
     t = torch.as_tensor(tau_source, dtype=torch.float32)
     if t.dim() == 1:
-        return sm.steer(injection_spec(t, schedule, beta), positions="last")
-    return sm.steer([injection_spec(r, schedule, beta) for r in t], positions="last")
+        return sm.steer(injection_spec(t, schedule, beta))
+    return sm.steer([injection_spec(r, schedule, beta) for r in t])
 
 
 def per_input_taus(sm: "SteerModel", prompts: Sequence[str], reversed_prompts: Sequence[str], source: int, *,
@@ -420,8 +419,8 @@ def choice_accuracy(sm: "SteerModel", items: Sequence[OrderItem], *, steering=No
                     chat: bool = True) -> dict:
     """Accuracy (argmax over the choices' first tokens at the next position) with a Wilson 95% interval.
 
-    ``steering``: ``None``, a fixed spec dict (applied at the last prompt token), or a callable
-    ``(batch_items) -> spec | list of specs``.
+    ``steering``: ``None``, a fixed steering (interventions, e.g. :func:`injection_spec`'s, applied at the
+    last prompt token), or a callable ``(batch_items) -> steering | list of steerings, one per row``.
 
     Examples:
         >>> from steerkit.probes import choice_accuracy, order_questions
@@ -433,7 +432,7 @@ def choice_accuracy(sm: "SteerModel", items: Sequence[OrderItem], *, steering=No
     for i in range(0, len(items), batch_size):
         batch = list(items[i:i + batch_size])
         spec = steering(batch) if callable(steering) else steering
-        ctx = sm.steer(spec, positions="last") if spec else _null()  # empty: source is the last layer
+        ctx = sm.steer(spec, positions="last") if spec else nullcontext()  # empty: source is the last layer
         with ctx:
             logits = sm.forward([it.prompt for it in batch], chat=chat)[:, -1].float()
         for r, it in enumerate(batch):
@@ -441,14 +440,6 @@ def choice_accuracy(sm: "SteerModel", items: Sequence[OrderItem], *, steering=No
             correct.append(int(int(torch.argmax(logits[r, ids])) == it.answer))
     n, k = len(correct), sum(correct)
     return {"n": n, "accuracy": k / n if n else float("nan"), "ci95": list(wilson(k, n))}
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
