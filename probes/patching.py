@@ -48,6 +48,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from steerkit.errors import InputError
+from steerkit.hooknames import layer_names
 from steerkit.interventions import Intervention
 from steerkit.model import Tokens
 
@@ -448,7 +449,7 @@ def _plan(sm: "SteerModel", clean: Prompt, corrupted: Prompt, hook: str, layers,
         shape = (len(L), len(N))
     else:
         shape = (len(L), len(P))
-    return _Plan(kind, [f"blocks.{l}.{kind}" for l in L], L, P, H, N, shape, c, k, token_labels(sm, c))
+    return _Plan(kind, layer_names(L, kind), L, P, H, N, shape, c, k, token_labels(sm, c))
 
 
 def _patches(plan: _Plan, clean_acts: dict[str, Tensor]):

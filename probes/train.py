@@ -55,6 +55,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from steerkit.errors import InputError
+from steerkit.hooknames import layer_names
 from steerkit.interventions import Intervention
 from steerkit.vectors import SteeringVector
 
@@ -202,7 +203,7 @@ def _site(site: str, layer: int, sm: "SteerModel") -> str:
         raise InputError(f"expected site in {SITES}, found {site!r}")
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < sm.n_layers:
         raise InputError(f"expected layer as a block index in 0..{sm.n_layers - 1}, found {layer!r}")
-    return f"blocks.{layer}.hook_{site}"
+    return layer_names(layer, f"hook_{site}")[0]
 
 
 def _encode(sm: "SteerModel", prompts: Sequence[str], completions: Sequence[str], chat: bool):

@@ -13,6 +13,7 @@ evaluation grid as a :class:`CAAResult`.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
@@ -23,6 +24,7 @@ from tqdm import tqdm
 
 from steerkit.errors import InputError
 from steerkit.hooknames import resid_post
+from steerkit.interventions import Intervention
 from steerkit.positions import AnyOf
 from steerkit.vectors import SteeringVector
 
@@ -198,23 +200,19 @@ def matching_prob(sm: "SteerModel", items: Sequence[ABItem], *, vector=None, lay
     if positions is None:
         positions = after_instruction(sm, chat=chat)
     ids = {l: sm.tokenizer(l, add_special_tokens=False)["input_ids"][0] for l in ("A", "B")}
+    if vector is not None and multiplier != 0.0 and layer is None:
+        raise InputError("expected layer= (the block whose output is steered) with vector=, found None")
+    steering = (sm.steer(Intervention.add(resid_post(int(layer))[0], torch.as_tensor(vector, dtype=torch.float32),
+                                          float(multiplier), positions=positions), label=f"caa L{layer} x{multiplier:g}")
+                if vector is not None and multiplier != 0.0 else contextlib.nullcontext())
     probs = []
-    for i in range(0, len(items), batch_size):
-        batch = list(items[i:i + batch_size])
-        prompts = [sm.format(it.text, chat) + "(" for it in batch]
-        if vector is not None and multiplier != 0.0:
-            ctx = sm.edit(f"blocks.{layer}.hook_resid_post", add=torch.as_tensor(vector, dtype=torch.float32),
-                          scale=float(multiplier), positions=positions)
-        else:
-            ctx = None
-        try:
-            logits = sm.forward(prompts, chat=False)[:, -1].float()
-        finally:
-            if ctx is not None:
-                ctx.remove()
-        p = torch.softmax(logits[:, [ids["A"], ids["B"]]], -1)
-        for r, it in enumerate(batch):
-            probs.append(float(p[r, 0 if it.matching == "A" else 1]))
+    with steering:
+        for i in range(0, len(items), batch_size):
+            batch = list(items[i:i + batch_size])
+            logits = sm.forward([sm.format(it.text, chat) + "(" for it in batch], chat=False)[:, -1].float()
+            p = torch.softmax(logits[:, [ids["A"], ids["B"]]], -1)
+            for r, it in enumerate(batch):
+                probs.append(float(p[r, 0 if it.matching == "A" else 1]))
     return float(np.mean(probs))
 
 
