@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import warnings
 from typing import Callable, Iterable, Iterator, Sequence, Union
 
 import torch
@@ -38,7 +40,8 @@ Prompts = Union[str, Sequence[str]]
 
 
 def per_row_steering(steering) -> bool:
-    """A list is one steering per batch row unless every element is an :class:`Intervention`.
+    """Whether ``steering`` is a list in the old per-row form (a list is one steering per batch row
+    unless every element is an :class:`Intervention`); pass ``rows=[...]`` instead.
 
     Examples:
         >>> add = Intervention.add("blocks.0.hook_resid_post", torch.ones(64))
@@ -47,6 +50,24 @@ def per_row_steering(steering) -> bool:
     """
     return isinstance(steering, (list, tuple)) and bool(steering) and not all(
         isinstance(s, Intervention) for s in steering)
+
+
+def _rows_of(steering, rows, where: str, keyword: str = "rows"):
+    """``(steering, rows)`` with the old per-row list (``steering=[a, b]`` of artifacts, dicts, lists or
+    ``None``) moved to ``rows`` under a :class:`DeprecationWarning` naming ``keyword``."""
+    if rows is not None:
+        if steering is not None:
+            raise InputError(f"expected either a steering for every row or {keyword}= (one steering per row), "
+                             f"found both in {where}")
+        if not isinstance(rows, (list, tuple)) or not rows:
+            raise InputError(f"expected {keyword}= as a non-empty list with one steering (or None) per row, found "
+                             f"{type(rows).__name__}")
+        return None, list(rows)
+    if per_row_steering(steering):
+        warnings.warn(f"{where}: a list of steerings as one per batch row is deprecated; pass {keyword}=[...] "
+                      "(a list of Interventions is one steering, composed)", DeprecationWarning, stacklevel=3)
+        return None, list(steering)
+    return steering, None
 
 
 EDIT_OPS: dict[str, Callable] = {
@@ -164,18 +185,11 @@ class SteerModel:
         artifacts made on the full-precision model apply to it."""
         return self._fingerprint or model_fingerprint(self.hf_model)
 
-    @property
+    @functools.cached_property
     def facts(self) -> ModelFacts:
         """This model as lowering sees it (:class:`~steerkit.interventions.ModelFacts`), computed once."""
-        f = self.__dict__.get("_facts")
-        if f is None:
-            f = self.__dict__["_facts"] = ModelFacts(name=self.name, n_layers=self.n_layers, d_model=self.d_model,
-                                                     fingerprint=self.fingerprint(),
-                                                     has_resid_mid=self.hooks.has_resid_mid, n_heads=self.n_heads,
-                                                     n_kv_heads=self.n_kv_heads, d_head=self.d_head,
-                                                     d_mlp=self.d_mlp, n_experts=self.adapter.n_experts(self.hf_model),
-                                                     top_k=self.adapter.top_k(self.hf_model))
-        return f
+        return ModelFacts.from_hf_config(self.hf_model.config, name=self.name, fingerprint=self.fingerprint(),
+                                         adapter=self.adapter, model=self.hf_model)
 
     # --- tokens ------------------------------------------------------------------
     def format(self, prompt: str, chat: bool = True) -> str:
@@ -276,27 +290,36 @@ class SteerModel:
     def generate(self, prompts: Prompts | Tokens, max_new_tokens: int = 32, *, chat: bool = True,
                  do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  stop: Sequence[str] = (), seed: int | None = None, stream: Callable | None = None,
-                 return_tokens: bool = False, steering=None, steer_positions: PositionSpec | None = None,
-                 preserve_norm: bool = False, recycle=None):
+                 return_tokens: bool = False, steering=None, steer_rows: Sequence | None = None,
+                 steer_positions: PositionSpec | None = None, preserve_norm: bool = False, recycle=None):
         """Generate continuations (greedy by default) with the KV cache; returns the new texts.
 
-        ``steering``: anything :meth:`steer` takes, for every row, or a list with one per prompt
-        (``None`` for an unsteered row); applied with one fused call per hooked site per step.
-        ``steer_positions`` replaces the positions of every intervention when given.
-        ``recycle``: a :class:`steerkit.generation.Recycle` (representation recycling on thinking
-        tokens, Qian et al. 2025).
+        ``steering``: anything :meth:`steer` takes, for every row (a list of interventions composes).
+        ``steer_rows``: one steering (or ``None``) per prompt, each row steered its own way, with one
+        fused call per hooked site per step. ``steer_positions`` replaces the positions of every
+        intervention when given. ``recycle``: a :class:`steerkit.generation.Recycle` (representation
+        recycling on thinking tokens, Qian et al. 2025). A list of steerings passed as ``steering=``
+        (the old per-row form) still works and warns (:class:`DeprecationWarning`).
+
+        Examples:
+            >>> add = steerkit.Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 4.0)
+            >>> both = tiny.generate(["Hi", "Bye"], 3, chat=False, steering=[add, add.at("last")])  # one steering
+            >>> rows = tiny.generate(["Hi", "Bye"], 3, chat=False, steer_rows=[[add], None])  # per row
+            >>> rows[1] == tiny.generate(["Bye"], 3, chat=False)[0]
+            True
         """
         kw = dict(max_new_tokens=max_new_tokens, chat=chat, do_sample=do_sample, temperature=temperature,
                   top_p=top_p, top_k=top_k, stop=stop, seed=seed, stream=stream, return_tokens=return_tokens,
                   recycle=recycle)
-        if steering is None:
+        steering, steer_rows = _rows_of(steering, steer_rows, "generate", "steer_rows")
+        if steering is None and steer_rows is None:
             return _generate(self, prompts, **kw)  # (it checks its arguments first)
         check_generate_args(self, prompts, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
                             top_p=top_p, top_k=top_k, seed=seed, stop=stop, stream=stream)  # before compiling
         n = 1 if isinstance(prompts, str) else len(prompts)
-        if per_row_steering(steering) and len(steering) != n:
-            raise InputError(f"expected one steering spec per prompt ({n}), found {len(steering)}")
-        with self.steer(steering, positions=steer_positions, preserve_norm=preserve_norm):
+        if steer_rows is not None and len(steer_rows) != n:
+            raise InputError(f"expected one steering spec per prompt ({n}), found {len(steer_rows)}")
+        with self.steer(steering, rows=steer_rows, positions=steer_positions, preserve_norm=preserve_norm):
             return _generate(self, prompts, **kw)
 
     # --- hooks -------------------------------------------------------------------
@@ -344,43 +367,61 @@ class SteerModel:
                            for h, t in per_hook.items()],
                           label=f"{op} {list(per_hook)}")
 
-    def steer(self, steering, scale: float = 1.0, *, positions: PositionSpec | None = None,
-              preserve_norm: bool = False, override: bool = False, label: str | None = None) -> HookHandle:
+    def steer(self, steering=None, scale: float = 1.0, *, rows: Sequence | None = None,
+              positions: PositionSpec | None = None, preserve_norm: bool = False, override: bool = False,
+              label: str | None = None) -> HookHandle:
         """Apply a steering until the handle is removed (``with sm.steer(...):`` or ``.remove()``).
 
-        ``steering``: an :class:`~steerkit.interventions.Intervention` or a list of them; a stored
-        artifact (anything with ``to_interventions``: checked against this model's d_model, depth and
-        fingerprint unless ``override``; ``scale`` multiplies it); a ``{hook: SteerConfig}`` dict; or a
-        list with one of those (or ``None``) per batch row, which steers each row its own way in the same
-        kernel call. Everything is lowered to interventions and compiled once here
-        (:func:`steerkit.interventions.compile`); ``positions`` replaces every intervention's own.
+        ``steering``, the same for every row: an :class:`~steerkit.interventions.Intervention` or a
+        list of them (composed: all apply); a stored artifact (anything with ``to_interventions``:
+        checked against this model's d_model, depth and fingerprint unless ``override``; ``scale``
+        multiplies it); a ``{hook: SteerConfig}`` dict. ``rows``: instead, one of those (or ``None``)
+        per batch row, which steers each row its own way in the same kernel call. Everything is lowered
+        to interventions and compiled once here (:func:`steerkit.interventions.compile`); ``positions``
+        replaces every intervention's own. A list of steerings passed as ``steering`` (the old per-row
+        form) still works and warns (:class:`DeprecationWarning`): pass ``rows=``.
+
+        Examples:
+            >>> add = steerkit.Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 4.0)
+            >>> with tiny.steer([add, add.at("last")]):  # one steering for every row: both apply
+            ...     both = tiny.forward(["hi", "bye"], chat=False)
+            >>> with tiny.steer(rows=[[add], None]):  # row 0 steered, row 1 not
+            ...     per_row = tiny.forward(["hi", "bye"], chat=False)
+            >>> torch.allclose(per_row[1], tiny.forward(["hi", "bye"], chat=False)[1])
+            True
         """
-        compiled = self.compile(steering, scale, positions=positions, preserve_norm=preserve_norm,
+        steering, rows = _rows_of(steering, rows, "steer")
+        compiled = self.compile(steering, scale, rows=rows, positions=positions, preserve_norm=preserve_norm,
                                 override=override)
         return self.hooks.install(compiled, label=label or f"steer {list(compiled.programs)}"
                                   + (f" per-row x{compiled.n_groups}" if compiled.n_groups > 1 else ""))
 
-    def compile(self, steering, scale: float = 1.0, *, positions: PositionSpec | None = None,
-                preserve_norm: bool = False, override: bool = False) -> CompiledSteering:
-        """:meth:`steer`'s lowering and compilation, without registering anything."""
-        if steering is None:
-            raise InputError("expected a steering (interventions, an artifact, a {hook: SteerConfig} dict or "
-                             "a per-row list), found None")
+    def compile(self, steering=None, scale: float = 1.0, *, rows: Sequence | None = None,
+                positions: PositionSpec | None = None, preserve_norm: bool = False,
+                override: bool = False) -> CompiledSteering:
+        """:meth:`steer`'s lowering and compilation, without registering anything.
+
+        Examples:
+            >>> add = steerkit.Intervention.add("blocks.1.hook_resid_post", torch.ones(64))
+            >>> tiny.compile(add).n_groups, tiny.compile(rows=[[add], None, add]).n_groups
+            (1, 3)
+        """
+        steering, rows = _rows_of(steering, rows, "compile")
+        if steering is None and rows is None:
+            raise InputError("expected a steering (interventions, an artifact, a {hook: SteerConfig} dict) or "
+                             "rows= (one per batch row), found None")
         facts = self.facts
-        per_row = per_row_steering(steering)
-        rows: list
-        if per_row:
-            rows = [None if s is None else lower(s, facts, scale=scale, override=override) for s in steering]
+        groups: list
+        if rows is not None:
+            groups = [None if s is None else lower(s, facts, scale=scale, override=override) for s in rows]
         else:
-            rows = lower(steering, facts, scale=scale, override=override)
+            groups = [lower(steering, facts, scale=scale, override=override)]
         if preserve_norm:
-            def keep_norm(g):
-                return None if g is None else [dataclasses.replace(p, preserve_norm=True) if p.op in KERNEL_OPS
-                                               else p for p in g]
-            rows = [keep_norm(g) for g in rows] if per_row else keep_norm(rows)
+            groups = [None if g is None else [dataclasses.replace(p, preserve_norm=True) if p.op in KERNEL_OPS
+                                              else p for p in g] for g in groups]
         spread = len({str(d) for d in getattr(self.hf_model, "hf_device_map", {}).values()} - {"disk", "cpu"}) > 1
-        return compile(rows, facts, per_row=per_row, device=self.site_device if spread else self.device, dtype=self.dtype,
-                       positions=positions)
+        return compile(groups, facts, per_row=True, device=self.site_device if spread else self.device,
+                       dtype=self.dtype, positions=positions)
 
     def reset(self) -> None:
         """Remove every hook steerkit registered on this model."""

@@ -674,3 +674,25 @@ HELD_OUT_F1 = 0.9
 HELD_OUT_ACCURACY = 0.9
 BEHAVIOUR_LAYER = 12
 BEHAVIOUR_SCALE = 4.0
+
+
+@pytest.mark.parametrize("aggregate", ["mean", "last"])
+def test_one_accumulator_chunk_by_chunk_equals_one_pass(aggregate):
+    """interventions.Decisions is THE decision accumulator: a prompt fed in chunks (the server's
+    prefill) decides as the whole prompt in one pass (sm.generate), and RequestConditions is it."""
+    from steerkit.interventions import Decisions
+    from steerkit.serving.plan import RequestConditions
+    g = torch.Generator().manual_seed(0)
+    c = Condition(COND_SITE, torch.randn(64, generator=g), 0.0, aggregate=aggregate)
+    x = torch.randn(1, 7, 64, generator=g)
+    whole = Decisions([c])
+    whole.evaluate(c, x, None, run_id=1)
+    chunked, rc = Decisions([c]), RequestConditions()
+    for a, b in ((0, 3), (3, 5), (5, 7)):
+        chunked.observe("r", c, x[:, a:b], None, first=a == 0, last=b == 7)
+        rc.observe("r", c, x[0, a:b], np.arange(a, b), n_prompt=7)
+    assert chunked.selected("r", When(c)).tolist() == whole.fired()[c].tolist() == [rc.fired("r", When(c))]
+    assert torch.allclose(chunked.similarity("r", c), whole.similarities()[c], atol=1e-6)
+    assert abs(rc.similarity("r", c) - float(whole.similarities()[c][0])) < 1e-6
+    rc.keep([])
+    assert len(rc) == 0 and rc.fired("r", When(c)) is None

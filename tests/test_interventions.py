@@ -85,7 +85,7 @@ def test_per_row_groups_with_torch_steps(tiny):
     site = f"blocks.{L}.hook_resid_post"
     u, r = _unit(d, 2), _unit(d, 3)
     rows = [None, [Intervention.ablate(site, u)], [Intervention.replace(site, r, 0.5, positions="prompt")]]
-    got, n = _resid(tiny, L, PROMPTS, steering=rows)
+    got, n = _resid(tiny, L, PROMPTS, rows=rows)
     for b, s in enumerate(rows):
         alone, m = _resid(tiny, L, [PROMPTS[b]], **({"steering": s} if s else {}))
         k = int(m[0])
@@ -245,7 +245,7 @@ def test_one_lowering_function():
             for node in ast.walk(tree):
                 if isinstance(node, ast.Attribute) and node.attr == "from_configs":
                     builders.append(str(f.relative_to(ROOT)))
-    assert builders == ["steerkit/interventions.py"], builders
+    assert builders == ["steerkit/interventions/program.py"], builders
 
 
 def test_apply_fn_of_the_wrong_shape_is_refused(tiny):
@@ -254,3 +254,52 @@ def test_apply_fn_of_the_wrong_shape_is_refused(tiny):
         with pytest.raises(InputError, match="to return a tensor of shape"):
             tiny.forward(PROMPTS, chat=False)
     assert tiny.hook_count() == 0
+
+
+def test_per_row_steering_is_said_with_rows(tiny):
+    """sm.steer(rows=[...]) / generate(steer_rows=[...]) steer each row its own way; a list of
+    Interventions is one steering (composed); the old per-row list warns and still works."""
+    t = tiny
+    add = steerkit.Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 3.0)
+    prompts = ["hi there", "bye"]
+    base = t.forward(prompts, chat=False)
+    with t.steer(rows=[[add], None]):
+        per_row = t.forward(prompts, chat=False)
+    assert torch.allclose(per_row[1], base[1]) and not torch.allclose(per_row[0], base[0])
+    with pytest.warns(DeprecationWarning, match="rows="):
+        with t.steer([[add], None]):
+            old = t.forward(prompts, chat=False)
+    assert torch.equal(old, per_row)
+    with t.steer([add, add]):  # one steering: both adds apply to every row
+        both = t.forward(prompts, chat=False)
+    with t.steer(steerkit.Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 6.0)):
+        once = t.forward(prompts, chat=False)
+    assert torch.allclose(both, once, atol=1e-4)
+    got = t.generate(prompts, 3, chat=False, steer_rows=[[add], None])
+    with pytest.warns(DeprecationWarning, match="steer_rows="):
+        assert t.generate(prompts, 3, chat=False, steering=[[add], None]) == got
+    with pytest.raises(InputError, match="both"):
+        t.steer([add], rows=[[add], None])
+    with pytest.raises(InputError, match="one steering spec per prompt"):
+        t.generate(prompts, 3, chat=False, steer_rows=[[add]])
+
+
+def test_model_facts_have_one_builder(tiny):
+    """SteerModel.facts, vectors.facts_of, the served model's facts (its config) and a dict all build
+    through ModelFacts.from_hf_config / from_dict, as complete as the information allows."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from steerkit.interventions import ModelFacts
+    from steerkit.serving.spec import _facts
+    from steerkit.serving.vllm_plugin import served_facts
+    from steerkit.vectors import facts_of
+    t = tiny
+    f = t.facts
+    assert facts_of(t.hf_model) == dataclasses.replace(f, name="LlamaForCausalLM") and facts_of(t) is f
+    served = served_facts(SimpleNamespace(hf_config=t.hf_model.config, model="/nonexistent", served_model_name=t.name))
+    want = {k: v for k, v in f.as_dict().items() if k not in ("fingerprint", "d_mlp")}
+    assert {k: v for k, v in served.as_dict().items() if k in want} == want
+    assert served.n_heads == t.n_heads and served.n_kv_heads == t.n_kv_heads and served.d_head == t.d_head
+    assert _facts(f.as_dict()) == f == ModelFacts.from_dict(f.as_dict())
+    assert t.__dict__["facts"] is f  # functools.cached_property

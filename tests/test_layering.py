@@ -36,6 +36,8 @@ def test_layers_contract():
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "lint_imports.py")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "0 broken" in r.stdout
+    # only the interventions (the one lowering step) and the serving operator import the kernels
+    assert "the kernels: imported only by steerkit.interventions and steerkit.serving KEPT" in r.stdout
 
 
 def test_no_function_local_imports_of_steerkit_modules():

@@ -30,10 +30,10 @@ def specs(default_model):
 
 
 def test_per_row_equals_each_row_alone(sm, specs):
-    with sm.steer(specs):
+    with sm.steer(rows=specs):
         batch_logits = sm.forward(P)
     toks = sm.tokenize(P)
-    batch_gen = sm.generate(P, max_new_tokens=8, steering=specs, return_tokens=True)
+    batch_gen = sm.generate(P, max_new_tokens=8, steer_rows=specs, return_tokens=True)
     for i, (p, s) in enumerate(zip(P, specs)):
         if s is None:
             alone = sm.forward([p])
@@ -42,7 +42,7 @@ def test_per_row_equals_each_row_alone(sm, specs):
                 alone = sm.forward([p])
         n = alone.shape[1]
         torch.testing.assert_close(batch_logits[i, -n:], alone[0], atol=5e-4, rtol=1e-4)
-        gen_alone = sm.generate([p], max_new_tokens=8, steering=[s] if s else None, return_tokens=True)[0]
+        gen_alone = sm.generate([p], max_new_tokens=8, steer_rows=[s] if s else None, return_tokens=True)[0]
         assert gen_alone == batch_gen[i], i
     # and steering really changed the steered rows
     plain = sm.generate(P, max_new_tokens=8, return_tokens=True)
@@ -59,7 +59,7 @@ def test_one_fused_call_per_hooked_layer_per_step(sm, specs, monkeypatch):
         calls.append(a[0].shape)
         return real(*a, **k)
     monkeypatch.setattr(K, "fused_steer", counting)
-    import steerkit.interventions as I
+    import steerkit.interventions.program as I
     real_bind = I.bind_steer
 
     def counting_bind(*a, **k):  # the call compile binds once per site: count its calls
@@ -71,7 +71,7 @@ def test_one_fused_call_per_hooked_layer_per_step(sm, specs, monkeypatch):
         return counted
     monkeypatch.setattr(I, "bind_steer", counting_bind)
     n_new = 5
-    out = sm.generate(P[:3], max_new_tokens=n_new, steering=specs[:3], return_tokens=True)
+    out = sm.generate(P[:3], max_new_tokens=n_new, steer_rows=specs[:3], return_tokens=True)
     hooks = {h for s in specs[:3] if s for h in s}
     steps = 1 + max(len(o) for o in out) - 1 + (0 if max(len(o) for o in out) == n_new else 1)
     assert len(calls) == len(hooks) * steps
@@ -102,14 +102,15 @@ def test_positions_streaming_sampling_stop(sm, specs):
 def test_bad_steering_input(sm, specs):
     before = sm.hook_count()
     with pytest.raises(InputError, match="one steering spec per prompt"):
-        sm.generate(P[:2], steering=specs)
+        sm.generate(P[:2], steer_rows=specs)
     with pytest.raises(InputError, match="SteerConfig"):
         sm.steer({"blocks.1.hook_resid_post": torch.ones(sm.d_model)})
     with pytest.raises(InputError, match="d_model=576"):
         sm.steer({"blocks.1.hook_resid_post": SteerConfig.injection(torch.ones(100))})
     with pytest.raises(steerkit.HookNameError):
         sm.steer({"blocks.99.hook_resid_post": SteerConfig.injection(torch.ones(sm.d_model))})
-    with sm.steer(specs[:2]):
+    with sm.steer(rows=specs[:2]):
         with pytest.raises(InputError, match="batch of 2 rows"):
             sm.forward(P[:3])
     assert sm.hook_count() == before
+

@@ -53,21 +53,19 @@ def facts_of(model: Any) -> ModelFacts:
     Examples:
         >>> from steerkit.vectors import facts_of
         >>> f = facts_of(tiny.hf_model)
-        >>> f.n_layers, f.d_model
-        (4, 64)
+        >>> f.n_layers, f.d_model, f.n_heads, f.d_mlp
+        (4, 64, 4, 128)
     """
     f = getattr(model, "facts", None)
     if isinstance(f, ModelFacts):
         return f
     hf = _hf(model)
     cfg = getattr(hf, "config", None)
-    cfg = getattr(cfg, "text_config", None) or cfg
     if cfg is None:
         raise VectorsError(f"expected a SteerModel or a Hugging Face model with a config, found "
                            f"{type(model).__name__} without one; pass the SteerModel or its hf_model")
-    return ModelFacts(name=str(getattr(model, "name", None) or getattr(cfg, "_name_or_path", None) or type(hf).__name__),
-                      n_layers=int(cfg.num_hidden_layers), d_model=int(cfg.hidden_size),
-                      fingerprint=fingerprint_of(hf))
+    name = str(getattr(model, "name", None) or getattr(cfg, "_name_or_path", None) or type(hf).__name__)
+    return ModelFacts.from_hf_config(hf.config, name=name, fingerprint=fingerprint_of(hf), model=hf)
 
 
 def _layers_of(a: Any) -> list[int]:

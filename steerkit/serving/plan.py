@@ -18,7 +18,6 @@ requests are never touched.
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -26,9 +25,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from steerkit.bounded import BoundedDict
 from steerkit.errors import InputError
-from steerkit.interventions import (KERNEL_OPS, CompiledSteering, Condition, ModelFacts, SiteProgram, When, compile,
-                                   condition_similarity, server_mask_of)
+from steerkit.interventions import (KERNEL_OPS, CompiledSteering, Condition, Decisions, ModelFacts, SiteProgram, When,
+                                   compile, server_mask_of)
 from steerkit.kernels.config import SteerConfigError
 from steerkit.kernels.slots import SlotShape, SteerSlots, slot_info
 
@@ -78,8 +78,8 @@ class SteeringCache:
     key, in that order), least recently used dropped."""
 
     def __init__(self, facts: ModelFacts, device=None, dtype: torch.dtype = torch.float32, max_entries: int = 128):
-        self.facts, self.device, self.dtype, self.max = facts, device, dtype, max_entries
-        self._d: "OrderedDict[tuple, CompiledSteering]" = OrderedDict()
+        self.facts, self.device, self.dtype = facts, device, dtype
+        self._d: BoundedDict[tuple, CompiledSteering] = BoundedDict(max_entries)
 
     def __len__(self) -> int:
         return len(self._d)
@@ -88,15 +88,10 @@ class SteeringCache:
         """The compiled steering of ``resolved`` (distinct keys), row group ``i`` for ``resolved[i]``."""
         key = tuple(r.key for r in resolved)
         hit = self._d.get(key)
-        if hit is not None:
-            self._d.move_to_end(key)
-            return hit
-        cs = compile([list(r.interventions) for r in resolved], self.facts, per_row=True, device=self.device,
-                     dtype=self.dtype)
-        self._d[key] = cs
-        while len(self._d) > self.max:
-            self._d.popitem(last=False)
-        return cs
+        if hit is None:
+            hit = self._d[key] = compile([list(r.interventions) for r in resolved], self.facts, per_row=True,
+                                         device=self.device, dtype=self.dtype)
+        return hit
 
 
 @dataclasses.dataclass
@@ -114,10 +109,11 @@ class RequestConditions:
     """The CAST decisions of a server's requests (:class:`steerkit.Condition`), held across steps.
 
     ``sm.generate`` decides a row's conditions on the forward pass that holds its prompt and holds the
-    decision for every later step. A server sees a prompt in one or several prefill chunks, so for each
-    (request, condition) this gathers, at the condition's site, the aggregate of the prompt rows it has
-    seen (the running sum and count for ``"mean"``, the row for ``"last"``) and decides when the
-    prompt's last token passes the site. Sites that run after it in that step already see the decision;
+    decision for every later step. A server sees a prompt in one or several prefill chunks; both feed
+    the one accumulator, :class:`steerkit.interventions.Decisions` (here one owner per request, one
+    row each): at the condition's site it gathers the aggregate of the prompt rows seen (the running
+    sum and count for ``"mean"``, the row for ``"last"``) and decides when the prompt's last token
+    passes the site. Sites that run after it in that step already see the decision;
     before it (earlier sites, earlier chunks) the request is undecided and its rules select nothing, as
     in ``sm.generate`` for sites before the condition's. Entries of finished requests are dropped by
     :meth:`keep`.
@@ -134,61 +130,37 @@ class RequestConditions:
     """
 
     def __init__(self) -> None:
-        self._acc: dict = {}  # (request, condition key) -> [sum or last row, count]
-        self._done: dict = {}  # (request, condition key) -> (similarity, fired)
+        self._decisions = Decisions()  # the one accumulator sm.generate uses too; owners: request ids
 
     def __len__(self) -> int:
-        return len({r for r, _ in self._acc} | {r for r, _ in self._done})
+        return len(self._decisions.owners())
 
     def observe(self, req_id: str, c: Condition, x: Float[Tensor, "n width"], positions: np.ndarray,
                 n_prompt: int) -> None:
         """Take the rows ``x`` of ``req_id`` at ``c``'s site (their absolute ``positions``) into its
-        decision; decide when they hold the prompt's last token. Decided requests are skipped."""
-        key = (req_id, c.key)
-        if key in self._done:
-            return
+        decision; decide when they hold the prompt's last token. Decided requests are skipped; a chunk
+        from the prompt's start (again, after a preemption) starts a fresh aggregate."""
         pos = np.asarray(positions)
         sel = np.flatnonzero(pos < n_prompt)
         if sel.size == 0:
             return
-        rows = x[torch.from_numpy(sel).to(x.device)].float()
-        if int(pos[sel[0]]) == 0:  # the prompt from its start (again, after a preemption): a fresh sum
-            self._acc.pop(key, None)
-        acc = self._acc.setdefault(key, [None, 0])
-        if c.aggregate == "mean":
-            s = rows.sum(0)
-            acc[0] = s if acc[0] is None else acc[0] + s
-        else:
-            acc[0] = rows[-1]
-        acc[1] += int(sel.size)
-        if int(pos[sel[-1]]) != n_prompt - 1:
-            return
-        agg = acc[0] / acc[1] if c.aggregate == "mean" else acc[0]
-        sim = condition_similarity(agg, c.direction.to(agg.device), c.measure)
-        self._done[key] = (float(sim), bool(c.fires(sim)))
-        del self._acc[key]
+        rows = x[torch.from_numpy(sel).to(x.device)]
+        self._decisions.observe(req_id, c, rows[None], None, first=int(pos[sel[0]]) == 0,
+                                last=int(pos[sel[-1]]) == n_prompt - 1)
 
     def fired(self, req_id: str, when: When) -> Optional[bool]:
         """Whether ``when`` selects ``req_id`` (``None`` while one of its conditions is undecided)."""
-        fired = []
-        for c in when.conditions:
-            d = self._done.get((req_id, c.key))
-            if d is None:
-                return None
-            fired.append(torch.tensor([d[1]]))
-        return bool(when.rule(fired)[0])
+        sel = self._decisions.selected(req_id, when)
+        return None if sel is None else bool(sel[0])
 
     def similarity(self, req_id: str, c: Condition) -> Optional[float]:
         """``req_id``'s similarity for ``c`` (``None`` while undecided)."""
-        d = self._done.get((req_id, c.key))
-        return None if d is None else d[0]
+        sim = self._decisions.similarity(req_id, c)
+        return None if sim is None else float(sim[0])
 
     def keep(self, live) -> None:
         """Drop the entries of requests not in ``live``."""
-        live = set(live)
-        for d in (self._acc, self._done):
-            for k in [k for k in d if k[0] not in live]:
-                del d[k]
+        self._decisions.keep(live)
 
 
 class StepPlan:

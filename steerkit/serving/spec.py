@@ -365,10 +365,9 @@ def _facts(facts: Union[ModelFacts, dict]) -> ModelFacts:
         return facts
     if isinstance(facts, dict):
         try:
-            return ModelFacts(name=str(facts["name"]), n_layers=int(facts["n_layers"]), d_model=int(facts["d_model"]),
-                              fingerprint=facts.get("fingerprint"), has_resid_mid=bool(facts.get("has_resid_mid", True)))
-        except KeyError as e:
-            raise SpecError(f"expected the served model's facts with name, n_layers, d_model, found no {e}") from None
+            return ModelFacts.from_dict(facts)
+        except InputError as e:
+            raise SpecError(f"the served model's facts: {e}") from None
     raise SpecError(f"expected the served model's facts as steerkit.ModelFacts, found {type(facts).__name__}")
 
 

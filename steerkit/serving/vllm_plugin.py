@@ -62,12 +62,12 @@ import json
 import logging
 import os
 import threading
-from collections import OrderedDict
 from typing import Any, Optional
 
 import torch
 
 from steerkit.adapters import vllm_sites
+from steerkit.bounded import BoundedDict
 from steerkit.errors import BackendUnavailableError
 from steerkit.interventions import ModelFacts, compile
 from steerkit.vectors import Store
@@ -201,37 +201,32 @@ def store() -> Store:
 
 
 def served_facts(model_config) -> ModelFacts:
-    """:class:`~steerkit.ModelFacts` of the model vLLM serves (name, depth, width, fingerprint)."""
+    """:class:`~steerkit.ModelFacts` of the model vLLM serves: its config read by the family's adapter
+    (:meth:`~steerkit.ModelFacts.from_hf_config`: depth, width, heads, KV heads, head size, experts) and
+    the fingerprint of its folder."""
     hf = model_config.hf_config
-    text = getattr(hf, "text_config", None) or hf
     path = model_config.model
     try:
         fp = folder_fingerprint(path) if os.path.isdir(path) else None
     except Exception as e:  # noqa: BLE001 - no safetensors, unreadable config: no fingerprint check
         log.warning("steerkit: no fingerprint for %s (%s); artifacts are checked by shape only", path, e)
         fp = None
-    return ModelFacts(name=str(getattr(model_config, "served_model_name", None) or path),
-                      n_layers=int(text.num_hidden_layers), d_model=int(text.hidden_size), fingerprint=fp)
+    return ModelFacts.from_hf_config(hf, name=str(getattr(model_config, "served_model_name", None) or path),
+                                     fingerprint=fp)
 
 
 class _Resolver:
     """Parsed and resolved specs by their text, bounded (LRU)."""
 
     def __init__(self, max_entries: int = 256):
-        self._d: "OrderedDict[str, Any]" = OrderedDict()
-        self.max = max_entries
+        self._d: BoundedDict[str, Any] = BoundedDict(max_entries)
 
     def get(self, raw: Any, facts: ModelFacts, check: bool = True):
         key = raw if isinstance(raw, str) else repr(sorted(raw.items())) if isinstance(raw, dict) else repr(raw)
-        hit = self._d.get(key)
-        if hit is not None:
-            self._d.move_to_end(key)
-            return hit
+        if key in self._d:
+            return self._d[key]
         spec = parse_spec(raw)
-        res = None if spec.empty else resolve(spec, store=store(), facts=facts, check=check)
-        self._d[key] = res
-        while len(self._d) > self.max:
-            self._d.popitem(last=False)
+        res = self._d[key] = None if spec.empty else resolve(spec, store=store(), facts=facts, check=check)
         return res
 
 

@@ -1,0 +1,424 @@
+"""Compiled steering: :func:`compile`, the one lowering step, and the :class:`SiteProgram` it makes
+per site (see :mod:`steerkit.interventions`)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from steerkit.errors import InputError
+from steerkit.hooknames import parse as parse_hook
+from steerkit.kernels import ORTHO_TOL, SteerConfig, SteerTable, bind_steer
+from steerkit.positions import PositionSpec, spec_key, validate_positions
+
+from .conditions import Condition, Decisions
+from .facts import ModelFacts
+from .lower import _check_condition, _structured
+from .values import KERNEL_OPS, Intervention, Steering
+
+#: distinct position specs among one row's kernel interventions at one site (2^n - 1 combinations)
+MAX_POSITION_SPECS = 4
+
+
+def _combine(parts: Sequence[Intervention], where: str) -> SteerConfig:
+    """One kernel configuration doing all of ``parts`` (one row's kernel interventions at one site
+    whose positions select a token): bases stacked (orthonormal together), injections summed, at
+    most one region and one gate."""
+    if len(parts) == 1:
+        return parts[0].config()
+    bases, strengths, targets, adds, add_scales, regions, gates = [], [], [], [], [], [], []
+    for p in parts:
+        t = p.tensor
+        if p.op in ("ablate", "clamp") and t is not None:
+            k = t.shape[0]
+            bases.append(t.float())
+            strengths.append(torch.full((k,), p.scale if p.op == "ablate" else 1.0))
+            targets.append(p.value.float() if p.op == "clamp" and p.value is not None else torch.zeros(k))
+        elif p.op == "add" and t is not None:
+            adds.append(t.float()[None])
+            add_scales.append(torch.tensor([p.scale], dtype=torch.float32))
+        elif p.op == "project" and p.region is not None:
+            regions.append((p.region, p.scale))
+        if p.gate is not None:
+            gates.append(p.gate)
+    if len(regions) > 1:
+        raise InputError(f"expected at most one region projection per row at {where}, found {len(regions)}")
+    if gates and (len(gates) != sum(p.op in ("add", "project") for p in parts) or any(
+            not torch.equal(g.direction, gates[0].direction) or g.threshold != gates[0].threshold
+            or g.mode != gates[0].mode for g in gates)):
+        raise InputError(f"expected one gate for every add / project applied together at {where}, found "
+                         "different (or missing) gates; apply them at different sites or positions")
+    kw: dict = {}
+    if bases:
+        B = torch.cat(bases)
+        err = float((B.double() @ B.double().T - torch.eye(B.shape[0], dtype=torch.float64)).abs().max())
+        if err > ORTHO_TOL:
+            raise InputError(f"expected the ablate / clamp directions applied together at {where} to be orthonormal "
+                             f"(max |B B^T - I| = {err:.3g}), found overlapping ones; apply them at different "
+                             "sites or pass one basis from steerkit.orthonormalize")
+        kw.update(basis=B, strength=torch.cat(strengths), target=torch.cat(targets))
+    if adds:
+        kw.update(add=torch.cat(adds), add_scale=torch.cat(add_scales))
+    if regions:
+        kw["region"], kw["region_strength"] = regions[0]
+    if gates:
+        g = gates[0]
+        kw.update(gate_direction=g.direction, gate_threshold=g.threshold, gate_mode=g.mode)
+    return SteerConfig(**kw)
+
+
+MaskOf = Callable[[PositionSpec], Optional[Tensor]]
+
+
+def _spec_id(p: Intervention):
+    """The key of ``p``'s spec in a site's kernel table: its positions and its rule (``when``)."""
+    return spec_key(p.positions), None if p.when is None else p.when.key
+
+
+class SiteProgram:
+    """What one site does for a whole batch, compiled once (see the module docstring).
+
+    ``groups``: row groups (one steering each: every row for a shared steering, one group per batch
+    row or per served request otherwise). ``kernel``: the bound fused call over ONE table with, per
+    group, a configuration for every non-empty subset of its distinct position specs (subset ``b`` of
+    group ``g`` is row ``base[g] + b - 1``). ``steps``: torch operations with the groups they apply to.
+
+    Examples:
+        >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 2.0)
+        >>> program = compile([add], tiny.facts).programs["blocks.1.hook_resid_post"]
+        >>> program.site, program.n_groups, program.table.n_configs
+        ('blocks.1.hook_resid_post', 1, 1)
+    """
+
+    __slots__ = ("site", "n_groups", "kernel", "table", "specs", "bit_weight", "base", "steps", "simple",
+                 "decode_fast", "preserve_norm", "whens", "conditions", "decisions")
+
+    def __init__(self, site: str, per_group: Sequence[Sequence[Intervention]], *, d_model: int, device, dtype,
+                 impl: str, conditions: Sequence[Condition] = (), decisions: Optional[Decisions] = None):
+        self.site = site
+        self.n_groups = len(per_group)
+        # CAST: the conditions evaluated here (read-only) and the decisions every program of the steering shares
+        self.conditions = tuple(conditions)
+        self.decisions = decisions
+        if (self.conditions or any(p.when is not None for g in per_group for p in g)) and decisions is None:
+            raise InputError(f"expected the shared Decisions of a compiled steering at {site!r} (conditions), found "
+                             "none; build programs with steerkit.interventions.compile")
+        specs: dict = {}  # spec id -> (index, spec)
+        kernel_parts: list[list[Intervention]] = [[p for p in g if p.op in KERNEL_OPS] for g in per_group]
+        norm = {p.preserve_norm for g in kernel_parts for p in g}
+        if len(norm) > 1:
+            raise InputError(f"expected preserve_norm to be the same for every kernel intervention at {site!r}, "
+                             "found both; apply them at different sites")
+        self.preserve_norm = bool(norm and norm.pop())
+        configs: list[SteerConfig] = []
+        base: list[int] = []
+        local_bits: list[dict] = []
+        for gi, parts in enumerate(kernel_parts):
+            local: dict = {}
+            for p in parts:
+                sid = _spec_id(p)
+                if sid not in specs:
+                    specs[sid] = (len(specs), (p.positions, p.when))
+                local.setdefault(specs[sid][0], len(local))
+            if len(local) > MAX_POSITION_SPECS:
+                raise InputError(f"expected at most {MAX_POSITION_SPECS} different position specs among one row's "
+                                 f"interventions at {site!r}, found {len(local)}; merge them (steerkit.AnyOf) or "
+                                 "use other sites")
+            base.append(len(configs))
+            local_bits.append(local)
+            for b in range(1, 1 << len(local)):
+                chosen = [p for p in parts if b >> local[specs[_spec_id(p)][0]] & 1]
+                configs.append(_combine(chosen, f"{site} (row group {gi})"))
+        ordered = [s for _, s in sorted(specs.values(), key=lambda t: t[0])]
+        self.specs = [pos for pos, _ in ordered]  # each spec: (positions, when); a rule ANDs the row's decision
+        self.whens = [w for _, w in ordered]
+        self.table = self.kernel = None
+        if configs:
+            try:
+                self.table = SteerTable.from_configs(configs, d_model=d_model, device=device)
+            except InputError as e:
+                raise InputError(f"steering at {site!r}: {e}") from None
+            self.kernel = bind_steer(self.table, device=device, dtype=dtype, impl=impl,
+                                     preserve_norm=self.preserve_norm)
+        bw = torch.zeros(self.n_groups, max(1, len(self.specs)), dtype=torch.long)
+        for gi, local in enumerate(local_bits):
+            for j, bit in local.items():
+                bw[gi, j] = 1 << bit
+        self.bit_weight = bw.to(device)
+        self.base = torch.tensor(base or [0], dtype=torch.long, device=device)
+        self.steps = []  # [(intervention, groups: Tensor[n_groups] bool | None for all)]
+        order: dict = {}
+        for gi, g in enumerate(per_group):
+            for p in g:
+                if p.op not in KERNEL_OPS:
+                    order.setdefault(id(p), [p, set()])[1].add(gi)
+        for p, gs in order.values():
+            sel = None if len(gs) == self.n_groups else torch.tensor([i in gs for i in range(self.n_groups)],
+                                                                        device=device)
+            self.steps.append((p, sel))
+        # one configuration, one spec for every row: the bound call alone (with the spec's mask)
+        self.simple = self.n_groups == 1 and len(self.specs) == 1 and self.table is not None \
+            and self.table.n_configs == 1
+        # ... and a spec that selects every position of a decoding step: no mask at all there
+        self.decode_fast = self.simple and not self.steps and self.whens[0] is None \
+            and self.specs[0] in ("all", "generated")
+
+    # --- run --------------------------------------------------------------------------
+    def __call__(self, x: Float[Tensor, "batch pos d_model"], call) -> Optional[Tensor]:
+        """The hook function of a local backend: ``x`` of one call with its :class:`~steerkit.hooks.SiteCall`."""
+        run, kernel = call.run, self.kernel
+        if self.decode_fast and kernel is not None and run is not None and call.start >= run.P:
+            return kernel(x)  # a decoding step: every token, one configuration
+        if self.n_groups > 1 and x.shape[0] != self.n_groups:
+            raise InputError(f"expected a batch of {self.n_groups} rows (one per steering), found {x.shape[0]}")
+
+        def mask_of(spec):
+            if spec == "all" and run is None:
+                return None
+            return call.mask(spec, x.device)
+        rule_of = None
+        if self.decisions is not None:
+            if run is None:
+                raise InputError(f"expected conditional steering (when=) at {self.site!r} to run through "
+                                 "SteerModel.forward / generate, found a direct call of the wrapped model; run it "
+                                 "through the SteerModel")
+            decisions, rid = self.decisions, run.run_id
+            if call.start == 0:  # the pass holding the prompt: decide, then hold for the rest of the run
+                prompt = call.mask("prompt", x.device)
+                for c in self.conditions:
+                    decisions.evaluate(c, x, prompt, rid)
+            B, dev = int(x.shape[0]), x.device
+
+            def rule_of(when):
+                return decisions.rows(when, rid, B, dev)[:, None]
+        groups = None
+        if self.n_groups > 1:
+            groups = torch.arange(self.n_groups, device=x.device)[:, None].expand(x.shape[0], x.shape[1])
+        return self.apply(x, groups, mask_of, call.start, rule_of)
+
+    def _mask(self, positions, when, mask_of: MaskOf, rule_of, lead) -> Optional[Tensor]:
+        """The rows a spec selects: its positions AND, with a rule, the rows whose rule fires."""
+        m = mask_of(positions)
+        if when is None:
+            return m
+        if rule_of is None:
+            raise InputError(f"expected a local run (sm.steer / sm.generate) for the conditional steering (when=) at "
+                             f"{self.site!r}, found rows without condition decisions (a server step); conditions are "
+                             "not supported there")
+        r = rule_of(when).expand(lead)
+        return r if m is None else m & r
+
+    def kernel_rows(self, lead: tuple, device, groups: Optional[Tensor], mask_of: MaskOf,
+                    rule_of: Optional[Callable] = None) -> Optional[tuple[Optional[Tensor], Optional[Tensor]]]:
+        """Which rows of shape ``lead`` the fused kernel steers, and with which configuration of
+        :attr:`table`: ``(active, row_config)``, ``None`` for either meaning every row / configuration
+        0; ``None`` when it steers no row (arguments as for :meth:`apply`). What :meth:`apply` calls
+        the kernel with, and what an engine writes into its steering slots.
+
+        Examples:
+            >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), positions="last")
+            >>> program = compile([add], tiny.facts).programs["blocks.1.hook_resid_post"]
+            >>> active, rc = program.kernel_rows((4,), "cpu", None, lambda spec: torch.tensor([0, 0, 0, 1]).bool())
+            >>> active.tolist(), rc
+            ([False, False, False, True], None)
+        """
+        if self.kernel is None:
+            return None
+        if self.simple:
+            m = self._mask(self.specs[0], self.whens[0], mask_of, rule_of, lead)
+            if m is None:
+                return None, None
+            return (m, None) if bool(m.any()) else None
+        g = torch.zeros(lead, dtype=torch.long, device=device) if groups is None else groups
+        owned = g >= 0
+        gc = g.clamp_min(0)
+        bits = torch.zeros(lead, dtype=torch.long, device=device)
+        for j, spec in enumerate(self.specs):
+            m = self._mask(spec, self.whens[j], mask_of, rule_of, lead)
+            w = self.bit_weight[gc, j]
+            bits += w if m is None else w * m
+        active = owned & (bits > 0)
+        if not bool(active.any()):
+            return None
+        return active, (self.base[gc] + bits - 1).clamp_min(0)
+
+    def apply(self, h: Float[Tensor, "*rows d_model"], groups: Optional[Tensor], mask_of: MaskOf,
+              start: int = 0, rule_of: Optional[Callable] = None) -> Optional[Tensor]:
+        """``h`` steered (a new tensor), or ``None`` when nothing applies. ``groups``: each row's group
+        (``h.shape[:-1]``, ``-1`` for rows no steering owns), ``None`` when every row is group 0.
+        ``mask_of(spec)``: the rows a position spec selects (``None``: all of them). ``start``: the
+        absolute position of ``h``'s first token (``[batch, pos, ..]`` of a local call; patch uses it).
+        ``rule_of(when)``: the rows (broadcastable to ``h.shape[:-1]``) a :class:`When` selects; needed
+        only when an intervention has one."""
+        out = None
+        lead = h.shape[:-1]
+        if self.kernel is not None:
+            rows = self.kernel_rows(lead, h.device, groups, mask_of, rule_of)
+            if rows is not None:
+                out = self.kernel(h, *rows)
+        for p, sel in self.steps:
+            m = self._mask(p.positions, p.when, mask_of, rule_of, lead)
+            if sel is not None or groups is not None:  # only the rows of the groups that have it
+                g = torch.zeros(h.shape[:-1], dtype=torch.long, device=h.device) if groups is None else groups
+                mine = (g >= 0) & (True if sel is None else sel[g.clamp_min(0)])
+                m = mine if m is None else m & mine
+            if m is not None and not bool(m.any()):
+                continue
+            x = h if out is None else out
+            if p.op == "replace" and p.tensor is not None:
+                y = (p.scale * p.tensor.to(device=x.device, dtype=x.dtype)).expand_as(x)
+            elif p.op == "patch" and p.tensor is not None:
+                y = self._patched(p.tensor, x, m, start)
+            elif p.fn is not None:
+                y = p.fn(x)
+                if not isinstance(y, Tensor) or y.shape != x.shape:
+                    raise InputError(f"expected the intervention's fn at {self.site!r} to return a tensor of shape "
+                                     f"{tuple(x.shape)}, found {getattr(y, 'shape', type(y).__name__)}")
+            else:  # pragma: no cover - the constructors never build one
+                raise InputError(f"expected a callable in the apply intervention at {self.site!r}, found None")
+            if p.features is not None:
+                y = torch.where(p.features.to(x.device), y, x)
+            out = y if m is None else torch.where(m.unsqueeze(-1), y, x)
+        return out
+
+    def _patched(self, src: Tensor, x: Tensor, m: Optional[Tensor], start: int) -> Tensor:
+        """``x`` with the source's rows at its positions (``[batch, T, width]`` from ``start``)."""
+        if x.dim() != 3:
+            raise InputError(f"expected patch at {self.site!r} in a local forward pass ([batch, pos, ..]), found "
+                             f"rows of shape {tuple(x.shape)}; patch activations with sm.steer / sm.forward")
+        if src.shape[1] != x.shape[-1]:
+            raise InputError(f"expected the patch source at {self.site!r} to have {x.shape[-1]} features per position "
+                             f"(this run), found {src.shape[1]}; was the source run of another length?")
+        T, n = x.shape[1], src.shape[0]
+        cover = max(0, min(T, n - start))
+        if cover < T:
+            sel = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if m is None else m
+            if bool(sel[:, cover:].any()):
+                raise InputError(f"expected the patch at {self.site!r} to select positions its source has (0.."
+                                 f"{n - 1}), found position {start + cover} or later selected; give positions= "
+                                 "within the source run (e.g. 'prompt')")
+        y = x.clone()
+        if cover:
+            y[:, :cover] = src[start:start + cover].to(device=x.device, dtype=x.dtype)
+        return y
+
+    def __repr__(self):
+        n = 0 if self.table is None else self.table.n_configs
+        return (f"SiteProgram({self.site!r}, groups={self.n_groups}, configs={n}, torch_steps={len(self.steps)}, "
+                f"kernel={self.kernel!r})")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledSteering:
+    """A steering compiled for one model: ``{site: SiteProgram}`` (``n_groups`` row groups).
+
+    Examples:
+        >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 2.0)
+        >>> compiled = tiny.compile([add, add.at("last")])
+        >>> len(compiled), compiled.n_groups, list(compiled.programs)
+        (1, 1, ['blocks.1.hook_resid_post'])
+        >>> with tiny.hooks.install(compiled):  # what tiny.steer([add, add.at("last")]) does
+        ...     _ = tiny.forward("hi", chat=False)
+    """
+
+    programs: Mapping[str, SiteProgram]
+    n_groups: int
+    interventions: tuple
+    state: Optional[Decisions] = None  # the conditions' decisions (CAST), shared by the programs
+
+    @property
+    def conditions(self) -> tuple:
+        """Every distinct :class:`Condition` this steering evaluates."""
+        return () if self.state is None else self.state.conditions
+
+    @property
+    def decisions(self) -> dict:
+        """``{condition: bool tensor [batch]}``: where each condition fired on the latest run (``{}``
+        before any run, or without conditions)."""
+        return {} if self.state is None else self.state.fired()
+
+    @property
+    def similarities(self) -> dict:
+        """``{condition: float tensor [batch]}``: each row's similarity on the latest run."""
+        return {} if self.state is None else self.state.similarities()
+
+    def __iter__(self):
+        return iter(self.programs.items())
+
+    def __len__(self):
+        return len(self.programs)
+
+
+def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: ModelFacts, *, per_row: bool = False,
+            device=None, dtype: torch.dtype = torch.float32, impl: str = "auto",
+            positions: Optional[PositionSpec] = None, conditions: Sequence[Condition] = ()) -> CompiledSteering:
+    """THE lowering step: interventions -> one :class:`SiteProgram` per site.
+
+    ``steering``: a list of :class:`Intervention` (every row), or with ``per_row=True`` a list with one
+    list (or ``None``) per row group. Sites are checked against ``facts`` (depth, resid_mid) and tensors
+    against its ``d_model`` before anything is built. ``positions``, when given, replaces every
+    intervention's own. ``impl`` and any :func:`steerkit.kernels.use_impl` in force are read here.
+    ``device``: where the tables live, or a function of the site giving it (a model spread over
+    devices: each site's tables on the device its activations are computed on).
+
+    Examples:
+        >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 2.0)
+        >>> ablate = Intervention.ablate("blocks.3.hook_resid_post", torch.eye(64)[:2])
+        >>> compiled = compile([add, ablate], tiny.facts)
+        >>> sorted(compiled.programs), compiled.n_groups
+        (['blocks.1.hook_resid_post', 'blocks.3.hook_resid_post'], 1)
+        >>> compile([[add], None], tiny.facts, per_row=True).n_groups  # one steering per row
+        2
+    """
+    groups: list[list[Intervention]]
+    if per_row:
+        if not isinstance(steering, (list, tuple)) or not steering:
+            raise InputError("expected a non-empty list with one steering per row, found "
+                             f"{type(steering).__name__}")
+        groups = [list(g or []) for g in steering]
+    else:
+        groups = [list(steering)]  # type: ignore[arg-type]
+    if positions is not None:
+        positions = validate_positions(positions)
+        groups = [[p.at(positions) for p in g] for g in groups]
+    sites: dict[str, list[list[Intervention]]] = {}
+    for gi, g in enumerate(groups):
+        for p in g:
+            if not isinstance(p, Intervention):
+                raise InputError(f"expected Intervention values, found {type(p).__name__} (row group {gi})")
+            kind = parse_hook(p.site, facts.n_layers, has_resid_mid=facts.has_resid_mid).kind
+            p = _structured(p, kind, facts)
+            d = p.d_model
+            w = facts.width(kind, p.site)
+            if d is not None and d != w:
+                shape = tuple(p.tensor.shape) if p.tensor is not None else (d,)
+                what = f"d_model={facts.d_model} of this model" if w == facts.d_model else f"the width of {kind}"
+                raise InputError(f"expected the {p.op} vector of shape [{w}] ({what}) at {p.site!r}, found {shape}; "
+                                 "was it computed on another model or at another site?")
+            sites.setdefault(p.site, [[] for _ in groups])[gi].append(p)
+    # CAST: every distinct condition (of a rule, or asked for alone) gets one evaluator at its site
+    conds: dict = {}
+    for c in list(conditions) + [c for g in groups for p in g if p.when is not None for c in p.when.conditions]:
+        if not isinstance(c, Condition):
+            raise InputError(f"expected steerkit.Condition values in conditions=, found {type(c).__name__}")
+        if c not in conds:
+            conds[c] = _check_condition(c, facts)
+    if not sites and not conds:
+        raise InputError("expected at least one intervention in the steering, found none")
+    state = Decisions(tuple(conds)) if conds else None
+    at_site: dict[str, list[Condition]] = {}
+    for c in conds:
+        at_site.setdefault(c.site, []).append(c)
+        sites.setdefault(c.site, [[] for _ in groups])
+    def device_of(site: str) -> torch.device:
+        d = device(site) if callable(device) else device
+        return torch.device("cpu") if d is None else torch.device(d)
+    programs = {s: SiteProgram(s, per_group, d_model=facts.width(parse_hook(s, facts.n_layers).kind, s) or facts.d_model,
+                               device=device_of(s), dtype=dtype, impl=impl, conditions=at_site.get(s, ()),
+                               decisions=state if s in at_site or any(p.when is not None for g in per_group for p in g)
+                               else None)
+                for s, per_group in sites.items()}
+    return CompiledSteering(programs, len(groups), tuple(tuple(g) for g in groups), state)

@@ -1,0 +1,230 @@
+"""The values a steering is made of: :class:`Intervention` (one operation at one site) and its
+per-token :class:`Gate`."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Literal, Optional, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from steerkit.errors import InputError
+from steerkit.kernels import Polyhedron, SteerConfig
+from steerkit.positions import PositionSpec, validate_positions
+
+from .checks import _basis, _indices, _number, _tensor, _vector
+from .conditions import Condition, When
+
+Op = Literal["add", "ablate", "clamp", "replace", "patch", "project", "apply"]
+OPS: tuple[str, ...] = ("add", "ablate", "clamp", "replace", "patch", "project", "apply")
+KERNEL_OPS = ("add", "ablate", "clamp", "project")
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """Steer a row (its ``add`` / ``project`` part) only where ``|u . h| / |h|`` is ``above`` / ``below``
+    ``threshold`` (``u`` the unit ``direction``).
+
+    Examples:
+        >>> gate = Gate(torch.ones(64), threshold=0.3, mode="below")
+        >>> gate.mode, gate.threshold, tuple(gate.direction.shape)
+        ('below', 0.3, (64,))
+        >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 2.0, gate=gate)
+        >>> with tiny.steer(add):
+        ...     steered = tiny.forward("hello world", chat=False)
+        >>> tuple(steered.shape) == tuple(tiny.forward("hello world", chat=False).shape)
+        True
+    """
+
+    direction: Float[Tensor, " d_model"]
+    threshold: float
+    mode: Literal["above", "below"] = "above"
+
+    def __post_init__(self):
+        if self.mode not in ("above", "below"):
+            raise InputError(f"expected a gate mode 'above' or 'below', found {self.mode!r}")
+        object.__setattr__(self, "direction", _vector(self.direction, "the gate direction"))
+        object.__setattr__(self, "threshold", _number(self.threshold, "the gate threshold"))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Intervention:
+    """One operation at one site. Build it with the class methods, which validate everything:
+
+    - ``Intervention.add(site, v, scale)``: ``h + scale * v``
+    - ``Intervention.ablate(site, B, strength=1)``: ``h - strength * B^T (B h)`` (``B`` orthonormal rows)
+    - ``Intervention.clamp(site, u, value)``: the projections on ``u``'s rows become ``value``
+    - ``Intervention.replace(site, v, scale=1)``: ``h := scale * v``
+    - ``Intervention.patch(site, source)``: ``h[p] := source[p]`` at each selected position ``p`` (the
+      values of another run at this site, e.g. a clean run patched into a corrupted one)
+    - ``Intervention.project(site, region, strength=1)``: move ``h`` towards a polyhedral region
+    - ``Intervention.apply(site, fn)``: ``fn(h)`` for any callable on the site's activations
+
+    ``positions`` (see :mod:`steerkit.positions`) limits it to some tokens; ``gate`` (add / project)
+    makes it conditional per token; ``when`` (a :class:`When` of :class:`Condition` values, any operation)
+    applies it only on the rows whose prompt fires the rule (CAST); ``preserve_norm`` rescales edited rows
+    to their original norm; ``heads``
+    (attention component sites; experts at ``mlp.hook_expert_out``) / ``neurons`` (MLP sites) limit it to
+    those heads / experts / neurons, whose
+    vectors are then ``d_head`` / ``len(neurons)`` wide. ``features`` is set by :func:`compile` only.
+
+    Examples:
+        >>> v = torch.randn(tiny.d_model)
+        >>> iv = Intervention.add("blocks.2.hook_resid_post", v, 4.0, positions="last")
+        >>> iv
+        Intervention('blocks.2.hook_resid_post', add, (64,), scale=4.0, positions='last')
+        >>> with tiny.steer(iv), tiny.record("blocks.2.hook_resid_post") as cache:
+        ...     _ = tiny.forward("hello world", chat=False)
+        >>> with tiny.record("blocks.2.hook_resid_post") as plain:
+        ...     _ = tiny.forward("hello world", chat=False)
+        >>> delta = cache["blocks.2.hook_resid_post"] - plain["blocks.2.hook_resid_post"]
+        >>> torch.allclose(delta[0, -1], 4.0 * v, atol=1e-4), bool(delta[0, :-1].abs().max() < 1e-6)
+        (True, True)
+    """
+
+    site: str
+    op: str
+    tensor: Optional[Tensor] = None  # add / replace: [d_model]; ablate / clamp: [k, d_model] orthonormal
+    scale: float = 1.0  # add / replace: multiplier; ablate: strength; project: strength
+    value: Optional[Tensor] = None  # clamp: target per direction [k]
+    region: Optional[Polyhedron] = None
+    fn: Optional[Callable[[Tensor], Tensor]] = None
+    positions: PositionSpec = "all"
+    gate: Optional[Gate] = None
+    preserve_norm: bool = False
+    heads: Optional[tuple] = None
+    neurons: Optional[tuple] = None
+    features: Optional[Tensor] = None  # replace / patch after lowering: the features they write (bool [width])
+    when: Optional[When] = None  # CAST: only on rows whose rule fires (decided on the prompt pass, then held)
+
+    def __post_init__(self):
+        if not isinstance(self.site, str) or not self.site:
+            raise InputError(f"expected a hook name as the site, found {self.site!r:.80}")
+        if self.op not in OPS:
+            raise InputError(f"expected an operation in {OPS}, found {self.op!r}")
+        object.__setattr__(self, "positions", validate_positions(self.positions))
+        object.__setattr__(self, "scale", _number(self.scale, "scale"))
+        if isinstance(self.when, Condition):
+            object.__setattr__(self, "when", When((self.when,)))
+        if self.when is not None and not isinstance(self.when, When):
+            raise InputError(f"expected when= a steerkit.When (or one Condition), found {type(self.when).__name__}")
+        if self.gate is not None and self.op not in ("add", "project"):
+            raise InputError(f"expected a gate only on add or project interventions, found one on {self.op!r}")
+        for what in ("heads", "neurons"):
+            v = getattr(self, what)
+            if v is not None:
+                object.__setattr__(self, what, _indices(v, what))
+        if self.heads is not None and self.neurons is not None:
+            raise InputError("expected heads= (attention sites) or neurons= (MLP sites), found both")
+        if (self.heads is not None or self.neurons is not None) and self.op == "project":
+            raise InputError("expected heads= / neurons= on add, ablate, clamp, replace, patch or apply, found them "
+                             "on a region projection (a region lives in the whole feature space)")
+
+    # --- construction -------------------------------------------------------------
+    @classmethod
+    def add(cls, site: str, vector, scale: float = 1.0, *, positions: PositionSpec = "all",
+            gate: Optional[Gate] = None, preserve_norm: bool = False, heads=None, neurons=None,
+            when: Optional[When] = None) -> "Intervention":
+        return cls(site, "add", _vector(vector, "the add vector"), scale, positions=positions, gate=gate,
+                   preserve_norm=preserve_norm, heads=heads, neurons=neurons, when=when)
+
+    @classmethod
+    def ablate(cls, site: str, basis, strength: float = 1.0, *, positions: PositionSpec = "all",
+               preserve_norm: bool = False, heads=None, neurons=None, when: Optional[When] = None) -> "Intervention":
+        return cls(site, "ablate", _basis(basis, "the ablation basis"), strength, positions=positions,
+                   preserve_norm=preserve_norm, heads=heads, neurons=neurons, when=when)
+
+    @classmethod
+    def clamp(cls, site: str, direction, value=0.0, *, positions: PositionSpec = "all",
+              preserve_norm: bool = False, heads=None, neurons=None, when: Optional[When] = None) -> "Intervention":
+        b = _basis(direction, "the clamp direction")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            v = torch.full((b.shape[0],), _number(value, "the clamp value"))
+        else:
+            v = _tensor(value, "the clamp values").reshape(-1).float()
+            if v.numel() == 1:
+                v = v.expand(b.shape[0]).clone()
+            if v.numel() != b.shape[0]:
+                raise InputError(f"expected one clamp value per direction ({b.shape[0]}), found {v.numel()}")
+        return cls(site, "clamp", b, 1.0, value=v, positions=positions, preserve_norm=preserve_norm, heads=heads,
+                   neurons=neurons, when=when)
+
+    @classmethod
+    def replace(cls, site: str, vector, scale: float = 1.0, *, positions: PositionSpec = "all", heads=None,
+                neurons=None, when: Optional[When] = None) -> "Intervention":
+        return cls(site, "replace", _vector(vector, "the replacement vector"), scale, positions=positions,
+                   heads=heads, neurons=neurons, when=when)
+
+    @classmethod
+    def patch(cls, site: str, source, *, positions: PositionSpec = "all", heads=None, neurons=None,
+              when: Optional[When] = None) -> "Intervention":
+        """At every selected position ``p`` the activation becomes ``source[p]``: ``source`` holds a run's
+        values at this site without the batch axis, in the site's shape (``[pos, d_model]``,
+        ``[pos, heads, d_head]``, ``[pos, d_mlp]``, or ``[heads, q_pos, k_pos]`` for an attention matrix),
+        indexed by absolute position. With ``heads`` / ``neurons`` only those are written."""
+        t = _tensor(source, "the patch source")
+        if t.dim() < 2 or t.shape[0] == 0:
+            raise InputError(f"expected the patch source as the site's values over positions ([pos, ...], no batch "
+                             f"axis), found shape {tuple(t.shape)}; take one row of a recording, e.g. cache[hook][0]")
+        return cls(site, "patch", t, 1.0, positions=positions, heads=heads, neurons=neurons, when=when)
+
+    @classmethod
+    def project(cls, site: str, region: Polyhedron, strength: float = 1.0, *, positions: PositionSpec = "all",
+                gate: Optional[Gate] = None, preserve_norm: bool = False, when: Optional[When] = None) -> "Intervention":
+        if not isinstance(region, Polyhedron):
+            raise InputError(f"expected a steerkit.Polyhedron to project into, found {type(region).__name__}; "
+                             "build one with steerkit.Polyhedron(mean, projection, normals, offsets) "
+                             "or load a stored region artifact (it is one)")
+        return cls(site, "project", None, strength, region=region, positions=positions, gate=gate,
+                   preserve_norm=preserve_norm, when=when)
+
+    @classmethod
+    def apply(cls, site: str, fn: Callable[[Tensor], Tensor], *, positions: PositionSpec = "all",
+              when: Optional[When] = None) -> "Intervention":
+        """``fn(h)`` on the site's activations in their own shape (``[batch, pos, d_model]``,
+        ``[batch, pos, heads, d_head]``, ``[batch, heads, q_pos, k_pos]`` ...), returning that shape."""
+        if not callable(fn):
+            raise InputError(f"expected a callable taking and returning the site's activations (e.g. "
+                             f"[batch, pos, d_model]), found {fn!r:.80}")
+        return cls(site, "apply", fn=fn, positions=positions, when=when)
+
+    def at(self, positions: PositionSpec) -> "Intervention":
+        """The same intervention at other positions."""
+        return dataclasses.replace(self, positions=positions)
+
+    @property
+    def d_model(self) -> Optional[int]:
+        """The width of this intervention's vectors (``None`` for apply / patch, whose shape is checked
+        when they run)."""
+        if self.op == "patch":
+            return None
+        if self.tensor is not None:
+            return int(self.tensor.shape[-1])
+        if self.region is not None:
+            return int(self.region.mean.shape[0])
+        return None
+
+    def config(self) -> SteerConfig:
+        """This (kernel) intervention as one kernel configuration."""
+        cfg = SteerConfig()
+        if self.op == "add" and self.tensor is not None:
+            cfg = SteerConfig(add=self.tensor.float(), add_scale=self.scale)
+        elif self.op == "ablate" and self.tensor is not None:
+            cfg = SteerConfig(basis=self.tensor.float(), strength=self.scale)
+        elif self.op == "clamp" and self.tensor is not None:
+            cfg = SteerConfig(basis=self.tensor.float(), strength=1.0, target=self.value)
+        elif self.op == "project" and self.region is not None:
+            cfg = SteerConfig(region=self.region, region_strength=self.scale)
+        else:
+            raise InputError(f"expected a kernel operation {KERNEL_OPS} with its tensor, found {self.op!r}")
+        g = self.gate
+        return cfg if g is None else cfg.with_gate(g.direction, g.threshold, g.mode)
+
+    def __repr__(self):
+        shape = "" if self.tensor is None else f", {tuple(self.tensor.shape)}"
+        when = "" if self.when is None else f", when={self.when!r}"
+        return f"Intervention({self.site!r}, {self.op}{shape}, scale={self.scale}, positions={self.positions!r}{when})"
+
+
+Steering = Sequence[Intervention]
