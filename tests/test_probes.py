@@ -374,3 +374,38 @@ def test_sentiment_sweep_on_default_model(sm):
     best = max(middle, key=lambda r: r["auroc"])
     assert best["auroc"] > 0.9, res.table()
     assert best["auroc_ci_low"] <= best["auroc"] <= best["auroc_ci_high"]
+
+
+# ----------------------------------------------------------------------------- figures
+COMPUTE_MODULES = [p for p in (Path(__file__).parents[1] / "probes").rglob("*.py") if "plots" not in p.parts]
+
+
+@pytest.mark.parametrize("path", COMPUTE_MODULES, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_compute_modules_import_no_plotting_library(path):
+    """Figures live in ``probes/plots/``: a compute module imports neither plotly nor matplotlib, anywhere."""
+    import ast
+    found = []
+    for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
+            [n.module or ""] if isinstance(n, ast.ImportFrom) else []
+        found += [f"{n.lineno}: {m}" for m in names if m.split(".")[0] in ("plotly", "matplotlib")]
+    assert not found, found
+
+
+def test_plot_without_plotly_says_how_to_install_it(monkeypatch):
+    """A missing plotly: the figure module's import fails, ``plot()`` raises an InputError naming the extra;
+    the sweep falls back to matplotlib and says so when that is missing too."""
+    acts, y, _ = planted(L=3, n=10, d=4)
+    res = sweep_activations(acts, y, n_folds=2, n_boot=10)
+    monkeypatch.setitem(sys.modules, "plotly", None)
+    for name in [m for m in sys.modules if m.startswith(("plotly.", "steerkit.probes.plots."))
+                 and not m.endswith(".require")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(InputError, match="expected plotly to be installed for backend='plotly'.*pip install plotly"):
+        res.plot(backend="plotly")
+    from steerkit.probes.methods.caa import CAAResult
+    with pytest.raises(InputError, match="expected plotly to be installed to plot.*pip install plotly"):
+        CAAResult(torch.zeros(2, 4), [0, 1]).plot()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(InputError, match="expected plotly or matplotlib"):
+        res.plot()
