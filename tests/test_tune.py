@@ -8,8 +8,9 @@ import torch
 import steerkit
 from steerkit.errors import InputError
 from steerkit.interventions import Intervention
-from steerkit.probes.tune import (NEUTRAL_PROMPTS, Rule, TuneResult, bootstrap_mean_ci, heatmap_figure, pareto_front,
-                                  recommend, repetition_share, tradeoff_figure, tune)
+from steerkit.probes.plots.tune import heatmap_figure, tradeoff_figure
+from steerkit.probes.tune import (NEUTRAL_PROMPTS, Rule, TuneResult, bootstrap_mean_ci, pareto_front, recommend,
+                                  repetition_share, tune)
 from steerkit.vectors import DirectionSet, Probe, Provenance, SteeringVector, Store
 
 from tiny_models import tiny_model
@@ -177,6 +178,22 @@ def test_artifact_kinds_and_normalisation(tiny):
         PROMPTS, max_new_tokens=6, steering=[Intervention.ablate("blocks.1.hook_resid_post", ds.basis, 1.0)])
 
 
+def test_a_cell_is_the_artifact_at_its_layer_steered_by_its_own_interventions(tiny):
+    """Site and positions come from the artifact (here resid_pre, the first and last tokens); the grid's
+    scale replaces the vector's own scale."""
+    v = _direction(tiny)
+    prov = Provenance.from_model(tiny)
+    vec = SteeringVector({0: v, 1: -v}, scale=5.0, hook_site="hook_resid_pre", positions=[0, -1], provenance=prov)
+    res = _run(tiny, vec, layers=None, scales=[2.0])
+    assert res.settings["site"] == "hook_resid_pre" and res.layers == (0, 1)
+    for layer, d in ((0, v), (1, -v)):
+        alone = SteeringVector({layer: d}, hook_site="hook_resid_pre", positions=[0, -1], provenance=prov)
+        assert res.cell(layer, 2.0)["generations"] == tiny.generate(PROMPTS, max_new_tokens=6,
+                                                                    steering=alone.to_interventions(tiny.facts, scale=2.0))
+        with tiny.steer(alone, 2.0):
+            assert res.cell(layer, 2.0)["generations"] == tiny.generate(PROMPTS, max_new_tokens=6)
+
+
 def test_errors(tiny):
     v = _direction(tiny)
     bad = [dict(layers=[3]), dict(layers=[0, 0]), dict(layers=[]), dict(scales=[]), dict(scales=[1.0, 1.0]),
@@ -291,8 +308,15 @@ def test_json_round_trip_and_figures(tiny, tmp_path):
 
 
 def test_progress_bar_and_exports(tiny, capsys):
+    import sys
+
     import steerkit.probes as probes
-    assert probes.tune is tune and probes.TuneResult is TuneResult
+    from steerkit.probes import tune_result
+    assert probes.tune is tune and probes.TuneResult is TuneResult is tune_result.TuneResult
+    # the figures live in steerkit.probes.plots.tune; their old names resolve there (plotly imported on use)
+    module = sys.modules["steerkit.probes.tune"]
+    assert module.tradeoff_figure is tradeoff_figure and module.heatmap_figure is heatmap_figure
+    assert not hasattr(module, "no_such_name")
     _run(tiny, _direction(tiny), layers=[0], scales=[1.0], progress=True)
     assert "tune" in capsys.readouterr().err
     assert len(NEUTRAL_PROMPTS) >= 4
