@@ -19,7 +19,7 @@ How it works
    out-of-fold scores share one scale.
 3. The result is a :class:`SweepResult`: a tidy table with one row per layer, position and
    method that saves (``to_csv``, ``to_json``), reloads (``from_json``), prints (``table``),
-   picks its ``best`` cell, plots (``plot``: plotly, imported lazily, else matplotlib) and fits
+   picks its ``best`` cell, plots (``plot``: :mod:`.plots.sweep`, plotly, imported when called, else matplotlib) and fits
    a stored :class:`~steerkit.vectors.Probe` on every sample at any cell (``fit``).
 
 :func:`sweep` is the one-call entry point on a model: ``sweep(sm, prompts, labels, hooks=...,
