@@ -401,9 +401,9 @@ def test_batched_scoring_runs_many_rows_with_their_own_steering_per_pass(monkeyp
     calls = []
     real = sm.steer
 
-    def spy(steering, *a, **k):
-        calls.append(len(steering) if isinstance(steering, list) and steering and isinstance(steering[0], list) else 1)
-        return real(steering, *a, **k)
+    def spy(steering=None, *a, rows=None, **k):
+        calls.append(len(rows) if rows is not None else 1)
+        return real(steering, *a, rows=rows, **k)
     monkeypatch.setattr(sm, "steer", spy)
     R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, kl_max=1e9, induce_min=-1e9,
                        lazy=False, batch_size=8, batched=True)

@@ -111,7 +111,7 @@ class _RowScorer:
     (harmless prompts, candidate ablated: mean KL from the unsteered next-token distribution). Every
     job's rows go into one list, sorted by prompt length so a batch holds prompts of one length (little
     padding), and run ``batch_size`` rows per forward pass with a per-row steering list
-    (:meth:`SteerModel.steer`): one fused kernel call per hooked site for the whole batch."""
+    (:meth:`SteerModel.steer` with ``rows=``): one fused kernel call per hooked site for the whole batch."""
 
     def __init__(self, sm: "SteerModel", vec: Callable, harmful: list[str], harmless: list[str],
                  refusal_ids: Sequence[int], base_harmless: Tensor, batch_size: int):
@@ -140,7 +140,7 @@ class _RowScorer:
         for chunk in batches(rows, self.bs):
             steer = [self.steering(*jobs[j]) for j, _ in chunk]
             prompts = [self.prompts[jobs[j][0]][i] for j, i in chunk]
-            with self.sm.steer(steer, label="refusal candidates per row"):
+            with self.sm.steer(rows=steer, label="refusal candidates per row"):
                 lg = last_logits(self.sm, prompts, batch_size=len(chunk))
             score = refusal_score_from_logits(lg, self.ids)
             is_kl = [k for k, (j, _) in enumerate(chunk) if jobs[j][0] == "kl"]
@@ -208,6 +208,111 @@ def score_rows(device, batch_size: int, rows: Optional[int] = None) -> int:
     return batch_size if torch.device(device).type == "cpu" else max(batch_size, ACCELERATOR_SCORE_ROWS)
 
 
+class _Scores:
+    """A candidate's three validation scores, one candidate's steering per forward pass (``batch_size``
+    prompts a pass). ``fill`` scores the table's candidates (bypass; with ``lazy=False`` also KL and induce);
+    ``induce`` and ``kl`` are the lazy search's evaluations of one candidate."""
+
+    def __init__(self, sm: "SteerModel", candidates: Tensor, positions: list[int], harmful: list[str],
+                 harmless: list[str], refusal_ids: Sequence[int], base_harmless: Tensor, batch_size: int):
+        self.sm, self.candidates, self.positions = sm, candidates, positions
+        self.harmful, self.harmless, self.ids, self.base, self.bs = harmful, harmless, refusal_ids, base_harmless, batch_size
+        self.floor = 0.0  # the induce floor of the lazy search under way (a batched search looks ahead with it)
+
+    def vec(self, c: Candidate) -> Tensor:
+        return self.candidates[self.positions.index(c.pos), c.layer]
+
+    def _mean_score(self, prompts: list[str]) -> float:
+        return float(refusal_scores(self.sm, prompts, self.ids, batch_size=self.bs).mean())
+
+    def _mean_kl(self) -> float:
+        return float(kl_last(self.base, last_logits(self.sm, self.harmless, batch_size=self.bs)).mean())
+
+    def fill(self, live: list[Candidate], *, lazy: bool, progress: Optional[Callable[[int], object]]) -> None:
+        for c in live:
+            if float(self.vec(c).norm()) != 0.0:  # a zero one (the embedding of a template token every prompt
+                with ablation(self.sm, self.vec(c)):  # shares) keeps NaN scores: discarded, as in the reference
+                    c.bypass = self._mean_score(self.harmful)
+                    if not lazy:
+                        c.kl = self._mean_kl()
+                if not lazy:
+                    self.induce(c)
+            if progress is not None:
+                progress(1)
+
+    def induce(self, c: Candidate) -> None:
+        with addition(self.sm, self.vec(c), c.layer):
+            c.induce = self._mean_score(self.harmless)
+
+    def kl(self, c: Candidate) -> None:
+        with ablation(self.sm, self.vec(c)):
+            c.kl = self._mean_kl()
+
+
+class _BatchedScores(_Scores):
+    """The same scores, many (candidate, prompt) rows per forward pass (:class:`_RowScorer`, ``per_pass`` rows):
+    the lazy search's evaluations also score the next candidates in its order ahead, and the table takes only
+    the scores the one-at-a-time search would have computed, so both fill the same table."""
+
+    def __init__(self, sm: "SteerModel", candidates: Tensor, positions: list[int], harmful: list[str],
+                 harmless: list[str], refusal_ids: Sequence[int], base_harmless: Tensor, per_pass: int):
+        super().__init__(sm, candidates, positions, harmful, harmless, refusal_ids, base_harmless, per_pass)
+        self.scorer = _RowScorer(sm, self.vec, harmful, harmless, refusal_ids, base_harmless, per_pass)
+        self.ahead: dict = {}  # scores computed ahead of the search: written to the table only when it asks
+        self.order: list[Candidate] = []  # the candidates the lazy search visits, in its order
+
+    def fill(self, live: list[Candidate], *, lazy: bool, progress: Optional[Callable[[int], object]]) -> None:
+        nonzero = [c for c in live if float(self.vec(c).norm()) != 0.0]
+        if progress is not None and len(live) > len(nonzero):
+            progress(len(live) - len(nonzero))
+        kinds = ("bypass",) if lazy else ("bypass", "kl", "induce")
+        jobs = [(k, c) for k in kinds for c in nonzero]
+        got = self.scorer.run(jobs, progress=progress) if jobs else {}
+        for c in nonzero:
+            for k in kinds:
+                setattr(c, k, got[(k, c.pos, c.layer)])
+        # the lazy search stops at the first NaN bypass score
+        self.order = sorted((c for c in nonzero if not math.isnan(c.bypass)), key=lambda c: c.bypass)
+
+    def _fetch(self, kind: str, c: Candidate, following: Sequence[Candidate]) -> float:
+        key = (kind, c.pos, c.layer)
+        if key not in self.ahead:
+            k = max(1, self.per_pass // len(self.scorer.prompts[kind]))  # candidates per forward pass
+            group = [c] + [o for o in following if (kind, o.pos, o.layer) not in self.ahead][:k - 1]
+            self.ahead.update(self.scorer.run([(kind, o) for o in group]))
+        return self.ahead[key]
+
+    @property
+    def per_pass(self) -> int:
+        return self.bs
+
+    def induce(self, c: Candidate) -> None:
+        rest = self.order[self.order.index(c) + 1:]
+        c.induce = self._fetch("induce", c, [o for o in rest if math.isnan(o.induce)])
+
+    def kl(self, c: Candidate) -> None:
+        rest = self.order[self.order.index(c) + 1:]
+        c.kl = self._fetch("kl", c, [o for o in rest if math.isnan(o.kl)
+                                     and not self.ahead.get(("induce", o.pos, o.layer), o.induce) < self.floor])
+
+
+def _lazy_search(live: list[Candidate], scores: _Scores, floor: float, kl_max: float) -> None:
+    """The reference code's search, evaluating only what it needs: candidates in bypass order, the induce score
+    until one reaches ``floor``, then its KL; stops at the first that passes both (or at a NaN bypass)."""
+    scores.floor = floor
+    for c in sorted(live, key=lambda c: (math.isnan(c.bypass), c.bypass)):
+        if math.isnan(c.bypass):
+            break
+        if math.isnan(c.induce):
+            scores.induce(c)
+        if c.induce < floor or math.isnan(c.induce):
+            continue
+        if math.isnan(c.kl):
+            scores.kl(c)
+        if not (c.kl > kl_max or math.isnan(c.kl)):
+            break
+
+
 @torch.inference_mode()
 def select_direction(sm: "SteerModel", candidates: Tensor, positions: list[int], harmful_val: Sequence[str],
                      harmless_val: Sequence[str], refusal_ids: Sequence[int], *, prune_frac: float = 0.2,
@@ -250,101 +355,23 @@ def select_direction(sm: "SteerModel", candidates: Tensor, positions: list[int],
     base_a = float(refusal_score_from_logits(base_harmless, refusal_ids).mean())
     table = [Candidate(p, l) for p in positions for l in range(L)]
     cut = int(L * (1.0 - prune_frac))
-
-    def vec(c):
-        return candidates[positions.index(c.pos), c.layer]
-
-    def bypass_and_kl(c, with_kl: bool):
-        with ablation(sm, vec(c)):
-            c.bypass = float(refusal_scores(sm, harmful_val, refusal_ids, batch_size=batch_size).mean())
-            if with_kl:
-                c.kl = float(kl_last(base_harmless, last_logits(sm, harmless_val, batch_size=batch_size)).mean())
-
-    def kl_only(c):
-        with ablation(sm, vec(c)):
-            c.kl = float(kl_last(base_harmless, last_logits(sm, harmless_val, batch_size=batch_size)).mean())
-
-    def induce(c):
-        with addition(sm, vec(c), c.layer):
-            c.induce = float(refusal_scores(sm, harmless_val, refusal_ids, batch_size=batch_size).mean())
-
     allowed = set(range(L)) if layers is None else {int(l) for l in layers}
     live = [c for c in table if c.layer < cut and c.layer in allowed]
-    if batched:
-        per_pass = score_rows(sm.device, batch_size, rows)
-        scorer = _RowScorer(sm, vec, harmful_val, harmless_val, refusal_ids, base_harmless, per_pass)
-        ahead: dict = {}  # scores computed ahead of the search: written to the table only when it asks
-
-        def fetch(kind: str, c: Candidate, following: Sequence[Candidate]):
-            key = (kind, c.pos, c.layer)
-            if key not in ahead:
-                k = max(1, per_pass // len(scorer.prompts[kind]))  # candidates per forward pass
-                group = [c] + [o for o in following if (kind, o.pos, o.layer) not in ahead][:k - 1]
-                ahead.update(scorer.run([(kind, o) for o in group]))
-            return ahead[key]
-
-        nonzero = [c for c in live if float(vec(c).norm()) != 0.0]
-        if progress is not None and len(live) > len(nonzero):
-            progress(len(live) - len(nonzero))
-        jobs = [("bypass", c) for c in nonzero] + ([] if lazy else [(k, c) for k in ("kl", "induce") for c in nonzero])
-        got = scorer.run(jobs, progress=progress) if jobs else {}
-        if not lazy:
-            for c in nonzero:
-                c.bypass, c.kl, c.induce = (got[(k, c.pos, c.layer)] for k in ("bypass", "kl", "induce"))
-        else:
-            for c in nonzero:
-                c.bypass = got[("bypass", c.pos, c.layer)]
-        # the candidates lazy_search visits, in its order (it stops at the first NaN bypass score)
-        order = sorted((c for c in nonzero if not math.isnan(c.bypass)), key=lambda c: c.bypass)
-
-        # the lazy search's two evaluations, each also scoring the next candidates in its order ahead
-        def induce(c):  # noqa: F811 - replaces the one-at-a-time version above
-            rest = order[order.index(c) + 1:]
-            c.induce = fetch("induce", c, [o for o in rest if math.isnan(o.induce)])
-
-        def kl_only(c):  # noqa: F811 - replaces the one-at-a-time version above
-            rest = order[order.index(c) + 1:]
-            c.kl = fetch("kl", c, [o for o in rest if math.isnan(o.kl)
-                                   and not ahead.get(("induce", o.pos, o.layer), o.induce) < floor_now[0]])
-    else:
-        for c in live:
-            if float(vec(c).norm()) == 0.0:  # e.g. the embedding of a template token shared by every prompt
-                if progress is not None:
-                    progress(1)
-                continue  # scores stay NaN: discarded, as NaN candidates are in the reference code
-            bypass_and_kl(c, with_kl=not lazy)
-            if not lazy:
-                induce(c)
-            if progress is not None:
-                progress(1)
-    floor_now = [induce_min]
-
-    def lazy_search(floor: float):
-        floor_now[0] = floor
-        for c in sorted(live, key=lambda c: (math.isnan(c.bypass), c.bypass)):
-            if math.isnan(c.bypass):
-                break
-            if math.isnan(c.induce):
-                induce(c)
-            if c.induce < floor or math.isnan(c.induce):
-                continue
-            if math.isnan(c.kl):
-                kl_only(c)
-            if not (c.kl > kl_max or math.isnan(c.kl)):
-                break
-
+    args = (sm, candidates, positions, harmful_val, harmless_val, refusal_ids, base_harmless)
+    scores = (_BatchedScores(*args, score_rows(sm.device, batch_size, rows)) if batched
+              else _Scores(*args, batch_size))
+    scores.fill(live, lazy=lazy, progress=progress)
     if lazy:
-        lazy_search(induce_min)
+        _lazy_search(live, scores, induce_min, kl_max)
     rule = "paper"
     try:
         best = choose(table, L, prune_frac=prune_frac, kl_max=kl_max, induce_min=induce_min)
     except InputError:
         if fallback is None:
             raise
-        # strictly above the baseline: the smallest float above it
-        floor = math.nextafter(base_a, math.inf)
+        floor = math.nextafter(base_a, math.inf)  # strictly above the baseline: the smallest float above it
         if lazy:
-            lazy_search(floor)
+            _lazy_search(live, scores, floor, kl_max)
         best = choose(table, L, prune_frac=prune_frac, kl_max=kl_max, induce_min=floor)
         rule = "relative"
     for c in table:
