@@ -107,46 +107,6 @@ def test_temporal_profile_on_tiny_model_with_planted_direction():
     assert sm.hook_count() == 0
 
 
-def test_injection_applied_only_at_last_prompt_token_and_scheduled_layers():
-    sm = _sm(num_hidden_layers=3)
-    g = torch.Generator().manual_seed(3)
-    tau = torch.randn(sm.d_model, generator=g)
-    sched = T.linear_decay(0, 3)
-    assert sched.weights == {1: 1.0, 2: 0.5}
-    prompts = ["the cat sat", "a much longer prompt here"]
-    names = ["blocks.2.hook_resid_pre", "blocks.1.hook_resid_pre"]
-    with sm.record(names) as base:
-        sm.forward(prompts, chat=False)
-    # only layer 1 in the schedule: block 2's input differs by beta * w_1 * tau exactly at the last token
-    one = T.injection_spec(tau, {1: 0.75}, beta=2.0)
-    assert list(one) == ["blocks.1.hook_resid_post"]
-    with sm.steer(one, positions="last"), sm.record(names) as st:
-        sm.forward(prompts, chat=False)
-    diff = st["blocks.2.hook_resid_pre"] - base["blocks.2.hook_resid_pre"]
-    lens = base.lengths("blocks.2.hook_resid_pre")
-    for r in range(2):
-        k = int(lens[r])
-        assert torch.allclose(diff[r, k - 1], 1.5 * tau, atol=1e-4)
-        assert float(diff[r, : k - 1].abs().max()) == 0.0
-    assert torch.equal(st["blocks.1.hook_resid_pre"], base["blocks.1.hook_resid_pre"])
-    # prefill only: generated positions are never edited (tokens kept equal by a tiny tau)
-    small = T.injection_spec(tau * 1e-4, {0: 1.0}, beta=1.0)
-    with sm.record("blocks.1.hook_resid_pre", positions="generated") as b2:
-        t0 = sm.generate(prompts, max_new_tokens=3, chat=False, return_tokens=True)
-    with sm.steer(small, positions="last"), sm.record("blocks.1.hook_resid_pre", positions="generated") as s2:
-        t1 = sm.generate(prompts, max_new_tokens=3, chat=False, return_tokens=True)
-    assert t0 == t1
-    assert torch.equal(b2["blocks.1.hook_resid_pre"], s2["blocks.1.hook_resid_pre"])
-    # per-input taus: a different vector per row
-    taus = torch.stack([tau, -tau])
-    with T.inject(sm, taus, {1: 1.0}, beta=1.0), sm.record(names) as pr:
-        sm.forward(prompts, chat=False)
-    d2 = pr["blocks.2.hook_resid_pre"] - base["blocks.2.hook_resid_pre"]
-    assert torch.allclose(d2[0, int(lens[0]) - 1], tau, atol=1e-4)
-    assert torch.allclose(d2[1, int(lens[1]) - 1], -tau, atol=1e-4)
-    assert sm.hook_count() == 0
-
-
 def test_choice_accuracy_and_beta_on_dev():
     sm = _sm()
     items = [T.OrderItem(f"{a}? Yes or No", ["Y", "N"], i % 2, "yesno", f"{b}?") for i, (a, b) in enumerate(SHORT)]
