@@ -2,10 +2,15 @@
 
 How it fits together
 --------------------
-* :mod:`.artifacts` -- the dataclasses (:class:`SteeringVector`, :class:`DirectionSet`,
-  :class:`Probe`, :class:`Region`, :class:`LayerSchedule`; CAST's :class:`ConditionVector` and
-  :class:`ConditionalSteering` of :class:`ConditionalRule` values), each with tensors and a
-  :class:`Provenance` (:mod:`.provenance`, which also holds :func:`model_fingerprint`).
+* :mod:`.artifacts` -- the artifact kinds, a package of one module per concern: ``vector``
+  (:class:`SteeringVector` with operation ``"add"`` or ``"clamp"``, :class:`LayerSchedule`),
+  ``directions`` (:class:`DirectionSet`, :class:`Probe`), ``region`` (:class:`Region`, a
+  :class:`steerkit.Polyhedron` -- the kernels' geometry class -- stored with a layer and a provenance),
+  ``condition`` / ``conditional`` (CAST's :class:`ConditionVector` and :class:`ConditionalSteering` of
+  :class:`ConditionalRule` values), ``payload`` (the stored form), ``evaluation`` (the one part that
+  runs a model: a condition's decisions on prompts). Each kind holds tensors and a :class:`Provenance`
+  (:mod:`.provenance`, which also holds :func:`model_fingerprint`).
+* :mod:`.plots` -- the artifacts' figures (plotly, the ``app`` extra; imported by ``plot()`` when called).
 * :mod:`.store` -- :class:`Store`, a crash-safe, concurrent, versioned folder of artifacts
   (``name@N``, tags, ``latest``).
 * :mod:`.safety` -- bounded, pickle-free readers (safetensors, GGUF, JSON) and atomic writes.

@@ -31,7 +31,8 @@ easysteer-v1 The same GGUF with the request of EasySteer's first release
            (``prefill_trigger_tokens`` / ``generate_trigger_tokens`` ``[-1]`` or
            ``prefill_trigger_positions``), for servers that still run that release.
 tlens      TransformerLens-style intervention spec, JSON ``{hook: {"op", "value", "pos", "scale"}}``
-           with hooks like ``blocks.15.hook_resid_post``; a DirectionSet ablating everywhere
+           (``op`` ``add`` or ``clamp``; ``project``, the clamp's name in files of earlier versions,
+           imports as ``clamp``) with hooks like ``blocks.15.hook_resid_post``; a DirectionSet ablating everywhere
            becomes ``ablate`` entries on ``hook_embed`` and every ``hook_attn_out``/``hook_mlp_out``.
            Provenance goes under the reserved key ``"__steerkit__"``.
 svec       IBM activation-steering ``.svec`` JSON: ``model_type``, ``directions`` {layer: list},
@@ -59,12 +60,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import torch
 
 from steerkit.names import is_index
 
-from .artifacts import DirectionSet, SteeringVector, artifact_to_payload, payload_to_artifact
+from .artifacts import (VECTOR_OPERATIONS, DirectionSet, SteeringVector, artifact_to_payload, canonical_operation,
+                        payload_to_artifact)
 from .errors import ArtifactFormatError, ExportError, ModelMismatchError, VectorsError
 from .store import Store
 from .provenance import Provenance
@@ -118,8 +121,8 @@ def _require_vector(a: Any, fmt: str) -> SteeringVector:
 def _refuse_unexpressible(v: SteeringVector, fmt: str, *, allow_positions: bool = False) -> None:
     if v.operation != "add":
         raise ExportError(
-            f"{fmt} can only add a vector to the residual stream; this vector's operation is {v.operation!r} "
-            "(projection). Export it with format 'tlens' or 'safetensors' instead, or convert it to an additive vector"
+            f"{fmt} can only add a vector to the residual stream; this vector's operation is {v.operation!r}. "
+            "Export it with format 'tlens' or 'safetensors' instead, or convert it to an additive vector"
         )
     if v.hook_site != "hook_resid_post":
         raise ExportError(f"{fmt} steers block outputs (hook_resid_post) only, this vector is at {v.hook_site}; "
@@ -166,8 +169,6 @@ def _gguf_arch_of(prov: Provenance, model: Any) -> str:
     src = getattr(model, "source_gguf", None) if model is not None else None
     if src:
         try:
-            import gguf
-
             f = gguf.GGUFReader(src).get_field("general.architecture")
             if f is not None:
                 return str(f.contents())
@@ -475,8 +476,9 @@ def _import_tlens(obj: dict, path: Path, model: Any) -> Any:
         prov = Provenance.from_dict(prov_d) if prov_d is not None else Provenance(d_model=basis.shape[1], method="imported:tlens")
         prov = _model_fill(prov, model, basis.shape[1])
         return DirectionSet(basis, layers=layers, provenance=prov)
-    if not ops <= {"add", "project"} or len(ops) != 1:
-        raise ArtifactFormatError(f"expected all entries to be 'add', all 'project' or all 'ablate', found ops {sorted(map(str, ops))}")
+    ops = {canonical_operation(o) for o in ops}  # "project": the clamp's name in files of earlier versions
+    if not ops <= set(VECTOR_OPERATIONS) or len(ops) != 1:
+        raise ArtifactFormatError(f"expected all entries to be 'add', all 'clamp' or all 'ablate', found ops {sorted(map(str, ops))}")
     dirs, scales, poss, sites = {}, set(), [], set()
     for k, e in entries.items():
         m = _HOOK_RE.match(k)

@@ -75,11 +75,11 @@ def test_steer_through_core_edits(tiny_sm, tiny_llama):
     assert tiny_sm.hook_count() == 0
 
 
-def test_project_operation_sets_the_component(tiny_sm):
+def test_clamp_operation_sets_the_component(tiny_sm):
     ids = _ids(2)
     toks = Tokens(ids, torch.ones_like(ids))
     v = torch.randn(64)
-    sv = SteeringVector.from_direction(v, layer=1, model=tiny_sm, operation="project", scale=1.5)
+    sv = SteeringVector.from_direction(v, layer=1, model=tiny_sm, operation="clamp", scale=1.5)
     with tiny_sm.steer(sv), tiny_sm.record("blocks.1.hook_resid_post") as cache:
         tiny_sm.forward(toks)
     h = cache["blocks.1.hook_resid_post"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from steerkit.interventions import ModelFacts
 from steerkit.vectors import (
     ARTIFACT_KINDS, ArtifactFormatError, DirectionSet, LayerSchedule, ModelMismatchError, Probe, Provenance,
     Region, SteeringVector, VectorsError, model_fingerprint, prompts_hash,
@@ -79,8 +80,8 @@ def test_arithmetic_refuses_mismatches():
     a.provenance = a.provenance.replace(model_fingerprint="sk1:mine")
     with pytest.raises(ModelMismatchError, match="sk1:mine.*sk1:other"):
         a + other
-    with pytest.raises(VectorsError, match="project"):
-        vec(0) + vec(1, operation="project")
+    with pytest.raises(VectorsError, match="clamp"):
+        vec(0) + vec(1, operation="clamp")
 
 
 def test_scale_and_schedule_fold_into_effective():
@@ -150,7 +151,7 @@ def _all_artifacts():
     proj = DirectionSet.from_directions(torch.randn(2, d, generator=g)).basis
     return [
         vec(0, scale=1.5, positions=[0, -1], schedule=LayerSchedule({3: 0.25, 5: 1.0}, position_weights=[1.0, 0.5])),
-        vec(1, operation="project").to(torch.bfloat16),
+        vec(1, operation="clamp").to(torch.bfloat16),
         DirectionSet.from_directions(torch.randn(2, d, generator=g), layers=[1, 2]),
         DirectionSet.from_directions(torch.randn(1, d, generator=g)),
         Probe(weight=torch.randn(3, 2, generator=g), bias=torch.randn(3, generator=g), layer=7, classes=["a", "b", "c"],
@@ -185,3 +186,25 @@ def test_payload_with_wrong_kind_or_shapes_is_refused():
         payload_to_artifact(t, {**m, "provenance": {"d_model": "sixteen"}})
     with pytest.raises(ArtifactFormatError, match="newer"):
         payload_to_artifact(t, {**m, "provenance": {**m["provenance"], "schema_version": 99}})
+
+
+def test_old_project_operation_loads_as_clamp():
+    """Earlier versions called the clamp "project": their payloads (a literal of that format), their
+    store index rows and a vector built with the old name all mean the clamp."""
+    import warnings
+
+    t = {"direction.3": torch.tensor([3.0, 4.0])}
+    meta = {"kind": "steering_vector",
+            "fields": {"scale": 2.0, "operation": "project", "hook_site": "hook_resid_post", "positions": None},
+            "provenance": {"schema_version": 1, "d_model": 2, "operation": "project", "hook_site": "hook_resid_post"}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a stored file is read without a warning
+        old = payload_to_artifact(t, meta)
+    assert old.operation == "clamp" and old.provenance.operation == "clamp"
+    assert old.to_payload()[1]["fields"]["operation"] == "clamp"
+    (iv,) = old.to_interventions(ModelFacts(name="m", n_layers=8, d_model=2), override=True)
+    assert iv.op == "clamp" and iv.site == "blocks.3.hook_resid_post"
+    with pytest.warns(DeprecationWarning, match="'clamp'"):
+        built = SteeringVector({3: torch.tensor([3.0, 4.0])}, scale=2.0, operation="project")
+    assert built.operation == "clamp" and built.to_interventions(ModelFacts(name="m", n_layers=8, d_model=2),
+                                                                 override=True)[0].op == "clamp"

@@ -78,8 +78,8 @@ def test_llamacpp_refusals_explain_alternatives(tmp_path):
     too_deep.provenance = too_deep.provenance.replace(n_layers=8)  # e.g. a vector checked against another model
     with pytest.raises(ExportError, match="n_layers=8.*\\[8\\]"):
         export(too_deep, "llama.cpp", tmp_path / "a.gguf")
-    with pytest.raises(ExportError, match="projection.*tlens"):
-        export(vec(operation="project"), "llama.cpp", tmp_path / "a.gguf")
+    with pytest.raises(ExportError, match="'clamp'.*tlens"):
+        export(vec(operation="clamp"), "llama.cpp", tmp_path / "a.gguf")
     with pytest.raises(ExportError, match="positions.*easysteer"):
         export(vec(positions=[-1]), "llama.cpp", tmp_path / "a.gguf")
     with pytest.raises(ExportError, match="per-token"):
@@ -229,8 +229,17 @@ def test_tlens_spec_shape_and_ablation(tmp_path):
     assert import_artifact(p) == ds
     ds2 = DirectionSet.from_directions(torch.randn(1, 16), layers=[2, 4])
     assert import_artifact(export(ds2, "tlens", tmp_path / "d2.json")[0]) == ds2
-    pv = vec(operation="project", positions=[-1])
-    assert import_artifact(export(pv, "tlens", tmp_path / "p.json")[0]) == pv
+    pv = vec(operation="clamp", positions=[-1])
+    p = export(pv, "tlens", tmp_path / "p.json")[0]
+    assert json.loads(p.read_text())["blocks.3.hook_resid_post"]["op"] == "clamp"
+    assert import_artifact(p) == pv
+    # a spec written by an earlier version names the clamp "project": it imports as the clamp
+    old = json.loads(p.read_text())
+    for k in ("blocks.3.hook_resid_post", "blocks.5.hook_resid_post"):
+        old[k]["op"] = "project"
+    old["__steerkit__"]["provenance"]["operation"] = "project"
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert import_artifact(tmp_path / "old.json") == pv
 
 
 def test_svec_matches_ibm_loader(tmp_path):
