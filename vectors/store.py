@@ -40,6 +40,7 @@ import builtins
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import os
 import stat
@@ -51,7 +52,7 @@ from typing import Any, Iterator
 from steerkit.files import ConfinementError, Folder, fsync_dir
 from steerkit.names import MAX_INDEX, is_index, is_name, parse_index
 
-from .artifacts import artifact_to_payload, payload_to_artifact
+from .artifacts import SteeringVector, artifact_to_payload, canonical_operation, payload_to_artifact
 from .errors import ArtifactFormatError, StoreError, StoreIndexError, UnsafeNameError
 from .safety import MAX_JSON_BYTES, check_name, dump_json, parse_safetensors, read_json_bytes, tensors_to_safetensors
 
@@ -65,6 +66,14 @@ META_MAX_BYTES = 64 << 20
 RESERVED_TAGS = {"latest"}
 STRAY_TMP_AGE_S = 5.0  # index temp files older than this, found under the lock, belong to dead writers
 _HASH_KEYS = ("tensors_sha256", "meta_sha256")
+
+
+def _summary(info: dict) -> dict:
+    """A version's index entry as today's names read it: the operation of a steering vector saved when
+    the clamp was called ``"project"`` reads ``"clamp"``."""
+    if info.get("kind") != SteeringVector.kind or "operation" not in info:
+        return info
+    return {**info, "operation": canonical_operation(info["operation"])}
 
 
 def default_store_path() -> Path:
@@ -135,19 +144,21 @@ class Store:
 
     def __init__(self, root: str | os.PathLike | None = None, *, lock_timeout: float = 120.0,
                  max_artifact_bytes: int = 1 << 30):
-        self.root = Path(root) if root is not None else default_store_path()
+        self._root = Path(root) if root is not None else default_store_path()
         self.lock_timeout = lock_timeout
         self.max_artifact_bytes = max_artifact_bytes
 
     # ------------------------------------------------------------------ paths & index
     @property
+    def root(self) -> Path:
+        """The store folder, fixed when the store is made (a store for another folder is another ``Store``)."""
+        return self._root
+
+    @functools.cached_property
     def files(self) -> Folder:
         """The store folder as a :class:`steerkit.files.Folder` (every file access goes through it),
-        made once per root."""
-        f = self.__dict__.get("_files")
-        if f is None or f.given != self.root:
-            f = self.__dict__["_files"] = Folder(self.root)
-        return f
+        made on first use."""
+        return Folder(self.root)
 
     @property
     def index_path(self) -> Path:
@@ -463,7 +474,7 @@ class Store:
         return {"ref": f"{name}@{version}", "name": name, "version": version,
                 "tags": sorted(t for t, v in entry.get("tags", {}).items() if v == version),
                 "latest": version == max(int(v) for v in entry["versions"]),
-                **info, "meta": meta}
+                **_summary(info), "meta": meta}
 
     def list(self, name: str | None = None, *, all_versions: bool = True) -> list[dict]:
         """Rows ``{ref, name, version, kind, tags, ...}`` sorted by name then version."""
@@ -479,7 +490,8 @@ class Store:
                 tags = sorted(t for t, tv in entry.get("tags", {}).items() if tv == v)
                 if v == max(int(x) for x in entry["versions"]):
                     tags = ["latest", *tags]
-                rows.append({"ref": f"{n}@{v}", "name": n, "version": v, "tags": tags, **entry["versions"][str(v)]})
+                rows.append({"ref": f"{n}@{v}", "name": n, "version": v, "tags": tags,
+                             **_summary(entry["versions"][str(v)])})
         return rows
 
     def search(self, text: str | None = None, **filters: Any) -> builtins.list[dict]:  # Store.list shadows the builtin

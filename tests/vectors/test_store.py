@@ -85,6 +85,31 @@ def test_reserved_and_bad_tags(store):
             store.tag("x@1", t)
 
 
+def test_store_of_an_earlier_version_reads_project_as_clamp(store):
+    """A clamp saved when the operation was called "project" (meta.json and index as that version wrote
+    them) loads, lists, shows and searches as "clamp"."""
+    import hashlib
+
+    clamp = SteeringVector({3: torch.randn(16)}, operation="clamp", provenance=Provenance(d_model=16))
+    store.save("old", clamp)
+    meta_path = store.root / "objects" / "old" / "1" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["fields"]["operation"] = meta["provenance"]["operation"] = "project"
+    meta_path.write_text(json.dumps(meta))
+    idx = json.loads(store.index_path.read_text())
+    info = idx["artifacts"]["old"]["versions"]["1"]
+    info["meta_sha256"] = "sha256:" + hashlib.sha256(meta_path.read_bytes()).hexdigest()
+    info["operation"] = "project"
+    store.index_path.write_text(json.dumps(idx))
+    assert store.load("old") == clamp
+    assert store.list()[0]["operation"] == store.show("old")["operation"] == "clamp"
+    assert [r["name"] for r in store.search("clamp")] == ["old"] and store.search(operation="clamp")
+
+
+def test_files_is_made_once_per_store(store):
+    assert store.files is store.files and store.files.given == store.root
+
+
 def test_tampered_index_and_objects_are_detected(store):
     store.save("x", vec(0))
     idx = json.loads(store.index_path.read_text())
