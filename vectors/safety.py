@@ -15,6 +15,14 @@ unbounded memory.
 * :func:`parse_safetensors` -- validates the 8-byte header length, the JSON header,
   dtypes, shapes and that the data offsets tile the data section exactly, then
   builds tensors with :func:`torch.frombuffer` (copied, so nothing aliases the file).
+  Why steerkit's own validator although ``safetensors`` is a dependency (it writes every file,
+  :func:`tensors_to_safetensors`): the files read here come from strangers (imports, shared stores),
+  and ``safetensors``' reader (0.8) checks the header length (up to 100 MB) and the offsets but accepts
+  any number of tensors, any rank, unknown keys in a tensor entry and dtypes steerkit does not store
+  (``F8_E4M3`` ...), and reports problems as ``SafetensorError`` text without what was expected or what
+  to do. Every bound here (:data:`MAX_HEADER_BYTES`, :data:`MAX_TENSORS`, rank <= 8, the dtypes of
+  ``_ST_DTYPES``, JSON depth and finite numbers) and every message is pinned by
+  ``tests/vectors/test_safety.py``.
 * :func:`parse_gguf` -- a small bounded GGUF v2/v3 parser (metadata + F32/F16/BF16
   tensors), enough for control-vector files; quantised model files are read with
   ``gguf.GGUFReader`` elsewhere and are trusted inputs.
@@ -35,8 +43,10 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import torch
+import safetensors.torch
 
 from steerkit.files import atomic_folder, atomic_path, atomic_write_bytes, fsync_dir
 from steerkit.names import NAME_RE, is_name
@@ -260,8 +270,6 @@ def tensors_to_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str,
         >>> parse_safetensors(data)
         ({'v': tensor([0., 1., 2.])}, {'note': 'hi'})
     """
-    from safetensors.torch import save
-
     clean, seen = {}, set()
     for k, v in tensors.items():
         t = v.detach().to("cpu").contiguous()
@@ -269,7 +277,7 @@ def tensors_to_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str,
             t = t.clone()
         seen.add(t.untyped_storage().data_ptr())
         clean[k] = t
-    return save(clean, metadata=metadata)
+    return safetensors.torch.save(clean, metadata=metadata)
 
 
 def parse_safetensors(
@@ -536,8 +544,6 @@ def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, Any], tensors: 
         >>> meta["controlvector.model_hint"], meta["x"], list(tensors)
         ('llama', 0.5, ['direction.3'])
     """
-    import gguf
-
     with atomic_path(path) as tmp:
         w = gguf.GGUFWriter(tmp, arch)
         for k, v in kv.items():

@@ -40,7 +40,7 @@ def samples(tmp_path_factory) -> dict[str, bytes]:
 def test_no_pickle_anywhere():
     import steerkit.vectors as pkg
 
-    for f in Path(pkg.__file__).parent.glob("*.py"):
+    for f in Path(pkg.__file__).parent.rglob("*.py"):
         src = f.read_text()
         for banned in ("import pickle", "torch.load(", "np.load(", "allow_pickle=True", "weights_only=False"):
             assert banned not in src, f"{f.name} uses {banned}"
@@ -91,6 +91,34 @@ def test_overlapping_or_short_safetensors_offsets_are_refused():
     h = json.dumps(header).encode()
     with pytest.raises(ArtifactFormatError, match="take 20 bytes"):
         parse_safetensors(struct.pack("<Q", len(h)) + h + b"\0" * 16)
+
+
+def _st(header: dict, body: bytes = b"") -> bytes:
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + body
+
+
+def test_safetensors_bounds_the_library_reader_does_not_enforce():
+    """What steerkit's reader refuses and safetensors.torch.load accepts: the reason it is kept."""
+    from safetensors.torch import load
+
+    cases = [
+        (_st({f"t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(4097)}),
+         "at most 4096 tensors"),
+        (_st({"a": {"dtype": "F32", "shape": [1] * 9, "data_offsets": [0, 4]}}, bytes(4)), "shape as a list"),
+        (_st({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": 1}}, bytes(4)),
+         "dtype/shape/data_offsets"),
+        (_st({"a": {"dtype": "F8_E4M3", "shape": [4], "data_offsets": [0, 4]}}, bytes(4)), "dtype in"),
+    ]
+    for data, message in cases:
+        load(data)  # the library's reader takes it
+        with pytest.raises(ArtifactFormatError, match=message):
+            parse_safetensors(data)
+    # and the bounds both enforce come with steerkit's message
+    with pytest.raises(ArtifactFormatError, match="header length <= "):
+        parse_safetensors(struct.pack("<Q", 2**62) + b"{}")
+    with pytest.raises(ArtifactFormatError, match="__metadata__ to map strings to strings"):
+        parse_safetensors(_st({"__metadata__": {"a": 1}}))
 
 
 def test_model_gguf_is_not_a_steering_vector(tmp_path):
