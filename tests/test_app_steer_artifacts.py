@@ -165,7 +165,7 @@ def test_the_refusal_site_on_the_default_model(sm, tmp_path):
     """On the real default model: a vector stored at ``hook_resid_pre`` (where the refusal direction is
     saved) steers at that site on the page, token for token as ``sm.steer``."""
     v = torch.randn(sm.d_model, generator=torch.Generator().manual_seed(0))
-    art = SteeringVector.from_direction(v / v.norm() * 8.0, 10, sm, hook_site="hook_resid_pre")
+    art = SteeringVector.from_direction(v / v.norm() * 60.0, 10, sm, hook_site="hook_resid_pre")
     c = page(sm, tmp_path)
     ref = c.store.save("resid-pre", art)
     setting, _ = setting_for(c, f"store:{ref}", "", "add", 1.0)
