@@ -246,14 +246,14 @@ def test_per_row_steering_with_conditions(t, u, v):
     rows = [[Intervention.add(LATE, v, when=c)], None, [Intervention.add(LATE, v, when=c)],
             [Intervention.add(LATE, v)], [Intervention.add(LATE, v, when=When((c,), negate=True))]]
     base = t.forward(PROMPTS, chat=False)
-    with t.steer(rows) as h:
+    with t.steer(rows=rows) as h:
         out = t.forward(PROMPTS, chat=False)
         assert h.compiled.n_groups == len(PROMPTS)
     want = [fired[0], False, fired[2], True, not fired[4]]
     assert _changed(out, base) == want
     kw = dict(max_new_tokens=5, chat=False, return_tokens=True)
     plain = t.generate(PROMPTS, **kw)
-    gen = t.generate(PROMPTS, steering=rows, **kw)
+    gen = t.generate(PROMPTS, steer_rows=rows, **kw)
     assert gen[1] == plain[1] and all(gen[b] == plain[b] for b in range(5) if not want[b])
 
 

@@ -138,20 +138,22 @@ class _ConfigOnly:
 def _config_facts(config: Any, adapter: Optional[Adapter], model: Any) -> dict:
     """The widths a config (and, when given, the loaded model) says, by the adapter's names."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    # the adapter reads a model's config (model.config); a config alone stands in for a model there
+    view: Any = model if model is not None else _ConfigOnly(config)
     if adapter is None:
         try:
-            adapter = adapter_for(model if model is not None else _ConfigOnly(config))
+            adapter = adapter_for(view)
         except UnsupportedArchitectureError:
             adapter = None
     if adapter is None:  # no family layout: depth and width by the common names only
         return dict(n_layers=int(text.num_hidden_layers), d_model=int(text.hidden_size))
-    view = model if model is not None else _ConfigOnly(config)
+    d_mlp: Optional[int]
     if model is not None:
         n_layers, d_mlp = adapter.n_layers(model), adapter.d_mlp(model)
     else:
         n_layers = int(next(getattr(text, a) for a in adapter.n_layers_attrs if getattr(text, a, None) is not None))
-        d_mlp = getattr(text, "intermediate_size", None) if adapter.moe is None else None
+        width = getattr(text, "intermediate_size", None) if adapter.moe is None else None
+        d_mlp = None if width is None else int(width)
     return dict(n_layers=n_layers, d_model=adapter.d_model(view), has_resid_mid=not adapter.is_parallel(view),
                 n_heads=adapter.n_heads(view), n_kv_heads=adapter.n_kv_heads(view), d_head=adapter.d_head(view),
-                d_mlp=None if d_mlp is None else int(d_mlp), n_experts=adapter.n_experts(view),
-                top_k=adapter.top_k(view))
+                d_mlp=d_mlp, n_experts=adapter.n_experts(view), top_k=adapter.top_k(view))
