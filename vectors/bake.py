@@ -150,7 +150,7 @@ def bake_model(model: nn.Module, basis: Float[Tensor, "k d_model"], adapter: Ada
         >>> from steerkit.vectors.bake import bake_model
         >>> u = torch.nn.functional.normalize(torch.randn(64), dim=0)
         >>> m = bake_model(tiny.hf_model, u)  # a copy: tiny keeps its weights
-        >>> float((m.model.embed_tokens.weight @ u).abs().max()) < 1e-5, m is tiny.hf_model
+        >>> float((m.model.embed_tokens.weight.detach() @ u).abs().max()) < 1e-5, m is tiny.hf_model
         (True, False)
     """
     if hasattr(model, "hf_model"):

@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import numpy as np
 import torch
 from jaxtyping import Float
-from threadpoolctl import threadpool_limits
 from torch import Tensor
 
 from steerkit.errors import InputError
@@ -137,6 +136,8 @@ def probe_rows(acts: dict, labels: dict, *, n_folds: int = 5, n_boot: int = 500,
         >>> [(r["position"], r["layer"], r["cv_auroc"] > 0.9) for r in R.probe_rows(acts, labels, n_folds=2, n_boot=20)]
         [('last_prompt', 0, True), ('last_prompt', 1, True)]
     """
+    from threadpoolctl import threadpool_limits  # scikit-learn's dependency: the optional `probes` extra
+
     notes = notes if notes is not None else []
     rows: list[dict] = []
     for kind in labels["train"]:

@@ -182,7 +182,7 @@ class Selection:
     rule: str = "paper"  # "paper": induce >= induce_min; "relative": induce > baseline harmless (fallback)
 
     @property
-    def direction(self) -> Tensor:
+    def direction(self) -> Float[Tensor, " d_model"]:
         return self.candidates[self.positions.index(self.best.pos), self.best.layer]
 
 
@@ -314,13 +314,15 @@ def _lazy_search(live: list[Candidate], scores: _Scores, floor: float, kl_max: f
 
 
 @torch.inference_mode()
-def select_direction(sm: "SteerModel", candidates: Tensor, positions: list[int], harmful_val: Sequence[str],
-                     harmless_val: Sequence[str], refusal_ids: Sequence[int], *, prune_frac: float = 0.2,
-                     kl_max: float = 0.1, induce_min: float = 0.0, lazy: bool = True, batch_size: int = 16,
-                     layers: Sequence[int] | None = None, progress=None,
+def select_direction(sm: "SteerModel", candidates: Float[Tensor, "n_pos n_layers d_model"], positions: list[int],
+                     harmful_val: Sequence[str], harmless_val: Sequence[str], refusal_ids: Sequence[int], *,
+                     prune_frac: float = 0.2, kl_max: float = 0.1, induce_min: float = 0.0, lazy: bool = True,
+                     batch_size: int = 16, layers: Sequence[int] | None = None,
+                     progress: Optional[Callable[[int], object]] = None,
                      fallback: Optional[str] = "relative", batched: bool = True,
                      rows: Optional[int] = None) -> Selection:
-    """Score every candidate on the validation prompts and pick one (see the module docstring).
+    """Score every candidate on the validation prompts and pick one (the rules: step 4 of
+    :mod:`steerkit.probes.methods.refusal`).
 
     ``fallback``: ``"relative"`` selects again with ``induce > baseline harmless score`` when no
     candidate passes ``induce >= induce_min`` (``Selection.rule`` says which rule chose); ``None``
