@@ -18,11 +18,11 @@ pytest.importorskip("dash", reason="the app extra (dash) is not installed")
 
 from steerkit.apps import analysis  # noqa: E402
 from steerkit.apps.pages.common import Context  # noqa: E402
-from steerkit.apps.pages.steer import setting_for  # noqa: E402
+from steerkit.apps.pages.steer import default_layers, resolve_direction, setting_for  # noqa: E402
 from steerkit.apps.runtime import ModelHost  # noqa: E402
 from steerkit.errors import InputError  # noqa: E402
 from steerkit.vectors import (  # noqa: E402
-    ConditionalSteering, ConditionVector, DirectionSet, LayerSchedule, Provenance, Region, SteeringVector, Store,
+    ConditionalSteering, ConditionVector, DirectionSet, LayerSchedule, Provenance, Region, SteeringVector,
 )
 from steerkit.vectors.artifacts import HOOK_SITES  # noqa: E402
 
@@ -110,6 +110,9 @@ def test_the_steer_page_steers_a_stored_artifact_as_sm_steer_does(kind, tiny_sm,
     c = page(tiny_sm, tmp_path)
     ref = c.store.save("art", art)
     setting, _ = setting_for(c, f"store:{ref}", "", "add", 1.0)
+    # picking the artifact fills the layer box with its layers: the same steering
+    filled, _ = setting_for(c, f"store:{ref}", default_layers(resolve_direction(c, f"store:{ref}")[0]), "add", 1.0)
+    assert [(iv.site, iv.op) for iv in filled.interventions] == [(iv.site, iv.op) for iv in setting.interventions]
     res = analysis.steer_compare(tiny_sm, PROMPT, setting, max_new_tokens=N_NEW)
     want, base = generated(tiny_sm, art), generated(tiny_sm)
     assert want != base, f"the {kind} does not change the generation: the comparison could not fail"

@@ -173,7 +173,8 @@ def steer_setting(sm: SteerModel, direction: Any, layers=None, *, operation: str
     """
     if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(float(strength)):
         raise InputError(f"expected a finite strength, found {strength!r}")
-    if isinstance(direction, STEERABLE) or hasattr(direction, "to_interventions"):
+    stored = isinstance(direction, STEERABLE) or hasattr(direction, "to_interventions")
+    if stored:
         ivs, scale = artifact_interventions(sm, direction, layers, strength=float(strength))
         everywhere = isinstance(direction, DirectionSet) and direction.layers is None and (
             layers is None or (isinstance(layers, str) and layers.strip().lower() in ("", "all")))
@@ -184,7 +185,7 @@ def steer_setting(sm: SteerModel, direction: Any, layers=None, *, operation: str
     if not ivs:
         raise InputError("expected the artifact to act somewhere, found no intervention at the chosen layers")
     last = ivs[-1]
-    if isinstance(direction, STEERABLE) or hasattr(direction, "to_interventions"):
+    if stored:
         unit = _unit(last)
     else:  # the direction as given (one readout whatever the operation built from it)
         v = _checked_vector(sm, direction[_layer_of(sm, last.site)] if isinstance(direction, dict) else direction, "")
