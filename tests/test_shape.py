@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,3 +86,16 @@ def test_lazy_imports_only_for_optional_extras():
                         found.append(f"{rel}:{n.lineno} {name} ({kind})")
     assert not found, "imports inside functions of modules every install has (move them to the top):\n" + "\n".join(found)
 
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject's ``packages`` names every folder with an ``__init__.py`` (a missing one would be left out
+    of a built wheel while the editable install still finds it)."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    folders = {v: k for k, v in cfg["package-dir"].items()}
+    found = set()
+    for folder, package in folders.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([package, *rel.parts]))
+    assert found <= set(cfg["packages"]), sorted(found - set(cfg["packages"]))

@@ -211,7 +211,7 @@ def test_errors(tiny):
     with pytest.raises(InputError, match="none at layer 1"):
         _run(tiny, SteeringVector({0: v, 2: v}, provenance=Provenance.from_model(tiny)), layers=[0, 1])
     with pytest.raises(InputError, match="operation 'add'"):
-        _run(tiny, SteeringVector({1: v}, operation="project", provenance=Provenance.from_model(tiny)))
+        _run(tiny, SteeringVector({1: v}, operation="clamp", provenance=Provenance.from_model(tiny)))
     with pytest.raises(InputError, match="normalize=None"):
         _run(tiny, DirectionSet.from_directions(v[None], tiny), normalize="unit")
     with pytest.raises(InputError, match="d_model|model"):
