@@ -10,7 +10,8 @@ configurations (:class:`SteerTable`, built once from :class:`SteerConfig`s) and 
 position mask.
 
 Three layers per op, as in Liger-Kernel: the ``@triton.jit`` kernels in
-``_triton.py``, their host launchers and the public functions in ``fused.py``, and
+``_triton.py``, their host launchers and the public functions in ``fused.py`` (the
+kernels' tiles in ``launch.py``, the configurations and tables in ``config.py``), and
 a pure-torch reference for each step in ``reference.py``, equal in meaning. The
 choice between them is made from the device (``_backend.resolve_impl``: Triton on
 CUDA tensors, torch elsewhere): by :func:`fused_steer` at every call, and by
@@ -21,11 +22,13 @@ made). The Triton kernel's tiles come from :func:`launch_params`, or from a
 backward passes (Triton kernel or torch), so vectors can be optimised by gradient.
 """
 
+import warnings
+
 from ._backend import HAS_TRITON, get_impl, interpret_mode, resolve_impl, resolve_impl_for, set_impl, use_impl
 from .config import (MAX_HALFSPACES, MAX_K, MAX_M, ORTHO_TOL, Polyhedron, SteerConfig, SteerConfigError, SteerTable,
-                     orthonormalize)
-from .fused import (BoundSteer, LaunchParams, ablate, bind_steer, clamp, fused_steer, inject, launch_params,
-                    project_region, table_from_tensors)
+                     orthonormalize, table_from_tensors)
+from .fused import BoundSteer, ablate, bind_steer, clamp, fused_steer, inject, project_region
+from .launch import LaunchParams, launch_params
 from .reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref,
                         solve_polyhedron_projection)
 
@@ -40,7 +43,6 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "Region":  # the geometry's former name; steerkit.vectors.Region is the stored artifact
-        import warnings
         warnings.warn("steerkit.kernels.Region is now steerkit.kernels.Polyhedron (steerkit.Polyhedron); "
                       "steerkit.vectors.Region is the stored region artifact", DeprecationWarning, stacklevel=2)
         return Polyhedron

@@ -44,6 +44,9 @@ MAX_HALFSPACES = 32  # half-spaces of a region's polyhedron
 ORTHO_TOL = 1e-3  # max |B B^T - I| accepted for a basis / the region components (the whole package)
 
 Number = Union[int, float]
+#: the tensors of a :class:`SteerTable` the kernels read, in the order they take them
+_TAB_FIELDS = ("basis", "strength", "target", "gate_dir", "gate_thr", "gate_sign", "add", "add_scale",
+               "region_mean", "region_proj", "region_W", "region_c", "region_s", "region_step")
 
 
 class SteerConfigError(InputError):
@@ -412,11 +415,7 @@ class SteerTable:
         def mv(t: Optional[Tensor]) -> Optional[Tensor]:
             return None if t is None else t.to(device)
 
-        return replace(self, basis=mv(self.basis), strength=mv(self.strength), target=mv(self.target),
-                       gate_dir=mv(self.gate_dir), gate_thr=mv(self.gate_thr), gate_sign=mv(self.gate_sign),
-                       add=mv(self.add), add_scale=mv(self.add_scale), region_mean=mv(self.region_mean),
-                       region_proj=mv(self.region_proj), region_W=mv(self.region_W), region_c=mv(self.region_c),
-                       region_s=mv(self.region_s), region_step=mv(self.region_step))
+        return replace(self, **{f: mv(getattr(self, f)) for f in _TAB_FIELDS})
 
     # -- construction --------------------------------------------------------
     @classmethod
@@ -565,3 +564,134 @@ class SteerTable:
             tab.schedule = torch.as_tensor(schedule, dtype=torch.float32)
             _finite("schedule", tab.schedule)
         return tab.to(device) if device is not None else tab
+
+
+# --------------------------------------------------------------------------- table from tensors
+def _as_f(t, device, dtype) -> Tensor:
+    return t.to(device=device, dtype=dtype) if isinstance(t, Tensor) else torch.tensor(
+        float(t), device=device, dtype=dtype)
+
+
+def _n_from(*pairs) -> int:
+    n = 1
+    for t, dim in pairs:
+        if isinstance(t, Tensor) and t.dim() == dim and t.shape[0] != 1:
+            if n != 1 and t.shape[0] != n:
+                raise SteerConfigError(
+                    f"per-configuration tensors disagree on the number of configurations: "
+                    f"{n} and {t.shape[0]}. Give every per-configuration tensor the same first dimension."
+                )
+            n = t.shape[0]
+    return n
+
+
+def _config_rows(name: str, t, d_model: int, device, dtype) -> Tensor:
+    """``t`` (``[d_model]`` or ``[n_configs, d_model]``) as ``[1 or n_configs, d_model]`` on ``device`` in ``dtype``."""
+    v = _as_f(t, device, dtype)
+    found = tuple(v.shape)
+    if v.dim() == 1:
+        v = v[None]
+    if v.dim() != 2 or v.shape[-1] != d_model:
+        raise SteerConfigError(f"{name} must have shape ({d_model},) or (n_configs, {d_model}); found {found}.")
+    return v
+
+
+def _basis_terms(basis, strength, target, n: int, d_model: int, device, dtype,
+                 validate: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``(basis [1 or n, K, d], strength [n, K], target [n, K])`` of :func:`table_from_tensors`."""
+    B = _as_f(basis, device, dtype)
+    if B.dim() == 2:
+        B = B[None]
+    if B.dim() != 3 or B.shape[-1] != d_model:
+        raise SteerConfigError(
+            f"basis must have shape (k, {d_model}) or (n_configs, k, {d_model}); found "
+            f"{tuple(basis.shape)}. Its last dimension must equal h's d_model."
+        )
+    K = B.shape[1]
+    if K > MAX_K or K == 0:
+        raise SteerConfigError(
+            f"basis must hold 1..{MAX_K} directions (k); found k={K}. Keep the strongest "
+            f"{MAX_K} directions, or apply two calls."
+        )
+    c = _as_f(strength, device, dtype)
+    t = _as_f(0.0 if target is None else target, device, dtype)
+    for name, v in (("strength", c), ("target", t)):
+        if not (v.dim() == 0 or (v.dim() == 1 and v.shape[0] == K)
+                or (v.dim() == 2 and v.shape[1] == K)):
+            raise SteerConfigError(
+                f"{name} must be a number, shape ({K},) or (n_configs, {K}); found {tuple(v.shape)}."
+            )
+    if validate:
+        _check_orthonormal("basis", B)
+        for name, v in (("basis", B), ("strength", c), ("target", t)):
+            _finite(name, v.detach())
+    return B.contiguous(), c.expand(n, K).contiguous(), t.expand(n, K).contiguous()
+
+
+def table_from_tensors(
+    d_model: int, device, dtype=torch.float32, *, basis=None, strength=1.0, target=None, add=None,
+    scale=1.0, gate_direction=None, gate_threshold=0.0, gate_mode="above", region=None,
+    region_strength=1.0, validate: bool = True,
+) -> SteerTable:
+    """Build a :class:`SteerTable` from the keyword tensors of :func:`~steerkit.kernels.fused.fused_steer`, keeping
+    autograd history (so gradients reach ``basis``, ``strength``, ``target``, ``add``, ``scale``).
+    ``region_strength`` is a number or one per region.
+
+    Examples:
+        >>> t = table_from_tensors(8, "cpu", add=torch.ones(2, 8), scale=torch.tensor([1.0, -1.0]))
+        >>> t.n_configs, t.add_scale.tolist()
+        (2, [1.0, -1.0])
+        >>> from steerkit.kernels import fused_steer
+        >>> v = torch.zeros(8, requires_grad=True)  # a trainable steering vector
+        >>> fused_steer(torch.ones(3, 8), table_from_tensors(8, "cpu", add=v), impl="torch").sum().backward()
+        >>> v.grad.tolist() == [3.0] * 8
+        True
+    """
+    regions = None if region is None else (list(region) if isinstance(region, (list, tuple)) else [region])
+    n = _n_from((basis, 3), (strength, 2), (target, 2), (add, 2), (scale, 1), (gate_direction, 2),
+                (gate_threshold, 1))
+    if regions is not None and len(regions) > 1:
+        if n != 1 and len(regions) != n:
+            raise SteerConfigError(
+                f"region list has {len(regions)} entries but other tensors give {n} configurations."
+            )
+        n = len(regions)
+    tab = SteerTable(n_configs=n, d_model=d_model)
+    if basis is not None:
+        tab.basis, tab.strength, tab.target = _basis_terms(basis, strength, target, n, d_model, device, dtype,
+                                                           validate)
+    if add is not None:
+        V = _config_rows("add", add, d_model, device, dtype)
+        a = _as_f(scale, device, dtype).reshape(-1)
+        tab.add = V.expand(n, d_model).contiguous()
+        tab.add_scale = a.expand(n).contiguous()
+        if validate:
+            _finite("add", V.detach())
+            _finite("scale", a.detach())
+    if gate_direction is not None:
+        u = _config_rows("gate_direction", gate_direction, d_model, device, dtype)
+        if gate_mode not in ("above", "below"):
+            raise SteerConfigError(f"gate_mode must be 'above' or 'below'; found {gate_mode!r}.")
+        u = u.detach()
+        if validate:
+            _finite("gate_direction", u)
+            if (u.norm(dim=-1) == 0).any():
+                raise SteerConfigError("gate_direction is all zeros; give a direction.")
+        tab.gate_dir = (u / u.norm(dim=-1, keepdim=True)).expand(n, d_model).contiguous()
+        tab.gate_thr = _as_f(gate_threshold, device, dtype).detach().reshape(-1).expand(n).contiguous()
+        tab.gate_sign = torch.full((n,), 1.0 if gate_mode == "above" else -1.0, device=device, dtype=dtype)
+    if regions is not None:
+        if len(regions) == 1 and n > 1:
+            regions = regions * n
+        rs = torch.as_tensor(region_strength, dtype=torch.float64).detach().reshape(-1).tolist()
+        if len(rs) == 1:
+            rs = rs * len(regions)
+        if len(rs) != len(regions):
+            raise SteerConfigError(
+                f"region_strength must be a number or one per region ({len(regions)}); found {len(rs)} values."
+            )
+        rt = SteerTable.from_configs([SteerConfig(region=r, region_strength=s) for r, s in zip(regions, rs)],
+                                     d_model=d_model)
+        for f in ("region_mean", "region_proj", "region_W", "region_c", "region_s", "region_step"):
+            setattr(tab, f, getattr(rt, f).to(device=device, dtype=dtype))
+    return tab

@@ -3,15 +3,16 @@
 How a call runs:
 
 1. The inputs become a :class:`~steerkit.kernels.config.SteerTable` (given, or
-   built from the keyword tensors, differentiably, with validation that costs a
-   device sync unless ``validate=False``), a row -> configuration index and a
-   row mask. Hidden states of any leading shape are flattened to ``[rows, d]``;
+   built from the keyword tensors by :func:`~steerkit.kernels.config.table_from_tensors`,
+   differentiably, with validation that costs a device sync unless ``validate=False``),
+   a row -> configuration index and a row mask. Hidden states of any leading shape are flattened to ``[rows, d]``;
    a ``row_config`` of shape ``[batch]`` for ``h [batch, seq, d]`` is broadcast
    over positions.
 2. :func:`~steerkit.kernels._backend.resolve_impl` picks the Triton kernel
    (CUDA tensors, or CPU under ``TRITON_INTERPRET=1``) or the torch reference.
-3. Without gradients the kernel (``_launch_fused``, tiles from :func:`launch_params`
-   unless ``launch=`` says otherwise) or the reference runs once.
+3. Without gradients the kernel (``_launch_fused``, tiles from
+   :func:`~steerkit.kernels.launch.launch_params` unless ``launch=`` says otherwise)
+   or the reference runs once.
    With gradients, ablation + injection (no gate, region or norm rescale) go
    through :class:`_AblateInjectFn`, whose backward is analytic (a Triton
    kernel or the same formulas in torch); any other combination runs the
@@ -24,7 +25,6 @@ step, and returns a :class:`BoundSteer`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import torch
@@ -32,82 +32,15 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from . import _backend
-from .config import (MAX_K, Polyhedron, SteerConfig, SteerConfigError, SteerTable, _check_orthonormal,
-                     _finite)
-from .reference import DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref, table_plan
+from .config import SteerConfig  # noqa: F401 - the examples build tables from it
+from .config import _TAB_FIELDS, Polyhedron, SteerConfigError, SteerTable, table_from_tensors
+from .launch import LaunchParams, _bwd_launch_params, _next_pow2, launch_params, triton_cdiv
+from .reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref, own_combination, own_coords,
+                        table_plan)
 
 Number = Union[int, float]
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_D_MODEL = 32768
-
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
-# --------------------------------------------------------------------------- launch settings
-@dataclass(frozen=True)
-class LaunchParams:
-    """Tiles of the forward kernel: ``block_r`` rows per program, swept over d in ``block_d``
-    columns (a power of two), ``num_warps`` warps; ``norm_fast`` allows the norm rescale to take
-    |x|^2 from the first pass's dot products where the table allows it (False: always the exact
-    extra pass). Pass one as ``fused_steer(..., launch=LaunchParams(...))`` to override
-    :func:`launch_params`.
-
-    Examples:
-        >>> LaunchParams(block_d=256, block_r=16)
-        LaunchParams(block_d=256, block_r=16, num_warps=4, norm_fast=True)
-        >>> LaunchParams(block_d=300, block_r=16)
-        Traceback (most recent call last):
-        ...
-        steerkit.kernels.config.SteerConfigError: LaunchParams.block_d must be a positive power of two; found 300.
-    """
-
-    block_d: int
-    block_r: int
-    num_warps: int = 4
-    norm_fast: bool = True
-
-    def __post_init__(self):
-        for name in ("block_d", "block_r", "num_warps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1 or v & (v - 1):
-                raise SteerConfigError(
-                    f"LaunchParams.{name} must be a positive power of two; found {v!r}."
-                )
-
-
-def launch_params(d: int, k: int, dtype: torch.dtype, region: bool, interpret: bool = False) -> LaunchParams:
-    """The forward kernel's tiles for ``d`` columns, ``k`` padded directions (1 without a basis),
-    hidden states of ``dtype``, with or without a region step, on a GPU or (``interpret``) under
-    Triton's CPU interpreter.
-
-    Defaults from the H200 sweep in docs/reproductions/kernels.md (bf16, and the same for float16 and float32):
-    16 x 512, 4 warps for k <= 8; 16 x 128, 8 warps for more directions, whose per-chunk basis
-    vectors cost registers; 4 rows per program with a region (its solver keeps per-row state in
-    registers). The interpreter pays per op, not per element: one chunk per row, 32 rows.
-
-    Examples:
-        >>> launch_params(576, 1, torch.bfloat16, region=False)
-        LaunchParams(block_d=512, block_r=16, num_warps=4, norm_fast=True)
-        >>> launch_params(4096, 16, torch.bfloat16, region=False).num_warps, launch_params(576, 1, torch.float32, True).block_r
-        (8, 4)
-    """
-    del dtype  # the sweep found no dtype that wants other tiles
-    if interpret:
-        return LaunchParams(block_d=_next_pow2(d), block_r=4 if region else 32, num_warps=4)
-    return LaunchParams(block_d=min(_next_pow2(d), 512 if k <= 8 else 128), block_r=4 if region else 16,
-                        num_warps=8 if k > 8 else 4)
-
-
-def _bwd_launch_params(d: int, interpret: bool) -> LaunchParams:
-    """Tiles of the backward kernel, which holds whole rows: ``block_d >= d``."""
-    block_d = _next_pow2(d)
-    block_r = 32 if interpret else max(1, min(16, 16384 // block_d))
-    tile = block_r * block_d
-    return LaunchParams(block_d=block_d, block_r=block_r,
-                        num_warps=4 if tile <= 4096 else 8 if tile <= 8192 else 16, norm_fast=False)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -156,16 +89,6 @@ def _launch_fused(h: Tensor, tab, g: Optional[Tensor], mask: Optional[Tensor], l
     return out
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    """Ceiling division for positive ints: how many tiles of ``b`` cover ``a``.
-
-    Examples:
-        >>> triton_cdiv(576, 512), triton_cdiv(512, 512)
-        (2, 1)
-    """
-    return (a + b - 1) // b
-
-
 def _launch_ablate_inject_bwd(go: Tensor, h: Tensor, tab, g, mask):
     from ._triton import _ablate_inject_bwd_kernel
 
@@ -207,14 +130,9 @@ def _ablate_inject_bwd_torch(go: Tensor, h: Tensor, tab, gi: Tensor, act: Tensor
         n_b = tab.basis.shape[0]
         gb = gi if n_b > 1 else torch.zeros_like(gi)
         flat = tab.basis.reshape(n_b * K, d).to(acc)
-        ar = torch.arange(rows, device=go.device)
-        p = (h @ flat.T).view(rows, n_b, K)[ar, gb]
-        qq = (go @ flat.T).view(rows, n_b, K)[ar, gb]
-        pt = (p - tab.target.to(acc)[gi]) * act[:, None]
-        q = qq * act[:, None]
-        u = tab.strength.to(acc)[gi] * q
-        onehot = torch.nn.functional.one_hot(gb, n_b).to(acc)
-        dh = go - (onehot[:, :, None] * u[:, None, :]).reshape(rows, n_b * K) @ flat
+        pt = (own_coords(h, flat, n_b, gb) - tab.target.to(acc)[gi]) * act[:, None]
+        q = own_coords(go, flat, n_b, gb) * act[:, None]
+        dh = go - own_combination(tab.strength.to(acc)[gi] * q, flat, n_b, gb)
     dv = (go * tab.add.to(acc)[gi]).sum(-1) * act if tab.has_add else torch.zeros(rows, dtype=acc,
                                                                                    device=go.device)
     return dh, pt, q, dv
@@ -283,10 +201,6 @@ class _AblateInjectFn(torch.autograd.Function):
         return None, dh.to(h.dtype), dB, dc, dt, dV, da, None, None, None, None, None
 
 
-_TAB_FIELDS = ("basis", "strength", "target", "gate_dir", "gate_thr", "gate_sign", "add", "add_scale",
-               "region_mean", "region_proj", "region_W", "region_c", "region_s", "region_step")
-
-
 class _RecomputeFn(torch.autograd.Function):
     """Forward with the Triton kernel; backward by differentiating the torch reference."""
 
@@ -320,133 +234,6 @@ class _RecomputeFn(torch.autograd.Function):
         dh = next(it) if hh.requires_grad else None
         dts = [next(it) if (t is not None and t.requires_grad) else None for t in leaves]
         return (dh, None, None, None, None, *dts)
-
-
-# --------------------------------------------------------------------------- table from tensors
-def _as_f(t, device, dtype) -> Tensor:
-    return t.to(device=device, dtype=dtype) if isinstance(t, Tensor) else torch.tensor(
-        float(t), device=device, dtype=dtype)
-
-
-def _n_from(*pairs) -> int:
-    n = 1
-    for t, dim in pairs:
-        if isinstance(t, Tensor) and t.dim() == dim and t.shape[0] != 1:
-            if n != 1 and t.shape[0] != n:
-                raise SteerConfigError(
-                    f"per-configuration tensors disagree on the number of configurations: "
-                    f"{n} and {t.shape[0]}. Give every per-configuration tensor the same first dimension."
-                )
-            n = t.shape[0]
-    return n
-
-
-def table_from_tensors(
-    d_model: int, device, dtype=torch.float32, *, basis=None, strength=1.0, target=None, add=None,
-    scale=1.0, gate_direction=None, gate_threshold=0.0, gate_mode="above", region=None,
-    region_strength=1.0, validate: bool = True,
-) -> SteerTable:
-    """Build a :class:`SteerTable` from the keyword tensors of :func:`fused_steer`, keeping
-    autograd history (so gradients reach ``basis``, ``strength``, ``target``, ``add``, ``scale``).
-    ``region_strength`` is a number or one per region.
-
-    Examples:
-        >>> t = table_from_tensors(8, "cpu", add=torch.ones(2, 8), scale=torch.tensor([1.0, -1.0]))
-        >>> t.n_configs, t.add_scale.tolist()
-        (2, [1.0, -1.0])
-        >>> v = torch.zeros(8, requires_grad=True)  # a trainable steering vector
-        >>> fused_steer(torch.ones(3, 8), table_from_tensors(8, "cpu", add=v), impl="torch").sum().backward()
-        >>> v.grad.tolist() == [3.0] * 8
-        True
-    """
-    regions = None if region is None else (list(region) if isinstance(region, (list, tuple)) else [region])
-    n = _n_from((basis, 3), (strength, 2), (target, 2), (add, 2), (scale, 1), (gate_direction, 2),
-                (gate_threshold, 1))
-    if regions is not None and len(regions) > 1:
-        if n != 1 and len(regions) != n:
-            raise SteerConfigError(
-                f"region list has {len(regions)} entries but other tensors give {n} configurations."
-            )
-        n = len(regions)
-    tab = SteerTable(n_configs=n, d_model=d_model)
-    if basis is not None:
-        B = _as_f(basis, device, dtype)
-        if B.dim() == 2:
-            B = B[None]
-        if B.dim() != 3 or B.shape[-1] != d_model:
-            raise SteerConfigError(
-                f"basis must have shape (k, {d_model}) or (n_configs, k, {d_model}); found "
-                f"{tuple(basis.shape)}. Its last dimension must equal h's d_model."
-            )
-        K = B.shape[1]
-        if K > MAX_K or K == 0:
-            raise SteerConfigError(
-                f"basis must hold 1..{MAX_K} directions (k); found k={K}. Keep the strongest "
-                f"{MAX_K} directions, or apply two calls."
-            )
-        c = _as_f(strength, device, dtype)
-        t = _as_f(0.0 if target is None else target, device, dtype)
-        for name, v in (("strength", c), ("target", t)):
-            if not (v.dim() == 0 or (v.dim() == 1 and v.shape[0] == K)
-                    or (v.dim() == 2 and v.shape[1] == K)):
-                raise SteerConfigError(
-                    f"{name} must be a number, shape ({K},) or (n_configs, {K}); found {tuple(v.shape)}."
-                )
-        tab.basis = B.contiguous()
-        tab.strength = c.expand(n, K).contiguous()
-        tab.target = t.expand(n, K).contiguous()
-        if validate:
-            _check_orthonormal("basis", B)
-            for name, v in (("basis", B), ("strength", c), ("target", t)):
-                _finite(name, v.detach())
-    if add is not None:
-        V = _as_f(add, device, dtype)
-        if V.dim() == 1:
-            V = V[None]
-        if V.dim() != 2 or V.shape[-1] != d_model:
-            raise SteerConfigError(
-                f"add must have shape ({d_model},) or (n_configs, {d_model}); found {tuple(add.shape)}."
-            )
-        a = _as_f(scale, device, dtype).reshape(-1)
-        tab.add = V.expand(n, d_model).contiguous()
-        tab.add_scale = a.expand(n).contiguous()
-        if validate:
-            _finite("add", V.detach())
-            _finite("scale", a.detach())
-    if gate_direction is not None:
-        u = _as_f(gate_direction, device, dtype)
-        if u.dim() == 1:
-            u = u[None]
-        if u.shape[-1] != d_model:
-            raise SteerConfigError(
-                f"gate_direction must have shape ({d_model},) or (n_configs, {d_model}); found "
-                f"{tuple(gate_direction.shape)}."
-            )
-        if gate_mode not in ("above", "below"):
-            raise SteerConfigError(f"gate_mode must be 'above' or 'below'; found {gate_mode!r}.")
-        u = u.detach()
-        if validate:
-            _finite("gate_direction", u)
-            if (u.norm(dim=-1) == 0).any():
-                raise SteerConfigError("gate_direction is all zeros; give a direction.")
-        tab.gate_dir = (u / u.norm(dim=-1, keepdim=True)).expand(n, d_model).contiguous()
-        tab.gate_thr = _as_f(gate_threshold, device, dtype).detach().reshape(-1).expand(n).contiguous()
-        tab.gate_sign = torch.full((n,), 1.0 if gate_mode == "above" else -1.0, device=device, dtype=dtype)
-    if regions is not None:
-        if len(regions) == 1 and n > 1:
-            regions = regions * n
-        rs = torch.as_tensor(region_strength, dtype=torch.float64).detach().reshape(-1).tolist()
-        if len(rs) == 1:
-            rs = rs * len(regions)
-        if len(rs) != len(regions):
-            raise SteerConfigError(
-                f"region_strength must be a number or one per region ({len(regions)}); found {len(rs)} values."
-            )
-        rt = SteerTable.from_configs([SteerConfig(region=r, region_strength=s) for r, s in zip(regions, rs)],
-                                     d_model=d_model)
-        for f in ("region_mean", "region_proj", "region_W", "region_c", "region_s", "region_step"):
-            setattr(tab, f, getattr(rt, f).to(device=device, dtype=dtype))
-    return tab
 
 
 # --------------------------------------------------------------------------- public API
@@ -489,7 +276,7 @@ def fused_steer(
     times the table's schedule weight for ``layer``. The region's polyhedron
     projection stops at natural residual ``region_tol`` (distance units) or
     ``region_max_iter`` iterations. ``launch`` overrides the Triton kernel's tiles
-    (default: :func:`launch_params`); the torch reference ignores it.
+    (default: :func:`~steerkit.kernels.launch.launch_params`); the torch reference ignores it.
 
     Examples:
         >>> h = torch.randn(2, 3, 8)
@@ -506,6 +293,35 @@ def fused_steer(
         # (which takes the table's prepared plan when it has one configuration)
         return fused_steer_ref(h.reshape(-1, h.shape[-1]), table, None, None, layer_weight, preserve_norm,
                                region_tol, region_max_iter).reshape(h.shape)
+    h2 = _rows_of(h)
+    if table is not None:
+        if any(v is not None for v in (basis, target, add, gate_direction, region)):
+            raise SteerConfigError(
+                "pass either table= or the keyword tensors (basis, add, gate_direction, region), not both."
+            )
+        tab = _checked_table(table, h)
+        if layer is not None:
+            layer_weight = layer_weight * tab.layer_weight(layer)
+    else:
+        acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+        tab = table_from_tensors(h.shape[-1], h.device, acc, basis=basis, strength=strength, target=target,
+                                 add=add, scale=scale, gate_direction=gate_direction,
+                                 gate_threshold=gate_threshold, gate_mode=gate_mode, region=region,
+                                 region_strength=region_strength, validate=validate)
+    g = None if row_config is None else _row_index(row_config, h, tab.n_configs, validate)
+    mk = None if mask is None else _row_mask(mask, h)
+    which = _backend.resolve_impl(impl, h)
+    if which == "triton" and h.dtype == torch.float64:
+        raise SteerConfigError(
+            "impl='triton' supports float32, float16 and bfloat16; found float64. Use impl='torch'."
+        )
+    out = _run(h2, tab, g, mk, which, layer_weight, preserve_norm, region_tol, region_max_iter, launch)
+    return out.reshape(h.shape)
+
+
+def _rows_of(h: Tensor) -> Tensor:
+    """``h`` checked (a float tensor of at most :data:`MAX_D_MODEL` columns) and flattened to
+    ``[rows, d]`` with unit column stride."""
     if not isinstance(h, Tensor):
         raise SteerConfigError(f"h must be a torch.Tensor [rows, d_model]; found {type(h).__name__}.")
     if h.dim() < 1:
@@ -514,110 +330,101 @@ def fused_steer(
         raise SteerConfigError(
             f"h must be float32, float16 or bfloat16; found {h.dtype}. Cast the hidden states first."
         )
-    lead = h.shape[:-1]
     d = h.shape[-1]
     if d > MAX_D_MODEL:
         raise SteerConfigError(f"d_model must be at most {MAX_D_MODEL}; found {d}.")
     h2 = h.reshape(-1, d)
-    if h2.stride(-1) != 1:
-        h2 = h2.contiguous()
-    rows = h2.shape[0]
-    acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+    return h2.contiguous() if h2.stride(-1) != 1 else h2
 
-    kw_given = any(v is not None for v in (basis, target, add, gate_direction, region))
-    if table is not None:
-        if kw_given:
-            raise SteerConfigError(
-                "pass either table= or the keyword tensors (basis, add, gate_direction, region), not both."
-            )
-        if table.d_model != d:
-            raise SteerConfigError(
-                f"table is for d_model={table.d_model} but h has d_model={d}; build the table for this model."
-            )
-        tab = table
-        ref = next((getattr(tab, f) for f in _TAB_FIELDS if getattr(tab, f) is not None), None)
-        if ref is not None and ref.device != h.device:
-            raise SteerConfigError(
-                f"table is on {ref.device} but h is on {h.device}; call table.to(h.device) once."
-            )
-        if layer is not None:
-            layer_weight = layer_weight * tab.layer_weight(layer)
-    else:
-        tab = table_from_tensors(d, h.device, acc, basis=basis, strength=strength, target=target,
-                                 add=add, scale=scale, gate_direction=gate_direction,
-                                 gate_threshold=gate_threshold, gate_mode=gate_mode, region=region,
-                                 region_strength=region_strength, validate=validate)
 
-    g = None
-    if row_config is not None:
-        if row_config.dtype.is_floating_point or row_config.dtype == torch.bool:
-            raise SteerConfigError(
-                f"row_config must be an integer tensor; found {row_config.dtype}. Use .long()."
-            )
-        rc = row_config
-        if rc.shape != lead:
-            if h.dim() == 3 and rc.shape == lead[:1]:
-                rc = rc[:, None].expand(lead)
-            else:
-                raise SteerConfigError(
-                    f"row_config must have shape {tuple(lead)} (one index per row) or "
-                    f"({lead[0] if len(lead) else 1},) per sequence; found {tuple(row_config.shape)}."
-                )
-        g = rc.reshape(-1).to(device=h.device, dtype=torch.int32).contiguous()
-        if validate and rows:
-            lo, hi = int(g.min()), int(g.max())
-            if lo < 0 or hi >= tab.n_configs:
-                raise SteerConfigError(
-                    f"row_config values must be in [0, {tab.n_configs}); found range [{lo}, {hi}]. "
-                    "Index the configurations of the table (or the first dim of the per-config tensors)."
-                )
-    mk = None
-    if mask is not None:
-        if mask.shape != lead:
-            raise SteerConfigError(
-                f"mask must have shape {tuple(lead)} (one flag per row); found {tuple(mask.shape)}."
-            )
-        mk = mask.reshape(-1).to(device=h.device, dtype=torch.int8).contiguous()
-
-    which = _backend.resolve_impl(impl, h)
-    if which == "triton" and h.dtype == torch.float64:
+def _checked_table(table: SteerTable, h: Tensor) -> SteerTable:
+    """``table``, checked against ``h``: the same d_model, on the same device."""
+    d = h.shape[-1]
+    if table.d_model != d:
         raise SteerConfigError(
-            "impl='triton' supports float32, float16 and bfloat16; found float64. Use impl='torch'."
+            f"table is for d_model={table.d_model} but h has d_model={d}; build the table for this model."
         )
+    ref = next((getattr(table, f) for f in _TAB_FIELDS if getattr(table, f) is not None), None)
+    if ref is not None and ref.device != h.device:
+        raise SteerConfigError(
+            f"table is on {ref.device} but h is on {h.device}; call table.to(h.device) once."
+        )
+    return table
+
+
+def _row_index(row_config: Tensor, h: Tensor, n_configs: int, validate: bool) -> Tensor:
+    """Each row's configuration as a flat int32 tensor on ``h``'s device (``[batch]`` for ``h [batch,
+    seq, d]`` broadcast over positions); with ``validate``, checked to index the table."""
+    lead = h.shape[:-1]
+    if row_config.dtype.is_floating_point or row_config.dtype == torch.bool:
+        raise SteerConfigError(
+            f"row_config must be an integer tensor; found {row_config.dtype}. Use .long()."
+        )
+    rc = row_config
+    if rc.shape != lead:
+        if h.dim() == 3 and rc.shape == lead[:1]:
+            rc = rc[:, None].expand(lead)
+        else:
+            raise SteerConfigError(
+                f"row_config must have shape {tuple(lead)} (one index per row) or "
+                f"({lead[0] if len(lead) else 1},) per sequence; found {tuple(row_config.shape)}."
+            )
+    g = rc.reshape(-1).to(device=h.device, dtype=torch.int32).contiguous()
+    if validate and g.numel():
+        lo, hi = int(g.min()), int(g.max())
+        if lo < 0 or hi >= n_configs:
+            raise SteerConfigError(
+                f"row_config values must be in [0, {n_configs}); found range [{lo}, {hi}]. "
+                "Index the configurations of the table (or the first dim of the per-config tensors)."
+            )
+    return g
+
+
+def _row_mask(mask: Tensor, h: Tensor) -> Tensor:
+    """The row mask as a flat int8 tensor on ``h``'s device (one flag per row)."""
+    lead = h.shape[:-1]
+    if mask.shape != lead:
+        raise SteerConfigError(
+            f"mask must have shape {tuple(lead)} (one flag per row); found {tuple(mask.shape)}."
+        )
+    return mask.reshape(-1).to(device=h.device, dtype=torch.int8).contiguous()
+
+
+def _run(h2: Tensor, tab: SteerTable, g: Optional[Tensor], mk: Optional[Tensor], which: str, layer_weight: float,
+         preserve_norm: bool, region_tol: float, region_max_iter: int, launch: Optional[LaunchParams]) -> Tensor:
+    """The edit of the rows ``h2 [rows, d]`` by ``which`` implementation: the kernel (through the
+    autograd functions when gradients are wanted) or the torch reference."""
+    rows, d = h2.shape
     tensors = [getattr(tab, f) for f in _TAB_FIELDS]
     if which == "triton":
         tensors = [None if t is None else t.to(torch.float32) for t in tensors]
         tab = SteerTable(n_configs=tab.n_configs, d_model=d, **dict(zip(_TAB_FIELDS, tensors)),
                          schedule=tab.schedule)
     needs_grad = torch.is_grad_enabled() and (
-        h.requires_grad or any(t is not None and t.requires_grad for t in tensors))
+        h2.requires_grad or any(t is not None and t.requires_grad for t in tensors))
     simple = not (tab.has_gate or tab.has_region or preserve_norm)
+
     def _gi_active():  # only the torch paths need these (no extra launches on the kernel path)
-        gi = g.long() if g is not None else torch.zeros(rows, dtype=torch.long, device=h.device)
-        active = mk.bool() if mk is not None else torch.ones(rows, dtype=torch.bool, device=h.device)
+        gi = g.long() if g is not None else torch.zeros(rows, dtype=torch.long, device=h2.device)
+        active = mk.bool() if mk is not None else torch.ones(rows, dtype=torch.bool, device=h2.device)
         return gi, active
 
     if not (tab.has_ablate or tab.has_add or tab.has_region or preserve_norm):
-        out = h2.clone()  # nothing asked for (a gate alone steers nothing)
-    elif needs_grad and simple and (tab.has_ablate or tab.has_add):
-        out = _AblateInjectFn.apply(which, h2, tab.basis, tab.strength, tab.target, tab.add,
-                                    tab.add_scale, g, mk, float(layer_weight), tab.n_configs, launch)
-    elif which == "torch" and g is None and mk is None:
-        out = fused_steer_ref(h2, tab, None, None, layer_weight, preserve_norm, region_tol,
-                              region_max_iter)
-    elif which == "torch":
+        return h2.clone()  # nothing asked for (a gate alone steers nothing)
+    if needs_grad and simple and (tab.has_ablate or tab.has_add):
+        return _AblateInjectFn.apply(which, h2, tab.basis, tab.strength, tab.target, tab.add,
+                                     tab.add_scale, g, mk, float(layer_weight), tab.n_configs, launch)
+    if which == "torch" and g is None and mk is None:
+        return fused_steer_ref(h2, tab, None, None, layer_weight, preserve_norm, region_tol, region_max_iter)
+    if which == "torch":
         gi, active = _gi_active()
-        out = fused_steer_ref(h2, tab, gi, active, layer_weight, preserve_norm, region_tol,
-                              region_max_iter)
-    elif needs_grad:
+        return fused_steer_ref(h2, tab, gi, active, layer_weight, preserve_norm, region_tol, region_max_iter)
+    if needs_grad:
         gi, active = _gi_active()
         meta = dict(n_configs=tab.n_configs, g_raw=g, layer_weight=float(layer_weight),
                     preserve_norm=preserve_norm, tol=region_tol, max_iter=region_max_iter, launch=launch)
-        out = _RecomputeFn.apply(h2, gi, active, mk, meta, *tensors)
-    else:
-        out = _launch_fused(h2, tab, g, mk, layer_weight, preserve_norm, region_tol, region_max_iter,
-                            launch)
-    return out.reshape(h.shape)
+        return _RecomputeFn.apply(h2, gi, active, mk, meta, *tensors)
+    return _launch_fused(h2, tab, g, mk, layer_weight, preserve_norm, region_tol, region_max_iter, launch)
 
 
 def _torch_path(h: Tensor, table: SteerTable, impl: str) -> bool:
@@ -824,3 +631,4 @@ def project_region(
     """
     return fused_steer(h, region=region, region_strength=strength, row_config=row_config, mask=mask, region_tol=tol,
                        region_max_iter=max_iter, impl=impl)
+

@@ -27,6 +27,34 @@ DEFAULT_REGION_MAX_ITER = 1000
 def _acc_dtype(h: Tensor) -> torch.dtype:
     return torch.float64 if h.dtype == torch.float64 else torch.float32
 
+def own_coords(x: Float[Tensor, "rows d"], flat: Float[Tensor, "n_k d"], n: int,
+               g: Int[Tensor, " rows"]) -> Float[Tensor, "rows k"]:
+    """Each row's coordinates along the ``k`` vectors of its own configuration, where ``flat`` stacks
+    the ``n`` configurations' vectors (``[n * k, d]``): the row is multiplied by every configuration's
+    vectors at once and its own columns are gathered (no ``[rows, k, d]`` gather of the vectors).
+
+    Examples:
+        >>> flat = torch.eye(3)  # configuration 0: e0; 1: e1; 2: e2 (k = 1)
+        >>> own_coords(torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]), flat, 3, torch.tensor([0, 2])).tolist()
+        [[1.0], [3.0]]
+    """
+    rows = x.shape[0]
+    return (x @ flat.T).view(rows, n, flat.shape[0] // n)[torch.arange(rows, device=x.device), g]
+
+
+def own_combination(u: Float[Tensor, "rows k"], flat: Float[Tensor, "n_k d"], n: int,
+                    g: Int[Tensor, " rows"]) -> Float[Tensor, "rows d"]:
+    """``sum_i u[:, i] v_i`` over the ``k`` vectors ``v_i`` of each row's own configuration (``flat``
+    as for :func:`own_coords`), by one matmul.
+
+    Examples:
+        >>> own_combination(torch.tensor([[2.0], [5.0]]), torch.eye(3), 3, torch.tensor([0, 2])).tolist()
+        [[2.0, 0.0, 0.0], [0.0, 0.0, 5.0]]
+    """
+    rows, k = u.shape
+    onehot = torch.nn.functional.one_hot(g, n).to(u.dtype)  # [rows, n]
+    return (onehot[:, :, None] * u[:, None, :]).reshape(rows, n * k) @ flat
+
 
 def ablate_ref(
     x: Float[Tensor, "rows d"],
@@ -45,19 +73,13 @@ def ablate_ref(
         [[7.0, 2.0, 3.0]]
     """
     n_b, K, d = basis.shape
-    rows = x.shape[0]
     if n_b == 1:
         p = x @ basis[0].T  # [rows, K]
         u = strength[g] * (p - target[g])
         return x - u @ basis[0]
     flat = basis.reshape(n_b * K, d)
-    p_all = (x @ flat.T).view(rows, n_b, K)
-    ar = torch.arange(rows, device=x.device)
-    p = p_all[ar, g]  # [rows, K]
-    u = strength[g] * (p - target[g])
-    onehot = torch.nn.functional.one_hot(g, n_b).to(x.dtype)  # [rows, n_b]
-    U = (onehot[:, :, None] * u[:, None, :]).reshape(rows, n_b * K)
-    return x - U @ flat
+    u = strength[g] * (own_coords(x, flat, n_b, g) - target[g])
+    return x - own_combination(u, flat, n_b, g)
 
 
 def gate_ref(
@@ -190,12 +212,8 @@ def region_ref(
         [[1.0, 2.0, 5.0]]
     """
     n, M, d = proj.shape
-    rows = x.shape[0]
-    xc = x - mean[g]
     flat = proj.reshape(n * M, d)
-    z_all = (xc @ flat.T).view(rows, n, M)
-    ar = torch.arange(rows, device=x.device)
-    z = z_all[ar, g]
+    z = own_coords(x - mean[g], flat, n, g)
     if fire is not None:
         live = fire > 0 if live is None else (live & (fire > 0))
     with torch.no_grad():
@@ -204,9 +222,7 @@ def region_ref(
     delta = s[g][:, None] * (zs - z)
     if fire is not None:
         delta = delta * fire[:, None]
-    onehot = torch.nn.functional.one_hot(g, n).to(x.dtype)
-    D = (onehot[:, :, None] * delta[:, None, :]).reshape(rows, n * M)
-    return x + D @ flat
+    return x + own_combination(delta, flat, n, g)
 
 
 def fused_steer_ref(
