@@ -44,7 +44,7 @@ stream); ``normalize="resid"`` also multiplies by the layer's mean residual norm
 unsteered model: such cells reuse the baseline.
 
 Batched: the prompts are tokenized once; every generation of every cell (and the baseline, generated once)
-is one row of a per-row steering (``sm.generate(tokens, steering=[...])``, ``batch_size`` rows per call);
+is one row of a per-row steering (``sm.generate(tokens, steer_rows=[...])``, ``batch_size`` rows per call);
 the perplexity comes from unsteered passes in which each prompt's KV cache is computed once and shared
 by every row that continues it (each row feeds only its completion; with a probe concept, which reads
 activations along the whole row, one forward of prompt plus completion per row), and the KL from
@@ -384,7 +384,7 @@ def _generate_rows(sm: "SteerModel", ids: list[list[int]], plan: list, steer_of,
         for rows in _chunks(len(plan), batch_size):
             steering = [None if plan[r][1] is None else steer_of(plan[r][1]) for r in rows]
             out = sm.generate(sm.pad([ids[plan[r][0]] for r in rows]), max_new_tokens=max_new_tokens,
-                              steering=None if all(s is None for s in steering) else steering, return_tokens=True)
+                              steer_rows=None if all(s is None for s in steering) else steering, return_tokens=True)
             for r, t in zip(rows, out):
                 toks[r] = list(t)
             bar.update(len(rows))
@@ -442,12 +442,13 @@ def _score_rows(sm: "SteerModel", ids: list[list[int]], rows: _Rows, probe: Opti
 def _kl_cells(sm: "SteerModel", neutral_ids: list[list[int]], cells: list, steer_of, *, batch_size: int,
               batched: bool, bar) -> dict:
     """``KL(unsteered || steered)`` at the last position, averaged over the neutral prompts, per cell index."""
-    def last_logp(steering, id_rows):
+    def last_logp(steering, id_rows, *, per_row: bool = False):
         toks = sm.pad(id_rows)
         if steering is None:
             logits = sm.forward(toks, logits_to_keep=1)
         else:
-            with sm.steer(steering, label=f"tune kl x{len(id_rows)}"):
+            label = f"tune kl x{len(id_rows)}"
+            with sm.steer(rows=steering, label=label) if per_row else sm.steer(steering, label=label):
                 logits = sm.forward(toks, logits_to_keep=1)
         return torch.log_softmax(logits[:, -1].float(), dim=-1)
 
@@ -459,7 +460,7 @@ def _kl_cells(sm: "SteerModel", neutral_ids: list[list[int]], cells: list, steer
     if batched:
         for part in _chunks(len(plan), batch_size):
             rows = [plan[r] for r in part]
-            lq = last_logp([steer_of(c) for c, _ in rows], [neutral_ids[j] for _, j in rows])
+            lq = last_logp([steer_of(c) for c, _ in rows], [neutral_ids[j] for _, j in rows], per_row=True)
             for i, (c, j) in enumerate(rows):
                 p = base[j]
                 kl_sum[c] += float((p.exp() * (p - lq[i])).sum())

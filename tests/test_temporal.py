@@ -73,7 +73,7 @@ def test_choice_accuracy_with_a_per_row_steering_equals_each_row_alone():
     g = torch.Generator().manual_seed(5)
     taus = torch.randn(2, sm.d_model, generator=g) * 50
     per_row = T.choice_accuracy(sm, items, chat=False,
-                                steering=lambda batch: [T.injection_spec(t, {1: 1.0}, 1.0) for t in taus])
+                                steer_rows=lambda batch: [T.injection_spec(t, {1: 1.0}, 1.0) for t in taus])
     alone = [T.choice_accuracy(sm, [it], chat=False, steering=T.injection_spec(t, {1: 1.0}, 1.0))["accuracy"]
              for it, t in zip(items, taus)]
     assert per_row["accuracy"] == sum(alone) / 2 and sm.hook_count() == 0

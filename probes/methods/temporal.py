@@ -355,7 +355,7 @@ def injection_spec(tau_source: torch.Tensor, schedule, beta: float) -> list[Inte
     """The injection as interventions: ``Intervention.add(blocks.l.hook_resid_post, tau_source, beta * w_l,
     positions="last")`` for every layer in the schedule (a :class:`~steerkit.vectors.LayerSchedule` or
     ``{layer: w_l}``) with a nonzero weight: the last prompt token, during prefill only. Apply with
-    ``sm.steer(spec)``; a list of them, one per row, steers each row with its own tau.
+    ``sm.steer(spec)``; ``sm.steer(rows=[spec, ...])`` steers each row with its own tau.
 
     Examples:
         >>> from steerkit.probes import injection_spec, linear_decay
@@ -387,7 +387,7 @@ def inject(sm: "SteerModel", tau_source, schedule, beta: float):
     t = torch.as_tensor(tau_source, dtype=torch.float32)
     if t.dim() == 1:
         return sm.steer(injection_spec(t, schedule, beta))
-    return sm.steer([injection_spec(r, schedule, beta) for r in t])
+    return sm.steer(rows=[injection_spec(r, schedule, beta) for r in t])
 
 
 def per_input_taus(sm: "SteerModel", prompts: Sequence[str], reversed_prompts: Sequence[str], source: int, *,
@@ -415,12 +415,13 @@ def _choice_ids(sm: "SteerModel", choices: Sequence[str]) -> list[int]:
     return ids
 
 
-def choice_accuracy(sm: "SteerModel", items: Sequence[OrderItem], *, steering=None, batch_size: int = 16,
-                    chat: bool = True) -> dict:
+def choice_accuracy(sm: "SteerModel", items: Sequence[OrderItem], *, steering=None, steer_rows=None,
+                    batch_size: int = 16, chat: bool = True) -> dict:
     """Accuracy (argmax over the choices' first tokens at the next position) with a Wilson 95% interval.
 
-    ``steering``: ``None``, a fixed steering (interventions, e.g. :func:`injection_spec`'s, applied at the
-    last prompt token), or a callable ``(batch_items) -> steering | list of steerings, one per row``.
+    ``steering``: ``None`` or a fixed steering (interventions, e.g. :func:`injection_spec`'s, applied at the
+    last prompt token) for every row; ``steer_rows``: instead, a callable ``(batch_items) -> one steering
+    per row`` (per-input taus).
 
     Examples:
         >>> from steerkit.probes import choice_accuracy, order_questions
@@ -431,8 +432,10 @@ def choice_accuracy(sm: "SteerModel", items: Sequence[OrderItem], *, steering=No
     correct = []
     for i in range(0, len(items), batch_size):
         batch = list(items[i:i + batch_size])
-        spec = steering(batch) if callable(steering) else steering
-        ctx = sm.steer(spec, positions="last") if spec else nullcontext()  # empty: source is the last layer
+        if steer_rows is not None:
+            ctx = sm.steer(rows=steer_rows(batch), positions="last")
+        else:  # an empty steering: the source is the last layer
+            ctx = sm.steer(steering, positions="last") if steering else nullcontext()
         with ctx:
             logits = sm.forward([it.prompt for it in batch], chat=chat)[:, -1].float()
         for r, it in enumerate(batch):
@@ -582,7 +585,7 @@ def run(sm: "SteerModel", config: TemporalConfig | None = None, *, progress: boo
             def per_input(batch):
                 taus = per_input_taus(sm, [it.prompt for it in batch], [it.prompt_rev for it in batch], src)
                 return [injection_spec(t, sched, beta) for t in taus]
-            per = choice_accuracy(sm, test, steering=per_input)
+            per = choice_accuracy(sm, test, steer_rows=per_input)
             bar.update(1)
         ev = {"dev_rows": rows, "beta": beta, "base": base, "fixed_tau": fixed, "per_input_tau": per}
     return TemporalResult(prof, src, sched, note, ev)
