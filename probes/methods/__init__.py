@@ -2,7 +2,7 @@
 
 Each method module exposes a config dataclass and ``run(sm, config, *, progress=True) -> result``
 (tqdm bars on stderr unless ``progress=False``); the result has ``to_json() -> dict``
-(JSON-serialisable), ``plot()`` (a plotly Figure; plotly is imported inside it) and, for the methods
+(JSON-serialisable), ``plot()`` (a plotly Figure, drawn by the method's figure module in :mod:`steerkit.probes.plots`, imported when called) and, for the methods
 that save vectors, ``artifacts(sm) -> {store name: artifact}``. :data:`REGISTRY` maps the CLI verb of
 each method (``steerkit refusal``, ``steerkit mi-peaks``, ...) to its :class:`Method`.
 
