@@ -30,7 +30,7 @@ import torch
 
 from .errors import InputError, ModelNotFoundError
 from .files import atomic_folder
-from huggingface_hub.constants import HF_HUB_CACHE
+from huggingface_hub import constants as hub_constants
 from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -316,7 +316,7 @@ def local_models(extra_dirs: "list[str | os.PathLike] | None" = None) -> list[di
     except ModelNotFoundError:
         pass
     try:
-        hub = Path(HF_HUB_CACHE)
+        hub = Path(hub_constants.HF_HUB_CACHE)  # read at call time: the environment may have changed
     except Exception:  # noqa: BLE001 - huggingface_hub missing or broken: no hub entries
         hub = None
     seen: set = set()
