@@ -91,8 +91,7 @@ def register(app, c: Context) -> None:
             return no_update, explain(e)
 
     def current_profile(data):
-        prof = host.result(key_of(data))
-        return prof if isinstance(prof, analysis.DivergenceProfile) else None
+        return profile_of(c, data)
 
     @app.callback(Output("prof-layer", "max", allow_duplicate=True), Output("prof-layer", "marks", allow_duplicate=True),
                   Output("model-label", "children", allow_duplicate=True), Input("prof-key", "data"),
@@ -154,6 +153,22 @@ def register(app, c: Context) -> None:
             return int(round(float(click["points"][0]["x"])))
         except (TypeError, KeyError, IndexError, ValueError, OverflowError):
             raise PreventUpdate from None
+
+    register_keep(app, c)
+
+
+def profile_of(c: Context, data):
+    """The profile a ``prof-key`` store names, or ``None``."""
+    prof = c.host.result(key_of(data))
+    return prof if isinstance(prof, analysis.DivergenceProfile) else None
+
+
+def register_keep(app, c: Context) -> None:
+    """Keeping a layer's mean difference: for the Steer page, or in the store."""
+    host, env = c.host, c.env
+
+    def current_profile(data):
+        return profile_of(c, data)
 
     @app.callback(Output("direction", "data"), Output("prof-dir-status", "children"),
                   Input("prof-use-dir", "n_clicks"), State("prof-key", "data"), State("prof-layer", "value"),
