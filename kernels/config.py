@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Literal, Optional, Sequence, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 import torch
 from jaxtyping import Float
@@ -415,7 +415,8 @@ class SteerTable:
         def mv(t: Optional[Tensor]) -> Optional[Tensor]:
             return None if t is None else t.to(device)
 
-        return replace(self, **{f: mv(getattr(self, f)) for f in _TAB_FIELDS})
+        moved: dict[str, Any] = {f: mv(getattr(self, f)) for f in _TAB_FIELDS}
+        return replace(self, **moved)
 
     # -- construction --------------------------------------------------------
     @classmethod
