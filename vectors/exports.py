@@ -66,7 +66,7 @@ import torch
 
 from steerkit.names import is_index
 
-from .artifacts import (VECTOR_OPERATIONS, DirectionSet, SteeringVector, artifact_to_payload, canonical_operation,
+from .artifacts import (HOOK_SITES, VECTOR_OPERATIONS, DirectionSet, SteeringVector, artifact_to_payload, canonical_operation,
                         payload_to_artifact)
 from .errors import ArtifactFormatError, ExportError, ModelMismatchError, VectorsError
 from .store import Store
@@ -85,7 +85,7 @@ HF_TO_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen
                    "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2",
                    "olmo": "olmo", "olmo2": "olmo2", "granite": "granite", "stablelm": "stablelm"}
 _LAYER = r"(0|[1-9][0-9]{0,5})"  # a layer index by steerkit.names (ASCII, no leading zero), at most 6 digits
-_HOOK_RE = re.compile(r"blocks\." + _LAYER + r"\.(hook_resid_post|hook_resid_pre|hook_attn_out|hook_mlp_out)\Z", re.ASCII)
+_HOOK_RE = re.compile(r"blocks\." + _LAYER + r"\.(" + "|".join(HOOK_SITES) + r")\Z", re.ASCII)
 _GGUF_HEAD_BYTES = 1 << 20  # the metadata of a GGUF is checked from this prefix before the whole file is read
 _CONTROL_ARCHS = ("controlvector", "steervector")
 
@@ -125,8 +125,9 @@ def _refuse_unexpressible(v: SteeringVector, fmt: str, *, allow_positions: bool 
             "Export it with format 'tlens' or 'safetensors' instead, or convert it to an additive vector"
         )
     if v.hook_site != "hook_resid_post":
+        where = ("move it to the previous block's hook_resid_post or " if v.hook_site == "hook_resid_pre" else "")
         raise ExportError(f"{fmt} steers block outputs (hook_resid_post) only, this vector is at {v.hook_site}; "
-                          "move it to the previous block's hook_resid_post or export it as 'tlens'/'safetensors'")
+                          f"{where}export it as 'tlens'/'safetensors'")
     if v.positions is not None and not allow_positions:
         raise ExportError(f"{fmt} applies a vector at every token; this vector is limited to positions {v.positions}. "
                           "Export it as 'easysteer' (trigger positions), 'tlens' or 'safetensors' instead")
@@ -482,8 +483,8 @@ def _import_tlens(obj: dict, path: Path, model: Any) -> Any:
     dirs, scales, poss, sites = {}, set(), [], set()
     for k, e in entries.items():
         m = _HOOK_RE.match(k)
-        if not m or m.group(2) not in ("hook_resid_post", "hook_resid_pre"):
-            raise ArtifactFormatError(f"expected hooks named blocks.N.hook_resid_post, found {k!r:.80}")
+        if not m:
+            raise ArtifactFormatError(f"expected hooks named blocks.N.<site> with a site in {HOOK_SITES}, found {k!r:.80}")
         sites.add(m.group(2))
         dirs[int(m.group(1))] = _vector_tensor(e["value"], f"value of {k}", dtype)
         scales.add(_finite(e.get("scale", 1.0), f"the scale of {k}"))

@@ -82,6 +82,10 @@ def test_llamacpp_refusals_explain_alternatives(tmp_path):
         export(vec(operation="clamp"), "llama.cpp", tmp_path / "a.gguf")
     with pytest.raises(ExportError, match="positions.*easysteer"):
         export(vec(positions=[-1]), "llama.cpp", tmp_path / "a.gguf")
+    with pytest.raises(ExportError, match="hook_attn_out; export it as 'tlens'"):
+        export(vec(hook_site="hook_attn_out"), "llama.cpp", tmp_path / "a.gguf")
+    with pytest.raises(ExportError, match="previous block's hook_resid_post"):
+        export(vec(hook_site="hook_resid_pre"), "llama.cpp", tmp_path / "a.gguf")
     with pytest.raises(ExportError, match="per-token"):
         export(vec(schedule=LayerSchedule({3: 1.0}, position_weights=[1.0, 0.5])), "llama.cpp", tmp_path / "a.gguf")
     with pytest.raises(ExportError, match="write_orthogonalized_gguf"):
@@ -290,3 +294,17 @@ def test_same_tensor_at_two_layers_round_trips(tmp_path):
     back = import_artifact(p[0] if isinstance(p, (list, tuple)) else p)
     assert set(back.directions) == {3, 4}
     assert all(torch.equal(back.directions[l], v) for l in (3, 4))
+
+
+@pytest.mark.parametrize("site", ["hook_attn_out", "hook_mlp_out", "hook_resid_mid"])
+def test_sub_layer_sites_round_trip_and_steer_there(tmp_path, site):
+    """A vector at what attention / the MLP add (or at resid_mid) keeps its site through the exports that carry
+    one, and lowers to interventions at that site."""
+    v = vec(hook_site=site, positions=[-1])
+    for fmt in ("tlens", "safetensors"):
+        out = export(v, fmt, tmp_path / f"v{SUFFIX[fmt]}")
+        back = import_artifact(out[0]) if fmt == "tlens" else load_artifact(out[0])
+        assert back.hook_site == site and back.positions == [-1]
+    assert {iv.site for iv in v.to_interventions({"name": "tiny", "n_layers": 8, "d_model": 16}, override=True)} == {
+        f"blocks.3.{site}", f"blocks.5.{site}"}
+

@@ -16,7 +16,8 @@ from ..errors import ArtifactFormatError, VectorsError
 from ..provenance import Provenance
 
 #: the residual-stream hooks a steering vector or a direction set may be stored at
-HOOK_SITES = ("hook_resid_post", "hook_resid_pre")
+# the d_model-wide sites an artifact may act at: the residual stream, and what attention / the MLP add to it
+HOOK_SITES = ("hook_resid_post", "hook_resid_pre", "hook_resid_mid", "hook_attn_out", "hook_mlp_out")
 
 
 def _as_tensor(x: Any, what: str) -> Tensor:
