@@ -528,7 +528,7 @@ def activation_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metr
                 break
             rows = len(chunk)
             toks = Tokens(ids.expand(rows, -1).contiguous(), mask.expand(rows, -1).contiguous())
-            with sm.steer([[iv] for _, iv in chunk], label=f"patch {hook} x{rows}"):
+            with sm.steer(rows=[[iv] for _, iv in chunk], label=f"patch {hook} x{rows}"):
                 logits = sm.forward(toks)
             for i, (idx, _) in enumerate(chunk):
                 values[idx] = float(_metric_value(metric, logits[i:i + 1].float()))

@@ -116,7 +116,7 @@ def test_the_steer_page_steers_a_stored_artifact_as_sm_steer_does(kind, tiny_sm,
     assert res.steered_ids == want
     assert res.baseline_ids == base
     # the page's steered row gets the artifact's logits (the same per-row steering as the generation)
-    with tiny_sm.steer([None, setting.interventions]):
+    with tiny_sm.steer(rows=[None, setting.interventions]):
         page_logits = tiny_sm.forward([PROMPT, PROMPT], chat=True)[1]
     with tiny_sm.steer(art):
         want_logits = tiny_sm.forward([PROMPT], chat=True)[0]

@@ -236,7 +236,7 @@ def steer_compare(sm: SteerModel, prompt: str, setting: SteerSetting, *, max_new
     """Generate ``prompt`` (with the chat template) unsteered (row 0) and steered by ``setting`` (row 1)
     in one greedy batch.
 
-    One per-row steering ``[None, setting.interventions]`` is installed for the batch
+    One per-row steering ``rows=[None, setting.interventions]`` is installed for the batch
     (:meth:`SteerModel.steer`, the lowering ``generate(steering=...)`` uses) and, inside it, a
     record scope at ``setting.proj_hook``, so the recorded residual is the one after that site's
     edits. ``stream(row, text)`` is called as tokens arrive; ``should_stop()`` cancels between tokens.
@@ -264,7 +264,7 @@ def steer_compare(sm: SteerModel, prompt: str, setting: SteerSetting, *, max_new
     stopped = False
     # the steering is registered before the record scope: at a shared site its hook runs first
     try:
-        with sm.steer([None, setting.interventions], label="steer page (row 1)"), \
+        with sm.steer(rows=[None, setting.interventions], label="steer page (row 1)"), \
                 sm.record(setting.proj_hook, positions=AnyOf("last", "generated")) as cache:
             sm.generate([prompt, prompt], max_new_tokens=max_new_tokens, stream=on_token, chat=True)
     except Cancelled:

@@ -339,8 +339,8 @@ def fit_region(concise, verbose, *, n_components: int = 10, n_clusters: int = 8,
 def region_spec(region: Region, strength: float = 1.0, facts: Optional[ModelFacts] = None) -> list[Intervention]:
     """The projection into ``region`` as interventions, ``region.to_interventions(facts, scale=strength)``
     (checked against the model's ``facts``, e.g. ``sm.facts``): one ``project`` at
-    ``blocks.{layer}.{hook_site}``, for :meth:`SteerModel.steer` / ``generate(steering=)`` (a list of such
-    lists steers each row its own way). :func:`steer_region` adds the method's positions.
+    ``blocks.{layer}.{hook_site}``, for :meth:`SteerModel.steer` / ``generate(steering=)`` (``rows=`` / ``steer_rows=`` with
+    one such list per row steers each row its own way). :func:`steer_region` adds the method's positions.
 
     Examples:
         >>> from steerkit.probes import fit_region, region_spec
