@@ -252,9 +252,6 @@ def test_local_models_lists_default_hub_cache_and_folders(tmp_path, monkeypatch)
     (hub / "models--acme--noconfig" / "snapshots" / "abc").mkdir(parents=True)
     import huggingface_hub.constants as c
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(hub))
-    import steerkit.loading
-    if hasattr(steerkit.loading, "HF_HUB_CACHE"):  # bound at import by `from huggingface_hub.constants import ...`
-        monkeypatch.setattr(steerkit.loading, "HF_HUB_CACHE", str(hub))
     folder = tmp_path / "mine" / "m1"
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
