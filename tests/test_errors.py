@@ -19,7 +19,7 @@ from steerkit.vectors.errors import (ArtifactFormatError, ExportError, ModelMism
 PACKAGES = ("steerkit", "steerkit.vectors", "steerkit.kernels", "steerkit.probes", "steerkit.serving",
             "steerkit.cli", "steerkit.apps", "steerkit.backends")
 #: exception classes that are control-flow signals, not errors
-SIGNALS = {"steerkit.apps.analysis.Cancelled"}
+SIGNALS = {"steerkit.apps.analysis.common.Cancelled"}
 
 
 def _modules():
