@@ -362,7 +362,18 @@ def read_document(text_or_path, fmt: str, what: str, build: Callable[[dict], T])
 
 
 def json_text(d: dict, path=None) -> str:
-    """``d`` as strict JSON (no NaN or infinity), written to ``path`` when given; returns the text."""
+    """``d`` as strict JSON (no NaN or infinity), written to ``path`` when given; returns the text.
+
+    Examples:
+        >>> from steerkit.probes.patching import json_text
+        >>> json_text({"layers": [0, 1], "score": 0.5})
+        '{"layers": [0, 1], "score": 0.5}'
+        >>> try:
+        ...     json_text({"score": float("nan")})
+        ... except ValueError as e:
+        ...     print("refused:", "not JSON compliant" in str(e))
+        refused: True
+    """
     text = json.dumps(d, allow_nan=False)
     if path is not None:
         Path(path).write_text(text, encoding="utf-8")

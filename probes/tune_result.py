@@ -74,7 +74,13 @@ def _finite_or_none(x) -> Optional[float]:
 
 
 def damage_value(x) -> float:
-    """A damage value for comparisons: ``None`` is infinitely bad."""
+    """A damage value for comparisons: ``None`` is infinitely bad.
+
+    Examples:
+        >>> from steerkit.probes.tune_result import damage_value
+        >>> damage_value(0.25), damage_value(None)
+        (0.25, inf)
+    """
     return math.inf if x is None else float(x)
 
 
@@ -341,7 +347,19 @@ class TuneResult:
 
 
 def tune_document(doc) -> dict:
-    """A tune document: the dict itself, its JSON text, a path to it, or a :class:`TuneResult`."""
+    """A tune document: the dict itself, its JSON text, a path to it, or a :class:`TuneResult`.
+
+    Examples:
+        >>> from steerkit.probes.tune_result import FORMAT, tune_document
+        >>> doc = {"format": FORMAT, "layers": [3], "scales": [4.0], "cells": [], "baseline": {}}
+        >>> tune_document(doc) == doc
+        True
+        >>> try:
+        ...     tune_document({"format": "other"})
+        ... except ValueError as e:
+        ...     print(str(e)[:40])
+        expected a steerkit tune document (forma
+    """
     if isinstance(doc, TuneResult):
         return doc.to_json()
     if isinstance(doc, (str, Path)):

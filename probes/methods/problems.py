@@ -276,7 +276,13 @@ def segment_steps(text: str) -> str:
 
 def trim_solution(text: str) -> str:
     """The solution up to and including its first answer statement (a few-shot prompt invites the
-    model to go on with another question)."""
+    model to go on with another question).
+
+    Examples:
+        >>> from steerkit.probes.methods.problems import trim_solution
+        >>> trim_solution("4 * 6 = 24. The answer is 24. Question: next")
+        '4 * 6 = 24. The answer is 24.'
+    """
     for s in _STOP:
         i = text.find(s)
         if i >= 0:

@@ -15,7 +15,16 @@ __all__ = ["result_figure"]
 def result_figure(res: "RegionResult", *, title: Optional[str] = None) -> go.Figure:
     """Mean generated tokens and accuracy of the training solutions (verbose, concise) and, with an
     evaluation, of the held-out ones (baseline, projected), side by side
-    (:meth:`~steerkit.probes.methods.region.RegionResult.plot`)."""
+    (:meth:`~steerkit.probes.methods.region.RegionResult.plot`).
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> from steerkit.probes.plots.region import result_figure
+        >>> res = SimpleNamespace(layer=3, eval=None, train_summary={
+        ...     "verbose": {"tokens_mean": 80.0, "accuracy": 0.5}, "concise": {"tokens_mean": 30.0, "accuracy": 0.5}})
+        >>> [t.name for t in result_figure(res).data]
+        ['tokens', 'accuracy']
+    """
     bars = {f"train {s}": res.train_summary[s] for s in ("verbose", "concise") if s in res.train_summary}
     if res.eval is not None:
         bars.update({f"held-out {k}": res.eval[k] for k in ("baseline", "projected") if k in res.eval})

@@ -14,7 +14,15 @@ PLOTLY_MISSING = "expected plotly to be installed to plot, found it missing; pip
 
 
 def missing_plotly(e: ImportError) -> bool:
-    """Whether ``e`` says plotly itself is not installed (not some other broken import)."""
+    """Whether ``e`` says plotly itself is not installed (not some other broken import).
+
+    Examples:
+        >>> from steerkit.probes.plots.require import missing_plotly
+        >>> missing_plotly(ModuleNotFoundError("No module named 'plotly'", name="plotly.graph_objects"))
+        True
+        >>> missing_plotly(ImportError("cannot import name 'x' from 'dash'", name="dash"))
+        False
+    """
     return (getattr(e, "name", None) or "").split(".")[0] == "plotly"
 
 

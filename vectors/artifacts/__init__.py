@@ -51,7 +51,7 @@ from .vector import LEGACY_OPERATIONS, VECTOR_OPERATIONS, LayerSchedule, Steerin
 __all__ = [
     "SteeringVector", "LayerSchedule", "DirectionSet", "Probe", "Region", "ConditionVector", "ConditionalRule",
     "ConditionalSteering", "Artifact", "ARTIFACT_KINDS", "artifact_to_payload", "payload_to_artifact",
-    "checked_from_payload", "canonical_operation", "HOOK_SITES", "VECTOR_OPERATIONS", "LEGACY_OPERATIONS",
+    "canonical_operation", "HOOK_SITES", "VECTOR_OPERATIONS", "LEGACY_OPERATIONS",
     "CONDITION_SITES", "BEHAVIOR_KINDS", "RULE_MODES", "NESTED_KINDS", "Provenance", "prompts_hash",
-    "ArtifactFormatError", "ModelMismatchError", "VectorsError", "_Artifact",
+    "ArtifactFormatError", "ModelMismatchError", "VectorsError",
 ]
