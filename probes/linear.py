@@ -24,6 +24,7 @@ the artifact directly.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -71,7 +72,6 @@ def _fit_pipeline(X: np.ndarray, y: np.ndarray, *, C: float = 1.0, seed: int = 0
     if len(X) < 3:
         raise InputError(f"expected at least 3 samples to fit a logistic probe, found {len(X)}")
     pipe = logistic_pipeline(len(X), X.shape[1], C=C, seed=seed)
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=UserWarning)  # convergence chatter on separable data
         pipe.fit(X, y)
