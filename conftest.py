@@ -102,7 +102,7 @@ def doctest_tiny_model():
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     import steerkit
-    from steerkit import loading
+    from steerkit.loading import resolve as loading
 
     _, folder, _ = loading.resolve(None)
     tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)

@@ -16,7 +16,7 @@ its callbacks), :mod:`.callbacks` (wires every page), :mod:`.runtime` (model hos
 background-callback manager) and :mod:`.app` (``create_app`` / ``run``).
 
 The app trusts no request: it answers only requests whose ``Host`` / ``Origin`` name the local
-machine (or an ``--allowed-host``), reads files only through :class:`steerkit.files.Folder`
+machine (or an ``--allowed-host``), reads files only through :class:`steerkit.storage.files.Folder`
 inside its results folder, loads only the models its picker listed or a path typed into the model
 box, and bounds every value a request carries (the ``MAX_*`` limits of :mod:`.data`) and the time
 of model work per request.

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Optional
 from urllib.parse import urlsplit
 
 from steerkit.errors import InputError
-from steerkit.loading import local_models
+from steerkit.loading.resolve import local_models
 from steerkit.vectors.store import default_store_path
 
 from .data import MAX_REQUEST_BYTES, MODEL_DEADLINE_S, TUNE_DEADLINE_S

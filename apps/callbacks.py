@@ -8,7 +8,7 @@ Callbacks are thin: they read inputs, call :mod:`.data` (parsing, built-in contr
 
 No request is trusted: every value a callback receives is checked where it is used (type, size,
 count; the ``MAX_*`` limits of :mod:`.data`), picker values name only files of the results folder
-(read through :class:`steerkit.files.Folder` by :mod:`.io`) or models the picker listed, and model
+(read through :class:`steerkit.storage.files.Folder` by :mod:`.io`) or models the picker listed, and model
 work stops at the per-request time limit.
 """
 from __future__ import annotations

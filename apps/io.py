@@ -7,7 +7,7 @@
   ``steerkit.probes.tune`` (``TuneResult.to_json()``), checked and bounded; :func:`tune_cell` finds
   one cell of it.
 
-Every file is read through :class:`steerkit.files.Folder` (no ``..``, no absolute path, no
+Every file is read through :class:`steerkit.storage.files.Folder` (no ``..``, no absolute path, no
 symbolic link, only regular files of at most ``MAX_RESULT_BYTES``, never blocking on a FIFO or a
 device) and parsed with :mod:`json` / :mod:`csv`; nothing is evaluated. The app names a result by
 its path relative to the results folder (:func:`scan_sweeps`, :func:`scan_mi`,
@@ -32,7 +32,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from steerkit.errors import InputError
-from steerkit.files import Folder
+from steerkit.storage.files import Folder
 from steerkit.probes.tune import FORMAT as TUNE_FORMAT
 from steerkit.probes.tune import METRICS as TUNE_METRICS
 
@@ -586,7 +586,7 @@ def scan_tunes(results_dir) -> list[str]:
 
 def read_tune(results_dir, rel) -> dict:
     """The tune result ``rel`` of ``results_dir`` (a name from :func:`scan_tunes`), read through
-    :class:`steerkit.files.Folder`: a name that is not a regular ``*tune*.json`` file inside the
+    :class:`steerkit.storage.files.Folder`: a name that is not a regular ``*tune*.json`` file inside the
     folder (``..``, an absolute path, a link, a FIFO) gets :func:`not_a_result`.
 
     Examples:

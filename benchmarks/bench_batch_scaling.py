@@ -73,11 +73,11 @@ def main(argv=None) -> int:
 
     def generate(b: int):
         steer = [[Intervention.add(add_site, v, 0.5 + 3.5 * i / max(1, b - 1))] for i in range(b)]
-        return sm.generate(prompts[:b], max_new_tokens=tokens, steering=steer, return_tokens=True)
+        return sm.generate(prompts[:b], max_new_tokens=tokens, steer_rows=steer, return_tokens=True)
 
     def score(b: int):
         steer = [[Intervention.ablate(s, u, 0.5 + 0.5 * i / max(1, b - 1)) for s in ablate_sites] for i in range(b)]
-        with sm.steer(steer, label="batch scaling"):
+        with sm.steer(rows=steer, label="batch scaling"):
             return R.last_logits(sm, prompts[:b], batch_size=b)
 
     kinds = {"generate": generate, "score": score}

@@ -293,7 +293,7 @@ def main(argv=None) -> int:
 
     import torch
     import steerkit
-    from steerkit.loading import default_gguf_path, hf_folder_for_gguf
+    from steerkit.loading.resolve import default_gguf_path, hf_folder_for_gguf
 
     threads = C.set_threads(a.threads)
     t0 = time.perf_counter()

@@ -45,8 +45,8 @@ def main():
         args.tokens, args.repeats, args.calls = 4, 1, 500
     torch.set_num_threads(1)
     import steerkit
-    from steerkit.hooks import PositionTracker
-    from steerkit.positions import RunState
+    from steerkit.hooks.manager import PositionTracker
+    from steerkit.hooks.positions import RunState
 
     sm = steerkit.load_model()
     d, n = sm.d_model, sm.n_layers

@@ -33,7 +33,7 @@ w, c = time.perf_counter(), time.process_time()
 import torch, steerkit
 torch.set_num_threads(int(sys.argv[1]) or torch.get_num_threads())
 iw, ic = time.perf_counter() - w, time.process_time() - c
-from steerkit import loading
+from steerkit.loading import resolve as loading
 folder = loading.gguf_cache_folder(loading.default_gguf_path())
 had_cache = (folder / "model.safetensors").is_file()
 w, c = time.perf_counter(), time.process_time()

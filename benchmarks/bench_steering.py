@@ -68,11 +68,11 @@ def main():
 
     C.set_threads(args.threads)
 
-    def run(prompts, steering=None, preserve_norm=False):
+    def run(prompts, steering=None, preserve_norm=False, rows=None):
         """CPU seconds per decoding step of one greedy generation."""
         t = time.process_time()
-        out = sm.generate(prompts, max_new_tokens=args.tokens, steering=steering, preserve_norm=preserve_norm,
-                          return_tokens=True)
+        out = sm.generate(prompts, max_new_tokens=args.tokens, steering=steering, steer_rows=rows,
+                          preserve_norm=preserve_norm, return_tokens=True)
         return (time.process_time() - t) / max(1, max(len(o) for o in out))
 
     results = []
@@ -96,8 +96,8 @@ def main():
     t_shared, t_rows, t_seq = [], [], []
     for _ in range(args.repeats):
         t_shared.append(run(prompts, shared))
-        t_rows.append(run(prompts, per_row))
-        t_seq.append(sum(run([p], [s]) for p, s in zip(prompts, per_row)))  # per step of each run, summed
+        t_rows.append(run(prompts, rows=per_row))
+        t_seq.append(sum(run([p], s) for p, s in zip(prompts, per_row)))  # per step of each run, summed
     ms, mr, mq = (statistics.median(x) for x in (t_shared, t_rows, t_seq))
     print(f"\nbatch 8, 8 different configs vs 1 shared: throughput ratio {ms / mr:.3f} (target >= 0.9)")
     print(f"batch 8, 8 different configs vs 8 sequential single-row runs: speed-up {mq / mr:.2f}x")

@@ -9,7 +9,7 @@ Measured side by side in one run, on the default model (float32, greedy, 64 new 
    layers, two requests each); the two alternate, ``--repeats`` times each, in one engine.
 2. The same in an **eager** engine (``enforce_eager=True``).
 3. steerkit's own HF generation of the same batch: unsteered, and with the 8 vectors as per-row
-   steering (``sm.generate(..., steering=[...])``).
+   steering (``sm.generate(..., steer_rows=[...])``).
 
 Prints tokens/s (medians), the ratios steered / unsteered (the median over the repeats of each steered
 batch's speed over the unsteered batch run just before it; targets: compiled >= 0.95, eager >= 0.9), the
@@ -56,7 +56,7 @@ def main() -> None:
     import torch
 
     import steerkit
-    from steerkit.export_hf import export_hf
+    from steerkit.loading.export_hf import export_hf
     from steerkit.kernels import SteerConfig
     from steerkit.serving import request_args
     from steerkit.vectors import Store, SteeringVector
@@ -122,7 +122,7 @@ def main() -> None:
         sm.generate(texts, args.new)
         h_plain.append(n_tok / (time.perf_counter() - t))
         t = time.perf_counter()
-        sm.generate(texts, args.new, steering=rows)
+        sm.generate(texts, args.new, steer_rows=rows)
         h_steer.append(n_tok / (time.perf_counter() - t))
     res.update(hf_unsteered_tok_s=med(h_plain), hf_steered_tok_s=med(h_steer),
                hf_ratio_steered_over_unsteered=med(s / p for p, s in zip(h_plain, h_steer)))

@@ -48,7 +48,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from steerkit.errors import InputError
-from steerkit.hooknames import layer_names
+from steerkit.hooks.names import layer_names
 from steerkit.interventions import Intervention
 from steerkit.model import Tokens
 

@@ -43,7 +43,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.errors import InputError
-from steerkit.hooknames import resid_post
+from steerkit.hooks.names import resid_post
 from steerkit.vectors.provenance import prompts_hash
 
 from .directions import PAIRED_METHODS, pair_indices

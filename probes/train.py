@@ -55,7 +55,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from steerkit.errors import InputError
-from steerkit.hooknames import layer_names
+from steerkit.hooks.names import layer_names
 from steerkit.interventions import Intervention
 from steerkit.vectors import SteeringVector
 

@@ -14,17 +14,17 @@ See ``docs/ARCHITECTURE.md`` for how data flows through the package.
 """
 from __future__ import annotations
 
-from .version import __version__
+from steerkit.version import __version__
 
-from .adapters import Adapter, adapter_for, register_adapter
-from .errors import (BackendUnavailableError, HookNameError, InputError, ModelNotFoundError, RowIndexError,
+from steerkit.loading.adapters import Adapter, adapter_for, register_adapter
+from steerkit.errors import (BackendUnavailableError, HookNameError, InputError, ModelNotFoundError, RowIndexError,
                      SteerkitError, UnsupportedArchitectureError)
-from .hooknames import layer_names, resid_post, resid_pre
-from .hooks import ActivationCache, HookHandle, RecordHandle
-from .interventions import (ORTHO_TOL, CompiledSteering, Condition, Gate, Intervention, ModelFacts, Polyhedron, When,
+from steerkit.hooks.names import layer_names, resid_post, resid_pre
+from steerkit.hooks.manager import ActivationCache, HookHandle, RecordHandle
+from steerkit.interventions import (ORTHO_TOL, CompiledSteering, Condition, Gate, Intervention, ModelFacts, Polyhedron, When,
                             orthonormalize)
-from .generation import Recycle, continuation_logprobs, continue_thinking
-from .model import SteerModel, Tokens, load_model, wrap
+from steerkit.generation import Recycle, continuation_logprobs, continue_thinking
+from steerkit.model import SteerModel, Tokens, load_model, wrap
 
 __all__ = [
     "__version__", "load_model", "wrap", "SteerModel", "Tokens", "Adapter", "adapter_for", "register_adapter",

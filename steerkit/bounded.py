@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, MutableMapping
 from typing import Generic, TypeVar
 
-from .errors import InputError
+from steerkit.errors import InputError
 
 K = TypeVar("K")
 V = TypeVar("V")

@@ -11,8 +11,8 @@ import time
 
 import torch
 
-from .hooknames import resid_post
-from .model import load_model
+from steerkit.hooks.names import resid_post
+from steerkit.model import load_model
 
 POSITIVE = [
     "I just got wonderful news and I feel fantastic!", "What a beautiful, sunny, joyful morning.",

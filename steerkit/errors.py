@@ -48,7 +48,7 @@ class HookNameError(SteerkitError, KeyError):
     """A hook name that does not exist on this model.
 
     Examples:
-        >>> from steerkit.hooknames import parse
+        >>> from steerkit.hooks.names import parse
         >>> try:
         ...     parse("blocks.40.hook_resid_post", n_layers=30)
         ... except KeyError as e:
@@ -101,7 +101,7 @@ class PathExistsError(SteerkitError, FileExistsError):
     """A file or folder is already where something would be written.
 
     Examples:
-        >>> from steerkit.files import atomic_folder
+        >>> from steerkit.storage.files import atomic_folder
         >>> (tmp_dir / "out").mkdir()
         >>> try:
         ...     with atomic_folder(tmp_dir / "out"):

@@ -1,7 +1,7 @@
 """Generation with the KV cache, under steerkit's hooks.
 
 The loop is steerkit's own (not ``model.generate``), so that every step runs
-through the backend under one :class:`~steerkit.positions.RunState`: hooks
+through the backend under one :class:`~steerkit.hooks.positions.RunState`: hooks
 know which positions are prompt and which are generated, edits apply to
 generated tokens as well, and tokens can be streamed. Prompts are
 left-padded; position ids come from the attention mask. When a record scope
@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .errors import InputError, SteerkitError
+from steerkit.errors import InputError, SteerkitError
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel

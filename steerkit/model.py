@@ -1,9 +1,9 @@
 """``SteerModel``: a causal LM, its tokenizer, its adapter, a backend and a hook manager.
 
-``load_model`` resolves the model offline (see :mod:`steerkit.loading`), picks
+``load_model`` resolves the model offline (see :mod:`steerkit.loading.resolve`), picks
 the adapter for its architecture, and wraps the chosen backend. Every forward
 pass and generation step runs through the backend under a
-:class:`~steerkit.positions.RunState`, so hooks know which positions are real
+:class:`~steerkit.hooks.positions.RunState`, so hooks know which positions are real
 prompt tokens, padding, or generated tokens. Prompts are left-padded and
 position ids come from the attention mask, so a padded row computes exactly
 what it computes alone.
@@ -20,21 +20,22 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from . import hooknames, loading
-from .adapters import Adapter, adapter_for
-from .backends import BACKENDS
-from .backends.hf import HFBackend
-from .backends.nnsight import NNsightBackend
-from .backends.tlens import TLensBackend
-from .errors import InputError
-from .fingerprint import model_fingerprint
-from .generation import check_generate_args, check_prompts
-from .generation import generate as _generate
-from .hooks import HookHandle, HookManager, RecordHandle
-from .interventions import KERNEL_OPS, CompiledSteering, Intervention, ModelFacts, compile, lower
-from .positions import PositionSpec
-from .quantize import SCHEMES, scheme_of
-from .quantize import quantize as quantize_weights
+from steerkit.hooks import names as hooknames
+from steerkit.loading import resolve as loading
+from steerkit.loading.adapters import Adapter, adapter_for
+from steerkit.backends import BACKENDS
+from steerkit.backends.hf import HFBackend
+from steerkit.backends.nnsight import NNsightBackend
+from steerkit.backends.tlens import TLensBackend
+from steerkit.errors import InputError
+from steerkit.loading.fingerprint import model_fingerprint
+from steerkit.generation import check_generate_args, check_prompts
+from steerkit.generation import generate as _generate
+from steerkit.hooks.manager import HookHandle, HookManager, RecordHandle
+from steerkit.interventions import KERNEL_OPS, CompiledSteering, Intervention, ModelFacts, compile, lower
+from steerkit.hooks.positions import PositionSpec
+from steerkit.loading.quantize import SCHEMES, scheme_of
+from steerkit.loading.quantize import quantize as quantize_weights
 
 Prompts = Union[str, Sequence[str]]
 
@@ -463,7 +464,7 @@ def load_model(name_or_path=None, *, backend: str = "hf", dtype: torch.dtype | s
     ``name_or_path``: a ``.gguf`` file, a Hugging Face model folder, or a hub id already in the
     local HF cache. ``backend``: ``"hf"`` (PyTorch hooks), ``"tlens"`` (TransformerLens 4
     ``TransformerBridge``) or ``"nnsight"``. ``quantize``: ``"int8"`` or ``"int4"`` weight-only
-    quantisation of the decoder blocks' linear layers (:mod:`steerkit.quantize`, torchao); the model
+    quantisation of the decoder blocks' linear layers (:mod:`steerkit.loading.quantize`, torchao); the model
     keeps the fingerprint of its full-precision weights. ``device_map`` (``"auto"`` or a dict),
     ``max_memory`` (``{"cpu": "2GiB", 0: "20GiB"}``) and ``offload_folder``: accelerate's big-model
     loading, for a model larger than memory (layers that do not fit are kept on disk and loaded for
@@ -471,7 +472,7 @@ def load_model(name_or_path=None, *, backend: str = "hf", dtype: torch.dtype | s
     device.
 
     Examples:
-        >>> from steerkit.export_hf import export_hf
+        >>> from steerkit.loading.export_hf import export_hf
         >>> folder = export_hf(tiny, tmp_dir / "tiny")       # a Hugging Face model folder
         >>> m = steerkit.load_model(folder)
         >>> m.n_layers, m.d_model, m.fingerprint() == tiny.fingerprint()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import steerkit
-from steerkit.adapters import adapter_for, get_module
+from steerkit.loading.adapters import adapter_for, get_module
 from steerkit.errors import HookNameError, InputError, UnsupportedArchitectureError
 from steerkit.model import Tokens
 

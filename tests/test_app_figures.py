@@ -244,7 +244,7 @@ def test_app_reads_the_mi_peaks_report(tmp_path):
 
 # ------------------------------------------------------------------ model picker
 def test_local_models_lists_default_hub_cache_and_folders(tmp_path, monkeypatch):
-    from steerkit.loading import local_models
+    from steerkit.loading.resolve import local_models
     hub = tmp_path / "hub"
     snap = hub / "models--acme--tiny" / "snapshots" / "abc"
     snap.mkdir(parents=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import steerkit.loading
+import steerkit.loading.resolve
 from steerkit.cli import build_parser, main
 from steerkit.errors import ModelNotFoundError
 
@@ -127,7 +127,7 @@ def quiet_loading(monkeypatch):
     can load by accident: a case that needs a model names the tiny one)."""
     import transformers
 
-    monkeypatch.setattr(steerkit.loading, "default_gguf_path", _no_default_model)
+    monkeypatch.setattr(steerkit.loading.resolve, "default_gguf_path", _no_default_model)
     was = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()
     yield

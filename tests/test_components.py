@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 import steerkit
 from steerkit import Intervention
-from steerkit.adapters import get_module
+from steerkit.loading.adapters import get_module
 from steerkit.errors import InputError, UnsupportedArchitectureError
-from steerkit.hooknames import COMPONENT_HOOKS, NORM_HOOKS
+from steerkit.hooks.names import COMPONENT_HOOKS, NORM_HOOKS
 from steerkit.model import Tokens
 
 try:
@@ -417,9 +417,9 @@ def test_record_some_heads_and_neurons():
 
 
 def test_eager_attention_reads_every_mask_transformers_builds():
-    """steerkit.attention.eager gives the same probabilities from a 4-D bool mask (SDPA), a 4-D additive
+    """steerkit.hooks.attention.eager gives the same probabilities from a 4-D bool mask (SDPA), a 4-D additive
     mask (eager), no mask (causal) and a 2-D padding mask with a sliding window (flash attention)."""
-    from steerkit.attention import eager
+    from steerkit.hooks.attention import eager
 
     g = torch.Generator().manual_seed(0)
     B, H, KV, T, d, W = 2, 4, 2, 6, 8, 3

@@ -28,7 +28,7 @@ def tok():
     """The default model's tokenizer alone (no weights)."""
     from transformers import AutoTokenizer
 
-    from steerkit import loading
+    from steerkit.loading import resolve as loading
 
     _, folder, _ = loading.resolve(None)
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)

@@ -230,7 +230,7 @@ def test_right_padding_positions_mean_real_tokens(sm):
 def test_row_arena_keeps_copies_in_shared_blocks():
     """Recorded rows are copied into a few large blocks (see RowArena): values, not views of the
     activation; a new block starts when one is full; dtypes never share a block."""
-    from steerkit.hooks import RowArena
+    from steerkit.hooks.manager import RowArena
 
     arena = RowArena()
     arena.block_bytes = 4 * 1024  # 1024 float32 per block: forces block changes
@@ -251,7 +251,7 @@ def test_row_arena_keeps_copies_in_shared_blocks():
 
 def test_range_positions_are_their_indices_and_slices_are_slices():
     """range(-2, 0) means the last two real prompt tokens (as [-2, -1]), not the empty slice(-2, 0)."""
-    from steerkit.positions import RunState, chunk_mask
+    from steerkit.hooks.positions import RunState, chunk_mask
 
     mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])  # row 0 left-padded
     run = RunState(mask)
@@ -267,7 +267,7 @@ def test_range_positions_are_their_indices_and_slices_are_slices():
 def test_index_positions_no_row_has_are_an_error_and_short_rows_warn():
     """An index no prompt of the batch has is an error naming the valid range and the prompt lengths;
     one that only the longer prompts have selects nothing in the shorter rows, with a warning."""
-    from steerkit.positions import PositionRangeWarning, RunState, chunk_mask
+    from steerkit.hooks.positions import PositionRangeWarning, RunState, chunk_mask
 
     mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])  # 4 and 5 real tokens
     for spec in ([99999], [5], [-6], range(100, 200), [0, 7]):

@@ -45,9 +45,9 @@ def test_api_pages_document_the_public_names(site):
     anchors = {  # mkdocstrings gives every documented object an anchor of its dotted path
         "api/steerkit": ["steerkit.load_model", "steerkit.SteerModel", "steerkit.Intervention", "steerkit.SteerkitError"],
         "api/interventions": ["steerkit.interventions.Intervention", "steerkit.interventions.compile"],
-        "api/hooks": ["steerkit.hooks.HookHandle", "steerkit.hooks.ActivationCache"],
-        "api/attention": ["steerkit.attention"],
-        "api/quantize": ["steerkit.quantize"],
+        "api/hooks": ["steerkit.hooks.manager.HookHandle", "steerkit.hooks.manager.ActivationCache"],
+        "api/attention": ["steerkit.hooks.attention"],
+        "api/quantize": ["steerkit.loading.quantize"],
         "api/probes": ["steerkit.probes.patching.activation_patching", "steerkit.probes.patching.attribution_patching",
                        "steerkit.probes.lens.logit_lens", "steerkit.probes.tune.tune", "steerkit.probes.train.train_bipo",
                        "steerkit.probes.condition.fit_condition", "steerkit.probes.contrast.contrast_pairs"],

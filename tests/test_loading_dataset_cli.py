@@ -10,8 +10,8 @@ import torch
 from safetensors import safe_open
 
 import steerkit
-from steerkit import loading
-from steerkit.dataset import ActivationDataset, record_dataset
+from steerkit.loading import resolve as loading
+from steerkit.storage.dataset import ActivationDataset, record_dataset
 from steerkit.errors import InputError, ModelNotFoundError
 
 sys.path.insert(0, str(Path(__file__).parent))

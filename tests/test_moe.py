@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 
 import steerkit
-from steerkit import Intervention, hooknames
+from steerkit import Intervention
+from steerkit.hooks import names as hooknames
 from steerkit.errors import InputError, UnsupportedArchitectureError
-from steerkit.hooknames import ATTN_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS, Site
+from steerkit.hooks.names import ATTN_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS, Site
 from steerkit.model import Tokens
 
 try:

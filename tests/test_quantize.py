@@ -16,9 +16,9 @@ pytest.importorskip("torchao")
 
 import steerkit  # noqa: E402
 from steerkit.errors import InputError  # noqa: E402
-from steerkit.fingerprint import model_fingerprint  # noqa: E402
+from steerkit.loading.fingerprint import model_fingerprint  # noqa: E402
 from steerkit.model import Tokens  # noqa: E402
-from steerkit.quantize import quantize, scheme_of  # noqa: E402
+from steerkit.loading.quantize import quantize, scheme_of  # noqa: E402
 
 try:
     from tiny_models import tiny_model

@@ -14,7 +14,7 @@ import torch
 
 from steerkit.errors import InputError
 from steerkit.model import wrap
-from steerkit.positions import AnyOf, TokenMatch
+from steerkit.hooks.positions import AnyOf, TokenMatch
 from steerkit.probes.methods import problems as Q
 from steerkit.probes.methods import region as R
 from steerkit.vectors import Region

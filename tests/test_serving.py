@@ -143,7 +143,7 @@ def test_resolve_checks_artifacts_and_maps_sites(tiny):
 
 
 def test_resolve_inline_ops_and_server_positions(tiny):
-    from steerkit.positions import AnyOf, TokenMatch
+    from steerkit.hooks.positions import AnyOf, TokenMatch
     from steerkit.kernels import orthonormalize
     d = tiny.d_model
     g = torch.Generator().manual_seed(1)
@@ -274,7 +274,7 @@ def test_export_hf_and_folder_fingerprint(tiny, tmp_path):
 
     import steerkit
     from steerkit.errors import InputError
-    from steerkit.export_hf import export_hf
+    from steerkit.loading.export_hf import export_hf
     from steerkit.vectors.provenance import folder_fingerprint, model_fingerprint
     out = export_hf(tiny, tmp_path / "m")
     meta = json.loads((out / "steerkit_export.json").read_text())
@@ -332,7 +332,7 @@ def _asgi(app, body: bytes, path="/v1/completions"):
 def test_request_check_refuses_bad_specs_before_the_route_and_replays_good_bodies(tiny, tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from steerkit.export_hf import export_hf
+    from steerkit.loading.export_hf import export_hf
     from steerkit.serving import vllm_plugin
     from steerkit.vectors import Store, SteeringVector
     model_dir = export_hf(tiny, tmp_path / "m")

@@ -21,7 +21,7 @@ import torch
 pytest.importorskip("transformer_lens")
 
 import steerkit  # noqa: E402
-from steerkit.hooknames import FINAL_HOOKS  # noqa: E402
+from steerkit.hooks.names import FINAL_HOOKS  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.backends]
 

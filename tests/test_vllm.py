@@ -57,7 +57,7 @@ def setup(default_model, tmp_path_factory):
 def build_setup(default_model, tmp_path_factory):
     """The exported model, a store of artifacts and steerkit's HF reference generator (the module
     fixture of every vLLM test module on the default model)."""
-    from steerkit.export_hf import export_hf
+    from steerkit.loading.export_hf import export_hf
     from steerkit.serving import request_args
     from steerkit.vectors import DirectionSet, Store, SteeringVector
     sm = default_model
@@ -94,10 +94,9 @@ def build_setup(default_model, tmp_path_factory):
     clamp_op = {"op": "clamp", "layers": [8], "vector": (vc / vc.norm()).tolist(), "value": 30.0}
 
     def hf(prompt, art=None, scale=1.0, clamp=False):
-        if art == "region@1":  # steerkit's own per-row steering with the region's kernel config
-            from steerkit.kernels import SteerConfig
-            cfg = SteerConfig(region=store.load(art), region_strength=scale)
-            out = sm.generate([prompt], MAX_NEW, return_tokens=True, steering=[{"blocks.10.hook_resid_post": cfg}])
+        if art == "region@1":  # the region artifact through its own interventions
+            with sm.steer(store.load(art), scale=scale):
+                out = sm.generate([prompt], MAX_NEW, return_tokens=True)
         elif art is not None:
             with sm.steer(store.load(art), scale=scale):
                 out = sm.generate([prompt], MAX_NEW, return_tokens=True)

@@ -119,7 +119,7 @@ def test_compiled_engine_records_rows_equal_to_hf(setup, compiled_run):
     """Recording in the compiled engine: a steered request's prompt rows and an unsteered request's
     last prompt token equal steerkit's own HF recording (float32, 1e-4 relative); the unrecorded
     request in between records nothing."""
-    from steerkit.files import Folder
+    from steerkit.storage.files import Folder
     from steerkit.serving.capture import _read_run
     from steerkit.vectors import Store
     sm = setup["sm"]

@@ -53,7 +53,7 @@ def bad_specs():
 def rec(default_model, tmp_path_factory):
     from safetensors.torch import load_file
 
-    from steerkit.export_hf import export_hf
+    from steerkit.loading.export_hf import export_hf
     from steerkit.serving import request_args
     from steerkit.vectors import DirectionSet, Store, SteeringVector
     sm = default_model
@@ -209,7 +209,7 @@ def test_front_end_refuses_a_compiled_engine_and_a_missing_record_folder(monkeyp
 
 
 def test_dataset_through_vllm_equals_hf_and_resumes_both_ways(rec, tmp_path):
-    from steerkit.dataset import ActivationDataset, record_dataset
+    from steerkit.storage.dataset import ActivationDataset, record_dataset
     sm = rec["sm"]
     assert rec["out"]["ds"] == {"first": ["shard-00000.safetensors", "shard-00001.safetensors",
                                           "shard-00002.safetensors"], "second": ["shard-00001.safetensors"]}
@@ -233,7 +233,7 @@ def test_dataset_through_vllm_equals_hf_and_resumes_both_ways(rec, tmp_path):
 
 def test_cli_record_engine_vllm_resumes_the_hf_data_set(rec, tmp_path):
     from steerkit.cli import main as cli
-    from steerkit.dataset import ActivationDataset
+    from steerkit.storage.dataset import ActivationDataset
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
     common = [str(prompts), "--hooks", CLI_HOOKS, "--positions", "last", "--shard-size", "2", "--quiet"]

@@ -19,7 +19,7 @@ import warnings
 import weakref
 from typing import Any
 
-from steerkit.fingerprint import model_fingerprint
+from steerkit.loading.fingerprint import model_fingerprint
 from steerkit.interventions import ModelFacts
 
 from .errors import ModelMismatchError, VectorsError

@@ -33,7 +33,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from steerkit.adapters import Adapter, adapter_for
+from steerkit.loading.adapters import Adapter, adapter_for
 from steerkit.errors import InputError, UnsupportedArchitectureError
 from steerkit.interventions import ORTHO_TOL
 

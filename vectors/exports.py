@@ -64,7 +64,7 @@ import gguf
 import numpy as np
 import torch
 
-from steerkit.names import is_index
+from steerkit.storage.naming import is_index
 
 from .artifacts import (HOOK_SITES, VECTOR_OPERATIONS, DirectionSet, SteeringVector, artifact_to_payload, canonical_operation,
                         payload_to_artifact)
@@ -84,7 +84,7 @@ _ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "gguf": "llama.cp
 HF_TO_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
                    "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2",
                    "olmo": "olmo", "olmo2": "olmo2", "granite": "granite", "stablelm": "stablelm"}
-_LAYER = r"(0|[1-9][0-9]{0,5})"  # a layer index by steerkit.names (ASCII, no leading zero), at most 6 digits
+_LAYER = r"(0|[1-9][0-9]{0,5})"  # a layer index by steerkit.storage.naming (ASCII, no leading zero), at most 6 digits
 _HOOK_RE = re.compile(r"blocks\." + _LAYER + r"\.(" + "|".join(HOOK_SITES) + r")\Z", re.ASCII)
 _GGUF_HEAD_BYTES = 1 << 20  # the metadata of a GGUF is checked from this prefix before the whole file is read
 _CONTROL_ARCHS = ("controlvector", "steervector")

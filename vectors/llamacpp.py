@@ -82,10 +82,10 @@ class LlamaCppRunner:
     """A llama.cpp context for next-token logits with an optional control vector.
 
     Needs ``llama-cpp-python`` (the ``llamacpp`` extra). The example runs the default model's shipped
-    GGUF (``steerkit.loading.default_gguf_path()``) and steers it as ``--control-vector`` would:
+    GGUF (``steerkit.loading.resolve.default_gguf_path()``) and steers it as ``--control-vector`` would:
 
     Examples:
-        >>> from steerkit.loading import default_gguf_path
+        >>> from steerkit.loading.resolve import default_gguf_path
         >>> from steerkit.vectors import SteeringVector
         >>> from steerkit.vectors.llamacpp import LlamaCppRunner
         >>> with LlamaCppRunner(default_gguf_path(), n_ctx=64) as runner:

@@ -30,12 +30,12 @@ import datetime as _dt
 import hashlib
 from typing import Any, Iterable
 
-from steerkit.fingerprint import _unwrap, folder_fingerprint, model_fingerprint
+from steerkit.loading.fingerprint import _unwrap, folder_fingerprint, model_fingerprint
 
 from .errors import ArtifactFormatError
 from importlib.metadata import version
 
-# the fingerprints of steerkit.fingerprint are part of this module's interface
+# the fingerprints of steerkit.loading.fingerprint are part of this module's interface
 __all__ = ["SCHEMA_VERSION", "LAYER_BASE", "Provenance", "steerkit_version", "utc_now", "prompts_hash",
            "model_fingerprint", "folder_fingerprint"]
 

@@ -26,9 +26,9 @@ unbounded memory.
 * :func:`parse_gguf` -- a small bounded GGUF v2/v3 parser (metadata + F32/F16/BF16
   tensors), enough for control-vector files; quantised model files are read with
   ``gguf.GGUFReader`` elsewhere and are trusted inputs.
-* :func:`atomic_write_bytes` (from :mod:`steerkit.files`) -- write to a temporary file in the same
+* :func:`atomic_write_bytes` (from :mod:`steerkit.storage.files`) -- write to a temporary file in the same
   folder, flush, fsync, rename over the target, fsync the folder.
-* :func:`check_name` -- artifact names and tags by the one rule set of :mod:`steerkit.names`
+* :func:`check_name` -- artifact names and tags by the one rule set of :mod:`steerkit.storage.naming`
   (ASCII letters, digits, ``._-``, the whole string; no path separators, no ``..``); anything
   else is refused with :class:`UnsafeNameError`.
 * :func:`read_head` -- the first bytes of a file (format sniffing reads a bounded prefix only).
@@ -48,12 +48,12 @@ import numpy as np
 import torch
 import safetensors.torch
 
-from steerkit.files import atomic_folder, atomic_path, atomic_write_bytes, fsync_dir
-from steerkit.names import NAME_RE, is_name
+from steerkit.storage.files import atomic_folder, atomic_path, atomic_write_bytes, fsync_dir
+from steerkit.storage.naming import NAME_RE, is_name
 
 from .errors import ArtifactFormatError, ExportError, UnsafeNameError
 
-# the crash-safe writers of steerkit.files are part of this module's interface
+# the crash-safe writers of steerkit.storage.files are part of this module's interface
 __all__ = [
     "MAX_FILE_BYTES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_TENSORS", "MAX_DIMS", "MAX_HEADER_BYTES",
     "MAX_GGUF_KV", "MAX_STRING_BYTES", "NAME_RE", "GGUF_MAGIC",

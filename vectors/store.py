@@ -22,12 +22,12 @@ Versions are immutable and never reused, even after deletion (``next_version`` o
 the SHA-256 of what they read against the index, so a corrupted or tampered object is reported,
 never half-read.  A malformed index is reported as :class:`StoreIndexError`, with what is wrong in it.
 
-*Confinement*: every file access goes through :class:`steerkit.files.Folder`, which walks each
+*Confinement*: every file access goes through :class:`steerkit.storage.files.Folder`, which walks each
 path from the store folder one component at a time without following symbolic links.  A link
 planted anywhere below the store is never read, written or deleted through: reads refuse it, the
 clean-up of leftovers (``tmp/``, unindexed folders under ``objects/``, stray index temp files)
 removes the link itself and never its target.  Names, tags and versions follow the one rule set of
-:mod:`steerkit.names`; all files are size-bounded and parsed with the strict readers of
+:mod:`steerkit.storage.naming`; all files are size-bounded and parsed with the strict readers of
 :mod:`steerkit.vectors.safety`.
 
 References: ``name`` or ``name@latest`` (newest version), ``name@3`` (version 3),
@@ -49,8 +49,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from steerkit.files import ConfinementError, Folder, fsync_dir
-from steerkit.names import MAX_INDEX, is_index, is_name, parse_index
+from steerkit.storage.files import ConfinementError, Folder, fsync_dir
+from steerkit.storage.naming import MAX_INDEX, is_index, is_name, parse_index
 
 from .artifacts import SteeringVector, artifact_to_payload, canonical_operation, payload_to_artifact
 from .errors import ArtifactFormatError, StoreError, StoreIndexError, UnsafeNameError
@@ -90,7 +90,7 @@ def default_store_path() -> Path:
 def parse_ref(ref: str) -> tuple[str, str]:
     """Split ``name[@selector]`` into (name, selector); selector defaults to ``latest``.
 
-    A selector made of digits is a version and must be an index by :mod:`steerkit.names` (ASCII
+    A selector made of digits is a version and must be an index by :mod:`steerkit.storage.naming` (ASCII
     digits, no leading zero: ``x@01`` and ``x@١`` are refused); anything else is a tag name.
 
     Examples:
@@ -156,7 +156,7 @@ class Store:
 
     @functools.cached_property
     def files(self) -> Folder:
-        """The store folder as a :class:`steerkit.files.Folder` (every file access goes through it),
+        """The store folder as a :class:`steerkit.storage.files.Folder` (every file access goes through it),
         made on first use."""
         return Folder(self.root)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from steerkit.errors import InputError
-from steerkit.hooknames import layer_names
+from steerkit.hooks.names import layer_names
 
 from ..data import MAX_ATTN_CELLS, MAX_ATTN_TOKENS, check_int
 from .common import one_prompt

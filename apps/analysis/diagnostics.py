@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from steerkit.errors import InputError
-from steerkit.hooknames import resid_post
+from steerkit.hooks.names import resid_post
 
 from ..data import MAX_DIAG_PROMPTS
 from .common import tick

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from steerkit.errors import InputError
-from steerkit.hooknames import resid_post
+from steerkit.hooks.names import resid_post
 
 from ..data import check_pairs
 from .common import tick, top_bottom, unembed_fn

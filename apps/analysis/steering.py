@@ -21,9 +21,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.errors import InputError
-from steerkit.hooknames import parse as parse_hook
+from steerkit.hooks.names import parse as parse_hook
 from steerkit.interventions import Intervention
-from steerkit.positions import AnyOf
+from steerkit.hooks.positions import AnyOf
 from steerkit.vectors import ConditionalSteering, DirectionSet, Region, SteeringVector
 
 from ..data import parse_layers

@@ -12,7 +12,7 @@ from dash import Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
 from steerkit.errors import InputError
-from steerkit.files import Folder
+from steerkit.storage.files import Folder
 
 from .. import analysis, figures
 from .. import data as inputs
@@ -166,7 +166,7 @@ def register_results(app, c: Context) -> None:
     @app.callback(Output("tune-key", "data", allow_duplicate=True), Output("tune-file-status", "children"),
                   Input("tune-file", "value"), Input("tune-load", "n_clicks"), prevent_initial_call=True)
     def load_tune(rel, _):
-        """A saved tune result of the results folder (read through ``steerkit.files.Folder``)."""
+        """A saved tune result of the results folder (read through ``steerkit.storage.files.Folder``)."""
         if not rel:
             if ctx.triggered_id == "tune-load":
                 return no_update, warn("Pick a saved tune result from the list first.")

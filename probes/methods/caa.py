@@ -23,9 +23,9 @@ import torch
 from tqdm import tqdm
 
 from steerkit.errors import InputError
-from steerkit.hooknames import resid_post
+from steerkit.hooks.names import resid_post
 from steerkit.interventions import Intervention
-from steerkit.positions import AnyOf
+from steerkit.hooks.positions import AnyOf
 from steerkit.vectors import SteeringVector
 
 from ..plots.require import plotly_required

@@ -56,7 +56,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from steerkit.errors import InputError
-from steerkit.hooknames import resid_post
+from steerkit.hooks.names import resid_post
 from steerkit.interventions import Intervention
 from steerkit.vectors import SteeringVector
 

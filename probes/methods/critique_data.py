@@ -14,7 +14,7 @@ import random
 import re
 from dataclasses import dataclass, field, replace
 
-from steerkit.datafiles import read_jsonl
+from steerkit.storage.datafiles import read_jsonl
 from steerkit.errors import InputError
 
 _OPS = {"add": ("Add {b}.", "{a} + {b} = {r}", lambda a, b: a + b),

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from steerkit.datafiles import read_jsonl
+from steerkit.storage.datafiles import read_jsonl
 from steerkit.errors import InputError
 from steerkit.generation import Recycle, continue_thinking, single_token_ids
 

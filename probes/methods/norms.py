@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from steerkit.errors import InputError
-from steerkit.hooknames import resid_post
+from steerkit.hooks.names import resid_post
 
 from ..plots.require import plotly_required
 

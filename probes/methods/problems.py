@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from steerkit.datafiles import read_jsonl
+from steerkit.storage.datafiles import read_jsonl
 from steerkit.errors import InputError
 
 __all__ = ["Problem", "arithmetic_problems", "gsm8k_problems", "VERBOSE_PROMPT", "CONCISE_PROMPT", "EVAL_PROMPT",

@@ -51,7 +51,7 @@ from tqdm import tqdm
 from steerkit.errors import InputError
 from steerkit.interventions import MAX_HALFSPACES, MAX_M, Intervention, ModelFacts
 from steerkit.model import Tokens
-from steerkit.positions import AnyOf, TokenMatch
+from steerkit.hooks.positions import AnyOf, TokenMatch
 from steerkit.vectors import Region
 from steerkit.vectors.provenance import Provenance, prompts_hash
 

@@ -26,8 +26,8 @@ from typing import Callable, Literal, Optional
 import torch
 from torch import Tensor, nn
 
-from ..adapters import Adapter
-from ..hooknames import FINAL_SCALE, MLP_HOOKS, Site, record_only_error
+from steerkit.loading.adapters import Adapter
+from steerkit.hooks.names import FINAL_SCALE, MLP_HOOKS, Site, record_only_error
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The default backend: plain PyTorch forward hooks on a Hugging Face model.
 
-Sites map onto modules through the model's :class:`~steerkit.adapters.Adapter`:
+Sites map onto modules through the model's :class:`~steerkit.loading.adapters.Adapter`:
 
 - ``hook_resid_pre``: forward pre-hook on the block (edits replace its input);
 - ``hook_resid_post``: forward hook on the block (edits replace its output);
@@ -15,19 +15,19 @@ Sites map onto modules through the model's :class:`~steerkit.adapters.Adapter`:
 - ``ln_final.hook_out``: forward hook on the final norm (edits replace its output);
 - ``ln_final.hook_scale`` / ``ln_final.hook_normalized``: a forward hook on the
   final norm that computes them from its input as the norm does (the adapter's
-  :class:`~steerkit.adapters.FinalNorm`); an edit ``f`` of the normalised stream
+  :class:`~steerkit.loading.adapters.FinalNorm`); an edit ``f`` of the normalised stream
   ``n`` makes the output ``y + (f(n) - n) * w_eff``. Hooks at the final norm run
   in registration order.
 
 - component hooks (``attn.hook_q`` ... ``ln2.hook_normalized``) on the modules the adapter's
-  :class:`~steerkit.adapters.AttnLayout` / :class:`~steerkit.adapters.MLPLayout` name: ``hook_q`` /
+  :class:`~steerkit.loading.adapters.AttnLayout` / :class:`~steerkit.loading.adapters.MLPLayout` name: ``hook_q`` /
   ``hook_k`` / ``hook_v`` read (and edits replace) the projection's output, or its slice of a fused
   projection; ``hook_z`` and ``mlp.hook_post`` the input of the output / down projection;
   ``mlp.hook_pre`` the gate projection's output (its first half when fused with the up projection);
   ``ln1`` / ``ln2`` as at the final norm; ``hook_attn_scores`` / ``hook_pattern`` through
-  :mod:`steerkit.attention` (eager attention for the hooked modules only);
+  :mod:`steerkit.hooks.attention` (eager attention for the hooked modules only);
 - mixture-of-experts hooks (``mlp.hook_router_logits`` ... ``mlp.hook_expert_out``) through
-  :mod:`steerkit.moe`: a forward hook on the router (edited logits re-route the block) and, for the
+  :mod:`steerkit.hooks.moe`: a forward hook on the router (edited logits re-route the block) and, for the
   per-expert outputs, the experts implementation switched for the hooked experts modules only.
 
 Tuple outputs are handled by editing their first element.
@@ -39,11 +39,12 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from .. import attention, moe
-from ..adapters import Adapter, get_module
-from ..hooknames import (COMPONENT_HOOKS, FINAL_NORMALIZED, FINAL_OUT, FINAL_SCALE, MATRIX_HOOKS, MOE_HOOKS, NORM_HOOKS,
+from steerkit.hooks import attention
+from steerkit.hooks import moe
+from steerkit.loading.adapters import Adapter, get_module
+from steerkit.hooks.names import (COMPONENT_HOOKS, FINAL_NORMALIZED, FINAL_OUT, FINAL_SCALE, MATRIX_HOOKS, MOE_HOOKS, NORM_HOOKS,
                          Site)
-from ._torch import TorchHooks, component_access
+from steerkit.backends._torch import TorchHooks, component_access
 from transformers import DynamicCache
 
 

@@ -14,7 +14,7 @@ functions on it in registration order and writing the result back:
 - ``hook_resid_post`` -> ``layers[l].output``;
 - ``ln_final.hook_out`` -> the final norm's output; ``ln_final.hook_scale`` and
   ``ln_final.hook_normalized`` are computed from the final norm's input as the
-  norm computes them (the adapter's :class:`~steerkit.adapters.FinalNorm`), and an
+  norm computes them (the adapter's :class:`~steerkit.loading.adapters.FinalNorm`), and an
   edit ``f`` of the normalised stream ``n`` makes the output
   ``y + (f(n) - n) * w_eff``; the final norm's hooks run in registration order;
 - ``hook_resid_mid``: as in the HF backend, read as ``pre_attn_norm.input +
@@ -22,12 +22,12 @@ functions on it in registration order and writing the result back:
 - component hooks: ``attn.hook_q`` / ``k`` / ``v`` / ``z`` and ``mlp.hook_pre`` / ``post`` on the
   input or output of the module the adapter names (one read and write per fused projection),
   ``ln1`` / ``ln2`` as at the final norm, and ``attn.hook_attn_scores`` / ``hook_pattern`` through
-  :mod:`steerkit.attention` (the hook runs inside the traced model's attention function);
+  :mod:`steerkit.hooks.attention` (the hook runs inside the traced model's attention function);
 - mixture-of-experts hooks (``mlp.hook_router_logits`` ... ``mlp.hook_expert_out``) through
-  :mod:`steerkit.moe` on the wrapped copy's router and experts (they run inside the traced forward,
+  :mod:`steerkit.hooks.moe` on the wrapped copy's router and experts (they run inside the traced forward,
   as the attention matrices do).
 
-Module paths come from the model's :class:`~steerkit.adapters.Adapter`, so the
+Module paths come from the model's :class:`~steerkit.loading.adapters.Adapter`, so the
 backend is not tied to Llama. nnsight patches the ``forward`` of every module of
 the model it wraps, so the backend wraps its *own module tree* of the HF model (new module
 objects over the same weight tensors: no weight is duplicated);
@@ -48,17 +48,18 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from torch import Tensor
 
-from ..errors import InputError, SteerkitError
-from .. import attention, moe
-from ..hooknames import FINAL_HOOKS, FINAL_OUT, MATRIX_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS, Site, record_only_error
-from ._torch import Access, component_access, shell_copy, first as _first, normalized_edit, with_first as _with_first
+from steerkit.errors import InputError, SteerkitError
+from steerkit.hooks import attention
+from steerkit.hooks import moe
+from steerkit.hooks.names import FINAL_HOOKS, FINAL_OUT, MATRIX_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS, Site, record_only_error
+from steerkit.backends._torch import Access, component_access, shell_copy, first as _first, normalized_edit, with_first as _with_first
 from transformers import DynamicCache
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
 if TYPE_CHECKING:
-    from ..hooks import PositionTracker
+    from steerkit.hooks.manager import PositionTracker
 
 
 def _envoy(root, path: str):
@@ -78,7 +79,7 @@ class _Entry:
 
 
 # Where in a block each kind of site is touched, in execution order (attention scores and pattern
-# are not touched in the trace: steerkit.attention runs their hooks inside the attention function).
+# are not touched in the trace: steerkit.hooks.attention runs their hooks inside the attention function).
 _STAGE = {"hook_resid_pre": 0, "ln1.hook_scale": 1, "ln1.hook_normalized": 1, "attn.hook_q": 2.0,
           "attn.hook_k": 2.1, "attn.hook_v": 2.2, "attn.hook_z": 3, "hook_attn_out": 4, "hook_resid_mid": 4,
           "ln2.hook_scale": 5, "ln2.hook_normalized": 5, "mlp.hook_pre": 6, "mlp.hook_post": 7,

@@ -66,9 +66,9 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError, UnsupportedArchitectureError
-from ..hooknames import COMPONENT_HOOKS, FINAL_HOOKS, HEAD_HOOKS, KV_HOOKS, MLP_HOOKS, MOE_HOOKS, Site, record_only_error
-from ._torch import TorchHooks, shell_copy
+from steerkit.errors import InputError, UnsupportedArchitectureError
+from steerkit.hooks.names import COMPONENT_HOOKS, FINAL_HOOKS, HEAD_HOOKS, KV_HOOKS, MLP_HOOKS, MOE_HOOKS, Site, record_only_error
+from steerkit.backends._torch import TorchHooks, shell_copy
 from transformers import DynamicCache
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, Union
 
 from steerkit.errors import InputError, SteerkitError
-from steerkit.hooknames import BLOCK_HOOKS, layer_names
+from steerkit.hooks.names import BLOCK_HOOKS, layer_names
 
 PROMPT_KEYS = ("prompt", "instruction", "text", "question")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from steerkit import load_model
 from steerkit.cli._common import check_min, check_output_path, parse_hooks, read_prompts, resolve_hooks
-from steerkit.dataset import ActivationDataset, record_dataset
+from steerkit.storage.dataset import ActivationDataset, record_dataset
 from steerkit.demo import main as demo_main
 from steerkit.errors import BackendUnavailableError, InputError
 from steerkit.serving import capture

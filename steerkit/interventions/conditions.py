@@ -18,7 +18,7 @@ from torch import Tensor
 
 from steerkit.errors import InputError
 
-from .checks import _number, _vector
+from steerkit.interventions.checks import _number, _vector
 
 CONDITION_MEASURES = ("cast", "cosine")
 CONDITION_AGGREGATES = ("mean", "last")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional
 
-from steerkit.adapters import Adapter, adapter_for
+from steerkit.loading.adapters import Adapter, adapter_for
 from steerkit.errors import InputError, UnsupportedArchitectureError
-from steerkit.hooknames import EXPERT_OUT, HEAD_HOOKS, KV_HOOKS, MATRIX_HOOKS, MLP_HOOKS, ROUTER_LOGITS, ROUTING_HOOKS
-from steerkit.hooknames import record_only_error
+from steerkit.hooks.names import EXPERT_OUT, HEAD_HOOKS, KV_HOOKS, MATRIX_HOOKS, MLP_HOOKS, ROUTER_LOGITS, ROUTING_HOOKS
+from steerkit.hooks.names import record_only_error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ class ModelFacts:
                        adapter: Optional[Adapter] = None, model: Any = None) -> "ModelFacts":
         """THE builder of a model's facts, from its Hugging Face ``config`` (its text config is read).
 
-        ``adapter``: the family's :class:`~steerkit.adapters.Adapter` (found from ``config.model_type``
+        ``adapter``: the family's :class:`~steerkit.loading.adapters.Adapter` (found from ``config.model_type``
         when not given); it reads the heads, KV heads, head size, experts and whether blocks are
         sequential by the family's own config names. ``model``: the loaded HF model, when there is one
         (then depth counts its blocks and ``d_mlp`` is its MLP weights' width; from a config alone,

@@ -15,16 +15,16 @@ import torch
 from torch import Tensor
 
 from steerkit.errors import InputError
-from steerkit.hooknames import EXPERT_OUT, HEAD_HOOKS, MATRIX_HOOKS, MLP_HOOKS
-from steerkit.hooknames import parse as parse_hook
+from steerkit.hooks.names import EXPERT_OUT, HEAD_HOOKS, MATRIX_HOOKS, MLP_HOOKS
+from steerkit.hooks.names import parse as parse_hook
 from steerkit.kernels import SteerConfig
 from steerkit.kernels.config import add_terms
-from steerkit.positions import PositionSpec
+from steerkit.hooks.positions import PositionSpec
 
-from .checks import _basis, _tensor, _vector
-from .conditions import Condition
-from .facts import ModelFacts
-from .values import Gate, Intervention
+from steerkit.interventions.checks import _basis, _tensor, _vector
+from steerkit.interventions.conditions import Condition
+from steerkit.interventions.facts import ModelFacts
+from steerkit.interventions.values import Gate, Intervention
 
 
 def from_config(site: str, cfg: SteerConfig, *, positions: PositionSpec = "all",

@@ -10,14 +10,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.errors import InputError
-from steerkit.hooknames import parse as parse_hook
+from steerkit.hooks.names import parse as parse_hook
 from steerkit.kernels import ORTHO_TOL, SteerConfig, SteerTable, bind_steer
-from steerkit.positions import PositionSpec, spec_key, validate_positions
+from steerkit.hooks.positions import PositionSpec, spec_key, validate_positions
 
-from .conditions import Condition, Decisions
-from .facts import ModelFacts
-from .lower import _check_condition, _structured
-from .values import KERNEL_OPS, Intervention, Steering
+from steerkit.interventions.conditions import Condition, Decisions
+from steerkit.interventions.facts import ModelFacts
+from steerkit.interventions.lower import _check_condition, _structured
+from steerkit.interventions.values import KERNEL_OPS, Intervention, Steering
 
 #: distinct position specs among one row's kernel interventions at one site (2^n - 1 combinations)
 MAX_POSITION_SPECS = 4
@@ -168,7 +168,7 @@ class SiteProgram:
 
     # --- run --------------------------------------------------------------------------
     def __call__(self, x: Float[Tensor, "batch pos d_model"], call) -> Optional[Tensor]:
-        """The hook function of a local backend: ``x`` of one call with its :class:`~steerkit.hooks.SiteCall`."""
+        """The hook function of a local backend: ``x`` of one call with its :class:`~steerkit.hooks.manager.SiteCall`."""
         run, kernel = call.run, self.kernel
         if self.decode_fast and kernel is not None and run is not None and call.start >= run.P:
             return kernel(x)  # a decoding step: every token, one configuration

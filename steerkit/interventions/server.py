@@ -1,18 +1,18 @@
 """Position masks for a server's rows: one request's contiguous rows, in the position vocabulary of
-:mod:`steerkit.positions`."""
+:mod:`steerkit.hooks.positions`."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from steerkit.positions import RunState, chunk_mask
+from steerkit.hooks.positions import RunState, chunk_mask
 
-from .program import MaskOf
+from steerkit.interventions.program import MaskOf
 
 
 def server_mask_of(positions: Tensor, n_prompt: int) -> MaskOf:
     """``mask_of`` for rows of ONE request with absolute ``positions`` (contiguous, as a server feeds
-    them) and a prompt of ``n_prompt`` tokens, in the position vocabulary of :mod:`steerkit.positions`.
+    them) and a prompt of ``n_prompt`` tokens, in the position vocabulary of :mod:`steerkit.hooks.positions`.
 
     Examples:
         >>> mask_of = server_mask_of(torch.arange(0, 5), n_prompt=3)  # a prefill chunk of 5 tokens

@@ -11,10 +11,10 @@ from torch import Tensor
 
 from steerkit.errors import InputError
 from steerkit.kernels import Polyhedron, SteerConfig
-from steerkit.positions import PositionSpec, validate_positions
+from steerkit.hooks.positions import PositionSpec, validate_positions
 
-from .checks import _basis, _indices, _number, _tensor, _vector
-from .conditions import Condition, When
+from steerkit.interventions.checks import _basis, _indices, _number, _tensor, _vector
+from steerkit.interventions.conditions import Condition, When
 
 Op = Literal["add", "ablate", "clamp", "replace", "patch", "project", "apply"]
 OPS: tuple[str, ...] = ("add", "ablate", "clamp", "replace", "patch", "project", "apply")
@@ -61,7 +61,7 @@ class Intervention:
     - ``Intervention.project(site, region, strength=1)``: move ``h`` towards a polyhedral region
     - ``Intervention.apply(site, fn)``: ``fn(h)`` for any callable on the site's activations
 
-    ``positions`` (see :mod:`steerkit.positions`) limits it to some tokens; ``gate`` (add / project)
+    ``positions`` (see :mod:`steerkit.hooks.positions`) limits it to some tokens; ``gate`` (add / project)
     makes it conditional per token; ``when`` (a :class:`When` of :class:`Condition` values, any operation)
     applies it only on the rows whose prompt fires the rule (CAST); ``preserve_norm`` rescales edited rows
     to their original norm; ``heads``

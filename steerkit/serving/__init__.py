@@ -26,8 +26,8 @@ In the serving process::
 ``steerkit serve MODEL_DIR --store STORE`` starts vLLM's OpenAI-compatible server with the plugin;
 ``steerkit model export --format hf DIR`` writes the default model as a folder vLLM loads.
 """
-from .capture import record_args, record_generate, start_llm
-from .spec import KEY, Spec, SpecError, parse_spec, request_args, request_body, resolve, salt
+from steerkit.serving.capture import record_args, record_generate, start_llm
+from steerkit.serving.spec import KEY, Spec, SpecError, parse_spec, request_args, request_body, resolve, salt
 
 __all__ = ["KEY", "Spec", "SpecError", "parse_spec", "request_args", "request_body", "resolve", "salt",
            "record_args", "record_generate", "start_llm"]

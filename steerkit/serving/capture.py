@@ -16,7 +16,7 @@ never fed back).
 
 :func:`record_generate` runs ``LLM.generate`` with record specs and returns, per request, its rows
 ``{hook: [n_positions, d_model]}`` (float32); :func:`record_dataset_vllm` writes the sharded,
-resumable data set of :func:`steerkit.dataset.record_dataset` through vLLM (``steerkit record
+resumable data set of :func:`steerkit.storage.dataset.record_dataset` through vLLM (``steerkit record
 --engine vllm``, which runs :func:`main` in vLLM's Python).
 """
 from __future__ import annotations
@@ -36,16 +36,16 @@ from safetensors.torch import load, save
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from steerkit.dataset import FORMAT, MANIFEST, ActivationDataset, _prompts_hash, resume_state
+from steerkit.storage.dataset import FORMAT, MANIFEST, ActivationDataset, _prompts_hash, resume_state
 from steerkit.errors import BackendUnavailableError, InputError, SteerkitError
-from steerkit.files import Folder, atomic_write_bytes
-from steerkit.fingerprint import folder_fingerprint
+from steerkit.storage.files import Folder, atomic_write_bytes
+from steerkit.loading.fingerprint import folder_fingerprint
 from steerkit.interventions import server_mask_of
 
-from .record_spec import (ENV, KEY, MAX_HOOKS as MAX_HOOKS, MAX_INDICES as MAX_INDICES,
+from steerkit.serving.record_spec import (ENV, KEY, MAX_HOOKS as MAX_HOOKS, MAX_INDICES as MAX_INDICES,
                           MAX_SPEC_CHARS as MAX_SPEC_CHARS, RECORD_ENV, RecordSpec, _n_layers, can_record,
                           check_request, parse_record, record_args, record_site)
-from .record_worker import (RowBlock, StepRecorder, on_load as on_load, on_prepare as on_prepare,
+from steerkit.serving.record_worker import (RowBlock, StepRecorder, on_load as on_load, on_prepare as on_prepare,
                             on_step_end as on_step_end, record_sites as record_sites)
 
 log = logging.getLogger("steerkit.serving")
@@ -252,11 +252,11 @@ def _model_meta(model_dir: str) -> tuple[str, Optional[str], int, int]:
 def dataset_plan(model_dir: str, prompts: Sequence[str], hooks: Sequence[str], out_dir: Any, *,
                  positions: Any = "last", shard_size: int = 256, chat: bool = True) -> tuple[dict, list[int]]:
     """The manifest fields of a recording of ``prompts`` into ``out_dir`` (the format of
-    :func:`steerkit.dataset.record_dataset`) and the shards still to record (resuming a folder of
+    :func:`steerkit.storage.dataset.record_dataset`) and the shards still to record (resuming a folder of
     the same run; another run there is an error). Needs no vLLM.
 
     Examples:
-        >>> from steerkit.export_hf import export_hf
+        >>> from steerkit.loading.export_hf import export_hf
         >>> folder = export_hf(tiny, tmp_dir / "tiny")
         >>> meta, todo = dataset_plan(str(folder), ["a", "b", "c"], ["blocks.1.hook_resid_post"], tmp_dir / "ds",
         ...                           shard_size=2)
@@ -288,7 +288,7 @@ def record_dataset_vllm(llm: Any, model_dir: str, prompts: Sequence[str], hooks:
                         positions: Any = "last", batch_size: int = 64, shard_size: int = 256, chat: bool = True,
                         progress: bool = True) -> ActivationDataset:
     """Record ``hooks`` at ``positions`` for every prompt through vLLM (``llm`` serves ``model_dir``)
-    into the sharded, resumable folder :func:`steerkit.dataset.record_dataset` writes (the same
+    into the sharded, resumable folder :func:`steerkit.storage.dataset.record_dataset` writes (the same
     manifest, shards and ``::lengths``, float32): each prompt runs its prompt tokens once
     (``max_tokens=1``), ``batch_size`` requests per ``generate`` call.
 

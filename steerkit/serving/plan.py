@@ -10,7 +10,7 @@ steered requests of a step are compiled together by :func:`steerkit.intervention
 the compiled steering is cached by the step's steering keys (:class:`SteeringCache`), so a steady
 decode batch compiles once. Per site the plan holds the rows of the requests steered there, their
 groups, and ``mask_of``: each request's rows evaluated by
-:func:`steerkit.interventions.server_mask_of` (the position vocabulary of :mod:`steerkit.positions`
+:func:`steerkit.interventions.server_mask_of` (the position vocabulary of :mod:`steerkit.hooks.positions`
 with the request's prompt length), concatenated. A hook then calls
 ``program.apply(h[rows], groups, mask_of)`` (:meth:`StepPlan.steered`); rows of unsteered
 requests are never touched.

@@ -12,7 +12,7 @@ or a dict, like the steering spec of :mod:`steerkit.serving.spec`)::
   layer's output, hidden + residual), ``blocks.{l}.hook_attn_out``, ``blocks.{l}.hook_mlp_out``,
   ``blocks.0.hook_resid_pre`` (the embedding) and ``blocks.{l}.hook_resid_pre`` for ``l > 0``
   (recorded at ``blocks.{l-1}.hook_resid_post``, the same tensor); at most :data:`MAX_HOOKS`.
-* ``positions``: the vocabulary of :mod:`steerkit.positions` a server can evaluate: ``"all"``,
+* ``positions``: the vocabulary of :mod:`steerkit.hooks.positions` a server can evaluate: ``"all"``,
   ``"prompt"``, ``"generated"``, ``"last"`` (the last prompt token) or a list of at most
   :data:`MAX_INDICES` prompt token indices (negative ones count from the end of the prompt), through
   :func:`steerkit.interventions.server_mask_of`, the masks steering uses.
@@ -30,9 +30,9 @@ import re
 from typing import Any, Optional, Sequence, Union
 
 from steerkit.errors import HookNameError
-from steerkit.hooknames import parse as parse_hook
+from steerkit.hooks.names import parse as parse_hook
 
-from .spec import NAMED_POSITIONS, SpecError
+from steerkit.serving.spec import NAMED_POSITIONS, SpecError
 
 __all__ = ["KEY", "ENV", "RECORD_ENV", "RecordSpec", "parse_record", "record_args", "check_request", "can_record"]
 
@@ -74,7 +74,7 @@ class RecordSpec:
         return {k: tuple(v) for k, v in out.items()}
 
     def mask_spec(self) -> Union[str, list[int]]:
-        """The positions as :mod:`steerkit.positions` reads them."""
+        """The positions as :mod:`steerkit.hooks.positions` reads them."""
         return self.positions if isinstance(self.positions, str) else list(self.positions)
 
 

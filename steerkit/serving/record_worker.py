@@ -3,14 +3,14 @@ per-step plan / collect / write that the plugin drives (:func:`on_load`, :func:`
 :func:`on_step_end`). The request's record spec is :mod:`steerkit.serving.record_spec`; the offline API
 that reads the rows back is :mod:`steerkit.serving.capture`.
 
-Forward hooks on the sites :func:`steerkit.adapters.vllm_layout` names, after the steering hooks (so they see
+Forward hooks on the sites :func:`steerkit.loading.adapters.vllm_layout` names, after the steering hooks (so they see
 steered values), each calling the record operator ``torch.ops.steerkit.record_site_`` (so a graph
 traced by ``torch.compile`` keeps it and runs it at every step, on the host); an eager engine installs
 them at its first recording step, a compiled one started with ``STEERKIT_VLLM_RECORD=1`` when it
 loads (:func:`~steerkit.serving.record_spec.can_record`); per step :func:`on_prepare` plans the rows of
 each recorded request (``query_start_loc``, positions, prompt length), the hooks copy those rows
 to the CPU, and :func:`on_step_end` writes them as one safetensors file per run and step through
-:class:`steerkit.files.Folder` (confined to the record folder, written atomically) and forgets them:
+:class:`steerkit.storage.files.Folder` (confined to the record folder, written atomically) and forgets them:
 nothing accumulates in the worker across steps. The plugin gives every recorded request its own
 prefix-cache salt, so all of its prompt tokens are computed (and recorded), never read from cache.
 """
@@ -29,14 +29,14 @@ import torch
 from safetensors.torch import save
 from torch import Tensor
 
-from steerkit.adapters import vllm_sites
-from steerkit.files import Folder
+from steerkit.loading.adapters import vllm_sites
+from steerkit.storage.files import Folder
 from steerkit.interventions import server_mask_of
 from steerkit.kernels.slots import define_op
 
-from .plan import runner_requests
-from .record_spec import ENV, KEY, RECORD_ENV, RecordSpec, can_record, parse_record
-from .spec import SpecError
+from steerkit.serving.plan import runner_requests
+from steerkit.serving.record_spec import ENV, KEY, RECORD_ENV, RecordSpec, can_record, parse_record
+from steerkit.serving.spec import SpecError
 
 log = logging.getLogger("steerkit.serving")
 
@@ -59,7 +59,7 @@ define_op("record_site_(Tensor x, Tensor? residual, Tensor(a!) token, int record
 
 def record_sites(model: Any) -> dict:
     """``{site: (module, kind)}`` the worker can record on this rank (module paths from
-    :func:`steerkit.adapters.vllm_layout`): "resid" for a decoder layer, "out" for a module whose
+    :func:`steerkit.loading.adapters.vllm_layout`): "resid" for a decoder layer, "out" for a module whose
     output is the site.
 
     Examples:

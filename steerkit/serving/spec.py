@@ -16,7 +16,7 @@ The spec (a JSON object; a ``dict`` works too offline)::
              {"op": "clamp", "layers": [10], "vector": [...], "value": 2.0}],
      "override": false}                                                 # fingerprint mismatch -> warning
 
-Positions are those of :mod:`steerkit.positions`: ``"all"``, ``"prompt"``, ``"generated"``,
+Positions are those of :mod:`steerkit.hooks.positions`: ``"all"``, ``"prompt"``, ``"generated"``,
 ``"last"`` (the last prompt token), or ints: indices among the prompt tokens, negative ones counting
 from the end of the prompt (``-1`` is the last prompt token). An index outside a request's prompt
 selects nothing for that request: the spec is validated before the prompt is tokenized, and one
@@ -47,10 +47,10 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from steerkit.errors import HookNameError, InputError, SteerkitError
-from steerkit.hooknames import parse as parse_hook
+from steerkit.hooks.names import parse as parse_hook
 from steerkit.interventions import Intervention, ModelFacts, When, compile
 from steerkit.kernels import orthonormalize
-from steerkit.positions import AnyOf, TokenMatch
+from steerkit.hooks.positions import AnyOf, TokenMatch
 
 KEY = "steerkit"
 #: set by the plugin's front end on a request whose steering is conditional (CAST): the engine core then

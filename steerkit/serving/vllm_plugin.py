@@ -19,7 +19,7 @@ vLLM calls :func:`register` in every process it starts; it patches, idempotently
   request with conditional steering (CAST), which the front end marks (:data:`~steerkit.serving.spec.CAST_KEY`),
   and a recorded one get a salt of their own: every prompt token is computed, never read from cache.
 * **worker**: after ``load_model`` (GPU and CPU model runners), one forward hook per hookable site
-  on the modules :func:`steerkit.adapters.vllm_layout` names: each decoder layer for
+  on the modules :func:`steerkit.loading.adapters.vllm_layout` names: each decoder layer for
   ``blocks.{l}.hook_resid_post`` (its output ``(hidden, residual)`` sums to the residual stream
   after the block), its attention and MLP for ``hook_attn_out`` / ``hook_mlp_out`` and the embedding
   for ``blocks.0.hook_resid_pre``. A hook does one thing: it calls the steering operator
@@ -66,19 +66,19 @@ from typing import Any, Optional
 
 import torch
 
-from steerkit.adapters import vllm_sites
+from steerkit.loading.adapters import vllm_sites
 from steerkit.bounded import BoundedDict
 from steerkit.errors import BackendUnavailableError
 from steerkit.interventions import ModelFacts, compile
 from steerkit.vectors import Store
 from steerkit.vectors.provenance import folder_fingerprint
 
-from . import capture
+from steerkit.serving import capture
 from steerkit.kernels.slots import set_host_fallback, steer_resid_slots_, steer_slots_
 
-from .plan import (SLOTS_ENV, Block, RequestConditions, SlotShape, SteeringCache, StepSlots, plan_step, runner_requests,
+from steerkit.serving.plan import (SLOTS_ENV, Block, RequestConditions, SlotShape, SteeringCache, StepSlots, plan_step, runner_requests,
                    slot_capacity, slot_refusal)
-from .spec import CAST_KEY, KEY, SpecError, parse_spec, resolve, salt
+from steerkit.serving.spec import CAST_KEY, KEY, SpecError, parse_spec, resolve, salt
 
 log = logging.getLogger("steerkit.serving")
 
@@ -113,7 +113,7 @@ VLLM_INTERNALS = (
     "(get_hidden_size(), hf_config), SamplingParams.clone() / .n; env VLLM_ENABLE_V1_MULTIPROCESSING "
     "(an engine-core process inherits STEERKIT_RECORD_DIR when it starts)",
     # model
-    "module layout through steerkit.adapters.vllm_layout (blocks, attn, mlp, embed)",
+    "module layout through steerkit.loading.adapters.vllm_layout (blocks, attn, mlp, embed)",
     "decoder layer output (hidden, residual) with hidden + residual = the residual stream after the block; "
     "attention / MLP / embedding outputs a tensor (or a tuple starting with it)",
 )
@@ -424,7 +424,7 @@ def _patch_engine_core() -> None:
 # ------------------------------------------------------------------------------ worker
 def hook_sites(model) -> dict:
     """``{site: (module, kind)}`` for every site the plugin hooks on this rank
-    (:func:`steerkit.adapters.vllm_sites`)."""
+    (:func:`steerkit.loading.adapters.vllm_sites`)."""
     return vllm_sites(model)
 
 

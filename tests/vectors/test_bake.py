@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from steerkit.adapters import adapter_for
+from steerkit.loading.adapters import adapter_for
 from steerkit.vectors import DirectionSet, ExportError, write_orthogonalized_gguf
 from steerkit.vectors.bake import bake_model, bake_tensors, check_basis
 from steerkit.vectors.gguf_models import orthogonalize_tensors

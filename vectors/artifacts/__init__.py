@@ -38,7 +38,7 @@ is :mod:`.evaluation`; figures are in :mod:`steerkit.vectors.plots`.
 
 from ..errors import ArtifactFormatError, ModelMismatchError, VectorsError
 from ..provenance import Provenance, prompts_hash
-from .base import HOOK_SITES, _Artifact, checked_from_payload
+from .base import HOOK_SITES, _Artifact as _Artifact, checked_from_payload as checked_from_payload
 from .base import _as_tensor, _check_finite, _expect_keys, _fields, _int_layer, _str_field, _tensors_equal  # noqa: F401
 from .condition import CONDITION_SITES, ConditionVector
 from .condition import _check_report, _choice, _finite_number, _report_equal  # noqa: F401

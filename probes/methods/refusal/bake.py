@@ -12,9 +12,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from steerkit.adapters import Adapter, adapter_for
+from steerkit.loading.adapters import Adapter, adapter_for
 from steerkit.errors import InputError
-from steerkit.export_hf import export_hf
+from steerkit.loading.export_hf import export_hf
 from steerkit.vectors.bake import bake_model
 
 from .steering import unit
@@ -47,7 +47,7 @@ def orthogonalize_weights(model: nn.Module, direction: Float[Tensor, " d_model"]
 def save_orthogonalized(sm: "SteerModel", direction: Float[Tensor, " d_model"], out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """Write a loadable Hugging Face folder (weights + tokenizer) with ``direction`` orthogonalised out.
 
-    Written with :func:`steerkit.export_hf.export_hf` (atomic; works for the GGUF-loaded default
+    Written with :func:`steerkit.loading.export_hf.export_hf` (atomic; works for the GGUF-loaded default
     model, which ``save_pretrained`` refuses); ``steerkit_orthogonalized.json`` in the folder
     records the source model and the direction's norm. Load it with ``steerkit.load_model(out_dir)``.
 

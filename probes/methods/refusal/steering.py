@@ -12,7 +12,7 @@ from steerkit.errors import InputError
 from steerkit.interventions import Intervention
 
 if TYPE_CHECKING:
-    from steerkit.hooks import HookHandle
+    from steerkit.hooks.manager import HookHandle
     from steerkit.model import SteerModel
 
 ABLATION_SITES = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out")

@@ -42,7 +42,7 @@ def make_temp(target: Path) -> str:
     """A temporary file next to ``target`` (same filesystem, so rename is atomic), normal permissions.
 
     Examples:
-        >>> from steerkit.files import make_temp
+        >>> from steerkit.storage.files import make_temp
         >>> tmp = make_temp(tmp_dir / "weights.bin")
         >>> os.path.dirname(tmp) == str(tmp_dir), os.path.getsize(tmp)
         (True, 0)
@@ -57,7 +57,7 @@ def fsync_dir(path: Path) -> None:
     """Flush a folder's entries to disk (after a rename into it); a folder that cannot be opened is skipped.
 
     Examples:
-        >>> from steerkit.files import fsync_dir
+        >>> from steerkit.storage.files import fsync_dir
         >>> fsync_dir(tmp_dir), fsync_dir(tmp_dir / "missing")
         (None, None)
     """
@@ -79,7 +79,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     renamed onto ``path`` (readers see the old file or the whole new one), else it is removed.
 
     Examples:
-        >>> from steerkit.files import atomic_path
+        >>> from steerkit.storage.files import atomic_path
         >>> with atomic_path(tmp_dir / "notes.txt") as tmp:
         ...     _ = Path(tmp).write_text("done")
         >>> (tmp_dir / "notes.txt").read_text(), len(list(tmp_dir.iterdir()))
@@ -110,7 +110,7 @@ def atomic_folder(path: str | os.PathLike, *, if_exists: str = "error") -> Itera
     restored if the swap fails), or ``"error"``.
 
     Examples:
-        >>> from steerkit.files import atomic_folder
+        >>> from steerkit.storage.files import atomic_folder
         >>> with atomic_folder(tmp_dir / "model") as tmp:
         ...     _ = (tmp / "config.json").write_text("{}")
         >>> sorted(p.name for p in (tmp_dir / "model").iterdir())
@@ -153,7 +153,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, rename.
 
     Examples:
-        >>> from steerkit.files import atomic_write_bytes
+        >>> from steerkit.storage.files import atomic_write_bytes
         >>> atomic_write_bytes(tmp_dir / "a" / "b.bin", b"steerkit")
         >>> (tmp_dir / "a" / "b.bin").read_bytes()
         b'steerkit'
@@ -167,7 +167,7 @@ class ConfinementError(SteerkitError, PermissionError):
     """A path leaves its folder, passes through a symbolic link, or is not the kind of file expected.
 
     Examples:
-        >>> from steerkit.files import Folder
+        >>> from steerkit.storage.files import Folder
         >>> try:
         ...     Folder(tmp_dir).path("../outside.txt")
         ... except PermissionError as e:
@@ -199,7 +199,7 @@ class Folder:
     ``root`` itself is resolved once, when the ``Folder`` is made: the user chose it.
 
     Examples:
-        >>> from steerkit.files import Folder
+        >>> from steerkit.storage.files import Folder
         >>> f = Folder(tmp_dir)
         >>> f.write_bytes("runs/a.json", b"{}")
         >>> f.listdir("runs"), f.read_bytes("runs/a.json", max_bytes=1024)

@@ -102,13 +102,13 @@ def model_fingerprint(model: Any) -> str:
 def folder_fingerprint(folder: Any) -> str:
     """:func:`model_fingerprint` of a Hugging Face model folder, without loading the model.
 
-    A folder written by ``steerkit.export_hf`` records the fingerprint of the model it was exported
+    A folder written by ``steerkit.loading.export_hf`` records the fingerprint of the model it was exported
     from (``steerkit_export.json``), which is what artifacts made on that model carry. Otherwise the
     config is read with ``transformers.AutoConfig`` and only the hashed tensors are read from the
     safetensors files, so this equals ``model_fingerprint(load_model(folder))``.
 
     Examples:
-        >>> from steerkit.export_hf import export_hf
+        >>> from steerkit.loading.export_hf import export_hf
         >>> folder = export_hf(tiny, tmp_dir / "tiny")
         >>> folder_fingerprint(folder) == model_fingerprint(tiny)  # recorded by the export
         True

@@ -49,7 +49,7 @@ from typing import Iterable, Optional, Union
 import torch
 from torch import Tensor
 
-from .errors import InputError, SteerkitError
+from steerkit.errors import InputError, SteerkitError
 
 _NAMED = ("all", "prompt", "generated", "last")
 _WITHIN = ("all", "prompt", "generated")

@@ -30,8 +30,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .errors import HookNameError, InputError
-from .names import is_index
+from steerkit.errors import HookNameError, InputError
+from steerkit.storage.naming import is_index
 
 BLOCK_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
 #: attention internals: per-head ``[batch, pos, heads, d_head]`` and ``[batch, n_heads, q_pos, k_pos]``

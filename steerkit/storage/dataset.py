@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from .errors import HookNameError, InputError, RowIndexError
+from steerkit.errors import HookNameError, InputError, RowIndexError
 from safetensors import safe_open
 from safetensors.torch import save
 from tqdm.auto import tqdm

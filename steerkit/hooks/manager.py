@@ -29,9 +29,9 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import Tensor
 
-from .errors import HookNameError, InputError
-from .hooknames import EXPERT_OUT, HEAD_HOOKS, MATRIX_HOOKS, MLP_HOOKS, RECORD_ONLY, Site, parse, record_only_error
-from .positions import PositionSpec, RunState, chunk_mask, selects_generated, validate_positions
+from steerkit.errors import HookNameError, InputError
+from steerkit.hooks.names import EXPERT_OUT, HEAD_HOOKS, MATRIX_HOOKS, MLP_HOOKS, RECORD_ONLY, Site, parse, record_only_error
+from steerkit.hooks.positions import PositionSpec, RunState, chunk_mask, selects_generated, validate_positions
 
 
 @dataclass(slots=True)

@@ -44,8 +44,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from .errors import UnsupportedArchitectureError
-from .hooknames import ATTN_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS
+from steerkit.errors import UnsupportedArchitectureError
+from steerkit.hooks.names import ATTN_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:
@@ -594,7 +594,7 @@ def vllm_layout(model: nn.Module) -> VLLMLayout:
                               embed=getattr(m, "embed_tokens", None))
     raise UnsupportedArchitectureError(
         f"expected a vLLM decoder model with its blocks at one of {_VLLM_BLOCK_PATHS} (.layers), found "
-        f"{type(model).__name__}; add its layout to steerkit.adapters.vllm_layout")
+        f"{type(model).__name__}; add its layout to steerkit.loading.adapters.vllm_layout")
 
 
 def vllm_sites(model: nn.Module) -> dict[str, tuple[Any, str]]:
@@ -669,7 +669,7 @@ def adapter_for(model: nn.Module) -> Adapter:
     raise UnsupportedArchitectureError(
         f"expected a model whose config.model_type is one of {registered_model_types()}, "
         f"found {mt!r} ({type(model).__name__}); register an Adapter for it with "
-        "steerkit.adapters.register_adapter(Adapter(...))"
+        "steerkit.loading.adapters.register_adapter(Adapter(...))"
     )
 
 

@@ -6,7 +6,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional
 
-from .errors import InputError
+from steerkit.errors import InputError
 
 
 def read_jsonl(vendored: str, *, path=None, n: Optional[int] = None, offset: int = 0,

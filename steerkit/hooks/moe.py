@@ -3,13 +3,13 @@
 A sparse block (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) flattens its input to ``[tokens, d_model]``,
 asks its router for ``(router_logits, top-k weights, top-k indices)`` and hands the indices and weights
 to its fused experts, which add up each chosen expert's weighted output (Qwen2-MoE adds a gated shared
-expert on top). The modules it uses come from the model's :class:`~steerkit.adapters.Adapter`
-(:class:`~steerkit.adapters.MoELayout`); :func:`hooked` runs hook functions there:
+expert on top). The modules it uses come from the model's :class:`~steerkit.loading.adapters.Adapter`
+(:class:`~steerkit.loading.adapters.MoELayout`); :func:`hooked` runs hook functions there:
 
 - ``mlp.hook_router_logits`` ``[batch, pos, n_experts]``, ``mlp.hook_expert_weights`` /
   ``hook_expert_indices`` ``[batch, pos, top_k]``: one forward hook on the router runs the logits'
   hooks first; when one of them returns an edit, the top-k choice and its weights are recomputed from
-  the edited logits by the family's rule (:meth:`~steerkit.adapters.Adapter.route`: softmax in float32,
+  the edited logits by the family's rule (:meth:`~steerkit.loading.adapters.Adapter.route`: softmax in float32,
   top-k, renormalised where the family does), and the block routes by them; then the weights' and
   indices' hooks see the routing the block uses (record only: an edit raises
   :class:`~steerkit.errors.InputError`).
@@ -35,16 +35,16 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from .errors import SteerkitError, UnsupportedArchitectureError
-from .hooknames import EXPERT_INDICES, EXPERT_OUT, EXPERT_WEIGHTS, MOE_HOOKS, ROUTER_LOGITS, record_only_error
-from .implswitch import PREFIX, ImplementationSwitch
-from .loading import quiet_optional_imports
+from steerkit.errors import SteerkitError, UnsupportedArchitectureError
+from steerkit.hooks.names import EXPERT_INDICES, EXPERT_OUT, EXPERT_WEIGHTS, MOE_HOOKS, ROUTER_LOGITS, record_only_error
+from steerkit.hooks.implswitch import PREFIX, ImplementationSwitch
+from steerkit.loading.resolve import quiet_optional_imports
 
 with quiet_optional_imports():  # transformers' integrations import torchao when it is installed
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 if TYPE_CHECKING:
-    from .adapters import Adapter
+    from steerkit.loading.adapters import Adapter
 
 
 
@@ -127,7 +127,7 @@ def _block_state(model: nn.Module, adapter: "Adapter", layer: int) -> _Block:
 
 def hooked(model: nn.Module, adapter: "Adapter", layer: int, kind: str, fn, tracker) -> MoEHandle:
     """Run ``fn(x, tracker.call(x))`` at the mixture-of-experts hook ``kind`` (one of
-    :data:`~steerkit.hooknames.MOE_HOOKS`) of block ``layer``; returns the handle that removes it.
+    :data:`~steerkit.hooks.names.MOE_HOOKS`) of block ``layer``; returns the handle that removes it.
     :class:`~steerkit.errors.UnsupportedArchitectureError` where the block is dense."""
     if kind not in MOE_HOOKS:  # pragma: no cover - the backends dispatch MOE_HOOKS only
         raise UnsupportedArchitectureError(f"expected one of {MOE_HOOKS}, found {kind!r}")

@@ -19,8 +19,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .errors import InputError
-from .loading import quiet_optional_imports
+from steerkit.errors import InputError
+from steerkit.loading.resolve import quiet_optional_imports
 
 SCHEMES = ("int8", "int4")
 

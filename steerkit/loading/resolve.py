@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import InputError, ModelNotFoundError
-from .files import atomic_folder
+from steerkit.errors import InputError, ModelNotFoundError
+from steerkit.storage.files import atomic_folder
 from huggingface_hub import constants as hub_constants
 from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -259,7 +259,7 @@ def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch
     ``max_memory`` / ``offload_folder``: accelerate's big-model loading, instead of ``device``).
 
     Examples:
-        >>> from steerkit.export_hf import export_hf
+        >>> from steerkit.loading.export_hf import export_hf
         >>> folder = export_hf(tiny, tmp_dir / "tiny")
         >>> model, tok = load_hf(folder, dtype=torch.bfloat16, device="cpu")
         >>> type(model).__name__, model.dtype, model.training, len(tok) == len(tiny.tokenizer)

@@ -25,9 +25,9 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from .errors import UnsupportedArchitectureError
-from .implswitch import PREFIX, ImplementationSwitch
-from .loading import quiet_optional_imports
+from steerkit.errors import UnsupportedArchitectureError
+from steerkit.hooks.implswitch import PREFIX, ImplementationSwitch
+from steerkit.loading.resolve import quiet_optional_imports
 
 with quiet_optional_imports():  # transformers.modeling_utils imports torchao when it is installed
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
@@ -59,7 +59,7 @@ def hooked(model: nn.Module, attn_module: nn.Module, kind: str, fn, tracker) -> 
     ``attn.hook_attn_scores`` / ``attn.hook_pattern``); returns the function that removes it.
 
     Examples:
-        >>> from steerkit.hooks import PositionTracker, RunHolder
+        >>> from steerkit.hooks.manager import PositionTracker, RunHolder
         >>> seen = []
         >>> attn = tiny.hf_model.model.layers[0].self_attn
         >>> remove = hooked(tiny.hf_model, attn, "attn.hook_pattern", lambda x, call: seen.append(x.sum(-1)),

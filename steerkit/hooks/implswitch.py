@@ -4,7 +4,7 @@ transformers 5 dispatches attention (``config._attn_implementation``) and fused 
 (``config._experts_implementation``) by name through registries. :class:`ImplementationSwitch` sets the
 model's name to ``"steerkit:<base>"`` when the first hook that needs steerkit's implementation is
 registered on a model, counts the hooks, and restores the model's own name when the last goes.
-:mod:`steerkit.attention` and :mod:`steerkit.moe` each keep one.
+:mod:`steerkit.hooks.attention` and :mod:`steerkit.hooks.moe` each keep one.
 """
 from __future__ import annotations
 

@@ -35,10 +35,10 @@ from pathlib import Path
 
 import torch
 
-from .errors import InputError
-from .files import atomic_folder
-from .fingerprint import model_fingerprint
-from .version import __version__
+from steerkit.errors import InputError
+from steerkit.storage.files import atomic_folder
+from steerkit.loading.fingerprint import model_fingerprint
+from steerkit.version import __version__
 from safetensors.torch import save_file
 
 if TYPE_CHECKING:
