@@ -14,27 +14,52 @@ See ``docs/ARCHITECTURE.md`` for how data flows through the package.
 """
 from __future__ import annotations
 
+import importlib
+
 from steerkit.version import __version__
 
-from steerkit.loading.adapters import Adapter, adapter_for, register_adapter
 from steerkit.errors import (BackendUnavailableError, HookNameError, InputError, ModelNotFoundError, RowIndexError,
-                     SteerkitError, UnsupportedArchitectureError)
-from steerkit.hooks.names import layer_names, resid_post, resid_pre
-from steerkit.hooks.manager import ActivationCache, HookHandle, RecordHandle
-from steerkit.interventions import (ORTHO_TOL, CompiledSteering, Condition, Gate, Intervention, ModelFacts, Polyhedron, When,
-                            orthonormalize)
+                             SteerkitError, UnsupportedArchitectureError)
 from steerkit.generation import Recycle, continuation_logprobs, continue_thinking
+from steerkit.hooks.manager import ActivationCache, HookHandle, RecordHandle
+from steerkit.hooks.names import layer_names, resid_post, resid_pre
+from steerkit.hooks.positions import AnyOf, TokenMatch
+from steerkit.interventions import (ORTHO_TOL, CompiledSteering, Condition, Gate, Intervention, ModelFacts, Polyhedron,
+                                    When, orthonormalize)
+from steerkit.loading.adapters import Adapter, adapter_for, register_adapter
 from steerkit.model import SteerModel, Tokens, load_model, wrap
 
 __all__ = [
     "__version__", "load_model", "wrap", "SteerModel", "Tokens", "Adapter", "adapter_for", "register_adapter",
-    "Intervention", "Gate", "Condition", "When", "ModelFacts", "CompiledSteering", "orthonormalize", "ORTHO_TOL", "Polyhedron", "ActivationCache", "HookHandle",
-    "RecordHandle", "layer_names", "resid_post", "resid_pre",
+    "Intervention", "Gate", "Condition", "When", "ModelFacts", "CompiledSteering", "orthonormalize", "ORTHO_TOL",
+    "Polyhedron", "ActivationCache", "HookHandle", "RecordHandle", "layer_names", "resid_post", "resid_pre",
+    "TokenMatch", "AnyOf",
     "SteerkitError", "HookNameError", "InputError", "ModelNotFoundError", "UnsupportedArchitectureError",
     "BackendUnavailableError", "RowIndexError",
     "generate", "Recycle", "continue_thinking", "continuation_logprobs",
 ]
 
+#: subpackages reachable as attributes (``import steerkit; steerkit.probes``), imported on first use: the layers
+#: above the core (and the extras some of them need) load only when asked for
+SUBPACKAGES = ("probes", "vectors", "kernels", "apps", "serving", "cli", "interventions", "hooks", "loading",
+               "storage", "backends")
+
+
+def __getattr__(name: str):
+    """``steerkit.probes`` and the other subpackages without a separate import.
+
+    Examples:
+        >>> import steerkit
+        >>> steerkit.vectors.SteeringVector.__name__, steerkit.probes.__name__
+        ('SteeringVector', 'steerkit.probes')
+    """
+    if name in SUBPACKAGES:
+        return importlib.import_module(f"steerkit.{name}")
+    raise AttributeError(f"module 'steerkit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(SUBPACKAGES))
 
 def generate(sm: SteerModel, prompts, **kwargs):
     """``steerkit.generate(model, prompts, ...)``: the same as ``sm.generate``.

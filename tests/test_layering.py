@@ -85,3 +85,15 @@ def test_functions_that_take_a_model_say_so():
                     bare += [f"{f.relative_to(ROOT)}:{fn.lineno} {fn.name}" for a in fn.args.args + fn.args.kwonlyargs
                              if a.arg == "sm" and a.annotation is None]
     assert not bare, "\n".join(bare)
+
+
+def test_subpackages_are_attributes_loaded_on_first_use():
+    """``import steerkit`` loads the core only; ``steerkit.probes`` (and every other subpackage) works without a
+    separate import and loads then."""
+    code = ("import sys, steerkit\n"
+            "before = sorted(m for m in ('steerkit.probes', 'steerkit.apps', 'steerkit.vectors') if m in sys.modules)\n"
+            "names = [steerkit.probes.sweep.__name__, steerkit.vectors.Store.__name__, steerkit.kernels.__name__]\n"
+            "print(before, names, 'steerkit.apps' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[] ['sweep', 'Store', 'steerkit.kernels'] False", r.stdout
