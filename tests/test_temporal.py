@@ -77,3 +77,22 @@ def test_choice_accuracy_with_a_per_row_steering_equals_each_row_alone():
     alone = [T.choice_accuracy(sm, [it], chat=False, steering=T.injection_spec(t, {1: 1.0}, 1.0))["accuracy"]
              for it, t in zip(items, taus)]
     assert per_row["accuracy"] == sum(alone) / 2 and sm.hook_count() == 0
+
+
+def test_stored_tau_steers_as_the_methods_fixed_injection():
+    """``sm.steer(artifacts["temporal-tau"])`` is the method's own injection: the schedule's layers, the
+    evaluation's beta, the last prompt token only."""
+    sm = _sm(num_hidden_layers=4)
+    res = T.run(sm, T.TemporalConfig(n_pairs=4, source=1), progress=False)
+    assert res.artifacts(sm)["temporal-tau"].scale == 1.0  # no evaluation: beta 1
+    res.eval = {"beta": 3.0}  # what an evaluation chose
+    art = res.artifacts(sm)["temporal-tau"]
+    beta = 3.0
+    assert art.positions == [-1] and art.scale == beta
+    prompts = ["the cat sat; then it ran", "first a, then b"]
+    with sm.steer(T.injection_spec(res.profile.tau[res.source], res.schedule, beta)):
+        want = sm.forward(prompts, chat=False)
+    with sm.steer(art):
+        got = sm.forward(prompts, chat=False)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got, sm.forward(prompts, chat=False), atol=1e-3)

@@ -535,9 +535,13 @@ class TemporalResult:
 
     def artifacts(self, sm: "SteerModel") -> dict:
         """``{"temporal-tau": SteeringVector, "temporal-schedule": LayerSchedule}``: the dataset-mean tau of
-        the source layer, injected at every later layer with the schedule."""
+        the source layer, injected at every later layer with the schedule, at the last prompt token
+        (``positions=[-1]``, as :func:`injection_spec`), scaled by the evaluation's beta when there is one: so
+        ``sm.steer(artifact)`` is the method's fixed-tau injection."""
         prof, src = self.profile, self.source
-        sv = SteeringVector.from_direction(prof.tau[src], list(self.schedule.weights), sm, method="temporal-injection",
+        beta = float(self.eval["beta"]) if self.eval and "beta" in self.eval else 1.0
+        sv = SteeringVector.from_direction(prof.tau[src], list(self.schedule.weights), sm, scale=beta,
+                                           positions=[-1], method="temporal-injection",
                                            metrics={"source_layer": src, "rel": [float(x) for x in prof.rel]})
         sv.schedule = self.schedule
         return {"temporal-tau": sv, "temporal-schedule": self.schedule}
