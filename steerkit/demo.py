@@ -35,8 +35,8 @@ def main(quick: bool = False, layer: int = 12, scale: float = 6.0) -> int:
     print(f"loaded {sm} in {time.time() - t0:.1f}s")
     hooks = resid_post(range(sm.n_layers))
     with sm.record(hooks, positions="last") as cache:
-        sm.forward(POSITIVE)
-        sm.forward(NEGATIVE)
+        sm.forward(POSITIVE, chat=True)
+        sm.forward(NEGATIVE, chat=True)
     acts = cache.stack()                         # [n_layers, 16, d_model]
     pos, neg = acts[:, : len(POSITIVE)], acts[:, len(POSITIVE):]
     diff = pos.mean(1) - neg.mean(1)             # [n_layers, d_model]
@@ -49,11 +49,11 @@ def main(quick: bool = False, layer: int = 12, scale: float = 6.0) -> int:
     print(f"direction: difference of means at blocks.{layer}.hook_resid_post, |v| = {v.norm():.2f}")
     prompts = TEST_PROMPTS[:2] if quick else TEST_PROMPTS
     n = 24 if quick else 40
-    base = sm.generate(prompts, max_new_tokens=n)
+    base = sm.generate(prompts, max_new_tokens=n, chat=True)
     with sm.edit(f"blocks.{layer}.hook_resid_post", add=v, scale=scale):
-        pos_s = sm.generate(prompts, max_new_tokens=n)
+        pos_s = sm.generate(prompts, max_new_tokens=n, chat=True)
     with sm.edit(f"blocks.{layer}.hook_resid_post", add=v, scale=-scale):
-        neg_s = sm.generate(prompts, max_new_tokens=n)
+        neg_s = sm.generate(prompts, max_new_tokens=n, chat=True)
     for p, b, s1, s2 in zip(prompts, base, pos_s, neg_s):
         print(f"\n### {p}\n  baseline : {b!r}\n  +{scale:g} v   : {s1!r}\n  -{scale:g} v   : {s2!r}")
     print(f"\ndone in {time.time() - t0:.1f}s")

@@ -338,7 +338,7 @@ def _wants_generated_rows(sm: "SteerModel") -> bool:
 
 
 @torch.inference_mode()
-def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool = True, do_sample: bool = False,
+def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool = False, do_sample: bool = False,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (),
              seed: int | None = None, stream: Callable | None = None, return_tokens: bool = False,
              recycle: Recycle | None = None):
@@ -346,10 +346,11 @@ def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool 
 
     ``stream(row, token_id, text_so_far)`` is called for every new token. A row stops at
     its EOS token or when its text contains one of ``stop`` (the stop string is cut off).
-    ``recycle``: representation recycling on thinking tokens (see :class:`Recycle`).
+    ``recycle``: representation recycling on thinking tokens (see :class:`Recycle`). Text prompts
+    are continued as raw text by default; ``chat=True`` puts each in the chat template (a reply).
 
     Examples:
-        >>> generate(sm, ["What is the capital of France?"], max_new_tokens=8)
+        >>> generate(sm, ["What is the capital of France?"], max_new_tokens=8, chat=True)
         ['The capital of France is Paris.']
         >>> [len(t) for t in generate(tiny, ["a", "b c"], max_new_tokens=5, chat=False, return_tokens=True)]
         [5, 5]
@@ -466,14 +467,15 @@ class Continuation:
 
 
 def continue_thinking(sm: "SteerModel", prompts, word: str = "Wait", *, max_new_tokens: int = 256, continue_tokens: int = 256,
-                      final_prompt: Optional[str] = " Final answer:", final_tokens: int = 16, chat: bool = True,
+                      final_prompt: Optional[str] = " Final answer:", final_tokens: int = 16, chat: bool = False,
                       **gen_kw) -> Continuation:
     """Thinking-token continuation (Qian et al. 2025, "TTTS"): generate an answer, append
     ``" " + word`` (a thinking token such as "Wait", "Hmm", "Therefore") and continue for up to
     ``continue_tokens``, then append ``final_prompt`` and generate ``final_tokens`` for the final
     answer (skipped when ``final_prompt`` is None). Every stage works on token ids, so the
     continuation sees exactly the tokens the model produced; other keyword arguments go to
-    :func:`generate` at every stage (sampling, ``recycle``, ...).
+    :func:`generate` at every stage (sampling, ``recycle``, ...). ``chat=True`` puts each prompt in
+    the chat template first (the default continues the raw text, as :func:`generate` does).
 
     Examples:
         >>> c = continue_thinking(tiny, ["What is 12 + 7?", "Name a color."], "Wait", max_new_tokens=4,

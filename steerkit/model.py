@@ -193,15 +193,22 @@ class SteerModel:
                                          adapter=self.adapter, model=self.hf_model)
 
     # --- tokens ------------------------------------------------------------------
-    def format(self, prompt: str, chat: bool = True) -> str:
-        """The text the model sees: the chat template around ``prompt`` when ``chat``."""
+    def format(self, prompt: str, chat: bool = False) -> str:
+        """The text the model sees: ``prompt`` as it is (default), or the chat template around it
+        (user turn plus generation prompt) when ``chat``.
+
+        Examples:
+            >>> tiny.format("hi")
+            'hi'
+        """
         if chat and getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                                       add_generation_prompt=True, tokenize=False)
         return prompt
 
-    def tokenize(self, prompts: Prompts | Tokens, *, chat: bool = True) -> Tokens:
-        """Left-padded token ids of ``prompts`` (with the chat template when ``chat``)."""
+    def tokenize(self, prompts: Prompts | Tokens, *, chat: bool = False) -> Tokens:
+        """Left-padded token ids of ``prompts``: the raw text by default (with the tokenizer's special
+        tokens), the chat template around each prompt when ``chat``. ``Tokens`` pass through."""
         if isinstance(prompts, Tokens):
             return prompts
         check_prompts(prompts)
@@ -238,9 +245,10 @@ class SteerModel:
         return Tokens(input_ids.to(self.device), mask.to(self.device))
 
     # --- running -----------------------------------------------------------------
-    def forward(self, prompts: Prompts | Tokens, *, chat: bool = True, grad: bool | None = None,
+    def forward(self, prompts: Prompts | Tokens, *, chat: bool = False, grad: bool | None = None,
                 logits_to_keep: int = 0) -> Float[Tensor, "batch pos vocab"]:
-        """Logits ``[batch, pos, vocab]`` of a left-padded batch (chat template by default).
+        """Logits ``[batch, pos, vocab]`` of a left-padded batch: text prompts are tokenized as raw text
+        by default (``chat=True``: inside the chat template, as a reply would be generated).
         ``logits_to_keep=k`` (as in transformers) returns only the last ``k`` positions ``[batch, k, vocab]``
         and runs only those through the unembedding (0: every position).
 
@@ -288,12 +296,14 @@ class SteerModel:
             for p in params:
                 p.requires_grad_(True)
 
-    def generate(self, prompts: Prompts | Tokens, max_new_tokens: int = 32, *, chat: bool = True,
+    def generate(self, prompts: Prompts | Tokens, max_new_tokens: int = 32, *, chat: bool = False,
                  do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  stop: Sequence[str] = (), seed: int | None = None, stream: Callable | None = None,
                  return_tokens: bool = False, steering=None, steer_rows: Sequence | None = None,
                  steer_positions: PositionSpec | None = None, preserve_norm: bool = False, recycle=None):
-        """Generate continuations (greedy by default) with the KV cache; returns the new texts.
+        """Generate continuations (greedy by default) with the KV cache; returns the new texts. Text
+        prompts are continued as raw text by default; ``chat=True`` wraps each in the chat template so
+        the model writes a reply.
 
         ``steering``: anything :meth:`steer` takes, for every row (a list of interventions composes).
         ``steer_rows``: one steering (or ``None``) per prompt, each row steered its own way, with one

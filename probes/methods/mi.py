@@ -249,15 +249,16 @@ def thinking_eval(sm: "SteerModel", problems, *, layer: Optional[int] = None, wo
         texts["continuation"] = []
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i:i + batch_size]
-        texts["greedy"] += sm.generate(chunk, max_new_tokens=max_new_tokens)
+        texts["greedy"] += sm.generate(chunk, max_new_tokens=max_new_tokens, chat=True)
         tick(1)
         rec = Recycle(layer=layer, tokens=ids)
-        texts["recycling"] += sm.generate(chunk, max_new_tokens=max_new_tokens, recycle=rec)
+        texts["recycling"] += sm.generate(chunk, max_new_tokens=max_new_tokens, chat=True, recycle=rec)
         recycled += len(rec.events)
         tick(1)
         if continue_with:
             c = continue_thinking(sm, chunk, continue_with, max_new_tokens=max_new_tokens,
-                                  continue_tokens=continue_tokens, final_prompt=" The answer is", final_tokens=12)
+                                  continue_tokens=continue_tokens, final_prompt=" The answer is", final_tokens=12,
+                                  chat=True)
             texts["continuation"] += c.texts
             tick(1)
     out: dict = {"layer": layer, "thinking_ids": ids, "thinking_tokens": [sm.tokenizer.decode([t]) for t in ids],

@@ -250,7 +250,7 @@ def _model_meta(model_dir: str) -> tuple[str, Optional[str], int, int]:
 
 
 def dataset_plan(model_dir: str, prompts: Sequence[str], hooks: Sequence[str], out_dir: Any, *,
-                 positions: Any = "last", shard_size: int = 256, chat: bool = True) -> tuple[dict, list[int]]:
+                 positions: Any = "last", shard_size: int = 256, chat: bool = False) -> tuple[dict, list[int]]:
     """The manifest fields of a recording of ``prompts`` into ``out_dir`` (the format of
     :func:`steerkit.storage.dataset.record_dataset`) and the shards still to record (resuming a folder of
     the same run; another run there is an error). Needs no vLLM.
@@ -285,12 +285,13 @@ def dataset_plan(model_dir: str, prompts: Sequence[str], hooks: Sequence[str], o
 
 
 def record_dataset_vllm(llm: Any, model_dir: str, prompts: Sequence[str], hooks: Sequence[str], out_dir: Any, *,
-                        positions: Any = "last", batch_size: int = 64, shard_size: int = 256, chat: bool = True,
+                        positions: Any = "last", batch_size: int = 64, shard_size: int = 256, chat: bool = False,
                         progress: bool = True) -> ActivationDataset:
     """Record ``hooks`` at ``positions`` for every prompt through vLLM (``llm`` serves ``model_dir``)
     into the sharded, resumable folder :func:`steerkit.storage.dataset.record_dataset` writes (the same
     manifest, shards and ``::lengths``, float32): each prompt runs its prompt tokens once
-    (``max_tokens=1``), ``batch_size`` requests per ``generate`` call.
+    (``max_tokens=1``), ``batch_size`` requests per ``generate`` call. Prompts are tokenized as
+    :meth:`steerkit.SteerModel.tokenize` does: raw text by default, the chat template when ``chat``.
 
     Examples:
         >>> ds = record_dataset_vllm(llm, "model-dir", ["Hi", "Bye"], ["blocks.3.hook_resid_post"],

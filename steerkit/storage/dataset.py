@@ -57,9 +57,11 @@ def _prompts_hash(prompts: Sequence[str]) -> str:
 
 
 def record_dataset(sm: "SteerModel", prompts: Sequence[str], hooks, out_dir, *, positions="last", batch_size: int = 16,
-                   shard_size: int = 256, chat: bool = True, dtype: torch.dtype | None = None,
+                   shard_size: int = 256, chat: bool = False, dtype: torch.dtype | None = None,
                    progress: bool = True) -> "ActivationDataset":
     """Record ``hooks`` at ``positions`` for every prompt into sharded safetensors under ``out_dir``.
+    Prompts are tokenized as :meth:`SteerModel.forward` does: raw text by default, the chat template
+    around each when ``chat`` (recorded in the meta, so a resumed run must pass the same value).
     A run that fails before its first shard (a bad position, a model error) removes the folder it made."""
     prompts = list(prompts)
     if not prompts:
