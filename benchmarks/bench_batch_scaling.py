@@ -73,7 +73,7 @@ def main(argv=None) -> int:
 
     def generate(b: int):
         steer = [[Intervention.add(add_site, v, 0.5 + 3.5 * i / max(1, b - 1))] for i in range(b)]
-        return sm.generate(prompts[:b], max_new_tokens=tokens, steer_rows=steer, return_tokens=True)
+        return sm.generate(prompts[:b], max_new_tokens=tokens, steer_rows=steer, return_tokens=True, chat=True)
 
     def score(b: int):
         steer = [[Intervention.ablate(s, u, 0.5 + 0.5 * i / max(1, b - 1)) for s in ablate_sites] for i in range(b)]

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     tokens = a.tokens or (8 if a.quick else 32)
     repeats = a.repeats or (1 if a.quick else 3)
     sm = steerkit.load_model(device=a.device)
-    toks = sm.tokenize(C.prompts(a.prompts))
+    toks = sm.tokenize(C.prompts(a.prompts), chat=True)
     ids = [toks.input_ids[b][toks.attention_mask[b].bool()].tolist() for b in range(len(toks))]
     g = torch.Generator().manual_seed(0)
     rows = [(i % len(ids), torch.randint(100, 20000, (tokens,), generator=g).tolist()) for i in range(n_rows)]

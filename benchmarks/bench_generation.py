@@ -300,7 +300,7 @@ def main(argv=None) -> int:
     sm = steerkit.load_model()
     log(f"model {sm.name}: {sm.n_layers} layers, d_model {sm.d_model}; loaded in {time.perf_counter() - t0:.1f} s; "
         f"torch {torch.__version__}, {threads} thread(s); {tokens} new tokens, batches {batches}, {repeats} repeat(s)")
-    ids = [sm.tokenize(p).input_ids[0].tolist() for p in C.prompts(max(batches))]
+    ids = [sm.tokenize(p, chat=True).input_ids[0].tolist() for p in C.prompts(max(batches))]
     cfg = {"tokens": tokens, "batches": batches, "repeats": repeats, "threads": a.threads,
            "ids": ids, "pad_token_id": sm.tokenizer.pad_token_id,
            "model_folder": str(hf_folder_for_gguf(default_gguf_path()))}

@@ -65,7 +65,7 @@ def main():
 
         def gen(P: list[str] = P) -> float:
             t = time.process_time()
-            sm.generate(P, max_new_tokens=args.tokens)
+            sm.generate(P, max_new_tokens=args.tokens, chat=True)
             return time.process_time() - t
         gen()
         # one hook call, exactly as registered by the hook manager, on a decode-step tensor

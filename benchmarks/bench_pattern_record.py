@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     resid = [f"blocks.{l}.hook_resid_post" for l in range(L)]
     pattern = [f"blocks.{l}.attn.hook_pattern" for l in range(L)]
     ps = C.prompts(N)
-    batches = [sm.tokenize(ps[i:i + B]) for i in range(0, N, B)]
+    batches = [sm.tokenize(ps[i:i + B], chat=True) for i in range(0, N, B)]
     n_tok = sum(int(t.attention_mask.sum()) for t in batches)
     width = max(int(t.input_ids.shape[1]) for t in batches)
     print(f"model {sm.name} ({sm.hf_model.config._attn_implementation} attention) loaded in "

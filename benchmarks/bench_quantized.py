@@ -40,7 +40,7 @@ def main() -> None:
     rows = []
     for scheme in (None, "int8"):
         sm = steerkit.load_model(quantize=scheme)
-        ids = [sm.tokenize(p).input_ids[0].tolist() for p in C.prompts(max(cfg["batches"]))]
+        ids = [sm.tokenize(p, chat=True).input_ids[0].tolist() for p in C.prompts(max(cfg["batches"]))]
         res = bench_steerkit(sm, ids, cfg, log=print)
         for B in cfg["batches"]:
             base = res[f"base@{B}"]

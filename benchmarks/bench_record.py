@@ -99,7 +99,7 @@ def main(argv=None) -> int:
 
     def batches(n):
         ps = C.prompts(n)
-        return [sm.tokenize(ps[i:i + a.batch]) for i in range(0, n, a.batch)]
+        return [sm.tokenize(ps[i:i + a.batch], chat=True) for i in range(0, n, a.batch)]
 
     # warm-up
     toks = batches(a.batch)[0]

@@ -72,7 +72,7 @@ def main():
         """CPU seconds per decoding step of one greedy generation."""
         t = time.process_time()
         out = sm.generate(prompts, max_new_tokens=args.tokens, steering=steering, steer_rows=rows,
-                          preserve_norm=preserve_norm, return_tokens=True)
+                          preserve_norm=preserve_norm, return_tokens=True, chat=True)
         return (time.process_time() - t) / max(1, max(len(o) for o in out))
 
     results = []

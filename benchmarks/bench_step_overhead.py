@@ -77,7 +77,7 @@ def run_batch(sm, B: int, rounds: int, context: int, log) -> dict:
 
     res = {c: [] for c in conds}
     be = sm.backend
-    toks = sm.pad([sm.tokenize(p).input_ids[0].tolist() for p in C.prompts(B)])
+    toks = sm.pad([sm.tokenize(p, chat=True).input_ids[0].tolist() for p in C.prompts(B)])
     BT.TorchHooks._edit_output = timed_edit_output
     try:
         with torch.inference_mode(), sm.hooks.runs.running(toks.attention_mask, toks.input_ids) as run:

@@ -43,10 +43,10 @@ def main(argv=None) -> int:
     threads = C.set_threads(a.threads)
     sm = steerkit.load_model()
     pairs = preference_pairs(myopic_items(n, seed=0))
-    tokens = [len(sm.tokenize(p.prompt).input_ids[0]) for p in pairs]
+    tokens = [len(sm.tokenize(p.prompt, chat=True).input_ids[0]) for p in pairs]
     print(f"model {sm.name}; {threads} thread(s); {n} pairs (prompt {min(tokens)}-{max(tokens)} tokens), batch {batch}, "
           f"layer {a.layer}", flush=True)
-    sm.forward([p.prompt for p in pairs[:batch]])  # warm-up: the weights' pages are resident before the RSS start
+    sm.forward([p.prompt for p in pairs[:batch]], chat=True)  # warm-up: the weights' pages are resident before the RSS start
     tracemalloc.start()
     with RssPeak() as rss, C.Clock() as clock:
         r = train_bipo(sm, pairs, a.layer, epochs=1, batch_size=batch, lr=0.05, progress=True)

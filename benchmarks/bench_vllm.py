@@ -76,7 +76,7 @@ def main() -> None:
         store.save(f"a{i}", SteeringVector.from_direction(v, layer, sm, method="bench"))
         vecs.append((layer, v))
         refs.append(f"a{i}@1")
-    ids = [sm.tokenize(p).input_ids[0].tolist() for p in ps]
+    ids = [sm.tokenize(p, chat=True).input_ids[0].tolist() for p in ps]
     n_req = args.requests
 
     def batch(steered):
@@ -116,13 +116,13 @@ def main() -> None:
     rows = [{f"blocks.{vecs[i % 8][0]}.hook_resid_post": SteerConfig.injection(vecs[i % 8][1], 1.0)}
             for i in range(n_req)]
     texts = [ps[i % 8] for i in range(n_req)]
-    sm.generate(texts, 4)  # warm-up
+    sm.generate(texts, 4, chat=True)  # warm-up
     for _ in range(args.repeats):
         t = time.perf_counter()
-        sm.generate(texts, args.new)
+        sm.generate(texts, args.new, chat=True)
         h_plain.append(n_tok / (time.perf_counter() - t))
         t = time.perf_counter()
-        sm.generate(texts, args.new, steer_rows=rows)
+        sm.generate(texts, args.new, steer_rows=rows, chat=True)
         h_steer.append(n_tok / (time.perf_counter() - t))
     res.update(hf_unsteered_tok_s=med(h_plain), hf_steered_tok_s=med(h_steer),
                hf_ratio_steered_over_unsteered=med(s / p for p, s in zip(h_plain, h_steer)))

@@ -49,10 +49,10 @@ def run():
                             max_num_seqs=job["vllm_batch"], enable_prefix_caching=False)
     start = time.perf_counter() - t0
     capture.record_dataset_vllm(llm, job["model"], job["warm"], job["hooks"], job["warm_out"], positions="last",
-                                batch_size=job["vllm_batch"], shard_size=job["shard_size"], progress=False)
+                                batch_size=job["vllm_batch"], shard_size=job["shard_size"], chat=True, progress=False)
     t = time.perf_counter()
     capture.record_dataset_vllm(llm, job["model"], job["prompts"], job["hooks"], job["out"], positions="last",
-                                batch_size=job["vllm_batch"], shard_size=job["shard_size"], progress=False)
+                                batch_size=job["vllm_batch"], shard_size=job["shard_size"], chat=True, progress=False)
     json.dump({"start_s": start, "record_s": time.perf_counter() - t}, open(sys.argv[2], "w"))
 
 
@@ -100,9 +100,9 @@ def main() -> None:
     if r.returncode:
         sys.exit(r.stderr[-3000:])
     v = json.loads((work / "vllm.json").read_text())
-    record_dataset(sm, warm, hooks, work / "hf-warm", positions="last", batch_size=a.batch_size, shard_size=shard)
+    record_dataset(sm, warm, hooks, work / "hf-warm", positions="last", batch_size=a.batch_size, shard_size=shard, chat=True)
     t = time.perf_counter()
-    record_dataset(sm, prompts, hooks, work / "hf", positions="last", batch_size=a.batch_size, shard_size=shard)
+    record_dataset(sm, prompts, hooks, work / "hf", positions="last", batch_size=a.batch_size, shard_size=shard, chat=True)
     hf_s = time.perf_counter() - t
     dv, dh = ActivationDataset(work / "vllm"), ActivationDataset(work / "hf")
     worst = 0.0
