@@ -68,7 +68,7 @@ def build_setup(default_model, tmp_path_factory):
     va = torch.randn(sm.d_model, generator=g)
     store.save("happy", SteeringVector.from_direction(va / va.norm() * 30, 12, sm, method="test"))
     with sm.record("blocks.6.hook_resid_post", positions="last") as cache:  # a direction the model uses
-        sm.forward([PROMPTS[2]])
+        sm.forward([PROMPTS[2]], chat=True)
     vb = cache["blocks.6.hook_resid_post"][0].float()
     store.save("calm", DirectionSet.from_directions(vb[None], sm, layers=None, method="test"))  # ablate everywhere
     bad = SteeringVector.from_direction(va, 12, sm, method="test")
@@ -82,7 +82,7 @@ def build_setup(default_model, tmp_path_factory):
     sched = SteeringVector.from_direction(vs / vs.norm() * 24, [10, 11, 12, 13], sm, method="test")
     store.save("sched", dataclasses.replace(sched, schedule=LayerSchedule({10: 1.0, 11: 0.75, 12: 0.5, 13: 0.25})))
     with sm.record("blocks.10.hook_resid_post", positions="last") as cache:
-        sm.forward(PROMPTS[:4])
+        sm.forward(PROMPTS[:4], chat=True)
     q, _ = torch.linalg.qr(cache["blocks.10.hook_resid_post"].float().T)  # [d, 4] orthonormal columns
     region = Region(mean=torch.zeros(sm.d_model), projection=q.T.contiguous(), normals=torch.eye(4),
                     offsets=torch.full((4,), -5.0), layer=10)
@@ -96,18 +96,18 @@ def build_setup(default_model, tmp_path_factory):
     def hf(prompt, art=None, scale=1.0, clamp=False):
         if art == "region@1":  # the region artifact through its own interventions
             with sm.steer(store.load(art), scale=scale):
-                out = sm.generate([prompt], MAX_NEW, return_tokens=True)
+                out = sm.generate([prompt], MAX_NEW, return_tokens=True, chat=True)
         elif art is not None:
             with sm.steer(store.load(art), scale=scale):
-                out = sm.generate([prompt], MAX_NEW, return_tokens=True)
+                out = sm.generate([prompt], MAX_NEW, return_tokens=True, chat=True)
         elif clamp:
             with sm.edit({"blocks.8.hook_resid_post": vc / vc.norm()}, op="clamp", value=30.0):
-                out = sm.generate([prompt], MAX_NEW, return_tokens=True)
+                out = sm.generate([prompt], MAX_NEW, return_tokens=True, chat=True)
         else:
-            out = sm.generate([prompt], MAX_NEW, return_tokens=True)
+            out = sm.generate([prompt], MAX_NEW, return_tokens=True, chat=True)
         return [int(x) for x in out[0]]
 
-    ids = {p: sm.tokenize(p).input_ids[0].tolist() for p in PROMPTS + [LONG]}
+    ids = {p: sm.tokenize(p, chat=True).input_ids[0].tolist() for p in PROMPTS + [LONG]}
     return {"sm": sm, "root": root, "model": model_dir, "store": store.root, "hf": hf, "ids": ids,
             "clamp_op": clamp_op, "args": request_args, "eos": sm.tokenizer.eos_token_id}
 
@@ -212,7 +212,7 @@ def cast_batch(setup):
     assert min(abs(x - cond.threshold) for x in sims) > 1e-3  # no decision within float noise of the threshold
 
     def row(p, args=None):
-        return {"prompt_token_ids": sm.tokenize(p).input_ids[0].tolist(), "args": args, "max_tokens": MAX_NEW}
+        return {"prompt_token_ids": sm.tokenize(p, chat=True).input_ids[0].tolist(), "args": args, "max_tokens": MAX_NEW}
     batch = [row(p, a("cast@1")) for p in prompts] + [row(prompts[0], a("happy@1")), row(prompts[3])]
     want = [hf(p, "cast@1") for p in prompts] + [hf(prompts[0], "happy@1"), hf(prompts[3])]
     for p, f, w in zip(prompts, fired, want):

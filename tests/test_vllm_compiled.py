@@ -109,7 +109,7 @@ def test_compiled_long_steered_rows_match_hf(setup, compiled_run):
     wants = []
     for i, s in enumerate((0.5, 1.0, 1.5, 2.0)):
         with sm.steer(art, scale=s):
-            want = [int(x) for x in sm.generate([PROMPTS[i]], STEPS, return_tokens=True)[0]]
+            want = [int(x) for x in sm.generate([PROMPTS[i]], STEPS, return_tokens=True, chat=True)[0]]
         assert got[i][:len(want)] == want, (i, s)
         wants.append(want)
     assert len({tuple(w) for w in wants}) > 1  # the scale matters

@@ -64,10 +64,10 @@ def rec(default_model, tmp_path_factory):
     va = torch.randn(sm.d_model, generator=g)
     store.save("happy", SteeringVector.from_direction(va / va.norm() * 30, 12, sm, method="test"))
     with sm.record("blocks.6.hook_resid_post", positions="last") as cache:
-        sm.forward([PROMPTS[2]])
+        sm.forward([PROMPTS[2]], chat=True)
     store.save("calm", DirectionSet.from_directions(cache["blocks.6.hook_resid_post"][0].float()[None], sm,
                                                     layers=None, method="test"))
-    ids = {p: sm.tokenize(p).input_ids[0].tolist() for p in PROMPTS + [LONG]}
+    ids = {p: sm.tokenize(p, chat=True).input_ids[0].tolist() for p in PROMPTS + [LONG]}
     happy, calm = request_args("happy@1"), request_args("calm@1")
 
     def r(p, max_tokens, args=None, record=True):
@@ -213,7 +213,7 @@ def test_dataset_through_vllm_equals_hf_and_resumes_both_ways(rec, tmp_path):
     sm = rec["sm"]
     assert rec["out"]["ds"] == {"first": ["shard-00000.safetensors", "shard-00001.safetensors",
                                           "shard-00002.safetensors"], "second": ["shard-00001.safetensors"]}
-    hf = record_dataset(sm, PROMPTS, DS_HOOKS, tmp_path / "hf", positions="all", shard_size=2, progress=False)
+    hf = record_dataset(sm, PROMPTS, DS_HOOKS, tmp_path / "hf", positions="all", shard_size=2, chat=True, progress=False)
     v = ActivationDataset(rec["root"] / "ds")
     assert {k: v.meta[k] for k in v.meta if k != "shards"} == {k: hf.meta[k] for k in hf.meta if k != "shards"}
     assert v.meta["shards"] == hf.meta["shards"] and v.complete
@@ -225,7 +225,7 @@ def test_dataset_through_vllm_equals_hf_and_resumes_both_ways(rec, tmp_path):
     shutil.copytree(rec["root"] / "ds", cross)
     (cross / "shard-00002.safetensors").unlink()
     keep = (cross / "shard-00000.safetensors").stat().st_mtime_ns
-    record_dataset(sm, PROMPTS, DS_HOOKS, cross, positions="all", shard_size=2, progress=False)
+    record_dataset(sm, PROMPTS, DS_HOOKS, cross, positions="all", shard_size=2, chat=True, progress=False)
     assert (cross / "shard-00000.safetensors").stat().st_mtime_ns == keep
     for h in DS_HOOKS:
         close(ActivationDataset(cross).load(h), hf.load(h), f"resumed data set {h}")

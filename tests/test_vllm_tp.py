@@ -133,7 +133,7 @@ def mixed_batch(setup):
     late = torch.randn(sm.d_model, generator=g)
     late = late / late.norm() * 40
     with sm.edit({f"blocks.{LATE_LAYER}.hook_resid_post": late}, op="add"):
-        want_late = [int(x) for x in sm.generate([p[0]], MAX_NEW, return_tokens=True)[0]]
+        want_late = [int(x) for x in sm.generate([p[0]], MAX_NEW, return_tokens=True, chat=True)[0]]
     assert want_late != hf(p[0]), "the late addition must change the generation"
     batch = [req(setup, p[0], a("happy@1", scale=1.0)), req(setup, p[1]), req(setup, p[2], a("calm@1")),
              req(setup, p[3], a("happy@1", scale=0.0)), req(setup, p[4], a(ops=[setup["clamp_op"]])),
