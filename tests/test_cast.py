@@ -650,8 +650,8 @@ def test_topic_condition_gates_a_refusal_behaviour(default_model, food_condition
     layer = BEHAVIOUR_LAYER
     hook = f"blocks.{layer}.hook_resid_post"
     with sm.record(hook, positions="last") as cache:
-        sm.forward([r["instruction"] for r in harm[:16]])
-        sm.forward([r["instruction"] for r in safe[:16]])
+        sm.forward([r["instruction"] for r in harm[:16]], chat=True)
+        sm.forward([r["instruction"] for r in safe[:16]], chat=True)
     acts = cache[hook]
     d = steerkit.probes.find_direction(acts[:16], acts[16:], method="diffmean")
     behaviour = d.to_steering_vector(layer, sm, scale=BEHAVIOUR_SCALE)
@@ -659,8 +659,8 @@ def test_topic_condition_gates_a_refusal_behaviour(default_model, food_condition
     prompts = FOOD["matching_test"][:3] + FOOD["other_test"][:3]
     fired = food_condition.fires(sm, prompts)
     assert sum(fired[:3]) >= 2 and not any(fired[3:])
-    plain = sm.generate(prompts, max_new_tokens=16, return_tokens=True)
-    steered = sm.generate(prompts, max_new_tokens=16, return_tokens=True, steering=cs)
+    plain = sm.generate(prompts, max_new_tokens=16, return_tokens=True, chat=True)
+    steered = sm.generate(prompts, max_new_tokens=16, return_tokens=True, steering=cs, chat=True)
     for b, f in enumerate(fired):
         if f:
             assert steered[b] != plain[b], prompts[b]  # fired: the behaviour changes the greedy generation

@@ -319,14 +319,14 @@ def test_orthogonalized_default_model_saves_loads_and_equals_runtime_ablation(sm
     v = R.mean_diff(acts["harmful"], acts["harmless"])[0, 9]
     prompts = data["val"]["harmful"] + data["val"]["harmless"]
     with R.ablation(sm, v):
-        ablated = sm.forward(prompts)
-    base = sm.forward(prompts)
+        ablated = sm.forward(prompts, chat=True)
+    base = sm.forward(prompts, chat=True)
     tied_before = sm.hf_model.config.tie_word_embeddings
     out = R.save_orthogonalized(sm, v, tmp_path / "ortho")
     assert sm.hf_model.config.tie_word_embeddings == tied_before  # the session's model is untouched
     so = steerkit.load_model(str(out))
-    real = sm.tokenize(prompts).attention_mask.bool()
-    got = so.forward(prompts)
+    real = sm.tokenize(prompts, chat=True).attention_mask.bool()
+    got = so.forward(prompts, chat=True)
     scale = float(ablated[real].abs().max())
     assert float((got - ablated)[real].abs().max()) < 1e-4 * scale
     assert float((got - base)[real].abs().max()) > 1e-2 * scale
