@@ -54,13 +54,13 @@ def test_positions_all_prompt_indices_and_padding(sm):
 def test_record_during_generate_one_row_per_generated_token(sm):
     n = 6
     with sm.record([H], positions="generated") as cache:
-        toks_out = sm.generate(PROMPTS, max_new_tokens=n, return_tokens=True)
+        toks_out = sm.generate(PROMPTS, max_new_tokens=n, return_tokens=True, chat=True)
     got = cache[H]
     assert got.shape[0] == 2
     for b in range(2):
         assert int(cache.lengths(H)[b]) == len(toks_out[b])
     # the same rows from one forward pass over prompt + generated tokens (no KV cache)
-    toks = sm.tokenize(PROMPTS[:1])
+    toks = sm.tokenize(PROMPTS[:1], chat=True)
     full = torch.cat([toks.input_ids, torch.tensor([toks_out[0]])], 1)
     t2 = steerkit.Tokens(full, torch.ones_like(full))
     ref = hidden_states(sm, t2)[L + 1][0, toks.input_ids.shape[1]:]
