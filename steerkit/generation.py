@@ -405,12 +405,14 @@ def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool 
                 logits = torch.where(rows[:, None], again, logits)
                 nxt = torch.where(rows, _sample(logits, do_sample, temperature, top_p, top_k, gen), nxt)
                 rec.spec.events.extend((int(b), step) for b in rows.nonzero().flatten().tolist())
+            fed = ~done  # the rows whose token this step is a generated one (fed next, recorded there)
             for b in range(B):
                 if done[b]:
                     continue
                 t = int(nxt[b])
                 if t in eos_ids:
                     done[b] = True
+                    fed[b] = False
                     continue
                 out[b].append(t)
                 if stream is not None or stop:
@@ -424,6 +426,7 @@ def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool 
                 break
             mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=dev)], 1)
             run.append_tokens(nxt.unsqueeze(1))  # token-pattern position specs read the fed ids
+            run.live = fed  # rows that ended are fed padding: no position of theirs is selected
             if rec is not None:
                 run.chunk_start = P + step
             last_in = (nxt.unsqueeze(1), mask, next_pos, P + step)

@@ -216,10 +216,10 @@ def test_ablation_and_resid_mid_edits_agree(hf, others, toks, vec):
 
 
 def test_greedy_generation_agrees(hf, others):
-    want = hf.generate(PROMPTS, N_GEN, return_tokens=True)
+    want = hf.generate(PROMPTS, N_GEN, return_tokens=True, chat=True)  # replies: no row ends at once
     assert all(len(w) > 0 for w in want)
     for name, sm in others.items():
-        assert sm.generate(PROMPTS, N_GEN, return_tokens=True) == want, name
+        assert sm.generate(PROMPTS, N_GEN, return_tokens=True, chat=True) == want, name
 
 
 def test_steered_generation_and_generated_rows_agree(hf, others, vec):
@@ -323,13 +323,13 @@ def test_component_edits_and_records_in_generation_agree(hf, others):
         edits = _component_edits(sm)
         try:
             with sm.record([site, "blocks.5.attn.hook_z"], positions="generated") as c:
-                return sm.generate(PROMPTS[:2], 6, return_tokens=True), c
+                return sm.generate(PROMPTS[:2], 6, return_tokens=True, chat=True), c
         finally:
             for e in edits:
                 e.remove()
     want, cw = run(hf)
     with hf.record("blocks.5.attn.hook_z", positions="generated") as plain:
-        hf.generate(PROMPTS[:2], 6)
+        hf.generate(PROMPTS[:2], 6, chat=True)
     assert float((plain["blocks.5.attn.hook_z"] - cw["blocks.5.attn.hook_z"]).abs().max()) > 0.1  # the edits act
     for name, sm in others.items():
         got, cg = run(sm)

@@ -322,7 +322,7 @@ def test_per_row_patches_in_one_pass_equal_one_pass_each():
         sm.forward(src)
     rows = [[Intervention.patch(z, c[z][0], heads=[h])] for h in range(sm.n_heads)]
     many = Tokens(dst.input_ids.repeat(len(rows), 1), dst.attention_mask.repeat(len(rows), 1))
-    with sm.steer(rows):
+    with sm.steer(rows=rows):
         together = sm.forward(many)
     for h, row in enumerate(rows):
         with sm.steer(row):

@@ -398,9 +398,13 @@ def test_plot_without_plotly_says_how_to_install_it(monkeypatch):
     acts, y, _ = planted(L=3, n=10, d=4)
     res = sweep_activations(acts, y, n_folds=2, n_boot=10)
     monkeypatch.setitem(sys.modules, "plotly", None)
+    plots_pkg = sys.modules.get("steerkit.probes.plots")
     for name in [m for m in sys.modules if m.startswith(("plotly.", "steerkit.probes.plots."))
                  and not m.endswith(".require")]:
         monkeypatch.delitem(sys.modules, name)
+        short = name.rsplit(".", 1)[1]  # an imported submodule is also an attribute of its package
+        if name.startswith("steerkit.probes.plots.") and hasattr(plots_pkg, short):
+            monkeypatch.delattr(plots_pkg, short)
     with pytest.raises(InputError, match="expected plotly to be installed for backend='plotly'.*pip install plotly"):
         res.plot(backend="plotly")
     from steerkit.probes.methods.caa import CAAResult

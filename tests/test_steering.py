@@ -93,7 +93,7 @@ def test_positions_streaming_sampling_stop(sm, specs):
     a = sm.generate(P[:2], max_new_tokens=6, do_sample=True, top_p=0.9, temperature=0.8, seed=7)
     b = sm.generate(P[:2], max_new_tokens=6, do_sample=True, top_p=0.9, temperature=0.8, seed=7)
     assert a == b
-    full = sm.generate(["What is the capital of France?"], max_new_tokens=12)[0]
+    full = sm.generate(["What is the capital of France?"], max_new_tokens=12, chat=True)[0]
     assert "Paris" in full
     cut = sm.generate(["What is the capital of France?"], max_new_tokens=12, stop=["Paris"])[0]
     assert "Paris" not in cut and full.startswith(cut)

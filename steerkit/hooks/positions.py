@@ -180,6 +180,9 @@ class RunState:
     # loop that re-runs a step, e.g. representation recycling); None: each site counts for itself.
     chunk_start: Optional[int] = None
     generating: bool = False  # a generation loop runs (it feeds generated tokens after the prompt)
+    # [batch] bool: the rows whose token the current decoding step feeds is a generated one (a row that ended
+    # with EOS or a stop string is fed padding while others go on); None: every row
+    live: Optional[Tensor] = None
     # refuse integer positions that no row has (check_index_range); None: when the run knows its prompt ids,
     # as every SteerModel.forward/generate run does. A server's per-request masks leave it off: one request's
     # positions must not fail the batch step they share.
@@ -300,9 +303,10 @@ def chunk_mask(spec: PositionSpec, run: RunState | None, start: int, T: int, B: 
         am = torch.ones(B, start + T, dtype=torch.long, device=device)
         run = RunState(am)
     P = run.prompt_len
+    live = run.live if start >= P and run.live is not None and not bool(run.live.all()) else None
     if start >= P and isinstance(spec, str):  # a decoding step: every position is a generated token
-        if spec in ("all", "generated"):
-            return None
+        if spec in ("all", "generated"):  # but not the padding fed to rows that have ended
+            return None if live is None else live.to(device)[:, None].expand(B, T)
         key = ("none", B, T, device)
         if key not in run._cache:
             run._cache[key] = torch.zeros(B, T, dtype=torch.bool, device=device)
@@ -313,6 +317,8 @@ def chunk_mask(spec: PositionSpec, run: RunState | None, start: int, T: int, B: 
     if hit is not None:  # (an id-keyed entry holds its spec, so that id cannot be reused meanwhile)
         return hit[1]
     out = _chunk_mask(spec, run, start, T, B, device)
+    if live is not None:
+        out = live.to(device)[:, None].expand(B, T) if out is None else out & live.to(device)[:, None]
     run._cache[mask_key] = (spec, out)  # the spec is kept: an id-keyed entry can never match a new object
     return out
 
