@@ -44,6 +44,7 @@ from torch import Tensor
 
 from steerkit.errors import InputError
 from steerkit.hooks.names import resid_post
+from steerkit.model import Tokens
 from steerkit.vectors.provenance import prompts_hash
 
 from .directions import PAIRED_METHODS, pair_indices
@@ -115,23 +116,20 @@ def record_activations(sm: "SteerModel", prompts: Sequence[str], *, hooks: str |
     out: dict[str, list[Tensor]] = {p: [] for p in labels}
     for b in range(0, len(prompts), batch_size):
         batch = prompts[b:b + batch_size]
+        toks = sm.tokenize(batch, chat=chat)
         with contextlib.ExitStack() as stack:
             caches = {p: stack.enter_context(sm.record(names, positions=spec, device="cpu"))
-                      for p, spec in specs.items()}
-            if "first_generated" in specs:
-                sm.generate(batch, max_new_tokens=2, chat=chat)
-            else:
-                sm.forward(batch, chat=chat)
+                      for p, spec in specs.items() if p != "first_generated"}
+            logits = sm.forward(toks, logits_to_keep=1)
+        if "first_generated" in specs:  # the greedy first token fed after the prompt (EOS included)
+            first = logits[:, -1].argmax(-1, keepdim=True).to(toks.input_ids.device)
+            fed = Tokens(torch.cat([toks.input_ids, first], 1),
+                         torch.cat([toks.attention_mask, torch.ones_like(first)], 1))
+            with sm.record(names, positions="last", device="cpu") as caches["first_generated"]:
+                sm.forward(fed)
         for p, cache in caches.items():
-            if p == "last":
+            if p in ("last", "first_generated"):
                 t = torch.stack([cache[n] for n in names])  # [hook, batch, d]
-            elif p == "first_generated":
-                P = int(sm.tokenize(batch, chat=chat).input_ids.shape[1])
-                pos = cache.positions(names[0])
-                if not bool((pos[:, 0] == P).all()):
-                    raise InputError(f"expected the first generated token at position {P} in every row, found "
-                                     f"{pos[:, 0].tolist()}")
-                t = torch.stack([cache[n][:, 0] for n in names])
             else:
                 lengths = cache.lengths(names[0])
                 if p != "mean" and bool((lengths == 0).any()):
