@@ -426,7 +426,7 @@ def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool 
                 break
             mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=dev)], 1)
             run.append_tokens(nxt.unsqueeze(1))  # token-pattern position specs read the fed ids
-            run.live = fed  # rows that ended are fed padding: no position of theirs is selected
+            run.live = None if bool(fed.all()) else fed  # rows that ended are fed padding: none of it is selected
             if rec is not None:
                 run.chunk_start = P + step
             last_in = (nxt.unsqueeze(1), mask, next_pos, P + step)

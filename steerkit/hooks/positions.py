@@ -181,7 +181,8 @@ class RunState:
     chunk_start: Optional[int] = None
     generating: bool = False  # a generation loop runs (it feeds generated tokens after the prompt)
     # [batch] bool: the rows whose token the current decoding step feeds is a generated one (a row that ended
-    # with EOS or a stop string is fed padding while others go on); None: every row
+    # with EOS or a stop string is fed padding while others go on); None: every row (set so by the loop when
+    # no row has ended, so hooks read it without a device sync)
     live: Optional[Tensor] = None
     # refuse integer positions that no row has (check_index_range); None: when the run knows its prompt ids,
     # as every SteerModel.forward/generate run does. A server's per-request masks leave it off: one request's
@@ -303,7 +304,7 @@ def chunk_mask(spec: PositionSpec, run: RunState | None, start: int, T: int, B: 
         am = torch.ones(B, start + T, dtype=torch.long, device=device)
         run = RunState(am)
     P = run.prompt_len
-    live = run.live if start >= P and run.live is not None and not bool(run.live.all()) else None
+    live = run.live if start >= P else None
     if start >= P and isinstance(spec, str):  # a decoding step: every position is a generated token
         if spec in ("all", "generated"):  # but not the padding fed to rows that have ended
             return None if live is None else live.to(device)[:, None].expand(B, T)
