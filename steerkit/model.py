@@ -21,7 +21,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.hooks import names as hooknames
-from steerkit.loading import resolve as loading
+from steerkit.loading.resolve import load_hf, resolve
 from steerkit.loading.adapters import Adapter, adapter_for
 from steerkit.backends import BACKENDS
 from steerkit.backends.hf import HFBackend
@@ -497,9 +497,9 @@ def load_model(name_or_path=None, *, backend: str = "hf", dtype: torch.dtype | s
         raise InputError(f"expected a floating-point torch dtype (or its name, e.g. 'bfloat16'), found {dtype!r}")
     if quantize is not None and quantize not in SCHEMES:
         raise InputError(f"expected quantize= one of {SCHEMES} (or None), found {quantize!r}")
-    name, folder, gguf = loading.resolve(name_or_path)
-    model, tok = loading.load_hf(folder, dtype=dt, device=device, device_map=device_map, max_memory=max_memory,
-                                 offload_folder=offload_folder)
+    name, folder, gguf = resolve(name_or_path)
+    model, tok = load_hf(folder, dtype=dt, device=device, device_map=device_map, max_memory=max_memory,
+                      offload_folder=offload_folder)
     fingerprint = None
     if quantize is not None:
         fingerprint = model_fingerprint(model)
