@@ -48,6 +48,13 @@ from steerkit.backends._torch import TorchHooks, component_access
 from transformers import DynamicCache
 
 
+class _PassThrough(nn.Module):
+    """A block that is not run: it returns the hidden state it is given."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return hidden_states
+
+
 class HFBackend(TorchHooks):
     name = "hf"
 
@@ -124,8 +131,37 @@ class HFBackend(TorchHooks):
                          use_cache=False, logits_to_keep=keep)
         return out.logits
 
-    def new_cache(self):
-        return DynamicCache(config=self.model.config)
+    def new_cache(self, full: bool = False):
+        """An empty KV cache; ``full``: one that keeps every position at every layer (sliding-window layers
+        included), so it can be cut at any position later (:mod:`steerkit.reuse`)."""
+        return DynamicCache() if full else DynamicCache(config=self.model.config)
+
+    def run_blocks(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache, first: int,
+                   resid: Tensor, keep: int = 0):
+        """A forward pass of ``input_ids`` (the positions after the cache's) in which block ``first``
+        receives ``resid`` and the blocks below it are passed through, not run (:func:`steerkit.reuse.run_from`).
+        Returns the logits and the cache."""
+        blocks = self.adapter.block_list(self.model)
+        below = [blocks[i] for i in range(first)]
+
+        def inject(mod, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            y = resid.to(device=x.device, dtype=x.dtype)
+            if args:
+                return (y,) + tuple(args[1:]), kwargs
+            return args, dict(kwargs, hidden_states=y)
+
+        handle = blocks[first].register_forward_pre_hook(inject, with_kwargs=True, prepend=True)
+        try:
+            for i in range(first):
+                blocks[i] = _PassThrough()
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=True, logits_to_keep=keep, **{self._cache_kw: cache})
+        finally:
+            for i, b in enumerate(below):
+                blocks[i] = b
+            handle.remove()
+        return out.logits, getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
 
     def step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache, keep: int = 1):
         """One step with a KV cache: logits of the last position (``keep=0``: ``[batch, T, vocab]`` of
