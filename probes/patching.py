@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar, Union
 
@@ -51,6 +50,7 @@ from steerkit.errors import InputError
 from steerkit.hooks.names import layer_names
 from steerkit.interventions import Intervention
 from steerkit.model import Tokens
+from steerkit.reuse import Pack, run_cached, run_packed, supports_run_from
 
 from .plots.require import plotly_required
 
@@ -178,6 +178,7 @@ def logit_diff_metric(sm: "SteerModel", answer: Union[str, int], wrong: Union[st
         return logits[0, position, a] - logits[0, position, w]
 
     metric.__name__ = f"logit_diff[{answer!r} - {wrong!r}]"
+    metric.positions = (position,)  # type: ignore[attr-defined]  # the positions it reads (see activation_patching)
     return metric
 
 
@@ -463,23 +464,43 @@ def _plan(sm: "SteerModel", clean: Prompt, corrupted: Prompt, hook: str, layers,
     return _Plan(kind, layer_names(L, kind), L, P, H, N, shape, c, k, token_labels(sm, c))
 
 
-def _patches(plan: _Plan, clean_acts: dict[str, Tensor]):
-    """(grid index, intervention) for every site of the grid, layer-major."""
-    for li, site in enumerate(plan.sites):
-        src = clean_acts[site]
+@dataclasses.dataclass(frozen=True)
+class _Cell:
+    """One patched run of the grid: ``index`` into the values, the block and site, the positions written
+    (``None``: every position), and the heads or neurons (``None``: the whole activation)."""
+
+    index: tuple
+    layer: int
+    site: str
+    positions: Optional[tuple[int, ...]]
+    heads: Optional[tuple[int, ...]] = None
+    neurons: Optional[tuple[int, ...]] = None
+
+    @property
+    def first(self) -> int:
+        """The first position the patch changes."""
+        return 0 if self.positions is None else min(self.positions)
+
+    def intervention(self, src: Tensor) -> Intervention:
+        return Intervention.patch(self.site, src, positions="all" if self.positions is None else list(self.positions),
+                                  heads=None if self.heads is None else list(self.heads),
+                                  neurons=None if self.neurons is None else list(self.neurons))
+
+
+def _cells(plan: _Plan) -> list[_Cell]:
+    """Every patched run of the grid, layer-major."""
+    out = []
+    for li, (site, layer) in enumerate(zip(plan.sites, plan.layers)):
         if plan.heads is not None and plan.kind == "attn.hook_z" and len(plan.shape) == 2:
-            for hi, h in enumerate(plan.heads):
-                yield (li, hi), Intervention.patch(site, src, heads=[h])
+            out += [_Cell((li, hi), layer, site, None, heads=(h,)) for hi, h in enumerate(plan.heads)]
         elif plan.heads is not None:
-            for pi, p in enumerate(plan.positions):
-                for hi, h in enumerate(plan.heads):
-                    yield (li, pi, hi), Intervention.patch(site, src, positions=[p], heads=[h])
+            out += [_Cell((li, pi, hi), layer, site, (p,), heads=(h,)) for pi, p in enumerate(plan.positions)
+                    for hi, h in enumerate(plan.heads)]
         elif plan.neurons is not None:
-            for ni, n in enumerate(plan.neurons):
-                yield (li, ni), Intervention.patch(site, src, neurons=[n])
+            out += [_Cell((li, ni), layer, site, None, neurons=(n,)) for ni, n in enumerate(plan.neurons)]
         else:
-            for pi, p in enumerate(plan.positions):
-                yield (li, pi), Intervention.patch(site, src, positions=[p])
+            out += [_Cell((li, pi), layer, site, (p,)) for pi, p in enumerate(plan.positions)]
+    return out
 
 
 def _check_batch_size(batch_size) -> int:
@@ -499,7 +520,8 @@ def _record_clean(sm: "SteerModel", plan: _Plan, metric: Metric) -> tuple[dict[s
 def activation_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metric: Metric, hook: str = "resid_pre",
                         *, layers: Optional[Sequence[int]] = None, positions: Optional[Sequence[int]] = None,
                         heads: Optional[Sequence[int]] = None, neurons: Optional[Sequence[int]] = None,
-                        batch_size: int = 32, progress: bool = True, chat: bool = False) -> PatchingResult:
+                        batch_size: int = 32, progress: bool = True, chat: bool = False,
+                        reuse: Optional[bool] = None) -> PatchingResult:
     """Patch the clean run's activations into the corrupted run one site at a time (see the module
     docstring for the hooks and grids); ``values[...] = metric(patched logits)``.
 
@@ -509,6 +531,17 @@ def activation_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metr
     ``layers`` / ``positions`` / ``heads`` / ``neurons`` restrict the grid (default: all layers,
     positions and heads; neurons only on request with ``hook="mlp_post"``). ``batch_size`` patched
     runs share one forward pass (each row of the batch its own patch); ``progress`` shows a tqdm bar.
+
+    ``reuse`` (default: on the ``hf`` backend): a patch at block ``l`` and position ``p`` changes nothing
+    below block ``l`` or before position ``p``, so each patched run starts from the corrupted run's
+    residual at block ``l`` and its keys and values before ``p``: it runs only blocks ``l ..`` over
+    positions ``p ..``, about a quarter of a full pass averaged over a ``resid_pre`` grid. Up to
+    ``batch_size`` patched runs of one block share a pass, laid end to end in one sequence
+    (:func:`steerkit.reuse.run_packed`); whole-sequence patches (``hook="z"``, ``neurons=``) reuse the
+    blocks below only. ``reuse=False``: every patched run is a full forward pass (the only way on the
+    ``tlens`` and ``nnsight`` backends). Both give the same grid (within float rounding, 1e-5 in
+    float32). A metric that reads only the last positions says so with a ``positions`` attribute of
+    negative ints (:func:`logit_diff_metric` does); only those positions are unembedded.
 
     Indirect object identification in the default model: which name to say moves from the second " John"
     (position 9) to the last position between layers 12 and 24.
@@ -526,27 +559,100 @@ def activation_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metr
     """
     batch_size = _check_batch_size(batch_size)
     plan = _plan(sm, clean, corrupted, hook, layers, positions, heads, neurons, chat)
+    if reuse is None:
+        reuse = supports_run_from(sm)
+    elif reuse and not supports_run_from(sm):
+        raise InputError(f"expected reuse=True only on the 'hf' backend (it runs a range of blocks), found backend "
+                         f"{sm.backend_name!r}; pass reuse=None or False")
     clean_acts, clean_metric = _record_clean(sm, plan, metric)
-    corrupted_metric = float(_metric_value(metric, sm.forward(plan.corrupted)[0:1].float()))
+    cells = _cells(plan)
     values = torch.zeros(plan.shape, dtype=torch.float32)
-    n = math.prod(plan.shape)
-    ids, mask = plan.corrupted.input_ids, plan.corrupted.attention_mask
-    todo = _patches(plan, clean_acts)
-    with tqdm(total=n, desc=f"patching {hook}", disable=not progress, leave=False) as bar:
-        while True:
-            chunk = [x for _, x in zip(range(batch_size), todo)]
-            if not chunk:
-                break
-            rows = len(chunk)
-            toks = Tokens(ids.expand(rows, -1).contiguous(), mask.expand(rows, -1).contiguous())
-            with sm.steer(rows=[[iv] for _, iv in chunk], label=f"patch {hook} x{rows}"):
-                logits = sm.forward(toks)
-            for i, (idx, _) in enumerate(chunk):
-                values[idx] = float(_metric_value(metric, logits[i:i + 1].float()))
-            bar.update(rows)
+    tail = _metric_tail(metric, plan.corrupted.input_ids.shape[1])
+    with tqdm(total=len(cells), desc=f"patching {hook}", disable=not progress, leave=False) as bar:
+        if reuse:
+            corrupted_metric = _grid_packed(sm, plan, metric, cells, clean_acts, values, batch_size, tail, bar)
+        else:
+            corrupted_metric = _grid_full(sm, plan, metric, cells, clean_acts, values, batch_size, tail, bar)
     return PatchingResult(values=values, hook=hook, method="activation", layers=plan.layers,
                           positions=plan.positions, heads=plan.heads, tokens=plan.tokens, clean_metric=clean_metric,
                           corrupted_metric=corrupted_metric, neurons=plan.neurons)
+
+
+def _metric_tail(metric: Metric, n_pos: int) -> int:
+    """How many last positions the metric reads: those its ``positions`` attribute names when all count
+    from the end (as :func:`logit_diff_metric`'s do), else every position."""
+    pos = getattr(metric, "positions", None)
+    if isinstance(pos, (list, tuple)) and pos and all(isinstance(p, int) and -n_pos <= p < 0 for p in pos):
+        return -min(pos)
+    return n_pos
+
+
+def _grid_full(sm: "SteerModel", plan: _Plan, metric: Metric, cells: list[_Cell], clean_acts: dict[str, Tensor],
+               values: Tensor, batch_size: int, tail: int, bar) -> float:
+    """Every cell a row of a full forward pass over the corrupted prompt, ``batch_size`` rows per pass.
+    Returns the corrupted metric."""
+    ids, mask = plan.corrupted.input_ids, plan.corrupted.attention_mask
+    for i0 in range(0, len(cells), batch_size):
+        chunk = cells[i0:i0 + batch_size]
+        rows = len(chunk)
+        toks = Tokens(ids.expand(rows, -1).contiguous(), mask.expand(rows, -1).contiguous())
+        with sm.steer(rows=[[c.intervention(clean_acts[c.site])] for c in chunk], label=f"patch {plan.kind} x{rows}"):
+            logits = sm.forward(toks, logits_to_keep=tail)
+        for i, c in enumerate(chunk):
+            values[c.index] = float(_metric_value(metric, logits[i:i + 1].float()))
+        bar.update(rows)
+    return float(_metric_value(metric, sm.forward(plan.corrupted, logits_to_keep=tail)[0:1].float()))
+
+
+def _grid_packed(sm: "SteerModel", plan: _Plan, metric: Metric, cells: list[_Cell], clean_acts: dict[str, Tensor],
+                 values: Tensor, batch_size: int, tail: int, bar) -> float:
+    """Every cell run from the corrupted run's residual at its block and its keys and values before the
+    first position it changes; up to ``batch_size`` cells of one block share a pass, packed end to end
+    (:func:`steerkit.reuse.run_packed`). Returns the corrupted metric."""
+    with sm.record(plan.sites, positions="all") as rec:
+        run = run_cached(sm, plan.corrupted)
+    corrupted_acts = {s: rec[s][0] for s in plan.sites}
+    n_pos = run.n_pos
+    want = list(range(n_pos - tail, n_pos))
+    by_layer: dict[int, list[_Cell]] = {}
+    for c in cells:
+        by_layer.setdefault(c.layer, []).append(c)
+    for layer, group in by_layer.items():
+        for i0 in range(0, len(group), batch_size):
+            chunk = group[i0:i0 + batch_size]
+            pack = Pack.of([c.first for c in chunk], n_pos)
+            steering = _packed_patch(pack, chunk, clean_acts, corrupted_acts)
+            with sm.steer(steering, label=f"patch {plan.kind} packed x{len(chunk)}"):
+                logits = run_packed(sm, layer, run, pack, positions=want)
+            for i, c in enumerate(chunk):
+                values[c.index] = float(_metric_value(metric, logits[i:i + 1].float()))
+            bar.update(len(chunk))
+    return float(_metric_value(metric, run.logits[0:1, n_pos - tail:].float()))
+
+
+def _packed_patch(pack: Pack, cells: list[_Cell], clean: dict[str, Tensor], corrupted: dict[str, Tensor]
+                  ) -> Intervention:
+    """One patch of the packed run writing every cell's clean values at its own segment's positions. Where
+    a cell patches some heads or neurons only, the others are written with the corrupted run's values,
+    which the packed run computes there anyway (nothing before the patch differs from the corrupted
+    run), so the cells of a pass share one position spec."""
+    site = cells[0].site
+    src, cor = clean[site], corrupted[site].to(clean[site])
+    qpos = pack.positions().to(cor.device)
+    packed = torch.cat([cor, cor[qpos]], 0)
+    at: list[int] = []
+    for i, c in enumerate(cells):
+        ps = range(pack.starts[i], pack.n_pos) if c.positions is None else c.positions
+        for p in ps:
+            k = pack.index(i, p)
+            if c.heads is not None:
+                packed[k, list(c.heads)] = src[p, list(c.heads)]
+            elif c.neurons is not None:
+                packed[k, ..., list(c.neurons)] = src[p, ..., list(c.neurons)]
+            else:
+                packed[k] = src[p]
+            at.append(k)
+    return Intervention.patch(site, packed, positions=at)
 
 
 def attribution_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metric: Metric, hook: str = "resid_pre",
