@@ -50,7 +50,7 @@ from steerkit.errors import InputError
 from steerkit.hooks.names import layer_names
 from steerkit.interventions import Intervention
 from steerkit.model import Tokens
-from steerkit.reuse import Pack, run_cached, run_packed, supports_run_from
+from steerkit.reuse import Pack, run_cached, run_from, run_packed, supports_run_from
 
 from .plots.require import plotly_required
 
@@ -607,43 +607,48 @@ def _grid_full(sm: "SteerModel", plan: _Plan, metric: Metric, cells: list[_Cell]
 def _grid_packed(sm: "SteerModel", plan: _Plan, metric: Metric, cells: list[_Cell], clean_acts: dict[str, Tensor],
                  values: Tensor, batch_size: int, tail: int, bar) -> float:
     """Every cell run from the corrupted run's residual at its block and its keys and values before the
-    first position it changes; up to ``batch_size`` cells of one block share a pass, packed end to end
-    (:func:`steerkit.reuse.run_packed`). Returns the corrupted metric."""
+    first position it changes. ``batch_size`` cells share a pass in layer-major order, starting at the
+    lowest block among them (a cell of a later block recomputes the corrupted run up to its own block),
+    packed end to end (:func:`steerkit.reuse.run_packed`), or as rows of one pass when every one of them
+    patches from the first position on (:func:`steerkit.reuse.run_from`). Returns the corrupted metric."""
     with sm.record(plan.sites, positions="all") as rec:
         run = run_cached(sm, plan.corrupted)
     corrupted_acts = {s: rec[s][0] for s in plan.sites}
     n_pos = run.n_pos
     want = list(range(n_pos - tail, n_pos))
-    by_layer: dict[int, list[_Cell]] = {}
-    for c in cells:
-        by_layer.setdefault(c.layer, []).append(c)
-    for layer, group in by_layer.items():
-        for i0 in range(0, len(group), batch_size):
-            chunk = group[i0:i0 + batch_size]
+    for i0 in range(0, len(cells), batch_size):  # layer-major: a pass starts at the lowest block of its cells
+        chunk = cells[i0:i0 + batch_size]
+        layer = min(c.layer for c in chunk)
+        if all(c.first == 0 for c in chunk):  # whole-sequence patches: one row each
+            rows = [[c.intervention(clean_acts[c.site])] for c in chunk]
+            with sm.steer(rows=rows, label=f"patch {plan.kind} x{len(chunk)}"):
+                logits = run_from(sm, layer, run, rows=[0] * len(chunk), keep=tail)
+        else:
             pack = Pack.of([c.first for c in chunk], n_pos)
             steering = _packed_patch(pack, chunk, clean_acts, corrupted_acts)
             with sm.steer(steering, label=f"patch {plan.kind} packed x{len(chunk)}"):
                 logits = run_packed(sm, layer, run, pack, positions=want)
-            for i, c in enumerate(chunk):
-                values[c.index] = float(_metric_value(metric, logits[i:i + 1].float()))
-            bar.update(len(chunk))
+        for i, c in enumerate(chunk):
+            values[c.index] = float(_metric_value(metric, logits[i:i + 1].float()))
+        bar.update(len(chunk))
     return float(_metric_value(metric, run.logits[0:1, n_pos - tail:].float()))
 
 
 def _packed_patch(pack: Pack, cells: list[_Cell], clean: dict[str, Tensor], corrupted: dict[str, Tensor]
-                  ) -> Intervention:
-    """One patch of the packed run writing every cell's clean values at its own segment's positions. Where
-    a cell patches some heads or neurons only, the others are written with the corrupted run's values,
-    which the packed run computes there anyway (nothing before the patch differs from the corrupted
-    run), so the cells of a pass share one position spec."""
-    site = cells[0].site
-    src, cor = clean[site], corrupted[site].to(clean[site])
-    qpos = pack.positions().to(cor.device)
-    packed = torch.cat([cor, cor[qpos]], 0)
-    at: list[int] = []
+                  ) -> list[Intervention]:
+    """Patches of the packed run writing every cell's clean values at its own segment's positions, one per
+    site. Where a cell patches some heads or neurons only, the others are written with the corrupted
+    run's values, which the packed run computes there anyway (nothing before the patch differs from the
+    corrupted run), so the cells of a site share one position spec."""
+    qpos = pack.positions()
+    by_site: dict[str, tuple[Tensor, list[int]]] = {}
     for i, c in enumerate(cells):
-        ps = range(pack.starts[i], pack.n_pos) if c.positions is None else c.positions
-        for p in ps:
+        if c.site not in by_site:
+            cor = corrupted[c.site].to(clean[c.site])
+            by_site[c.site] = (torch.cat([cor, cor[qpos.to(cor.device)]], 0), [])
+        packed, at = by_site[c.site]
+        src = clean[c.site]
+        for p in range(pack.starts[i], pack.n_pos) if c.positions is None else c.positions:
             k = pack.index(i, p)
             if c.heads is not None:
                 packed[k, list(c.heads)] = src[p, list(c.heads)]
@@ -652,7 +657,7 @@ def _packed_patch(pack: Pack, cells: list[_Cell], clean: dict[str, Tensor], corr
             else:
                 packed[k] = src[p]
             at.append(k)
-    return Intervention.patch(site, packed, positions=at)
+    return [Intervention.patch(site, packed, positions=at) for site, (packed, at) in by_site.items()]
 
 
 def attribution_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metric: Metric, hook: str = "resid_pre",
