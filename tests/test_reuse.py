@@ -96,7 +96,10 @@ def _add_at(h: torch.Tensor, src: torch.Tensor, at: list[int]) -> torch.Tensor:
 
 
 HOOKS = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "z_pos", "mlp_post"]
-PATCH_FAMILIES = ["llama", "gemma2", "gpt2", "gpt_neox", "olmo3", "qwen2_moe"]
+PATCH_FAMILIES = list(ARCHS + MOE_ARCHS)
+#: families whose every hook kind is checked (one of each block layout: llama-like, sliding-window with layer
+#: types, GPT-2, parallel GPT-NeoX, mixture of experts); the others check the kinds with distinct code paths
+EVERY_HOOK = ("llama", "gemma2", "olmo3", "gpt2", "gpt_neox", "qwen2_moe")
 
 
 @pytest.mark.parametrize("arch", PATCH_FAMILIES)
@@ -105,7 +108,7 @@ def test_patching_grids_equal_full_passes(arch):
     clean, corrupted = "When Mary and John went to the store, John gave", "When Mary and John went to the store, Mary gave"
     metric = logit_diff_metric(sm, "a", "b")
     with no_leftover_hooks(sm):
-        for hook in HOOKS:
+        for hook in HOOKS if arch in EVERY_HOOK else ("resid_pre", "z", "z_pos"):
             if hook == "resid_mid" and not sm.hooks.has_resid_mid:
                 continue
             if hook == "mlp_post" and sm.adapter.is_sparse(sm.hf_model, 0):
@@ -119,7 +122,7 @@ def test_patching_grids_equal_full_passes(arch):
             err = float((a.values - b.values).abs().max())
             assert err <= TOL, f"{arch} {hook}: max |packed - full| = {err:.3g}"
             assert a.corrupted_metric == pytest.approx(b.corrupted_metric, abs=TOL)
-        if not sm.adapter.is_sparse(sm.hf_model, 0):
+        if arch in EVERY_HOOK and not sm.adapter.is_sparse(sm.hf_model, 0):
             a = activation_patching(sm, clean, corrupted, metric, "mlp_post", neurons=[1, 7], progress=False)
             b = activation_patching(sm, clean, corrupted, metric, "mlp_post", neurons=[1, 7], progress=False,
                                     reuse=False)
