@@ -36,6 +36,8 @@ from steerkit.interventions import KERNEL_OPS, CompiledSteering, Intervention, M
 from steerkit.hooks.positions import PositionSpec
 from steerkit.loading.quantize import SCHEMES, scheme_of
 from steerkit.loading.quantize import quantize as quantize_weights
+from steerkit import reuse
+from steerkit.reuse import RunCache
 
 Prompts = Union[str, Sequence[str]]
 
@@ -332,6 +334,35 @@ class SteerModel:
             raise InputError(f"expected one steering spec per prompt ({n}), found {len(steer_rows)}")
         with self.steer(steering, rows=steer_rows, positions=steer_positions, preserve_norm=preserve_norm):
             return _generate(self, prompts, **kw)
+
+    def run_cached(self, prompts: Prompts | Tokens, *, chat: bool = False) -> RunCache:
+        """Run ``prompts`` once and keep what :meth:`run_from` starts from: each block's input residual,
+        every layer's keys and values and the logits (:func:`steerkit.reuse.run_cached`).
+
+        Examples:
+            >>> rc = tiny.run_cached("hello there")
+            >>> rc.n_pos, len(rc.resid)
+            (2, 4)
+        """
+        return reuse.run_cached(self, prompts, chat=chat)
+
+    def run_from(self, site: int | str, cache: RunCache, *, start: int = 0, rows: Sequence[int] | None = None,
+                 keep: int = 0) -> Float[Tensor, "rows new_pos vocab"]:
+        """The logits of positions ``start ..`` of a pass that starts at block ``site`` (an index or a hook
+        name in the block) from ``cache`` (:meth:`run_cached`): blocks below it are not run, and attention
+        reads the cached keys and values before ``start``. Edits in force must act at that block or later
+        and at ``start`` or later; then the logits equal a full pass's (see :mod:`steerkit.reuse`).
+
+        Examples:
+            >>> rc = tiny.run_cached("When Mary and John went")
+            >>> edit = steerkit.Intervention.add("blocks.1.hook_resid_pre", torch.ones(64), positions=[-1])
+            >>> with tiny.steer(edit):
+            ...     last = tiny.run_from("blocks.1.hook_resid_pre", rc, start=rc.n_pos - 1)
+            ...     full = tiny.forward("When Mary and John went")
+            >>> torch.allclose(last[:, -1], full[:, -1], atol=1e-5)
+            True
+        """
+        return reuse.run_from(self, site, cache, start=start, rows=rows, keep=keep)  # type: ignore[return-value]
 
     # --- hooks -------------------------------------------------------------------
     def record(self, hooks: str | Iterable[str], positions: PositionSpec = "all", *,

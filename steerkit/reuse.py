@@ -50,7 +50,7 @@ class RunCache:
         >>> from steerkit.reuse import run_cached
         >>> rc = run_cached(tiny, tiny.tokenize(["hello there"]))
         >>> len(rc.resid), tuple(rc.resid[1].shape), tuple(rc.logits.shape), rc.n_pos
-        (2, (1, 11, 64), (1, 11, 256), 11)
+        (4, (1, 2, 64), (1, 2, 49152), 2)
     """
 
     tokens: "Tokens"
@@ -165,12 +165,12 @@ def run_from(sm: "SteerModel", site: Union[int, str], cache: RunCache, *, start:
         >>> toks = tiny.tokenize(["When Mary and John went"])
         >>> rc = run_cached(tiny, toks)
         >>> v = torch.randn(64)
-        >>> edit = steerkit.Intervention.add("blocks.1.hook_resid_pre", v, positions=[6])
+        >>> edit = steerkit.Intervention.add("blocks.1.hook_resid_pre", v, positions=[3])
         >>> with tiny.steer(edit):
         ...     full = tiny.forward(toks)
-        ...     tail = run_from(tiny, "blocks.1.hook_resid_pre", rc, start=6)
-        >>> tuple(tail.shape), torch.allclose(tail, full[:, 6:], atol=1e-5)
-        ((1, 17, 256), True)
+        ...     tail = run_from(tiny, "blocks.1.hook_resid_pre", rc, start=3)
+        >>> tuple(tail.shape), torch.allclose(tail, full[:, 3:], atol=1e-5)
+        ((1, 2, 49152), True)
     """
     _need_backend(sm)
     if not isinstance(cache, RunCache):
@@ -306,15 +306,15 @@ def run_packed(sm: "SteerModel", site: Union[int, str], cache: RunCache, pack: P
         >>> toks = tiny.tokenize(["When Mary and John went"])
         >>> rc = run_cached(tiny, toks)
         >>> v = torch.randn(64)
-        >>> edits = {3: steerkit.Intervention.add("blocks.1.hook_resid_pre", v, positions=[3]),
-        ...          9: steerkit.Intervention.add("blocks.1.hook_resid_pre", v, positions=[9])}
-        >>> pack = Pack.of([3, 9], rc.n_pos)
-        >>> with tiny.steer([edits[3].at([pack.index(0, 3)]), edits[9].at([pack.index(1, 9)])]):
+        >>> edits = {1: steerkit.Intervention.add("blocks.1.hook_resid_pre", v, positions=[1]),
+        ...          3: steerkit.Intervention.add("blocks.1.hook_resid_pre", v, positions=[3])}
+        >>> pack = Pack.of([1, 3], rc.n_pos)  # positions 1..4, then 3..4
+        >>> with tiny.steer(edits[1].at([pack.index(0, 1), pack.index(1, 3)])):  # both edits, one spec
         ...     both = run_packed(tiny, 1, rc, pack, positions=[-1])
-        >>> with tiny.steer(edits[9]):
+        >>> with tiny.steer(edits[3]):
         ...     alone = tiny.forward(toks)[:, -1]
         >>> tuple(both.shape), torch.allclose(both[1], alone, atol=1e-5)
-        ((2, 1, 256), True)
+        ((2, 1, 49152), True)
     """
     _need_backend(sm)
     if not isinstance(cache, RunCache) or cache.owner != id(sm):
