@@ -337,6 +337,22 @@ def _wants_generated_rows(sm: "SteerModel") -> bool:
     return any(getattr(h, "records_generated", False) for h in sm.hooks.handles)
 
 
+def _eos_ids(sm: "SteerModel") -> set:
+    eos = sm.tokenizer.eos_token_id
+    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) if eos is not None else set()
+    gcfg = getattr(sm.hf_model, "generation_config", None)
+    if gcfg is not None and gcfg.eos_token_id is not None:
+        e = gcfg.eos_token_id
+        eos_ids |= set(e if isinstance(e, (list, tuple)) else [e])
+    return eos_ids
+
+
+def _check_room(sm: "SteerModel", P: int, max_new_tokens: int) -> None:
+    if sm.n_ctx is not None and P + max_new_tokens > sm.n_ctx:
+        raise InputError(f"expected prompt + max_new_tokens <= {sm.n_ctx} (the model's context), found "
+                         f"{P} + {max_new_tokens}; lower max_new_tokens or shorten the prompts")
+
+
 @torch.inference_mode()
 def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool = False, do_sample: bool = False,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (),
@@ -348,6 +364,8 @@ def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool 
     its EOS token or when its text contains one of ``stop`` (the stop string is cut off).
     ``recycle``: representation recycling on thinking tokens (see :class:`Recycle`). Text prompts
     are continued as raw text by default; ``chat=True`` puts each in the chat template (a reply).
+    :func:`generate_from` generates from a prompt pass already made, running only the blocks from
+    the one a steering acts at in the prompt pass.
 
     Examples:
         >>> generate(sm, ["What is the capital of France?"], max_new_tokens=8, chat=True)
@@ -359,37 +377,101 @@ def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool 
                                temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
                                stream=stream)
     toks = sm.tokenize(prompts, chat=chat)
+    _check_room(sm, int(toks.input_ids.shape[1]), max_new_tokens)
+    rec = _Recycler(sm, recycle) if recycle is not None else None
+
+    def prefill(run):
+        if rec is not None:
+            run.chunk_start = 0
+        return sm.backend.step(toks.input_ids, toks.attention_mask, toks.position_ids, sm.backend.new_cache())
+
+    with rec.scope() if rec is not None else contextlib.nullcontext():
+        out = _decode(sm, toks, prefill, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                      top_p=top_p, top_k=top_k, stop=stop, seed=seed, stream=stream, rec=rec, placed=rec is not None)
+    return _finish(sm, out, stop, return_tokens)
+
+
+@torch.inference_mode()
+def generate_from(sm: "SteerModel", site, cache, rows: Optional[Sequence[int]] = None, *, max_new_tokens: int = 32,
+                  do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                  stop: Sequence[str] = (), seed: int | None = None, stream: Callable | None = None,
+                  return_tokens: bool = False):
+    """:func:`generate` from a prompt pass already made: ``cache`` (a :class:`steerkit.reuse.RunCache` of
+    the prompts, :func:`steerkit.reuse.run_cached`), its rows ``rows`` (repeats allowed; default all).
+    The prompt pass runs blocks ``site ..`` only (an index or a hook name inside the block, as
+    :func:`steerkit.reuse.run_from` takes), block ``site`` receiving the cached residual and the blocks
+    below it taking the cached keys and values; every decoding step then runs the whole model. With
+    every edit in force acting at block ``site`` or later, the tokens equal :func:`generate`'s on the same
+    prompts with the same edits (float rounding aside); recordings at blocks ``site ..`` equal it too,
+    and sites below block ``site`` record the generated positions only (they do not run on the prompt).
+    Only the ``hf`` backend runs a range of blocks (:func:`steerkit.reuse.supports_run_from`). The other
+    arguments are :func:`generate`'s; representation recycling is not offered here.
+
+    Examples:
+        >>> from steerkit.generation import generate_from
+        >>> from steerkit.reuse import run_cached
+        >>> toks = tiny.tokenize(["Hi", "Tell me a joke"])
+        >>> rc = run_cached(tiny, toks)  # the unsteered prompt pass, once
+        >>> add = steerkit.Intervention.add("blocks.1.hook_resid_pre", torch.ones(64), 4.0)
+        >>> with tiny.steer(add):
+        ...     fast = generate_from(tiny, 1, rc, max_new_tokens=4, return_tokens=True)
+        >>> fast == tiny.generate(toks, max_new_tokens=4, steering=add, return_tokens=True)
+        True
+    """
+    from steerkit.reuse import RunCache, _fill_below, _first_block, _need_backend, _row_index
+
+    _need_backend(sm)
+    if not isinstance(cache, RunCache) or cache.owner != id(sm):
+        raise InputError("expected a RunCache made by this model with run_cached(sm, prompts), found "
+                         f"{type(cache).__name__}; run run_cached(sm, prompts) on this model first")
+    stop = check_generate_args(sm, [""], max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                               top_p=top_p, top_k=top_k, seed=seed, stop=stop, stream=stream)
+    layer = _first_block(sm, site)
+    idx = _row_index(rows, cache)
+    T = cache.n_pos
+    _check_room(sm, T, max_new_tokens)
+    dev = cache.tokens.input_ids.device
+    toks = cache.tokens.__class__(cache.tokens.input_ids.index_select(0, idx.to(dev)),
+                                  cache.tokens.attention_mask.index_select(0, idx.to(dev)))
+    src = cache.resid[layer]
+    resid = src.index_select(0, idx.to(src.device))
+
+    def prefill(run):
+        run.chunk_start = 0
+        logits, kv = sm.backend.run_blocks(toks.input_ids, toks.attention_mask, toks.position_ids,
+                                           sm.backend.new_cache(full=True), layer, resid, keep=1)
+        _fill_below(sm, kv, cache, idx, layer, T)
+        return logits[:, -1], kv
+
+    out = _decode(sm, toks, prefill, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                  top_p=top_p, top_k=top_k, stop=stop, seed=seed, stream=stream, rec=None, placed=True)
+    return _finish(sm, out, stop, return_tokens)
+
+
+def _decode(sm: "SteerModel", toks, prefill: Callable, *, max_new_tokens: int, do_sample: bool, temperature: float,
+            top_p: float, top_k: int, stop: tuple, seed, stream, rec: Optional[_Recycler],
+            placed: bool) -> list[list[int]]:
+    """The generation loop over the left-padded prompts ``toks``: ``prefill(run)`` runs the prompt pass and
+    returns its last position's logits and the KV cache; each decoding step feeds the sampled tokens.
+    ``placed``: tell the hooks where each decoding step's positions are (``RunState.chunk_start``), for
+    sites that did not see the prompt pass or saw a step twice."""
     B, P = toks.input_ids.shape
-    if sm.n_ctx is not None and P + max_new_tokens > sm.n_ctx:
-        raise InputError(f"expected prompt + max_new_tokens <= {sm.n_ctx} (the model's context), found "
-                         f"{P} + {max_new_tokens}; lower max_new_tokens or shorten the prompts")
     dev = toks.input_ids.device
     gen = None
     if seed is not None:
         gen = torch.Generator(device=dev).manual_seed(int(seed))
-    eos = sm.tokenizer.eos_token_id
-    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) if eos is not None else set()
-    gcfg = getattr(sm.hf_model, "generation_config", None)
-    if gcfg is not None and gcfg.eos_token_id is not None:
-        e = gcfg.eos_token_id
-        eos_ids |= set(e if isinstance(e, (list, tuple)) else [e])
+    eos_ids = _eos_ids(sm)
     pad = sm.tokenizer.pad_token_id
     out: list[list[int]] = [[] for _ in range(B)]
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     texts = [""] * B
     mask = toks.attention_mask
     backend = sm.backend
-    rec = _Recycler(sm, recycle) if recycle is not None else None
-    with (rec.scope() if rec is not None else contextlib.nullcontext()), \
-            sm.hooks.runs.running(toks.attention_mask, toks.input_ids) as run:
+    with sm.hooks.runs.running(toks.attention_mask, toks.input_ids) as run:
         run.generating = True
-        cache = backend.new_cache()
-        pos = toks.position_ids
-        if rec is not None:
-            run.chunk_start = 0
-        last_in = (toks.input_ids, mask, pos, 0)  # what the step that made ``logits`` fed, and where
-        logits, cache = backend.step(toks.input_ids, mask, pos, cache)
-        next_pos = pos[:, -1:] + 1
+        last_in = (toks.input_ids, mask, toks.position_ids, 0)  # what the step that made ``logits`` fed, and where
+        logits, cache = prefill(run)
+        next_pos = toks.position_ids[:, -1:] + 1
         for step in range(max_new_tokens):
             nxt = _sample(logits, do_sample, temperature, top_p, top_k, gen)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
@@ -427,16 +509,21 @@ def generate(sm: "SteerModel", prompts, *, max_new_tokens: int = 32, chat: bool 
             mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=dev)], 1)
             run.append_tokens(nxt.unsqueeze(1))  # token-pattern position specs read the fed ids
             run.live = None if bool(fed.all()) else fed  # rows that ended are fed padding: none of it is selected
-            if rec is not None:
+            if placed:
                 run.chunk_start = P + step
             last_in = (nxt.unsqueeze(1), mask, next_pos, P + step)
             logits, cache = backend.step(nxt.unsqueeze(1), mask, next_pos, cache)
             next_pos = next_pos + 1
+    return out
+
+
+def _finish(sm: "SteerModel", out: list[list[int]], stop: tuple, return_tokens: bool):
+    """The generated token lists, or their texts with each stop string and what follows it cut off."""
     if return_tokens:
         return out
     res = []
-    for b in range(B):
-        txt = sm.tokenizer.decode(out[b], skip_special_tokens=True)
+    for toks in out:
+        txt = sm.tokenizer.decode(toks, skip_special_tokens=True)
         for s in stop:
             i = txt.find(s)
             if i >= 0:
