@@ -50,12 +50,25 @@ by every row that continues it (each row feeds only its completion; with a probe
 activations along the whole row, one forward of prompt plus completion per row), and the KL from
 per-row steered forwards of the neutral prompts (only the last position unembedded).
 
+What is computed once and reused (on a model whose backend runs a range of blocks, the ``hf`` one:
+:func:`steerkit.reuse.supports_run_from`, with no other hooks on it; ``reuse=False`` turns it off): a
+cell's steering acts at its layer, so nothing below that block differs from the unsteered model. The
+prompts are run once unsteered (:func:`steerkit.reuse.run_cached`, ``batch_size`` prompts a pass), and
+each generate call's prompt pass starts at the lowest layer among its rows' cells from that run's
+residual stream (:func:`steerkit.generation.generate_from`; the decoding steps run the whole model, since
+the generated tokens differ); the neutral prompts too, the KL's steered passes then running from that
+layer (:func:`steerkit.reuse.run_from`) and the unsteered distribution coming from the same run. Rows are
+grouped so that the cells of one layer share a call (the grid is layer-major). The scores, generations
+and selection are those of full passes up to float rounding. TransformerLens and nnsight models run full
+passes.
+
 What :func:`tune` returns, the Pareto front, the rule and the JSON schema are in
 :mod:`steerkit.probes.tune_result` (its names are re-exported here); the figures in
 :mod:`steerkit.probes.plots.tune`.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import numbers
@@ -66,10 +79,11 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from steerkit.errors import InputError
-from steerkit.generation import continuation_logprobs
+from steerkit.errors import HookNameError, InputError
+from steerkit.generation import continuation_logprobs, generate_from
 from steerkit.interventions import Intervention, ModelFacts
 from steerkit.model import Tokens
+from steerkit.reuse import run_cached, run_from, supports_run_from
 from steerkit.vectors import DirectionSet, Probe, SteeringVector
 from steerkit.vectors import ModelMismatchError, check_compatible
 
@@ -377,8 +391,13 @@ class _Rows:
 
 
 def _generate_rows(sm: "SteerModel", ids: list[list[int]], plan: list, steer_of, *, max_new_tokens: int,
-                   batch_size: int, batched: bool, bar) -> _Rows:
-    """Generate every row of ``plan`` ((prompt index, cell index or None) pairs)."""
+                   batch_size: int, batched: bool, bar, start_of: Optional[Mapping] = None) -> _Rows:
+    """Generate every row of ``plan`` ((prompt index, cell index or None) pairs). ``start_of`` (cell index ->
+    the first block its steering acts at): prompt passes start there from one unsteered pass per
+    ``batch_size`` prompts (:func:`_generate_rows_from`)."""
+    if start_of is not None:
+        return _generate_rows_from(sm, ids, plan, steer_of, start_of, max_new_tokens=max_new_tokens,
+                                   batch_size=batch_size, batched=batched, bar=bar)
     toks: list = [None] * len(plan)
     if batched:
         for rows in _chunks(len(plan), batch_size):
@@ -400,8 +419,71 @@ def _generate_rows(sm: "SteerModel", ids: list[list[int]], plan: list, steer_of,
                 for r, t in zip(sel, out):
                     toks[r] = list(t)
                 bar.update(len(sel))
+    return _texts(sm, plan, toks)
+
+
+def _texts(sm: "SteerModel", plan: list, toks: list) -> _Rows:
     texts = [sm.tokenizer.decode(t, skip_special_tokens=True) for t in toks]
     return _Rows([p for p, _ in plan], [c for _, c in plan], toks, texts)
+
+
+def _generate_rows_from(sm: "SteerModel", ids: list[list[int]], plan: list, steer_of, start_of: Mapping, *,
+                        max_new_tokens: int, batch_size: int, batched: bool, bar) -> _Rows:
+    """:func:`_generate_rows` from unsteered prompt passes: the prompts in groups of ``batch_size``, each
+    group's prompts run once (:func:`~steerkit.reuse.run_cached`), and every generate call on them starts
+    its prompt pass at the lowest first block of its rows' steerings (``start_of``; the last block when no
+    row is steered), :func:`~steerkit.generation.generate_from`. Batched: the group's rows in plan order
+    (baseline, then the cells layer by layer), ``batch_size`` rows a call with a per-row steering; else
+    one call per cell."""
+    toks: list = [None] * len(plan)
+    last = sm.n_layers - 1
+    for part in _chunks(len(ids), batch_size):
+        rc = run_cached(sm, sm.pad([ids[p] for p in part]))
+        local = {p: i for i, p in enumerate(part)}
+        mine = [r for r, (p, _) in enumerate(plan) if p in local]
+        if batched:
+            calls = [[mine[i] for i in ch] for ch in _chunks(len(mine), batch_size)]
+        else:
+            by_cell: dict = {}
+            for r in mine:
+                by_cell.setdefault(plan[r][1], []).append(r)
+            calls = list(by_cell.values())
+        for rows in calls:
+            cells = [plan[r][1] for r in rows]
+            layer = min((start_of[c] for c in cells if c is not None), default=last)
+            if all(c is None for c in cells):
+                scope = contextlib.nullcontext()
+            elif batched:
+                scope = sm.steer(rows=[None if c is None else steer_of(c) for c in cells],
+                                 label=f"tune generate x{len(rows)}")
+            else:
+                scope = sm.steer(steer_of(cells[0]), label="tune generate")
+            with scope:
+                out = generate_from(sm, layer, rc, [local[plan[r][0]] for r in rows], max_new_tokens=max_new_tokens,
+                                    return_tokens=True)
+            for r, t in zip(rows, out):
+                toks[r] = list(t)
+            bar.update(len(rows))
+    return _texts(sm, plan, toks)
+
+
+def _start_layers(sm: "SteerModel", ivs: Mapping) -> Optional[dict]:
+    """Each steered cell's first block: the lowest block among its interventions' sites and their
+    conditions' sites (the last block for a site after every block); ``None`` when a site is not a hook
+    name of this model (the full passes then report it)."""
+    out = {}
+    for c, group in ivs.items():
+        layers = []
+        for iv in group:
+            sites = [iv.site] + ([k.site for k in iv.when.conditions] if getattr(iv, "when", None) is not None else [])
+            for site in sites:
+                try:
+                    layer = sm.hooks.parse(site).layer
+                except HookNameError:
+                    return None
+                layers.append(sm.n_layers - 1 if layer is None else int(layer))
+        out[c] = min(layers, default=sm.n_layers - 1)
+    return out
 
 
 def _score_rows(sm: "SteerModel", ids: list[list[int]], rows: _Rows, probe: Optional[Probe], *, batch_size: int,
@@ -440,8 +522,13 @@ def _score_rows(sm: "SteerModel", ids: list[list[int]], rows: _Rows, probe: Opti
 
 
 def _kl_cells(sm: "SteerModel", neutral_ids: list[list[int]], cells: list, steer_of, *, batch_size: int,
-              batched: bool, bar) -> dict:
-    """``KL(unsteered || steered)`` at the last position, averaged over the neutral prompts, per cell index."""
+              batched: bool, bar, start_of: Optional[Mapping] = None) -> dict:
+    """``KL(unsteered || steered)`` at the last position, averaged over the neutral prompts, per cell index.
+    ``start_of`` (cell index -> the first block its steering acts at): the steered passes start there from
+    one unsteered pass per ``batch_size`` neutral prompts (:func:`_kl_cells_from`)."""
+    if start_of is not None:
+        return _kl_cells_from(sm, neutral_ids, cells, steer_of, start_of, batch_size=batch_size, batched=batched,
+                              bar=bar)
     def last_logp(steering, id_rows, *, per_row: bool = False):
         toks = sm.pad(id_rows)
         if steering is None:
@@ -476,12 +563,44 @@ def _kl_cells(sm: "SteerModel", neutral_ids: list[list[int]], cells: list, steer
     return {c: max(0.0, kl_sum[c] / n) for c in cells}
 
 
+def _kl_cells_from(sm: "SteerModel", neutral_ids: list[list[int]], cells: list, steer_of, start_of: Mapping, *,
+                   batch_size: int, batched: bool, bar) -> dict:
+    """:func:`_kl_cells` from unsteered passes: the neutral prompts in groups of ``batch_size``, each group
+    run once (:func:`~steerkit.reuse.run_cached`, the unsteered distributions), and every steered pass
+    on them runs from the lowest first block of its rows' cells (:func:`~steerkit.reuse.run_from`, only
+    the last position unembedded). Batched: the group's (cell, prompt) rows cell by cell, ``batch_size``
+    rows a pass with a per-row steering; else one pass per cell."""
+    n = len(neutral_ids)
+    kl_sum = {c: 0.0 for c in cells}
+    for part in _chunks(n, batch_size):
+        rc = run_cached(sm, sm.pad([neutral_ids[j] for j in part]))
+        base = torch.log_softmax(rc.logits[:, -1].float(), dim=-1)
+        bar.update(len(part))
+        plan = [(c, i) for c in cells for i in range(len(part))]
+        if batched:
+            passes = [[plan[r] for r in ch] for ch in _chunks(len(plan), batch_size)]
+        else:
+            passes = [[(c, i) for i in range(len(part))] for c in cells]
+        for rows in passes:
+            layer = min(start_of[c] for c, _ in rows)
+            steering = [steer_of(c) for c, _ in rows]
+            label = f"tune kl x{len(rows)}"
+            with sm.steer(rows=steering, label=label) if batched else sm.steer(steering[0], label=label):
+                logits = run_from(sm, layer, rc, rows=[i for _, i in rows], keep=1)
+            lq = torch.log_softmax(logits[:, -1].float(), dim=-1)
+            for k, (c, i) in enumerate(rows):
+                p = base[i]
+                kl_sum[c] += float((p.exp() * (p - lq[k])).sum())
+            bar.update(len(rows))
+    return {c: max(0.0, kl_sum[c] / n) for c in cells}
+
+
 def tune(sm: "SteerModel", artifact, prompts: Sequence[str], *, layers: Optional[Sequence[int]] = None,
          scales: Sequence[float] = (0.0, 2.0, 4.0, 8.0), concept, neutral: Optional[Sequence[str]] = None,
          max_new_tokens: int = 32, batch_size: int = 64, rule: Union[Rule, Mapping, None] = None,
          n_boot: int = 1000, alpha: float = 0.05, seed: int = 0, normalize: Optional[str] = None,
          chat: bool = True, repetition_n: int = 3, repetition_bound: float = 0.5, batched: bool = True,
-         override: bool = False, progress: bool = True) -> TuneResult:
+         override: bool = False, progress: bool = True, reuse: bool = True) -> TuneResult:
     """Steer ``prompts`` with ``artifact`` at every ``layers`` x ``scales`` cell; score the concept and the
     damage of each cell, find the Pareto front and recommend a cell (the module docstring defines every
     score, the scale, the front and the rule).
@@ -498,6 +617,10 @@ def tune(sm: "SteerModel", artifact, prompts: Sequence[str], *, layers: Optional
     or ``"resid"`` (see the module docstring). ``batched=False`` runs each cell as its own
     ``sm.generate`` / forward calls with the cell's steering on every row (the reference the batched path
     equals). ``override`` skips the artifact's model check; ``progress`` shows a tqdm bar over rows.
+    ``reuse`` (on a model whose backend runs a range of blocks, :func:`~steerkit.reuse.supports_run_from`, and
+    no other hooks on it): steered passes start at the cell's layer from an unsteered pass (the module
+    docstring); ``False`` runs every pass through the whole model. Both give the same result up to float
+    rounding.
 
     Examples:
         >>> from steerkit.probes import tune
@@ -520,8 +643,9 @@ def tune(sm: "SteerModel", artifact, prompts: Sequence[str], *, layers: Optional
         raise InputError(f"expected repetition_bound in [0, 1), found {repetition_bound!r}")
     if normalize not in NORMALIZE:
         raise InputError(f"expected normalize in {NORMALIZE}, found {normalize!r}")
-    if chat not in (True, False) or batched not in (True, False):
-        raise InputError(f"expected chat and batched as True or False, found {chat!r} / {batched!r}")
+    if chat not in (True, False) or batched not in (True, False) or reuse not in (True, False):
+        raise InputError(f"expected chat, batched and reuse as True or False, found {chat!r} / {batched!r} / "
+                         f"{reuse!r}")
     rule = Rule.of(rule)
     src = _source(sm, artifact, override)
     layers = _layers(sm, layers, src)
@@ -538,16 +662,19 @@ def tune(sm: "SteerModel", artifact, prompts: Sequence[str], *, layers: Optional
     grid, ivs, resid = _grid(sm, src, layers, scales, ids, normalize=normalize, batch_size=batch_size,
                              override=override)
     steered, steer_of = list(ivs), ivs.__getitem__
+    # other hooks on the model may act below a cell's layer: then every pass runs the whole model
+    start_of = _start_layers(sm, ivs) if reuse and supports_run_from(sm) and not sm.hooks.handles else None
     plan = [(p, None) for p in range(len(prompts))] + [(p, c) for c in steered for p in range(len(prompts))]
     n_kl = len(neutral) * (1 + len(steered))
     with tqdm(total=2 * len(plan) + n_kl, desc="tune", unit="row", disable=not progress, leave=False) as bar:
         bar.set_postfix_str("generate")
         rows = _generate_rows(sm, ids, plan, steer_of, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                              batched=batched, bar=bar)
+                              batched=batched, bar=bar, start_of=start_of)
         bar.set_postfix_str("score")
         nll, count, acts = _score_rows(sm, ids, rows, con.probe, batch_size=batch_size, bar=bar)
         bar.set_postfix_str("kl")
-        kl = _kl_cells(sm, neutral_ids, steered, steer_of, batch_size=batch_size, batched=batched, bar=bar)
+        kl = _kl_cells(sm, neutral_ids, steered, steer_of, batch_size=batch_size, batched=batched, bar=bar,
+                       start_of=start_of)
 
     scores = _concept_scores(con, rows, acts, prompts)
     by_cell: dict = {}
