@@ -1,6 +1,11 @@
 """Selection of the refusal direction among the candidates (the reference code's rules): every candidate's bypass
 score, induce score and KL on the validation prompts, scored one candidate per pass or many (candidate, prompt)
-rows per pass with a per-row steering, and the choice with its discard reasons."""
+rows per pass with a per-row steering, and the choice with its discard reasons.
+
+An induce score adds the candidate at its layer only, so nothing below that block differs from the unsteered
+model: on a backend that runs a range of blocks (:func:`steerkit.reuse.supports_run_from`) the harmless prompts
+are run once unsteered and every induce pass starts at its candidates' layer from that run
+(:class:`_HarmlessRun`). The bypass and KL scores ablate at every layer and run the whole model."""
 from __future__ import annotations
 
 import math
@@ -13,6 +18,7 @@ from torch import Tensor
 
 from steerkit.errors import InputError
 from steerkit.interventions import Intervention
+from steerkit.reuse import RunCache, run_cached, run_from, supports_run_from
 
 from .data import batches
 from .score import kl_last, last_logits, refusal_score_from_logits, refusal_scores
@@ -103,6 +109,39 @@ def choose(cands: list[Candidate], n_layers: int, *, prune_frac: float = 0.2, kl
     return best
 
 
+class _HarmlessRun:
+    """The harmless prompts run once unsteered when it is made (:func:`~steerkit.reuse.run_cached`, in the chat
+    template as :func:`last_logits` runs them; make it with no steering on the model), kept for the induce
+    scores: a pass of some of its rows with candidates added at layer ``l`` or later starts at block ``l``
+    from this run's residual stream (:func:`~steerkit.reuse.run_from`) and at the first position where one
+    of its rows has a token (the positions before are padding in every row of the pass), and unembeds only
+    the last position.
+
+    Examples:
+        >>> from steerkit.probes.methods.refusal.select import _HarmlessRun
+        >>> from steerkit.probes.methods import refusal as R
+        >>> run = _HarmlessRun(tiny, ["bake bread", "write a poem about the sea"])
+        >>> v = torch.randn(64)
+        >>> with R.addition(tiny, v, layer=1):
+        ...     fast = run.last_logits(1, [1, 0])
+        ...     full = R.last_logits(tiny, ["write a poem about the sea", "bake bread"])
+        >>> torch.allclose(fast, full, atol=1e-4)
+        True
+    """
+
+    def __init__(self, sm: "SteerModel", prompts: list[str]):
+        self.sm = sm
+        self.cache: RunCache = run_cached(sm, prompts, chat=True)
+        self.pad: list[int] = (self.cache.n_pos - self.cache.tokens.attention_mask.long().sum(1)).tolist()
+
+    def last_logits(self, layer: int, rows: Sequence[int]) -> Float[Tensor, "rows vocab"]:
+        """Next-token logits (float32, CPU) of prompts ``rows`` (indices, repeats allowed) under the edits in
+        force, which must act at block ``layer`` or later."""
+        start = min(self.pad[i] for i in rows)
+        out = run_from(self.sm, int(layer), self.cache, start=start, rows=list(rows), keep=1)
+        return out[:, -1].float().cpu()
+
+
 class _RowScorer:
     """Scores (candidate, prompt) rows many per forward pass, each row with its own steering.
 
@@ -111,11 +150,18 @@ class _RowScorer:
     (harmless prompts, candidate ablated: mean KL from the unsteered next-token distribution). Every
     job's rows go into one list, sorted by prompt length so a batch holds prompts of one length (little
     padding), and run ``batch_size`` rows per forward pass with a per-row steering list
-    (:meth:`SteerModel.steer` with ``rows=``): one fused kernel call per hooked site for the whole batch."""
+    (:meth:`SteerModel.steer` with ``rows=``): one fused kernel call per hooked site for the whole batch.
+
+    With ``harmless_run`` (a :class:`_HarmlessRun`), the ``induce`` rows go after the others, sorted by their
+    candidate's layer (then by prompt length): a pass of induce rows only runs from the lowest layer among
+    them, from the unsteered harmless run; a pass that holds both kinds (at most one per call) runs the
+    whole model. The passes are as many, of as many rows, as without it."""
 
     def __init__(self, sm: "SteerModel", vec: Callable, harmful: list[str], harmless: list[str],
-                 refusal_ids: Sequence[int], base_harmless: Tensor, batch_size: int):
+                 refusal_ids: Sequence[int], base_harmless: Tensor, batch_size: int,
+                 harmless_run: Optional[_HarmlessRun] = None):
         self.sm, self.vec, self.ids, self.base, self.bs = sm, vec, list(refusal_ids), base_harmless, batch_size
+        self.harmless_run = harmless_run
         self.prompts = {"bypass": harmful, "induce": harmless, "kl": harmless}
         self.lens = {p: int(sm.tokenize([p], chat=True).attention_mask.sum()) for p in dict.fromkeys(harmful + harmless)}
         self._ivs: dict = {}
@@ -134,14 +180,26 @@ class _RowScorer:
         """``{(kind, pos, layer): mean score}`` of every job; ``progress(n)`` after each batch with the
         number of jobs it completed."""
         rows = [(j, i) for j, (kind, _) in enumerate(jobs) for i in range(len(self.prompts[kind]))]
-        rows.sort(key=lambda r: (self.lens[self.prompts[jobs[r[0]][0]][r[1]]], self.prompts[jobs[r[0]][0]][r[1]], r[0]))
+
+        def by_length(r):
+            return self.lens[self.prompts[jobs[r[0]][0]][r[1]]], self.prompts[jobs[r[0]][0]][r[1]], r[0]
+        hr = self.harmless_run
+        if hr is not None:  # the others as before, then the induce rows layer by layer
+            rows = (sorted((r for r in rows if jobs[r[0]][0] != "induce"), key=by_length)
+                    + sorted((r for r in rows if jobs[r[0]][0] == "induce"),
+                             key=lambda r: (jobs[r[0]][1].layer,) + by_length(r)))
+        else:
+            rows.sort(key=by_length)
         vals: dict[tuple[int, int], float] = {}
         left = [len(self.prompts[k]) for k, _ in jobs]
         for chunk in batches(rows, self.bs):
             steer = [self.steering(*jobs[j]) for j, _ in chunk]
             prompts = [self.prompts[jobs[j][0]][i] for j, i in chunk]
             with self.sm.steer(rows=steer, label="refusal candidates per row"):
-                lg = last_logits(self.sm, prompts, batch_size=len(chunk))
+                if hr is not None and all(jobs[j][0] == "induce" for j, _ in chunk):
+                    lg = hr.last_logits(min(jobs[j][1].layer for j, _ in chunk), [i for _, i in chunk])
+                else:
+                    lg = last_logits(self.sm, prompts, batch_size=len(chunk))
             score = refusal_score_from_logits(lg, self.ids)
             is_kl = [k for k, (j, _) in enumerate(chunk) if jobs[j][0] == "kl"]
             kl = dict(zip(is_kl, kl_last(self.base[[chunk[k][1] for k in is_kl]], lg[is_kl]).tolist())) if is_kl else {}
@@ -211,13 +269,16 @@ def score_rows(device, batch_size: int, rows: Optional[int] = None) -> int:
 class _Scores:
     """A candidate's three validation scores, one candidate's steering per forward pass (``batch_size``
     prompts a pass). ``fill`` scores the table's candidates (bypass; with ``lazy=False`` also KL and induce);
-    ``induce`` and ``kl`` are the lazy search's evaluations of one candidate."""
+    ``induce`` and ``kl`` are the lazy search's evaluations of one candidate. With ``reuse``, the induce
+    passes start at the candidate's layer from one unsteered run of the harmless prompts (:class:`_HarmlessRun`)."""
 
     def __init__(self, sm: "SteerModel", candidates: Tensor, positions: list[int], harmful: list[str],
-                 harmless: list[str], refusal_ids: Sequence[int], base_harmless: Tensor, batch_size: int):
+                 harmless: list[str], refusal_ids: Sequence[int], base_harmless: Tensor, batch_size: int,
+                 reuse: bool = False):
         self.sm, self.candidates, self.positions = sm, candidates, positions
         self.harmful, self.harmless, self.ids, self.base, self.bs = harmful, harmless, refusal_ids, base_harmless, batch_size
         self.floor = 0.0  # the induce floor of the lazy search under way (a batched search looks ahead with it)
+        self.harmless_run = _HarmlessRun(sm, harmless) if reuse else None
 
     def vec(self, c: Candidate) -> Tensor:
         return self.candidates[self.positions.index(c.pos), c.layer]
@@ -241,8 +302,15 @@ class _Scores:
                 progress(1)
 
     def induce(self, c: Candidate) -> None:
+        if self.harmless_run is None:
+            with addition(self.sm, self.vec(c), c.layer):
+                c.induce = self._mean_score(self.harmless)
+            return
+        run = self.harmless_run
         with addition(self.sm, self.vec(c), c.layer):
-            c.induce = self._mean_score(self.harmless)
+            lg = torch.cat([run.last_logits(c.layer, part) for part in batches(list(range(len(self.harmless))),
+                                                                                 self.bs)])
+        c.induce = float(refusal_score_from_logits(lg, self.ids).mean())
 
     def kl(self, c: Candidate) -> None:
         with ablation(self.sm, self.vec(c)):
@@ -255,9 +323,11 @@ class _BatchedScores(_Scores):
     the scores the one-at-a-time search would have computed, so both fill the same table."""
 
     def __init__(self, sm: "SteerModel", candidates: Tensor, positions: list[int], harmful: list[str],
-                 harmless: list[str], refusal_ids: Sequence[int], base_harmless: Tensor, per_pass: int):
-        super().__init__(sm, candidates, positions, harmful, harmless, refusal_ids, base_harmless, per_pass)
-        self.scorer = _RowScorer(sm, self.vec, harmful, harmless, refusal_ids, base_harmless, per_pass)
+                 harmless: list[str], refusal_ids: Sequence[int], base_harmless: Tensor, per_pass: int,
+                 reuse: bool = False):
+        super().__init__(sm, candidates, positions, harmful, harmless, refusal_ids, base_harmless, per_pass, reuse)
+        self.scorer = _RowScorer(sm, self.vec, harmful, harmless, refusal_ids, base_harmless, per_pass,
+                                 self.harmless_run)
         self.ahead: dict = {}  # scores computed ahead of the search: written to the table only when it asks
         self.order: list[Candidate] = []  # the candidates the lazy search visits, in its order
 
@@ -320,7 +390,7 @@ def select_direction(sm: "SteerModel", candidates: Float[Tensor, "n_pos n_layers
                      batch_size: int = 16, layers: Sequence[int] | None = None,
                      progress: Optional[Callable[[int], object]] = None,
                      fallback: Optional[str] = "relative", batched: bool = True,
-                     rows: Optional[int] = None) -> Selection:
+                     rows: Optional[int] = None, reuse: bool = True) -> Selection:
     """Score every candidate on the validation prompts and pick one (the rules: step 4 of
     :mod:`steerkit.probes.methods.refusal`).
 
@@ -338,6 +408,12 @@ def select_direction(sm: "SteerModel", candidates: Float[Tensor, "n_pos n_layers
     have computed, so the candidate table and the selection are those of ``batched=False`` (one
     candidate's edits at a time, ``batch_size`` prompts a pass) up to float rounding.
 
+    ``reuse`` (default; used on a backend that runs a range of blocks, :func:`~steerkit.reuse.supports_run_from`,
+    when no other hooks are on the model): the harmless prompts are run once unsteered and every induce
+    pass (a candidate added at its layer) starts at that layer from the run's residual stream, the blocks
+    below not run; the bypass and KL passes (an ablation at every layer) run the whole model. ``False``: every
+    pass runs the whole model. Both give the same table and selection up to float rounding.
+
     Examples:
         >>> from steerkit.probes.methods import refusal as R
         >>> ids = R.refusal_token_ids(tiny.tokenizer)
@@ -348,6 +424,8 @@ def select_direction(sm: "SteerModel", candidates: Float[Tensor, "n_pos n_layers
     """
     if fallback not in (None, "relative"):  # before any scoring
         raise InputError(f"expected fallback None or 'relative', found {fallback!r}")
+    if reuse not in (True, False):
+        raise InputError(f"expected reuse as True or False, found {reuse!r}")
     n_pos, L, d = candidates.shape
     if len(positions) != n_pos or L != sm.n_layers or d != sm.d_model:
         raise InputError(f"expected candidates [{len(positions)}, {sm.n_layers}, {sm.d_model}], found {tuple(candidates.shape)}")
@@ -360,8 +438,9 @@ def select_direction(sm: "SteerModel", candidates: Float[Tensor, "n_pos n_layers
     allowed = set(range(L)) if layers is None else {int(l) for l in layers}
     live = [c for c in table if c.layer < cut and c.layer in allowed]
     args = (sm, candidates, positions, harmful_val, harmless_val, refusal_ids, base_harmless)
-    scores = (_BatchedScores(*args, score_rows(sm.device, batch_size, rows)) if batched
-              else _Scores(*args, batch_size))
+    reuse = reuse and supports_run_from(sm) and not sm.hooks.handles  # other hooks may act below a layer
+    scores = (_BatchedScores(*args, score_rows(sm.device, batch_size, rows), reuse) if batched
+              else _Scores(*args, batch_size, reuse))
     scores.fill(live, lazy=lazy, progress=progress)
     if lazy:
         _lazy_search(live, scores, induce_min, kl_max)
