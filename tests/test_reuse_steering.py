@@ -313,3 +313,20 @@ def test_generate_from_and_tune_on_default_model(sm, monkeypatch):
     a = tune_mod.tune(sm, v, prompts, **kw)
     assert set(starts) == {10, 20}
     _same_tune(a, tune_mod.tune(sm, v, prompts, reuse=False, **kw), tol=1e-4)
+
+
+@pytest.mark.slow
+def test_refusal_selection_with_reuse_on_default_model(sm, monkeypatch):
+    """The default model, chat-template prompts of several lengths (padding), 2 positions x 2 layers: the
+    induce passes start at the candidates' layers and the table equals full passes'."""
+    data = R.sample_splits(4, 3, 1, seed=0)
+    ids = R.refusal_token_ids(sm.tokenizer)
+    positions = R.post_instruction_positions(sm)[0][-2:]
+    acts = {k: R.record_resid_pre(sm, data["train"][k], positions, None)[0] for k in ("harmful", "harmless")}
+    cands = R.mean_diff(acts["harmful"], acts["harmless"])
+    args = (sm, cands, positions, data["val"]["harmful"], data["val"]["harmless"], ids)
+    kw = dict(layers=[6, 14], batch_size=4, kl_max=1e9, induce_min=-1e9, lazy=False, rows=6)
+    starts = _block_starts(monkeypatch, sm)
+    fast = R.select_direction(*args, **kw)
+    assert set(starts) == {6, 14}
+    _same_tables(fast, R.select_direction(*args, reuse=False, **kw), tol=1e-4)
