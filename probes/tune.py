@@ -438,7 +438,7 @@ def _generate_rows_from(sm: "SteerModel", ids: list[list[int]], plan: list, stee
     toks: list = [None] * len(plan)
     last = sm.n_layers - 1
     for part in _chunks(len(ids), batch_size):
-        rc = run_cached(sm, sm.pad([ids[p] for p in part]))
+        rc = run_cached(sm, sm.pad([ids[p] for p in part]), keep=1)
         local = {p: i for i, p in enumerate(part)}
         mine = [r for r, (p, _) in enumerate(plan) if p in local]
         if batched:
@@ -573,7 +573,7 @@ def _kl_cells_from(sm: "SteerModel", neutral_ids: list[list[int]], cells: list, 
     n = len(neutral_ids)
     kl_sum = {c: 0.0 for c in cells}
     for part in _chunks(n, batch_size):
-        rc = run_cached(sm, sm.pad([neutral_ids[j] for j in part]))
+        rc = run_cached(sm, sm.pad([neutral_ids[j] for j in part]), keep=1)
         base = torch.log_softmax(rc.logits[:, -1].float(), dim=-1)
         bar.update(len(part))
         plan = [(c, i) for c in cells for i in range(len(part))]

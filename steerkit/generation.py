@@ -35,6 +35,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from steerkit.reuse import RunCache, run_from, start_block, supports_run_from
 from steerkit.errors import InputError, SteerkitError
 
 if TYPE_CHECKING:
@@ -418,29 +419,20 @@ def generate_from(sm: "SteerModel", site, cache, rows: Optional[Sequence[int]] =
         >>> fast == tiny.generate(toks, max_new_tokens=4, steering=add, return_tokens=True)
         True
     """
-    from steerkit.reuse import RunCache, _fill_below, _first_block, _need_backend, _row_index
-
-    _need_backend(sm)
+    if not supports_run_from(sm):
+        raise InputError(f"expected a model on the 'hf' backend to start a prompt pass at a block, found backend "
+                         f"{sm.backend_name!r}; use generate")
     if not isinstance(cache, RunCache) or cache.owner != id(sm):
         raise InputError("expected a RunCache made by this model with run_cached(sm, prompts), found "
                          f"{type(cache).__name__}; run run_cached(sm, prompts) on this model first")
     stop = check_generate_args(sm, [""], max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
                                top_p=top_p, top_k=top_k, seed=seed, stop=stop, stream=stream)
-    layer = _first_block(sm, site)
-    idx = _row_index(rows, cache)
-    T = cache.n_pos
-    _check_room(sm, T, max_new_tokens)
-    dev = cache.tokens.input_ids.device
-    toks = cache.tokens.__class__(cache.tokens.input_ids.index_select(0, idx.to(dev)),
-                                  cache.tokens.attention_mask.index_select(0, idx.to(dev)))
-    src = cache.resid[layer]
-    resid = src.index_select(0, idx.to(src.device))
+    layer = start_block(sm, site)
+    toks, idx = cache.select(rows)
+    _check_room(sm, cache.n_pos, max_new_tokens)
 
     def prefill(run):
-        run.chunk_start = 0
-        logits, kv = sm.backend.run_blocks(toks.input_ids, toks.attention_mask, toks.position_ids,
-                                           sm.backend.new_cache(full=True), layer, resid, keep=1)
-        _fill_below(sm, kv, cache, idx, layer, T)
+        logits, kv = run_from(sm, layer, cache, rows=idx.tolist(), keep=1, return_cache=True, within_run=True)
         return logits[:, -1], kv
 
     out = _decode(sm, toks, prefill, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,

@@ -27,6 +27,7 @@ models keep full forward passes.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
@@ -67,6 +68,20 @@ class RunCache:
     def batch(self) -> int:
         return int(self.tokens.input_ids.shape[0])
 
+    def select(self, rows: Optional[Sequence[int]] = None) -> tuple["Tokens", Tensor]:
+        """The tokens of cache rows ``rows`` (repeats allowed; default all) and their index.
+
+        Examples:
+            >>> rc = tiny.run_cached(["hi", "hello there"])
+            >>> toks, idx = rc.select([1, 1])
+            >>> tuple(toks.input_ids.shape), idx.tolist()
+            ((2, 2), [1, 1])
+        """
+        idx = _row_index(rows, self)
+        dev = self.tokens.input_ids.device
+        return type(self.tokens)(self.tokens.input_ids.index_select(0, idx.to(dev)),
+                                 self.tokens.attention_mask.index_select(0, idx.to(dev))), idx
+
 
 def supports_run_from(sm: "SteerModel") -> bool:
     """Whether ``sm``'s backend can run a range of blocks (the ``hf`` backend can; ``tlens`` / ``nnsight``
@@ -86,9 +101,11 @@ def _need_backend(sm: "SteerModel") -> None:
                          f"{sm.backend_name!r}; use sm.forward (a full pass), or load the model with backend='hf'")
 
 
-def run_cached(sm: "SteerModel", prompts, *, chat: bool = False) -> RunCache:
+def run_cached(sm: "SteerModel", prompts, *, chat: bool = False, keep: int = 0) -> RunCache:
     """Run ``prompts`` (text, tokenized as :meth:`~steerkit.SteerModel.tokenize` does, or ``Tokens``) once,
-    with whatever hooks are in force, and keep what :func:`run_from` needs (:class:`RunCache`).
+    with whatever hooks are in force, and keep what :func:`run_from` needs (:class:`RunCache`). ``keep``:
+    keep the logits of the last ``keep`` positions only (0: every position), as ``sm.forward``'s
+    ``logits_to_keep``.
 
     Examples:
         >>> from steerkit.reuse import run_cached
@@ -100,20 +117,29 @@ def run_cached(sm: "SteerModel", prompts, *, chat: bool = False) -> RunCache:
     toks = sm.tokenize(prompts, chat=chat)
     resid: list[Optional[Tensor]] = [None] * sm.n_layers
 
-    def keep(layer: int):
+    def store(layer: int):
         def fn(x: Tensor, call) -> None:
             resid[layer] = x.detach()
         return fn
 
-    sites = [(sm.hooks.parse(f"blocks.{l}.hook_resid_pre"), keep(l)) for l in range(sm.n_layers)]
+    sites = [(sm.hooks.parse(f"blocks.{l}.hook_resid_pre"), store(l)) for l in range(sm.n_layers)]
     with torch.inference_mode(), sm.hooks.register(sites, label="run_cached"):
         with sm.hooks.runs.running(toks.attention_mask, toks.input_ids):
             logits, kv = sm.backend.step(toks.input_ids, toks.attention_mask, toks.position_ids,
-                                         sm.backend.new_cache(full=True), keep=0)
+                                         sm.backend.new_cache(full=True), keep=keep)
+    if keep == 1:  # the backend's one-position form is [batch, vocab]
+        logits = logits[:, None]
     return RunCache(toks, [r for r in resid if r is not None], kv, logits, id(sm))
 
 
-def _first_block(sm: "SteerModel", site: Union[int, str]) -> int:
+def start_block(sm: "SteerModel", site: Union[int, str]) -> int:
+    """The block a pass from ``site`` starts at: an index, or any hook name inside the block.
+
+    Examples:
+        >>> from steerkit.reuse import start_block
+        >>> start_block(tiny, "blocks.2.attn.hook_z"), start_block(tiny, 3)
+        (2, 3)
+    """
     if isinstance(site, bool):
         raise InputError(f"expected a block index or a hook name to start from, found {site!r}")
     if isinstance(site, int):
@@ -147,7 +173,8 @@ def _row_index(rows, cache: RunCache) -> Tensor:
 
 def run_from(sm: "SteerModel", site: Union[int, str], cache: RunCache, *, start: int = 0,
              rows: Optional[Sequence[int]] = None, resid: Optional[Tensor] = None, keep: int = 0,
-             return_cache: bool = False) -> Union[Float[Tensor, "rows new_pos vocab"], tuple]:
+             return_cache: bool = False, within_run: bool = False
+             ) -> Union[Float[Tensor, "rows new_pos vocab"], tuple]:
     """The logits of positions ``start ..`` of a run that begins at block ``site`` (an index, or any hook
     name inside the block: ``"blocks.12.hook_resid_pre"``, ``"blocks.12.attn.hook_z"``) from ``cache``:
     the block's input is the cached residual (``resid`` ``[rows, pos - start, d_model]`` replaces it),
@@ -155,7 +182,9 @@ def run_from(sm: "SteerModel", site: Union[int, str], cache: RunCache, *, start:
     ``start``. ``rows``: which cache rows to run (repeats allowed, e.g. ``[0] * 8``: eight copies of row 0
     for eight per-row steerings; default all). ``keep``: as in ``sm.forward(logits_to_keep=...)``.
     ``return_cache``: also return a KV cache of every layer (the cached rows' below the block) to
-    generate from (:func:`steerkit.generation.generate_from`).
+    generate from (:func:`steerkit.generation.generate_from`). ``within_run``: run inside the run
+    already in force (a generation loop's, whose prompt is the selected rows: its recordings and
+    conditions then continue into the decoding steps) instead of a run of its own.
 
     Edits in force must act at block ``site`` or later and at positions ``start`` or later (see the
     module docstring); their positions are absolute, as in a full pass.
@@ -178,14 +207,12 @@ def run_from(sm: "SteerModel", site: Union[int, str], cache: RunCache, *, start:
     if cache.owner != id(sm):
         raise InputError("expected a RunCache made by this model, found one from another model; run "
                          "run_cached(sm, prompts) on this one")
-    layer = _first_block(sm, site)
+    layer = start_block(sm, site)
     T = cache.n_pos
     if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < T:
         raise InputError(f"expected start as a position in 0..{T - 1} (the cached run has {T}), found {start!r}")
-    idx = _row_index(rows, cache)
-    dev = cache.tokens.input_ids.device
-    ids = cache.tokens.input_ids.index_select(0, idx.to(dev))
-    mask = cache.tokens.attention_mask.index_select(0, idx.to(dev))
+    toks, idx = cache.select(rows)
+    ids, mask = toks.input_ids, toks.attention_mask
     if resid is None:
         resid = cache.resid[layer][:, start:].index_select(0, idx.to(cache.resid[layer].device))
     elif tuple(resid.shape) != (len(idx), T - start, sm.d_model):
@@ -194,7 +221,12 @@ def run_from(sm: "SteerModel", site: Union[int, str], cache: RunCache, *, start:
     kv = _prefix_kv(sm, cache, idx, start)
     pos = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, start:]
     grad = sm.__dict__.get("_grad_scopes", 0) > 0  # as sm.forward: autograd only inside sm.training()
-    with torch.enable_grad() if grad else torch.inference_mode(), sm.hooks.runs.running(mask, ids) as run:
+    if within_run and sm.hooks.runs.run is None:
+        raise InputError("expected a run in force for within_run=True (a generation loop's), found none; "
+                         "call run_from without within_run")
+    with torch.enable_grad() if grad else torch.inference_mode(), \
+            contextlib.nullcontext(sm.hooks.runs.run) if within_run else sm.hooks.runs.running(mask, ids) as run:
+        assert run is not None
         run.chunk_start = start
         logits, kv = sm.backend.run_blocks(ids[:, start:], mask, pos, kv, layer, resid, keep=keep)
     if not return_cache:
@@ -327,7 +359,7 @@ def run_packed(sm: "SteerModel", site: Union[int, str], cache: RunCache, pack: P
     if not bool(cache.tokens.attention_mask[row].bool().all()):
         raise InputError("expected an unpadded cached row to run packed segments from, found padding; cache "
                          "the prompt alone")
-    layer, T = _first_block(sm, site), cache.n_pos
+    layer, T = start_block(sm, site), cache.n_pos
     want = list(range(T)) if positions is None else [int(p) % T for p in positions]
     if positions is not None and any(not -T <= int(p) < T for p in positions):
         raise InputError(f"expected positions in {-T}..{T - 1}, found {list(positions)!r:.80}")
@@ -349,7 +381,11 @@ def run_packed(sm: "SteerModel", site: Union[int, str], cache: RunCache, pack: P
         logits, _ = sm.backend.run_blocks(ids, mask, qpos.to(dev)[None], kv, layer, resid,
                                           keep=torch.tensor(keep_idx, device=dev))
     at = {k: j for j, k in enumerate(keep_idx)}
-    out = cache.logits[row, want].unsqueeze(0).repeat(len(pack.starts), 1, 1)
+    base = T - int(cache.logits.shape[1])  # run_cached(keep=k) kept the last k positions only
+    if any(p < min(base, s) for s in pack.starts for p in want):
+        raise InputError(f"expected the cached logits of positions {min(want)}.. (before a segment's start), found "
+                         f"the last {T - base} only; run_cached(..., keep=0) or ask for later positions")
+    out = cache.logits[row, [max(p - base, 0) for p in want]].unsqueeze(0).repeat(len(pack.starts), 1, 1)
     for i, s in enumerate(pack.starts):
         for j, p in enumerate(want):
             if p >= s:

@@ -131,7 +131,7 @@ class _HarmlessRun:
 
     def __init__(self, sm: "SteerModel", prompts: list[str]):
         self.sm = sm
-        self.cache: RunCache = run_cached(sm, prompts, chat=True)
+        self.cache: RunCache = run_cached(sm, prompts, chat=True, keep=1)
         self.pad: list[int] = (self.cache.n_pos - self.cache.tokens.attention_mask.long().sum(1)).tolist()
 
     def last_logits(self, layer: int, rows: Sequence[int]) -> Float[Tensor, "rows vocab"]:
