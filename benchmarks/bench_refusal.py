@@ -1,22 +1,25 @@
-"""Refusal-direction candidate scoring: many candidates per forward pass (per-row steering) vs one at a time.
+"""Refusal-direction candidate scoring: one candidate at a time vs many per pass (per-row steering), with and without prefix reuse.
 
 The candidates are those ``steerkit refusal`` builds (difference of means of ``resid_pre`` on the
 harmful and harmless train prompts at the post-instruction positions and every layer), recorded once
 and not timed. Then ``select_direction`` scores them on the validation prompts twice, in the same
 run, timed as a whole call (wall and this process's CPU time, ``_common.Clock``):
 
-* ``one-at-a-time``: ``batched=False``: one candidate's edits installed per forward pass (its
-  ablation at every block input, attention output and MLP output, or its addition at its block), the
-  validation prompts in passes of ``batch_size``;
-* ``batched``: ``batched=True``: (candidate, prompt) rows, ``--score-rows`` per forward pass (default
-  ``refusal.score_rows``: ``--batch-size`` on a CPU, 256 on a GPU), each row
-  with its own steering in one per-row steering (one fused kernel call per site for the whole batch),
-  the rows sorted by prompt length.
+* ``one-at-a-time-full``: ``batched=False, reuse=False``: one candidate's edits installed per forward
+  pass (its ablation at every block input, attention output and MLP output, or its addition at its
+  block), the validation prompts in passes of ``batch_size``, every pass over the whole model;
+* ``batched-full``: ``batched=True, reuse=False``: (candidate, prompt) rows, ``--score-rows`` per forward
+  pass (default ``refusal.score_rows``: ``--batch-size`` on a CPU, 256 on a GPU), each row with its own
+  steering in one per-row steering, the rows sorted by prompt length;
+* ``batched``: the defaults (``batched=True, reuse=True``): as ``batched-full``, and the induce
+  (addition) rows, sorted by layer, start from one unsteered run of the harmless prompts at the lowest
+  block among them; bypass and KL rows (ablations act at every block) keep full passes;
+* ``one-at-a-time``: ``batched=False, reuse=True``.
 
-Both use the default lazy search and fallback. The two candidate tables are compared (largest
-|difference| of any score, same NaN pattern) and the selected (position, layer) must be the same
-(``same_selection``; the script exits 1 otherwise). Rows go to ``benchmarks/results/refusal_scoring.csv``
-with ``new_over_old`` (batched / one-at-a-time, target <= 1/3).
+All use the default lazy search and fallback. Each candidate table is compared with the first path's
+(largest |difference| of any score, same NaN pattern) and the selected (position, layer) must be the
+same (the script exits 1 otherwise). Rows go to ``benchmarks/results/refusal_scoring.csv`` with each
+path's time over the first path's.
 
 Usage:  python benchmarks/bench_refusal.py            # the defaults of `steerkit refusal`: 6 positions x 24 layers
         python benchmarks/bench_refusal.py --quick    # 2 positions x 3 layers, 8 + 8 train, 4 + 4 val prompts
@@ -45,6 +48,9 @@ def main(argv=None) -> int:
                     "--batch-size on a CPU, 256 on a GPU)")
     ap.add_argument("--device", default="cpu", help="torch device of the model (default cpu; on cuda read the wall "
                     "times)")
+    ap.add_argument("--paths", nargs="+", default=["one-at-a-time-full", "batched-full", "batched", "one-at-a-time"],
+                    choices=["one-at-a-time-full", "one-at-a-time", "batched-full", "batched"],
+                    help="scoring paths, timed in this order (the first is the reference)")
     ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "refusal_scoring.csv"))
     a = ap.parse_args(argv)
 
@@ -74,45 +80,47 @@ def main(argv=None) -> int:
           f"{n_val} + {n_val} validation prompts, batch {a.batch_size} (batched: {rows_per_pass} rows a pass), "
           f"{threads} threads", flush=True)
     res, clocks = {}, {}
-    for path, batched in (("one-at-a-time", False), ("batched", True)):
+    every = {"one-at-a-time-full": (False, False), "one-at-a-time": (False, True), "batched-full": (True, False),
+             "batched": (True, True)}
+    for path in a.paths:
+        batched, reuse = every[path]
         with C.Clock() as clk:
-            res[path] = R.select_direction(*args, batched=batched, **kw)
+            res[path] = R.select_direction(*args, batched=batched, reuse=reuse, **kw)
         clocks[path] = clk
         b = res[path].best
-        print(f"  {path:14s} wall {clk.wall:8.1f} s  cpu {clk.cpu:8.1f} s  selected pos {b.pos} layer {b.layer} "
+        print(f"  {path:18s} wall {clk.wall:8.1f} s  cpu {clk.cpu:8.1f} s  selected pos {b.pos} layer {b.layer} "
               f"({res[path].rule} rule)", flush=True)
-    old, new = res["one-at-a-time"], res["batched"]
-    same = (old.best.pos, old.best.layer, old.rule) == (new.best.pos, new.best.layer, new.rule)
-    diff, same_nan = 0.0, True
-    for x, y in zip(old.table, new.table):
-        for k in ("bypass", "induce", "kl"):
-            u, v = getattr(x, k), getattr(y, k)
-            same_nan &= math.isnan(u) == math.isnan(v)
-            if not (math.isnan(u) or math.isnan(v)):
-                diff = max(diff, abs(u - v))
-    n_scored = {p: sum(not math.isnan(getattr(c, k)) for c in res[p].table for k in ("bypass", "induce", "kl"))
-                for p in res}
+    ref = a.paths[0]
     rows = []
+    same_all = True
     for path in res:
-        clk, b = clocks[path], res[path].best
+        old, new = res[ref], res[path]
+        same = (old.best.pos, old.best.layer, old.rule) == (new.best.pos, new.best.layer, new.rule)
+        diff, same_nan = 0.0, True
+        for x, y in zip(old.table, new.table):
+            for k in ("bypass", "induce", "kl"):
+                u, v = getattr(x, k), getattr(y, k)
+                same_nan &= math.isnan(u) == math.isnan(v)
+                if not (math.isnan(u) or math.isnan(v)):
+                    diff = max(diff, abs(u - v))
+        same_all &= same and same_nan
+        n_scored = sum(not math.isnan(getattr(c, k)) for c in new.table for k in ("bypass", "induce", "kl"))
+        clk, b = clocks[path], new.best
         rows.append({"mode": "quick" if a.quick else "full", "device": a.device, "path": path, "n_candidates": n_cand,
                      "n_positions": len(positions), "n_layers": len(layers), "n_val_per_side": n_val,
-                     "batch_size": a.batch_size, "score_rows": rows_per_pass if path == "batched" else "",
-                     "threads": threads, "wall_s": round(clk.wall, 3),
-                     "cpu_s": round(clk.cpu, 3), "scores_computed": n_scored[path],
-                     "selected_pos": b.pos, "selected_layer": b.layer, "rule": res[path].rule,
-                     "same_selection": same, "table_max_abs_diff": f"{diff:.3g}", "same_nan_pattern": same_nan,
-                     "new_over_old_wall": round(clocks["batched"].wall / clocks["one-at-a-time"].wall, 4),
-                     "new_over_old": round(clocks["batched"].cpu / clocks["one-at-a-time"].cpu, 4)})
-    print(C.table(["path", "wall s", "cpu s", "scores", "selected", "same selection", "max |diff|"],
+                     "batch_size": a.batch_size, "score_rows": rows_per_pass if path.startswith("batched") else "",
+                     "threads": threads, "wall_s": round(clk.wall, 3), "cpu_s": round(clk.cpu, 3),
+                     "scores_computed": n_scored, "selected_pos": b.pos, "selected_layer": b.layer, "rule": new.rule,
+                     "same_selection_as_" + ref: same, "table_max_abs_diff": f"{diff:.3g}",
+                     "same_nan_pattern": same_nan, "over_" + ref + "_wall": round(clk.wall / clocks[ref].wall, 4),
+                     "over_" + ref + "_cpu": round(clk.cpu / clocks[ref].cpu, 4)})
+    print(C.table(["path", "wall s", "cpu s", "scores", "selected", f"same selection as {ref}", "max |diff|",
+                   f"wall / {ref}"],
                   [[r["path"], r["wall_s"], r["cpu_s"], r["scores_computed"],
-                    f"pos {r['selected_pos']} layer {r['selected_layer']}", r["same_selection"],
-                    r["table_max_abs_diff"]] for r in rows]))
-    r = rows[-1]
-    print(f"batched / one-at-a-time: CPU {r['new_over_old']:.3f}, wall {r['new_over_old_wall']:.3f} "
-          f"(target <= 0.333)")
+                    f"pos {r['selected_pos']} layer {r['selected_layer']}", r["same_selection_as_" + ref],
+                    r["table_max_abs_diff"], r["over_" + ref + "_wall"]] for r in rows]))
     print(f"wrote {C.csv_rows(Path(a.out), rows)}")
-    return 0 if same and same_nan else 1
+    return 0 if same_all else 1
 
 
 if __name__ == "__main__":

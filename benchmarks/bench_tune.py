@@ -9,15 +9,19 @@ the whole ``tune`` call (generation, the unsteered scoring forward and the KL fo
 over ``--repeats`` rounds:
 
 * ``batched``: ``tune(..., batch_size=--batch)``: the baseline and every cell's generations as rows of
-  per-row steered ``sm.generate`` calls of ``--batch`` rows (default 64, ``tune``'s own default: on this
+  per-row steered generate calls of ``--batch`` rows (default 64, ``tune``'s own default: on this
   2-core CPU a call of 32 to 128 rows costs the least per row, 256 costs more, see
-  ``bench_batch_scaling.py``);
-* ``per-cell``: ``tune(..., batched=False, batch_size=--prompts)``: one ``sm.generate`` call per cell
-  (48 for the default grid, plus one for the baseline), the cell's steering shared by its rows, and one
-  KL forward per cell.
+  ``bench_batch_scaling.py``), in layer order; the prompts run once unsteered, and each call's prompt
+  pass (and each KL pass) starts at the lowest steered block among its rows (``reuse=True``, the default);
+* ``batched-full``: the same with ``reuse=False``: every prompt pass runs the whole model;
+* ``per-cell``: ``tune(..., batched=False, batch_size=--prompts)``: one generate call per cell (48 for
+  the default grid, plus one for the baseline), the cell's steering shared by its rows, its prompt pass
+  from the cell's block; one KL pass per cell;
+* ``per-cell-full``: the same with ``reuse=False``.
 
-Both must give identical generations (checked). Rows go to ``benchmarks/results/tune.csv``; the target
-is the per-cell time over the batched time (``speedup``) >= 3.
+All must give identical generations (checked against the first condition). Rows go to
+``benchmarks/results/tune.csv``; ``x_vs_full_passes`` is the ``-full`` condition's time over the
+condition's. ``--conditions`` picks some of them.
 
 Usage:  python benchmarks/bench_tune.py                # 6 layers x 8 strengths, 32 prompts x 32 tokens
         python benchmarks/bench_tune.py --quick        # 2 layers x 3 strengths, 4 prompts x 8 tokens
@@ -48,6 +52,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     ap.add_argument("--device", default="cpu", help="torch device of the model (default cpu; on cuda read the wall "
                     "times)")
+    ap.add_argument("--conditions", nargs="+", default=["batched", "batched-full", "per-cell", "per-cell-full"],
+                    choices=["batched", "batched-full", "per-cell", "per-cell-full"])
     ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "tune.csv"))
     a = ap.parse_args(argv)
 
@@ -71,11 +77,14 @@ def main(argv=None) -> int:
           f"strengths = {cells} cells on {n_prompts} prompts x {tokens} tokens ({(cells + 1) * n_prompts} "
           f"generations); batch {a.batch}", flush=True)
 
-    def run(batched: bool):
+    def run(batched: bool, reuse: bool):
         return tune(sm, v, prompts, layers=layers, scales=scales, concept=["the"], max_new_tokens=tokens,
-                    batch_size=a.batch if batched else n_prompts, batched=batched, n_boot=200, progress=False)
+                    batch_size=a.batch if batched else n_prompts, batched=batched, n_boot=200, progress=False,
+                    reuse=reuse)
 
-    conds = {"batched": lambda: run(True), "per-cell": lambda: run(False)}
+    every = {"batched": (True, True), "batched-full": (True, False), "per-cell": (False, True),
+             "per-cell-full": (False, False)}
+    conds = {n: (lambda b=b, r=r: run(b, r)) for n, (b, r) in every.items() if n in a.conditions}
     with Clock() as c:  # warm-up: one small tune
         tune(sm, v, prompts[:2], layers=layers[:1], scales=scales[:1], concept=["the"], max_new_tokens=2,
              n_boot=10, progress=False)
@@ -91,28 +100,31 @@ def main(argv=None) -> int:
             times[name]["cpu"].append(c.cpu)
             times[name]["wall"].append(c.wall)
             print(f"  round {r + 1}/{a.repeats} {name}: cpu {c.cpu:.2f} s, wall {c.wall:.2f} s", flush=True)
+    ref_name = names[0]
     gens = {n: [c["generations"] for c in res.cells] for n, res in results.items()}
-    same = gens["batched"] == gens["per-cell"]
-    kl_diff = max(abs(x["kl"] - y["kl"]) for x, y in zip(results["batched"].cells, results["per-cell"].cells))
-    base = C.median(times["batched"][a.clock])
     other = "wall" if a.clock == "cpu" else "cpu"
+    med = {n: C.median(times[n][a.clock]) for n in names}
     rows, out = [], []
     for name in names:
-        med = C.median(times[name][a.clock])
-        rows.append([name, f"{med:.2f}", f"{C.median(times[name][other]):.2f}", f"{cells / med:.2f}",
-                     f"{med / base:.2f}"])
-        out.append({"mode": "quick" if a.quick else "full", "device": a.device, "condition": name, "layers": n_layers, "scales": n_scales,
-                    "cells": cells, "prompts": n_prompts, "tokens": tokens,
-                    "batch": a.batch if name == "batched" else n_prompts, "repeats": a.repeats, "clock": a.clock,
-                    "median_s": round(med, 3), "median_other_s": round(C.median(times[name][other]), 3),
-                    "cells_per_s": round(cells / med, 3), "speedup": round(med / base, 3),
-                    "identical_generations": same, "max_kl_diff": f"{kl_diff:.3g}"})
+        full = name if name.endswith("-full") else f"{name}-full"
+        vs_full = med[full] / med[name] if full in med else float("nan")
+        same = gens[name] == gens[ref_name]
+        kl_diff = max(abs(x["kl"] - y["kl"]) for x, y in zip(results[name].cells, results[ref_name].cells))
+        rows.append([name, f"{med[name]:.2f}", f"{C.median(times[name][other]):.2f}", f"{cells / med[name]:.3f}",
+                     f"{vs_full:.2f}", same, f"{kl_diff:.2g}"])
+        out.append({"mode": "quick" if a.quick else "full", "device": a.device, "condition": name, "layers": n_layers,
+                    "scales": n_scales, "cells": cells, "prompts": n_prompts, "tokens": tokens,
+                    "batch": a.batch if name.startswith("batched") else n_prompts, "repeats": a.repeats,
+                    "clock": a.clock, "median_s": round(med[name], 3),
+                    "median_other_s": round(C.median(times[name][other]), 3),
+                    "cells_per_s": round(cells / med[name], 3), "x_vs_full_passes": round(vs_full, 3),
+                    "identical_generations_vs_" + ref_name: same, "max_kl_diff": f"{kl_diff:.3g}"})
     print()
-    print(C.table(["condition", f"median {a.clock} s", f"median {other} s", "cells/s", "time / batched"], rows,
+    print(C.table(["condition", f"median {a.clock} s", f"median {other} s", "cells/s", "x vs its full passes",
+                   f"same generations as {ref_name}", "max |kl diff|"], rows,
                   title=f"tune, {n_layers} layers x {n_scales} strengths, {n_prompts} prompts x {tokens} tokens, "
-                        f"{a.repeats} round(s); identical generations: {same}, max |kl diff| {kl_diff:.2g}"))
-    speedup = out[1]["speedup"]
-    print(f"per-cell / batched = {speedup:.2f}x (target >= 3x): {'pass' if speedup >= 3 else 'FAIL'}")
+                        f"{a.repeats} round(s)"))
+    same = all(g == gens[ref_name] for g in gens.values())
     path = C.csv_rows(Path(a.out), [{**r, "threads": threads} for r in out])
     print(f"wrote {len(out)} rows to {path}")
     return 0 if same else 1
