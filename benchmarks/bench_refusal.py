@@ -19,7 +19,7 @@ run, timed as a whole call (wall and this process's CPU time, ``_common.Clock``)
 All use the default lazy search and fallback. Each candidate table is compared with the first path's
 (largest |difference| of any score, same NaN pattern) and the selected (position, layer) must be the
 same (the script exits 1 otherwise). Rows go to ``benchmarks/results/refusal_scoring.csv`` with each
-path's time over the first path's.
+path's time over the first path's, and ``new_over_old``: its CPU time over ``one-at-a-time-full``'s.
 
 Usage:  python benchmarks/bench_refusal.py            # the defaults of `steerkit refusal`: 6 positions x 24 layers
         python benchmarks/bench_refusal.py --quick    # 2 positions x 3 layers, 8 + 8 train, 4 + 4 val prompts
@@ -113,7 +113,9 @@ def main(argv=None) -> int:
                      "scores_computed": n_scored, "selected_pos": b.pos, "selected_layer": b.layer, "rule": new.rule,
                      "same_selection_as_" + ref: same, "table_max_abs_diff": f"{diff:.3g}",
                      "same_nan_pattern": same_nan, "over_" + ref + "_wall": round(clk.wall / clocks[ref].wall, 4),
-                     "over_" + ref + "_cpu": round(clk.cpu / clocks[ref].cpu, 4)})
+                     "over_" + ref + "_cpu": round(clk.cpu / clocks[ref].cpu, 4),
+                     "new_over_old": round(clk.cpu / clocks["one-at-a-time-full"].cpu, 4)
+                     if "one-at-a-time-full" in clocks else ""})
     print(C.table(["path", "wall s", "cpu s", "scores", "selected", f"same selection as {ref}", "max |diff|",
                    f"wall / {ref}"],
                   [[r["path"], r["wall_s"], r["cpu_s"], r["scores_computed"],

@@ -21,7 +21,7 @@ over ``--repeats`` rounds:
 
 All must give identical generations (checked against the first condition). Rows go to
 ``benchmarks/results/tune.csv``; ``x_vs_full_passes`` is the ``-full`` condition's time over the
-condition's. ``--conditions`` picks some of them.
+condition's; ``speedup`` the condition's time over ``batched``'s. ``--conditions`` picks some of them.
 
 Usage:  python benchmarks/bench_tune.py                # 6 layers x 8 strengths, 32 prompts x 32 tokens
         python benchmarks/bench_tune.py --quick        # 2 layers x 3 strengths, 4 prompts x 8 tokens
@@ -118,6 +118,7 @@ def main(argv=None) -> int:
                     "clock": a.clock, "median_s": round(med[name], 3),
                     "median_other_s": round(C.median(times[name][other]), 3),
                     "cells_per_s": round(cells / med[name], 3), "x_vs_full_passes": round(vs_full, 3),
+                    "speedup": round(med[name] / med["batched"], 3) if "batched" in med else "",
                     "identical_generations_vs_" + ref_name: same, "max_kl_diff": f"{kl_diff:.3g}"})
     print()
     print(C.table(["condition", f"median {a.clock} s", f"median {other} s", "cells/s", "x vs its full passes",

@@ -88,6 +88,26 @@ TARGETS: dict[str, Target] = {
         "refusal_scoring", "new_over_old", "<=", 0.333, "x",
         "benchmarks/README.md and bench_refusal.py (batched <= 1/3 of one candidate at a time)",
         where=(("path", ("batched",)),), label=("mode",)),
+    "refusal candidate scoring at the defaults / one at a time with full passes (CPU time)": Target(
+        "refusal_scoring", "new_over_old", "<=", 0.85, "x",
+        "bench_refusal.py (induce passes from the unsteered run: batched <= 0.85 of one candidate at a time)",
+        where=(("path", ("batched",)),), label=("mode",)),
+    "activation patching of resid_pre, x TransformerLens's get_act_patch_resid_pre": Target(
+        "patching", "x_vs_tlens", ">=", 6.0, "x",
+        "bench_patching.py (prefix reuse: >= 6x TransformerLens at 1 and 2 threads)",
+        where=(("hook", ("resid_pre",)), ("condition", ("steerkit",))), label=("threads",)),
+    "activation patching of resid_pre, x the batched full passes (every position unembedded)": Target(
+        "patching", "x_vs_full_all_logits", ">=", 2.5, "x",
+        "bench_patching.py (prefix reuse: >= 2.5x the batched path of full passes)",
+        where=(("hook", ("resid_pre",)), ("condition", ("steerkit",))), label=("threads",)),
+    "head patching (z, every position), x TransformerLens's get_act_patch_attn_head_out_all_pos": Target(
+        "patching", "x_vs_tlens", ">=", 4.0, "x",
+        "bench_patching.py (prefix reuse: >= 4x TransformerLens)",
+        where=(("hook", ("z",)), ("condition", ("steerkit",))), label=("threads",)),
+    "tuning grid cell by cell, x the same with full prompt passes": Target(
+        "tune", "x_vs_full_passes", ">=", 1.2, "x",
+        "bench_tune.py (prompt passes from the steered block: >= 1.2x cell by cell)",
+        where=(("condition", ("per-cell",)),), label=("mode", "cells", "prompts", "tokens")),
     "fused GPU kernel, fraction of a device copy's bandwidth (headline case)": Target(
         "gpu_kernels", "frac_of_copy", ">=", 0.8, "x",
         "gpu_kernels.py and docs/RESULTS.md (bandwidth >= 0.8 of a device copy)",
@@ -111,7 +131,7 @@ SOURCES: dict[str, tuple[str, str]] = {
     "gpu_kernels_sweep": ("benchmarks/gpu_kernels.py", "the fused kernel's launch-parameter sweep"),
     "hook_cost": ("benchmarks/bench_hook_cost.py", "one steerkit hook call in a tight loop vs a decode step"),
     "load": ("benchmarks/bench_load.py", "cached load vs first GGUF conversion"),
-    "patching": ("benchmarks/bench_patching.py", "activation patching, batched vs one patch per pass vs "
+    "patching": ("benchmarks/bench_patching.py", "activation patching with prefix reuse vs full passes vs "
                                                  "TransformerLens"),
     "pattern_record": ("benchmarks/bench_pattern_record.py", "recording attention patterns vs the residual stream"),
     "plan": ("benchmarks/bench_plan.py", "the vLLM plugin's planning cost per engine step"),
@@ -122,13 +142,13 @@ SOURCES: dict[str, tuple[str, str]] = {
     "record_memory": ("benchmarks/bench_record.py", "peak memory of one record scope vs a bare pass"),
     "refusal_paths": ("scripts/refusal_paths.py", "the refusal direction on quantised and offloaded loads"),
     "refusal_scoring": ("benchmarks/bench_refusal.py", "refusal-direction candidate scoring, batched vs one "
-                                                       "candidate at a time"),
+                                                       "candidate at a time, with and without prefix reuse"),
     "steering": ("benchmarks/bench_steering.py", "overhead of each fused operation in generation"),
     "steering_per_row": ("benchmarks/bench_steering.py", "per-row configurations vs one shared configuration"),
     "step_overhead": ("benchmarks/bench_step_overhead.py", "what steering adds to one decoding step"),
     "step_vs_ref": ("benchmarks/bench_step_vs_ref.py", "per-step overhead of this tree against a reference commit"),
     "tune": ("benchmarks/bench_tune.py", "tuning a direction: the batched layer x strength grid vs one generate "
-                                         "call per cell"),
+                                         "call per cell, with and without prefix reuse"),
     "train": ("benchmarks/bench_train.py", "one BiPO training epoch on the default model: seconds and peak memory"),
     "vectors_store": ("benchmarks/vectors_store.py", "store and export throughput"),
     "vllm": ("benchmarks/bench_vllm.py", "per-request steering in vLLM (compiled and eager) vs steerkit's HF "
@@ -148,7 +168,7 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "gpu_kernels_sweep": ("frac_of_copy", ("block_r", "block_d", "num_warps"), "case"),
     "hook_cost": ("hook_us_per_call", ("edit",), "batch"),
     "load": ("wall_s", ("load",), None),
-    "patching": ("median_s", ("condition",), None),
+    "patching": ("median_s", ("hook", "condition"), "threads"),
     "pattern_record": ("throughput_vs_bare", ("condition",), None),
     "plan": ("median_us_per_step", ("step",), "requests"),
     "slots_op": ("us_per_call", ("case",), "registration"),
