@@ -22,8 +22,10 @@ from steerkit.vectors import DirectionSet, SteeringVector
 tune_mod = importlib.import_module("steerkit.probes.tune")  # the module (steerkit.probes.tune is also the function)
 
 try:
+    from test_refusal import _same_tables
     from tiny_models import tiny_model
 except ImportError:  # run from the repository root
+    from tests.test_refusal import _same_tables
     from tests.tiny_models import tiny_model
 
 PROMPTS = ["hello there", "how do I bake bread?", "x", "tell me a story about a cat"]
@@ -215,18 +217,6 @@ def test_tune_on_nnsight_keeps_full_passes(monkeypatch):
 
 
 # --------------------------------------------------------------------------- the refusal search
-def _same_tables(a, b, tol=1e-5):
-    assert [(c.pos, c.layer) for c in a.table] == [(c.pos, c.layer) for c in b.table]
-    for x, y in zip(a.table, b.table):
-        for k in ("bypass", "induce", "kl"):
-            u, v = getattr(x, k), getattr(y, k)
-            assert math.isnan(u) == math.isnan(v), (x, y, k)
-            if not math.isnan(u):
-                assert abs(u - v) <= tol * max(1.0, abs(v)), (x, y, k)
-        assert x.status == y.status, (x, y)
-    assert (a.best.pos, a.best.layer) == (b.best.pos, b.best.layer) and a.rule == b.rule
-
-
 @pytest.mark.parametrize("lazy", [True, False])
 @pytest.mark.parametrize("batched,batch_size", [(True, 4), (True, 16), (False, 3)])
 @pytest.mark.parametrize("rule", ["paper", "relative"])
