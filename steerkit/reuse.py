@@ -23,7 +23,10 @@ grid and the refusal search's addition candidates build on it (:mod:`steerkit.pr
 :mod:`steerkit.probes.tune`, :mod:`steerkit.probes.methods.refusal`).
 
 Only the ``hf`` backend runs a block range (:func:`supports_run_from`); TransformerLens and nnsight
-models keep full forward passes.
+models keep full forward passes. For the length of a call the blocks below the start are swapped for
+pass-through modules in the model itself (restored afterwards, also after an exception): like hooks,
+that is the model's state for every thread, so one model serves one pass at a time (the explorer app
+runs its jobs under the model's lock).
 """
 from __future__ import annotations
 
