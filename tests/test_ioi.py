@@ -53,8 +53,11 @@ def test_run_aggregates_activation_patching_over_the_pairs(tiny):
     by_hand = []
     for p in pairs:
         m = logit_diff_metric(tiny, p.io, p.s)
-        by_hand.append((p, (activation_patching(tiny, p.clean, p.corrupted, m, "resid_pre", progress=False),
-                            activation_patching(tiny, p.clean, p.corrupted, m, "z", progress=False))))
+        # the run's batch size: the same cells share a pass, so the values round the same way
+        by_hand.append((p, (activation_patching(tiny, p.clean, p.corrupted, m, "resid_pre", progress=False,
+                                                batch_size=cfg.batch_size),
+                            activation_patching(tiny, p.clean, p.corrupted, m, "z", progress=False,
+                                                batch_size=cfg.batch_size))))
     rs = [x for _, x in by_hand]
     # z: mean raw values normalised by the mean clean / corrupted metrics
     clean = np.mean([r.clean_metric for r, _ in rs])

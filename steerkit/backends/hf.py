@@ -134,7 +134,7 @@ class HFBackend(TorchHooks):
     def new_cache(self, full: bool = False):
         """An empty KV cache; ``full``: one that keeps every position at every layer (sliding-window layers
         included), so it can be cut at any position later (:mod:`steerkit.reuse`)."""
-        return DynamicCache() if full else DynamicCache(config=getattr(self.model, "config"))
+        return DynamicCache() if full else DynamicCache(config=self.model.config)  # type: ignore[arg-type]
 
     def run_blocks(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache, first: int,
                    resid: Tensor, keep: int = 0):
