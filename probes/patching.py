@@ -536,8 +536,8 @@ def activation_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metr
     below block ``l`` or before position ``p``, so each patched run starts from the corrupted run's
     residual at block ``l`` and its keys and values before ``p``: it runs only blocks ``l ..`` over
     positions ``p ..``, about a quarter of a full pass averaged over a ``resid_pre`` grid. Up to
-    ``batch_size`` patched runs of one block share a pass, laid end to end in one sequence
-    (:func:`steerkit.reuse.run_packed`); whole-sequence patches (``hook="z"``, ``neurons=``) reuse the
+    ``batch_size`` patched runs share a pass in layer-major order, from the lowest block among them, laid
+    end to end in one sequence (:func:`steerkit.reuse.run_packed`); whole-sequence patches (``hook="z"``, ``neurons=``) reuse the
     blocks below only. ``reuse=False``: every patched run is a full forward pass (the only way on the
     ``tlens`` and ``nnsight`` backends). Both give the same grid (within float rounding, 1e-5 in
     float32). A metric that reads only the last positions says so with a ``positions`` attribute of

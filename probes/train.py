@@ -255,7 +255,7 @@ def completion_logprobs(sm: "SteerModel", prompts: Sequence[str], completions: S
         raise InputError(f"expected as many prompts as completions (at least one), found {len(prompts)} and "
                          f"{len(completions)}")
     if grad is None:
-        grad = sm.__dict__.get("_grad_scopes", 0) > 0
+        grad = sm.in_training
     step = len(prompts) if grad else max(1, int(batch_size))
     out = []
     for i in range(0, len(prompts), step):

@@ -422,9 +422,9 @@ def generate_from(sm: "SteerModel", site, cache, rows: Optional[Sequence[int]] =
     if not supports_run_from(sm):
         raise InputError(f"expected a model on the 'hf' backend to start a prompt pass at a block, found backend "
                          f"{sm.backend_name!r}; use generate")
-    if not isinstance(cache, RunCache) or cache.owner != id(sm):
-        raise InputError("expected a RunCache made by this model with run_cached(sm, prompts), found "
-                         f"{type(cache).__name__}; run run_cached(sm, prompts) on this model first")
+    if not isinstance(cache, RunCache):
+        raise InputError(f"expected a RunCache from run_cached(sm, prompts), found {type(cache).__name__}")
+    cache.check(sm)
     stop = check_generate_args(sm, [""], max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
                                top_p=top_p, top_k=top_k, seed=seed, stop=stop, stream=stream)
     layer = start_block(sm, site)

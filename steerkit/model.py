@@ -260,7 +260,7 @@ class SteerModel:
         ``nn.Parameter``, or ``Intervention.apply(site, lambda h: h + delta)``), as attribution
         patching and :mod:`steerkit.probes.train` do."""
         if grad is None:
-            grad = self.__dict__.get("_grad_scopes", 0) > 0
+            grad = self.in_training
         if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
             raise InputError(f"expected logits_to_keep as an int >= 0 (0: every position), found {logits_to_keep!r}")
         toks = self.tokenize(prompts, chat=chat)
@@ -270,6 +270,19 @@ class SteerModel:
                                             keep=logits_to_keep)
 
     __call__ = forward
+
+    @property
+    def in_training(self) -> bool:
+        """Whether a :meth:`training` scope is open (passes then run with autograd by default).
+
+        Examples:
+            >>> tiny.in_training
+            False
+            >>> with tiny.training():
+            ...     print(tiny.in_training)
+            True
+        """
+        return self.__dict__.get("_grad_scopes", 0) > 0
 
     @contextlib.contextmanager
     def training(self, *, freeze: bool = True) -> Iterator["SteerModel"]:

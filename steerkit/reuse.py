@@ -71,6 +71,17 @@ class RunCache:
     def batch(self) -> int:
         return int(self.tokens.input_ids.shape[0])
 
+    def check(self, sm: "SteerModel") -> None:
+        """Refuse a cache that ``sm`` did not make (:func:`run_cached`).
+
+        Examples:
+            >>> rc = tiny.run_cached("hi")
+            >>> rc.check(tiny)  # made by this model: nothing to say
+        """
+        if self.owner != id(sm):
+            raise InputError("expected a RunCache made by this model, found one from another model; run "
+                             "run_cached(sm, prompts) on this one")
+
     def select(self, rows: Optional[Sequence[int]] = None) -> tuple["Tokens", Tensor]:
         """The tokens of cache rows ``rows`` (repeats allowed; default all) and their index.
 
@@ -102,6 +113,17 @@ def _need_backend(sm: "SteerModel") -> None:
     if not supports_run_from(sm):
         raise InputError(f"expected a model on the 'hf' backend to run a range of blocks, found backend "
                          f"{sm.backend_name!r}; use sm.forward (a full pass), or load the model with backend='hf'")
+
+
+def _need_cache(sm: "SteerModel", cache) -> None:
+    if not isinstance(cache, RunCache):
+        raise InputError(f"expected a RunCache from run_cached(sm, ...), found {type(cache).__name__}")
+    cache.check(sm)
+
+
+def _autograd(sm: "SteerModel"):
+    """The grad mode of a pass, as ``sm.forward``'s: autograd inside ``sm.training()``, inference mode outside."""
+    return torch.enable_grad() if sm.in_training else torch.inference_mode()
 
 
 def run_cached(sm: "SteerModel", prompts, *, chat: bool = False, keep: int = 0) -> RunCache:
@@ -205,11 +227,7 @@ def run_from(sm: "SteerModel", site: Union[int, str], cache: RunCache, *, start:
         ((1, 2, 49152), True)
     """
     _need_backend(sm)
-    if not isinstance(cache, RunCache):
-        raise InputError(f"expected a RunCache from run_cached(sm, ...), found {type(cache).__name__}")
-    if cache.owner != id(sm):
-        raise InputError("expected a RunCache made by this model, found one from another model; run "
-                         "run_cached(sm, prompts) on this one")
+    _need_cache(sm, cache)
     layer = start_block(sm, site)
     T = cache.n_pos
     if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < T:
@@ -223,12 +241,10 @@ def run_from(sm: "SteerModel", site: Union[int, str], cache: RunCache, *, start:
                          f"d_model]), found {tuple(resid.shape)}")
     kv = _prefix_kv(sm, cache, idx, start)
     pos = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, start:]
-    grad = sm.__dict__.get("_grad_scopes", 0) > 0  # as sm.forward: autograd only inside sm.training()
     if within_run and sm.hooks.runs.run is None:
         raise InputError("expected a run in force for within_run=True (a generation loop's), found none; "
                          "call run_from without within_run")
-    with torch.enable_grad() if grad else torch.inference_mode(), \
-            contextlib.nullcontext(sm.hooks.runs.run) if within_run else sm.hooks.runs.running(mask, ids) as run:
+    with _autograd(sm), contextlib.nullcontext(sm.hooks.runs.run) if within_run else sm.hooks.runs.running(mask, ids) as run:
         assert run is not None
         run.chunk_start = start
         logits, kv = sm.backend.run_blocks(ids[:, start:], mask, pos, kv, layer, resid, keep=keep)
@@ -352,8 +368,7 @@ def run_packed(sm: "SteerModel", site: Union[int, str], cache: RunCache, pack: P
         ((2, 1, 49152), True)
     """
     _need_backend(sm)
-    if not isinstance(cache, RunCache) or cache.owner != id(sm):
-        raise InputError("expected a RunCache made by this model with run_cached(sm, ...)")
+    _need_cache(sm, cache)
     if not isinstance(pack, Pack) or pack.n_pos != cache.n_pos:
         raise InputError(f"expected a Pack over the cache's {cache.n_pos} positions (Pack.of(starts, "
                          f"{cache.n_pos})), found {pack!r:.80}")
@@ -372,14 +387,10 @@ def run_packed(sm: "SteerModel", site: Union[int, str], cache: RunCache, pack: P
     ids = ids_row[qpos.to(dev)][None]
     resid = cache.resid[layer][row][qpos.to(cache.resid[layer].device)][None]
     keep_idx = sorted({pack.index(i, p) - T for i, s in enumerate(pack.starts) for p in want if p >= s})
-    kv = sm.backend.new_cache(full=True)
-    for i, lay in enumerate(cache.kv.layers):
-        kv.update(lay.keys[row:row + 1], lay.values[row:row + 1], i)
+    kv = _prefix_kv(sm, cache, torch.tensor([row]), T)  # the whole row: every segment reads its own prefix
     mask = _packed_mask(sm, pack, resid.dtype, dev)
-    grad = sm.__dict__.get("_grad_scopes", 0) > 0
     full_ids = torch.cat([ids_row[None], ids], 1)
-    with torch.enable_grad() if grad else torch.inference_mode(), \
-            sm.hooks.runs.running(torch.ones_like(full_ids), full_ids) as run:
+    with _autograd(sm), sm.hooks.runs.running(torch.ones_like(full_ids), full_ids) as run:
         run.chunk_start = T
         logits, _ = sm.backend.run_blocks(ids, mask, qpos.to(dev)[None], kv, layer, resid,
                                           keep=torch.tensor(keep_idx, device=dev))
