@@ -39,6 +39,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.errors import InputError
+from steerkit.hooks.implswitch import ImplementationSwitch
+from steerkit.hooks.segments import Segments
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel, Tokens
@@ -323,7 +325,7 @@ def _packed_mask(sm: "SteerModel", pack: Pack, dtype: torch.dtype, device):
     """The packed run's attention mask in the form the model takes: ``[1, 1, q, k]`` (bool for sdpa,
     additive for eager attention), or one per layer type for models with sliding-window layers."""
     cfg = sm.adapter.text_config(sm.hf_model)
-    impl = getattr(sm.hf_model.config, "_attn_implementation", None) or "eager"
+    impl = ImplementationSwitch.base_of(getattr(sm.hf_model.config, "_attn_implementation", None))
     if impl not in ("eager", "sdpa"):
         raise InputError(f"expected eager or sdpa attention to run packed sequences, found {impl!r}; use "
                          "run_from (one start per pass)")
@@ -393,7 +395,8 @@ def run_packed(sm: "SteerModel", site: Union[int, str], cache: RunCache, pack: P
     with _autograd(sm), sm.hooks.runs.running(torch.ones_like(full_ids), full_ids) as run:
         run.chunk_start = T
         logits, _ = sm.backend.run_blocks(ids, mask, qpos.to(dev)[None], kv, layer, resid,
-                                          keep=torch.tensor(keep_idx, device=dev))
+                                          keep=torch.tensor(keep_idx, device=dev),
+                                          segments=Segments.of(list(pack.starts), T))
     at = {k: j for j, k in enumerate(keep_idx)}
     base = T - int(cache.logits.shape[1])  # run_cached(keep=k) kept the last k positions only
     if any(p < min(base, s) for s in pack.starts for p in want):

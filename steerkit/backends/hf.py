@@ -34,13 +34,15 @@ Tuple outputs are handled by editing their first element.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Callable
+from typing import Callable, Optional
 
 from torch import Tensor, nn
 
 from steerkit.hooks import attention
 from steerkit.hooks import moe
+from steerkit.hooks.segments import Segments
 from steerkit.loading.adapters import Adapter, get_module
 from steerkit.hooks.names import (COMPONENT_HOOKS, FINAL_NORMALIZED, FINAL_OUT, FINAL_SCALE, MATRIX_HOOKS, MOE_HOOKS, NORM_HOOKS,
                          Site)
@@ -137,10 +139,11 @@ class HFBackend(TorchHooks):
         return DynamicCache() if full else DynamicCache(config=self.model.config)  # type: ignore[arg-type]
 
     def run_blocks(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache, first: int,
-                   resid: Tensor, keep: int = 0):
+                   resid: Tensor, keep: int = 0, segments: Optional[Segments] = None):
         """A forward pass of ``input_ids`` (the positions after the cache's) in which block ``first``
         receives ``resid`` and the blocks below it are passed through, not run (:func:`steerkit.reuse.run_from`).
-        Returns the logits and the cache."""
+        ``segments``: the row is a packed pass laid out so (:func:`steerkit.reuse.run_packed`), its
+        attention computed one whole sequence per segment. Returns the logits and the cache."""
         blocks = self.adapter.block_list(self.model)
         below = [blocks[i] for i in range(first)]
 
@@ -152,11 +155,13 @@ class HFBackend(TorchHooks):
             return args, dict(kwargs, hidden_states=y)
 
         handle = blocks[first].register_forward_pre_hook(inject, with_kwargs=True, prepend=True)
+        scope = contextlib.nullcontext() if segments is None else attention.packed(self.model, segments)
         try:
             for i in range(first):
                 blocks[i] = _PassThrough()
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             use_cache=True, logits_to_keep=keep, **{self._cache_kw: cache})
+            with scope:
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 use_cache=True, logits_to_keep=keep, **{self._cache_kw: cache})
         finally:
             for i, b in enumerate(below):
                 blocks[i] = b

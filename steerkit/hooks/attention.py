@@ -18,14 +18,18 @@ kernel's to float rounding (about 1e-6 relative in float32), not bit for bit.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import weakref
-from typing import Any, Callable, Optional
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
 
-from steerkit.errors import UnsupportedArchitectureError
+from steerkit.errors import InputError, UnsupportedArchitectureError
+from steerkit.hooks import segments
 from steerkit.hooks.implswitch import PREFIX, ImplementationSwitch
 from steerkit.loading.resolve import quiet_optional_imports
 
@@ -83,6 +87,22 @@ def hooked(model: nn.Module, attn_module: nn.Module, kind: str, fn, tracker) -> 
     return remove
 
 
+_SEGMENTS: "ContextVar[Optional[segments.Segments]]" = ContextVar("steerkit_packed_segments", default=None)
+
+
+@contextlib.contextmanager
+def packed(model: nn.Module, layout: segments.Segments) -> Iterator[None]:
+    """Within, ``model``'s attention takes its single row as the packed segments ``layout`` and computes
+    them as a batch of whole sequences (:mod:`steerkit.hooks.segments`); restored afterwards."""
+    release = _SWITCH.acquire(model)
+    token = _SEGMENTS.set(layout)
+    try:
+        yield
+    finally:
+        _SEGMENTS.reset(token)
+        release()
+
+
 def _run(hooks: list, x: Tensor) -> Tensor:
     for fn, tracker in hooks:
         y = fn(x, tracker.call(x))
@@ -94,6 +114,13 @@ def _run(hooks: list, x: Tensor) -> Tensor:
 def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                scaling: Optional[float] = None, dropout: float = 0.0, softcap: Optional[float] = None, **kwargs):
     hooks = _HOOKS.get(module)
+    layout = _SEGMENTS.get()
+    if layout is not None:
+        if hooks and any(hooks.values()):
+            raise InputError("expected no attn.hook_attn_scores / attn.hook_pattern hook during a packed pass, found "
+                             f"{sorted(k for k, v in hooks.items() if v)}; run the continuations with run_from")
+        return _segmented(module, layout, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                          softcap=softcap, **kwargs)
     if not hooks or not any(hooks.values()):
         cfg: Any = module.config
         fused: Any = ALL_ATTENTION_FUNCTIONS._global_mapping.get(ImplementationSwitch.base_of(cfg._attn_implementation))
@@ -102,6 +129,24 @@ def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, att
                          **kwargs)
     return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, softcap=softcap,
                  sliding_window=kwargs.get("sliding_window"), hooks=hooks or {})
+
+
+def _segmented(module: nn.Module, layout: segments.Segments, query: Tensor, key: Tensor, value: Tensor,
+               attention_mask: Optional[Tensor], *, softcap: Optional[float] = None, **kwargs):
+    """A packed pass's attention through the model's own function (the fused one, or its modeling file's
+    eager attention), one whole sequence per segment."""
+    cfg: Any = module.config
+    base = ImplementationSwitch.base_of(cfg._attn_implementation)
+    fn: Any = ALL_ATTENTION_FUNCTIONS._global_mapping.get(base)
+    if fn is None:
+        fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if fn is None:
+        def fn(m, q, k, v, mask, **kw):
+            return eager(m, q, k, v, mask, scaling=kw.get("scaling"), dropout=kw.get("dropout", 0.0),
+                         softcap=kw.get("softcap"), sliding_window=kw.get("sliding_window"))
+    extra = {} if softcap is None else {"softcap": softcap}
+    return segments.attend(fn, module, layout.to(query.device), query, key, value, attention_mask, base == "sdpa",
+                           **extra, **kwargs)
 
 
 def eager(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor], *,
