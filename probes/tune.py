@@ -392,79 +392,70 @@ class _Rows:
 
 def _generate_rows(sm: "SteerModel", ids: list[list[int]], plan: list, steer_of, *, max_new_tokens: int,
                    batch_size: int, batched: bool, bar, start_of: Optional[Mapping] = None) -> _Rows:
-    """Generate every row of ``plan`` ((prompt index, cell index or None) pairs). ``start_of`` (cell index ->
-    the first block its steering acts at): prompt passes start there from one unsteered pass per
-    ``batch_size`` prompts (:func:`_generate_rows_from`)."""
-    if start_of is not None:
-        return _generate_rows_from(sm, ids, plan, steer_of, start_of, max_new_tokens=max_new_tokens,
-                                   batch_size=batch_size, batched=batched, bar=bar)
+    """Generate every row of ``plan`` ((prompt index, cell index or None) pairs). Batched: the rows in plan
+    order (baseline, then the cells layer by layer), ``batch_size`` rows a call with a per-row steering;
+    else one call per cell (the baseline is a cell), the cell's steering on every row.
+
+    ``start_of`` (cell index -> the first block its steering acts at): the prompts run once unsteered,
+    ``batch_size`` at a time (:func:`~steerkit.reuse.run_cached`), and each call on them starts its
+    prompt pass at the lowest first block of its rows (the last block when no row is steered,
+    :func:`~steerkit.generation.generate_from`). Without it every call runs the whole prompt."""
     toks: list = [None] * len(plan)
-    if batched:
-        for rows in _chunks(len(plan), batch_size):
-            steering = [None if plan[r][1] is None else steer_of(plan[r][1]) for r in rows]
-            out = sm.generate(sm.pad([ids[plan[r][0]] for r in rows]), max_new_tokens=max_new_tokens,
-                              steer_rows=None if all(s is None for s in steering) else steering, return_tokens=True)
+    for part, rc in _prompt_groups(sm, ids, batch_size, start_of is not None):
+        local = {p: i for i, p in enumerate(part)}
+        for rows in _calls(plan, [r for r, (p, _) in enumerate(plan) if p in local], batch_size, batched):
+            cells = [plan[r][1] for r in rows]
+            with _steering(sm, cells, steer_of, batched, f"tune generate x{len(rows)}"):
+                if rc is None:
+                    out = sm.generate(sm.pad([ids[plan[r][0]] for r in rows]), max_new_tokens=max_new_tokens,
+                                      return_tokens=True)
+                else:
+                    out = generate_from(sm, _first_block(sm, cells, start_of), rc, [local[plan[r][0]] for r in rows],
+                                        max_new_tokens=max_new_tokens, return_tokens=True)
             for r, t in zip(rows, out):
                 toks[r] = list(t)
             bar.update(len(rows))
-    else:  # one sm.generate per cell (the baseline is a cell), the cell's steering on every row
-        groups: dict = {}
-        for r, (_, c) in enumerate(plan):
-            groups.setdefault(c, []).append(r)
-        for c, rs in groups.items():
-            for part in _chunks(len(rs), batch_size):
-                sel = [rs[i] for i in part]
-                out = sm.generate(sm.pad([ids[plan[r][0]] for r in sel]), max_new_tokens=max_new_tokens,
-                                  steering=None if c is None else steer_of(c), return_tokens=True)
-                for r, t in zip(sel, out):
-                    toks[r] = list(t)
-                bar.update(len(sel))
     return _texts(sm, plan, toks)
+
+
+def _prompt_groups(sm: "SteerModel", ids: list[list[int]], batch_size: int, cached: bool):
+    """``(prompt indices, RunCache or None)``: every prompt in one group without a cache, else groups of
+    ``batch_size`` prompts, each run once unsteered (only the last position's logits kept)."""
+    if not cached:
+        yield range(len(ids)), None
+        return
+    for part in _chunks(len(ids), batch_size):
+        yield part, run_cached(sm, sm.pad([ids[p] for p in part]), keep=1)
+
+
+def _calls(plan: list, rows: list[int], batch_size: int, by_row: bool) -> list[list[int]]:
+    """``rows`` of ``plan`` (items ``(prompt, cell)``) split into calls of at most ``batch_size``: in
+    order (``by_row``: each row steered its own way), or cell by cell."""
+    if by_row:
+        return [[rows[i] for i in ch] for ch in _chunks(len(rows), batch_size)]
+    by_cell: dict = {}
+    for r in rows:
+        by_cell.setdefault(plan[r][1], []).append(r)
+    return [[rs[i] for i in ch] for rs in by_cell.values() for ch in _chunks(len(rs), batch_size)]
+
+
+def _steering(sm: "SteerModel", cells: list, steer_of, by_row: bool, label: str):
+    """The steering scope of one call over rows of ``cells`` (None: unsteered): per row, or the one cell's."""
+    if all(c is None for c in cells):
+        return contextlib.nullcontext()
+    if by_row:
+        return sm.steer(rows=[None if c is None else steer_of(c) for c in cells], label=label)
+    return sm.steer(steer_of(cells[0]), label=label)
+
+
+def _first_block(sm: "SteerModel", cells: list, start_of: Mapping) -> int:
+    """The lowest first block of ``cells``' steerings (the last block when none is steered)."""
+    return min((start_of[c] for c in cells if c is not None), default=sm.n_layers - 1)
 
 
 def _texts(sm: "SteerModel", plan: list, toks: list) -> _Rows:
     texts = [sm.tokenizer.decode(t, skip_special_tokens=True) for t in toks]
     return _Rows([p for p, _ in plan], [c for _, c in plan], toks, texts)
-
-
-def _generate_rows_from(sm: "SteerModel", ids: list[list[int]], plan: list, steer_of, start_of: Mapping, *,
-                        max_new_tokens: int, batch_size: int, batched: bool, bar) -> _Rows:
-    """:func:`_generate_rows` from unsteered prompt passes: the prompts in groups of ``batch_size``, each
-    group's prompts run once (:func:`~steerkit.reuse.run_cached`), and every generate call on them starts
-    its prompt pass at the lowest first block of its rows' steerings (``start_of``; the last block when no
-    row is steered), :func:`~steerkit.generation.generate_from`. Batched: the group's rows in plan order
-    (baseline, then the cells layer by layer), ``batch_size`` rows a call with a per-row steering; else
-    one call per cell."""
-    toks: list = [None] * len(plan)
-    last = sm.n_layers - 1
-    for part in _chunks(len(ids), batch_size):
-        rc = run_cached(sm, sm.pad([ids[p] for p in part]), keep=1)
-        local = {p: i for i, p in enumerate(part)}
-        mine = [r for r, (p, _) in enumerate(plan) if p in local]
-        if batched:
-            calls = [[mine[i] for i in ch] for ch in _chunks(len(mine), batch_size)]
-        else:
-            by_cell: dict = {}
-            for r in mine:
-                by_cell.setdefault(plan[r][1], []).append(r)
-            calls = list(by_cell.values())
-        for rows in calls:
-            cells = [plan[r][1] for r in rows]
-            layer = min((start_of[c] for c in cells if c is not None), default=last)
-            if all(c is None for c in cells):
-                scope = contextlib.nullcontext()
-            elif batched:
-                scope = sm.steer(rows=[None if c is None else steer_of(c) for c in cells],
-                                 label=f"tune generate x{len(rows)}")
-            else:
-                scope = sm.steer(steer_of(cells[0]), label="tune generate")
-            with scope:
-                out = generate_from(sm, layer, rc, [local[plan[r][0]] for r in rows], max_new_tokens=max_new_tokens,
-                                    return_tokens=True)
-            for r, t in zip(rows, out):
-                toks[r] = list(t)
-            bar.update(len(rows))
-    return _texts(sm, plan, toks)
 
 
 def _start_layers(sm: "SteerModel", ivs: Mapping) -> Optional[dict]:
@@ -524,73 +515,32 @@ def _score_rows(sm: "SteerModel", ids: list[list[int]], rows: _Rows, probe: Opti
 def _kl_cells(sm: "SteerModel", neutral_ids: list[list[int]], cells: list, steer_of, *, batch_size: int,
               batched: bool, bar, start_of: Optional[Mapping] = None) -> dict:
     """``KL(unsteered || steered)`` at the last position, averaged over the neutral prompts, per cell index.
-    ``start_of`` (cell index -> the first block its steering acts at): the steered passes start there from
-    one unsteered pass per ``batch_size`` neutral prompts (:func:`_kl_cells_from`)."""
-    if start_of is not None:
-        return _kl_cells_from(sm, neutral_ids, cells, steer_of, start_of, batch_size=batch_size, batched=batched,
-                              bar=bar)
-    def last_logp(steering, id_rows, *, per_row: bool = False):
-        toks = sm.pad(id_rows)
-        if steering is None:
-            logits = sm.forward(toks, logits_to_keep=1)
-        else:
-            label = f"tune kl x{len(id_rows)}"
-            with sm.steer(rows=steering, label=label) if per_row else sm.steer(steering, label=label):
-                logits = sm.forward(toks, logits_to_keep=1)
-        return torch.log_softmax(logits[:, -1].float(), dim=-1)
-
-    n = len(neutral_ids)
-    base = torch.cat([last_logp(None, [neutral_ids[j] for j in part]) for part in _chunks(n, batch_size)])
-    bar.update(n)
-    plan = [(c, j) for c in cells for j in range(n)]
-    kl_sum = {c: 0.0 for c in cells}
-    if batched:
-        for part in _chunks(len(plan), batch_size):
-            rows = [plan[r] for r in part]
-            lq = last_logp([steer_of(c) for c, _ in rows], [neutral_ids[j] for _, j in rows], per_row=True)
-            for i, (c, j) in enumerate(rows):
-                p = base[j]
-                kl_sum[c] += float((p.exp() * (p - lq[i])).sum())
-            bar.update(len(rows))
-    else:
-        for c in cells:
-            for part in _chunks(n, batch_size):
-                lq = last_logp(steer_of(c), [neutral_ids[j] for j in part])
-                for i, j in enumerate(part):
-                    p = base[j]
-                    kl_sum[c] += float((p.exp() * (p - lq[i])).sum())
-                bar.update(len(part))
-    return {c: max(0.0, kl_sum[c] / n) for c in cells}
-
-
-def _kl_cells_from(sm: "SteerModel", neutral_ids: list[list[int]], cells: list, steer_of, start_of: Mapping, *,
-                   batch_size: int, batched: bool, bar) -> dict:
-    """:func:`_kl_cells` from unsteered passes: the neutral prompts in groups of ``batch_size``, each group
-    run once (:func:`~steerkit.reuse.run_cached`, the unsteered distributions), and every steered pass
-    on them runs from the lowest first block of its rows' cells (:func:`~steerkit.reuse.run_from`, only
-    the last position unembedded). Batched: the group's (cell, prompt) rows cell by cell, ``batch_size``
-    rows a pass with a per-row steering; else one pass per cell."""
+    The neutral prompts go in groups of ``batch_size``; each group's unsteered distributions come from one
+    pass, then its (cell, prompt) rows: batched, cell by cell ``batch_size`` rows a pass with a per-row
+    steering; else one pass per cell. ``start_of`` (cell index -> the first block its steering acts at):
+    the unsteered pass is kept (:func:`~steerkit.reuse.run_cached`) and every steered pass runs from the
+    lowest first block of its rows (:func:`~steerkit.reuse.run_from`); without it every pass is a full
+    forward. Only the last position is unembedded."""
     n = len(neutral_ids)
     kl_sum = {c: 0.0 for c in cells}
     for part in _chunks(n, batch_size):
-        rc = run_cached(sm, sm.pad([neutral_ids[j] for j in part]), keep=1)
-        base = torch.log_softmax(rc.logits[:, -1].float(), dim=-1)
+        toks = sm.pad([neutral_ids[j] for j in part])
+        rc = run_cached(sm, toks, keep=1) if start_of is not None else None
+        base = torch.log_softmax((sm.forward(toks, logits_to_keep=1) if rc is None else rc.logits)[:, -1].float(), -1)
         bar.update(len(part))
-        plan = [(c, i) for c in cells for i in range(len(part))]
-        if batched:
-            passes = [[plan[r] for r in ch] for ch in _chunks(len(plan), batch_size)]
-        else:
-            passes = [[(c, i) for i in range(len(part))] for c in cells]
-        for rows in passes:
-            layer = min(start_of[c] for c, _ in rows)
-            steering = [steer_of(c) for c, _ in rows]
-            label = f"tune kl x{len(rows)}"
-            with sm.steer(rows=steering, label=label) if batched else sm.steer(steering[0], label=label):
-                logits = run_from(sm, layer, rc, rows=[i for _, i in rows], keep=1)
+        plan = [(i, c) for c in cells for i in range(len(part))]  # (prompt, cell), cell by cell
+        for rows in _calls(plan, list(range(len(plan))), batch_size, batched):
+            row_cells = [plan[r][1] for r in rows]
+            with _steering(sm, row_cells, steer_of, batched, f"tune kl x{len(rows)}"):
+                if rc is None:
+                    logits = sm.forward(sm.pad([neutral_ids[part[plan[r][0]]] for r in rows]), logits_to_keep=1)
+                else:
+                    logits = run_from(sm, _first_block(sm, row_cells, start_of), rc, rows=[plan[r][0] for r in rows],
+                                      keep=1)
             lq = torch.log_softmax(logits[:, -1].float(), dim=-1)
-            for k, (c, i) in enumerate(rows):
-                p = base[i]
-                kl_sum[c] += float((p.exp() * (p - lq[k])).sum())
+            for k, r in enumerate(rows):
+                i, c = plan[r]
+                kl_sum[c] += float((base[i].exp() * (base[i] - lq[k])).sum())
             bar.update(len(rows))
     return {c: max(0.0, kl_sum[c] / n) for c in cells}
 
