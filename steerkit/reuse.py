@@ -352,7 +352,9 @@ def run_packed(sm: "SteerModel", site: Union[int, str], cache: RunCache, pack: P
     before a segment's start taken from the cache. Only those positions are unembedded.
 
     Hooks see one row whose positions ``n_pos ..`` are the segments: an edit of segment ``i`` at position
-    ``p`` goes at ``pack.index(i, p)`` (:class:`Pack`). Needs eager or sdpa attention.
+    ``p`` goes at ``pack.index(i, p)`` (:class:`Pack`). Needs eager or sdpa attention, and refuses
+    attention pattern hooks: attention runs one whole sequence per segment, with the keys and the mask a
+    full pass has (:mod:`steerkit.hooks.segments`), so the values round as a full pass's do.
 
     Examples:
         >>> from steerkit.reuse import Pack, run_cached, run_packed
