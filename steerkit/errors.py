@@ -21,7 +21,7 @@ class SteerkitError(Exception):
 
 
 class ModelNotFoundError(SteerkitError, FileNotFoundError):
-    """A model could not be found locally (steerkit never downloads at run time).
+    """A model could not be found: no such file or folder, or a Hub id neither in the cache nor downloadable.
 
     Examples:
         >>> try:

@@ -21,6 +21,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.hooks import names as hooknames
+from steerkit.loading.device import pick_device, pick_dtype
 from steerkit.loading.resolve import load_hf, resolve
 from steerkit.loading.adapters import Adapter, adapter_for
 from steerkit.backends import BACKENDS
@@ -510,40 +511,46 @@ def _make_backend(name: str, sm: SteerModel):
     raise InputError(f"expected backend in {BACKENDS}, found {name!r}")
 
 
-def load_model(name_or_path=None, *, backend: str = "hf", dtype: torch.dtype | str = torch.float32,
-               device: str | torch.device = "cpu", quantize: str | None = None, device_map=None,
-               max_memory: dict | None = None, offload_folder=None) -> SteerModel:
-    """Load a model offline and wrap it: ``None`` is the embedded SmolLM2-135M-Instruct.
+def load_model(name_or_path=None, *, backend: str = "hf", dtype: torch.dtype | str = "auto",
+               device: str | torch.device = "auto", quantize: str | None = None, device_map=None,
+               max_memory: dict | None = None, offload_folder=None, revision: str | None = None,
+               token: str | bool | None = None, local_files_only: bool | None = None) -> SteerModel:
+    """Load a model and wrap it: ``None`` is the embedded SmolLM2-135M-Instruct.
 
-    ``name_or_path``: a ``.gguf`` file, a Hugging Face model folder, or a hub id already in the
-    local HF cache. ``backend``: ``"hf"`` (PyTorch hooks), ``"tlens"`` (TransformerLens 4
-    ``TransformerBridge``) or ``"nnsight"``. ``quantize``: ``"int8"`` or ``"int4"`` weight-only
-    quantisation of the decoder blocks' linear layers (:mod:`steerkit.loading.quantize`, torchao); the model
-    keeps the fingerprint of its full-precision weights. ``device_map`` (``"auto"`` or a dict),
-    ``max_memory`` (``{"cpu": "2GiB", 0: "20GiB"}``) and ``offload_folder``: accelerate's big-model
-    loading, for a model larger than memory (layers that do not fit are kept on disk and loaded for
-    each forward pass) or spread over several devices; hooks and steering tables follow each block's
-    device.
+    ``name_or_path``: a ``.gguf`` file, a Hugging Face model folder, or a Hub id such as
+    ``"Qwen/Qwen2.5-1.5B-Instruct"``, downloaded by ``huggingface_hub`` into its cache the first time
+    (``revision``: a branch, tag or commit; ``token``: for private and gated models, else ``HF_TOKEN`` or
+    ``hf auth login``). ``local_files_only=True``, or ``HF_HUB_OFFLINE=1``, reads the cache only.
+    ``device``: ``"auto"`` (CUDA, then MPS, then the CPU) or any torch device; ``dtype``: ``"auto"``
+    (bfloat16 on a CUDA device that supports it, float32 elsewhere) or a floating-point dtype or its
+    name (:mod:`steerkit.loading.device`). ``backend``: ``"hf"`` (PyTorch hooks), ``"tlens"``
+    (TransformerLens 4 ``TransformerBridge``) or ``"nnsight"``. ``quantize``: ``"int8"`` or ``"int4"``
+    weight-only quantisation of the decoder blocks' linear layers (:mod:`steerkit.loading.quantize`,
+    torchao); the model keeps the fingerprint of its full-precision weights. ``device_map`` (``"auto"``
+    or a dict), ``max_memory`` (``{"cpu": "2GiB", 0: "20GiB"}``) and ``offload_folder``: accelerate's
+    big-model loading, for a model larger than memory (layers that do not fit are kept on disk and
+    loaded for each forward pass) or spread over several devices; hooks and steering tables follow each
+    block's device.
 
     Examples:
         >>> from steerkit.loading.export_hf import export_hf
         >>> folder = export_hf(tiny, tmp_dir / "tiny")       # a Hugging Face model folder
         >>> m = steerkit.load_model(folder)
-        >>> m.n_layers, m.d_model, m.fingerprint() == tiny.fingerprint()
-        (4, 64, True)
+        >>> m.n_layers, m.d_model, m.fingerprint() == tiny.fingerprint(), m.dtype, m.device.type
+        (4, 64, True, torch.float32, 'cpu')
 
         ``steerkit.load_model()`` with no argument is the embedded default model (``sm`` in these examples).
     """
     if backend not in BACKENDS:
         raise InputError(f"expected backend in {BACKENDS}, found {backend!r}")
-    dt = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
-        raise InputError(f"expected a floating-point torch dtype (or its name, e.g. 'bfloat16'), found {dtype!r}")
+    dev = pick_device(device) if device_map is None else None
+    dt = pick_dtype(dtype, dev if dev is not None else "cpu")
     if quantize is not None and quantize not in SCHEMES:
         raise InputError(f"expected quantize= one of {SCHEMES} (or None), found {quantize!r}")
     name, folder, gguf = resolve(name_or_path)
-    model, tok = load_hf(folder, dtype=dt, device=device, device_map=device_map, max_memory=max_memory,
-                      offload_folder=offload_folder)
+    model, tok = load_hf(folder, dtype=dt, device=dev or "cpu", device_map=device_map, max_memory=max_memory,
+                         offload_folder=offload_folder, revision=revision, token=token,
+                         local_files_only=local_files_only)
     fingerprint = None
     if quantize is not None:
         fingerprint = model_fingerprint(model)

