@@ -157,13 +157,15 @@ def default_results_path() -> str:
 def create_app(model: Any = None, *, store: Optional[str] = None, results: Optional[str] = None,
                preload: bool = True, threads: Optional[int] = None, cache_dir: Optional[str] = None,
                port: Optional[int] = None, bind: Optional[str] = None, allowed: Iterable[str] = (),
-               model_dirs: Iterable[str] = (), deadline: float = MODEL_DEADLINE_S):
+               model_dirs: Iterable[str] = (), deadline: float = MODEL_DEADLINE_S,
+               load_options: Optional[dict] = None):
     """Build the explorer. ``model``: a loaded SteerModel, a path/name for ``steerkit.load_model``, or
     ``None`` (the default model). ``preload`` loads it now rather than on the first request.
 
     ``port`` / ``bind`` / ``allowed``: what the Host check lets through (:func:`allowed_hosts`;
     ``port=None`` accepts the loopback names at any port). ``model_dirs``: folders whose models the
-    picker lists. ``deadline``: seconds of model work per request."""
+    picker lists. ``deadline``: seconds of model work per request. ``load_options``: keywords of
+    ``steerkit.load_model`` for every model the app loads (``device``, ``dtype``)."""
     # dash, diskcache and the modules built on dash load here: ``check_host`` / ``run`` are imported
     # by the CLI, which must start (and say what is missing) without the app extra installed
     import diskcache
@@ -172,7 +174,7 @@ def create_app(model: Any = None, *, store: Optional[str] = None, results: Optio
     from . import callbacks, layout
     from .runtime import ModelHost, ThreadedDiskcacheManager
 
-    host = ModelHost(model, threads=threads)
+    host = ModelHost(model, threads=threads, load_options=load_options)
     if preload:
         host.get()
     if store is None:
@@ -213,14 +215,16 @@ def check_host(host: str, allow_remote: bool) -> None:
 
 def run(model: Any = None, *, host: str = "127.0.0.1", port: int = 8050, allow_remote: bool = False,
         store: Optional[str] = None, results: Optional[str] = None, threads: Optional[int] = None,
-        debug: bool = False, allowed_host: Iterable[str] = ()) -> None:
-    """Serve the explorer (blocking). ``allowed_host``: more host names the Host check accepts."""
+        debug: bool = False, allowed_host: Iterable[str] = (), load_options: Optional[dict] = None) -> None:
+    """Serve the explorer (blocking). ``allowed_host``: more host names the Host check accepts;
+    ``load_options``: ``steerkit.load_model``'s keywords for every model the app loads (device, dtype)."""
     check_host(host, allow_remote)
     dirs = [model] if isinstance(model, str) and os.path.isdir(model) else []
     if allow_remote and host.strip("[]") in ANY_ADDRESS and not list(allowed_host):
         print("NOTE: bound to every interface: only requests naming 127.0.0.1, localhost or [::1] are answered; "
               "pass --allowed-host NAME for each name clients use to reach this machine.", file=sys.stderr, flush=True)
     app = create_app(model, store=store, results=results, threads=threads, port=port,
-                     bind=host if allow_remote else None, allowed=allowed_host, model_dirs=dirs)
+                     bind=host if allow_remote else None, allowed=allowed_host, model_dirs=dirs,
+                     load_options=load_options)
     print(f"steerkit explorer on http://{host if ':' not in host else f'[{host}]'}:{port}/", file=sys.stderr, flush=True)
     app.run(host=host, port=port, debug=debug, use_reloader=False, threaded=True)

@@ -116,7 +116,7 @@ def model_card(models, current_value):
         html.Div([
             field("Model", dcc.Dropdown(id="model-pick", clearable=False, value=current_value, options=opts,
                                         style={"width": "420px"})),
-            field("or a local folder, .gguf file or cached hub id",
+            field("or a local folder, .gguf file or Hugging Face Hub id",
                   dcc.Input(id="model-path", type="text", value="", placeholder="/path/to/model or org/name",
                             debounce=False, maxLength=MAX_MODEL_PATH_CHARS, style={"width": "300px"})),
             html.Button("Load model", id="model-load", n_clicks=0, style=BTN2),

@@ -88,8 +88,11 @@ def cache_key(*parts: Any) -> str:
 class ModelHost:
     """The model of this process (loaded once, lazily or at start), its lock and a result cache."""
 
-    def __init__(self, model: Any = None, *, max_results: int = 64, threads: Optional[int] = None):
+    def __init__(self, model: Any = None, *, max_results: int = 64, threads: Optional[int] = None,
+                 load_options: Optional[dict] = None):
         self._spec = model
+        #: ``steerkit.load_model``'s keywords for every model loaded here (device, dtype)
+        self.load_options = dict(load_options or {})
         self._sm = None if (model is None or isinstance(model, str) or hasattr(model, "__fspath__")) else model
         self._load_lock = threading.Lock()
         self.lock = threading.RLock()
@@ -113,7 +116,7 @@ class ModelHost:
                         torch.set_num_threads(int(self.threads))
                     t = time.perf_counter()
                     print(f"steerkit app: loading model {self._spec or '(default)'} ...", file=sys.stderr, flush=True)
-                    self._sm = steerkit.load_model(self._spec)
+                    self._sm = steerkit.load_model(self._spec, **self.load_options)
                     self.load_seconds = time.perf_counter() - t
                     self.loads += 1
                     print(f"steerkit app: model {self._sm.name} ready in {self.load_seconds:.1f}s", file=sys.stderr,
@@ -134,7 +137,7 @@ class ModelHost:
         with self.lock, self._load_lock:
             t = time.perf_counter()
             print(f"steerkit app: switching to model {spec or '(default)'} ...", file=sys.stderr, flush=True)
-            sm = steerkit.load_model(spec)
+            sm = steerkit.load_model(spec, **self.load_options)
             self._sm, self._spec = sm, spec
             self.load_seconds = time.perf_counter() - t
             self.loads += 1

@@ -1,6 +1,7 @@
-"""The quick-start pipeline on the embedded default model.
+"""The quick-start pipeline, on the embedded default model unless another is named.
 
-Load SmolLM2-135M-Instruct, record the residual stream at the last prompt
+Load SmolLM2-135M-Instruct (or ``model``, on ``device`` in ``dtype``, as ``steerkit.load_model`` takes
+them), record the residual stream at the last prompt
 token for two small prompt sets (joyful vs. gloomy statements), take the
 difference of their means at a middle layer as a direction, and print greedy
 generations without and with that direction added to the output of the block.
@@ -29,10 +30,13 @@ NEGATIVE = [
 TEST_PROMPTS = ["Tell me about your weekend.", "Describe the city you live in.", "Write one sentence about Mondays."]
 
 
-def main(quick: bool = False, layer: int = 12, scale: float = 6.0) -> int:
+def main(quick: bool = False, layer: int | None = None, scale: float = 6.0, *, model=None, device="auto",
+         dtype="auto") -> int:
+    """Run the pipeline; ``layer`` defaults to the block 40% of the way up (12 of the default's 30)."""
     t0 = time.time()
-    sm = load_model()
-    print(f"loaded {sm} in {time.time() - t0:.1f}s")
+    sm = load_model(model, device=device, dtype=dtype)
+    print(f"loaded {sm} on {sm.device} in {sm.dtype} in {time.time() - t0:.1f}s")
+    layer = round(0.4 * sm.n_layers) if layer is None else layer
     hooks = resid_post(range(sm.n_layers))
     with sm.record(hooks, positions="last") as cache:
         sm.forward(POSITIVE, chat=True)

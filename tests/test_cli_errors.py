@@ -56,6 +56,9 @@ def _cases(d: Path):
         "probe-score-missing-file": (["probe", "score", d / "missing.safetensors", "--prompts", p],
                                      ["expected a probe artifact file", "missing.safetensors"]),
         "info-missing-model": (["info", "--model", "/nonexistent"], ["/nonexistent", "found nothing there"]),
+        "info-bad-device": (["info", "--device", "gpu"], ["expected a torch device", "'gpu'"]),
+        "demo-hub-id-offline": (["demo", "--model", "org/not-in-the-cache"],
+                                ["'org/not-in-the-cache'", "HF_HUB_OFFLINE=1 is set: go online", "pass its path"]),
     }
 
 

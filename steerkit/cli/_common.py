@@ -1,5 +1,6 @@
-"""What every verb group shares: running a verb with the command line's error behaviour, prompt files,
-hook lists, output paths and ports as the command line reads them."""
+"""What every verb group shares: running a verb with the command line's error behaviour, the model
+options (``--model --device --dtype``, and ``--backend`` where a verb takes one), prompt files, hook
+lists, output paths and ports as the command line reads them."""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,41 @@ from typing import Any, Callable, Sequence, Union
 
 from steerkit.errors import InputError, SteerkitError
 from steerkit.hooks.names import BLOCK_HOOKS, layer_names
+from steerkit.loading.device import DTYPE_NAMES
 
 PROMPT_KEYS = ("prompt", "instruction", "text", "question")
+BACKEND_NAMES = ("hf", "tlens", "nnsight")
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, backend: bool = False) -> None:
+    """``--model``, ``--device`` and ``--dtype`` (and ``--backend``), as every verb that loads a model has
+    them; :func:`load_model_from` loads what they say."""
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", default=None, help="model folder, .gguf file or Hugging Face Hub id such as "
+                   "Qwen/Qwen2.5-1.5B-Instruct (downloaded once into the Hub cache; HF_HUB_OFFLINE=1 reads the "
+                   "cache only) (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--device", default="auto", help="torch device: auto (CUDA, then MPS, then the CPU), cpu, cuda, "
+                   "cuda:1, mps (default auto)")
+    g.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES), help="weights' and activations' "
+                   "type; auto: bfloat16 on a CUDA device that supports it, float32 elsewhere (default auto)")
+    if backend:
+        g.add_argument("--backend", default="hf", choices=BACKEND_NAMES,
+                       help="hf (PyTorch hooks), tlens (TransformerLens 4) or nnsight (default hf)")
+
+
+def model_options(args: argparse.Namespace) -> dict:
+    """The keyword arguments of ``steerkit.load_model`` the model options give (all but ``--model``)."""
+    out = dict(device=args.device, dtype=args.dtype)
+    if getattr(args, "backend", None) is not None:
+        out["backend"] = args.backend
+    return out
+
+
+def load_model_from(args: argparse.Namespace):
+    """``steerkit.load_model`` of the verb's model options (:func:`add_model_options`)."""
+    from steerkit.model import load_model
+
+    return load_model(args.model, **model_options(args))
 
 
 def error_line(error: BaseException | str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from steerkit.apps.app import allowed_hosts, check_host
 from steerkit.apps.app import run as serve_app
-from steerkit.cli._common import check_min, check_port, check_store_path, run_group
+from steerkit.cli._common import add_model_options, check_min, check_port, check_store_path, model_options, run_group
 from steerkit.errors import InputError
 
 #: what the explorer imports when it starts (the 'app' extra)
@@ -23,8 +23,7 @@ APP_DEPENDENCIES = ("dash", "diskcache", "plotly")
 def register(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("app", help="the visual explorer: divergence profiles, probes, live steering",
                               description="Serve the steerkit explorer (a local Plotly Dash app).")
-    p.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: the "
-                   "embedded SmolLM2-135M-Instruct)")
+    add_model_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8050)
     p.add_argument("--allow-remote", action="store_true", help="allow binding a non-local address (no auth!)")
@@ -52,7 +51,8 @@ def run(args) -> int:
         raise InputError(f"expected the app's dependencies {list(APP_DEPENDENCIES)} in this Python environment, "
                          f"found {missing} missing; install the 'app' extra: pip install 'steerkit[app]'")
     serve_app(args.model, host=args.host, port=args.port, allow_remote=args.allow_remote, store=args.store,
-              results=args.results, threads=args.threads, debug=args.debug, allowed_host=args.allowed_host)
+              results=args.results, threads=args.threads, debug=args.debug, allowed_host=args.allowed_host,
+              load_options=model_options(args))
     return 0
 
 

@@ -9,8 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from steerkit import load_model
-from steerkit.cli._common import check_min, check_output_path, parse_hooks, read_prompts, resolve_hooks
+from steerkit.cli._common import (add_model_options, check_min, check_output_path, load_model_from, parse_hooks,
+                                  read_prompts, resolve_hooks)
 from steerkit.storage.dataset import ActivationDataset, record_dataset
 from steerkit.demo import main as demo_main
 from steerkit.errors import BackendUnavailableError, InputError
@@ -20,7 +20,7 @@ POSITION_NAMES = ("all", "prompt", "generated", "last")
 
 
 def cmd_info(args) -> int:
-    sm = load_model(args.model, backend=args.backend)
+    sm = load_model_from(args)
     info = {"name": sm.name, "backend": sm.backend_name, "adapter": sm.adapter.name,
             "architecture": type(sm.hf_model).__name__, "n_layers": sm.n_layers, "d_model": sm.d_model,
             "n_ctx": sm.n_ctx, "dtype": str(sm.dtype), "device": str(sm.device),
@@ -124,7 +124,7 @@ def cmd_record(args) -> int:
         return _record_vllm(args, pos, parse_hooks(args.hooks))
     parsed_hooks = parse_hooks(args.hooks)
     prompts = read_prompts(args.prompts)
-    sm = load_model(args.model, backend=args.backend)
+    sm = load_model_from(args)
     hooks = resolve_hooks(parsed_hooks, sm.n_layers)
     ds = record_dataset(sm, prompts, hooks, args.out, positions=pos, batch_size=args.batch_size,
                         shard_size=args.shard_size, chat=not args.no_chat, progress=not args.quiet)
@@ -133,13 +133,11 @@ def cmd_record(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    return demo_main(quick=args.quick)
+    return demo_main(quick=args.quick, model=args.model, device=args.device, dtype=args.dtype)
 
 
 def model_args(sp) -> None:
-    sp.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: "
-                    "the embedded SmolLM2-135M-Instruct)")
-    sp.add_argument("--backend", default="hf", choices=["hf", "tlens", "nnsight"])
+    add_model_options(sp, backend=True)
 
 
 def register(sub) -> None:
@@ -170,4 +168,5 @@ def register(sub) -> None:
 
     sp = sub.add_parser("demo", help="the quick-start pipeline on the default model")
     sp.add_argument("--quick", action="store_true")
+    add_model_options(sp)
     sp.set_defaults(func=cmd_demo)

@@ -40,8 +40,8 @@ from pathlib import Path
 
 import torch
 
-from steerkit import load_model
-from steerkit.cli._common import check_min, check_output_path, check_store_path, read_prompts
+from steerkit.cli._common import (add_model_options, check_min, check_output_path, check_store_path, load_model_from,
+                                  read_prompts)
 from steerkit.errors import InputError
 from steerkit.probes.methods import REGISTRY
 from steerkit.probes.methods.caa import CAAConfig
@@ -60,8 +60,7 @@ if TYPE_CHECKING:
 
 def register(subparsers) -> None:
     def common(p):
-        p.add_argument("--model", default=None, help="model folder, .gguf or cached hub id (default: embedded "
-                       "SmolLM2-135M-Instruct)")
+        add_model_options(p)
         p.add_argument("--out", default=None, help="vector store folder")
         p.add_argument("--no-save", action="store_true")
         p.add_argument("--report", default=None, metavar="FILE", help="write all numbers as JSON")
@@ -305,7 +304,7 @@ def _write_html(path: str, figures: list) -> None:
 def run(args) -> int:
     _precheck(args)
     torch_threads()
-    sm = load_model(args.model)
+    sm = load_model_from(args)
     report = {"model": sm.name}
     fn = {"temporal": _temporal, "norms": _norms, "mi-peaks": _mi, "caa": _caa, "region": _region,
           "critique": _critique, "induction": _induction, "ioi": _ioi}[args.method]

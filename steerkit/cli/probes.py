@@ -34,9 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from steerkit import load_model
-from steerkit.cli._common import (check_min, check_output_path, check_store_path, parse_hooks, read_prompts,
-                                  read_records, resolve_hooks, run_group)
+from steerkit.cli._common import (add_model_options, check_min, check_output_path, check_store_path, load_model_from,
+                                  parse_hooks, read_prompts, read_records, resolve_hooks, run_group)
 from steerkit.errors import InputError
 from steerkit.hooks.names import BLOCK_HOOKS
 from steerkit.probes import (auroc, fit_probe, labels_for, record_activations, score_prompts, sweep,
@@ -58,9 +57,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     sub.required = True
 
     def common(sp):
-        sp.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: the "
-                        "embedded SmolLM2-135M-Instruct)")
-        sp.add_argument("--backend", default="hf", choices=["hf", "tlens", "nnsight"])
+        add_model_options(sp, backend=True)
         sp.add_argument("--store", default=None, help="store folder (default: $STEERKIT_STORE or ./steerkit-store)")
         sp.add_argument("--batch-size", type=int, default=16)
 
@@ -191,7 +188,7 @@ def cmd_fit(args) -> int:
     pos, neg = read_prompts(args.pos), read_prompts(args.neg)
     position = _position(args.position)
     site = _hook_site(args.hook_site)
-    sm = load_model(args.model, backend=args.backend)
+    sm = load_model_from(args)
     hook = f"blocks.{args.layer}.{site}"
     sm.hooks.parse(hook)
     chat = not args.no_chat
@@ -240,7 +237,7 @@ def cmd_score(args) -> int:
             raise InputError(f"expected a {key!r} field on every record of {args.prompts}, found it missing at "
                              f"records {missing[:10]}")
         labels = [_label(r[key], probe.classes, f"{args.prompts} record {i}") for i, r in enumerate(records)]
-    sm = load_model(args.model, backend=args.backend)
+    sm = load_model_from(args)
     scores = score_prompts(sm, probe, [r["prompt"] for r in records], batch_size=args.batch_size)
     au = None
     n_pos = 0
@@ -296,7 +293,7 @@ def cmd_sweep(args) -> int:
     _folds(args.folds, zero_ok=False)
     check_min(args.n_boot, "--n-boot", 1)
     pos, neg = read_prompts(args.pos), read_prompts(args.neg)
-    sm = load_model(args.model, backend=args.backend)
+    sm = load_model_from(args)
     hooks = resolve_hooks(parsed_hooks, sm.n_layers)
     res = sweep(sm, *labels_for(pos, neg), hooks=hooks, positions=positions, method=methods, n_folds=args.folds,
                 n_boot=args.n_boot, chat=not args.no_chat, batch_size=args.batch_size)

@@ -26,8 +26,7 @@ import sys
 from pathlib import Path
 
 from steerkit import cli as _cli
-from steerkit import load_model
-from steerkit.cli._common import check_min, check_output_path, check_store_path
+from steerkit.cli._common import add_model_options, check_min, check_output_path, check_store_path, load_model_from
 from steerkit.errors import InputError
 from steerkit.probes.methods import REGISTRY
 from steerkit.probes.methods.refusal import RefusalConfig, save_orthogonalized
@@ -37,8 +36,7 @@ from steerkit.vectors import Store
 def register(subparsers) -> None:
     p = subparsers.add_parser("refusal", help="find, select and save the refusal direction and the first-token "
                               "refusal probe (Arditi et al. 2024)")
-    p.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: the embedded "
-                   "SmolLM2-135M-Instruct)")
+    add_model_options(p)
     p.add_argument("--out", default=None, help="vector store folder (default: $STEERKIT_STORE or ./steerkit-store)")
     p.add_argument("--n-train", type=int, default=32, help="train prompts per side (default 32)")
     p.add_argument("--n-val", type=int, default=16, help="validation prompts per side, for selection (default 16)")
@@ -105,7 +103,7 @@ def run(args) -> int:
         if o.exists():
             raise InputError(f"expected --orthogonalized to name a folder that does not exist yet, found {o}; "
                              "choose another path or remove it")
-    sm = load_model(args.model)
+    sm = load_model_from(args)
     res = REGISTRY["refusal"].run(sm, cfg, progress=not args.quiet)
     rows = res.summary_rows()
     if res.probe is not None:

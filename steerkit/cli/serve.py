@@ -104,7 +104,7 @@ def cmd_export(args) -> int:
     if Path(args.out_dir).expanduser().exists() and not args.overwrite:
         raise InputError(f"expected the output folder {args.out_dir} not to exist, found it; choose another path "
                          "or pass --overwrite")
-    sm = steerkit.load_model(args.model)
+    sm = steerkit.load_model(args.model, device="cpu", dtype="float32")  # written from the CPU, cast on writing
     out = export_hf(sm, args.out_dir, dtype=args.dtype, overwrite=args.overwrite)
     print(f"wrote {sm.name} ({sm.n_layers} layers, d_model {sm.d_model}) to {out}")
     return 0

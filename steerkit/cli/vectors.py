@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steerkit import load_model
-from steerkit.cli._common import check_min, check_output_path, check_store_path, read_prompts, run_group
+from steerkit.cli._common import (add_model_options, check_min, check_output_path, check_store_path, load_model_from,
+                                  read_prompts, run_group)
 from steerkit.errors import InputError
 from steerkit.probes.tune import Rule, tune
 from steerkit.vectors import ARTIFACT_KINDS, DirectionSet, Probe, SteeringVector, Store, export, import_artifact
@@ -94,9 +94,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     tu.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the concept interval")
     tu.add_argument("--seed", type=int, default=0)
     tu.add_argument("--batch-size", type=int, default=64, help="rows per generate / forward call")
-    tu.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: the "
-                    "embedded SmolLM2-135M-Instruct)")
-    tu.add_argument("--backend", default="hf", choices=["hf", "tlens", "nnsight"])
+    add_model_options(tu, backend=True)
     tu.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     tu.add_argument("--json", action="store_true", help="print the whole result (with 'recommended') as JSON")
     tu.add_argument("--out", default=None, metavar="FILE.json", help="also save the result as JSON")
@@ -224,7 +222,7 @@ def _tune(args: argparse.Namespace, store: Store) -> int:
         concept = {"contains": list(args.contains), "absent": list(args.absent)}
     prompts = read_prompts(args.prompts)
     neutral = read_prompts(args.neutral) if args.neutral is not None else None
-    sm = load_model(args.model, backend=args.backend)
+    sm = load_model_from(args)
     res = tune(sm, art, prompts, layers=layers, scales=scales, concept=concept, neutral=neutral,
                max_new_tokens=args.tokens, batch_size=args.batch_size, rule=rule, n_boot=args.n_boot,
                seed=args.seed, normalize=args.normalize, chat=not args.no_chat, progress=sys.stderr.isatty())
