@@ -68,7 +68,7 @@ class InputError(SteerkitError, ValueError):
         ...     steerkit.load_model(dtype="int8")
         ... except ValueError as e:
         ...     print(type(e).__name__, "|", e)
-        InputError | expected a floating-point torch dtype (or its name, e.g. 'bfloat16'), found 'int8'
+        InputError | expected a floating-point torch dtype ('auto', 'float32', 'bfloat16', 'float16'), found 'int8'
     """
 
 
