@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence, Union
 from steerkit.errors import InputError, SteerkitError
 from steerkit.hooks.names import BLOCK_HOOKS, layer_names
 from steerkit.loading.device import DTYPE_NAMES
+from steerkit.model import SteerModel, load_model
 
 PROMPT_KEYS = ("prompt", "instruction", "text", "question")
 BACKEND_NAMES = ("hf", "tlens", "nnsight")
@@ -42,10 +43,8 @@ def model_options(args: argparse.Namespace) -> dict:
     return out
 
 
-def load_model_from(args: argparse.Namespace):
+def load_model_from(args: argparse.Namespace) -> SteerModel:
     """``steerkit.load_model`` of the verb's model options (:func:`add_model_options`)."""
-    from steerkit.model import load_model
-
     return load_model(args.model, **model_options(args))
 
 
