@@ -104,6 +104,10 @@ TARGETS: dict[str, Target] = {
         "patching", "x_vs_tlens", ">=", 4.0, "x",
         "bench_patching.py (prefix reuse: >= 4x TransformerLens)",
         where=(("hook", ("z",)), ("condition", ("steerkit",))), label=("threads",)),
+    "tuning grid batched (the default), x the same with full prompt passes": Target(
+        "tune", "x_vs_full_passes", ">=", 1.2, "x",
+        "bench_tune.py (prompt passes from the steered block: >= 1.2x)",
+        where=(("condition", ("batched",)),), label=("mode", "cells", "prompts", "tokens")),
     "tuning grid cell by cell, x the same with full prompt passes": Target(
         "tune", "x_vs_full_passes", ">=", 1.2, "x",
         "bench_tune.py (prompt passes from the steered block: >= 1.2x cell by cell)",
