@@ -142,6 +142,8 @@ SOURCES: dict[str, tuple[str, str]] = {
     "slots_op": ("benchmarks/bench_slots_op.py", "the steering operator's cost per call, as defined vs through "
                                                  "torch.library.custom_op"),
     "quantized_decode": ("benchmarks/bench_quantized.py", "steered decode speed, float32 vs int8 weights"),
+    "real_size": ("benchmarks/bench_real_size.py", "Llama-3.2-1B's and 3B's shapes in bfloat16 (the 3B offloaded): "
+                                                   "each step beside plain transformers, with peak RSS"),
     "record": ("benchmarks/bench_record.py", "recording throughput"),
     "record_memory": ("benchmarks/bench_record.py", "peak memory of one record scope vs a bare pass"),
     "refusal_paths": ("scripts/refusal_paths.py", "the refusal direction on quantised and offloaded loads"),
@@ -177,6 +179,7 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "plan": ("median_us_per_step", ("step",), "requests"),
     "slots_op": ("us_per_call", ("case",), "registration"),
     "quantized_decode": ("overhead_pct", ("weights", "condition"), "batch"),
+    "real_size": ("wall_s", ("size", "step"), "condition"),
     "record": ("throughput_ratio", ("prompts", "batch"), None),
     "record_memory": ("record_minus_bare_mib", ("prompts",), None),
     "refusal_paths": ("cosine_with_float32", ("path",), None),
