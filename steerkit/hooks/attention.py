@@ -93,7 +93,15 @@ _SEGMENTS: "ContextVar[Optional[segments.Segments]]" = ContextVar("steerkit_pack
 @contextlib.contextmanager
 def packed(model: nn.Module, layout: segments.Segments) -> Iterator[None]:
     """Within, ``model``'s attention takes its single row as the packed segments ``layout`` and computes
-    them as a batch of whole sequences (:mod:`steerkit.hooks.segments`); restored afterwards."""
+    them as a batch of whole sequences (:mod:`steerkit.hooks.segments`); restored afterwards.
+
+    Examples:
+        >>> from steerkit.hooks.segments import Segments
+        >>> with packed(tiny.hf_model, Segments.of([0], n_pos=3)):
+        ...     inside = tiny.hf_model.config._attn_implementation
+        >>> inside, tiny.hf_model.config._attn_implementation
+        ('steerkit:sdpa', 'sdpa')
+    """
     release = _SWITCH.acquire(model)
     token = _SEGMENTS.set(layout)
     try:

@@ -28,7 +28,13 @@ class Segments:
     """Where a packed pass's queries and keys sit in a batch of whole sequences: row ``i`` is segment
     ``i``. ``queries[i, p]``: the packed query at position ``p`` (clamped where ``real`` is False);
     ``real[i, p]``: the segment has a query there (``p >= s_i``); ``keys[i, p]``: the key of position
-    ``p`` in the key axis of the packed pass (the cached positions, then the packed ones)."""
+    ``p`` in the key axis of the packed pass (the cached positions, then the packed ones).
+
+    Examples:
+        >>> s = Segments.of([1], n_pos=2)  # one segment: position 1 after a cached position 0
+        >>> s.queries.tolist(), s.real.tolist(), s.keys.tolist()
+        ([[0, 0]], [[False, True]], [[0, 2]])
+    """
 
     queries: Int[Tensor, "segments pos"]
     real: Bool[Tensor, "segments pos"]
@@ -79,7 +85,19 @@ def attend(fn: Callable, module: nn.Module, seg: Segments, query: Tensor, key: T
            attention_mask: Optional[Tensor], sdpa: bool, **kwargs) -> tuple[Tensor, None]:
     """``fn`` (the model's attention function: ``(module, q, k, v, mask, **kwargs) -> (out [b, q, heads,
     d], weights)``) over the packed row ``query [1, heads, packed, d]``, ``key`` / ``value [1, kv_heads,
-    T + packed, d]`` as a batch of one whole sequence per segment; returns ``[1, packed, heads, d]``."""
+    T + packed, d]`` as a batch of one whole sequence per segment; returns ``[1, packed, heads, d]``.
+
+    Examples:
+        >>> def sdpa(m, q, k, v, mask, **kw):  # causal where no mask is given, as transformers' SDPA does
+        ...     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        ...     return out.transpose(1, 2), None
+        >>> T, seg = 3, Segments.of([0, 2], n_pos=3)  # the whole sequence, then position 2 again
+        >>> q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, T + 4, 8), torch.randn(1, 2, T + 4, 8)
+        >>> out, _ = attend(sdpa, None, seg, q, k, v, None, sdpa=True)
+        >>> whole, _ = sdpa(None, q[:, :, :3], k[:, :, 3:6], v[:, :, 3:6], None)  # segment 0 alone
+        >>> tuple(out.shape), torch.allclose(out[:, :3], whole)
+        ((1, 4, 2, 8), True)
+    """
     if query.shape[0] != 1:
         raise ValueError(f"expected one packed row, found a batch of {query.shape[0]}")
     q = query[0][:, seg.queries].transpose(0, 1).masked_fill(~seg.real[:, None, :, None], 0)
