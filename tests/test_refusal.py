@@ -532,10 +532,10 @@ def test_cli_report_keeps_every_probe_position_and_names_the_chosen_one(monkeypa
     import json
 
     from steerkit import cli
-    from steerkit.cli import refusal as cli_refusal
+    from steerkit.cli import _common
     from steerkit.vectors import Store
     sm = _sm(max_position_embeddings=2048)
-    monkeypatch.setattr(cli_refusal, "load_model", lambda name=None: sm)
+    monkeypatch.setattr(_common, "load_model", lambda name=None, **options: sm)  # every verb loads through it
     report = tmp_path / "r.json"
     assert cli.main(["refusal", "--n-train", "6", "--n-val", "3", "--n-test", "3", "--max-new-tokens", "3",
                      "--min-keep", "100", "--kl-max", "1e9", "--probe-n-train", "6", "--probe-n-test", "3",
