@@ -130,6 +130,7 @@ SOURCES: dict[str, tuple[str, str]] = {
                                                            "scoring passes against rows per call"),
     "continuation": ("benchmarks/bench_continuation.py", "scoring continuations: each prompt's KV cache "
                                                          "shared vs one full forward per row"),
+    "dtype": ("benchmarks/bench_dtype.py", "bfloat16 vs float32 on the default model: decoding and recording"),
     "generation": ("benchmarks/bench_generation.py", "steered vs unsteered greedy generation, per library"),
     "gpu_kernels": ("benchmarks/gpu_kernels.py", "the fused Triton steering kernel on a CUDA GPU, per case"),
     "gpu_kernels_sweep": ("benchmarks/gpu_kernels.py", "the fused kernel's launch-parameter sweep"),
@@ -169,6 +170,7 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "backend_memory": ("model_mib", ("condition",), None),
     "batch_scaling": ("gain_vs_ref", ("rows",), "kind"),
     "continuation": ("median_s", ("condition",), "mode"),
+    "dtype": ("cpu_ms", ("work",), "dtype"),
     "generation": ("paired_overhead_pct", ("library", "edit"), "batch"),
     "gpu_kernels": ("frac_of_copy", ("case", "dtype"), None),
     "gpu_kernels_sweep": ("frac_of_copy", ("block_r", "block_d", "num_warps"), "case"),
