@@ -365,6 +365,16 @@ def hf_tokenizer(folder: Path):
     return tok
 
 
+def plain_generate(model, tok, prompts: list[str], tokens: int, device):
+    """Plain transformers' greedy ``generate`` of a left-padded batch: ``(output ids, steps made)``."""
+    import torch
+
+    batch = tok(prompts, return_tensors="pt", padding=True).to(device)
+    with torch.inference_mode():
+        out = model.generate(**batch, max_new_tokens=tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+    return out, out.shape[1] - batch["input_ids"].shape[1]
+
+
 def unit(v):
     v = v.float()
     return v / v.norm().clamp_min(1e-12)
@@ -424,11 +434,8 @@ def run_dense(b: Bench, size: str, folder: Path, work: Path, sizes: dict) -> Non
             b.step(size, "diff_of_means", "transformers", W, hf_diff)
 
         def hf_generate():
-            batch = tok(gen_prompts, return_tensors="pt", padding=True).to(device)
-            P = batch["input_ids"].shape[1]
-            with torch.inference_mode():
-                out = model.generate(**batch, max_new_tokens=T, do_sample=False, pad_token_id=tok.pad_token_id)
-            return out, f"{len(gen_prompts)} prompts, {out.shape[1] - P} steps, unsteered"
+            out, steps = plain_generate(model, tok, gen_prompts, T, device)
+            return out, f"{len(gen_prompts)} prompts, {steps} steps, unsteered"
 
         b.step(size, "generate", "transformers", W, hf_generate)
     b.note_only(size, "patching", "transformers", W, "no plain-transformers counterpart")
@@ -534,11 +541,8 @@ def run_offload(b: Bench, size: str, folder: Path, work: Path, sizes: dict, budg
         tok = hold["tok"]
 
         def hf_generate():
-            batch = tok(prompts[:1], return_tensors="pt", padding=True)
-            P = batch["input_ids"].shape[1]
-            with torch.inference_mode():
-                out = model.generate(**batch, max_new_tokens=T, do_sample=False, pad_token_id=tok.pad_token_id)
-            return out, f"1 prompt, {out.shape[1] - P} steps, unsteered"
+            out, steps = plain_generate(model, tok, prompts[:1], T, "cpu")
+            return out, f"1 prompt, {steps} steps, unsteered"
 
         b.step(size, "generate", "transformers", W, hf_generate)
     b.note_only(size, "record", "transformers", W, "not run (the offload comparison is load + generate)")
