@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 from jaxtyping import Float, Int
-from scipy.stats import rankdata
 
 from steerkit.errors import InputError
 
@@ -55,6 +54,33 @@ def check_labels(y, n: int | None = None, *, what: str = "labels") -> np.ndarray
         raise InputError(f"expected both classes in {what}, found only class {vals.pop() if vals else None!r}; "
                          "a probe needs positive and negative examples")
     return y.astype(np.int64)
+
+
+def rankdata(x, axis: int = -1) -> np.ndarray:
+    """Ranks from 1 along ``axis``, tied values given the mean of their ranks (``scipy.stats.rankdata``'s
+    default method, without needing scipy).
+
+    Examples:
+        >>> rankdata([0.5, 0.1, 0.5, 0.9]).tolist()
+        [2.5, 1.0, 2.5, 4.0]
+        >>> rankdata(np.array([[3.0, 1.0], [1.0, 1.0]]), axis=1).tolist()
+        [[2.0, 1.0], [1.5, 1.5]]
+    """
+    a = np.moveaxis(np.asarray(x, dtype=np.float64), axis, -1)
+    n = a.shape[-1]
+    flat = a.reshape(-1, n)
+    order = np.argsort(flat, axis=1, kind="mergesort")
+    s = np.take_along_axis(flat, order, 1)
+    pos = np.broadcast_to(np.arange(n), s.shape)
+    first = np.ones(s.shape, dtype=bool)
+    first[:, 1:] = s[:, 1:] != s[:, :-1]  # a tie group starts here
+    last = np.ones(s.shape, dtype=bool)
+    last[:, :-1] = first[:, 1:]  # a tie group ends here
+    start = np.maximum.accumulate(np.where(first, pos, 0), axis=1)
+    end = np.minimum.accumulate(np.where(last, pos, n)[:, ::-1], axis=1)[:, ::-1]
+    ranks = np.empty(s.shape)
+    np.put_along_axis(ranks, order, (start + end) / 2 + 1, 1)
+    return np.moveaxis(ranks.reshape(a.shape), -1, axis)
 
 
 def auroc(y: Int[np.ndarray, " n"], scores: Float[np.ndarray, " n"]) -> float:

@@ -413,3 +413,15 @@ def test_plot_without_plotly_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(InputError, match="expected plotly or matplotlib"):
         res.plot()
+
+
+def test_rankdata_equals_scipys():
+    """The ranks behind every AUROC: scipy.stats.rankdata's average-rank ties, without scipy at run time."""
+    st = pytest.importorskip("scipy.stats")
+    from steerkit.probes.metrics import rankdata
+
+    rng = np.random.default_rng(0)
+    for shape, axis in [((50,), -1), ((7, 40), 1), ((7, 40), 0), ((3, 4, 9), 1)]:
+        for k in range(10):
+            x = rng.integers(0, 6, size=shape).astype(float) if k % 2 else rng.normal(size=shape)
+            assert np.array_equal(rankdata(x, axis=axis), st.rankdata(x, axis=axis)), (shape, axis, k)

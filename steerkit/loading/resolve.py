@@ -123,10 +123,13 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, tokenizer_name: str | None =
         tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except (ImportError, MemoryError):
         raise
+    except ValueError as e:
+        if "is required" in str(e) and "pip install" in str(e):  # transformers names a package it needs
+            raise InputError(f"expected the packages transformers needs to read a GGUF file, found one missing "
+                             f"({str(e)[:200]}); install it and load again") from None
+        raise _unreadable(gguf_path, e) from e
     except Exception as e:  # noqa: BLE001 - a damaged or unsupported GGUF fails in many ways inside transformers
-        raise ModelNotFoundError(f"expected a GGUF model that transformers can load at {gguf_path}, found one it "
-                                 f"cannot read ({type(e).__name__}: {str(e)[:200]}); the file is damaged or "
-                                 "its architecture or quantization is not supported") from e
+        raise _unreadable(gguf_path, e) from e
     with atomic_folder(out_dir, if_exists="keep") as tmp:  # another process may have won the race: keep theirs
         model.config.save_pretrained(tmp)
         if getattr(model, "generation_config", None) is not None:
@@ -136,6 +139,12 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, tokenizer_name: str | None =
         (tmp / "steerkit_source.json").write_text(json.dumps(
             {"gguf": str(gguf_path), "sha256_16": out_dir.name.rsplit("-", 1)[-1]}, indent=1))
     return out_dir
+
+
+def _unreadable(gguf_path: Path, e: Exception) -> ModelNotFoundError:
+    return ModelNotFoundError(f"expected a GGUF model that transformers can load at {gguf_path}, found one it "
+                              f"cannot read ({type(e).__name__}: {str(e)[:200]}); the file is damaged or its "
+                              "architecture or quantization is not supported")
 
 
 GGUF_MAGIC = b"GGUF"
