@@ -21,7 +21,9 @@ MAX_INDEX = 1 << 31
 
 def is_index(s: Any) -> bool:
     """Whether ``s`` is a string holding an index by the rule above."""
-    return isinstance(s, str) and INDEX_RE.match(s) is not None and int(s) < MAX_INDEX
+    # the length first: int() of thousands of digits raises Python's own conversion-limit error
+    return (isinstance(s, str) and len(s) <= len(str(MAX_INDEX)) and INDEX_RE.match(s) is not None
+            and int(s) < MAX_INDEX)
 
 
 def parse_index(s: Any, what: str, error: type[Exception]) -> int:
