@@ -398,7 +398,7 @@ def run_packed(sm: "SteerModel", site: Union[int, str], cache: RunCache, pack: P
         run.chunk_start = T
         logits, _ = sm.backend.run_blocks(ids, mask, qpos.to(dev)[None], kv, layer, resid,
                                           keep=torch.tensor(keep_idx, device=dev),
-                                          segments=Segments.of(list(pack.starts), T))
+                                          segments=Segments.of(list(pack.starts), T).to(dev))
     at = {k: j for j, k in enumerate(keep_idx)}
     base = T - int(cache.logits.shape[1])  # run_cached(keep=k) kept the last k positions only
     if any(p < min(base, s) for s in pack.starts for p in want):

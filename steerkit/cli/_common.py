@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence, Union
 
+from steerkit.backends import BACKENDS
 from steerkit.errors import InputError, SteerkitError
 from steerkit.hooks.names import BLOCK_HOOKS, layer_names
 from steerkit.loading.device import DTYPE_NAMES
 from steerkit.model import SteerModel, load_model
 
 PROMPT_KEYS = ("prompt", "instruction", "text", "question")
-BACKEND_NAMES = ("hf", "tlens", "nnsight")
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, backend: bool = False) -> None:
@@ -31,7 +31,7 @@ def add_model_options(parser: argparse.ArgumentParser, *, backend: bool = False)
     g.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES), help="weights' and activations' "
                    "type; auto: bfloat16 on a CUDA device that supports it, float32 elsewhere (default auto)")
     if backend:
-        g.add_argument("--backend", default="hf", choices=BACKEND_NAMES,
+        g.add_argument("--backend", default="hf", choices=BACKENDS,
                        help="hf (PyTorch hooks), tlens (TransformerLens 4) or nnsight (default hf)")
 
 

@@ -153,8 +153,7 @@ def _segmented(module: nn.Module, layout: segments.Segments, query: Tensor, key:
             return eager(m, q, k, v, mask, scaling=kw.get("scaling"), dropout=kw.get("dropout", 0.0),
                          softcap=kw.get("softcap"), sliding_window=kw.get("sliding_window"))
     extra = {} if softcap is None else {"softcap": softcap}
-    return segments.attend(fn, module, layout.to(query.device), query, key, value, attention_mask, base == "sdpa",
-                           **extra, **kwargs)
+    return segments.attend(fn, module, layout, query, key, value, attention_mask, base == "sdpa", **extra, **kwargs)
 
 
 def eager(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor], *,

@@ -58,6 +58,7 @@ class Segments:
         return cls(local.clamp(min=0).masked_fill(~real, 0), real, torch.where(real, n_pos + local, pos))
 
     def to(self, device) -> "Segments":
+        """The layout on ``device`` (where the packed pass runs: moved once, not per layer)."""
         return Segments(self.queries.to(device), self.real.to(device), self.keys.to(device))
 
 
