@@ -455,6 +455,7 @@ def _decode(sm: "SteerModel", toks, prefill: Callable, *, max_new_tokens: int, d
     eos_ids = _eos_ids(sm)
     pad = sm.tokenizer.pad_token_id
     out: list[list[int]] = [[] for _ in range(B)]
+    done_l = [False] * B
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     texts = [""] * B
     mask = toks.attention_mask
@@ -479,14 +480,14 @@ def _decode(sm: "SteerModel", toks, prefill: Callable, *, max_new_tokens: int, d
                 logits = torch.where(rows[:, None], again, logits)
                 nxt = torch.where(rows, _sample(logits, do_sample, temperature, top_p, top_k, gen), nxt)
                 rec.spec.events.extend((int(b), step) for b in rows.nonzero().flatten().tolist())
-            fed = ~done  # the rows whose token this step is a generated one (fed next, recorded there)
-            for b in range(B):
-                if done[b]:
+            # the sampled tokens leave the device in one copy per step; which rows ended is kept on the host
+            fed_l = [not d for d in done_l]  # the rows whose token this step is a generated one (fed next)
+            for b, t in enumerate(nxt.tolist()):
+                if done_l[b]:
                     continue
-                t = int(nxt[b])
                 if t in eos_ids:
-                    done[b] = True
-                    fed[b] = False
+                    done_l[b] = True
+                    fed_l[b] = False
                     continue
                 out[b].append(t)
                 if stream is not None or stop:
@@ -494,13 +495,15 @@ def _decode(sm: "SteerModel", toks, prefill: Callable, *, max_new_tokens: int, d
                 if stream is not None:
                     stream(b, t, texts[b])
                 if stop and any(s in texts[b] for s in stop):
-                    done[b] = True
+                    done_l[b] = True
             last = step == max_new_tokens - 1
-            if bool(done.all()) or (last and not _wants_generated_rows(sm)):
+            if all(done_l) or (last and not _wants_generated_rows(sm)):
                 break
+            done = torch.tensor(done_l, dtype=torch.bool, device=dev)
             mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=dev)], 1)
             run.append_tokens(nxt.unsqueeze(1))  # token-pattern position specs read the fed ids
-            run.live = None if bool(fed.all()) else fed  # rows that ended are fed padding: none of it is selected
+            # rows that ended are fed padding: none of it is selected
+            run.live = None if all(fed_l) else torch.tensor(fed_l, dtype=torch.bool, device=dev)
             if placed:
                 run.chunk_start = P + step
             last_in = (nxt.unsqueeze(1), mask, next_pos, P + step)
