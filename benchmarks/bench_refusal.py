@@ -46,21 +46,19 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=16, help="prompts per pass (one at a time; default 16)")
     ap.add_argument("--score-rows", type=int, default=None, help="rows per pass of the batched path (default: "
                     "--batch-size on a CPU, 256 on a GPU)")
-    ap.add_argument("--device", default="cpu", help="torch device of the model (default cpu; on cuda read the wall "
-                    "times)")
+    C.add_model_args(ap)
     ap.add_argument("--paths", nargs="+", default=["one-at-a-time-full", "batched-full", "batched", "one-at-a-time"],
                     choices=["one-at-a-time-full", "one-at-a-time", "batched-full", "batched"],
                     help="scoring paths, timed in this order (the first is the reference)")
     ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "refusal_scoring.csv"))
     a = ap.parse_args(argv)
 
-    import steerkit
     from steerkit.probes.methods import refusal as R
 
     threads = C.set_threads(a.threads)
     cfg = R.RefusalConfig()
     n_train, n_val = (8, 4) if a.quick else (cfg.n_train, cfg.n_val)
-    sm = steerkit.load_model(device=a.device)
+    sm = C.default_model(a.device, a.skeleton)
     data = R.sample_splits(n_train, n_val, 1, seed=cfg.seed)
     ids = R.refusal_token_ids(sm.tokenizer, cfg.refusal_words)
     positions = R.post_instruction_positions(sm)[0]
@@ -106,7 +104,8 @@ def main(argv=None) -> int:
         same_all &= same and same_nan
         n_scored = sum(not math.isnan(getattr(c, k)) for c in new.table for k in ("bypass", "induce", "kl"))
         clk, b = clocks[path], new.best
-        rows.append({"mode": "quick" if a.quick else "full", "device": a.device, "path": path, "n_candidates": n_cand,
+        rows.append({"mode": "quick" if a.quick else "full", "device": a.device, "weights": C.weights_kind(a.skeleton),
+                     "path": path, "n_candidates": n_cand,
                      "n_positions": len(positions), "n_layers": len(layers), "n_val_per_side": n_val,
                      "batch_size": a.batch_size, "score_rows": rows_per_pass if path.startswith("batched") else "",
                      "threads": threads, "wall_s": round(clk.wall, 3), "cpu_s": round(clk.cpu, 3),

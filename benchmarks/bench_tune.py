@@ -50,8 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="rounds (default 1)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 0 = torch's default)")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
-    ap.add_argument("--device", default="cpu", help="torch device of the model (default cpu; on cuda read the wall "
-                    "times)")
+    C.add_model_args(ap)
     ap.add_argument("--conditions", nargs="+", default=["batched", "batched-full", "per-cell", "per-cell-full"],
                     choices=["batched", "batched-full", "per-cell", "per-cell-full"])
     ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "tune.csv"))
@@ -59,7 +58,6 @@ def main(argv=None) -> int:
 
     import torch
 
-    import steerkit
     from steerkit.probes import tune
 
     threads = C.set_threads(a.threads)
@@ -67,7 +65,7 @@ def main(argv=None) -> int:
     n_scales = a.scales or (3 if a.quick else 8)
     n_prompts = a.prompts or (4 if a.quick else 32)
     tokens = a.tokens or (8 if a.quick else 32)
-    sm = steerkit.load_model(device=a.device)
+    sm = C.default_model(a.device, a.skeleton)
     layers = [4 * (i + 1) for i in range(n_layers)] if n_layers <= 7 else list(range(n_layers))
     scales = [0.5 * (i + 1) for i in range(n_scales)]
     v, _ = C.steering_vectors(sm.d_model)
@@ -112,7 +110,8 @@ def main(argv=None) -> int:
         kl_diff = max(abs(x["kl"] - y["kl"]) for x, y in zip(results[name].cells, results[ref_name].cells))
         rows.append([name, f"{med[name]:.2f}", f"{C.median(times[name][other]):.2f}", f"{cells / med[name]:.3f}",
                      f"{vs_full:.2f}", same, f"{kl_diff:.2g}"])
-        out.append({"mode": "quick" if a.quick else "full", "device": a.device, "condition": name, "layers": n_layers,
+        out.append({"mode": "quick" if a.quick else "full", "device": a.device, "weights": C.weights_kind(a.skeleton),
+                    "condition": name, "layers": n_layers,
                     "scales": n_scales, "cells": cells, "prompts": n_prompts, "tokens": tokens,
                     "batch": a.batch if name.startswith("batched") else n_prompts, "repeats": a.repeats,
                     "clock": a.clock, "median_s": round(med[name], 3),

