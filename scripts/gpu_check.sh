@@ -16,7 +16,7 @@
 # Usage: bash scripts/gpu_check.sh [BUNDLE]      (default build/gpu-bundle)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BUNDLE=${1:-build/gpu-bundle}
+BUNDLE=$(cd "${1:-build/gpu-bundle}" && pwd) || { echo "gpu_check: no bundle at ${1:-build/gpu-bundle}" >&2; exit 2; }
 OUT=${OUT:-build/gpu-check}
 PY=${PYTHON:-python}
 mkdir -p "$OUT"
@@ -38,7 +38,7 @@ torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, 'transform
 step install $PY -m pip install -q --no-index --find-links "$BUNDLE/wheels" jaxtyping wadler_lindig gguf pyyaml \
   pytest pluggy iniconfig pygments psutil setuptools wheel
 step install-steerkit $PY -m pip install -q --no-index --no-deps --no-build-isolation -e .
-export STEERKIT_TEST_TOKENIZER="$PWD/$BUNDLE/skeleton" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export STEERKIT_TEST_TOKENIZER="$BUNDLE/skeleton" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ "$SMOKE" = 1 ]; then
   export STEERKIT_TEST_DEVICE=cpu
   step device-tests $PY -m pytest -q -p no:cacheprovider -m device tests/test_bfloat16.py

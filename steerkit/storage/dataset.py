@@ -18,21 +18,24 @@ than a silent mix.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from steerkit.errors import HookNameError, InputError, RowIndexError
+from steerkit.executors import LocalExecutor
 from safetensors import safe_open
 from safetensors.torch import save
 from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
+    from steerkit.executors import RayExecutor
     from steerkit.model import SteerModel
 
 MANIFEST = "manifest.json"
@@ -56,13 +59,18 @@ def _prompts_hash(prompts: Sequence[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def record_dataset(sm: "SteerModel", prompts: Sequence[str], hooks, out_dir, *, positions="last", batch_size: int = 16,
-                   shard_size: int = 256, chat: bool = False, dtype: torch.dtype | None = None,
-                   progress: bool = True) -> "ActivationDataset":
+def record_dataset(sm: "SteerModel | None", prompts: Sequence[str], hooks, out_dir, *, positions="last",
+                   batch_size: int = 16, shard_size: int = 256, chat: bool = False, dtype: torch.dtype | None = None,
+                   progress: bool = True, executor: "RayExecutor | None" = None) -> "ActivationDataset":
     """Record ``hooks`` at ``positions`` for every prompt into sharded safetensors under ``out_dir``.
     Prompts are tokenized as :meth:`SteerModel.forward` does: raw text by default, the chat template
     around each when ``chat`` (recorded in the meta, so a resumed run must pass the same value).
-    A run that fails before its first shard (a bad position, a model error) removes the folder it made."""
+    A run that fails before its first shard (a bad position, a model error) removes the folder it made.
+
+    ``executor``: a :class:`steerkit.executors.RayExecutor` records the shards on its workers (``sm`` may be
+    ``None``: the workers load the model); each shard comes back to this process, which writes it and then
+    the manifest, so a shard is written once even when a dead worker's shard runs again elsewhere. With
+    the same batch boundaries and thread count the dataset equals this process's bit for bit."""
     prompts = list(prompts)
     if not prompts:
         raise InputError("expected at least one prompt to record, found an empty list")
@@ -70,7 +78,11 @@ def record_dataset(sm: "SteerModel", prompts: Sequence[str], hooks, out_dir, *, 
         raise InputError("record_dataset takes a named or index position spec, not a mask tensor")
     if batch_size < 1 or shard_size < 1:
         raise InputError(f"expected batch_size and shard_size >= 1, found {batch_size}, {shard_size}")
-    names = sm.hooks._names(hooks)
+    if sm is None and executor is None:
+        raise InputError("expected a model to record with, found neither sm nor executor=; pass a loaded model or "
+                         "a steerkit.executors.RayExecutor")
+    ex = executor if executor is not None else LocalExecutor(sm)
+    facts = ex.first(functools.partial(_facts, hooks=hooks))
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"expected the output folder {out} to be a folder or not exist yet, found a file; "
@@ -78,7 +90,7 @@ def record_dataset(sm: "SteerModel", prompts: Sequence[str], hooks, out_dir, *, 
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        return _record_into(sm, prompts, names, out, positions=positions, batch_size=batch_size,
+        return _record_into(ex, facts, prompts, out, positions=positions, batch_size=batch_size,
                             shard_size=shard_size, chat=chat, dtype=dtype, progress=progress)
     except BaseException:
         if created and not any(out.iterdir()):  # a run that failed before its first shard leaves nothing behind
@@ -86,44 +98,72 @@ def record_dataset(sm: "SteerModel", prompts: Sequence[str], hooks, out_dir, *, 
         raise
 
 
-def _record_into(sm: "SteerModel", prompts: list[str], names: list[str], out: Path, *, positions, batch_size: int,
-                 shard_size: int, chat: bool, dtype: torch.dtype | None, progress: bool) -> "ActivationDataset":
+def _facts(sm: "SteerModel", hooks) -> dict:
+    """What the manifest says of the model, and the hook names resolved on it."""
+    return {"names": sm.hooks._names(hooks), "model": sm.name, "fingerprint": sm.fingerprint(),
+            "d_model": sm.d_model}
+
+
+def record_shard(sm: "SteerModel", chunk: list[str], *, names: list[str], positions, batch_size: int, chat: bool,
+                 dtype: torch.dtype | None, on_batch: Callable[[int], Any] | None = None) -> dict[str, Tensor]:
+    """One shard's tensors: ``chunk`` recorded in batches of ``batch_size`` (a tensor per hook, and its
+    ``::lengths`` where positions vary), on the CPU; ``on_batch(n)`` after each batch of ``n`` prompts."""
+    tensors: dict[str, list[Tensor]] = {n: [] for n in names}
+    lengths: dict[str, list[Tensor]] = {n: [] for n in names}
+    for j in range(0, len(chunk), batch_size):
+        with sm.record(names, positions=positions, device="cpu") as cache:
+            sm.forward(chunk[j:j + batch_size], chat=chat)
+        for n in names:
+            t = cache[n]
+            if dtype is not None:
+                t = t.to(dtype)
+            if positions == "last":
+                tensors[n].append(t)
+            else:  # flatten the real rows: [sum(lengths), d_model]
+                ln = cache.lengths(n)
+                tensors[n].append(torch.cat([t[r, : int(ln[r])] for r in range(t.shape[0])]))
+                lengths[n].append(ln)
+        if on_batch is not None:
+            on_batch(len(chunk[j:j + batch_size]))
+    payload = {n: torch.cat(tensors[n]).contiguous() for n in names}
+    if positions != "last":
+        payload.update({f"{n}::lengths": torch.cat(lengths[n]) for n in names})
+    return payload
+
+
+def _shard_task(sm: "SteerModel", item: tuple[int, list[str]], **options) -> tuple[int, dict[str, Tensor]]:
+    i, chunk = item
+    return i, record_shard(sm, chunk, **options)
+
+
+def _record_into(ex: "LocalExecutor | RayExecutor", facts: dict, prompts: list[str], out: Path, *, positions,
+                 batch_size: int, shard_size: int, chat: bool, dtype: torch.dtype | None,
+                 progress: bool) -> "ActivationDataset":
+    names = facts["names"]
     spec = positions if isinstance(positions, (str, int)) else list(positions) if not isinstance(positions, (range, slice)) else str(positions)
-    meta = {"format": FORMAT, "hooks": names, "positions": spec, "model": sm.name,
-            "fingerprint": sm.fingerprint(), "n_prompts": len(prompts), "prompts_sha256": _prompts_hash(prompts),
-            "shard_size": shard_size, "chat": chat, "d_model": sm.d_model}
+    meta = {"format": FORMAT, "hooks": names, "positions": spec, "model": facts["model"],
+            "fingerprint": facts["fingerprint"], "n_prompts": len(prompts), "prompts_sha256": _prompts_hash(prompts),
+            "shard_size": shard_size, "chat": chat, "d_model": facts["d_model"]}
     man_path = out / MANIFEST
     done, todo = resume_state(out, meta, len(prompts), shard_size)
     bar = None
     if progress:
         bar = tqdm(total=len(prompts), desc="recording", unit="prompt",
                    initial=len(prompts) - sum(min(shard_size, len(prompts) - i * shard_size) for i in todo))
-    for i in todo:
-        chunk = prompts[i * shard_size:(i + 1) * shard_size]
-        tensors: dict[str, list[Tensor]] = {n: [] for n in names}
-        lengths: dict[str, list[Tensor]] = {n: [] for n in names}
-        for j in range(0, len(chunk), batch_size):
-            with sm.record(names, positions=positions, device="cpu") as cache:
-                sm.forward(chunk[j:j + batch_size], chat=chat)
-            for n in names:
-                t = cache[n]
-                if dtype is not None:
-                    t = t.to(dtype)
-                if positions == "last":
-                    tensors[n].append(t)
-                else:  # flatten the real rows: [sum(lengths), d_model]
-                    ln = cache.lengths(n)
-                    tensors[n].append(torch.cat([t[r, : int(ln[r])] for r in range(t.shape[0])]))
-                    lengths[n].append(ln)
-            if bar is not None:
-                bar.update(len(chunk[j:j + batch_size]))
-        payload = {n: torch.cat(tensors[n]).contiguous() for n in names}
-        if positions != "last":
-            payload.update({f"{n}::lengths": torch.cat(lengths[n]) for n in names})
+    here = isinstance(ex, LocalExecutor)  # a bar that moves batch by batch here, shard by shard from workers
+    task = functools.partial(_shard_task, names=names, positions=positions, batch_size=batch_size, chat=chat,
+                             dtype=dtype, on_batch=bar.update if bar is not None and here else None)
+    items = [(i, prompts[i * shard_size:(i + 1) * shard_size]) for i in todo]
+    for _, (i, payload) in ex.imap_unordered(task, items):
         fname = f"shard-{i:05d}.safetensors"
+        if fname in done:  # (an item that ran twice: the first result is the one written)
+            continue
         _atomic_write_bytes(out / fname, save(payload, metadata={"format": FORMAT, "shard": str(i)}))
-        done[fname] = len(chunk)
-        _atomic_write_bytes(man_path, json.dumps({**meta, "shards": done}, indent=1).encode())
+        done[fname] = len(items[todo.index(i)][1])
+        # the manifest is the commit point: a shard it does not list is recorded again on resume
+        _atomic_write_bytes(man_path, json.dumps({**meta, "shards": dict(sorted(done.items()))}, indent=1).encode())
+        if bar is not None and not here:
+            bar.update(done[fname])
     if bar is not None:
         bar.close()
     if not man_path.exists():
