@@ -69,6 +69,7 @@ What :func:`tune` returns, the Pareto front, the rule and the JSON schema are in
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 import math
 import numbers
@@ -550,7 +551,7 @@ def tune(sm: "SteerModel", artifact, prompts: Sequence[str], *, layers: Optional
          max_new_tokens: int = 32, batch_size: int = 64, rule: Union[Rule, Mapping, None] = None,
          n_boot: int = 1000, alpha: float = 0.05, seed: int = 0, normalize: Optional[str] = None,
          chat: bool = True, repetition_n: int = 3, repetition_bound: float = 0.5, batched: bool = True,
-         override: bool = False, progress: bool = True, reuse: bool = True) -> TuneResult:
+         override: bool = False, progress: bool = True, reuse: bool = True, executor=None) -> TuneResult:
     """Steer ``prompts`` with ``artifact`` at every ``layers`` x ``scales`` cell; score the concept and the
     damage of each cell, find the Pareto front and recommend a cell (the module docstring defines every
     score, the scale, the front and the rule).
@@ -570,7 +571,9 @@ def tune(sm: "SteerModel", artifact, prompts: Sequence[str], *, layers: Optional
     ``reuse`` (on a model whose backend runs a range of blocks, :func:`~steerkit.reuse.supports_run_from`, and
     no other hooks on it): steered passes start at the cell's layer from an unsteered pass (the module
     docstring); ``False`` runs every pass through the whole model. Both give the same result up to float
-    rounding.
+    rounding. ``executor`` (a :class:`steerkit.executors.RayExecutor` whose workers load this model): each
+    layer's cells (with the unsteered baseline) run on a worker, and the cells are merged here, the Pareto
+    front and the recommendation taken over all of them; the same result up to float rounding.
 
     Examples:
         >>> from steerkit.probes import tune
@@ -606,6 +609,12 @@ def tune(sm: "SteerModel", artifact, prompts: Sequence[str], *, layers: Optional
     if normalize is not None and src.op == "ablate":
         raise InputError(f"expected normalize=None with a DirectionSet (its scale is the ablation strength), found "
                          f"{normalize!r}")
+    if executor is not None:
+        opts = dict(scales=scales, concept=concept, neutral=neutral, max_new_tokens=max_new_tokens,
+                    batch_size=batch_size, rule=rule, n_boot=n_boot, alpha=alpha, seed=seed, normalize=normalize,
+                    chat=chat, repetition_n=repetition_n, repetition_bound=repetition_bound, batched=batched,
+                    override=override, progress=False, reuse=reuse)
+        return _tune_spread(executor, artifact, prompts, layers, rule, opts, progress)
 
     ids = _prompt_ids(sm.tokenize(prompts, chat=chat))
     neutral_ids = _prompt_ids(sm.tokenize(neutral, chat=chat))
@@ -653,6 +662,31 @@ def tune(sm: "SteerModel", artifact, prompts: Sequence[str], *, layers: Optional
     return TuneResult(layers=tuple(layers), scales=tuple(scales), prompts=tuple(prompts), neutral=tuple(neutral),
                       baseline=baseline, cells=tuple(cells), recommended=recommend(cells, rule), rule=rule,
                       concept_kind=con.kind, settings=settings)
+
+
+def _tune_layer(sm: "SteerModel", layer: int, *, artifact, prompts: list[str], **options) -> TuneResult:
+    return tune(sm, artifact, prompts, layers=[layer], **options)
+
+
+def _tune_spread(executor, artifact, prompts: list[str], layers: list[int], rule: Rule, options: dict,
+                 progress: bool) -> TuneResult:
+    """:func:`tune` with each layer's cells on a worker of ``executor``; the cells merged in grid order."""
+    task = functools.partial(_tune_layer, artifact=artifact, prompts=prompts, **options)
+    parts: dict[int, TuneResult] = {}
+    with tqdm(total=len(layers), desc="tune", unit="layer", disable=not progress, leave=False) as bar:
+        for i, res in executor.imap_unordered(task, layers):
+            parts[i] = res
+            bar.update(1)
+    ordered = [parts[i] for i in range(len(layers))]
+    cells = [dict(c) for res in ordered for c in res.cells]
+    for c, p in zip(cells, pareto_front(cells)):
+        c["pareto"] = p
+    first = ordered[0]
+    norms = {k: v for res in ordered for k, v in (res.settings.get("resid_norms") or {}).items()}
+    settings = {**first.settings, "resid_norms": norms or None}
+    return TuneResult(layers=tuple(layers), scales=first.scales, prompts=first.prompts, neutral=first.neutral,
+                      baseline=first.baseline, cells=tuple(cells), recommended=recommend(cells, rule), rule=rule,
+                      concept_kind=first.concept_kind, settings=settings)
 
 
 def _grid(sm: "SteerModel", src: _Source, layers: list[int], scales: list[float], ids: list[list[int]], *,

@@ -145,3 +145,37 @@ def test_ray_is_optional_and_not_imported_without_it():
             "print('ray' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.stdout.strip() == "False", r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """A tiny random Llama saved as a Hugging Face folder, which every worker loads."""
+    try:
+        from tiny_models import tiny_model
+    except ImportError:  # pragma: no cover
+        from tests.tiny_models import tiny_model
+    model, tok = tiny_model("llama")
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_searches_on_ray_select_what_they_select_here(cluster, tiny_folder):
+    """The tuning grid and the refusal search spread over two workers equal the local runs."""
+    import steerkit
+    from steerkit.probes.methods import refusal as R
+    from steerkit.probes import tune
+    try:
+        import test_executors as X
+    except ImportError:  # pragma: no cover
+        from tests import test_executors as X
+    sm = steerkit.load_model(tiny_folder, device="cpu", dtype="float32")
+    with RayExecutor(ModelSpec(str(tiny_folder), device="cpu", dtype="float32", threads=1), workers=2) as ex:
+        args, kw = X.tune_args(sm)
+        X.same_tune(tune(sm, *args, executor=ex, **kw), tune(sm, *args, **kw))
+        rargs = X.refusal_args(sm)
+        local = R.select_direction(*rargs, prune_frac=0.0)
+        spread = R.select_direction(*rargs, prune_frac=0.0, executor=ex)
+        assert ex.fingerprint == sm.fingerprint()
+    assert (spread.best.pos, spread.best.layer, spread.rule) == (local.best.pos, local.best.layer, local.rule)

@@ -8,6 +8,7 @@ are run once unsteered and every induce pass starts at its candidates' layer fro
 (:class:`_HarmlessRun`). The bypass and KL scores ablate at every layer and run the whole model."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
@@ -366,6 +367,56 @@ class _BatchedScores(_Scores):
                                      and not self.ahead.get(("induce", o.pos, o.layer), o.induce) < self.floor])
 
 
+def _score_part(sm: "SteerModel", jobs: list[tuple[str, int, int]], *, candidates: Tensor, positions: list[int],
+                harmful: list[str], harmless: list[str], refusal_ids: Sequence[int], per_pass: int,
+                reuse: bool) -> dict:
+    """One worker's share of :class:`_SpreadScores`: ``{(kind, pos, layer): score}`` of ``jobs``, scored as
+    :class:`_RowScorer` does on this worker's model (the baseline logits computed here)."""
+    base = last_logits(sm, harmless, batch_size=per_pass)
+    hr = _HarmlessRun(sm, harmless) if reuse and supports_run_from(sm) and not sm.hooks.handles else None
+
+    def vec(c: Candidate) -> Tensor:
+        return candidates[positions.index(c.pos), c.layer]
+    scorer = _RowScorer(sm, vec, harmful, harmless, refusal_ids, base, per_pass, hr)
+    return scorer.run([(k, Candidate(p, l)) for k, p, l in jobs])
+
+
+class _SpreadScores(_Scores):
+    """The scores computed on an executor's workers (:mod:`steerkit.executors`): every nonzero candidate's
+    three scores, the candidates split by layer over the workers; the lazy search then reads them (it
+    computes nothing itself), so it selects what the search here selects."""
+
+    def __init__(self, executor, sm: "SteerModel", candidates: Tensor, positions: list[int], harmful: list[str],
+                 harmless: list[str], refusal_ids: Sequence[int], base_harmless: Tensor, per_pass: int,
+                 reuse: bool = False):
+        super().__init__(sm, candidates, positions, harmful, harmless, refusal_ids, base_harmless, per_pass)
+        self.executor, self.reuse = executor, reuse
+
+    def fill(self, live: list[Candidate], *, lazy: bool, progress: Optional[Callable[[int], object]]) -> None:
+        nonzero = [c for c in live if float(self.vec(c).norm()) != 0.0]
+        if progress is not None and len(live) > len(nonzero):
+            progress(len(live) - len(nonzero))
+        layers = sorted({c.layer for c in nonzero})
+        parts = [[(k, c.pos, c.layer) for c in nonzero if c.layer == l for k in ("bypass", "kl", "induce")]
+                 for l in layers]
+        task = functools.partial(_score_part, candidates=self.candidates, positions=self.positions,
+                                 harmful=self.harmful, harmless=self.harmless, refusal_ids=list(self.ids),
+                                 per_pass=self.bs, reuse=self.reuse)
+        got: dict = {}
+        for i, part in self.executor.imap_unordered(task, parts):
+            got.update(part)
+            if progress is not None:
+                progress(len(parts[i]) // 3)
+        for c in nonzero:
+            for k in ("bypass", "kl", "induce"):
+                setattr(c, k, got[(k, c.pos, c.layer)])
+
+    def induce(self, c: Candidate) -> None:  # (every score is filled: the search never asks)
+        raise AssertionError("spread scores are filled in advance")
+
+    kl = induce
+
+
 def _lazy_search(live: list[Candidate], scores: _Scores, floor: float, kl_max: float) -> None:
     """The reference code's search, evaluating only what it needs: candidates in bypass order, the induce score
     until one reaches ``floor``, then its KL; stops at the first that passes both (or at a NaN bypass)."""
@@ -390,7 +441,7 @@ def select_direction(sm: "SteerModel", candidates: Float[Tensor, "n_pos n_layers
                      batch_size: int = 16, layers: Sequence[int] | None = None,
                      progress: Optional[Callable[[int], object]] = None,
                      fallback: Optional[str] = "relative", batched: bool = True,
-                     rows: Optional[int] = None, reuse: bool = True) -> Selection:
+                     rows: Optional[int] = None, reuse: bool = True, executor=None) -> Selection:
     """Score every candidate on the validation prompts and pick one (the rules: step 4 of
     :mod:`steerkit.probes.methods.refusal`).
 
@@ -413,6 +464,11 @@ def select_direction(sm: "SteerModel", candidates: Float[Tensor, "n_pos n_layers
     pass (a candidate added at its layer) starts at that layer from the run's residual stream, the blocks
     below not run; the bypass and KL passes (an ablation at every layer) run the whole model. ``False``: every
     pass runs the whole model. Both give the same table and selection up to float rounding.
+
+    ``executor`` (a :class:`steerkit.executors.RayExecutor` whose workers load this model): every candidate's
+    three scores are computed on the workers, the layers spread over them, and the search reads them; the
+    selection is the one made here, the table holds every score (the lazy search here leaves those it never
+    asks for empty).
 
     Examples:
         >>> from steerkit.probes.methods import refusal as R
@@ -439,8 +495,12 @@ def select_direction(sm: "SteerModel", candidates: Float[Tensor, "n_pos n_layers
     live = [c for c in table if c.layer < cut and c.layer in allowed]
     args = (sm, candidates, positions, harmful_val, harmless_val, refusal_ids, base_harmless)
     reuse = reuse and supports_run_from(sm) and not sm.hooks.handles  # other hooks may act below a layer
-    scores = (_BatchedScores(*args, score_rows(sm.device, batch_size, rows), reuse) if batched
-              else _Scores(*args, batch_size, reuse))
+    if executor is not None:
+        scores: _Scores = _SpreadScores(executor, *args, score_rows(sm.device, batch_size, rows), reuse)
+    elif batched:
+        scores = _BatchedScores(*args, score_rows(sm.device, batch_size, rows), reuse)
+    else:
+        scores = _Scores(*args, batch_size, reuse)
     scores.fill(live, lazy=lazy, progress=progress)
     if lazy:
         _lazy_search(live, scores, induce_min, kl_max)
