@@ -37,6 +37,7 @@ A :class:`PatchingResult` holds the grid with its labels, the clean and corrupte
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar, Union
@@ -521,7 +522,7 @@ def activation_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metr
                         *, layers: Optional[Sequence[int]] = None, positions: Optional[Sequence[int]] = None,
                         heads: Optional[Sequence[int]] = None, neurons: Optional[Sequence[int]] = None,
                         batch_size: int = 32, progress: bool = True, chat: bool = False,
-                        reuse: Optional[bool] = None) -> PatchingResult:
+                        reuse: Optional[bool] = None, executor=None) -> PatchingResult:
     """Patch the clean run's activations into the corrupted run one site at a time (see the module
     docstring for the hooks and grids); ``values[...] = metric(patched logits)``.
 
@@ -542,6 +543,10 @@ def activation_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metr
     ``tlens`` and ``nnsight`` backends). Both give the same grid (within float rounding, 1e-5 in
     float32). A metric that reads only the last positions says so with a ``positions`` attribute of
     negative ints (:func:`logit_diff_metric` does); only those positions are unembedded.
+
+    ``executor`` (a :class:`steerkit.executors.RayExecutor` whose workers load this model): each layer's row
+    of the grid is computed on a worker (the metric travels to it: a function of the logits, such as
+    :func:`logit_diff_metric`'s) and the rows are put together here.
 
     Indirect object identification in the default model: which name to say moves from the second " John"
     (position 9) to the last position between layers 12 and 24.
@@ -564,6 +569,10 @@ def activation_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metr
     elif reuse and not supports_run_from(sm):
         raise InputError(f"expected reuse=True only on the 'hf' backend (it runs a range of blocks), found backend "
                          f"{sm.backend_name!r}; pass reuse=None or False")
+    if executor is not None:
+        return _patching_spread(executor, plan, dict(clean=clean, corrupted=corrupted, metric=metric, hook=hook,
+                                                     positions=positions, heads=heads, neurons=neurons,
+                                                     batch_size=batch_size, chat=chat, reuse=reuse), progress)
     clean_acts, clean_metric = _record_clean(sm, plan, metric)
     cells = _cells(plan)
     values = torch.zeros(plan.shape, dtype=torch.float32)
@@ -576,6 +585,26 @@ def activation_patching(sm: "SteerModel", clean: Prompt, corrupted: Prompt, metr
     return PatchingResult(values=values, hook=hook, method="activation", layers=plan.layers,
                           positions=plan.positions, heads=plan.heads, tokens=plan.tokens, clean_metric=clean_metric,
                           corrupted_metric=corrupted_metric, neurons=plan.neurons)
+
+
+def _patching_layer(sm: "SteerModel", layer: int, **options) -> PatchingResult:
+    return activation_patching(sm, layers=[layer], progress=False, **options)
+
+
+def _patching_spread(executor, plan: _Plan, options: dict, progress: bool) -> PatchingResult:
+    """:func:`activation_patching` with each layer's row on a worker of ``executor``, the rows stacked here."""
+    task = functools.partial(_patching_layer, **options)
+    rows: dict[int, PatchingResult] = {}
+    with tqdm(total=len(plan.layers), desc=f"patching {options['hook']}", unit="layer", disable=not progress,
+              leave=False) as bar:
+        for i, res in executor.imap_unordered(task, plan.layers):
+            rows[i] = res
+            bar.update(1)
+    first = rows[0]
+    return PatchingResult(values=torch.cat([rows[i].values for i in range(len(plan.layers))]), hook=first.hook,
+                          method="activation", layers=plan.layers, positions=first.positions, heads=first.heads,
+                          tokens=first.tokens, clean_metric=first.clean_metric,
+                          corrupted_metric=first.corrupted_metric, neurons=first.neurons)
 
 
 def _metric_tail(metric: Metric, n_pos: int) -> int:

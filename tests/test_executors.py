@@ -70,3 +70,15 @@ def test_executor_errors_are_clear():
     with pytest.raises(InputError, match="neither sm nor executor"):
         from steerkit.storage.dataset import record_dataset
         record_dataset(None, ["a"], ["blocks.0.hook_resid_post"], "/nonexistent-never-made")
+
+
+def test_patching_grid_spread_over_layers_equals_one_call(tiny):
+    from steerkit.probes import activation_patching, logit_diff_metric
+    clean, corrupted = [5, 17, 23, 40, 41, 7], [5, 17, 29, 40, 41, 7]
+    metric = logit_diff_metric(tiny, 12, 13)
+    kw = dict(hook="resid_pre", positions=[1, 2, 5], progress=False)
+    one = activation_patching(tiny, clean, corrupted, metric, **kw)
+    spread = activation_patching(tiny, clean, corrupted, metric, executor=LocalExecutor(tiny), **kw)
+    assert spread.layers == one.layers and spread.positions == one.positions
+    assert torch.allclose(spread.values, one.values, atol=1e-5, rtol=0), (spread.values - one.values).abs().max()
+    assert spread.clean_metric == pytest.approx(one.clean_metric)

@@ -162,7 +162,7 @@ def tiny_folder(tmp_path_factory):
 
 
 def test_searches_on_ray_select_what_they_select_here(cluster, tiny_folder):
-    """The tuning grid and the refusal search spread over two workers equal the local runs."""
+    """The tuning grid, the refusal search and a patching grid spread over two workers equal the local runs."""
     import steerkit
     from steerkit.probes.methods import refusal as R
     from steerkit.probes import tune
@@ -177,5 +177,10 @@ def test_searches_on_ray_select_what_they_select_here(cluster, tiny_folder):
         rargs = X.refusal_args(sm)
         local = R.select_direction(*rargs, prune_frac=0.0)
         spread = R.select_direction(*rargs, prune_frac=0.0, executor=ex)
+        from steerkit.probes import activation_patching, logit_diff_metric
+        clean, corrupted, metric = [5, 17, 23, 40, 41, 7], [5, 17, 29, 40, 41, 7], logit_diff_metric(sm, 12, 13)
+        grid = activation_patching(sm, clean, corrupted, metric, progress=False, executor=ex)
+        assert torch.allclose(grid.values, activation_patching(sm, clean, corrupted, metric, progress=False).values,
+                              atol=1e-5, rtol=0)
         assert ex.fingerprint == sm.fingerprint()
     assert (spread.best.pos, spread.best.layer, spread.rule) == (local.best.pos, local.best.layer, local.rule)
