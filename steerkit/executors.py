@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 
 from steerkit.errors import BackendUnavailableError, InputError
-from steerkit.model import load_model
+from steerkit.model import SteerModel, load_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +62,10 @@ class LocalExecutor:
 
     Examples:
         >>> list(LocalExecutor(tiny).imap_unordered(lambda sm, x: (sm.n_layers, x), ["a", "b"]))
-        [(0, (2, 'a')), (1, (2, 'b'))]
+        [(0, (4, 'a')), (1, (4, 'b'))]
     """
 
-    def __init__(self, sm):
+    def __init__(self, sm: SteerModel):
         self.sm = sm
 
     def first(self, fn: Callable[[Any], Any]) -> Any:
@@ -229,6 +229,3 @@ class RayExecutor:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-Executor = LocalExecutor | RayExecutor

@@ -15,6 +15,7 @@ from steerkit.storage.dataset import ActivationDataset, record_dataset
 from steerkit.demo import main as demo_main
 from steerkit.errors import BackendUnavailableError, InputError
 from steerkit.executors import ModelSpec, RayExecutor
+from steerkit.model import SteerModel
 from steerkit.serving import capture
 
 POSITION_NAMES = ("all", "prompt", "generated", "last")
@@ -160,7 +161,7 @@ def _record_ray(args, pos, parsed_hooks, prompts) -> int:
     return 0
 
 
-def _n_layers(sm) -> int:
+def _n_layers(sm: SteerModel) -> int:
     return sm.n_layers
 
 

@@ -78,10 +78,14 @@ def record_dataset(sm: "SteerModel | None", prompts: Sequence[str], hooks, out_d
         raise InputError("record_dataset takes a named or index position spec, not a mask tensor")
     if batch_size < 1 or shard_size < 1:
         raise InputError(f"expected batch_size and shard_size >= 1, found {batch_size}, {shard_size}")
-    if sm is None and executor is None:
+    ex: "LocalExecutor | RayExecutor"
+    if executor is not None:
+        ex = executor
+    elif sm is not None:
+        ex = LocalExecutor(sm)
+    else:
         raise InputError("expected a model to record with, found neither sm nor executor=; pass a loaded model or "
                          "a steerkit.executors.RayExecutor")
-    ex = executor if executor is not None else LocalExecutor(sm)
     facts = ex.first(functools.partial(_facts, hooks=hooks))
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
