@@ -143,6 +143,7 @@ SOURCES: dict[str, tuple[str, str]] = {
     "slots_op": ("benchmarks/bench_slots_op.py", "the steering operator's cost per call, as defined vs through "
                                                  "torch.library.custom_op"),
     "quantized_decode": ("benchmarks/bench_quantized.py", "steered decode speed, float32 vs int8 weights"),
+    "ray": ("benchmarks/bench_ray.py", "recording a prompt set in one process vs on 1 and 2 Ray workers"),
     "real_size": ("benchmarks/bench_real_size.py", "Llama-3.2-1B's and 3B's shapes in bfloat16 (the 3B offloaded): "
                                                    "each step beside plain transformers, with peak RSS"),
     "record": ("benchmarks/bench_record.py", "recording throughput"),
@@ -181,6 +182,7 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "plan": ("median_us_per_step", ("step",), "requests"),
     "slots_op": ("us_per_call", ("case",), "registration"),
     "quantized_decode": ("overhead_pct", ("weights", "condition"), "batch"),
+    "ray": ("prompts_per_s", ("condition",), None),
     "real_size": ("wall_s", ("size", "step"), "condition"),
     "record": ("throughput_ratio", ("prompts", "batch"), None),
     "record_memory": ("record_minus_bare_mib", ("prompts",), None),
