@@ -15,7 +15,7 @@ MAX_MODULE_LINES = 800
 SIZE_REASON = "Why one module:"
 
 # Third-party packages that steerkit's required dependencies do not bring: the extras of pyproject.toml
-# (backends, probes, kernels, quant, app, llamacpp) and the serving engine. Only these may be imported
+# (backends, probes, kernels, quant, app, llamacpp, ray) and the serving engine. Only these may be imported
 # inside a function, so that everything else works without them. Every other import sits at a module's top.
 OPTIONAL = {
     "plotly", "dash", "flask", "diskcache", "multiprocess", "psutil",   # app
@@ -27,6 +27,7 @@ OPTIONAL = {
     "vllm",                                                              # serving (its own environment)
     "accelerate",                                                        # big-model loading (device_map)
     "matplotlib",                                                        # a fallback plotter where plotly is absent
+    "ray",                                                               # ray (steerkit.executors)
 }
 # the figure modules: the only places that import plotly
 PLOTTING = ("probes/plots/", "vectors/plots.py", "apps/figures")
