@@ -62,6 +62,16 @@ def profile_figure(profile, *, spread: str = "std", auroc: Optional[Sequence[flo
     ``auroc``: a probe AUROC per layer (``auroc_layers``, default the profile's layers), drawn on
     the cosine axis (both live in [0, 1]).
     Traces (by name): ``relative divergence``, ``cosine similarity``, ``peak``, and the bands.
+
+    Examples:
+        >>> from steerkit.apps.figures import profile_figure
+        >>> from steerkit.apps.analysis import DivergenceProfile
+        >>> prof = DivergenceProfile(layers=[0, 1, 2], rel=[[0.1, 0.4, 0.2], [0.2, 0.6, 0.3]],
+        ...                          cos=[[0.99, 0.9, 0.95], [0.98, 0.8, 0.9]], prompts_a=["I love it", "A fine day"],
+        ...                          prompts_b=["I hate it", "A grim day"], contrast="sentiment")
+        >>> fig = profile_figure(prof)
+        >>> [t.name for t in fig.data if not t.name.endswith("sd")], fig.data[-1].x
+        (['relative divergence', 'cosine similarity', 'peak'], (1,))
     """
     x = list(profile.layers)
     rel, cos = profile.rel, profile.cos
@@ -110,7 +120,18 @@ def profile_figure(profile, *, spread: str = "std", auroc: Optional[Sequence[flo
 
 
 def pairs_figure(profile, layer: int) -> go.Figure:
-    """Per-pair relative divergence and cosine at one layer (bars; hover shows the prompts)."""
+    """Per-pair relative divergence and cosine at one layer (bars; hover shows the prompts).
+
+    Examples:
+        >>> from steerkit.apps.figures import pairs_figure
+        >>> from steerkit.apps.analysis import DivergenceProfile
+        >>> prof = DivergenceProfile(layers=[0, 1, 2], rel=[[0.1, 0.4, 0.2], [0.2, 0.6, 0.3]],
+        ...                          cos=[[0.99, 0.9, 0.95], [0.98, 0.8, 0.9]], prompts_a=["I love it", "A fine day"],
+        ...                          prompts_b=["I hate it", "A grim day"], contrast="sentiment")
+        >>> fig = pairs_figure(prof, 1)
+        >>> fig.layout.title.text, fig.data[0].y
+        ('Per-pair values at layer 1', (0.4, 0.6))
+    """
     d = profile.at_layer(layer)
     idx = list(range(len(d["rel"])))
 
@@ -130,7 +151,14 @@ def pairs_figure(profile, layer: int) -> go.Figure:
 
 
 def lens_figure(top, bottom=None, *, layer: Optional[int] = None) -> go.Figure:
-    """Logit-lens tokens as horizontal bars: ``top``/``bottom`` are lists of ``(token, logit)``."""
+    """Logit-lens tokens as horizontal bars: ``top``/``bottom`` are lists of ``(token, logit)``.
+
+    Examples:
+        >>> from steerkit.apps.figures import lens_figure
+        >>> fig = lens_figure([(" good", 3.2), (" great", 2.9)], [(" bad", -2.5)], layer=12)
+        >>> [t.name for t in fig.data], fig.layout.title.text
+        (['promoted', 'suppressed'], 'Logit lens of the mean difference at layer 12')
+    """
     fig = go.Figure()
     rows = list(top) + (list(bottom) if bottom else [])
     if top:
@@ -147,7 +175,17 @@ def lens_figure(top, bottom=None, *, layer: Optional[int] = None) -> go.Figure:
 
 
 def probe_heatmap(sweep) -> go.Figure:
-    """Layer x position AUROC heatmap; hover shows the confidence interval when the sweep has one."""
+    """Layer x position AUROC heatmap; hover shows the confidence interval when the sweep has one.
+
+    Examples:
+        >>> from steerkit.apps.figures import probe_heatmap
+        >>> from types import SimpleNamespace
+        >>> sweep = SimpleNamespace(auroc=[[0.6, 0.7], [0.9, 0.95]], ci_low=None, ci_high=None, positions=[-2, -1],
+        ...                         layers=[3, 6], name="sentiment")
+        >>> fig = probe_heatmap(sweep)
+        >>> fig.data[0].type, fig.layout.title.text
+        ('heatmap', 'Probe AUROC by layer and position — sentiment')
+    """
     A = np.asarray(sweep.auroc, dtype=float)
     if sweep.ci_low is not None and sweep.ci_high is not None:
         cd = np.stack([sweep.ci_low, sweep.ci_high], -1)
@@ -166,7 +204,17 @@ def probe_heatmap(sweep) -> go.Figure:
 
 
 def norm_figure(diag) -> go.Figure:
-    """Residual-stream norm per layer (positions >= 1, and position 0 separately)."""
+    """Residual-stream norm per layer (positions >= 1, and position 0 separately).
+
+    Examples:
+        >>> from steerkit.apps.figures import norm_figure
+        >>> from steerkit.apps.analysis import LayerDiagnostics
+        >>> diag = LayerDiagnostics(layers=[0, 1, 2], resid_norm=np.array([2.0, 4.0, 9.0]),
+        ...                         resid_norm_pos0=np.array([3.0, 40.0, 45.0]), sink=np.array([0.1, 0.7, 0.8]),
+        ...                         sink_heads=np.array([[0.0, 0.2], [0.6, 0.8], [0.7, 0.9]]), n_prompts=2)
+        >>> [t.name for t in norm_figure(diag).data]
+        ['mean ‖h‖ (pos ≥ 1)', '‖h‖ at pos 0']
+    """
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=diag.layers, y=diag.resid_norm, mode="lines+markers", name="mean ‖h‖ (pos ≥ 1)",
                              line=dict(color=REL_COLOR)))
@@ -179,7 +227,17 @@ def norm_figure(diag) -> go.Figure:
 
 
 def sink_figure(diag) -> go.Figure:
-    """Attention mass on position 0 per layer (mean over heads) with the per-head spread."""
+    """Attention mass on position 0 per layer (mean over heads) with the per-head spread.
+
+    Examples:
+        >>> from steerkit.apps.figures import sink_figure
+        >>> from steerkit.apps.analysis import LayerDiagnostics
+        >>> diag = LayerDiagnostics(layers=[0, 1, 2], resid_norm=np.array([2.0, 4.0, 9.0]),
+        ...                         resid_norm_pos0=np.array([3.0, 40.0, 45.0]), sink=np.array([0.1, 0.7, 0.8]),
+        ...                         sink_heads=np.array([[0.0, 0.2], [0.6, 0.8], [0.7, 0.9]]), n_prompts=2)
+        >>> [t.name for t in sink_figure(diag).data]
+        ['head min–max', 'mean over heads']
+    """
     fig = go.Figure()
     if diag.sink is None:
         fig.update_layout(template=TEMPLATE, title="Sink attention unavailable",
@@ -197,7 +255,17 @@ def sink_figure(diag) -> go.Figure:
 
 
 def mi_figure(mi) -> go.Figure:
-    """MI per generation step, peaks marked with their tokens."""
+    """MI per generation step, peaks marked with their tokens.
+
+    Examples:
+        >>> from steerkit.apps.figures import mi_figure
+        >>> from steerkit.apps.io import MIProfile
+        >>> mi = MIProfile(steps=[0, 1, 2, 3], mi=np.array([0.1, 0.9, 0.2, 0.3]), tokens=["The", " eggs", " cost", "."],
+        ...                peaks=[1], name="question 0")
+        >>> fig = mi_figure(mi)
+        >>> [t.name for t in fig.data], fig.data[1].text
+        (['MI', 'peaks'], ("' eggs'",))
+    """
     fig = go.Figure()
     text = mi.tokens if mi.tokens else None
     fig.add_trace(go.Scatter(x=mi.steps, y=mi.mi, mode="lines+markers", name="MI", text=text,
@@ -221,7 +289,13 @@ METHOD_COLORS = {"activation": REL_COLOR, "attribution": COS_COLOR}
 
 
 def token_label(token: str, position: Optional[int] = None) -> str:
-    """A token as an axis label: its ``repr`` (leading spaces visible), with its position when given."""
+    """A token as an axis label: its ``repr`` (leading spaces visible), with its position when given.
+
+    Examples:
+        >>> from steerkit.apps.figures import token_label
+        >>> token_label(" Mary"), token_label(" Mary", 3)
+        ("' Mary'", "3 ' Mary'")
+    """
     t = repr(token)
     t = t if len(t) <= 24 else t[:21] + "…"
     return t if position is None else f"{position} {t}"
@@ -236,7 +310,17 @@ def patching_figure(run, *, normalized: bool = True, selected: Optional[tuple[in
     method side by side (activation, attribution): layers down, positions (token labels) or heads
     across, diverging around 0 on one colour axis. ``normalized``: the restored fraction, else the
     logit difference. ``selected``: ``(layer, column)`` outlined. Each cell's ``x`` / ``y`` are the
-    column index (position or head) and the layer, which a click reports."""
+    column index (position or head) and the layer, which a click reports.
+
+    Examples:
+        >>> from steerkit.apps.figures import patching_figure
+        >>> from steerkit.apps.analysis import patching_run
+        >>> run = patching_run(tiny, "When Mary and John went to the store, John gave a drink to",
+        ...                    "When John and Mary went to the store, Mary gave a drink to", " Mary", " John")
+        >>> fig = patching_figure(run, selected=(2, 13))
+        >>> fig.data[0].type, len(fig.data[0].y), len(fig.data[0].x), len(fig.layout.shapes)
+        ('heatmap', 4, 14, 1)
+    """
     results = run.results
     methods = list(results)
     grids = {m: run.grid(m, normalized) for m in methods}
@@ -294,7 +378,17 @@ def _detail_bars(fig, tokens, values: dict, positions=None):
 
 def patching_detail_figure(run, layer: int, *, normalized: bool = True) -> go.Figure:
     """One layer of a layers x positions grid: its value at each position as bars (token labels), one
-    series per method."""
+    series per method.
+
+    Examples:
+        >>> from steerkit.apps.figures import patching_detail_figure
+        >>> from steerkit.apps.analysis import patching_run
+        >>> run = patching_run(tiny, "When Mary and John went to the store, John gave a drink to",
+        ...                    "When John and Mary went to the store, Mary gave a drink to", " Mary", " John")
+        >>> fig = patching_detail_figure(run, 3)
+        >>> fig.data[0].name, len(fig.data[0].y), fig.layout.title.text
+        ('activation', 14, 'Layer 3: resid_pre patched at each position')
+    """
     values = run.layer_values(layer, normalized)
     fig = go.Figure()
     _detail_bars(fig, run.tokens, values, run.first.positions)
@@ -305,7 +399,17 @@ def patching_detail_figure(run, layer: int, *, normalized: bool = True) -> go.Fi
 
 
 def head_detail_figure(detail, *, normalized: bool = True) -> go.Figure:
-    """One head (a :class:`~steerkit.apps.analysis.HeadDetail`) patched at each position separately, as bars."""
+    """One head (a :class:`~steerkit.apps.analysis.HeadDetail`) patched at each position separately, as bars.
+
+    Examples:
+        >>> from steerkit.apps.figures import head_detail_figure
+        >>> from steerkit.apps.analysis import head_detail, patching_run
+        >>> run = patching_run(tiny, "When Mary and John went to the store, John gave a drink to",
+        ...                    "When John and Mary went to the store, Mary gave a drink to", " Mary", " John", "z")
+        >>> fig = head_detail_figure(head_detail(tiny, run, 1, 2))
+        >>> fig.data[0].name, len(fig.data[0].y), fig.layout.title.text
+        ('activation', 14, 'Head L1H2: attn.hook_z patched at each position separately')
+    """
     fig = go.Figure()
     _detail_bars(fig, detail.tokens, detail.values(normalized))
     fig.update_layout(template=TEMPLATE, title=f"Head L{detail.layer}H{detail.head}: attn.hook_z patched at each "
@@ -317,7 +421,16 @@ def head_detail_figure(detail, *, normalized: bool = True) -> go.Figure:
 def attention_figure(att, head: Optional[int] = None) -> go.Figure:
     """Attention patterns of an :class:`~steerkit.apps.analysis.AttentionPatterns`: head ``head`` as one
     heatmap (query tokens down, key tokens across), or with ``head=None`` every head of the layer as a
-    grid of small multiples on one colour scale."""
+    grid of small multiples on one colour scale.
+
+    Examples:
+        >>> from steerkit.apps.figures import attention_figure
+        >>> from steerkit.apps.analysis import attention_patterns
+        >>> att = attention_patterns(tiny, "Hello there, friend", 1)
+        >>> one, every = attention_figure(att, head=0), attention_figure(att)
+        >>> len(one.data), len(every.data), one.layout.title.text
+        (1, 4, 'Attention pattern, layer 1 head 0')
+    """
     toks = list(att.tokens)
     n = len(toks)
     idx = list(range(n))
@@ -487,6 +600,14 @@ def tune_rows(result: dict, layer: int, scale: float) -> list[dict]:
 
 
 def empty_figure(message: str) -> go.Figure:
+    """A figure without data showing ``message`` in its middle (what a page shows before it has a result).
+
+    Examples:
+        >>> from steerkit.apps.figures import empty_figure
+        >>> fig = empty_figure("Run a profile first")
+        >>> fig.layout.annotations[0].text, len(fig.data)
+        ('Run a profile first', 0)
+    """
     fig = go.Figure()
     fig.update_layout(template=TEMPLATE, xaxis=dict(visible=False), yaxis=dict(visible=False), height=300,
                       annotations=[dict(text=message, showarrow=False, font=dict(size=14, color="#666"))])
@@ -494,7 +615,13 @@ def empty_figure(message: str) -> go.Figure:
 
 
 def token_colors(values: Sequence[float], scale: Optional[float] = None) -> list[str]:
-    """Diverging background colours (blue negative, red positive) for token projections."""
+    """Diverging background colours (blue negative, red positive) for token projections.
+
+    Examples:
+        >>> from steerkit.apps.figures import token_colors
+        >>> token_colors([1.0, -0.5, 0.0])
+        ['rgba(214,39,40,0.60)', 'rgba(31,119,180,0.30)', 'rgba(214,39,40,0.00)']
+    """
     v = np.asarray(list(values), dtype=float)
     if v.size == 0:
         return []
@@ -507,14 +634,28 @@ def token_colors(values: Sequence[float], scale: Optional[float] = None) -> list
 
 
 def tokens_html(tokens: Sequence[str], values: Sequence[float], scale: Optional[float] = None) -> str:
-    """Tokens as HTML spans coloured by their projection (for notebooks: ``IPython.display.HTML``)."""
+    """Tokens as HTML spans coloured by their projection (for notebooks: ``IPython.display.HTML``).
+
+    Examples:
+        >>> from steerkit.apps.figures import tokens_html
+        >>> print(tokens_html(["Hi", " <there>"], [1.0, -1.0]).replace("</span><", "</span>\\n<"))
+        <span title="1.000" style="background:rgba(214,39,40,0.60)">Hi</span>
+        <span title="-1.000" style="background:rgba(31,119,180,0.60)"> &lt;there&gt;</span>
+    """
     cols = token_colors(values, scale)
     return "".join(f'<span title="{v:.3f}" style="background:{c}">{_html.escape(t)}</span>'
                    for t, v, c in zip(tokens, values, cols))
 
 
 def to_html(fig: go.Figure, path=None) -> str:
-    """The figure as a standalone HTML page (plotly.js embedded; works offline). Writes ``path`` if given."""
+    """The figure as a standalone HTML page (plotly.js embedded; works offline). Writes ``path`` if given.
+
+    Examples:
+        >>> from steerkit.apps.figures import to_html
+        >>> page = to_html(empty_figure("nothing yet"), tmp_dir / "figure.html")
+        >>> page.startswith("<!doctype html>"), (tmp_dir / "figure.html").read_text(encoding="utf-8") == page
+        (True, True)
+    """
     s = fig.to_html(include_plotlyjs=True, full_html=True)
     if path is not None:
         Path(path).write_text(s, encoding="utf-8")
@@ -523,7 +664,15 @@ def to_html(fig: go.Figure, path=None) -> str:
 
 def figure_page(fig: dict) -> Optional[str]:
     """A figure a page holds (its JSON, as Dash sends it back) as a standalone HTML page, or ``None``
-    when it is not a figure this app drew."""
+    when it is not a figure this app drew.
+
+    Examples:
+        >>> from steerkit.apps.figures import figure_page
+        >>> figure_page(empty_figure("nothing yet").to_dict()).startswith("<!doctype html>")
+        True
+        >>> figure_page({"data": [{"type": "no such trace"}]}) is None
+        True
+    """
     try:
         return to_html(go.Figure(fig))
     except (ValueError, TypeError, KeyError):
@@ -534,7 +683,17 @@ def tune_figures(result: dict, damage: str, metric: str, *, selected: Optional[t
                  stopped: bool = False) -> tuple[go.Figure, go.Figure]:
     """The Tune page's trade-off curves (concept against ``damage``) and ``metric`` heatmap of a tune
     result, with the ``selected`` cell ``(layer, scale)`` marked; ``stopped``: the grid was cut at the
-    time limit (the titles say so). A result these figures cannot draw gives two empty figures saying why."""
+    time limit (the titles say so). A result these figures cannot draw gives two empty figures saying why.
+
+    Examples:
+        >>> from steerkit.apps.figures import tune_figures
+        >>> from steerkit.probes.tune import TuneResult
+        >>> curves, heat = tune_figures(TuneResult.example().to_json(), "kl", "concept", selected=(5, 2.0))
+        >>> curves.data[-1].name, heat.data[0].type, heat.layout.height
+        ('selected', 'heatmap', 420)
+        >>> tune_figures({"cells": []}, "kl", "concept")[0].layout.annotations[0].text[:30]
+        'Could not draw this tune resul'
+    """
     try:
         curves, heat = tradeoff_figure(result, damage=damage), heatmap_figure(result, metric)
     except (InputError, ValueError, TypeError, KeyError) as e:

@@ -33,11 +33,7 @@ INTERNALS = (
     "steerkit.hooks.segments",     # the packed-pass attention layout
     "steerkit.loading.fingerprint",  # the model fingerprint behind provenance
     "steerkit.loading.adapters.vllm_layout",  # an adapter's vLLM module layout
-    "steerkit.apps",               # the explorer, described on docs/app.md
-    # named by the pages and public, but without a reference page yet: a page needs the module listed in
-    # scripts/doctest_modules.txt, and an example in the docstring of each of its public names
-    "steerkit.hooks.moe",
-    "steerkit.apps.figures",
+    "steerkit.apps",               # the explorer, described on docs/app.md (its figures: docs/api/figures.md)
 )
 NAME = re.compile(r"(?<![\w./])steerkit(?:\.[A-Za-z_]\w*)+")
 CODE = re.compile(r"^(`{3,})[^\n]*\n.*?^\1\s*$|`[^`\n]+`", re.S | re.M)

@@ -79,7 +79,15 @@ _EXPERTS: "weakref.WeakKeyDictionary[nn.Module, _Block]" = weakref.WeakKeyDictio
 
 class MoEHandle:
     """Removes one hook function registered by :func:`hooked` (idempotently): a backend keeps it with its
-    torch handles (``remove()``)."""
+    torch handles (``remove()``).
+
+    Examples:
+        >>> from steerkit.hooks.moe import MoEHandle
+        >>> h = MoEHandle(lambda: print("removed"))
+        >>> h.remove()
+        removed
+        >>> h.remove()  # a second call does nothing
+    """
 
     def __init__(self, remove: Callable[[], None]):
         self._remove: Optional[Callable[[], None]] = remove
@@ -128,7 +136,26 @@ def _block_state(model: nn.Module, adapter: "Adapter", layer: int) -> _Block:
 def hooked(model: nn.Module, adapter: "Adapter", layer: int, kind: str, fn, tracker) -> MoEHandle:
     """Run ``fn(x, tracker.call(x))`` at the mixture-of-experts hook ``kind`` (one of
     :data:`~steerkit.hooks.names.MOE_HOOKS`) of block ``layer``; returns the handle that removes it.
-    :class:`~steerkit.errors.UnsupportedArchitectureError` where the block is dense."""
+    :class:`~steerkit.errors.UnsupportedArchitectureError` where the block is dense.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> from steerkit.hooks.moe import hooked
+        >>> from steerkit.loading.adapters import adapter_for
+        >>> from transformers import MixtralConfig, MixtralForCausalLM
+        >>> cfg = MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+        ...                     num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
+        ...                     num_experts_per_tok=2)
+        >>> model = MixtralForCausalLM(cfg).eval()
+        >>> seen = []
+        >>> h = hooked(model, adapter_for(model), 0, "mlp.hook_router_logits",
+        ...            lambda x, call: seen.append(tuple(x.shape)), SimpleNamespace(call=lambda x: None))
+        >>> _ = model(torch.tensor([[1, 2, 3]]))  # router logits [batch, pos, n_experts]
+        >>> h.remove()
+        >>> _ = model(torch.tensor([[1, 2, 3]]))  # removed: not called again
+        >>> seen
+        [(1, 3, 4)]
+    """
     if kind not in MOE_HOOKS:  # pragma: no cover - the backends dispatch MOE_HOOKS only
         raise UnsupportedArchitectureError(f"expected one of {MOE_HOOKS}, found {kind!r}")
     blk = adapter.moe_block(model, layer)
@@ -205,7 +232,22 @@ def _experts(module: nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_
 def expert_outputs(module: Any, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor
                    ) -> tuple[Tensor, list[int]]:
     """``([tokens, n_experts, d_model], experts used)``: each expert's weighted output for every token as
-    eager experts compute it (zero where the token does not use the expert)."""
+    eager experts compute it (zero where the token does not use the expert).
+
+    Examples:
+        >>> from steerkit.hooks.moe import expert_outputs
+        >>> from transformers import MixtralConfig, MixtralForCausalLM
+        >>> cfg = MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+        ...                     num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
+        ...                     num_experts_per_tok=2)
+        >>> model = MixtralForCausalLM(cfg).eval()
+        >>> experts = model.model.layers[0].mlp.experts
+        >>> x, idx = torch.randn(3, 32), torch.tensor([[0, 1], [1, 2], [3, 0]])  # 3 tokens, 2 experts each
+        >>> w = torch.full((3, 2), 0.5)
+        >>> per, hit = expert_outputs(experts, x, idx, w)
+        >>> tuple(per.shape), hit, bool(torch.allclose(per.sum(1), experts(x, idx, w), atol=1e-6))
+        ((3, 4, 32), [0, 1, 2, 3], True)
+    """
     if getattr(module, "has_bias", False) or getattr(module, "is_transposed", False) or \
             not getattr(module, "has_gate", True):
         raise UnsupportedArchitectureError(
@@ -229,7 +271,26 @@ def expert_outputs(module: Any, hidden_states: Tensor, top_k_index: Tensor, top_
 
 def per_expert(module: nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor,
                state: _Block) -> Tensor:
-    """The experts' output with ``mlp.hook_expert_out``'s hooks run on each expert's contribution."""
+    """The experts' output with ``mlp.hook_expert_out``'s hooks run on each expert's contribution.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> from steerkit.hooks.moe import per_expert
+        >>> from transformers import MixtralConfig, MixtralForCausalLM
+        >>> cfg = MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+        ...                     num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
+        ...                     num_experts_per_tok=2)
+        >>> model = MixtralForCausalLM(cfg).eval()
+        >>> experts = model.model.layers[0].mlp.experts
+        >>> x, idx, w = torch.randn(3, 32), torch.tensor([[0, 1], [1, 2], [3, 0]]), torch.full((3, 2), 0.5)
+        >>> zero_expert_1 = lambda h, call: h * torch.tensor([1.0, 0.0, 1.0, 1.0])[:, None]  # [.., n_experts, d]
+        >>> tracker = SimpleNamespace(call=lambda h: None)
+        >>> block = SimpleNamespace(hooks={"mlp.hook_expert_out": [(zero_expert_1, tracker)]},
+        ...                         rows=lambda h: h)  # what hooked() keeps for a block
+        >>> out, eager = per_expert(experts, x, idx, w, block), experts(x, idx, w)
+        >>> bool(torch.allclose(out[2], eager[2], atol=1e-6)), bool(torch.allclose(out[1], eager[1]))
+        (True, False)
+    """
     per, hit = expert_outputs(module, hidden_states, top_k_index, top_k_weights)
     x = state.rows(per)
     edited = False
