@@ -30,4 +30,8 @@ if [ "${STEERKIT_SETUP_EXTRAS:-}" = "engines" ]; then
     $VPIP install -q jaxtyping gguf scipy tqdm
     $VPIP install -q --no-deps -e .
   fi
+  # Ray in vLLM's environment too, for `steerkit record --engine vllm --ray` (workers start in that Python)
+  if ! .venv-vllm/bin/python -c "import ray" >/dev/null 2>&1; then
+    .venv-vllm/bin/python -m pip install -q "$(grep '^ray==' constraints.txt)"
+  fi
 fi

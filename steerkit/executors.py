@@ -20,7 +20,7 @@ import collections
 import dataclasses
 import itertools
 import uuid
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -50,23 +50,44 @@ class ModelSpec:
     def load_kwargs(self) -> dict:
         return {"device": self.device, "dtype": self.dtype, "backend": self.backend}
 
-    def load(self):
+    def load(self) -> SteerModel:
         """The model, loaded here (what each worker does once)."""
         if self.threads is not None:
             torch.set_num_threads(self.threads)
         return load_model(self.model, **self.load_kwargs())
 
+    def fingerprint(self, sm: SteerModel) -> str:
+        """What must be equal on every worker: the loaded model's fingerprint."""
+        return sm.fingerprint()
+
+
+@runtime_checkable
+class WorkerSpec(Protocol):
+    """What a Ray worker loads once and how its workers are checked to agree: :class:`ModelSpec` (a
+    :class:`~steerkit.SteerModel`) or :class:`steerkit.serving.capture.VllmSpec` (a vLLM engine that records).
+
+    Examples:
+        >>> isinstance(ModelSpec(), WorkerSpec)
+        True
+    """
+
+    def load(self) -> Any: ...
+
+    def fingerprint(self, state: Any) -> str: ...
+
+
 
 class LocalExecutor:
-    """Runs every item here, in order, on ``sm``.
+    """Runs every item here, in order, on ``state``: a loaded :class:`~steerkit.SteerModel` (or what a
+    :class:`WorkerSpec` loads, such as a vLLM engine).
 
     Examples:
         >>> list(LocalExecutor(tiny).imap_unordered(lambda sm, x: (sm.n_layers, x), ["a", "b"]))
         [(0, (4, 'a')), (1, (4, 'b'))]
     """
 
-    def __init__(self, sm: SteerModel):
-        self.sm = sm
+    def __init__(self, state: Any):
+        self.sm = state
 
     def first(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(sm)`` on this process's model."""
@@ -91,20 +112,22 @@ def _ray():
 
 
 class _Worker:
-    """A Ray actor's body: the model, loaded once; ``run(fn, item)`` calls ``fn(sm, item)``."""
+    """A Ray actor's body: what its spec loads, once; ``run(fn, item)`` calls ``fn(state, item)``."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
         self.sm = spec.load()
 
     def run(self, fn, item):
         return fn(self.sm, item)
 
     def ready(self) -> str:
-        return self.sm.fingerprint()
+        return self.spec.fingerprint(self.sm)
 
 
 class RayExecutor:
-    """``workers`` Ray actors, each with the model of ``spec`` loaded once (see the module's docstring).
+    """``workers`` Ray actors, each with the model of ``spec`` loaded once (see the module's docstring):
+    a :class:`ModelSpec` (steerkit's model), or any :class:`WorkerSpec` (a vLLM engine for recording).
 
     ``address``: a running cluster (``"auto"``, ``"ray://host:10001"``, ``"127.0.0.1:6379"``), or ``None``
     to start a local one in this process. ``cpus_per_worker`` / ``gpus_per_worker``: what each actor asks
@@ -121,7 +144,7 @@ class RayExecutor:
     (skipped: it starts Ray; ``tests/test_ray.py`` runs it on a local cluster.)
     """
 
-    def __init__(self, spec: ModelSpec | None = None, *, workers: int = 2, address: Optional[str] = None,
+    def __init__(self, spec: WorkerSpec | None = None, *, workers: int = 2, address: Optional[str] = None,
                  cpus_per_worker: float = 1, gpus_per_worker: float = 0, replacements: Optional[int] = None,
                  namespace: str = "steerkit"):
         if workers < 1:

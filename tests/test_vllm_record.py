@@ -267,3 +267,34 @@ def test_cli_record_engine_vllm_resumes_the_hf_data_set(rec, tmp_path):
     p = subprocess.run([a if a != str(rec["model"]) else str(tmp_path / "nope") for a in base], env=env,
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 2 and "expected --model MODEL_DIR, a Hugging Face model folder" in p.stderr
+
+
+def test_cli_record_engine_vllm_on_ray_workers_equals_one_engine(rec, tmp_path):
+    """``steerkit record --engine vllm --ray --workers 2``: two Ray workers in vLLM's Python, each with an
+    engine of its own (one OpenMP thread, unbound), record the shards; this process writes them. The data
+    set equals one engine's with the same thread count and batch boundaries bit for bit, and every row
+    appears once."""
+    pytest.importorskip("ray")
+    if subprocess.run([str(VLLM_PY), "-c", "import ray"], capture_output=True).returncode != 0:
+        pytest.skip("Ray is not installed in .venv-vllm (scripts/setup.sh installs it)")
+    from steerkit.storage.dataset import ActivationDataset
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS + [LONG]) + "\n")
+    env = env_for(rec["store"].root)
+    env.pop("STEERKIT_RECORD_DIR", None)
+    common = [sys.executable, "-m", "steerkit", "record", str(prompts), "--hooks", CLI_HOOKS, "--shard-size", "2",
+              "--batch-size", "3", "--quiet", "--model", str(rec["model"]), "--engine", "vllm", "--vllm-python",
+              str(VLLM_PY)]
+    p = subprocess.run([*common, "-o", str(tmp_path / "ray"), "--ray", "--workers", "2"], env=env,
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-6000:]
+    assert "recorded 6 prompts x 3 hooks" in p.stdout and "(3 shards, vLLM, 2 Ray workers)" in p.stdout
+    one = {**env, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    p = subprocess.run([*common, "-o", str(tmp_path / "one")], env=one, capture_output=True, text=True, timeout=900,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-6000:]
+    ray_ds, one_ds = ActivationDataset(tmp_path / "ray"), ActivationDataset(tmp_path / "one")
+    assert ray_ds.complete and ray_ds.hooks == one_ds.hooks and sorted(ray_ds.shards) == sorted(one_ds.shards)
+    for h in one_ds.hooks:
+        assert ray_ds.load(h).shape == (6, rec["sm"].d_model)
+        assert torch.equal(ray_ds.load(h), one_ds.load(h)), h

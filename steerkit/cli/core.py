@@ -99,21 +99,29 @@ def _record_vllm(args, pos, parsed_hooks) -> int:
         job = {"model": str(Path(args.model).resolve()), "prompts": prompts, "hooks": hooks, "positions": pos,
                "out": str(out), "shard_size": args.shard_size, "batch_size": args.batch_size,
                "chat": not args.no_chat, "engine": engine, "progress": not args.quiet}
+        if args.ray is not None:  # the workers start in vLLM's Python too: it needs Ray there
+            job["ray"] = {"address": None if args.ray == "local" else args.ray, "workers": args.workers,
+                          "cpus_per_worker": args.cpus_per_worker, "gpus_per_worker": args.gpus_per_worker,
+                          "threads": max(1, int(args.cpus_per_worker)) if args.gpus_per_worker == 0 else None}
         job_path = Path(tmp) / "job.json"
         job_path.write_text(json.dumps(job))
         env = dict(os.environ)
         plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p.strip()]
         env["VLLM_PLUGINS"] = ",".join(dict.fromkeys(plugins + ["steerkit"]))
         env[capture.ENV] = str(Path(tmp) / "spool")
-        code = "import sys; from steerkit.serving.capture import main; sys.exit(main())"
+        code = ("import sys; from steerkit.cli._common import run_verb; from steerkit.serving.capture import main; "
+                "sys.exit(run_verb(main, sys.argv[1:]))")
         rc = subprocess.run([python, "-c", code, str(job_path)], cwd=tmp, env=env).returncode
+    if rc == 2:  # a steerkit error there: it printed its one line
+        return 2
     if rc != 0:
         raise BackendUnavailableError(f"expected the vLLM recording ({python}) to finish, found it exit with status "
                                       f"{rc} (its output above says why); finished shards are kept, run the same "
                                       "command again to resume, and check that this Python has vllm and steerkit "
                                       "(--vllm-python)")
     ds = ActivationDataset(out)
-    print(f"recorded {len(ds)} prompts x {len(hooks)} hooks into {args.out} ({len(ds.shards)} shards, vLLM)")
+    where = f", {args.workers} Ray workers" if args.ray is not None else ""
+    print(f"recorded {len(ds)} prompts x {len(hooks)} hooks into {args.out} ({len(ds.shards)} shards, vLLM{where})")
     return 0
 
 
@@ -122,11 +130,9 @@ def cmd_record(args) -> int:
     check_min(args.batch_size, "--batch-size", 1)
     check_min(args.shard_size, "--shard-size", 1)
     pos = parse_positions(args.positions)
+    if args.ray is not None:
+        check_min(args.workers, "--workers", 1)
     if getattr(args, "engine", "hf") == "vllm":
-        if args.ray is not None:
-            raise InputError("expected --ray with --engine hf, found --engine vllm: recording through vLLM runs in "
-                             "one engine (its own tensor and pipeline parallelism); leave out --ray, or record with "
-                             "--engine hf on the Ray workers")
         return _record_vllm(args, pos, parse_hooks(args.hooks))
     parsed_hooks = parse_hooks(args.hooks)
     prompts = read_prompts(args.prompts)
@@ -143,7 +149,6 @@ def cmd_record(args) -> int:
 def _record_ray(args, pos, parsed_hooks, prompts) -> int:
     """``steerkit record --ray``: the shards recorded by Ray workers that each load the model once; this
     process writes every shard and the manifest (see :mod:`steerkit.executors`)."""
-    check_min(args.workers, "--workers", 1)
     model = args.model
     if model is not None and Path(model).exists():  # a local path: absolute, so every worker finds it
         model = str(Path(model).resolve())
@@ -200,7 +205,8 @@ def register(sub) -> None:
     g = sp.add_argument_group("Ray (pip install 'steerkit[ray]')")
     g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="record the shards on Ray workers: a running cluster's address (auto, ray://host:10001, "
-                   "host:6379), or none to start a local one")
+                   "host:6379), or none to start a local one; with --engine vllm each worker runs a vLLM engine "
+                   "(Ray must be installed in --vllm-python's environment)")
     g.add_argument("--workers", type=int, default=2, help="Ray workers, each loading the model once (default 2)")
     g.add_argument("--cpus-per-worker", type=float, default=1, help="CPUs Ray gives each worker (default 1; a CPU "
                    "worker runs that many torch threads)")

@@ -21,6 +21,8 @@ resumable data set of :func:`steerkit.storage.dataset.record_dataset` through vL
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import os
@@ -32,13 +34,13 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 from jaxtyping import Float
-from safetensors.torch import load, save
+from safetensors.torch import load
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from steerkit.storage.dataset import FORMAT, MANIFEST, ActivationDataset, _prompts_hash, resume_state
+from steerkit.executors import LocalExecutor, RayExecutor
+from steerkit.storage.dataset import FORMAT, ActivationDataset, _prompts_hash, resume_state, write_shards
 from steerkit.errors import BackendUnavailableError, InputError, SteerkitError
-from steerkit.storage.files import Folder, atomic_write_bytes
+from steerkit.storage.files import Folder
 from steerkit.loading.fingerprint import folder_fingerprint
 from steerkit.interventions import server_mask_of
 
@@ -52,7 +54,8 @@ log = logging.getLogger("steerkit.serving")
 
 __all__ = ["KEY", "ENV", "RECORD_ENV", "RecordSpec", "parse_record", "record_args", "check_request", "can_record",
            "StepRecorder",
-           "RowBlock", "start_llm", "record_generate", "record_dataset_vllm", "dataset_plan", "main"]
+           "RowBlock", "start_llm", "record_generate", "record_shard_vllm", "record_dataset_vllm", "VllmSpec",
+           "dataset_plan", "main"]
 
 #: the largest record file the reader accepts
 MAX_FILE_BYTES = 1 << 34
@@ -284,14 +287,96 @@ def dataset_plan(model_dir: str, prompts: Sequence[str], hooks: Sequence[str], o
     return meta, todo
 
 
+@dataclasses.dataclass(frozen=True)
+class VllmSpec:
+    """What each Ray worker of a vLLM recording loads once (a :class:`steerkit.executors.WorkerSpec`): a
+    vLLM engine that records (:func:`start_llm`, into a spool folder of its own) serving ``model``, a
+    Hugging Face folder every node reads at the same path; ``engine``: ``vllm.LLM`` arguments (default
+    float32, seed 0, eager); ``threads``: OpenMP threads of a CPU engine, not bound to cores, so several
+    engines on one machine share its cores as Ray shares its CPUs (``None``: vLLM's own binding).
+
+    Examples:
+        >>> VllmSpec("model-dir", {"max_num_batched_tokens": 2048}, threads=1).engine_kwargs()
+        {'dtype': 'float32', 'seed': 0, 'max_num_batched_tokens': 2048}
+    """
+    model: str
+    engine: dict = dataclasses.field(default_factory=dict)
+    threads: Optional[int] = None
+
+    def engine_kwargs(self) -> dict:
+        return {"dtype": "float32", "seed": 0, **self.engine}
+
+    def load(self) -> Any:
+        """The engine, started here (what each worker does once)."""
+        if self.threads is not None:
+            os.environ["OMP_NUM_THREADS"] = str(self.threads)
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+            torch.set_num_threads(self.threads)
+        return start_llm(self.model, record_dir=tempfile.mkdtemp(prefix="steerkit-record-"), **self.engine_kwargs())
+
+    def fingerprint(self, llm: Any) -> str:
+        """What must be equal on every worker: the fingerprint of the model folder it serves."""
+        return str(_model_meta(self.model)[1])
+
+
+def record_shard_vllm(llm: Any, chunk: Sequence[str], *, hooks: Sequence[str], positions: Any = "last",
+                      batch_size: int = 64, chat: bool = False,
+                      on_batch: Optional[Any] = None) -> dict[str, Tensor]:
+    """One shard's tensors recorded through ``llm``: each prompt runs its prompt tokens once
+    (``max_tokens=1``), ``batch_size`` requests per ``generate`` call; a tensor per hook (float32, on the
+    CPU) and its ``::lengths`` where positions vary (the layout of
+    :func:`steerkit.storage.dataset.record_shard`); ``on_batch(n)`` after each batch of ``n`` prompts.
+
+    Examples:
+        >>> shard = record_shard_vllm(llm, ["Hi", "Bye"], hooks=["blocks.3.hook_resid_post"])  # doctest: +SKIP
+        >>> shard["blocks.3.hook_resid_post"].shape  # doctest: +SKIP
+        torch.Size([2, 576])
+
+    (skipped: it needs vLLM, which lives in its own environment.)
+    """
+    from vllm import SamplingParams
+    tok = llm.get_tokenizer()
+    sp = SamplingParams(max_tokens=1, temperature=0.0)
+    tensors: dict[str, list[Tensor]] = {h: [] for h in hooks}
+    lengths: dict[str, list[int]] = {h: [] for h in hooks}
+    for j in range(0, len(chunk), batch_size):
+        part = chunk[j:j + batch_size]
+        ids = [{"prompt_token_ids": _format_prompt(tok, p, chat)} for p in part]
+        _, rows = record_generate(llm, ids, sp, hooks=list(hooks), positions=_position_spec(positions),
+                                  use_tqdm=False)
+        for r in rows:
+            assert r is not None
+            for h in hooks:
+                tensors[h].append(r[h])
+                lengths[h].append(int(r[h].shape[0]))
+        if on_batch is not None:
+            on_batch(len(part))
+    last = positions == "last"
+    if last:
+        bad = sorted({n for h in hooks for n in lengths[h] if n != 1})
+        if bad:
+            raise InputError(f"expected one last-prompt-token row per prompt, found counts {bad}")
+    payload = {h: torch.cat(tensors[h]).contiguous() for h in hooks}
+    if not last:
+        payload.update({f"{h}::lengths": torch.tensor(lengths[h], dtype=torch.long) for h in hooks})
+    return payload
+
+
+def _shard_task(llm: Any, item: tuple[int, list[str]], **options: Any) -> tuple[int, dict[str, Tensor]]:
+    i, chunk = item
+    return i, record_shard_vllm(llm, chunk, **options)
+
+
 def record_dataset_vllm(llm: Any, model_dir: str, prompts: Sequence[str], hooks: Sequence[str], out_dir: Any, *,
                         positions: Any = "last", batch_size: int = 64, shard_size: int = 256, chat: bool = False,
-                        progress: bool = True) -> ActivationDataset:
+                        progress: bool = True, executor: Optional[RayExecutor] = None) -> ActivationDataset:
     """Record ``hooks`` at ``positions`` for every prompt through vLLM (``llm`` serves ``model_dir``)
     into the sharded, resumable folder :func:`steerkit.storage.dataset.record_dataset` writes (the same
-    manifest, shards and ``::lengths``, float32): each prompt runs its prompt tokens once
-    (``max_tokens=1``), ``batch_size`` requests per ``generate`` call. Prompts are tokenized as
-    :meth:`steerkit.SteerModel.tokenize` does: raw text by default, the chat template when ``chat``.
+    manifest, shards and ``::lengths``, float32), shard by shard with :func:`record_shard_vllm`. Prompts
+    are tokenized as :meth:`steerkit.SteerModel.tokenize` does: raw text by default, the chat template
+    when ``chat``. ``executor``: a :class:`steerkit.executors.RayExecutor` of :class:`VllmSpec` workers
+    (``llm`` may then be ``None``) records the shards on Ray workers, each with its own engine; this
+    process writes every shard and the manifest (:func:`steerkit.storage.dataset.write_shards`).
 
     Examples:
         >>> ds = record_dataset_vllm(llm, "model-dir", ["Hi", "Bye"], ["blocks.3.hook_resid_post"],
@@ -301,60 +386,25 @@ def record_dataset_vllm(llm: Any, model_dir: str, prompts: Sequence[str], hooks:
 
     (skipped: it needs vLLM, which lives in its own environment.)
     """
-    from vllm import SamplingParams
     if batch_size < 1:
         raise InputError(f"expected batch_size >= 1, found {batch_size}")
-    prompts = list(prompts)
-    hooks = list(hooks)
-    meta, todo = dataset_plan(model_dir, prompts, hooks, out_dir, positions=positions, shard_size=shard_size,
-                              chat=chat)
-    done = meta.pop("shards")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = llm.get_tokenizer()
-    sp = SamplingParams(max_tokens=1, temperature=0.0)
-    bar = None
-    if progress:
-        bar = tqdm(total=len(prompts), desc="recording (vLLM)", unit="prompt",
-                   initial=len(prompts) - sum(min(shard_size, len(prompts) - i * shard_size) for i in todo))
-    last = positions == "last"
-    for i in todo:
-        chunk = prompts[i * shard_size:(i + 1) * shard_size]
-        tensors: dict[str, list[Tensor]] = {h: [] for h in hooks}
-        lengths: dict[str, list[int]] = {h: [] for h in hooks}
-        for j in range(0, len(chunk), batch_size):
-            part = chunk[j:j + batch_size]
-            ids = [{"prompt_token_ids": _format_prompt(tok, p, chat)} for p in part]
-            _, rows = record_generate(llm, ids, sp, hooks=hooks, positions=_position_spec(positions), use_tqdm=False)
-            for r in rows:
-                assert r is not None
-                for h in hooks:
-                    tensors[h].append(r[h])
-                    lengths[h].append(int(r[h].shape[0]))
-            if bar is not None:
-                bar.update(len(part))
-        if last:
-            bad = sorted({n for h in hooks for n in lengths[h] if n != 1})
-            if bad:
-                raise InputError(f"expected one last-prompt-token row per prompt, found counts {bad}")
-        payload = {h: torch.cat(tensors[h]).contiguous() for h in hooks}
-        if not last:
-            payload.update({f"{h}::lengths": torch.tensor(lengths[h], dtype=torch.long) for h in hooks})
-        fname = f"shard-{i:05d}.safetensors"
-        atomic_write_bytes(out / fname, save(payload, metadata={"format": FORMAT, "shard": str(i)}))
-        done[fname] = len(chunk)
-        atomic_write_bytes(out / MANIFEST, json.dumps({**meta, "shards": done}, indent=1).encode())
-    if bar is not None:
-        bar.close()
-    if not (out / MANIFEST).exists():
-        atomic_write_bytes(out / MANIFEST, json.dumps({**meta, "shards": done}, indent=1).encode())
-    return ActivationDataset(out)
+    prompts, hooks = list(prompts), list(hooks)
+    meta, _ = dataset_plan(model_dir, prompts, hooks, out_dir, positions=positions, shard_size=shard_size, chat=chat)
+    meta.pop("shards")
+    if executor is None and llm is None:
+        raise InputError("expected an engine to record with, found neither llm nor executor=; pass a started "
+                         "vllm.LLM (start_llm) or a steerkit.executors.RayExecutor of VllmSpec workers")
+    ex = executor if executor is not None else LocalExecutor(llm)
+    task = functools.partial(_shard_task, hooks=hooks, positions=positions, batch_size=batch_size, chat=chat)
+    return write_shards(ex, task, meta, prompts, Path(out_dir), progress=progress, desc="recording (vLLM)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``steerkit record --engine vllm`` inside vLLM's Python: ``main([JOB.json])`` reads the job the
-    CLI wrote (model, prompts, hooks, positions, out, shard_size, batch_size, chat, engine, progress),
-    starts the engine (:func:`start_llm`) and runs :func:`record_dataset_vllm`.
+    CLI wrote (model, prompts, hooks, positions, out, shard_size, batch_size, chat, engine, progress, and
+    ``ray``: ``{"address", "workers", "cpus_per_worker", "gpus_per_worker", "threads"}`` to record on Ray
+    workers), starts the engine (:func:`start_llm`) or the workers (:class:`VllmSpec`) and runs
+    :func:`record_dataset_vllm`.
 
     Examples:
         >>> main([str(tmp_dir / "missing.json")])  # doctest: +ELLIPSIS
@@ -369,12 +419,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         job = json.loads(Path(args[0]).read_text())
     except (OSError, ValueError) as e:
         raise InputError(f"expected the record job file {args[0]} as JSON, could not read it ({e})") from None
-    engine = {"dtype": "float32", "seed": 0, **(job.get("engine") or {})}
-    llm = start_llm(job["model"], **engine)
-    record_dataset_vllm(llm, job["model"], job["prompts"], job["hooks"], job["out"],
-                        positions=job.get("positions", "last"), batch_size=int(job.get("batch_size", 64)),
-                        shard_size=int(job.get("shard_size", 256)), chat=bool(job.get("chat", True)),
-                        progress=bool(job.get("progress", True)))
+    options = {"positions": job.get("positions", "last"), "batch_size": int(job.get("batch_size", 64)),
+               "shard_size": int(job.get("shard_size", 256)), "chat": bool(job.get("chat", True)),
+               "progress": bool(job.get("progress", True))}
+    ray = job.get("ray")
+    if ray:  # the shards on Ray workers, each with an engine of its own; this process writes them
+        spec = VllmSpec(job["model"], dict(job.get("engine") or {}), threads=ray.get("threads"))
+        with RayExecutor(spec, workers=int(ray["workers"]), address=ray.get("address"),
+                         cpus_per_worker=float(ray.get("cpus_per_worker", 1)),
+                         gpus_per_worker=float(ray.get("gpus_per_worker", 0))) as ex:
+            record_dataset_vllm(None, job["model"], job["prompts"], job["hooks"], job["out"], executor=ex, **options)
+        return 0
+    llm = start_llm(job["model"], **VllmSpec(job["model"], dict(job.get("engine") or {})).engine_kwargs())
+    record_dataset_vllm(llm, job["model"], job["prompts"], job["hooks"], job["out"], **options)
     return 0
 
 

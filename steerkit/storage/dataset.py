@@ -148,15 +148,43 @@ def _record_into(ex: "LocalExecutor | RayExecutor", facts: dict, prompts: list[s
     meta = {"format": FORMAT, "hooks": names, "positions": spec, "model": facts["model"],
             "fingerprint": facts["fingerprint"], "n_prompts": len(prompts), "prompts_sha256": _prompts_hash(prompts),
             "shard_size": shard_size, "chat": chat, "d_model": facts["d_model"]}
+    task = functools.partial(_shard_task, names=names, positions=positions, batch_size=batch_size, chat=chat,
+                             dtype=dtype)
+    return write_shards(ex, task, meta, prompts, out, progress=progress)
+
+
+def write_shards(ex: "LocalExecutor | RayExecutor", task: Callable[..., tuple[int, dict[str, Tensor]]], meta: dict,
+                 prompts: list[str], out: Path, *, progress: bool = True,
+                 desc: str = "recording") -> "ActivationDataset":
+    """Record into ``out`` the shards of ``prompts`` that its manifest does not list yet: ``task(state,
+    (i, chunk), on_batch=)`` returns ``(i, {name: tensor})`` for shard ``i`` on the executor (this process or
+    a Ray worker), and this process writes each shard atomically, then the manifest (``meta`` plus the shards
+    done), which is the commit point: a shard it does not list is recorded again on resume, and a shard that
+    ran twice (a dead worker's, redone elsewhere) is written once. ``on_batch(n)`` moves the progress bar
+    batch by batch in this process; results from workers move it shard by shard. The HF path
+    (:func:`record_dataset`) and vLLM's (:func:`steerkit.serving.capture.record_dataset_vllm`) both write
+    through here.
+
+    Examples:
+        >>> def task(_, item, on_batch=None):
+        ...     i, chunk = item
+        ...     return i, {"h": torch.full((len(chunk), 2), float(i))}
+        >>> meta = {"format": FORMAT, "hooks": ["h"], "positions": "last", "model": "m", "fingerprint": "f",
+        ...         "n_prompts": 3, "prompts_sha256": "0", "shard_size": 2, "chat": False, "d_model": 2}
+        >>> ds = write_shards(LocalExecutor(tiny), task, meta, ["a", "b", "c"], tmp_dir / "ws", progress=False)
+        >>> ds.load("h")[:, 0].tolist(), len(ds.shards)
+        ([0.0, 0.0, 1.0], 2)
+    """
+    shard_size = int(meta["shard_size"])
     man_path = out / MANIFEST
+    out.mkdir(parents=True, exist_ok=True)
     done, todo = resume_state(out, meta, len(prompts), shard_size)
     bar = None
     if progress:
-        bar = tqdm(total=len(prompts), desc="recording", unit="prompt",
+        bar = tqdm(total=len(prompts), desc=desc, unit="prompt",
                    initial=len(prompts) - sum(min(shard_size, len(prompts) - i * shard_size) for i in todo))
     here = isinstance(ex, LocalExecutor)  # a bar that moves batch by batch here, shard by shard from workers
-    task = functools.partial(_shard_task, names=names, positions=positions, batch_size=batch_size, chat=chat,
-                             dtype=dtype, on_batch=bar.update if bar is not None and here else None)
+    task = functools.partial(task, on_batch=bar.update if bar is not None and here else None)
     items = [(i, prompts[i * shard_size:(i + 1) * shard_size]) for i in todo]
     for _, (i, payload) in ex.imap_unordered(task, items):
         fname = f"shard-{i:05d}.safetensors"
@@ -164,7 +192,6 @@ def _record_into(ex: "LocalExecutor | RayExecutor", facts: dict, prompts: list[s
             continue
         _atomic_write_bytes(out / fname, save(payload, metadata={"format": FORMAT, "shard": str(i)}))
         done[fname] = len(items[todo.index(i)][1])
-        # the manifest is the commit point: a shard it does not list is recorded again on resume
         _atomic_write_bytes(man_path, json.dumps({**meta, "shards": dict(sorted(done.items()))}, indent=1).encode())
         if bar is not None and not here:
             bar.update(done[fname])
