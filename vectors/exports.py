@@ -68,12 +68,13 @@ from steerkit.storage.naming import is_index
 
 from .artifacts import (HOOK_SITES, VECTOR_OPERATIONS, DirectionSet, SteeringVector, artifact_to_payload, canonical_operation,
                         payload_to_artifact)
+from .artifacts.base import payload_file_bytes
 from .errors import ArtifactFormatError, ExportError, ModelMismatchError, VectorsError
 from .store import Store
 from .provenance import Provenance
 from .safety import (
     MAX_FILE_BYTES, atomic_write_bytes, check_output_file, parse_gguf, parse_gguf_metadata, parse_safetensors,
-    read_bounded, read_head, read_json, read_json_bytes, tensors_to_safetensors, write_gguf,
+    read_bounded, read_head, read_json, read_json_bytes, write_gguf,
 )
 
 FORMATS = ("llama.cpp", "repeng", "easysteer", "easysteer-v1", "tlens", "svec", "safetensors")
@@ -556,8 +557,7 @@ def save_artifact(artifact: Any, path: str | os.PathLike) -> Path:
         >>> import_artifact(path) == ablation
         True
     """
-    tensors, meta = artifact_to_payload(artifact)
-    data = tensors_to_safetensors(tensors, metadata={"steerkit": json.dumps(meta, sort_keys=True, allow_nan=False)})
+    data = payload_file_bytes(*artifact_to_payload(artifact))
     atomic_write_bytes(check_output_file(path, "artifact file"), data)
     return Path(path)
 

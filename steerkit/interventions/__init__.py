@@ -2,7 +2,8 @@
 
 An :class:`Intervention` says, at one site (a hook name), what to do to the activations: ``add`` a
 vector, ``ablate`` an orthonormal basis, ``clamp`` projections to values, ``replace`` with a vector,
-``patch`` in the values of another run, ``project`` into a polyhedral region, or ``apply`` any callable;
+``patch`` in the values of another run, ``project`` into a polyhedral region, ``apply`` any callable, or
+clamp a sparse autoencoder's ``latent`` activations with its error term kept;
 optionally behind a conditional ``gate``, at some ``positions``, for some attention ``heads`` (experts at
 ``mlp.hook_expert_out``) or MLP ``neurons``, with norm preservation. A list of interventions is a *steering*.
 
@@ -34,7 +35,8 @@ then ``replace`` and ``apply`` in the order giv
 The package, one concern a module: :mod:`~steerkit.interventions.facts` (:class:`ModelFacts`, its one
 builder), :mod:`~steerkit.interventions.values` (:class:`Intervention`, :class:`Gate`),
 :mod:`~steerkit.interventions.conditions` (CAST: :class:`Condition`, :class:`When`, :class:`Decisions`,
-the one decision accumulator), :mod:`~steerkit.interventions.lower` (:func:`lower`, :func:`from_config`),
+the one decision accumulator), :mod:`~steerkit.interventions.latents` (:class:`LatentEdit`: a sparse
+autoencoder's latents clamped, what :meth:`Intervention.sae_latent` carries), :mod:`~steerkit.interventions.lower` (:func:`lower`, :func:`from_config`),
 :mod:`~steerkit.interventions.program` (:func:`compile`, :class:`SiteProgram`, :class:`CompiledSteering`)
 and :mod:`~steerkit.interventions.server` (:func:`server_mask_of`). Every name is importable from
 ``steerkit.interventions``; so are the kernels' names the layers above use (:data:`MAX_HALFSPACES`,
@@ -52,6 +54,7 @@ from steerkit.kernels import bind_steer as bind_steer, orthonormalize as orthono
 from steerkit.interventions.conditions import (CONDITION_AGGREGATES, CONDITION_COMPARATORS, CONDITION_MEASURES, RULE_MODES, Condition,
                          Decisions, When, aggregate_rows, condition_similarity)
 from steerkit.interventions.facts import ModelFacts
+from steerkit.interventions.latents import LatentEdit, latent_indices, sae_weights
 from steerkit.interventions.lower import from_config, lower
 from steerkit.interventions.program import MAX_POSITION_SPECS, CompiledSteering, MaskOf, SiteProgram, compile
 from steerkit.interventions.server import server_mask_of
@@ -60,4 +63,5 @@ from steerkit.interventions.values import KERNEL_OPS, OPS, Gate, Intervention, O
 __all__ = ["ModelFacts", "Intervention", "Gate", "Op", "OPS", "KERNEL_OPS", "Steering", "Condition", "When",
            "Decisions", "CONDITION_AGGREGATES", "CONDITION_COMPARATORS", "CONDITION_MEASURES", "RULE_MODES",
            "aggregate_rows", "condition_similarity", "lower", "from_config", "compile", "CompiledSteering",
-           "SiteProgram", "MaskOf", "MAX_POSITION_SPECS", "server_mask_of"]
+           "SiteProgram", "MaskOf", "MAX_POSITION_SPECS", "server_mask_of", "LatentEdit", "latent_indices",
+           "sae_weights"]

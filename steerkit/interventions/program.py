@@ -158,6 +158,8 @@ class SiteProgram:
         for p, gs in order.values():
             sel = None if len(gs) == self.n_groups else torch.tensor([i in gs for i in range(self.n_groups)],
                                                                         device=device)
+            if p.latent is not None:  # the SAE's tensors where the site runs, once
+                p = dataclasses.replace(p, latent=p.latent.to(device))
             self.steps.append((p, sel))
         # one configuration, one spec for every row: the bound call alone (with the spec's mask)
         self.simple = self.n_groups == 1 and len(self.specs) == 1 and self.table is not None \
@@ -272,6 +274,8 @@ class SiteProgram:
                 y = (p.scale * p.tensor.to(device=x.device, dtype=x.dtype)).expand_as(x)
             elif p.op == "patch" and p.tensor is not None:
                 y = self._patched(p.tensor, x, m, start)
+            elif p.op == "latent" and p.latent is not None:
+                y = p.latent(x)
             elif p.fn is not None:
                 y = p.fn(x)
                 if not isinstance(y, Tensor) or y.shape != x.shape:

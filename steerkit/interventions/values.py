@@ -15,9 +15,10 @@ from steerkit.hooks.positions import PositionSpec, validate_positions
 
 from steerkit.interventions.checks import _basis, _indices, _number, _tensor, _vector
 from steerkit.interventions.conditions import Condition, When
+from steerkit.interventions.latents import LatentEdit, latent_indices as latent_indices_of, sae_weights
 
-Op = Literal["add", "ablate", "clamp", "replace", "patch", "project", "apply"]
-OPS: tuple[str, ...] = ("add", "ablate", "clamp", "replace", "patch", "project", "apply")
+Op = Literal["add", "ablate", "clamp", "replace", "patch", "project", "apply", "latent"]
+OPS: tuple[str, ...] = ("add", "ablate", "clamp", "replace", "patch", "project", "apply", "latent")
 KERNEL_OPS = ("add", "ablate", "clamp", "project")
 
 
@@ -60,6 +61,8 @@ class Intervention:
       values of another run at this site, e.g. a clean run patched into a corrupted one)
     - ``Intervention.project(site, region, strength=1)``: move ``h`` towards a polyhedral region
     - ``Intervention.apply(site, fn)``: ``fn(h)`` for any callable on the site's activations
+    - ``Intervention.sae_latent(site, sae, latents, value=, scale=, mode=)``: a sparse autoencoder's
+      latents clamped with its error term kept (``h + (f_clamped - f) @ W_dec``), or their decoder rows added
 
     ``positions`` (see :mod:`steerkit.hooks.positions`) limits it to some tokens; ``gate`` (add / project)
     makes it conditional per token; ``when`` (a :class:`When` of :class:`Condition` values, any operation)
@@ -97,6 +100,7 @@ class Intervention:
     neurons: Optional[tuple] = None
     features: Optional[Tensor] = None  # replace / patch after lowering: the features they write (bool [width])
     when: Optional[When] = None  # CAST: only on rows whose rule fires (decided on the prompt pass, then held)
+    latent: Optional[LatentEdit] = None  # latent: the SAE latents to clamp and how
 
     def __post_init__(self):
         if not isinstance(self.site, str) or not self.site:
@@ -117,6 +121,9 @@ class Intervention:
                 object.__setattr__(self, what, _indices(v, what))
         if self.heads is not None and self.neurons is not None:
             raise InputError("expected heads= (attention sites) or neurons= (MLP sites), found both")
+        if self.op == "latent" and (self.latent is None or self.heads is not None or self.neurons is not None):
+            raise InputError("expected a latent clamp built by Intervention.sae_latent (on the whole site: no "
+                             "heads= / neurons=), found " + ("none" if self.latent is None else "heads= / neurons="))
         if (self.heads is not None or self.neurons is not None) and self.op == "project":
             raise InputError("expected heads= / neurons= on add, ablate, clamp, replace, patch or apply, found them "
                              "on a region projection (a region lives in the whole feature space)")
@@ -189,6 +196,55 @@ class Intervention:
                              f"[batch, pos, d_model]), found {fn!r:.80}")
         return cls(site, "apply", fn=fn, positions=positions, when=when)
 
+    @classmethod
+    def sae_latent(cls, site: str, sae, latents, value=None, scale: Optional[float] = None, *,
+                   mode: Literal["clamp", "add"] = "clamp", positions: PositionSpec = "all",
+                   when: Optional[When] = None) -> "Intervention":
+        """Steer with latents of a sparse autoencoder at ``site`` (``sae``: ``steerkit.load_sae(...)`` or
+        a :class:`steerkit.sae.SAEWeights`; ``latents``: an index or several).
+
+        - ``mode="clamp"``: each latent's activation becomes ``value`` (a number, or one per latent) or
+          ``scale`` times itself (exactly one of the two), with the SAE's error term kept:
+          ``h + decode(f_clamped) - decode(f)`` = ``h + (f_clamped - f) @ W_dec`` (see
+          :mod:`steerkit.interventions.latents`); ``value=0`` turns a feature off where it fires.
+        - ``mode="add"``: ``h + scale * sum(W_dec[latents])`` (``scale`` default 1; ``value`` not used), a
+          plain ``add`` that runs in the fused kernel and exports as a vector.
+
+        Examples:
+            >>> from steerkit.sae import SAEWeights
+            >>> g = torch.Generator().manual_seed(0)
+            >>> sae = SAEWeights(torch.randn(64, 256, generator=g) / 8, torch.zeros(256),
+            ...                  torch.randn(256, 64, generator=g) / 8, torch.zeros(64))
+            >>> clamp = Intervention.sae_latent("blocks.1.hook_resid_post", sae, [7, 9], value=4.0, positions="last")
+            >>> clamp
+            Intervention('blocks.1.hook_resid_post', latent, scale=1.0, positions='last')
+            >>> with tiny.steer(clamp), tiny.record("blocks.1.hook_resid_post") as cache:
+            ...     _ = tiny.forward("hello world", chat=False)
+            >>> with tiny.record("blocks.1.hook_resid_post") as plain:
+            ...     _ = tiny.forward("hello world", chat=False)
+            >>> h, h2 = plain["blocks.1.hook_resid_post"][0, -1], cache["blocks.1.hook_resid_post"][0, -1]
+            >>> torch.allclose(h2 - h, (4.0 - sae.encode(h)[[7, 9]]) @ sae.W_dec[[7, 9]], atol=1e-5)
+            True
+            >>> Intervention.sae_latent("blocks.1.hook_resid_post", sae, 7, scale=3.0, mode="add").op
+            'add'
+        """
+        site_of = getattr(sae, "site", None)
+        if isinstance(site_of, str) and site_of != site:
+            raise InputError(f"expected the SAE's own site for its latents, found the SAE at {site_of!r} and "
+                             f"site={site!r}; pass site={site_of!r} (an SAE's latents mean something only where "
+                             "it was trained)")
+        if mode == "add":
+            w = sae_weights(sae)
+            if value is not None:
+                raise InputError("expected scale= (the multiple of the decoder rows to add) with mode='add', found "
+                                 "value=; value= sets a latent's activation in mode='clamp'")
+            rows = w.W_dec[torch.tensor(latent_indices_of(latents, w.d_sae))].float().sum(0)
+            return cls.add(site, rows, 1.0 if scale is None else scale, positions=positions, when=when)
+        if mode != "clamp":
+            raise InputError(f"expected mode 'clamp' or 'add', found {mode!r}")
+        return cls(site, "latent", None, 1.0, positions=positions, when=when,
+                   latent=LatentEdit.of(sae, latents, value=value, scale=scale))
+
     def at(self, positions: PositionSpec) -> "Intervention":
         """The same intervention at other positions."""
         return dataclasses.replace(self, positions=positions)
@@ -203,6 +259,8 @@ class Intervention:
             return int(self.tensor.shape[-1])
         if self.region is not None:
             return int(self.region.mean.shape[0])
+        if self.latent is not None:
+            return self.latent.d_in
         return None
 
     def config(self) -> SteerConfig:

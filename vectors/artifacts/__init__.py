@@ -2,7 +2,7 @@
 
 How it works
 ------------
-Seven kinds, each holding tensors plus a :class:`~steerkit.vectors.provenance.Provenance`:
+Eight kinds, each holding tensors plus a :class:`~steerkit.vectors.provenance.Provenance`:
 
 * :class:`SteeringVector` (:mod:`.vector`) -- one direction per layer (``directions[l]`` of shape
   ``[d_model]``), a hook site (default ``hook_resid_post``: the output of block ``l``), an operation
@@ -25,6 +25,9 @@ Seven kinds, each holding tensors plus a :class:`~steerkit.vectors.provenance.Pr
   provenance; ``steerkit.Polyhedron`` is the geometry alone, ``steerkit.vectors.Region`` the artifact.
 * :class:`ConditionVector` (:mod:`.condition`) and :class:`ConditionalSteering` of
   :class:`ConditionalRule` values (:mod:`.conditional`) -- CAST's conditions and rules.
+* :class:`SAE` (:mod:`.sae`) -- a sparse autoencoder or transcoder (:class:`steerkit.sae.SAEWeights`,
+  whose torch code encodes and decodes) at a hook site; it saves as a steerkit file, a sae-lens folder
+  or a sparsify folder.
 
 Every kind lowers itself with ``to_interventions(facts, scale=, override=)`` and converts to and from a
 *payload* (:mod:`.payload`): a ``dict[str, Tensor]`` plus a JSON-able ``dict`` (``kind``, ``fields``,
@@ -46,6 +49,7 @@ from .conditional import BEHAVIOR_KINDS, NESTED_KINDS, RULE_MODES, ConditionalRu
 from .directions import DirectionSet, Probe
 from .payload import ARTIFACT_KINDS, Artifact, artifact_to_payload, payload_to_artifact
 from .region import Region
+from .sae import SAE, SAE_SAVE_FORMATS
 from .vector import LEGACY_OPERATIONS, VECTOR_OPERATIONS, LayerSchedule, SteeringVector, canonical_operation
 
 __all__ = [
@@ -53,5 +57,5 @@ __all__ = [
     "ConditionalSteering", "Artifact", "ARTIFACT_KINDS", "artifact_to_payload", "payload_to_artifact",
     "canonical_operation", "HOOK_SITES", "VECTOR_OPERATIONS", "LEGACY_OPERATIONS",
     "CONDITION_SITES", "BEHAVIOR_KINDS", "RULE_MODES", "NESTED_KINDS", "Provenance", "prompts_hash",
-    "ArtifactFormatError", "ModelMismatchError", "VectorsError",
+    "ArtifactFormatError", "ModelMismatchError", "VectorsError", "SAE", "SAE_SAVE_FORMATS",
 ]

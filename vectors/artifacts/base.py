@@ -6,6 +6,7 @@ layer indices, payload fields). Values only: nothing here runs a model or draws.
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar
 
 import numpy as np
@@ -14,6 +15,7 @@ from torch import Tensor
 
 from ..errors import ArtifactFormatError, VectorsError
 from ..provenance import Provenance
+from ..safety import tensors_to_safetensors
 
 #: the residual-stream hooks a steering vector or a direction set may be stored at
 # the d_model-wide sites an artifact may act at: the residual stream, and what attention / the MLP add to it
@@ -135,3 +137,17 @@ def checked_from_payload(cls: type[_Artifact], tensors: dict[str, Tensor], meta:
     except (TypeError, ValueError, RuntimeError, KeyError, IndexError, OverflowError) as e:
         raise ArtifactFormatError(f"expected a valid {cls.kind} payload, found an inconsistent one "
                                   f"({type(e).__name__}: {e})") from e
+
+
+def payload_file_bytes(tensors: dict[str, Tensor], meta: dict) -> bytes:
+    """A payload as the one safetensors file steerkit writes for an artifact: the tensors, and the metadata JSON
+    under ``__metadata__["steerkit"]`` (what ``save_artifact`` writes and ``import_artifact`` reads).
+
+    Examples:
+        >>> from steerkit.vectors import SteeringVector
+        >>> from steerkit.vectors.artifacts.base import payload_file_bytes
+        >>> data = payload_file_bytes(*SteeringVector.from_direction(torch.ones(64), layer=2).to_payload())
+        >>> b'"steerkit"' in data[:2000]
+        True
+    """
+    return tensors_to_safetensors(tensors, metadata={"steerkit": json.dumps(meta, sort_keys=True, allow_nan=False)})

@@ -17,11 +17,12 @@ from .condition import ConditionVector
 from .conditional import ConditionalSteering
 from .directions import DirectionSet, Probe
 from .region import Region
+from .sae import SAE
 from .vector import LayerSchedule, SteeringVector
 
 ARTIFACT_KINDS: dict[str, type[_Artifact]] = {c.kind: c for c in (SteeringVector, DirectionSet, Probe, Region, LayerSchedule,
-                                                                 ConditionVector, ConditionalSteering)}
-Artifact = SteeringVector | DirectionSet | Probe | Region | LayerSchedule | ConditionVector | ConditionalSteering
+                                                                 ConditionVector, ConditionalSteering, SAE)}
+Artifact = SteeringVector | DirectionSet | Probe | Region | LayerSchedule | ConditionVector | ConditionalSteering | SAE
 
 
 def artifact_to_payload(obj: Any) -> tuple[dict[str, Tensor], dict]:

@@ -1,0 +1,97 @@
+"""Loading sparse autoencoders: :func:`load_sae` reads a sae-lens folder, a sparsify folder, steerkit's own
+SAE file or a store reference into one :class:`~steerkit.vectors.SAE` (``steerkit.load_sae`` is this
+function).
+
+How it works
+------------
+A folder is read by :func:`steerkit.sae.read_sae_folder` (safetensors and JSON, never a pickle; the site
+from the sae-lens config's hook name or the sparsify folder's name, or ``site=``); its ``cfg.json`` is kept
+in the provenance (``method_params["config"]``, with ``method_params["format"]``), so that saving back to
+the same format keeps sae-lens's metadata and sparsify's training fields. A file is steerkit's own
+(:meth:`SAE.save`), read by :func:`~steerkit.vectors.import_artifact`; anything else that is not a path is a
+store reference (``name@N``). With ``model``, the SAE is checked against it (:meth:`SAE.check`: its sites
+exist, their widths are the SAE's, and for a steerkit SAE the model's fingerprint is the one it was made
+for) and a folder's SAE records the model's name, depth, width and fingerprint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from steerkit.interventions import ModelFacts
+from steerkit.sae import read_sae_folder
+
+from .artifacts import SAE
+from .errors import UnsafeNameError, VectorsError
+from .exports import import_artifact
+from .provenance import Provenance
+from .safety import MAX_FILE_BYTES
+from .store import Store, parse_ref
+
+
+def _model_provenance(prov: Provenance, model: Any) -> Provenance:
+    """``prov`` with the model's name, depth, width and fingerprint."""
+    if isinstance(model, dict):
+        model = ModelFacts.from_dict(model)
+    if isinstance(model, ModelFacts):
+        facts = dict(model_name=model.name, model_fingerprint=model.fingerprint, d_model=model.d_model,
+                     n_layers=model.n_layers)
+    else:
+        p = Provenance.from_model(model)
+        facts = dict(model_name=p.model_name, model_fingerprint=p.model_fingerprint, model_arch=p.model_arch,
+                     d_model=p.d_model, n_layers=p.n_layers)
+    return prov.replace(**facts)
+
+
+def load_sae(path: str | os.PathLike, site: str | None = None, *, output_site: str | None = None, model: Any = None,
+             override: bool = False, store: Store | None = None, max_bytes: int = MAX_FILE_BYTES) -> SAE:
+    """An SAE from a sae-lens folder, a sparsify folder, a steerkit SAE file or a store reference (see the
+    module docstring). ``site`` / ``output_site``: the steerkit hook names it reads / a transcoder writes,
+    replacing what the folder says. ``model`` (a SteerModel, a Hugging Face model or
+    :class:`steerkit.ModelFacts`): check the SAE against it (``override=True``: a fingerprint mismatch
+    warns instead).
+
+    Examples:
+        >>> from steerkit.sae import SAEWeights, write_saelens
+        >>> w = SAEWeights(torch.randn(64, 256), torch.zeros(256), torch.randn(256, 64), torch.zeros(64))
+        >>> folder = write_saelens(w, tmp_dir / "sae", site="blocks.2.hook_resid_post", metadata={"model_name": "tiny"})
+        >>> sae = steerkit.load_sae(folder, model=tiny)
+        >>> sae.site, sae.architecture, sae.provenance.model_fingerprint == tiny.fingerprint()
+        ('blocks.2.hook_resid_post', 'relu', True)
+        >>> steerkit.load_sae(sae.save(tmp_dir / "sae.safetensors")) == sae
+        True
+    """
+    p = Path(path)
+    if p.is_dir():
+        folder = read_sae_folder(p, site=site, output_site=output_site)
+        meta: dict = folder.config["metadata"] if isinstance(folder.config.get("metadata"), dict) else folder.config
+        name = meta.get("model_name")
+        assert folder.site is not None  # read_sae_folder names it or raises
+        prov = Provenance(model_name=name if isinstance(name, str) else None, method=f"imported:{folder.format}",
+                          method_params={"format": folder.format, "config": folder.config}, operation="encode")
+        if model is not None:  # a folder names no fingerprint: it records the model's, then the sites are checked
+            prov = _model_provenance(prov, model)
+        sae = SAE(folder.weights, folder.site, folder.output_site, provenance=prov)
+        if model is not None:
+            sae.check(model)
+        return sae
+    if p.is_file():
+        sae = import_artifact(p, max_bytes=max_bytes)
+    else:
+        try:
+            parse_ref(str(path))
+        except UnsafeNameError:
+            raise VectorsError(f"expected an SAE folder, a steerkit SAE file or a store reference (name@N) at "
+                               f"{str(path)!r:.200}, found nothing there; check the path") from None
+        sae = (store or Store()).load(str(path))
+    if not isinstance(sae, SAE):
+        raise VectorsError(f"expected an SAE at {str(path)!r:.200}, found a {getattr(sae, 'kind', type(sae).__name__)}; "
+                           "load other artifacts with steerkit.vectors.load_artifact")
+    if site is not None or output_site is not None:  # the constructor checks both names
+        sae = dataclasses.replace(sae, site=site or sae.site, output_site=output_site or sae.output_site)
+    if model is not None:
+        sae.check(model, override=override)
+    return sae
