@@ -166,3 +166,15 @@ def test_bad_latent_interventions_get_clear_errors(tiny):
         site, weights = "blocks.0.hook_resid_post", sae
     with pytest.raises(InputError, match="SAE's own site .* found the SAE at 'blocks.0.hook_resid_post'"):
         Intervention.sae_latent(SITE, AtSite(), 1, value=1.0)
+
+
+def test_from_sae_latent_is_the_latent_addition_as_a_vector(tiny):
+    from steerkit.vectors import SAE, Provenance, SteeringVector
+    from steerkit.vectors.errors import VectorsError
+    sae = SAE(make_sae(tiny.d_model), site=SITE, provenance=Provenance.from_model(tiny))
+    vec = SteeringVector.from_sae_latent(sae, 11, strength=3.0)
+    assert vec.provenance.method == "sae_latent" and vec.provenance.model_name == tiny.name
+    assert site_values(tiny, vec).equal(site_values(tiny, Intervention.sae_latent(SITE, sae, 11, scale=3.0,
+                                                                                  mode="add")))
+    with pytest.raises(VectorsError, match="expected a stored SAE"):
+        SteeringVector.from_sae_latent(sae.weights, 11)

@@ -228,7 +228,8 @@ class Intervention:
             >>> Intervention.sae_latent("blocks.1.hook_resid_post", sae, 7, scale=3.0, mode="add").op
             'add'
         """
-        site_of = getattr(sae, "site", None)
+        # a transcoder's decoder rows belong at the site it predicts
+        site_of = (getattr(sae, "output_site", None) if mode == "add" else None) or getattr(sae, "site", None)
         if isinstance(site_of, str) and site_of != site:
             raise InputError(f"expected the SAE's own site for its latents, found the SAE at {site_of!r} and "
                              f"site={site!r}; pass site={site_of!r} (an SAE's latents mean something only where "

@@ -146,3 +146,28 @@ def test_orthogonalized_gguf_matches_runtime_ablation(lm, token_ids, happy_vecto
     assert effect > 0.1, "ablating the direction changes nothing; the comparison would be vacuous"
     assert diff <= 0.1
     assert np.array_equal(ablated_lc.argmax(-1), ablated_pt.argmax(-1))
+
+
+def test_sae_latent_vector_steers_llamacpp_as_the_latent_addition(lm, token_ids, f32_gguf, tmp_path):
+    """``SteeringVector.from_sae_latent`` (a latent's decoder row) exported to llama.cpp steers as
+    ``Intervention.sae_latent(..., mode="add")`` does in PyTorch."""
+    from steerkit import Intervention
+    from steerkit.sae import SAEWeights
+    from steerkit.vectors import SAE, Provenance
+    g = torch.Generator().manual_seed(0)
+    W_dec = torch.nn.functional.normalize(torch.randn(256, lm.d_model, generator=g), dim=-1)  # unit rows
+    sae = SAE(SAEWeights(W_dec.T.clone(), torch.zeros(256), W_dec, torch.zeros(lm.d_model)),
+              site=f"blocks.{LAYER}.hook_resid_post", provenance=Provenance.from_model(lm))
+    vec = SteeringVector.from_sae_latent(sae, 42, strength=12.0)
+    path = export(vec, "llama.cpp", tmp_path / "latent.gguf", model=lm)[0]
+    few = token_ids[:6]
+    with LlamaCppRunner(f32_gguf) as runner:
+        runner.set_vector_file(path)
+        steered_lc = llama_last_logits(runner, few)
+    base_pt = torch_last_logits(lm, few)
+    with lm.steer(Intervention.sae_latent(sae.site, sae, 42, scale=12.0, mode="add")):
+        steered_pt = torch_last_logits(lm, few)
+    effect = np.abs(steered_pt - base_pt).max()
+    assert effect > 1.0, f"the latent barely changes the logits ({effect:.3f}); the comparison would be vacuous"
+    assert np.abs(steered_lc - steered_pt).max() <= 0.1
+    assert np.array_equal(steered_lc.argmax(-1), steered_pt.argmax(-1))

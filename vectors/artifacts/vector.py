@@ -219,6 +219,46 @@ class SteeringVector(_Artifact):
         return cls({int(l): t.clone() for l in layers}, scale=scale, operation=operation, hook_site=hook_site,
                    positions=positions, provenance=prov)
 
+    @classmethod
+    def from_sae_latent(cls, sae: Any, latent: int, strength: float = 1.0) -> "SteeringVector":
+        """A sparse autoencoder's latent as a plain vector: its decoder row ``W_dec[latent]`` at the site
+        it writes (an autoencoder's own, a transcoder's output site), applied as ``h + strength * row``,
+        which is :meth:`steerkit.Intervention.sae_latent` with ``mode="add"``. As a plain vector it
+        exports unchanged to llama.cpp, repeng, EasySteer and vLLM; the provenance is the SAE's, with the
+        latent in its method parameters.
+
+        Examples:
+            >>> from steerkit.sae import SAEWeights
+            >>> from steerkit.vectors import SAE, Provenance
+            >>> g = torch.Generator().manual_seed(0)
+            >>> W = torch.randn(64, 256, generator=g) / 8
+            >>> sae = SAE(SAEWeights(W, torch.zeros(256), W.T.clone(), torch.zeros(64)), site="blocks.2.hook_resid_post",
+            ...           provenance=Provenance.from_model(tiny))
+            >>> v = SteeringVector.from_sae_latent(sae, 17, strength=6.0)
+            >>> v.layers, v.scale, torch.equal(v.directions[2], sae.weights.W_dec[17])
+            ([2], 6.0, True)
+            >>> v.provenance.method, v.provenance.method_params["latent"]
+            ('sae_latent', 17)
+        """
+        weights, site = getattr(sae, "weights", None), getattr(sae, "output_site", None) or getattr(sae, "site", None)
+        if weights is None or not isinstance(site, str):
+            raise VectorsError(f"expected a stored SAE (steerkit.load_sae(...)) with its site, found "
+                               f"{type(sae).__name__}; load it with steerkit.load_sae or wrap its weights in "
+                               "steerkit.vectors.SAE(weights, site=...)")
+        layer, _, hook_site = site.partition(".")[2].partition(".")
+        if not site.startswith("blocks.") or hook_site not in HOOK_SITES:
+            raise VectorsError(f"expected an SAE that writes a block's {HOOK_SITES} site to make a steering vector, "
+                               f"found {site!r}; steer at other sites with Intervention.sae_latent(..., mode='add')")
+        idx = Intervention.sae_latent(site, weights, latent, scale=strength, mode="add").tensor
+        assert idx is not None
+        prov = getattr(sae, "provenance", None) or Provenance()
+        params = {"latent": int(latent), "d_sae": int(weights.d_sae), "sae_site": getattr(sae, "site", site),
+                  "architecture": weights.architecture}
+        prov = prov.replace(method="sae_latent", method_params=params, operation="add", hook_site=hook_site,
+                            d_model=int(idx.shape[0]))
+        return cls({int(layer): idx.clone()}, scale=float(strength), operation="add", hook_site=hook_site,
+                   provenance=prov)
+
     # ---- properties
     @property
     def d_model(self) -> int:
