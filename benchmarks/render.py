@@ -116,6 +116,9 @@ TARGETS: dict[str, Target] = {
         "gpu_kernels", "frac_of_copy", ">=", 0.8, "x",
         "gpu_kernels.py and docs/RESULTS.md (bandwidth >= 0.8 of a device copy)",
         where=(("case", ("ablate4+inject+norm",)),), label=("case", "dtype")),
+    "SAE training on the default model at one layer, minutes for 2M tokens (extrapolated)": Target(
+        "sae_train", "minutes_for_2m_tokens", "<=", 45.0, "min", "docs/sae_training.md (2M tokens in 45 minutes)",
+        where=(("kind", ("train",)),), label=("mode", "tokens")),
     "fused GPU kernel, speed-up over eager torch (headline case)": Target(
         "gpu_kernels", "speedup_vs_naive", ">=", 3.0, "x",
         "gpu_kernels.py and docs/RESULTS.md (speed-up over eager torch >= 3x)",
@@ -158,6 +161,8 @@ SOURCES: dict[str, tuple[str, str]] = {
     "tune": ("benchmarks/bench_tune.py", "tuning a direction: the batched layer x strength grid vs one generate "
                                          "call per cell, with and without prefix reuse"),
     "train": ("benchmarks/bench_train.py", "one BiPO training epoch on the default model: seconds and peak memory"),
+    "sae_train": ("benchmarks/bench_sae_train.py", "training an SAE with sparsify on the default model: training "
+                                                   "tokens per second; the forward up to the layer vs the full one"),
     "vectors_store": ("benchmarks/vectors_store.py", "store and export throughput"),
     "vllm": ("benchmarks/bench_vllm.py", "per-request steering in vLLM (compiled and eager) vs steerkit's HF "
                                          "generation"),
@@ -193,6 +198,7 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "step_overhead": ("overhead_pct", ("condition",), "batch"),
     "step_vs_ref": ("overhead_pct", ("batch", "condition", "run"), "version"),
     "train": ("s_per_step_cpu", ("pairs", "batch"), "mode"),
+    "sae_train": ("minutes_for_2m_tokens", ("mode", "tokens"), None),
     "tune": ("median_s", ("condition",), "mode"),
     "vectors_store": ("per_s", ("operation", "format"), None),
     "vllm": ("ratio_steered_over_unsteered", ("engine",), None),

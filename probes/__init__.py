@@ -36,7 +36,17 @@ How it fits together
 * :mod:`.lens` -- :func:`logit_lens` (each layer's residual through the final norm and the
   unembedding, :class:`LensResult`) and :func:`direct_logit_attribution` (the logit difference split
   into embedding, attention, MLP and head contributions, :class:`DLAResult`).
-* ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these.
+* :mod:`.sae_train` -- :func:`train_sae`: a TopK sparse autoencoder trained with EleutherAI's sparsify (the
+  ``sae`` extra) on the loaded model, run only up to the SAE's layer, on :mod:`.sae_corpus`'s text (the
+  vendored public-domain corpus or the user's), written as sparsify's folder and read back as a
+  :class:`steerkit.vectors.SAE` (:class:`SAETrainResult`); :mod:`.sae_metrics` -- L0, explained variance,
+  dead latents and CE loss recovered (:func:`reconstruction_metrics`); :mod:`.sae_eval` -- :func:`sae_eval`:
+  sae-lens's evaluation (L0, explained variance, CE loss recovered) of an SAE on prompts, through the SAE's
+  hook sites (``sm.attach_sae``); :mod:`.sae_features` -- :func:`feature_report` (a latent's top contexts, density,
+  logit effects and decoder neighbours, :class:`FeatureReport`) and :func:`latent_attribution` (attribution
+  patching over the latents, checked against activation patching, :class:`LatentAttribution`).
+* ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these; ``steerkit sae train``
+  (:mod:`steerkit.cli.sae`) wraps :func:`train_sae`.
 
 The published methods built on these tools live in :mod:`steerkit.probes.methods` (the refusal
 direction of Arditi et al. 2024 in :mod:`.methods.refusal`, the concise-reasoning region of Hou et
@@ -56,6 +66,11 @@ from .lens import DLAResult, LensResult, direct_logit_attribution, logit_lens
 from .tune import Rule, TuneResult, tune
 from .sweep import SweepResult, cross_validate, labels_for, record_activations, sweep, sweep_activations
 from .condition import CONDITION_SITES, condition_confusion, f1_grid, fit_condition
+from .sae_corpus import CorpusChunks, read_corpus, split_chunks, token_chunks
+from .sae_metrics import ce_loss_recovered, dead_latents, explained_variance, l0, next_token_ce, reconstruction_metrics
+from .sae_eval import sae_eval, special_token_ids
+from .sae_train import SAETrainResult, sae_layer, train_sae
+from .sae_features import FeatureReport, LatentAttribution, feature_report, latent_attribution
 from .methods.temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, inject, injection_spec,
                                linear_decay, order_questions, per_input_taus, profile_from_states, temporal_pairs,
                                temporal_profile)
@@ -98,4 +113,7 @@ __all__ = [
     "preference_margins", "preference_pairs", "train_bipo", "train_promptless",
     "tune", "TuneResult", "Rule",
     "CONDITION_SITES", "fit_condition", "condition_confusion", "f1_grid",
+    "train_sae", "SAETrainResult", "sae_layer", "read_corpus", "token_chunks", "split_chunks", "CorpusChunks",
+    "l0", "explained_variance", "next_token_ce", "ce_loss_recovered", "dead_latents", "reconstruction_metrics",
+    "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution",
 ]

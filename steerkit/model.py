@@ -33,6 +33,8 @@ from steerkit.loading.fingerprint import model_fingerprint
 from steerkit.generation import check_generate_args, check_prompts
 from steerkit.generation import generate as _generate
 from steerkit.hooks.manager import HookHandle, HookManager, RecordHandle
+from steerkit.hooks import saesites
+from steerkit.hooks.saesites import SAEHandle
 from steerkit.interventions import KERNEL_OPS, CompiledSteering, Intervention, ModelFacts, compile, lower
 from steerkit.hooks.positions import PositionSpec
 from steerkit.loading.quantize import SCHEMES, scheme_of
@@ -387,6 +389,58 @@ class SteerModel:
         ``[batch, pos, len(heads), d_head]``, ``[batch, len(heads), q_pos, k_pos]`` or
         ``[batch, pos, len(neurons)]``)."""
         return self.hooks.record(hooks, positions, device=device, heads=heads, neurons=neurons)
+
+    def attach_sae(self, sae, site: str | None = None, *, splice: bool = False, keep_error: bool = False,
+                   positions: PositionSpec = "all", override: bool = False) -> SAEHandle:
+        """Attach a sparse autoencoder at its site (``sae``: ``steerkit.load_sae(...)``, whose own site is used,
+        or a :class:`steerkit.sae.SAEWeights` with ``site=``) until the handle is removed (``with``). While
+        attached, the site's sub-sites ``{site}.hook_sae_input`` / ``hook_sae_acts_post`` / ``hook_sae_recons``
+        / ``hook_sae_error`` (sae-lens's names) can be recorded like any site (:mod:`steerkit.hooks.saesites`).
+        ``splice=True`` also runs the model with the reconstruction in place of the activation at
+        ``positions`` (``keep_error=True``: plus the error term), an edit installed through :meth:`steer`.
+        A stored SAE is checked against this model first (its widths always; depth and fingerprint unless
+        ``override``); the SAE's tensors move to the site's device.
+
+        Examples:
+            >>> from steerkit.sae import SAEWeights
+            >>> g = torch.Generator().manual_seed(0)
+            >>> w = SAEWeights(torch.randn(64, 128, generator=g) / 8, torch.zeros(128),
+            ...                torch.randn(128, 64, generator=g) / 8, torch.zeros(64), architecture="topk", k=8)
+            >>> acts = "blocks.1.hook_resid_post.hook_sae_acts_post"
+            >>> with tiny.attach_sae(w, "blocks.1.hook_resid_post"), tiny.record(acts) as cache:
+            ...     _ = tiny.forward(["The quick brown fox", "hi"], chat=False)
+            >>> tuple(cache[acts].shape), (cache[acts][0] != 0).sum(-1).tolist()  # 8 latents on each token
+            ((2, 4, 128), [8, 8, 8, 8])
+            >>> with tiny.attach_sae(w, "blocks.1.hook_resid_post", splice=True):  # the reconstruction runs on
+            ...     spliced = tiny.forward("hello world", chat=False)
+        """
+        if not splice and (keep_error or not (isinstance(positions, str) and positions == "all")):
+            raise InputError("expected keep_error= and positions= only with splice=True (they say how the "
+                             "reconstruction replaces the activation), found them without")
+        weights, site = saesites.sae_parts(sae, site)
+        s = self.hooks.parse(site)
+        width = self.facts.width(s.kind, site) if s.kind in hooknames.SAE_HOST_HOOKS else None
+        if width is not None and width != weights.d_in:
+            raise InputError(f"expected an SAE at {site} to read {width} features on {self.name!r}, found d_in="
+                             f"{weights.d_in}; it was made for another model or another site")
+        check = getattr(sae, "check", None)
+        if sae is not weights and callable(check):
+            check(self, override=override)
+        dev = self.site_device(site)
+        if weights.device != dev:
+            weights = weights.to(device=dev)
+        h = saesites.attach(self.hooks, weights, s)
+        if splice:
+            try:
+                h.splice = self.steer(saesites.splice_intervention(weights, site, keep_error=keep_error,
+                                                                   positions=positions),
+                                      label=f"splice sae at {site}")
+            except BaseException:
+                h.remove()
+                raise
+            h.keep_error = keep_error
+            h._removers.append(h.splice.remove)  # removed first (removers run in reverse)
+        return h
 
     def edit(self, hooks: str | Iterable[str] | dict | None = None, *, add=None, ablate=None, replace=None,
              clamp=None, value: float = 0.0, fn: Callable | None = None, scale: float = 1.0,

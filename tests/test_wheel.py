@@ -42,6 +42,9 @@ def test_every_module_and_data_file_is_inside(wheel):
                 assert f"{installed}/{rel}" in names, f"{f} is not in the wheel as {installed}/{rel}"
     data = {n for n in names if n.startswith("steerkit/data/")}
     assert any("gsm8k" in n.lower() for n in data) and any(n.startswith("steerkit/data/refusal/") for n in data)
+    corpus = {"steerkit/data/corpus/sotu_moby_dick.jsonl.xz", "steerkit/data/corpus/README.md",
+              "steerkit/data/corpus/LICENSE"}  # the SAE training corpus and its attribution
+    assert corpus <= data, sorted(corpus - data)
     assert "steerkit/py.typed" in names
     tops = {n.split("/")[0] for n in names if not n.startswith("steerkit-")}
     assert tops == {"steerkit"}, f"top-level entries besides steerkit: {sorted(tops - {'steerkit'})}"

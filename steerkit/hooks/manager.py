@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch import Tensor
@@ -358,15 +358,25 @@ class ActivationCache:
         return segs[-1]
 
     def _add(self, name: str, x: Tensor, call: SiteCall) -> None:
+        b, t = self._selected(call, x.device)
+        self._keep(name, b, t, x.reshape(-1, x.shape[-1]) if b is None else x[b, t], call)
+
+    def _selected(self, call: SiteCall, device) -> tuple[Optional[Tensor], Optional[Tensor]]:
+        """The (row, position-in-chunk) pairs this cache's positions select in ``call``; ``(None, None)``:
+        every one of the chunk's ``B * T`` positions, in row-major order."""
+        mask = call.mask(self.spec, device)
+        if mask is None:
+            return None, None
+        b, t = mask.nonzero(as_tuple=True)
+        return b, t
+
+    def _keep(self, name: str, b: Optional[Tensor], t: Optional[Tensor], v: Tensor, call: SiteCall) -> None:
+        """Keep the rows ``v`` ``[n, features]`` of the positions ``(b, t)`` (:meth:`_selected`) of ``call``."""
         self._final.pop(name, None)
         seg = self._segment(name, call)
-        mask = call.mask(self.spec, x.device)
-        if mask is None:
+        if b is None or t is None:
             b, t = torch.meshgrid(torch.arange(call.B), torch.arange(call.T), indexing="ij")
-            b, t, v = b.reshape(-1), t.reshape(-1), x.reshape(-1, x.shape[-1])
-        else:
-            b, t = mask.nonzero(as_tuple=True)
-            v = x[b, t]
+            b, t = b.reshape(-1), t.reshape(-1)
         v = v.detach()
         if self.device is not None:
             v = v.to(self.device)
@@ -565,9 +575,11 @@ class HookManager:
         self.has_resid_mid = has_resid_mid
         self.runs = RunHolder()
         self._handles: list[HookHandle] = []
+        #: the sparse autoencoders attached to this model, by site (:class:`steerkit.hooks.saesites.SAEHandle`)
+        self.saes: dict[str, Any] = {}
 
     def parse(self, name: str) -> Site:
-        return parse(name, self.n_layers, has_resid_mid=self.has_resid_mid)
+        return parse(name, self.n_layers, has_resid_mid=self.has_resid_mid, sae_sites=self.saes)
 
     def _names(self, hooks) -> list[str]:
         if isinstance(hooks, str):
@@ -595,7 +607,9 @@ class HookManager:
     def record(self, hooks, positions: PositionSpec = "all", *, device=None, heads=None,
                neurons=None) -> "RecordHandle":
         """Record ``hooks`` at ``positions``; the handle's ``cache`` fills during every forward pass.
-        ``heads`` / ``neurons`` keep only those heads (attention component hooks) or neurons (MLP hooks)."""
+        ``heads`` / ``neurons`` keep only those heads (attention component hooks) or neurons (MLP hooks).
+        An attached SAE's sub-sites (``{site}.hook_sae_acts_post`` ...) are computed by the SAE's own hook
+        for this cache (:mod:`steerkit.hooks.saesites`)."""
         names = self._names(hooks)
         positions = validate_positions(positions)
         cache = ActivationCache(names, positions, device=device)
@@ -609,8 +623,13 @@ class HookManager:
                 return None
             return fn
 
-        h = self.register([(self.parse(n), make(n)) for n in names], label=f"record {names}", cls=RecordHandle)
+        sites = [self.parse(n) for n in names]
+        h = self.register([(s, make(s.name)) for s in sites if s.parent is None], label=f"record {names}",
+                          cls=RecordHandle)
         assert isinstance(h, RecordHandle)
+        # an attached SAE's sub-sites: its hook at the site computes them for this cache
+        for host in dict.fromkeys(s.parent for s in sites if s.parent is not None):
+            h._removers.append(self.saes[host].subscribe(cache, [s.name for s in sites if s.parent == host]))
         h.cache = cache
         h.records_generated = selects_generated(positions)
         return h

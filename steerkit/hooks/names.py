@@ -20,7 +20,12 @@ router's logits; an edit re-routes: the top-k experts and their weights are reco
 logits by the family's rule), ``mlp.hook_expert_weights`` / ``hook_expert_indices`` ``[batch, pos, top_k]``
 (record only; the indices int64) and ``mlp.hook_expert_out`` ``[batch, pos, n_experts, d_model]`` (each
 expert's weighted contribution, zero for experts a token does not use; their sum, plus the shared
-expert's where the family has one, is what the block adds). Layers are 0-based block indices;
+expert's where the family has one, is what the block adds). While a sparse autoencoder is attached at a
+site (``sm.attach_sae``), four sub-sites of it carry sae-lens's names (:data:`SAE_HOOKS`):
+``{site}.hook_sae_input`` ``[batch, pos, d_in]`` (the activation as the SAE reads it, in the SAE's dtype),
+``{site}.hook_sae_acts_post`` ``[batch, pos, d_sae]`` (the latents), ``{site}.hook_sae_recons`` and
+``{site}.hook_sae_error`` ``[batch, pos, d_in]`` (the reconstruction and what it misses); they are
+recorded, not edited. Layers are 0-based block indices;
 ``hook_resid_post`` of block ``l`` is the output of that block, which is also
 ``hook_resid_pre`` of block ``l + 1``.
 """
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Collection, Iterable
 
 from steerkit.errors import HookNameError, InputError
 from steerkit.storage.naming import is_index
@@ -56,10 +61,20 @@ FINAL_HOOKS = ("ln_final.hook_scale", "ln_final.hook_normalized", "ln_final.hook
 FINAL_SCALE, FINAL_NORMALIZED, FINAL_OUT = FINAL_HOOKS
 #: the final norm's output (what the unembedding reads)
 FINAL_HOOK = FINAL_OUT
-#: hook kinds (:attr:`Site.kind`) that can be recorded but not edited: the norms' scales and the routing
-RECORD_ONLY = (FINAL_SCALE, "ln1.hook_scale", "ln2.hook_scale") + ROUTING_HOOKS
+#: an attached sparse autoencoder's sub-sites, sae-lens's names: ``{site}.hook_sae_input`` ... (see the module
+#: docstring); valid only while an SAE is attached at ``site``
+SAE_HOOKS = ("hook_sae_input", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error")
+SAE_INPUT, SAE_ACTS, SAE_RECONS, SAE_ERROR = SAE_HOOKS
+#: the kinds of site an SAE can be attached to: rows of features ``[batch, pos, features]`` (attention heads
+#: flattened), which an edit may replace
+SAE_HOST_HOOKS = BLOCK_HOOKS + HEAD_HOOKS + MLP_HOOKS + ("ln1.hook_normalized", "ln2.hook_normalized",
+                                                        FINAL_NORMALIZED, FINAL_OUT)
+#: hook kinds (:attr:`Site.kind`) that can be recorded but not edited: the norms' scales, the routing and an
+#: attached SAE's sub-sites
+RECORD_ONLY = (FINAL_SCALE, "ln1.hook_scale", "ln2.hook_scale") + ROUTING_HOOKS + SAE_HOOKS
 _BLOCK_KINDS = BLOCK_HOOKS + COMPONENT_HOOKS + MOE_HOOKS
 _RE = re.compile(r"blocks\.(-?[0-9]+)\.((?:attn\.|mlp\.|ln1\.|ln2\.)?hook_[a-z_]+)\Z", re.ASCII)
+_SAE_RE = re.compile(r"(.+)\.(hook_sae_[a-z_]+)\Z", re.ASCII)
 
 
 def record_only_error(name: str) -> InputError:
@@ -70,6 +85,11 @@ def record_only_error(name: str) -> InputError:
         expected edits at hooks that can be edited, found one at 'blocks.3.ln1.hook_scale', which can only be recorded (a norm's scale); edit 'blocks.3.ln1.hook_normalized' instead
     """
     where = name.rsplit(".", 1)[0]
+    if name.endswith(SAE_HOOKS):
+        return InputError(f"expected edits at hooks that can be edited, found one at {name!r}, an attached SAE's "
+                          f"sub-site, which can only be recorded; edit its latents with "
+                          f"Intervention.sae_latent({where!r}, sae, latents, value=...), or splice the SAE in with "
+                          "sm.attach_sae(sae, splice=True)")
     if name.endswith(ROUTING_HOOKS):
         return InputError(f"expected edits at hooks that can be edited, found one at {name!r}, which can only be "
                           f"recorded (the routing the router chose); edit '{where}.hook_router_logits' instead, "
@@ -96,6 +116,12 @@ class Site:
     layer: int | None
 
     @property
+    def parent(self) -> str | None:
+        """The site an attached SAE's sub-site belongs to (``blocks.3.hook_resid_post`` for
+        ``blocks.3.hook_resid_post.hook_sae_acts_post``); ``None`` for every other site."""
+        return self.name[: -len(self.kind) - 1] if self.kind in SAE_HOOKS else None
+
+    @property
     def block_index(self) -> int:
         """``layer`` of a block hook; :class:`HookNameError` for an ``ln_final`` hook, which has no block."""
         if self.layer is None:
@@ -104,10 +130,17 @@ class Site:
         return self.layer
 
 
-def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
-    """Parse and check a hook name against a model with ``n_layers`` blocks.
+def parse(name: str, n_layers: int, *, has_resid_mid: bool = True, sae_sites: Collection[str] = ()) -> Site:
+    """Parse and check a hook name against a model with ``n_layers`` blocks. ``sae_sites``: the sites an SAE
+    is attached to, whose :data:`SAE_HOOKS` sub-sites are then valid names.
 
     Examples:
+        >>> parse("blocks.3.hook_resid_post.hook_sae_acts_post", 4, sae_sites={"blocks.3.hook_resid_post"})
+        Site(name='blocks.3.hook_resid_post.hook_sae_acts_post', kind='hook_sae_acts_post', layer=3)
+        >>> parse("blocks.3.hook_resid_post.hook_sae_acts_post", 4)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.HookNameError: expected an SAE attached at 'blocks.3.hook_resid_post' for ...
         >>> parse("blocks.3.hook_resid_post", n_layers=4)
         Site(name='blocks.3.hook_resid_post', kind='hook_resid_post', layer=3)
         >>> parse("blocks.3.hook_resid_mid", n_layers=4, has_resid_mid=False)  # doctest: +ELLIPSIS
@@ -120,6 +153,9 @@ def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
                             f"found {type(name).__name__} {name!r}")
     if name in FINAL_HOOKS:
         return Site(name, name, None)
+    sub = _SAE_RE.match(name) if ".hook_sae_" in name else None
+    if sub:
+        return _parse_sae(name, sub.group(1), sub.group(2), n_layers, has_resid_mid, sae_sites)
     m = _RE.match(name)
     if not m or m.group(2) not in _BLOCK_KINDS:
         raise HookNameError(
@@ -138,6 +174,36 @@ def parse(name: str, n_layers: int, *, has_resid_mid: bool = True) -> Site:
         raise HookNameError(f"{name!r}: this model runs attention and MLP in parallel, so there is no "
                             "resid_mid; use hook_resid_pre/hook_resid_post, hook_attn_out or hook_mlp_out")
     return Site(name, m.group(2), layer)
+
+
+def _parse_sae(name: str, host: str, kind: str, n_layers: int, has_resid_mid: bool, sae_sites: Collection[str]) -> Site:
+    """An attached SAE's sub-site ``{host}.{kind}``, checked: a known kind, a valid host, an SAE there."""
+    if kind not in SAE_HOOKS:
+        raise HookNameError(f"expected an SAE sub-site {' or '.join(repr(f'{host}.{k}') for k in SAE_HOOKS)}, "
+                            f"found {name!r:.120}")
+    try:
+        site = parse(host, n_layers, has_resid_mid=has_resid_mid)
+    except HookNameError as e:
+        raise HookNameError(f"expected '{{site}}.{kind}' with a hook name as the site, found {name!r:.120}: {e}") from None
+    if site.kind not in SAE_HOST_HOOKS:
+        raise HookNameError(f"expected an SAE sub-site of a site that holds rows of features ({', '.join(SAE_HOST_HOOKS)}), "
+                            f"found {name!r}; no SAE can be attached at {host!r}")
+    if host not in sae_sites:
+        raise HookNameError(f"expected an SAE attached at {host!r} for {name!r}, found "
+                            f"{'none' if not sae_sites else 'SAEs at ' + ', '.join(sorted(sae_sites))}; an SAE's "
+                            "sub-sites exist only while one is attached there: sm.attach_sae(sae) (its own site) "
+                            "or sm.attach_sae(sae, site=...)")
+    return Site(name, kind, site.layer)
+
+
+def sae_names(site: str) -> list[str]:
+    """The :data:`SAE_HOOKS` sub-sites of ``site`` (sae-lens's names).
+
+    Examples:
+        >>> sae_names("blocks.3.hook_resid_post")[1]
+        'blocks.3.hook_resid_post.hook_sae_acts_post'
+    """
+    return [f"{site}.{k}" for k in SAE_HOOKS]
 
 
 def all_names(n_layers: int, *, has_resid_mid: bool = True,

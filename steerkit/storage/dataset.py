@@ -15,6 +15,17 @@ than a silent mix.
 :class:`ActivationDataset` opens such a folder and reads tensors lazily with
 ``safetensors.safe_open``: ``ds.load(hook)`` concatenates every shard,
 ``ds.iter(hook)`` yields shard by shard, ``ds[hook, i]`` reads one row.
+
+Sparse latents (format ``steerkit.activations/2``): the latents of an attached sparse autoencoder
+(``{site}.hook_sae_acts_post``, :mod:`steerkit.hooks.saesites`) are mostly zeros, so a shard keeps only
+the active ones, row by row in the order of the dense rows (CSR without its offsets):
+``{hook}::nnz`` ``[rows]`` (int32, each row's count of nonzero latents), ``{hook}::indices`` ``[sum(nnz)]``
+(int32, the latents, ascending within a row) and ``{hook}::values`` ``[sum(nnz)]`` (their values); the
+manifest's ``sparse`` gives each such hook's width (``d_sae``) and ``saes`` each SAE's facts (a resumed
+recording must use the same SAE). A recording writes format 2 only when it records such a hook, and
+format 1 otherwise, which reads as before. ``ds.load(hook)`` of a sparse hook is the dense
+``[rows, d_sae]`` tensor, as a recording in memory is; ``ds.load(hook, sparse=True)`` is a
+``torch.sparse_csr_tensor`` of the same values, which never makes the dense one.
 """
 from __future__ import annotations
 
@@ -22,6 +33,7 @@ import functools
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -29,6 +41,7 @@ import torch
 from torch import Tensor
 
 from steerkit.errors import HookNameError, InputError, RowIndexError
+from steerkit.hooks.names import SAE_ACTS
 from steerkit.executors import LocalExecutor
 from safetensors import safe_open
 from safetensors.torch import save
@@ -40,6 +53,55 @@ if TYPE_CHECKING:
 
 MANIFEST = "manifest.json"
 FORMAT = "steerkit.activations/1"
+#: the format with sparse hooks (an SAE's latents as indices and values of the active ones)
+FORMAT_SPARSE = "steerkit.activations/2"
+FORMATS = (FORMAT, FORMAT_SPARSE)
+#: the kind of hook whose values are stored sparse
+SPARSE_KINDS = (SAE_ACTS,)
+
+
+def is_sparse_hook(name: str) -> bool:
+    """Whether a recording stores ``name`` sparse (an attached SAE's latents).
+
+    Examples:
+        >>> is_sparse_hook("blocks.3.hook_resid_post.hook_sae_acts_post"), is_sparse_hook("blocks.3.hook_resid_post")
+        (True, False)
+    """
+    return name.rsplit(".", 1)[-1] in SPARSE_KINDS
+
+
+def to_sparse_rows(rows: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(nnz, indices, values)`` of ``rows`` ``[n, width]``: each row's count of nonzero entries (int32), their
+    column indices (int32, ascending within a row, rows one after another) and their values (in ``dtype``).
+
+    Examples:
+        >>> nnz, idx, val = to_sparse_rows(torch.tensor([[0.0, 2.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [3.0, 0, 0, 0]]))
+        >>> nnz.tolist(), idx.tolist(), val.tolist()
+        ([2, 0, 1], [1, 3, 0], [2.0, 1.0, 3.0])
+        >>> torch.equal(from_sparse_rows(nnz, idx, val, 4).to_dense(), torch.tensor([[0.0, 2, 0, 1], [0, 0, 0, 0], [3, 0, 0, 0]]))
+        True
+    """
+    nz = rows != 0
+    _, cols = nz.nonzero(as_tuple=True)
+    values = rows[nz]
+    return (nz.sum(-1).to(torch.int32), cols.to(torch.int32),
+            values if dtype is None else values.to(dtype))
+
+
+def from_sparse_rows(nnz: Tensor, indices: Tensor, values: Tensor, width: int) -> Tensor:
+    """The ``torch.sparse_csr_tensor`` ``[len(nnz), width]`` of :func:`to_sparse_rows`'s parts."""
+    crow = torch.zeros(nnz.numel() + 1, dtype=torch.long)
+    torch.cumsum(nnz.long(), 0, out=crow[1:])
+    with warnings.catch_warnings():  # torch's note that its CSR support is in beta
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        # the invariants checked: a file's indices out of range raise here instead of corrupting memory later
+        try:
+            return torch.sparse_csr_tensor(crow, indices.long(), values, size=(int(nnz.numel()), int(width)),
+                                           check_invariants=True)
+        except RuntimeError as e:
+            raise InputError(f"expected sparse rows with {int(crow[-1])} entries of columns in 0..{width - 1}, "
+                             f"ascending within each row, found {indices.numel()} indices and {values.numel()} values "
+                             f"that break it ({e}); the shard is damaged: record it again") from None
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -66,6 +128,8 @@ def record_dataset(sm: "SteerModel | None", prompts: Sequence[str], hooks, out_d
     Prompts are tokenized as :meth:`SteerModel.forward` does: raw text by default, the chat template
     around each when ``chat`` (recorded in the meta, so a resumed run must pass the same value).
     A run that fails before its first shard (a bad position, a model error) removes the folder it made.
+    Inside ``sm.attach_sae(sae)``, the SAE's sub-sites are hooks like any other; its latents
+    (``{site}.hook_sae_acts_post``) are stored sparse (format 2, see the module docstring).
 
     ``executor``: a :class:`steerkit.executors.RayExecutor` records the shards on its workers (``sm`` may be
     ``None``: the workers load the model); each shard comes back to this process, which writes it and then
@@ -103,9 +167,13 @@ def record_dataset(sm: "SteerModel | None", prompts: Sequence[str], hooks, out_d
 
 
 def _facts(sm: "SteerModel", hooks) -> dict:
-    """What the manifest says of the model, and the hook names resolved on it."""
-    return {"names": sm.hooks._names(hooks), "model": sm.name, "fingerprint": sm.fingerprint(),
-            "d_model": sm.d_model}
+    """What the manifest says of the model, and the hook names resolved on it (with the SAEs whose
+    sub-sites are among them)."""
+    names = sm.hooks._names(hooks)
+    hosts = dict.fromkeys(p for n in names if (p := sm.hooks.parse(n).parent) is not None)
+    saes = {h: sm.hooks.saes[h].facts() for h in hosts}
+    return {"names": names, "model": sm.name, "fingerprint": sm.fingerprint(), "d_model": sm.d_model,
+            "saes": saes}
 
 
 def record_shard(sm: "SteerModel", chunk: list[str], *, names: list[str], positions, batch_size: int, chat: bool,
@@ -129,7 +197,14 @@ def record_shard(sm: "SteerModel", chunk: list[str], *, names: list[str], positi
                 lengths[n].append(ln)
         if on_batch is not None:
             on_batch(len(chunk[j:j + batch_size]))
-    payload = {n: torch.cat(tensors[n]).contiguous() for n in names}
+    payload = {}
+    for n in names:
+        rows = torch.cat(tensors[n])
+        if is_sparse_hook(n):  # the active latents only (format 2)
+            nnz, idx, val = to_sparse_rows(rows)
+            payload.update({f"{n}::nnz": nnz, f"{n}::indices": idx, f"{n}::values": val.contiguous()})
+        else:
+            payload[n] = rows.contiguous()
     if positions != "last":
         payload.update({f"{n}::lengths": torch.cat(lengths[n]) for n in names})
     return payload
@@ -148,6 +223,11 @@ def _record_into(ex: "LocalExecutor | RayExecutor", facts: dict, prompts: list[s
     meta = {"format": FORMAT, "hooks": names, "positions": spec, "model": facts["model"],
             "fingerprint": facts["fingerprint"], "n_prompts": len(prompts), "prompts_sha256": _prompts_hash(prompts),
             "shard_size": shard_size, "chat": chat, "d_model": facts["d_model"]}
+    sparse = {n: facts["saes"][n.rsplit(".", 1)[0]]["d_sae"] for n in names if is_sparse_hook(n)}
+    if sparse:
+        meta.update(format=FORMAT_SPARSE, sparse=sparse)
+    if facts.get("saes"):
+        meta["saes"] = facts["saes"]
     task = functools.partial(_shard_task, names=names, positions=positions, batch_size=batch_size, chat=chat,
                              dtype=dtype)
     return write_shards(ex, task, meta, prompts, out, progress=progress)
@@ -190,7 +270,7 @@ def write_shards(ex: "LocalExecutor | RayExecutor", task: Callable[..., tuple[in
         fname = f"shard-{i:05d}.safetensors"
         if fname in done:  # (an item that ran twice: the first result is the one written)
             continue
-        _atomic_write_bytes(out / fname, save(payload, metadata={"format": FORMAT, "shard": str(i)}))
+        _atomic_write_bytes(out / fname, save(payload, metadata={"format": meta["format"], "shard": str(i)}))
         done[fname] = len(items[todo.index(i)][1])
         _atomic_write_bytes(man_path, json.dumps({**meta, "shards": dict(sorted(done.items()))}, indent=1).encode())
         if bar is not None and not here:
@@ -218,8 +298,8 @@ def resume_state(out: Path, meta: dict, n_prompts: int, shard_size: int) -> tupl
         if not isinstance(old, dict):
             raise InputError(f"expected a JSON object in {man_path}, found {type(old).__name__}; use another "
                              "folder or delete this one")
-        keys = ("hooks", "positions", "fingerprint", "prompts_sha256", "shard_size", "chat")
-        diff = [k for k in keys if old.get(k) != meta[k]]
+        keys = ("hooks", "positions", "fingerprint", "prompts_sha256", "shard_size", "chat", "saes")
+        diff = [k for k in keys if old.get(k) != meta.get(k)]
         if diff:
             raise InputError(f"expected {out} to hold a recording of the same run to resume, found one that "
                              f"differs in {diff}; use another folder or delete this one")
@@ -241,10 +321,13 @@ class ActivationDataset:
             self.meta = json.loads(mp.read_text())
         except json.JSONDecodeError as e:
             raise InputError(f"expected valid JSON in {mp}, found a parse error: {e}") from None
-        if self.meta.get("format") != FORMAT:
-            raise InputError(f"expected format {FORMAT!r} in {mp}, found {self.meta.get('format')!r}")
+        if self.meta.get("format") not in FORMATS:
+            raise InputError(f"expected a format in {FORMATS} in {mp}, found {self.meta.get('format')!r}; a newer "
+                             "steerkit wrote it, or it is not an activation folder")
         self.hooks: list[str] = self.meta["hooks"]
         self.shards = sorted(self.meta.get("shards", {}))
+        #: the hooks stored sparse, with their width (``d_sae``)
+        self.sparse: dict[str, int] = dict(self.meta.get("sparse") or {})
 
     @property
     def complete(self) -> bool:
@@ -258,16 +341,39 @@ class ActivationDataset:
             raise HookNameError(f"expected one of the recorded hooks {self.hooks}, found {hook!r}; "
                                 "ask for one of those or record this hook too")
 
-    def iter(self, hook: str) -> Iterator[Tensor]:
-        """Yield the tensor of ``hook`` shard by shard (``[n, d_model]``)."""
+    def _sparse_ok(self, hook: str, sparse: bool) -> None:
         self._check(hook)
+        if sparse and hook not in self.sparse:
+            raise InputError(f"expected a hook stored sparse (an SAE's latents: {sorted(self.sparse) or 'none here'}) "
+                             f"for sparse=True, found {hook!r}, stored dense; load it with sparse=False")
+
+    def _parts(self, f, hook: str) -> tuple[Tensor, Tensor, Tensor]:
+        return f.get_tensor(f"{hook}::nnz"), f.get_tensor(f"{hook}::indices"), f.get_tensor(f"{hook}::values")
+
+    def iter(self, hook: str, *, sparse: bool = False) -> Iterator[Tensor]:
+        """Yield the tensor of ``hook`` shard by shard (``[n, d_model]``); a sparse hook's dense rows
+        ``[n, d_sae]``, or with ``sparse`` its ``torch.sparse_csr_tensor``."""
+        self._sparse_ok(hook, sparse)
         for s in self.shards:
             with safe_open(str(self.path / s), framework="pt") as f:
-                yield f.get_tensor(hook)
+                if hook not in self.sparse:
+                    yield f.get_tensor(hook)
+                    continue
+                t = from_sparse_rows(*self._parts(f, hook), self.sparse[hook])
+            yield t if sparse else t.to_dense()
 
-    def load(self, hook: str) -> Tensor:
-        """Every shard of ``hook`` concatenated: ``[n_prompts, d_model]`` for positions='last'."""
-        return torch.cat(list(self.iter(hook)))
+    def load(self, hook: str, *, sparse: bool = False) -> Tensor:
+        """Every shard of ``hook`` concatenated: ``[n_prompts, d_model]`` for positions='last'. A sparse hook
+        (an SAE's latents) is dense ``[rows, d_sae]``, or with ``sparse`` one ``torch.sparse_csr_tensor``
+        (built from the stored parts, without the dense tensor)."""
+        if hook in self.sparse and sparse:
+            parts = []
+            for s in self.shards:
+                with safe_open(str(self.path / s), framework="pt") as f:
+                    parts.append(self._parts(f, hook))
+            nnz, idx, val = (torch.cat(p) for p in zip(*parts))
+            return from_sparse_rows(nnz, idx, val, self.sparse[hook])
+        return torch.cat(list(self.iter(hook, sparse=sparse)))
 
     def lengths(self, hook: str) -> Tensor:
         """Rows per prompt when positions vary (``[n_prompts]``)."""
@@ -297,7 +403,14 @@ class ActivationDataset:
             cnt = self.meta["shards"][s]
             if i < cnt:
                 with safe_open(str(self.path / s), framework="pt") as f:
-                    return f.get_slice(hook)[i:i + 1][0]
+                    if hook not in self.sparse:
+                        return f.get_slice(hook)[i:i + 1][0]
+                    nnz = f.get_tensor(f"{hook}::nnz").long()
+                    a, b = int(nnz[:i].sum()), int(nnz[: i + 1].sum())
+                    values = f.get_slice(f"{hook}::values")[a:b]
+                    row = torch.zeros(self.sparse[hook], dtype=values.dtype)
+                    row[f.get_slice(f"{hook}::indices")[a:b].long()] = values
+                    return row
             i -= cnt
         raise RowIndexError(f"expected row {key[1]} in one of the shards of {self.path}, found none: the shard "
                             "counts in its meta.json do not add up; record the prompts again")
