@@ -52,6 +52,7 @@ from steerkit.hooks.names import layer_names
 from steerkit.interventions import Intervention
 from steerkit.model import Tokens
 from steerkit.reuse import Pack, run_cached, run_from, run_packed, supports_run_from
+from steerkit.storage import jsontext
 
 from .plots.require import plotly_required
 
@@ -334,7 +335,7 @@ def json_document(text_or_path, fmt: str, what: str) -> dict:
             raise InputError(f"expected {what} JSON text or a path to a file holding it, found {str(p)!r:.120}")
         text_or_path = p.read_text(encoding="utf-8")
     try:
-        d = json.loads(text_or_path)
+        d = jsontext.loads(text_or_path)
     except json.JSONDecodeError as e:
         raise InputError(f"expected {what} JSON, found text that does not parse ({e})") from None
     if not isinstance(d, dict) or d.get("format") != fmt:

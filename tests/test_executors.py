@@ -82,3 +82,88 @@ def test_patching_grid_spread_over_layers_equals_one_call(tiny):
     assert spread.layers == one.layers and spread.positions == one.positions
     assert torch.allclose(spread.values, one.values, atol=1e-5, rtol=0), (spread.values - one.values).abs().max()
     assert spread.clean_metric == pytest.approx(one.clean_metric)
+
+
+# ----------------------------------------------------------------------------- the command line's Ray options
+RAY_FLAGS = {"--ray", "--workers", "--cpus-per-worker", "--gpus-per-worker"}
+
+
+def _search_argv(tmp_path, verb: str) -> list[str]:
+    """A valid command line of a search verb that takes ``--ray`` (nothing in it loads a model by itself)."""
+    (tmp_path / "p.txt").write_text("Tell me a joke\nHi there\n")
+    return {"refusal": ["refusal", "--no-save"],
+            "tune": ["vectors", "--store", str(tmp_path / "store"), "tune", "vec", "--prompts",
+                     str(tmp_path / "p.txt"), "--contains", "the"],
+            "ioi": ["ioi", "--no-save"],
+            "record": ["record", str(tmp_path / "p.txt"), "-o", str(tmp_path / "out")]}[verb]
+
+
+def _subparser(parser, *path):
+    import argparse
+    for name in path:
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    return parser
+
+
+@pytest.mark.parametrize("verb", ["record", "refusal", "tune", "ioi"])
+def test_search_verbs_have_the_ray_option_group(verb, tmp_path):
+    from steerkit.cli import build_parser
+    from steerkit.cli._common import RAY_GROUP
+    parser = build_parser()
+    sp = _subparser(parser, *({"tune": ("vectors", "tune")}.get(verb, (verb,))))
+    group = next(g for g in sp._action_groups if g.title == RAY_GROUP)
+    assert {o for a in group._group_actions for o in a.option_strings} == RAY_FLAGS
+    argv = _search_argv(tmp_path, verb)
+    args = parser.parse_args(argv)  # the group's defaults: no Ray
+    assert (args.ray, args.workers, args.cpus_per_worker, args.gpus_per_worker) == (None, 2, 1, 0)
+    assert parser.parse_args([*argv, "--ray"]).ray == "local"
+    args = parser.parse_args([*argv, "--ray", "auto", "--workers", "3", "--gpus-per-worker", "1"])
+    assert (args.ray, args.workers, args.gpus_per_worker) == ("auto", 3, 1)
+
+
+def test_ray_executor_is_built_from_the_flags(tmp_path, monkeypatch):
+    from steerkit.cli import build_parser
+    from steerkit.cli._common import ray_executor
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    p = build_parser()
+    args = p.parse_args([*_search_argv(tmp_path, "tune"), "--model", "m", "--device", "cpu", "--dtype", "float32",
+                         "--ray", "127.0.0.1:6379", "--workers", "3", "--cpus-per-worker", "2.5",
+                         "--gpus-per-worker", "0.5"])
+    ex = ray_executor(args)  # nothing starts: Ray is not imported until the executor runs
+    assert ex.spec == ModelSpec(str(tmp_path / "m"), device="cpu", dtype="float32", backend="hf", threads=2)
+    assert (ex.address, ex.n_workers, ex.options["num_cpus"], ex.options["num_gpus"]) == ("127.0.0.1:6379", 3, 2.5,
+                                                                                           0.5)
+    args = p.parse_args(["refusal", "--model", "org/name", "--ray", "--cpus-per-worker", "0.5"])  # a Hub id as given
+    ex = ray_executor(args)
+    assert ex.spec == ModelSpec("org/name", device="auto", dtype="auto", threads=1) and ex.address is None
+
+
+def _one_error_line(capsys, argv) -> str:
+    from steerkit.cli import main
+    capsys.readouterr()
+    rc = main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("steerkit: error: "), (argv, rc, err)
+    return err[0]
+
+
+@pytest.mark.parametrize("verb", ["refusal", "tune", "ioi"])
+def test_bad_ray_flags_are_one_error_line(verb, tmp_path, capsys):
+    argv = [*_search_argv(tmp_path, verb), "--ray"]
+    for bad, said in ((["--workers", "0"], "--workers >= 1"), (["--cpus-per-worker", "0"], "--cpus-per-worker > 0"),
+                      (["--gpus-per-worker", "-1"], "--gpus-per-worker >= 0")):
+        assert said in _one_error_line(capsys, [*argv, *bad])
+
+
+@pytest.mark.parametrize("verb", ["record", "refusal", "tune", "ioi"])
+def test_ray_flag_without_ray_installed_is_one_error_line(verb, tiny, tmp_path, capsys, monkeypatch):
+    import sys
+    from steerkit.vectors import SteeringVector, Store
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as it does where Ray is not installed
+    argv = _search_argv(tmp_path, verb)
+    if verb == "tune":  # the vector exists, so the command reaches the point where it starts the workers
+        Store(tmp_path / "store").save("vec", SteeringVector.from_direction(torch.ones(tiny.d_model), 1, tiny))
+    line = _one_error_line(capsys, [*argv, "--ray", "--workers", "1"])
+    assert "Ray" in line and "pip install 'steerkit[ray]'" in line, line
+    assert not (tmp_path / "out").exists()

@@ -184,3 +184,102 @@ def test_searches_on_ray_select_what_they_select_here(cluster, tiny_folder):
                               atol=1e-5, rtol=0)
         assert ex.fingerprint == sm.fingerprint()
     assert (spread.best.pos, spread.best.layer, spread.rule) == (local.best.pos, local.best.layer, local.rule)
+
+
+@pytest.fixture(scope="module")
+def chat_folder(tmp_path_factory):
+    """A tiny random Llama (4 layers, d_model 64) with the default model's tokenizer and chat template, saved as
+    a Hugging Face folder: what the refusal method (post-instruction tokens) and IOI (one-token names) need."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from steerkit.loading import resolve
+    _, default_folder, _ = resolve.resolve(None)
+    tok = AutoTokenizer.from_pretrained(str(default_folder), local_files_only=True)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg).float().eval()
+    folder = tmp_path_factory.mktemp("tiny-chat") / "model"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def assert_close(got, want, where: str = "", tol: float = 1e-4) -> None:
+    """JSON values equal: numbers within ``tol``, everything else exactly."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), (where, got, want)
+        for k in want:
+            assert_close(got[k], want[k], f"{where}.{k}", tol)
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), (where, got, want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_close(g, w, f"{where}[{i}]", tol)
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, abs=tol), where
+    else:
+        assert got == want, where
+
+
+def test_search_verbs_with_ray_print_what_they_print_here(cluster, chat_folder, tmp_path, capsys, monkeypatch):
+    """``steerkit refusal``, ``vectors tune`` and ``ioi`` with ``--ray`` (two workers on the cluster), in this
+    process through the command line's main, against the same commands without it."""
+    import steerkit
+    from steerkit.cli import main
+    from steerkit.vectors import SteeringVector, Store
+
+    sent: list = []  # the pieces of work each --ray run handed to its workers
+    imap = RayExecutor.imap_unordered
+
+    def counted(self, fn, items):
+        sent.append(len(items))
+        return imap(self, fn, items)
+    monkeypatch.setattr(RayExecutor, "imap_unordered", counted)
+
+    def run(argv: list, out: Path, ray_on: bool) -> dict:
+        capsys.readouterr()
+        sent.clear()
+        rc = main([str(a) for a in [*argv, *(["--ray", "--workers", "2"] if ray_on else [])]])
+        printed = capsys.readouterr()
+        assert rc == 0, printed.err
+        assert bool(sent) == ray_on and all(sent), sent  # with --ray the search ran on the workers
+        assert "refusal direction on" in printed.out or "recommended:" in printed.out or "IOI" in printed.out
+        return json.loads(out.read_text())
+
+    model = ["--model", chat_folder, "--device", "cpu", "--dtype", "float32"]
+    # the refusal direction: the candidates scored on the workers, the same selection and held-out samples
+    refusal = ["refusal", *model, "--n-train", "4", "--n-val", "2", "--n-test", "2", "--max-new-tokens", "4",
+               "--min-keep", "1", "--positions", "2", "--no-probe", "--no-save", "--quiet", "--report"]
+    here, there = (run([*refusal, tmp_path / f"refusal-{k}.json"], tmp_path / f"refusal-{k}.json", k == "ray")
+                   for k in ("here", "ray"))
+    lazy = {k: here["metrics"].pop(k) for k in ("n_evaluated_bypass", "n_evaluated_induce")}
+    every = {k: there["metrics"].pop(k) for k in lazy}
+    assert every["n_evaluated_induce"] >= lazy["n_evaluated_induce"]
+    scored = [c for c in there["candidates"] if c["bypass"] is not None]  # layer 0: a zero vector, no score
+    assert scored and all(c["induce"] is not None and c["kl"] is not None for c in scored)  # every one, all three
+    for c_here, c_there in zip(here.pop("candidates"), there.pop("candidates"), strict=True):
+        for k in ("pos", "layer", "bypass", "induce", "kl"):
+            if c_here[k] is not None:  # the lazy search here computes only what it asks for
+                assert_close(c_there[k], c_here[k], f"candidate {c_here['pos']}/{c_here['layer']} {k}")
+    assert_close(there, here)  # selection, scores, held-out rates and samples
+
+    # the tuning grid: each layer on a worker, the same generations, front and recommendation
+    sm = steerkit.load_model(chat_folder, device="cpu", dtype="float32")
+    v = torch.randn(sm.d_model, generator=torch.Generator().manual_seed(3))
+    Store(tmp_path / "store").save("vec", SteeringVector.from_direction(v, 1, sm))
+    (tmp_path / "p.txt").write_text("Tell me a joke\nWrite about the sea\nHi there\nExplain rain\n")
+    tune = ["vectors", "--store", tmp_path / "store", "tune", "vec", *model, "--prompts", tmp_path / "p.txt",
+            "--layers", "0-2", "--scales", "0,2,6", "--contains", "the", "--tokens", "5", "--n-boot", "50",
+            "--no-chat", "--out"]
+    here, there = (run([*tune, tmp_path / f"tune-{k}.json"], tmp_path / f"tune-{k}.json", k == "ray")
+                   for k in ("here", "ray"))
+    assert_close(there, here)
+
+    # IOI: every patching grid's layers on the workers
+    ioi = ["ioi", *model, "--n-templates", "1", "--n-names", "2", "--no-save", "--quiet", "--report"]
+    here, there = (run([*ioi, tmp_path / f"ioi-{k}.json"], tmp_path / f"ioi-{k}.json", k == "ray")
+                   for k in ("here", "ray"))
+    assert_close(there, here)

@@ -395,3 +395,128 @@ def test_plugin_refuses_untested_vllm_versions(monkeypatch):
             check_vllm_version(v)
     monkeypatch.setenv("STEERKIT_VLLM_UNTESTED", "1")
     check_vllm_version("0.33.0")  # allowed, with a warning in the log
+
+
+def test_parse_spec_bounds_layers_positions_and_nesting():
+    """Found by benchmarks/soak_serve.py: a 3 MB spec listing one layer 1.5 million times took two minutes of
+    the server's CPU to refuse, and 10 ops x 30 layers x 65,536 prompt positions 16 s to accept; a spec
+    nested too deeply raised RecursionError. Each is now a SpecError from the parse, before any work."""
+    from steerkit.serving.spec import MAX_LAYERS, MAX_POSITIONS
+    add = {"op": "add", "vector": [1.0, 0.0]}
+    bad = [({"ops": [{**add, "layers": [0] * 1_500_000}]}, f"at most {MAX_LAYERS} distinct block indices, found 1500000"),
+           ({"ops": [{**add, "layers": [1, 2, 1]}]}, "ops[0].layers without repeats, found 1 repeated"),
+           ({"ops": [{**add, "layers": list(range(30)), "positions": [5] * 65536}] * 10},
+            f"at most {MAX_POSITIONS} prompt-token indices per request"),
+           ({"ops": [{**add, "layers": [0, 1], "positions": list(range(MAX_POSITIONS // 4))}] * 2
+             + [{**add, "layers": [2], "positions": [0]}]}, "found more by ops[2]"),
+           ('{"ops": ' + "[" * 100_000 + "]" * 100_000 + "}", "could not parse it")]
+    for spec, msg in bad:
+        with pytest.raises(SpecError, match=re.escape(msg)):
+            parse_spec(spec)
+    ok = parse_spec({"ops": [{**add, "layers": [0, 1], "positions": list(range(MAX_POSITIONS // 4))}] * 2})
+    assert len(ok.ops) == 2 and ok.ops[1].positions[-1] == MAX_POSITIONS // 4 - 1  # exactly at the bound
+    assert parse_spec({"ops": [{**add, "layers": list(range(MAX_LAYERS))}]}).ops[0].layers[-1] == MAX_LAYERS - 1
+
+
+def _checked_app(tiny, tmp_path, monkeypatch):
+    """A RequestCheck around an inner app that records the bodies it gets (the tiny model's config)."""
+    from types import SimpleNamespace
+
+    from steerkit.loading.export_hf import export_hf
+    from steerkit.serving import vllm_plugin
+    monkeypatch.setenv("STEERKIT_STORE", str(tmp_path / "store"))
+    monkeypatch.setattr(vllm_plugin, "_FRONT", {"resolver": None, "facts": {}})
+    mc = SimpleNamespace(enforce_eager=True, hf_config=tiny.model.config, model=str(export_hf(tiny, tmp_path / "m")),
+                         served_model_name="tiny")
+    received = []
+
+    async def inner(scope, receive, send):
+        received.append(await receive())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+    app = vllm_plugin.RequestCheck(inner)
+    app.fastapi = SimpleNamespace(state=SimpleNamespace(vllm_config=SimpleNamespace(model_config=mc)))
+    return app, received
+
+
+def _post_chunks(app, chunks, before=None):
+    """POST ``chunks`` (one ASGI message each) through ``app``; ``before``: a coroutine function run as a task
+    beside it. Returns (status, error object, how many messages the app read)."""
+    import asyncio
+    msgs = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    sent, n = [], [0]
+
+    async def receive():
+        n[0] += 1
+        return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+    async def send(m):
+        sent.append(m)
+
+    async def main():
+        task = asyncio.create_task(before()) if before else None
+        await app({"type": "http", "method": "POST", "path": "/v1/completions", "app": app.fastapi}, receive, send)
+        if task:
+            await task
+    asyncio.run(main())
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, (json.loads(body)["error"] if status != 200 else body), n[0]
+
+
+def test_request_check_refuses_oversized_and_too_deep_bodies_with_4xx(tiny, tmp_path, monkeypatch):
+    """Found by benchmarks/soak_serve.py: a body over MAX_BODY went on unchecked, so a streamed one with a bad
+    spec got a 200 stream carrying the error; a body nested too deeply made the check raise (HTTP 500).
+    Now: 413 after the whole body is read (so the client is not still writing), and 400."""
+    from steerkit.serving import vllm_plugin
+    app, received = _checked_app(tiny, tmp_path, monkeypatch)
+    monkeypatch.setattr(vllm_plugin.RequestCheck, "MAX_BODY", 100)
+    spec = json.dumps({"artifacts": [{"ref": "nope@1"}], "pad": "x" * 200})
+    body = json.dumps({"prompt": "hi", "stream": True, "vllm_xargs": {"steerkit": spec}}).encode()
+    chunks = [body[i:i + 10] for i in range(0, len(body), 10)]
+    status, err, n_read = _post_chunks(app, chunks)
+    assert status == 413 and "at most 100 bytes" in err["message"] and err["code"] == 413
+    assert n_read == len(chunks) and received == []  # read to the end; the route never ran
+    monkeypatch.setattr(vllm_plugin.RequestCheck, "MAX_BODY", 64 << 20)
+    deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b', "vllm_xargs": {"steerkit": "{}"}}'
+    status, err, _ = _post_chunks(app, [deep])
+    assert (status, err["param"]) == (400, None) and "nested too deeply" in err["message"] and received == []
+    deep_spec = json.dumps({"prompt": "hi", "vllm_xargs": {"steerkit": '{"ops": ' + "[" * 100_000 + "]" * 100_000 + "}"}})
+    status, err, _ = _post_chunks(app, [deep_spec.encode()])
+    assert status == 400 and "could not parse it" in err["message"] and received == []
+    assert _post_chunks(app, [b'{"prompt": "hi"}'])[:2] == (200, b"ok") and len(received) == 1
+
+
+def test_request_check_checks_specs_off_the_event_loop(tiny, tmp_path, monkeypatch):
+    """Found by benchmarks/soak_serve.py: the check ran in the server's event loop, so one request whose spec
+    took 11 s to refuse stopped every other stream for 11 s. The check now runs in a worker thread: here it
+    waits for the event loop to run another task, which it could not do in the loop's own thread."""
+    import threading
+
+    from steerkit.serving import vllm_plugin
+    app, received = _checked_app(tiny, tmp_path, monkeypatch)
+    ticked, threads = threading.Event(), []
+
+    def slow_refusal(scope, body):
+        threads.append(threading.get_ident())
+        assert ticked.wait(10), "the event loop did not run while the spec was checked"
+        return None
+
+    async def ticker():
+        threads.append(threading.get_ident())
+        ticked.set()
+    monkeypatch.setattr(vllm_plugin.RequestCheck, "refusal", staticmethod(slow_refusal))
+    assert _post_chunks(app, [b'{"prompt": "hi"}'], before=ticker)[:2] == (200, b"ok")
+    assert len(set(threads)) == 2 and len(received) == 1
+
+
+def test_an_unknown_artifact_answer_does_not_name_the_servers_store_path(tiny, tmp_path):
+    """The 400 a client gets for an unknown artifact says which names the store holds, not where it lives."""
+    from steerkit.vectors import Store, SteeringVector
+    store = Store(tmp_path / "private-store-path")
+    store.save("happy", SteeringVector.from_direction(torch.randn(tiny.d_model), 1, tiny))
+    with pytest.raises(SpecError) as e:
+        resolve(parse_spec({"artifacts": ["nope@1"]}), store=store, facts=_facts(tiny))
+    msg = str(e.value)
+    assert "expected an artifact 'nope@1' in the server's store" in msg and "happy" in msg
+    assert "private-store-path" not in msg and str(tmp_path) not in msg

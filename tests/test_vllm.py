@@ -364,3 +364,26 @@ def test_server_refuses_a_bad_spec_with_400_streaming_or_not(setup, server):
     whole = client.completions.create(**kw).choices[0].text
     streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
     assert streamed == whole and whole
+
+
+def test_server_answers_4xx_to_oversized_and_too_deep_bodies(setup, server):
+    """Found by benchmarks/soak_serve.py: a streamed request whose body was over RequestCheck.MAX_BODY (64 MiB)
+    went on unchecked and got a 200 stream carrying the spec's error; a body nested too deeply got HTTP 500.
+    Now 413 and 400 through the official client, and the server keeps serving."""
+    openai = pytest.importorskip("openai", reason="the openai client (test extra)")
+    import httpx2
+    client = openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=600)
+    big = json.dumps({"artifacts": [{"ref": "nope@1"}], "pad": "x" * (65 << 20)})
+    for stream in (False, True):
+        with pytest.raises(openai.APIStatusError, match="at most 67108864 bytes") as e:
+            out = client.completions.create(model=str(setup["model"]), prompt=PROMPTS[0], max_tokens=4, stream=stream,
+                                            extra_body={"vllm_xargs": {"steerkit": big}})
+            if stream:
+                list(out)
+        assert e.value.status_code == 413
+    deep = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(openai.BadRequestError, match="nested too deeply"):
+        client.post("/completions", cast_to=httpx2.Response, content=deep,
+                    options={"headers": {"Content-Type": "application/json"}})
+    st, resp = complete(server, body(setup, PROMPTS[1]))
+    assert st == 200 and strip_eos(tokens_of(resp), setup["eos"]) == setup["hf"](PROMPTS[1])

@@ -232,9 +232,11 @@ def _check_config(cfg: IOIConfig) -> None:
         raise InputError(f"expected batch_size as an int >= 1, found {cfg.batch_size!r}")
 
 
-def run(sm: "SteerModel", config: IOIConfig | None = None, *, progress: bool = True) -> IOIResult:
+def run(sm: "SteerModel", config: IOIConfig | None = None, *, progress: bool = True, executor=None) -> IOIResult:
     """Activation patching of ``resid_pre`` and ``z`` on every IOI prompt pair (see the module
-    docstring), aggregated into normalised grids.
+    docstring), aggregated into normalised grids. ``executor`` (a :class:`steerkit.executors.RayExecutor`
+    whose workers load this model): each grid's layers run on its workers
+    (:func:`~steerkit.probes.activation_patching`'s ``executor``).
 
     One template and one name pair on the tiny model; the default config on ``sm`` patches 16 pairs, minutes
     of work.
@@ -258,13 +260,14 @@ def run(sm: "SteerModel", config: IOIConfig | None = None, *, progress: bool = T
         metric = logit_diff_metric(sm, p.io, p.s)
         if "resid_pre" in cfg.hooks:
             r = activation_patching(sm, p.clean, p.corrupted, metric, "resid_pre", batch_size=cfg.batch_size,
-                                    progress=False)
+                                    progress=False, executor=executor)
             per_template.setdefault(p.template, []).append(r)
             s2_raw.append(r.values[:, p.s2_pos].double())
             end_raw.append(r.values[:, -1].double())
             p.clean_metric, p.corrupted_metric = r.clean_metric, r.corrupted_metric
         if "z" in cfg.hooks:
-            r = activation_patching(sm, p.clean, p.corrupted, metric, "z", batch_size=cfg.batch_size, progress=False)
+            r = activation_patching(sm, p.clean, p.corrupted, metric, "z", batch_size=cfg.batch_size, progress=False,
+                                    executor=executor)
             z_all.append(r)
             p.clean_metric, p.corrupted_metric = r.clean_metric, r.corrupted_metric
         cleans.append(p.clean_metric)

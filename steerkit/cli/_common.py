@@ -1,20 +1,24 @@
 """What every verb group shares: running a verb with the command line's error behaviour, the model
-options (``--model --device --dtype``, and ``--backend`` where a verb takes one), prompt files, hook
-lists, output paths and ports as the command line reads them."""
+options (``--model --device --dtype``, and ``--backend`` where a verb takes one), the Ray options of the
+verbs that spread work over Ray workers (``--ray --workers --cpus-per-worker --gpus-per-worker``), prompt
+files, hook lists, output paths and ports as the command line reads them."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from steerkit.backends import BACKENDS
-from steerkit.errors import InputError, SteerkitError
+from steerkit.errors import BackendUnavailableError, InputError, SteerkitError
+from steerkit.executors import ModelSpec, RayExecutor
 from steerkit.hooks.names import BLOCK_HOOKS, layer_names
 from steerkit.loading.device import DTYPE_NAMES
 from steerkit.model import SteerModel, load_model
+from steerkit.storage import jsontext
 
 PROMPT_KEYS = ("prompt", "instruction", "text", "question")
 
@@ -46,6 +50,66 @@ def model_options(args: argparse.Namespace) -> dict:
 def load_model_from(args: argparse.Namespace) -> SteerModel:
     """``steerkit.load_model`` of the verb's model options (:func:`add_model_options`)."""
     return load_model(args.model, **model_options(args))
+
+
+RAY_GROUP = "Ray (pip install 'steerkit[ray]')"
+
+
+def add_ray_options(parser: argparse.ArgumentParser, *, work: str = "record the shards",
+                    here: str | None = None) -> None:
+    """The ``Ray`` option group: ``--ray [ADDRESS]`` (``"local"`` without an address), ``--workers``,
+    ``--cpus-per-worker``, ``--gpus-per-worker``; ``work`` says what runs on the workers and ``here`` what
+    this process still does with its own copy of the model. :func:`ray_executor` builds the executor."""
+    g = parser.add_argument_group(RAY_GROUP)
+    g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help=f"{work} on Ray workers: a running cluster's address (auto, ray://host:10001, "
+                   "host:6379), or none to start a local one" + (f"; {here}" if here else ""))
+    g.add_argument("--workers", type=int, default=2, help="Ray workers, each loading the model once (default 2)")
+    g.add_argument("--cpus-per-worker", type=float, default=1, help="CPUs Ray gives each worker (default 1; a CPU "
+                   "worker runs that many torch threads)")
+    g.add_argument("--gpus-per-worker", type=float, default=0, help="GPUs Ray gives each worker (default 0; with "
+                   "--device auto a worker with a GPU uses it)")
+
+
+def ray_executor(args: argparse.Namespace) -> RayExecutor:
+    """The :class:`~steerkit.executors.RayExecutor` of the Ray options (:func:`add_ray_options`) and the
+    model options: a local ``--model`` path made absolute (every worker finds it), ``--device``, ``--dtype``
+    (and ``--backend``) as given, resolved on each worker, and ``--cpus-per-worker`` torch threads a worker.
+    The flags are checked here; nothing starts until the executor is used."""
+    check_min(args.workers, "--workers", 1)
+    if not args.cpus_per_worker > 0:
+        raise InputError(f"expected --cpus-per-worker > 0, found {args.cpus_per_worker:g}; a worker needs a CPU "
+                         "(or a share of one, such as 0.5)")
+    check_min(args.gpus_per_worker, "--gpus-per-worker", 0, "0 runs the workers on CPUs")
+    model = args.model
+    if model is not None and Path(model).exists():  # a local path: absolute, so every worker finds it
+        model = str(Path(model).resolve())
+    spec = ModelSpec(model, threads=max(1, int(args.cpus_per_worker)), **model_options(args))
+    address = None if args.ray == "local" else args.ray
+    return RayExecutor(spec, workers=args.workers, address=address, cpus_per_worker=args.cpus_per_worker,
+                       gpus_per_worker=args.gpus_per_worker)
+
+
+def _fingerprint(sm: SteerModel) -> str:
+    return sm.fingerprint()
+
+
+@contextlib.contextmanager
+def model_with_workers(args: argparse.Namespace, executor: Optional[RayExecutor]) -> Iterator[SteerModel]:
+    """The verb's model, loaded here (:func:`load_model_from`); with an ``executor``, its workers are started
+    first (so a missing Ray, an unreachable cluster or a model a worker cannot load fails before the load
+    here), checked to hold the model loaded here, and stopped on exit."""
+    if executor is None:
+        yield load_model_from(args)
+        return
+    with executor:
+        theirs = executor.first(_fingerprint)
+        sm = load_model_from(args)
+        if theirs != sm.fingerprint():
+            raise BackendUnavailableError(f"expected the Ray workers to load the model loaded here (fingerprint "
+                                          f"{sm.fingerprint()}), found {theirs}; give every node the same model "
+                                          "files (a Hub id: the same revision in each node's Hub cache)")
+        yield sm
 
 
 def error_line(error: BaseException | str) -> str:
@@ -112,9 +176,9 @@ def read_records(path: str) -> list[dict]:
 
     try:
         if p.suffix == ".jsonl":
-            out = [rec(json.loads(l), f"{p}:{i + 1}") for i, l in enumerate(text.splitlines()) if l.strip()]
+            out = [rec(jsontext.loads(l), f"{p}:{i + 1}") for i, l in enumerate(text.splitlines()) if l.strip()]
         elif p.suffix == ".json":
-            data = json.loads(text)
+            data = jsontext.loads(text)
             if not isinstance(data, list):
                 raise InputError(f"expected a JSON list of prompts in {p}, found {type(data).__name__}")
             out = [rec(o, f"{p}[{i}]") for i, o in enumerate(data)]
@@ -170,8 +234,13 @@ def check_min(value: int | float | None, flag: str, minimum: int | float, hint: 
 def _int(text: str, what: str) -> int:
     try:
         return int(text)
-    except ValueError:
-        raise InputError(f"expected an integer {what}, found {text!r}") from None
+    except ValueError:  # not digits, or more digits than int() converts
+        raise InputError(f"expected an integer {what}, found {text!r:.80}") from None
+
+
+#: the widest layer range a flag may name: no model has more blocks, and a wider range (``0-99999999999``)
+#: would be built as a list before any model could refuse it
+MAX_LAYER_RANGE = 4096
 
 
 _HOOKS_HELP = ("use KIND:all, KIND:A-B, KIND:A+B+C (KIND e.g. resid_post) or comma-separated hook names such "
@@ -203,12 +272,15 @@ def parse_hooks(spec: str) -> list[HookItem]:
                 ends = rng.split("-")
                 if len(ends) != 2:
                     raise InputError(f"expected a layer range A-B in --hooks, found {part!r}; {_HOOKS_HELP}")
-                a, b = (_int(x.strip(), f"layer in --hooks {part!r} ({_HOOKS_HELP})") for x in ends)
+                a, b = (_int(x.strip(), f"layer in --hooks {part!r:.80} ({_HOOKS_HELP})") for x in ends)
                 if b < a:
-                    raise InputError(f"expected a layer range A-B with A <= B in --hooks, found {part!r}")
+                    raise InputError(f"expected a layer range A-B with A <= B in --hooks, found {part!r:.80}")
+                if b - a >= MAX_LAYER_RANGE:
+                    raise InputError(f"expected a layer range of at most {MAX_LAYER_RANGE} layers in --hooks, found "
+                                     f"{part!r:.80}; use KIND:all for every layer of the model")
                 layers = list(range(a, b + 1))
             else:
-                layers = [_int(x.strip(), f"layer in --hooks {part!r} ({_HOOKS_HELP})") for x in rng.split("+")]
+                layers = [_int(x.strip(), f"layer in --hooks {part!r:.80} ({_HOOKS_HELP})") for x in rng.split("+")]
             if any(l < 0 for l in layers):
                 raise InputError(f"expected layers >= 0 in --hooks, found {part!r}")
             out.append((kind, layers))

@@ -27,12 +27,14 @@ report and its ``artifacts(sm)`` what is saved.
   first vs the repeated half; ``--html`` writes the score heatmap and the loss curve.
 * ``ioi``: indirect-object identification prompt pairs (clean: the subject named again; corrupted:
   the indirect object named again), activation patching of ``resid_pre`` and each head's ``z`` with
-  the logit difference IO - S; ``--html`` writes the heatmaps.
+  the logit difference IO - S; ``--html`` writes the heatmaps; ``--ray`` runs each grid's layers on Ray
+  workers (:mod:`steerkit.executors`).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
+import functools
 import json
 import os
 import sys
@@ -40,8 +42,8 @@ from pathlib import Path
 
 import torch
 
-from steerkit.cli._common import (add_model_options, check_min, check_output_path, check_store_path, load_model_from,
-                                  read_prompts)
+from steerkit.cli._common import (add_model_options, add_ray_options, check_min, check_output_path, check_store_path,
+                                  model_with_workers, ray_executor, read_prompts)
 from steerkit.errors import InputError
 from steerkit.probes.methods import REGISTRY
 from steerkit.probes.methods.caa import CAAConfig
@@ -174,6 +176,8 @@ def register(subparsers) -> None:
                    "resid_pre,z)")
     p.add_argument("--batch-size", type=int, default=32, help="patched runs per forward pass (default 32)")
     p.add_argument("--html", default=None, metavar="FILE", help="write the heatmaps to one HTML file")
+    add_ray_options(p, work="run each patching grid's layers",
+                    here="this process loads the model too: it builds the prompt pairs and aggregates the grids")
     p.set_defaults(func=run, method="ioi")
 
 
@@ -196,8 +200,9 @@ def _floats(text: str, flag: str) -> tuple:
 def _ints(text: str, flag: str) -> tuple:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError as e:
-        raise InputError(f"expected comma-separated layer indices in {flag}, found {text!r} ({e})") from None
+    except ValueError:  # not digits, or more digits than int() converts
+        raise InputError(f"expected comma-separated layer indices in {flag} (like 6,10,14), found {text!r:.80}"
+                         ) from None
 
 
 def _save(sm: "SteerModel", args, res) -> list[str]:
@@ -303,12 +308,14 @@ def _write_html(path: str, figures: list) -> None:
 
 def run(args) -> int:
     _precheck(args)
+    executor = ray_executor(args) if getattr(args, "ray", None) is not None else None
     torch_threads()
-    sm = load_model_from(args)
-    report = {"model": sm.name}
-    fn = {"temporal": _temporal, "norms": _norms, "mi-peaks": _mi, "caa": _caa, "region": _region,
-          "critique": _critique, "induction": _induction, "ioi": _ioi}[args.method]
-    fn(sm, args, report)
+    with model_with_workers(args, executor) as sm:
+        report = {"model": sm.name}
+        fns: dict[str, Callable[..., None]] = {
+            "temporal": _temporal, "norms": _norms, "mi-peaks": _mi, "caa": _caa, "region": _region,
+            "critique": _critique, "induction": _induction, "ioi": functools.partial(_ioi, executor=executor)}
+        fns[args.method](sm, args, report)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1), encoding="utf-8")
         print(f"wrote the report to {args.report}")
@@ -497,11 +504,11 @@ def _induction(sm: "SteerModel", args, report):
         _write_html(args.html, res.figures())
 
 
-def _ioi(sm: "SteerModel", args, report):
+def _ioi(sm: "SteerModel", args, report, executor=None):
     cfg = ioi_method.IOIConfig(templates=ioi_method.TEMPLATES[:args.n_templates],
                                names=ioi_method.NAMES[:args.n_names], hooks=_hooks_arg(args.hooks),
                                batch_size=args.batch_size)
-    res = REGISTRY["ioi"].run(sm, cfg, progress=not args.quiet)
+    res = REGISTRY["ioi"].run(sm, cfg, progress=not args.quiet, executor=executor)
     report["ioi"] = res.to_json()
     print(f"IOI activation patching on {sm.name} ({len(cfg.templates)} templates x {len(cfg.names)} name pairs)")
     for line in ioi_method.summary_lines(res):

@@ -18,6 +18,8 @@ artifacts into the vector store at ``--out``
 AUROC at every position x layer) as JSON;
 ``--orthogonalized DIR`` writes a Hugging Face model folder with the direction folded into the
 weights (load it with ``steerkit.load_model(DIR)``).
+``--ray [ADDRESS]`` scores the candidate directions on Ray workers that each load the model
+(:mod:`steerkit.executors`); the rest runs here, on this process's copy.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ import sys
 from pathlib import Path
 
 from steerkit import cli as _cli
-from steerkit.cli._common import add_model_options, check_min, check_output_path, check_store_path, load_model_from
+from steerkit.cli._common import (add_model_options, add_ray_options, check_min, check_output_path, check_store_path,
+                                  model_with_workers, ray_executor)
 from steerkit.errors import InputError
 from steerkit.probes.methods import REGISTRY
 from steerkit.probes.methods.refusal import RefusalConfig, save_orthogonalized
@@ -71,6 +74,9 @@ def register(subparsers) -> None:
     p.add_argument("--report", default=None, metavar="FILE", help="write all metrics as JSON")
     p.add_argument("--no-save", action="store_true", help="do not write to the store")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_ray_options(p, work="score the candidate directions (bypass, induce, KL; every candidate, as "
+                    "--exhaustive)", here="this process loads the model too: it records the candidates, "
+                    "evaluates the selected direction, fits the probe and writes the results")
     p.set_defaults(func=run)
 
 
@@ -103,8 +109,9 @@ def run(args) -> int:
         if o.exists():
             raise InputError(f"expected --orthogonalized to name a folder that does not exist yet, found {o}; "
                              "choose another path or remove it")
-    sm = load_model_from(args)
-    res = REGISTRY["refusal"].run(sm, cfg, progress=not args.quiet)
+    executor = ray_executor(args) if args.ray is not None else None
+    with model_with_workers(args, executor) as sm:
+        res = REGISTRY["refusal"].run(sm, cfg, progress=not args.quiet, executor=executor)
     rows = res.summary_rows()
     if res.probe is not None:
         b = res.probe.best

@@ -1,5 +1,6 @@
 """``steerkit vectors ...``: list, show, export, import, tag, search and remove stored artifacts, and tune one
-(``tune``: which layer and scale steer best, and what they break; :func:`steerkit.probes.tune`).
+(``tune``: which layer and scale steer best, and what they break; :func:`steerkit.probes.tune`; ``--ray``
+runs its grid's layers on Ray workers, :mod:`steerkit.executors`).
 
 Wiring: the main CLI calls :func:`register` with its argparse sub-parsers object and, for the
 ``vectors`` command, :func:`run` with the parsed arguments (``args.func`` is also set to ``run``).
@@ -18,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steerkit.cli._common import (add_model_options, check_min, check_output_path, check_store_path, load_model_from,
-                                  read_prompts, run_group)
+from steerkit.cli._common import (MAX_LAYER_RANGE, add_model_options, add_ray_options, check_min, check_output_path,
+                                  check_store_path, model_with_workers, ray_executor, read_prompts, run_group)
 from steerkit.errors import InputError
 from steerkit.probes.tune import Rule, tune
 from steerkit.vectors import ARTIFACT_KINDS, DirectionSet, Probe, SteeringVector, Store, export, import_artifact
@@ -99,6 +100,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     tu.add_argument("--json", action="store_true", help="print the whole result (with 'recommended') as JSON")
     tu.add_argument("--out", default=None, metavar="FILE.json", help="also save the result as JSON")
     tu.add_argument("--plot", default=None, metavar="FILE.html", help="also save the trade-off figure as HTML")
+    add_ray_options(tu, work="run the grid's layers (each layer's cells with the unsteered baseline)",
+                    here="this process loads the model too: it checks the vector against it and resolves the grid")
 
     p.set_defaults(func=run)
     return p
@@ -176,12 +179,17 @@ def _int_list(spec: str, flag: str) -> list[int]:
                 lo, hi = int(a), int(b)
                 if hi < lo:
                     raise ValueError
+                if hi - lo >= MAX_LAYER_RANGE:
+                    raise InputError(f"expected ranges of at most {MAX_LAYER_RANGE} layers in {flag}, found "
+                                     f"{part!r:.80}; name the layers of the model")
                 out += list(range(lo, hi + 1))
             else:
                 out.append(int(part))
-        except ValueError:
+        except InputError:
+            raise
+        except ValueError:  # not digits, or more digits than int() converts
             raise InputError(f"expected {flag} as comma-separated ints and ranges (e.g. 6,10-14), found "
-                             f"{spec!r}") from None
+                             f"{spec!r:.80}") from None
     return out
 
 
@@ -208,6 +216,7 @@ def _tune(args: argparse.Namespace, store: Store) -> int:
         raise InputError("expected a concept score: --concept-probe NAME (a stored probe) or --contains WORD "
                          "(repeatable, with optional --absent WORD), found neither")
     rule = Rule(max_kl=args.max_kl, max_ppl_ratio=args.max_ppl_ratio, max_repetition=args.max_repetition)
+    executor = ray_executor(args) if args.ray is not None else None
     art = store.load(args.ref)
     if not isinstance(art, (SteeringVector, DirectionSet)):
         raise InputError(f"expected {args.ref} to be a steering vector or a direction set to tune, found a "
@@ -222,10 +231,11 @@ def _tune(args: argparse.Namespace, store: Store) -> int:
         concept = {"contains": list(args.contains), "absent": list(args.absent)}
     prompts = read_prompts(args.prompts)
     neutral = read_prompts(args.neutral) if args.neutral is not None else None
-    sm = load_model_from(args)
-    res = tune(sm, art, prompts, layers=layers, scales=scales, concept=concept, neutral=neutral,
-               max_new_tokens=args.tokens, batch_size=args.batch_size, rule=rule, n_boot=args.n_boot,
-               seed=args.seed, normalize=args.normalize, chat=not args.no_chat, progress=sys.stderr.isatty())
+    with model_with_workers(args, executor) as sm:
+        res = tune(sm, art, prompts, layers=layers, scales=scales, concept=concept, neutral=neutral,
+                   max_new_tokens=args.tokens, batch_size=args.batch_size, rule=rule, n_boot=args.n_boot,
+                   seed=args.seed, normalize=args.normalize, chat=not args.no_chat, progress=sys.stderr.isatty(),
+                   executor=executor)
     doc = res.to_json()
     doc["settings"]["artifact"] = f"{args.ref}: {doc['settings']['artifact']}"
     if args.out is not None:

@@ -33,6 +33,7 @@ from steerkit.errors import HookNameError
 from steerkit.hooks.names import parse as parse_hook
 
 from steerkit.serving.spec import NAMED_POSITIONS, SpecError
+from steerkit.storage import jsontext
 
 __all__ = ["KEY", "ENV", "RECORD_ENV", "RecordSpec", "parse_record", "record_args", "check_request", "can_record"]
 
@@ -126,7 +127,7 @@ def parse_record(value: Any, n_layers: Optional[int] = None) -> RecordSpec:
             raise SpecError(f"expected a record spec under {MAX_SPEC_CHARS} characters, found {len(value)}; "
                             "record fewer hooks or indices per request")
         try:
-            value = json.loads(value)
+            value = jsontext.loads(value)
         except ValueError as e:
             raise SpecError(f"expected the record spec ({KEY}) as a JSON object with 'hooks', 'positions' and "
                             f"'run', could not parse it ({e})") from None

@@ -51,6 +51,7 @@ from steerkit.hooks.names import parse as parse_hook
 from steerkit.interventions import Intervention, ModelFacts, When, compile
 from steerkit.kernels import orthonormalize
 from steerkit.hooks.positions import AnyOf, TokenMatch
+from steerkit.storage import jsontext
 
 KEY = "steerkit"
 #: set by the plugin's front end on a request whose steering is conditional (CAST): the engine core then
@@ -60,6 +61,8 @@ MAX_ARTIFACTS = 32
 MAX_OPS = 64
 MAX_FLOATS = 1 << 17  # inline numbers per request (a 4096-wide model: 32 vectors)
 MAX_SPEC_CHARS = 4 << 20
+MAX_LAYERS = 1024  # distinct block indices per inline op
+MAX_POSITIONS = 1 << 16  # prompt-token indices per request, each op's list counted once per layer it acts at
 NAMED_POSITIONS = ("all", "prompt", "generated", "last")
 INLINE_OPS = ("add", "ablate", "clamp")
 
@@ -180,8 +183,8 @@ def parse_spec(value: Any) -> Spec:
         if len(value) > MAX_SPEC_CHARS:
             raise SpecError(f"expected a steering spec under {MAX_SPEC_CHARS} characters, found {len(value)}")
         try:
-            value = json.loads(value)
-        except ValueError as e:
+            value = jsontext.loads(value)
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply to decode
             raise SpecError(f"expected the steering spec as a JSON object, could not parse it ({e})") from None
     if not isinstance(value, dict):
         raise SpecError(f"expected the steering spec as a JSON object with 'artifacts' and/or 'ops', found "
@@ -206,7 +209,7 @@ def parse_spec(value: Any) -> Spec:
     ops_in = value.get("ops") or []
     if not isinstance(ops_in, list) or len(ops_in) > MAX_OPS:
         raise SpecError(f"expected 'ops' as a list of at most {MAX_OPS} objects")
-    ops, n_floats = [], 0
+    ops, n_floats, n_positions = [], 0, 0
     for i, o in enumerate(ops_in):
         what = f"ops[{i}]"
         if not isinstance(o, dict):
@@ -221,7 +224,12 @@ def parse_spec(value: Any) -> Spec:
         layers = o.get("layers", [o["layer"]] if "layer" in o else None)
         if not isinstance(layers, list) or not layers:
             raise SpecError(f"expected {what}.layers as a non-empty list of block indices, found {layers!r}")
+        if len(layers) > MAX_LAYERS:
+            raise SpecError(f"expected {what}.layers as at most {MAX_LAYERS} distinct block indices, found {len(layers)}")
         layers = tuple(_int(l, f"{what}.layers") for l in layers)
+        if len(set(layers)) != len(layers):
+            raise SpecError(f"expected {what}.layers without repeats, found {len(layers) - len(set(layers))} repeated; "
+                            "name each block once (a larger scale steers harder)")
         vecs = o.get("vectors", [o["vector"]] if "vector" in o else None)
         if not isinstance(vecs, list) or not vecs or not all(isinstance(v, list) and v for v in vecs):
             raise SpecError(f"expected {what}.vector as a list of numbers (or .vectors as a list of them)")
@@ -234,9 +242,13 @@ def parse_spec(value: Any) -> Spec:
         if len({len(v) for v in vecs}) != 1:
             raise SpecError(f"expected {what}'s vectors of one length, found lengths {sorted({len(v) for v in vecs})}")
         vt = tuple(tuple(_num(x, f"{what}.vector") for x in v) for v in vecs)
+        positions = _positions(o.get("positions"), what)
+        n_positions += len(positions) * len(layers) if isinstance(positions, tuple) else 0
+        if n_positions > MAX_POSITIONS:
+            raise SpecError(f"expected at most {MAX_POSITIONS} prompt-token indices per request (each op's positions "
+                            f"times its layers), found more by {what}; name fewer, or use \"prompt\" or \"all\"")
         ops.append(InlineOp(op, layers, vt, scale=_num(o.get("scale", 1.0), f"{what}.scale"),
-                            value=_num(o.get("value", 0.0), f"{what}.value"),
-                            positions=_positions(o.get("positions"), what)))
+                            value=_num(o.get("value", 0.0), f"{what}.value"), positions=positions))
     override = value.get("override", False)
     if not isinstance(override, (bool, int)):
         raise SpecError(f"expected 'override' as true or false, found {override!r}")
@@ -530,8 +542,10 @@ def resolve(spec: Spec, *, store: Any, facts: Union[ModelFacts, dict], check: bo
         try:
             art = store.load(a.ref)
         except Exception as e:  # noqa: BLE001 - unknown name, unsafe name, damaged file
-            raise SpecError(f"expected an artifact {a.ref!r} in the store {getattr(store, 'root', store)}, could not "
-                            f"load it: {e}") from None
+            # the answer goes to the client: the store's place on the server's disk is not named
+            root = str(getattr(store, "root", "") or "")
+            why = str(e).replace(root, "the server's store") if root else str(e)
+            raise SpecError(f"expected an artifact {a.ref!r} in the server's store, could not load it: {why}") from None
         got, n = artifact_interventions(art, a.ref, a.scale, facts, override=spec.override, check=check)
         ivs += got
         notes += n

@@ -56,6 +56,7 @@ kill the engine for every user); the front-end check makes it rare.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import json
@@ -216,17 +217,23 @@ def served_facts(model_config) -> ModelFacts:
 
 
 class _Resolver:
-    """Parsed and resolved specs by their text, bounded (LRU)."""
+    """Parsed and resolved specs by their text, bounded (LRU). Safe to share between threads (the front
+    end checks in :class:`RequestCheck`'s worker threads and in the event loop): the cache is read and
+    written under a lock, a spec is resolved outside it."""
 
     def __init__(self, max_entries: int = 256):
         self._d: BoundedDict[str, Any] = BoundedDict(max_entries)
+        self._lock = threading.Lock()
 
     def get(self, raw: Any, facts: ModelFacts, check: bool = True):
         key = raw if isinstance(raw, str) else repr(sorted(raw.items())) if isinstance(raw, dict) else repr(raw)
-        if key in self._d:
-            return self._d[key]
+        with self._lock:
+            if key in self._d:
+                return self._d[key]
         spec = parse_spec(raw)
-        res = self._d[key] = None if spec.empty else resolve(spec, store=store(), facts=facts, check=check)
+        res = None if spec.empty else resolve(spec, store=store(), facts=facts, check=check)
+        with self._lock:
+            self._d[key] = res
         return res
 
 
@@ -287,9 +294,10 @@ _FRONT: dict[str, Any] = {"resolver": None, "facts": {}}
 
 
 def _front_resolver() -> "_Resolver":
-    if _FRONT["resolver"] is None:
-        _FRONT["resolver"] = _Resolver()
-    return _FRONT["resolver"]
+    with _LOCK:
+        if _FRONT["resolver"] is None:
+            _FRONT["resolver"] = _Resolver()
+        return _FRONT["resolver"]
 
 
 def _patch_front_end() -> None:
@@ -327,14 +335,17 @@ class RequestCheck:
     route runs, so a bad spec gets HTTP 400 (``openai.BadRequestError``) for streaming requests too,
     where the engine's own check would only fail inside an already started 200 stream.
 
-    It reads the body of ``POST /v1/completions`` and ``/v1/chat/completions`` (at most
-    ``MAX_BODY`` bytes; a larger body goes on unchecked to vLLM, which checks it in the engine),
-    replays it to vLLM unchanged, and answers 400 in OpenAI's error format when
-    :func:`check_spec` refuses the spec.
+    It reads the body of ``POST /v1/completions`` and ``/v1/chat/completions``, replays it to vLLM
+    unchanged, and answers in OpenAI's error format: 400 when :func:`check_spec` refuses the spec or
+    the JSON is nested too deeply to decode, 413 (after reading the rest of the body and dropping it)
+    when the body is over ``MAX_BODY`` bytes. The check runs in a worker thread, so a request whose
+    spec is slow to resolve never holds up the tokens streamed to others.
     """
 
     PATHS = ("/v1/completions", "/v1/chat/completions")
     MAX_BODY = 64 << 20
+    TOO_DEEP = ("steerkit: expected a JSON request body, found one nested too deeply to decode; send the "
+                "request's fields as OpenAI's API writes them")
 
     def __init__(self, app):
         self.app = app
@@ -348,24 +359,27 @@ class RequestCheck:
         size, complete = 0, True
         while True:
             msg = await receive()
-            first.append(msg)
             if msg.get("type") != "http.request":
+                first.append(msg)
                 complete = False
                 break
             size += len(msg.get("body", b""))
+            if size > self.MAX_BODY:
+                first.clear()
+                while msg.get("type") == "http.request" and msg.get("more_body", False):
+                    msg = await receive()  # read to the end, so the client is not writing when the answer comes
+                await self._error(send, 413, f"steerkit: expected a request body of at most {self.MAX_BODY} bytes, "
+                                  f"found more; save large steering vectors to the store and name them in 'artifacts'",
+                                  None)
+                return
+            first.append(msg)
             if not msg.get("more_body", False):
                 break
-            if size > self.MAX_BODY:
-                complete = False
-                break
-        error = self.refusal(scope, b"".join(m.get("body", b"") for m in first)) if complete else None
+        error = None
+        if complete:  # in a worker thread: the event loop keeps streaming other requests' tokens meanwhile
+            error = await asyncio.to_thread(self.refusal, scope, b"".join(m.get("body", b"") for m in first))
         if error is not None:
-            body = json.dumps({"error": {"message": error, "type": "BadRequestError", "param": f"vllm_xargs.{KEY}",
-                                         "code": 400}}).encode()
-            await send({"type": "http.response.start", "status": 400,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
+            await self._error(send, 400, error, None if error == self.TOO_DEEP else f"vllm_xargs.{KEY}")
             return
         pending = list(first)
 
@@ -375,10 +389,20 @@ class RequestCheck:
         await self.app(scope, replay, send)
 
     @staticmethod
+    async def _error(send, status: int, message: str, param: Optional[str]) -> None:
+        kind = "BadRequestError" if status == 400 else "RequestEntityTooLarge"
+        body = json.dumps({"error": {"message": message, "type": kind, "param": param, "code": status}}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    @staticmethod
     def refusal(scope, body: bytes) -> Optional[str]:
         """The reason to refuse this request body (``None``: pass it on)."""
         try:
             obj = json.loads(body)
+        except RecursionError:
+            return RequestCheck.TOO_DEEP
         except ValueError:
             return None  # not JSON: vLLM answers it
         xargs = obj.get("vllm_xargs") if isinstance(obj, dict) else None

@@ -34,10 +34,12 @@ def _ordinal(n: int) -> str:
 
 def run_refusal(sm: "SteerModel", config: RefusalConfig | None = None, *, judge: Judge = substring_judge,
                 progress: Optional[StageProgress] = None,
-                log: Callable[[str], None] = lambda s: None) -> RefusalResult:
+                log: Callable[[str], None] = lambda s: None, executor=None) -> RefusalResult:
     """Run the whole method on ``sm``: data, filtering, candidates, selection, evaluation, probe.
 
-    ``progress(stage, n_done_increment, total)``: optional progress callback.
+    ``progress(stage, n_done_increment, total)``: optional progress callback. ``executor`` (a
+    :class:`steerkit.executors.RayExecutor` whose workers load this model): the candidates are scored on its
+    workers (:func:`select_direction`); every other stage runs here on ``sm``.
 
     Examples:
         >>> from steerkit.probes.methods import refusal as R
@@ -63,7 +65,8 @@ def run_refusal(sm: "SteerModel", config: RefusalConfig | None = None, *, judge:
                            prune_frac=cfg.prune_frac, kl_max=cfg.kl_max, induce_min=cfg.induce_min, lazy=cfg.lazy,
                            fallback=cfg.fallback, batched=cfg.batched, rows=cfg.score_rows,
                            batch_size=cfg.batch_size, layers=range(0, sm.n_layers, cfg.layer_step),
-                           progress=tick("select", len(positions) * len(range(0, cut, cfg.layer_step))))
+                           progress=tick("select", len(positions) * len(range(0, cut, cfg.layer_step))),
+                           executor=executor)
     b = sel.best
     if sel.rule == "relative":
         notes.append(f"no candidate passed the paper's induce >= {cfg.induce_min:g} rule (the harmless refusal "
@@ -193,9 +196,9 @@ class _Bars:
 
 
 def run(sm: "SteerModel", config: RefusalConfig | None = None, *, progress: bool = True,
-        judge: Judge = substring_judge, log: Callable[[str], None] | None = None) -> RefusalResult:
+        judge: Judge = substring_judge, log: Callable[[str], None] | None = None, executor=None) -> RefusalResult:
     """The whole method (:func:`run_refusal`) with a tqdm bar per stage on stderr (``progress=False``:
-    none) and ``log`` lines (default: stderr when ``progress``).
+    none) and ``log`` lines (default: stderr when ``progress``); ``executor`` as there.
 
     Examples:
         >>> from steerkit.probes.methods import refusal as R
@@ -210,6 +213,6 @@ def run(sm: "SteerModel", config: RefusalConfig | None = None, *, progress: bool
         log = (lambda s: print(s, file=sys.stderr)) if progress else (lambda s: None)
     bars = _Bars(progress)
     try:
-        return run_refusal(sm, cfg, judge=judge, progress=bars, log=log)
+        return run_refusal(sm, cfg, judge=judge, progress=bars, log=log, executor=executor)
     finally:
         bars.close()
