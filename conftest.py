@@ -98,21 +98,13 @@ def doctest_default_model():
 def doctest_tiny_model():
     """A tiny random-weight Llama SteerModel: 4 layers, d_model 64, 4 heads, 2 KV heads, the default
     tokenizer (its vocabulary), built offline with fixed weights."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     import steerkit
-    from steerkit.loading import resolve as loading
+    try:
+        from tiny_models import tiny_chat_llama
+    except ImportError:
+        from tests.tiny_models import tiny_chat_llama
 
-    _, folder, _ = loading.resolve(None)
-    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(cfg).float().eval()
+    model, tok = tiny_chat_llama()
     tiny = steerkit.wrap(model, tok, name="tiny-llama")
     yield tiny
     tiny.reset()

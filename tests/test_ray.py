@@ -190,18 +190,11 @@ def test_searches_on_ray_select_what_they_select_here(cluster, tiny_folder):
 def chat_folder(tmp_path_factory):
     """A tiny random Llama (4 layers, d_model 64) with the default model's tokenizer and chat template, saved as
     a Hugging Face folder: what the refusal method (post-instruction tokens) and IOI (one-token names) need."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from steerkit.loading import resolve
-    _, default_folder, _ = resolve.resolve(None)
-    tok = AutoTokenizer.from_pretrained(str(default_folder), local_files_only=True)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(cfg).float().eval()
+    try:
+        from tiny_models import tiny_chat_llama
+    except ImportError:  # pragma: no cover
+        from tests.tiny_models import tiny_chat_llama
+    model, tok = tiny_chat_llama()
     folder = tmp_path_factory.mktemp("tiny-chat") / "model"
     model.save_pretrained(folder)
     tok.save_pretrained(folder)

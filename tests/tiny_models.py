@@ -193,3 +193,22 @@ def default_or_random(device: str = TEST_DEVICE, dtype=torch.float32):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).to(device=device, dtype=dtype).eval()
     return steerkit.wrap(model, AutoTokenizer.from_pretrained(folder), name="random SmolLM2-135M"), False
+
+
+def tiny_chat_llama():
+    """``(model, tokenizer)``: a tiny random Llama (4 layers, d_model 64, 4 heads, 2 KV heads, fixed weights)
+    with the default model's tokenizer and chat template (its vocabulary), built offline: what the doctests
+    and the methods that need real tokens (refusal, IOI) run on."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from steerkit.loading import resolve
+    _, folder, _ = resolve.resolve(None)
+    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg).float().eval()
+    return model, tok
