@@ -9,6 +9,11 @@ and its ``Origin`` header when it has one, must name an allowed host -- by defau
 ``127.0.0.1``, ``localhost`` and ``[::1]`` at the app's port -- else it gets 403 and reaches no
 callback (a page of another site rebound to 127.0.0.1 by DNS sends its own name as ``Host``).
 Request bodies are bounded by ``MAX_REQUEST_BYTES``.
+
+:func:`run` serves the app with waitress, a production WSGI server, in one process (the model and the
+background jobs live in it): ``SERVER_THREADS`` requests are answered at once, more wait in its queue,
+and a body over ``MAX_REQUEST_BYTES`` is refused with 413 before the app reads it. ``--debug`` uses
+Flask's development server instead (Dash's debug tools need it).
 """
 from __future__ import annotations
 
@@ -32,6 +37,11 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 #: bind addresses that name no host a browser would send (every interface)
 ANY_ADDRESS = ("0.0.0.0", "::", "")
+#: requests the server answers at once (waitress' worker threads; background jobs run in threads of
+#: their own, so a long computation holds a worker only for the moment it takes to start)
+SERVER_THREADS = 8
+#: open connections the server keeps; past that it accepts new ones only as others close
+SERVER_CONNECTIONS = 100
 
 
 @dataclass
@@ -226,5 +236,29 @@ def run(model: Any = None, *, host: str = "127.0.0.1", port: int = 8050, allow_r
     app = create_app(model, store=store, results=results, threads=threads, port=port,
                      bind=host if allow_remote else None, allowed=allowed_host, model_dirs=dirs,
                      load_options=load_options)
-    print(f"steerkit explorer on http://{host if ':' not in host else f'[{host}]'}:{port}/", file=sys.stderr, flush=True)
-    app.run(host=host, port=port, debug=debug, use_reloader=False, threaded=True)
+    if debug:  # Dash's debug tools need Flask's development server
+        print(f"steerkit explorer (debug, development server) on {app_url(host, port)}", file=sys.stderr, flush=True)
+        app.run(host=host, port=port, debug=True, use_reloader=False, threaded=True)
+        return
+    server = make_server(app, host, port)
+    print(f"steerkit explorer on {app_url(host, port)}", file=sys.stderr, flush=True)
+    server.run()
+
+
+def app_url(host: str, port: int) -> str:
+    return f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
+
+
+def make_server(app, host: str = "127.0.0.1", port: int = 8050, *, threads: int = SERVER_THREADS):
+    """The waitress server of ``app`` (a Dash app of :func:`create_app`) at ``host:port``, bound and not
+    yet serving: ``.run()`` serves until interrupted, ``.close()`` stops it.
+
+    One process, ``threads`` worker threads, at most ``SERVER_CONNECTIONS`` open connections; a request
+    body over ``MAX_REQUEST_BYTES`` is answered 413 by waitress before the app reads it, and proxy
+    headers (``X-Forwarded-*``) are not trusted. The Host / Origin check is the app's own
+    (:func:`install_host_guard`) and answers 403 whatever server runs it."""
+    from waitress import create_server
+
+    return create_server(app.server, host=host, port=port, threads=threads, connection_limit=SERVER_CONNECTIONS,
+                         max_request_body_size=MAX_REQUEST_BYTES, clear_untrusted_proxy_headers=True,
+                         ident="steerkit")

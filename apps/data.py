@@ -22,6 +22,7 @@ from importlib import resources
 from typing import Sequence
 
 from steerkit.errors import InputError
+from steerkit.storage import jsontext
 
 # ---------------------------------------------------------------- limits of one request
 #: prompt pairs of one divergence profile (pasted or uploaded lists)
@@ -166,7 +167,7 @@ def parse_prompt_text(text: str, what: str = "prompts") -> list[str]:
     out: list[str]
     if s.startswith("["):
         try:
-            data = json.loads(s)
+            data = jsontext.loads(s)
         except json.JSONDecodeError as e:
             raise InputError(f"expected a JSON list of prompts in {what}, found invalid JSON ({e.msg} at line "
                              f"{e.lineno})") from None
@@ -178,7 +179,7 @@ def parse_prompt_text(text: str, what: str = "prompts") -> list[str]:
         for i, line in enumerate(s.splitlines()):
             if line.strip():
                 try:
-                    out.append(pick(json.loads(line), f"line {i + 1}"))
+                    out.append(pick(jsontext.loads(line), f"line {i + 1}"))
                 except json.JSONDecodeError as e:
                     raise InputError(f"expected one JSON object per line in {what}, found invalid JSON on line "
                                      f"{i + 1} ({e.msg})") from None
@@ -310,7 +311,7 @@ def parse_layers(spec, n_layers: int) -> list[int]:
             raise InputError(f"expected layers in 0..{n_layers - 1}, found the range {bad_range[:40]}")
     bad = [l for l in out if not 0 <= l < n_layers]
     if bad or not out:
-        raise InputError(f"expected layers in 0..{n_layers - 1}, found {bad or out}")
+        raise InputError(f"expected layers in 0..{n_layers - 1}, found {str(bad or out)[:80]}")
     return sorted(set(out))
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import io
 import itertools
-import json
 import math
 import os
 import stat
@@ -32,6 +31,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from steerkit.errors import InputError
+from steerkit.storage import jsontext
 from steerkit.storage.files import Folder
 from steerkit.probes.tune import FORMAT as TUNE_FORMAT
 from steerkit.probes.tune import METRICS as TUNE_METRICS
@@ -150,7 +150,7 @@ def parse_sweep(text: str, name: str = "sweep", method: Optional[str] = None) ->
     try:
         model = ""
         if s.startswith("{") or s.startswith("["):
-            obj = json.loads(s)
+            obj = jsontext.loads(s)
             if isinstance(obj, dict):
                 meta = obj.get("meta") if isinstance(obj.get("meta"), dict) else {}
                 model = str(obj.get("model") or meta.get("model") or meta.get("model_name") or "")
@@ -229,7 +229,7 @@ def parse_mi_all(text: str, name: str = "mi") -> list[MIProfile]:
     if not isinstance(text, str) or len(text) > MAX_RESULT_BYTES:
         raise InputError(f"expected an MI result of at most {MAX_RESULT_BYTES >> 20} MiB of text in {name}")
     try:
-        obj = json.loads(text)
+        obj = jsontext.loads(text)
         if not isinstance(obj, dict) or "mi" not in obj:
             raise InputError(f"expected a JSON object with an 'mi' entry in {name}")
         if isinstance(obj["mi"], list) and obj["mi"] and all(isinstance(t, dict) for t in obj["mi"]):
@@ -363,7 +363,7 @@ def scan_mi(results_dir, limit: int = 200) -> list[tuple[str, int]]:
             continue
         budget -= st.st_size
         try:
-            obj = json.loads(f.read_bytes(rel, MAX_RESULT_BYTES))
+            obj = jsontext.loads(f.read_bytes(rel, MAX_RESULT_BYTES))
         except (OSError, InputError, ValueError, RecursionError):
             continue
         if isinstance(obj, dict) and "mi" in obj:
@@ -562,7 +562,7 @@ def parse_tune(text, name: str = "tune") -> dict:
     if not isinstance(text, str) or len(text) > MAX_RESULT_BYTES:
         raise InputError(f"expected a tune result of at most {MAX_RESULT_BYTES >> 20} MiB of JSON text in {name}")
     try:
-        obj = json.loads(text)
+        obj = jsontext.loads(text)
     except (ValueError, RecursionError) as e:
         raise InputError(f"expected a tune result as JSON in {name}, could not read it ({type(e).__name__}: "
                          f"{str(e)[:120]})") from None

@@ -8,6 +8,10 @@ OpenMP runtime (we saw exactly that), and a child would otherwise have to load t
 ``diskcache.Cache``, cancel) but starts a thread instead; cancelling sets a flag that the
 computations poll between batches (:func:`should_stop`). Model work is serialised by
 ``ModelHost.lock`` because hooks are per model, not per thread.
+
+A page asks for its running job's result every 0.3-0.5 s. A job that nobody has asked about for
+``ABANDONED_AFTER_S`` seconds -- its page was closed or reloaded -- is cancelled the same way, so an
+abandoned job ends within that time or its own time limit, whichever comes first.
 """
 from __future__ import annotations
 
@@ -30,6 +34,11 @@ _cancel_event: contextvars.ContextVar[Optional[threading.Event]] = contextvars.C
                                                                                          default=None)
 
 
+#: seconds without a poll after which a running job counts as abandoned and is cancelled (a hidden tab's
+#: timers are slowed to one run a minute at most, so a page that is only hidden keeps its job)
+ABANDONED_AFTER_S = 180.0
+
+
 def should_stop() -> bool:
     """True when the background job running in this thread was cancelled."""
     ev = _cancel_event.get()
@@ -41,10 +50,15 @@ class ThreadedDiskcacheManager(DiskcacheManager):
 
     _ids = itertools.count(1)
 
-    def __init__(self, cache=None, cache_by=None, expire=None):
+    def __init__(self, cache=None, cache_by=None, expire=None, *, abandoned_after: float = ABANDONED_AFTER_S):
         super().__init__(cache, cache_by, expire)
         self._jobs: dict[int, tuple[threading.Thread, threading.Event]] = {}
         self._jobs_lock = threading.Lock()
+        self._counts = {"started": 0, "finished": 0, "cancelled": 0, "abandoned": 0}
+        #: when each running job was started or last asked about (``job_running``, on every poll)
+        self._seen: dict[int, float] = {}
+        self.abandoned_after = float(abandoned_after)
+        self._reaper: Optional[threading.Thread] = None
 
     def call_job_fn(self, key, job_fn, args, context):
         job = next(self._ids)
@@ -57,27 +71,60 @@ class ThreadedDiskcacheManager(DiskcacheManager):
             finally:
                 with self._jobs_lock:
                     self._jobs.pop(job, None)
+                    self._seen.pop(job, None)
+                    self._counts["finished"] += 1
 
         t = threading.Thread(target=target, name=f"steerkit-app-job-{job}", daemon=True)
         with self._jobs_lock:
             self._jobs[job] = (t, ev)
+            self._seen[job] = time.monotonic()
+            self._counts["started"] += 1
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="steerkit-app-reaper", daemon=True)
+                self._reaper.start()
         t.start()
         return job
+
+    def _reap(self) -> None:
+        """Cancel the jobs nobody has asked about for ``abandoned_after`` seconds; ends when no job runs."""
+        while True:
+            time.sleep(min(5.0, self.abandoned_after / 4))
+            with self._jobs_lock:
+                now = time.monotonic()
+                for job, (_, ev) in self._jobs.items():
+                    if now - self._seen.get(job, now) > self.abandoned_after and not ev.is_set():
+                        ev.set()
+                        self._counts["abandoned"] += 1
+                if not self._jobs:
+                    self._reaper = None
+                    return
 
     def terminate_job(self, job):
         if job is None:
             return
         with self._jobs_lock:
             entry = self._jobs.get(int(job))
-        if entry is not None:
-            entry[1].set()
+            if entry is not None and not entry[1].is_set():
+                entry[1].set()
+                self._counts["cancelled"] += 1
+
+    def job_counts(self) -> dict[str, int]:
+        """Jobs ``started``, ``finished`` (returned, cancelled ones included), ``cancelled`` (asked to
+        stop while running: a cancel click, a new request of the same callback, or a fetched result),
+        ``abandoned`` (cancelled after ``abandoned_after`` seconds without a poll) and ``running`` now,
+        since this manager was made."""
+        with self._jobs_lock:
+            return {**self._counts, "running": len(self._jobs)}
 
     def terminate_unhealthy_job(self, job):
         return False
 
     def job_running(self, job):
+        """Whether ``job`` still runs; Dash asks on every poll of its page, which keeps the job alive."""
         with self._jobs_lock:
             entry = self._jobs.get(int(job)) if job else None
+            if entry is not None:
+                self._seen[int(job)] = time.monotonic()
         return bool(entry is not None and entry[0].is_alive())
 
 

@@ -163,6 +163,12 @@ SOURCES: dict[str, tuple[str, str]] = {
     "train": ("benchmarks/bench_train.py", "one BiPO training epoch on the default model: seconds and peak memory"),
     "sae_train": ("benchmarks/bench_sae_train.py", "training an SAE with sparsify on the default model: training "
                                                    "tokens per second; the forward up to the layer vs the full one"),
+    "soak_app": ("benchmarks/soak_app.py", "4 headless Chromium browsers driving the app for 10 minutes: actions, "
+                 "errors, response times, background jobs, the app's RSS every 10 s (docs/SECURITY.md, Load)"),
+    "soak_serve": ("benchmarks/soak_serve.py", "8 openai clients against steerkit serve for 10 minutes: requests per "
+                   "kind, latency, errors by class, the HF re-check (docs/SECURITY.md, Load)"),
+    "soak_serve_resources": ("benchmarks/soak_serve.py", "the serve soak's summed RSS and open files of the "
+                             "server's processes every 10 s"),
     "vectors_store": ("benchmarks/vectors_store.py", "store and export throughput"),
     "vllm": ("benchmarks/bench_vllm.py", "per-request steering in vLLM (compiled and eager) vs steerkit's HF "
                                          "generation"),

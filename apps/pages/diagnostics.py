@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dash import Input, Output, State, html, no_update
 
+from steerkit.storage.naming import is_index
+
 from .. import analysis, figures
 from .. import data as inputs
 from .. import io as saved
@@ -25,9 +27,10 @@ def register(app, c: Context) -> None:
             prompts = inputs.parse_prompt_text(text or "", "prompts")
             sm = host.get()
             key = cache_key("diag", sm.name, prompts)
-            stop = time_limit(env.deadline, f"diagnostics of {len(prompts)} prompts")
+            # the time limit starts with the model work, not while this job waits for another's
             res, hit = host.cached(key, lambda: analysis.layer_diagnostics(
-                sm, prompts, progress=ticker(set_progress), should_stop=stop))
+                sm, prompts, progress=ticker(set_progress),
+                should_stop=time_limit(env.deadline, f"diagnostics of {len(prompts)} prompts")))
             extra = f" {res.note}" if res.note else ""
             return {"key": key}, ok(f"{res.n_prompts} prompts over {len(res.layers)} layers"
                                     + (" (from the cache)." if hit else ".") + extra)
@@ -61,7 +64,7 @@ def register(app, c: Context) -> None:
                         html.Code(env.results_path), "."]))
         try:
             i, _, f = check_text(value, "an MI result", MAX_FIELD_CHARS).partition(":")
-            if not (i.isdigit() and len(i) <= 6):
+            if not (is_index(i) and len(i) <= 6):  # str.isdigit() passes "²", which int() refuses
                 raise saved.not_a_result("MI result")
             allmi = saved.read_mi_all(env.results_path, f)
             mi = allmi[min(int(i), len(allmi) - 1)]

@@ -80,9 +80,10 @@ def register(app, c: Context) -> None:
             a, b = inputs.check_pairs(a, b)
             sm = host.get()
             key = cache_key("profile", sm.name, contrast, a, b, steering)
-            stop = time_limit(env.deadline, f"a divergence profile of {len(a)} pairs")
+            # the time limit starts with the model work, not while this job waits for another's
             prof, hit = host.cached(key, lambda: analysis.divergence_profile(
-                sm, a, b, contrast=contrast, edit_a=edit_a, progress=ticker(set_progress), should_stop=stop))
+                sm, a, b, contrast=contrast, edit_a=edit_a, progress=ticker(set_progress),
+                should_stop=time_limit(env.deadline, f"a divergence profile of {len(a)} pairs")))
             msg = (f"{CONTRASTS[contrast]}: {prof.n_pairs} pairs × {len(prof.layers)} layers; peak relative divergence at layer "
                    f"{prof.peak_layer} ({prof.rel_mean[prof.peak_index]:.3f}); "
                    + ("from the cache." if hit else f"computed in {prof.seconds:.1f}s."))

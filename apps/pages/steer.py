@@ -13,6 +13,7 @@ from dash import Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
 from steerkit.errors import InputError
+from steerkit.storage.naming import is_index
 
 from .. import analysis, figures
 from ..data import MAX_FIELD_CHARS, MAX_NEW_TOKENS, MAX_STEER_PROMPT_CHARS, MAX_STRENGTH, check_int, check_number, check_text
@@ -41,7 +42,7 @@ def resolve_direction(c: Context, value):
         if prof.model_name and prof.model_name != sm.name:
             raise InputError(f"expected a direction of the current model {sm.name}, found one computed on "
                              f"{prof.model_name}; compute the profile again on this model")
-        if not layer.isdigit() or int(layer) not in prof.layers:
+        if not is_index(layer) or int(layer) not in prof.layers:  # str.isdigit() passes "²", which int() refuses
             raise InputError(f"expected a layer of the profile ({prof.layers[0]}..{prof.layers[-1]}), found "
                              f"{layer[:20]!r}")
         layer = int(layer)

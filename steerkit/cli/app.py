@@ -17,7 +17,7 @@ from steerkit.cli._common import add_model_options, check_min, check_port, check
 from steerkit.errors import InputError
 
 #: what the explorer imports when it starts (the 'app' extra)
-APP_DEPENDENCIES = ("dash", "diskcache", "plotly")
+APP_DEPENDENCIES = ("dash", "diskcache", "plotly", "waitress")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from steerkit.cli._common import (add_model_options, check_min, check_output_path, load_model_from, parse_hooks,
                                   read_prompts, resolve_hooks)
+from steerkit.storage import jsontext
 from steerkit.storage.dataset import ActivationDataset, record_dataset
 from steerkit.demo import main as demo_main
 from steerkit.errors import BackendUnavailableError, InputError
@@ -76,7 +77,7 @@ def _record_vllm(args, pos, parsed_hooks) -> int:
     of the working directory shadows a package vLLM imports."""
     hooks = resolve_hooks(parsed_hooks, _config_layers(args.model))
     try:
-        engine = json.loads(args.engine_args)
+        engine = jsontext.loads(args.engine_args)
     except ValueError as e:
         raise InputError(f"expected --engine-args as a JSON object of vllm.LLM arguments such as "
                          f"'{{\"max_num_batched_tokens\": 2048}}', could not parse it ({e})") from None
