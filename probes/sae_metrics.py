@@ -10,7 +10,7 @@ sparsify computes its training loss), :func:`next_token_ce` (per-token cross-ent
 
 :func:`reconstruction_metrics` runs a model over held-out token rows three times per batch, with steerkit's
 own interventions at the SAE's site: clean (recording the site's activations), spliced (the activation
-replaced by the SAE's reconstruction, ``Intervention.apply``) and zero-ablated (``Intervention.replace`` with
+replaced by the SAE's reconstruction, :func:`steerkit.hooks.saesites.splice_intervention`) and zero-ablated (``Intervention.replace`` with
 zeros at every position). As in sae-lens's ``get_recons_loss`` with ``ignore_tokens``, the ignored tokens'
 positions (the row separator) keep their activation in the spliced run, count in no metric, and the loss is
 averaged over the predictions made at the other positions.
@@ -25,6 +25,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from steerkit.errors import InputError
+from steerkit.hooks.saesites import splice_intervention
 from steerkit.interventions import Intervention
 from steerkit.model import SteerModel, Tokens
 from steerkit.vectors import SAE
@@ -120,11 +121,7 @@ def _spliced_losses(sm: SteerModel, sae: SAE, ids: Tensor, keep: Tensor, zero: T
     x = cache[sae.site].to(device=w.device, dtype=w.dtype)[keep.to(w.device)]
     latents = w.encode(x)
     x_hat = w.decode(latents, x)
-
-    def splice(h: Tensor) -> Tensor:
-        return w.reconstruct(h.to(device=w.device, dtype=w.dtype)).to(device=h.device, dtype=h.dtype)
-
-    with sm.steer(Intervention.apply(sae.site, splice, positions=keep)):
+    with sm.steer(splice_intervention(w, sae.site, positions=keep)):
         spliced = next_token_ce(sm.forward(toks), ids, keep)
     with sm.steer(Intervention.replace(sae.site, zero)):
         zeroed = next_token_ce(sm.forward(toks), ids, keep)
