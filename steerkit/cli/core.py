@@ -9,13 +9,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from steerkit.cli._common import (add_model_options, check_min, check_output_path, load_model_from, parse_hooks,
-                                  read_prompts, resolve_hooks)
+from steerkit.cli._common import (add_model_options, add_ray_options, check_min, check_output_path, load_model_from,
+                                  parse_hooks, ray_executor, read_prompts, resolve_hooks)
 from steerkit.storage import jsontext
 from steerkit.storage.dataset import ActivationDataset, record_dataset
 from steerkit.demo import main as demo_main
 from steerkit.errors import BackendUnavailableError, InputError
-from steerkit.executors import ModelSpec, RayExecutor
 from steerkit.model import SteerModel
 from steerkit.serving import capture
 
@@ -150,14 +149,7 @@ def cmd_record(args) -> int:
 def _record_ray(args, pos, parsed_hooks, prompts) -> int:
     """``steerkit record --ray``: the shards recorded by Ray workers that each load the model once; this
     process writes every shard and the manifest (see :mod:`steerkit.executors`)."""
-    model = args.model
-    if model is not None and Path(model).exists():  # a local path: absolute, so every worker finds it
-        model = str(Path(model).resolve())
-    spec = ModelSpec(model, device=args.device, dtype=args.dtype, backend=args.backend,
-                     threads=max(1, int(args.cpus_per_worker)))
-    address = None if args.ray == "local" else args.ray
-    with RayExecutor(spec, workers=args.workers, address=address, cpus_per_worker=args.cpus_per_worker,
-                     gpus_per_worker=args.gpus_per_worker) as ex:
+    with ray_executor(args) as ex:
         hooks = resolve_hooks(parsed_hooks, ex.first(_n_layers))
         ds = record_dataset(None, prompts, hooks, args.out, positions=pos, batch_size=args.batch_size,
                             shard_size=args.shard_size, chat=not args.no_chat, progress=not args.quiet,
@@ -203,16 +195,8 @@ def register(sub) -> None:
                     "$STEERKIT_VLLM_PYTHON, else this one)")
     sp.add_argument("--engine-args", default="{}", help="vllm.LLM arguments as JSON for --engine vllm, e.g. "
                     "'{\"max_num_batched_tokens\": 2048}' (default: float32, eager)")
-    g = sp.add_argument_group("Ray (pip install 'steerkit[ray]')")
-    g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
-                   help="record the shards on Ray workers: a running cluster's address (auto, ray://host:10001, "
-                   "host:6379), or none to start a local one; with --engine vllm each worker runs a vLLM engine "
-                   "(Ray must be installed in --vllm-python's environment)")
-    g.add_argument("--workers", type=int, default=2, help="Ray workers, each loading the model once (default 2)")
-    g.add_argument("--cpus-per-worker", type=float, default=1, help="CPUs Ray gives each worker (default 1; a CPU "
-                   "worker runs that many torch threads)")
-    g.add_argument("--gpus-per-worker", type=float, default=0, help="GPUs Ray gives each worker (default 0; with "
-                   "--device auto a worker with a GPU uses it)")
+    add_ray_options(sp, here="with --engine vllm each worker runs a vLLM engine (Ray must be installed in "
+                    "--vllm-python's environment)")
     sp.set_defaults(func=cmd_record)
 
     sp = sub.add_parser("demo", help="the quick-start pipeline on the default model")
