@@ -13,8 +13,12 @@ import json
 import sys
 from typing import Any
 
+from steerkit.errors import SteerkitError
 
-class _LongNumber(Exception):
+
+class _LongNumber(SteerkitError):
+    """Internal: carries the digits out of ``parse_int``; :func:`loads` turns it into a JSONDecodeError."""
+
     def __init__(self, digits: str):
         super().__init__(digits)
         self.digits = digits
