@@ -178,3 +178,76 @@ def test_from_sae_latent_is_the_latent_addition_as_a_vector(tiny):
                                                                                   mode="add")))
     with pytest.raises(VectorsError, match="expected a stored SAE"):
         SteeringVector.from_sae_latent(sae.weights, 11)
+
+
+# ----------------------------------------------------------------------------- the stored clamp
+def stored(sm, arch: str):
+    from steerkit.vectors import SAE, Provenance
+    return SAE(make_sae(sm.d_model, arch), SITE, provenance=Provenance.from_model(sm))
+
+
+@pytest.mark.parametrize("arch", ["relu", "jumprelu", "topk", "gated"])
+def test_latent_clamp_artifact_steers_as_the_intervention_and_round_trips(tiny, arch, tmp_path):
+    """A stored LatentClamp keeps only the clamped latents (TopK: the whole SAE), survives the store bit for
+    bit, and steers exactly as ``Intervention.sae_latent`` on the full SAE; a request scale multiplies the
+    value."""
+    from steerkit.vectors import LatentClamp, Store
+    sae = stored(tiny, arch)
+    clamp = LatentClamp.of(sae, [9, 2], value=[4.0, -1.5], positions="last")
+    assert clamp.restricted is (arch != "topk") and clamp.sae.d_sae == (128 if arch == "topk" else 2)
+    store = Store(tmp_path / "store")
+    back = store.load(store.save("c", clamp))
+    assert back == clamp and back.latents == (9, 2) and back.positions == "last"
+    for scale in (1.0, 0.5):
+        want = site_values(tiny, Intervention.sae_latent(SITE, sae, [9, 2], value=[4.0 * scale, -1.5 * scale],
+                                                          positions="last"))
+        with tiny.steer(back, scale=scale), tiny.record(SITE) as cache:
+            tiny.forward(PROMPTS, chat=False)
+        torch.testing.assert_close(cache[SITE], want, atol=1e-6, rtol=0)
+    assert not torch.equal(want, site_values(tiny))
+    by_scale = LatentClamp.of(sae, 9, scale=0.0)  # turn the latent off where it fires
+    with tiny.steer(by_scale), tiny.record(SITE) as cache:
+        tiny.forward(PROMPTS, chat=False)
+    torch.testing.assert_close(cache[SITE], site_values(tiny, Intervention.sae_latent(SITE, sae, 9, scale=0.0)),
+                               atol=1e-6, rtol=0)
+
+
+def test_latent_clamp_refuses_bad_input_and_other_models(tiny):
+    from steerkit.vectors import SAE, LatentClamp, ModelMismatchError, Provenance, VectorsError
+    sae = stored(tiny, "relu")
+    for kwargs, match in (({"latents": 128, "value": 1.0}, "0..127"), ({"latents": [1, 1], "value": 1.0}, "distinct"),
+                          ({"latents": 1}, "exactly one of value"), ({"latents": 1, "value": float("nan")}, "finite"),
+                          ({"latents": 1, "value": 1.0, "positions": "middle"}, "positions")):
+        with pytest.raises(VectorsError, match=match):
+            LatentClamp.of(sae, kwargs.pop("latents"), **kwargs)
+    wide = SAE(make_sae(32, "relu"), SITE, provenance=Provenance(d_model=32))
+    with pytest.raises(ModelMismatchError, match="expected an SAE at blocks.1.hook_resid_post to read 64"):
+        LatentClamp.of(wide, 1, value=1.0).to_interventions(tiny)
+
+
+def test_a_server_request_resolves_a_latent_clamp_and_steers_its_rows_on_the_host_path(tiny, tmp_path):
+    """The serving spec names a stored clamp like any artifact: it resolves to the ``latent`` op, the plan
+    steers only that request's rows (exactly as ``sm.steer`` would the same activations), the steering slots
+    refuse it (a torch step: the host path runs it) and a CUDA-graph engine refuses the request."""
+    import numpy as np
+
+    from steerkit.serving import parse_spec, resolve
+    from steerkit.serving.plan import Block, SteeringCache, StepSlots, plan_step
+    from steerkit.serving.vllm_plugin import graph_refusal
+    from steerkit.vectors import LatentClamp, Store
+    sae = stored(tiny, "topk")
+    store = Store(tmp_path / "store")
+    ref = store.save("c", LatentClamp.of(sae, 5, value=3.0))
+    res = resolve(parse_spec({"artifacts": [{"ref": ref, "scale": 2.0}]}), store=store, facts=tiny.facts)
+    assert [iv.op for iv in res.interventions] == ["latent"] and res.sites == (SITE,)
+    plan = plan_step([Block(0, 3, np.arange(3), 3, res), Block(3, 5, np.arange(2), 2, None)],
+                     SteeringCache(tiny.facts, None))
+    h = torch.randn(5, tiny.d_model, generator=torch.Generator().manual_seed(4))
+    out = plan.apply(SITE, h)
+    assert torch.equal(out[3:], h[3:])
+    want = Intervention.sae_latent(SITE, sae, 5, value=6.0).latent(h[:3])  # the clamp's own edit, request scale 2
+    torch.testing.assert_close(out[:3], want, atol=1e-6, rtol=0)
+    assert not torch.equal(out[:3], h[:3])
+    slots = StepSlots([SITE], d_model=tiny.d_model, max_tokens=8, configs=4)
+    assert slots.fill(plan) is False  # not a fused-kernel operation: the host fallback steers this step
+    assert "latent" in graph_refusal(res, tiny.facts)

@@ -237,6 +237,46 @@ def test_offline_conditional_steering_matches_hf_row_by_row(setup):
     assert_rows(setup, out, want, prompts + prompts[:1] + prompts[3:4])
 
 
+def latent_clamp_batch(setup):
+    """Stored latent clamps (:class:`steerkit.vectors.LatentClamp`) at layer 12 of the default model: a TopK
+    SAE (its whole encoder travels) clamping latent 3 to 60 at every position, the same at request scale
+    0.5 and at generated positions only, and a ReLU SAE restricted to two latents; with an unsteered row.
+    Each SAE has unit decoder rows. Returns the batch, HF's tokens for each row alone and the row names."""
+    from steerkit.sae import SAEWeights
+    from steerkit.vectors import SAE, LatentClamp, Provenance, Store
+    sm, hf, a = setup["sm"], setup["hf"], setup["args"]
+    g = torch.Generator().manual_seed(3)
+    W = torch.nn.functional.normalize(torch.randn(1024, sm.d_model, generator=g), dim=-1)
+    site, prov = "blocks.12.hook_resid_post", Provenance.from_model(sm)
+    topk = SAE(SAEWeights(W.T.clone(), torch.zeros(1024), W.clone(), torch.zeros(sm.d_model), architecture="topk",
+                          k=16), site, provenance=prov)
+    relu = SAE(SAEWeights(W.T.clone(), torch.full((1024,), -0.5), W.clone(), torch.zeros(sm.d_model)), site,
+               provenance=prov)
+    store = Store(setup["store"])
+    store.save("clamp-topk", LatentClamp.of(topk, 3, value=60.0))
+    store.save("clamp-topk-gen", LatentClamp.of(topk, 3, value=60.0, positions="generated"))
+    store.save("clamp-relu", LatentClamp.of(relu, [5, 700], value=[45.0, 20.0]))
+    p = PROMPTS
+    rows = [(p[0], "clamp-topk@1", 1.0), (p[4], "clamp-topk@1", 0.5), (p[2], "clamp-topk-gen@1", 1.0),
+            (p[3], "clamp-relu@1", 1.0), (p[1], None, 1.0)]
+    batch = [req(setup, q, a(ref, scale=s) if ref else None) for q, ref, s in rows]
+    want = [hf(q, ref, s) for q, ref, s in rows]
+    return batch, want, [f"{ref} x{s}" for _, ref, s in rows]
+
+
+def test_offline_latent_clamp_matches_hf_row_by_row(setup):
+    """Requests naming stored latent clamps, in one batch with an unsteered request (:func:`latent_clamp_batch`),
+    with requests joining and leaving and prompts prefilled in chunks (:data:`MIXED_ENGINE`): each row equals
+    steerkit's own ``sm.steer(clamp, scale)`` generation of it alone, and every clamp changes its row. The clamp
+    is a torch step, so these steps run on the steering operator's host path."""
+    batch, want, what = latent_clamp_batch(setup)
+    hf = setup["hf"]
+    rows = [PROMPTS[i] for i in (0, 4, 2, 3)]
+    assert all(w != hf(q) for w, q in zip(want[:4], rows)), "a clamp that changes nothing proves nothing"
+    out = run_offline(setup, [batch], engine=MIXED_ENGINE, name="latent")[0]
+    assert_rows(setup, out, want, what)
+
+
 def test_bad_requests_get_clear_errors_and_the_engine_keeps_serving(setup):
     a = setup["args"]
     batches = [[req(setup, PROMPTS[0], a("no-such-artifact@1"), 4)],

@@ -9,7 +9,8 @@ How it fits together
   ``condition`` / ``conditional`` (CAST's :class:`ConditionVector` and :class:`ConditionalSteering` of
   :class:`ConditionalRule` values), ``payload`` (the stored form), ``evaluation`` (the one part that
   runs a model: a condition's decisions on prompts), ``sae`` (:class:`SAE`: a sparse autoencoder or
-  transcoder at a hook site). Each kind holds tensors and a :class:`Provenance`
+  transcoder at a hook site), ``latent`` (:class:`LatentClamp`: a clamp of an SAE's latents, what a server
+  request names). Each kind holds tensors and a :class:`Provenance`
   (:mod:`.provenance`, which also holds :func:`model_fingerprint`).
 * :mod:`.sae_files` -- :func:`load_sae` (``steerkit.load_sae``): sae-lens and sparsify folders, steerkit SAE
   files and store references as an :class:`SAE`.
@@ -32,8 +33,8 @@ on the block's output (``blocks.{l}.hook_resid_post``), as llama.cpp's ``directi
 """
 
 from .apply import check_against, check_compatible, facts_of, fingerprint_of
-from .artifacts import (ARTIFACT_KINDS, SAE, ConditionalSteering, ConditionVector, DirectionSet, LayerSchedule, Probe,
-                        Region, ConditionalRule, SteeringVector)
+from .artifacts import (ARTIFACT_KINDS, SAE, ConditionalSteering, ConditionVector, DirectionSet, LatentClamp, LayerSchedule,
+                        Probe, Region, ConditionalRule, SteeringVector)
 from .errors import (
     ArtifactFormatError, ExportError, ModelMismatchError, PathExistsError, StoreError, UnsafeNameError, VectorsError,
 )
@@ -45,7 +46,7 @@ from .store import Store, parse_ref
 
 __all__ = [
     "SteeringVector", "DirectionSet", "Probe", "Region", "LayerSchedule", "ConditionVector", "ConditionalSteering",
-    "ConditionalRule", "SAE", "load_sae", "ARTIFACT_KINDS",
+    "ConditionalRule", "SAE", "LatentClamp", "load_sae", "ARTIFACT_KINDS",
     "Provenance", "model_fingerprint", "prompts_hash", "LAYER_BASE", "SCHEMA_VERSION",
     "Store", "parse_ref", "export", "import_artifact", "load_artifact", "save_artifact", "easysteer_request",
     "FORMATS", "check_compatible", "check_against", "facts_of", "fingerprint_of", "write_dequantized_gguf", "write_orthogonalized_gguf",

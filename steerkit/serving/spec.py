@@ -448,7 +448,8 @@ def artifact_interventions(art: Any, ref: str, scale: float, facts: ModelFacts, 
     """
     to = getattr(art, "to_interventions", None)
     if to is None:
-        raise SpecError(f"expected artifact {ref!r} to be a kind that steers (a vector, direction set or region), "
+        raise SpecError(f"expected artifact {ref!r} to be a kind that steers (a vector, direction set, region, "
+                        "conditional steering or latent clamp), "
                         f"found {type(art).__name__}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

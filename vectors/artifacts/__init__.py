@@ -2,7 +2,7 @@
 
 How it works
 ------------
-Eight kinds, each holding tensors plus a :class:`~steerkit.vectors.provenance.Provenance`:
+Nine kinds, each holding tensors plus a :class:`~steerkit.vectors.provenance.Provenance`:
 
 * :class:`SteeringVector` (:mod:`.vector`) -- one direction per layer (``directions[l]`` of shape
   ``[d_model]``), a hook site (default ``hook_resid_post``: the output of block ``l``), an operation
@@ -28,6 +28,9 @@ Eight kinds, each holding tensors plus a :class:`~steerkit.vectors.provenance.Pr
 * :class:`SAE` (:mod:`.sae`) -- a sparse autoencoder or transcoder (:class:`steerkit.sae.SAEWeights`,
   whose torch code encodes and decodes) at a hook site; it saves as a steerkit file, a sae-lens folder
   or a sparsify folder.
+* :class:`LatentClamp` (:mod:`.latent`) -- a clamp of an SAE's latents (the SAE restricted to them, or a
+  TopK SAE's whole encoder) to a value or a multiple of themselves, with the error term kept: what a
+  server request names to clamp a latent.
 
 Every kind lowers itself with ``to_interventions(facts, scale=, override=)`` and converts to and from a
 *payload* (:mod:`.payload`): a ``dict[str, Tensor]`` plus a JSON-able ``dict`` (``kind``, ``fields``,
@@ -50,6 +53,7 @@ from .directions import DirectionSet, Probe
 from .payload import ARTIFACT_KINDS, Artifact, artifact_to_payload, payload_to_artifact
 from .region import Region
 from .sae import SAE, SAE_SAVE_FORMATS
+from .latent import CLAMP_POSITIONS, LatentClamp
 from .vector import LEGACY_OPERATIONS, VECTOR_OPERATIONS, LayerSchedule, SteeringVector, canonical_operation
 
 __all__ = [
@@ -58,4 +62,5 @@ __all__ = [
     "canonical_operation", "HOOK_SITES", "VECTOR_OPERATIONS", "LEGACY_OPERATIONS",
     "CONDITION_SITES", "BEHAVIOR_KINDS", "RULE_MODES", "NESTED_KINDS", "Provenance", "prompts_hash",
     "ArtifactFormatError", "ModelMismatchError", "VectorsError", "SAE", "SAE_SAVE_FORMATS",
+    "LatentClamp", "CLAMP_POSITIONS",
 ]

@@ -16,13 +16,15 @@ from .base import _Artifact, checked_from_payload
 from .condition import ConditionVector
 from .conditional import ConditionalSteering
 from .directions import DirectionSet, Probe
+from .latent import LatentClamp
 from .region import Region
 from .sae import SAE
 from .vector import LayerSchedule, SteeringVector
 
 ARTIFACT_KINDS: dict[str, type[_Artifact]] = {c.kind: c for c in (SteeringVector, DirectionSet, Probe, Region, LayerSchedule,
-                                                                 ConditionVector, ConditionalSteering, SAE)}
-Artifact = SteeringVector | DirectionSet | Probe | Region | LayerSchedule | ConditionVector | ConditionalSteering | SAE
+                                                                 ConditionVector, ConditionalSteering, SAE, LatentClamp)}
+Artifact = (SteeringVector | DirectionSet | Probe | Region | LayerSchedule | ConditionVector | ConditionalSteering | SAE
+            | LatentClamp)
 
 
 def artifact_to_payload(obj: Any) -> tuple[dict[str, Tensor], dict]:
