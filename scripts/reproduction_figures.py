@@ -229,6 +229,31 @@ def refusal_paths(_d):
     return fig
 
 
+def sae_steering(d):
+    """The SAE-steering comparison (docs/reproductions/sae-steering.md): each method's effect (the joyful-minus-
+    gloomy log-odds of the first answer token) against its cost (the answers' NLL under the plain model), one
+    point a strength."""
+    import plotly.graph_objects as go
+    fig = go.Figure()
+    conds = d["conditions"]
+    for method, label in (("clamp", "latent clamp (x peak)"), ("add", "latent add (norm)"),
+                          ("diffmean", "difference of means (norm)")):
+        pts = [(k.split()[1], v) for k, v in conds.items() if k.split()[0] == method]
+        fig.add_trace(go.Scatter(x=[v["nll"] for _, v in pts], y=[v["log_odds"] for _, v in pts],
+                                 error_y=dict(type="data", array=[v["log_odds_se"] for _, v in pts]),
+                                 text=[s for s, _ in pts], mode="lines+markers+text", textposition="top center",
+                                 name=label))
+    u = conds["unsteered"]
+    fig.add_trace(go.Scatter(x=[u["nll"]], y=[u["log_odds"]], error_y=dict(type="data", array=[u["log_odds_se"]]),
+                             mode="markers", marker=dict(symbol="x", size=11, color="black"), name="unsteered"))
+    fig.update_layout(title=f"Steering with SAE latent {d['found']['latent']} vs the difference of means "
+                            f"({d['site']}, {len(d['prompts'])} held-out prompts)",
+                      xaxis_title="NLL of the answers under the plain model (lower: more fluent)",
+                      yaxis_title="joyful - gloomy log-odds, first answer token", template="plotly_white",
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
 P = "probes/plots/"
 REPRODUCTIONS = [
     Figure("norms_profile", "norms", norms_profile, P + "norms.py:profile_figure"),
@@ -259,6 +284,7 @@ REPRODUCTIONS = [
     Figure("cast_f1", "cast", cast_f1, "vectors/plots.py:condition_f1"),
     Figure("bipo_loss", "bipo", bipo_loss, P + "train.py:loss_figure"),
     Figure("refusal_paths", "", refusal_paths, "scripts/reproduction_figures.py:refusal_paths"),
+    Figure("sae_steering", "sae-steering", sae_steering, "scripts/reproduction_figures.py:sae_steering"),
 ]
 
 
