@@ -163,6 +163,12 @@ SOURCES: dict[str, tuple[str, str]] = {
     "train": ("benchmarks/bench_train.py", "one BiPO training epoch on the default model: seconds and peak memory"),
     "sae_train": ("benchmarks/bench_sae_train.py", "training an SAE with sparsify on the default model: training "
                                                    "tokens per second; the forward up to the layer vs the full one"),
+    "sae_record": ("benchmarks/bench_sae_record.py", "recording SAE latents in the forward pass: steerkit's "
+                                                     "record vs sae-lens's HookedSAETransformer.run_with_cache, same "
+                                                     "model and SAE, with their agreement"),
+    "sae_steer": ("benchmarks/bench_sae_steer.py", "steered greedy decoding with an SAE latent: a clamp (TopK, "
+                                                   "ReLU restricted to the latent) vs a plain add of its decoder row "
+                                                   "vs unsteered"),
     "soak_app": ("benchmarks/soak_app.py", "4 headless Chromium browsers driving the app for 10 minutes: actions, "
                  "errors, response times, background jobs, the app's RSS every 10 s (docs/SECURITY.md, Load)"),
     "soak_serve": ("benchmarks/soak_serve.py", "8 openai clients against steerkit serve for 10 minutes: requests per "
@@ -205,6 +211,8 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "step_vs_ref": ("overhead_pct", ("batch", "condition", "run"), "version"),
     "train": ("s_per_step_cpu", ("pairs", "batch"), "mode"),
     "sae_train": ("minutes_for_2m_tokens", ("mode", "tokens"), None),
+    "sae_record": ("tokens_per_s", ("library", "condition"), None),
+    "sae_steer": ("ms_per_step", ("condition",), None),
     "tune": ("median_s", ("condition",), "mode"),
     "vectors_store": ("per_s", ("operation", "format"), None),
     "vllm": ("ratio_steered_over_unsteered", ("engine",), None),
