@@ -43,7 +43,7 @@ How it fits together
   dead latents and CE loss recovered (:func:`reconstruction_metrics`); :mod:`.sae_eval` -- :func:`sae_eval`:
   sae-lens's evaluation (L0, explained variance, CE loss recovered) of an SAE on prompts, through the SAE's
   hook sites (``sm.attach_sae``); :mod:`.sae_features` -- :func:`feature_report` (a latent's top contexts, density,
-  logit effects and decoder neighbours, :class:`FeatureReport`) and :func:`latent_attribution` (attribution
+  logit effects and decoder neighbours, :class:`FeatureReport`), :func:`top_latents` (the latents that fire most on a text) and :func:`latent_attribution` (attribution
   patching over the latents, checked against activation patching, :class:`LatentAttribution`).
 * ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these; ``steerkit sae train``
   (:mod:`steerkit.cli.sae`) wraps :func:`train_sae`.
@@ -70,7 +70,7 @@ from .sae_corpus import CorpusChunks, read_corpus, split_chunks, token_chunks
 from .sae_metrics import ce_loss_recovered, dead_latents, explained_variance, l0, next_token_ce, reconstruction_metrics
 from .sae_eval import sae_eval, special_token_ids
 from .sae_train import SAETrainResult, sae_layer, train_sae
-from .sae_features import FeatureReport, LatentAttribution, feature_report, latent_attribution
+from .sae_features import FeatureReport, LatentAttribution, TopLatents, feature_report, latent_attribution, top_latents
 from .methods.temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, inject, injection_spec,
                                linear_decay, order_questions, per_input_taus, profile_from_states, temporal_pairs,
                                temporal_profile)
@@ -115,5 +115,5 @@ __all__ = [
     "CONDITION_SITES", "fit_condition", "condition_confusion", "f1_grid",
     "train_sae", "SAETrainResult", "sae_layer", "read_corpus", "token_chunks", "split_chunks", "CorpusChunks",
     "l0", "explained_variance", "next_token_ce", "ce_loss_recovered", "dead_latents", "reconstruction_metrics",
-    "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution",
+    "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution", "top_latents", "TopLatents",
 ]

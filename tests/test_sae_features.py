@@ -1,5 +1,5 @@
 """Reading and attributing SAE latents: ``feature_report`` checked against an independent computation on a
-tiny random Llama; ``latent_attribution`` checked against activation patching of the top 20 latents on the
+tiny random Llama, as is ``top_latents`` (the first token left out); ``latent_attribution`` checked against activation patching of the top 20 latents on the
 real default model (IOI prompts, a random TopK SAE with unit decoder rows)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 import steerkit
 from steerkit.errors import InputError
-from steerkit.probes import feature_report, latent_attribution, logit_diff_metric
+from steerkit.probes import feature_report, latent_attribution, logit_diff_metric, top_latents
 from steerkit.sae import SAEWeights
 
 try:
@@ -47,16 +47,20 @@ def test_feature_report_equals_an_independent_reading(tiny):
             tiny.forward([t], chat=False)
         a = sae.encode(cache[SITE][0])[:, latent]
         acts.append(a)
-        n_active, n_tokens = n_active + int((a > 0).sum()), n_tokens + a.numel()
+        counted = a[1:] if a.numel() > 1 else a  # the first token is not counted (the attention sink)
+        n_active, n_tokens = n_active + int((counted > 0).sum()), n_tokens + counted.numel()
     assert rep.n_tokens == n_tokens and rep.density == pytest.approx(n_active / n_tokens)
-    peaks = sorted(((float(a.max()), i, int(a.argmax())) for i, a in enumerate(acts) if float(a.max()) > 0),
-                   reverse=True)[:3]
+    first = [1 if a.numel() > 1 else 0 for a in acts]
+    peaks = sorted(((float(a[s:].max()), i, s + int(a[s:].argmax())) for i, (a, s) in enumerate(zip(acts, first))
+                    if float(a[s:].max()) > 0), reverse=True)[:3]
     assert [(c["doc"], c["position"]) for c in rep.contexts] == [(i, p) for _, i, p in peaks]
     for c, (v, i, p) in zip(rep.contexts, peaks):
         assert c["value"] == pytest.approx(v, abs=1e-5)
         lo = max(0, p - 2)
         assert c["index"] == p - lo and len(c["tokens"]) == len(c["acts"]) == min(len(acts[i]), p + 2) - lo
         torch.testing.assert_close(torch.tensor(c["acts"]), acts[i][lo:p + 2], atol=1e-5, rtol=1e-5)
+        ids = tiny.tokenize([TEXTS[i]], chat=False).input_ids[0].tolist()  # the text alone: no padding
+        assert c["tokens"] == [tiny.tokenizer.decode([t]) for t in ids[lo:p + 2]], (i, c["tokens"])
     eff = tiny.hf_model.lm_head.weight.float() @ sae.W_dec[latent]
     assert rep.top_logits[0] == (tiny.tokenizer.decode([int(eff.argmax())]), pytest.approx(float(eff.max()), abs=1e-4))
     assert rep.bottom_logits[0][1] == pytest.approx(float(eff.min()), abs=1e-4)
@@ -65,6 +69,37 @@ def test_feature_report_equals_an_independent_reading(tiny):
     assert rep.neighbours[0] == (int(cos.argmax()), pytest.approx(float(cos.max()), abs=1e-5))
     assert "<span" in rep.contexts_html() and type(rep.plot()).__name__ == "Figure"
     assert set(rep.to_dict()) >= {"latent", "contexts", "density", "top_logits"}
+
+
+@pytest.mark.parametrize("arch", ["relu", "topk"])
+def test_top_latents_equals_an_independent_reading(tiny, arch):
+    sae = random_sae(tiny.d_model, arch=arch, seed=2)
+    text = TEXTS[3]
+    hits = top_latents(tiny, sae, text, k=12, site=SITE)
+    with tiny.record(SITE) as cache:  # the site recorded, every latent encoded, the peak over tokens
+        tiny.forward([text], chat=False)
+    f = sae.encode(cache[SITE][0])  # [T, d_sae]
+    ids = tiny.tokenize([text], chat=False).input_ids[0].tolist()
+    assert hits.tokens == [tiny.tokenizer.decode([t]) for t in ids] and len(ids) == f.shape[0]
+    counted = f[1:]  # the first token (the attention sink) is not counted
+    peaks = sorted(((float(counted[:, i].max()), i) for i in range(sae.d_sae) if float(counted[:, i].max()) > 0),
+                   reverse=True)
+    assert len(peaks) > 12  # the cut at k matters
+    assert [r["latent"] for r in hits.rows] == [i for _, i in peaks[:12]]
+    for r in hits.rows:
+        a = counted[:, r["latent"]]
+        assert r["max"] == pytest.approx(float(a.max()), abs=1e-6) and r["position"] == int(a.argmax()) + 1
+        assert r["mean"] == pytest.approx(float(a.mean()), abs=1e-6) and r["count"] == int((a > 0).sum())
+        assert r["token"] == hits.tokens[r["position"]]
+    assert hits.to_dict()["rows"] == hits.rows and hits.site == SITE and hits.text == text
+    few = top_latents(tiny, sae, "xyz", k=500, site=SITE)
+    assert 0 < len(few.rows) < sae.d_sae and all(r["max"] > 0 for r in few.rows)  # never one that fires nowhere
+    one = top_latents(tiny, sae, "x", k=3, site=SITE)  # a one-token text: that token counts
+    assert len(one.tokens) == 1 and [r["position"] for r in one.rows] == [0, 0, 0]
+    with pytest.raises(InputError, match="non-empty text"):
+        top_latents(tiny, sae, "", site=SITE)
+    with pytest.raises(InputError, match="k as an int >= 1"):
+        top_latents(tiny, sae, text, k=0, site=SITE)
 
 
 def test_feature_report_and_attribution_errors(tiny):

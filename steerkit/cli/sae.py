@@ -13,19 +13,35 @@ object; each verb sets its own function.
   evaluates an SAE (a sae-lens or sparsify folder, a steerkit SAE file or a store reference, checked against
   the model) on the prompts with :func:`steerkit.probes.sae_eval`: L0, explained variance and CE loss
   recovered as sae-lens's evals define them, with the clean, spliced and zero-ablated losses.
+* ``steerkit sae find "TEXT" --sae SAE [--text-file FILE --site HOOK --k 10 --chat --override --json]`` lists the
+  latents that fire most on one text (:func:`steerkit.probes.top_latents`): each one's peak and mean activation,
+  on how many tokens it is active and the token where it peaks, the first token (the attention sink) not counted
+  (``--json``: ``TopLatents.to_dict()``).
+* ``steerkit sae report --sae SAE --latent I --dataset FILE [--site HOOK --top 20 --context 8 --after 3
+  --batch-size 16 --chat --html OUT.html --json]`` reads one latent over a text set
+  (:func:`steerkit.probes.feature_report`): its density, top-activating contexts (the firing token marked
+  ``[[token]]``), logit effects and nearest decoder neighbours; ``--html`` writes the contexts, shaded by
+  activation, and the report's figure to one HTML file (``--json``: ``FeatureReport.to_dict()``).
+
+The SAE of every verb but ``train`` is loaded before the model (a bad path fails at once) and checked against it
+(``--override``: a fingerprint or depth mismatch warns instead).
 
 Exit codes: 0 success, 2 bad input (one ``steerkit: error:`` line), 1 an operating-system error.
 """
 from __future__ import annotations
 
 import argparse
+import html
+import importlib.util
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from steerkit.cli._common import add_model_options, check_min, check_output_path, load_model_from, read_prompts
 from steerkit.errors import InputError
-from steerkit.probes import read_corpus, sae_eval, train_sae
+from steerkit.probes import FeatureReport, feature_report, read_corpus, sae_eval, top_latents, train_sae
+from steerkit.probes.plots.require import PLOTLY_MISSING
 from steerkit.probes.sae_train import OPTIMIZERS
 from steerkit.vectors import load_sae
 
@@ -35,7 +51,8 @@ _SHOWN = ("tokens", "seconds", "tokens_per_second", "l0", "explained_variance", 
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("sae", help="sparse autoencoders: train one with sparsify, evaluate one",
+    p = subparsers.add_parser("sae", help="sparse autoencoders: train one with sparsify, evaluate one, find the "
+                              "latents of a text, report on one latent",
                               description="Sparse autoencoders on the loaded model.")
     sub = p.add_subparsers(dest="sae_cmd", metavar="VERB")
     sub.required = True
@@ -76,7 +93,55 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     e.set_defaults(func=run_eval)
+    _register_find(sub)
+    _register_report(sub)
     return p
+
+
+def _sae_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sae", required=True, metavar="SAE", help="a sae-lens or sparsify folder, a steerkit SAE file "
+                   "or a store reference")
+    p.add_argument("--site", default=None, help="the hook the SAE reads, replacing what its folder says")
+    p.add_argument("--chat", action="store_true", help="wrap each text in the chat template (default: raw text)")
+    p.add_argument("--override", action="store_true", help="an SAE made on another model's weights: warn, not fail")
+
+
+def _register_find(sub: Any) -> None:
+    f = sub.add_parser("find", help="the latents of an SAE that fire most on a text",
+                       description="List the latents of a sparse autoencoder with the highest peak activation on "
+                                   "one text: each one's peak and mean activation over the text's tokens, on how "
+                                   "many tokens it is active and the token where it peaks. The first token, where "
+                                   "the model's attention sink sits, is not counted.")
+    add_model_options(f)
+    f.add_argument("text", nargs="?", default=None, metavar="TEXT", help="the text (or --text-file)")
+    f.add_argument("--text-file", default=None, metavar="FILE", help="read the text from a UTF-8 file (all of it, "
+                   "less one final newline) instead of TEXT")
+    _sae_options(f)
+    f.add_argument("--k", type=int, default=10, help="latents to list (default 10)")
+    f.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    f.set_defaults(func=run_find)
+
+
+def _register_report(sub: Any) -> None:
+    r = sub.add_parser("report", help="one latent of an SAE over a text set: contexts, density, logit effects",
+                       description="Read one latent of a sparse autoencoder over a text set, as sae-dashboard "
+                                   "shows it: its activation density, its top-activating contexts (at most one "
+                                   "per text), the tokens its decoder row pushes up and down through the "
+                                   "unembedding, and its nearest latents by decoder cosine.")
+    add_model_options(r)
+    _sae_options(r)
+    r.add_argument("--latent", type=int, required=True, help="the latent's index, 0..d_sae-1")
+    r.add_argument("--dataset", required=True, metavar="FILE", help="the texts (.json, .jsonl or text, one a line)")
+    r.add_argument("--top", type=int, default=20, help="contexts to show (default 20)")
+    r.add_argument("--context", type=int, default=8, help="tokens shown before the firing one (default 8)")
+    r.add_argument("--after", type=int, default=3, help="tokens shown after the firing one (default 3)")
+    r.add_argument("--batch-size", type=int, default=16, help="texts a batch (default 16)")
+    r.add_argument("--html", default=None, metavar="OUT.html", help="also write the contexts, shaded by "
+                   "activation, and the figure (histogram, logit effects, neighbours; plotly.js from its CDN) "
+                   "to this HTML file")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    r.set_defaults(func=run_report)
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -121,4 +186,106 @@ def run_train(args: argparse.Namespace) -> int:
     for key in _SHOWN:
         v = r.metrics[key]
         print(f"  {key:<22} {v:.4f}" if isinstance(v, float) else f"  {key:<22} {v}")
+    return 0
+
+
+def _text_of(args: argparse.Namespace) -> str:
+    if (args.text is None) == (args.text_file is None):
+        raise InputError("expected the text as TEXT or --text-file FILE, found "
+                         + ("both" if args.text is not None else "neither"))
+    if args.text_file is None:
+        text = args.text
+    else:
+        p = Path(args.text_file)
+        if not p.is_file():
+            raise InputError(f"expected a text file at {p}, found {'a folder' if p.is_dir() else 'nothing'} there; "
+                             "check the path")
+        try:
+            text = p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"expected a UTF-8 text file at {p}, found bytes that are not UTF-8 (at offset "
+                             f"{e.start})") from None
+        text = text[:-1] if text.endswith("\n") else text
+    if not text:
+        raise InputError("expected a non-empty text, found an empty one; give the text to read")
+    return text
+
+
+def run_find(args: argparse.Namespace) -> int:
+    check_min(args.k, "--k", 1)
+    text = _text_of(args)
+    sae = load_sae(args.sae, site=args.site)  # a missing or malformed SAE fails before the model loads
+    sm = load_model_from(args)
+    sae.check(sm, override=args.override)
+    r = top_latents(sm, sae, text, k=args.k, site=args.site, chat=args.chat)
+    if args.json:
+        print(json.dumps(r.to_dict()))
+        return 0
+    counted = "" if len(r.tokens) == 1 else " (the first, the attention sink, not counted)"
+    print(f"SAE {args.sae} at {r.site} ({sae.d_sae} latents): the top {len(r.rows)} on {len(r.tokens)} "
+          f"tokens{counted}")
+    print(f"  {'latent':>7} {'max':>9} {'mean':>9} {'count':>6}  peak token (position)")
+    for row in r.rows:
+        print(f"  {row['latent']:>7} {row['max']:>9.4g} {row['mean']:>9.4g} {row['count']:>6}  "
+              f"{row['token']!r} ({row['position']})")
+    return 0
+
+
+def _visible(token: str) -> str:
+    return token.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
+def _marked(c: dict) -> str:
+    """A context of a :class:`~steerkit.probes.FeatureReport` as one line, the firing token marked ``[[token]]``
+    (newlines and tabs written as ``\\n`` and ``\\t``)."""
+    return "".join(f"[[{_visible(t)}]]" if j == c["index"] else _visible(t) for j, t in enumerate(c["tokens"]))
+
+
+def _pairs(items: list, fmt: str) -> str:
+    return ", ".join(fmt.format(repr(a) if isinstance(a, str) else a, b) for a, b in items)
+
+
+def _write_report_html(path: str, rep: FeatureReport, sae_name: str) -> None:
+    fig = rep.plot(title=f"latent {rep.latent} of {sae_name} at {rep.site}")
+    title = html.escape(f"latent {rep.latent} at {rep.site}")
+    page = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title></head><body>\n"
+            f"{rep.contexts_html()}\n{fig.to_html(full_html=False, include_plotlyjs='cdn')}\n</body></html>\n")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    for flag, value, low in (("--top", args.top, 1), ("--context", args.context, 0), ("--after", args.after, 0),
+                             ("--batch-size", args.batch_size, 1)):
+        check_min(value, flag, low)
+    if args.html is not None:
+        check_output_path(args.html, "--html")
+        if importlib.util.find_spec("plotly") is None:  # the figure needs it: fail before the model loads
+            raise InputError(f"{PLOTLY_MISSING} (--html writes a figure)")
+    texts = read_prompts(args.dataset)
+    sae = load_sae(args.sae, site=args.site)  # a missing or malformed SAE fails before the model loads
+    if not 0 <= args.latent < sae.d_sae:
+        raise InputError(f"expected --latent in 0..{sae.d_sae - 1} (the SAE has {sae.d_sae} latents), found "
+                         f"{args.latent}")
+    sm = load_model_from(args)
+    sae.check(sm, override=args.override)
+    rep = feature_report(sm, sae, args.latent, texts, site=args.site, top=args.top, context=args.context,
+                         after=args.after, batch_size=args.batch_size, chat=args.chat, progress=not args.quiet)
+    if args.html is not None:
+        _write_report_html(args.html, rep, args.sae)
+    if args.json:
+        print(json.dumps(rep.to_dict()))
+        return 0
+    active = rep.values.numel()
+    print(f"latent {rep.latent} of SAE {args.sae} at {rep.site}: density {rep.density:.4g} ({active} of "
+          f"{rep.n_tokens} tokens in {len(texts)} texts)")
+    print(f"top contexts ({len(rep.contexts)}):" if rep.contexts else "top contexts: none (the latent never fires)")
+    for c in rep.contexts:
+        print(f"  {c['value']:>9.4g}  text {c['doc']} token {c['position']}: {_marked(c)}")
+    print(f"top logit effects:    {_pairs(rep.top_logits, '{} {:+.3f}')}")
+    print(f"bottom logit effects: {_pairs(rep.bottom_logits, '{} {:+.3f}')}")
+    print(f"nearest decoder neighbours (cosine): {_pairs(rep.neighbours, '{} {:.3f}')}")
+    if args.html is not None:
+        print(f"wrote the contexts and the figure to {args.html}")
     return 0
