@@ -7,7 +7,9 @@ projection), Patching (activation / attribution patching of a clean into a corru
 layer x position or layer x head heatmap, with each cell's per-position detail), Attention (a
 prompt's attention patterns at a layer, one head or all), Tune (a stored direction over a grid of
 layers x scales with ``steerkit.probes.tune``, or a saved tune result: trade-off curves, a metric
-heatmap, a cell's generations next to the baseline's), Store (artifacts, provenance, exports) and
+heatmap, a cell's generations next to the baseline's), Features (a stored sparse autoencoder's latents: the
+ones that fire most on a text, one latent's top contexts, density, logit effects and nearest latents over a
+set of texts), Store (artifacts, provenance, exports) and
 Diagnostics (residual norm, sink attention, MI per step). Modules: :mod:`.data` (built-in contrast sets, prompt and layer parsing),
 :mod:`.analysis` (result dataclasses and the computations over a model, one module per page), :mod:`.io`
 (readers of saved sweep and MI results), :mod:`.figures` (pure figure functions, usable in notebooks;

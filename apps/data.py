@@ -7,6 +7,8 @@
 * :func:`parse_layers`: a layer selection such as ``"12"``, ``"10-14"`` or ``"3,5,9"``;
 * :func:`parse_scales`, :func:`tune_layers`, :func:`tune_prompts`, :func:`tune_words`: the Tune page's
   grid, prompts and concept words, bounded by the ``MAX_TUNE_*`` limits;
+* :func:`feature_texts`: the Features page's texts (pasted, or a built-in set), bounded by the
+  ``MAX_FEATURE_*`` limits;
 * ``IOI_*``: the Patching page's default prompt pair and answers.
 
 The ``MAX_*`` constants below are every bound on what one request may carry or ask for (the
@@ -98,6 +100,16 @@ MAX_TUNE_RESULT_SCALES = 128
 MAX_TUNE_RESULT_CELLS = 4096
 MAX_TUNE_RESULT_PROMPTS = 1024
 MAX_TUNE_GENERATION_CHARS = 20_000
+#: the Features page: characters of the text whose latents it finds, latents listed, texts of one
+#: report (pasted, or taken from a built-in set) and characters of each, top contexts shown
+MAX_FEATURE_TEXT_CHARS = 2000
+MAX_FEATURE_K = 50
+MAX_FEATURE_TEXTS = 256
+MAX_FEATURE_DOC_CHARS = 2000
+MAX_FEATURE_CONTEXTS = 50
+#: the Features page's text sets: pasted texts, the shipped harmful and harmless instructions, the
+#: temporal reversal stories (the built-in sets give ``MAX_FEATURE_TEXTS`` texts at most)
+FEATURE_DATASETS = ("custom", "instructions", "temporal")
 #: the Patching page's defaults: the IOI pair (names swapped) and its answers
 IOI_CLEAN = "When Mary and John went to the store, John gave a drink to"
 IOI_CORRUPTED = "When John and Mary went to the store, Mary gave a drink to"
@@ -403,3 +415,35 @@ def tune_words(text, what: str = "words") -> list[str]:
     """
     text = check_text(text, f"the {what}", MAX_TUNE_CONCEPT_CHARS)
     return [w.strip() for w in text.replace("\n", ",").split(",") if w.strip()]
+
+
+# ============================================================================ the Features page's texts
+def feature_texts(kind, text=None) -> list[str]:
+    """The texts a Features report reads: ``kind`` ``"custom"`` -- the pasted ``text`` (one per line, a JSON
+    list or JSON lines, :func:`parse_prompt_text`), 1 to ``MAX_FEATURE_TEXTS`` texts of at most
+    ``MAX_FEATURE_DOC_CHARS`` characters; ``"instructions"`` -- the shipped harmful and harmless instructions
+    (:func:`refusal_pairs`, half of each); ``"temporal"`` -- the temporal reversal stories (:func:`temporal_pairs`).
+
+    Examples:
+        >>> from steerkit.apps.data import feature_texts
+        >>> feature_texts("custom", "The cat sat.\\n\\nA dog ran.")
+        ['The cat sat.', 'A dog ran.']
+        >>> len(feature_texts("temporal")), len(feature_texts("instructions"))
+        (256, 256)
+        >>> feature_texts("custom", "")
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected at least one text (one per line), found none; paste some or pick a built-in set
+    """
+    kind = check_choice(kind, "a text set", FEATURE_DATASETS)
+    half = MAX_FEATURE_TEXTS // 2
+    if kind == "instructions":
+        a, b = refusal_pairs(half)
+        return a + b
+    if kind == "temporal":
+        a, b = temporal_pairs(half)
+        return a + b
+    texts = parse_prompt_text(check_text(text, "the texts", MAX_PROMPT_LIST_CHARS), "the texts")
+    if not texts:
+        raise InputError("expected at least one text (one per line), found none; paste some or pick a built-in set")
+    return bounded_prompts(texts, "the texts of a report", MAX_FEATURE_TEXTS, MAX_FEATURE_DOC_CHARS)

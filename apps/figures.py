@@ -9,7 +9,8 @@ They hold no state and touch no model, so they work the same in the app and in a
 Every figure can be saved as a standalone HTML page with :func:`to_html` (:func:`figure_page` for a
 figure a page sent back). The Tune page draws ``steerkit.probes.tune.tradeoff_figure`` /
 ``heatmap_figure`` (:func:`tune_figures`); :func:`mark_tune_tradeoff`, :func:`mark_tune_heatmap`,
-:func:`tune_point` and :func:`tune_rows` are its selection and table. This is the app's one module
+:func:`tune_point` and :func:`tune_rows` are its selection and table. The Features page draws
+``steerkit.probes.plots.sae.feature_figure`` (:func:`feature_figure`). This is the app's one module
 that imports plotly.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from steerkit.errors import InputError
+from steerkit.probes.plots.sae import feature_figure as sae_feature_figure
 from steerkit.probes.tune import heatmap_figure, tradeoff_figure
 
 REL_COLOR = "#1f77b4"
@@ -30,6 +32,8 @@ COS_COLOR = "#ff7f0e"
 AUROC_COLOR = "#2ca02c"
 PEAK_COLOR = "#d62728"
 TEMPLATE = "plotly_white"
+#: activations a Features histogram sends as they are; past that it is binned here (40 bins)
+MAX_HISTOGRAM_VALUES = 50_000
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -707,3 +711,35 @@ def tune_figures(result: dict, damage: str, metric: str, *, selected: Optional[t
             f.update_layout(title=f"{f.layout.title.text} (stopped at the time limit)")
         f.update_layout(clickmode="event", height=420)
     return curves, heat
+
+
+# ------------------------------------------------------------------ features (the figure is steerkit.probes.plots.sae's)
+def feature_figure(report, *, stopped: bool = False, max_values: int = MAX_HISTOGRAM_VALUES) -> go.Figure:
+    """The Features page's figure of a :class:`steerkit.probes.FeatureReport`: its own
+    :meth:`~steerkit.probes.FeatureReport.plot` (the activation histogram, the logit effects, the nearest
+    latents by decoder cosine). A report of more than ``max_values`` activations has its histogram binned
+    here (40 equal bins, one bar each), so the page and its download stay small; ``stopped``: the
+    reading was cut at the time limit (the title says so).
+
+    Examples:
+        >>> from steerkit.apps.figures import feature_figure
+        >>> from steerkit.probes import FeatureReport
+        >>> rep = FeatureReport(3, "blocks.1.hook_resid_post", 10, 0.3, torch.tensor([0.5, 1.0, 2.0]), [],
+        ...                     [(" a", 1.0)], [(" b", -1.0)], [(7, 0.5)])
+        >>> [t.type for t in feature_figure(rep).data]
+        ['histogram', 'bar', 'bar']
+        >>> binned = feature_figure(rep, max_values=2)
+        >>> binned.data[0].type, sum(binned.data[0].y), binned.layout.title.text
+        ('bar', 3, 'latent 3 at blocks.1.hook_resid_post')
+    """
+    fig = sae_feature_figure(report)
+    values = report.values.reshape(-1).double().numpy()
+    if values.size > max_values:
+        counts, edges = np.histogram(values, bins=40)
+        fig.data = fig.data[1:]  # plotly lets a figure's traces be dropped and reordered, not replaced
+        fig.add_trace(go.Bar(x=((edges[:-1] + edges[1:]) / 2).tolist(), y=counts.tolist(),
+                             width=float(edges[1] - edges[0]), name="activation", showlegend=False), 1, 1)
+        fig.data = (fig.data[-1], *fig.data[:-1])
+    if stopped:
+        fig.update_layout(title=f"{fig.layout.title.text} (stopped at the time limit)")
+    return fig

@@ -3,7 +3,7 @@
 All pages live in the layout at once and the URL only toggles which one is visible, so every
 component id always exists (no callback-on-missing-component errors) and the stores survive
 navigation. Ids are plain strings, prefixed by page (``prof-``, ``probe-``, ``steer-``, ``patch-``,
-``attn-``, ``tune-``, ``store-``, ``diag-``); the browser tests rely on them.
+``attn-``, ``tune-``, ``feat-``, ``store-``, ``diag-``); the browser tests rely on them.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from steerkit.vectors import FORMATS
 
 from .data import (
     IOI_ANSWER, IOI_CLEAN, IOI_CORRUPTED, IOI_WRONG, MAX_ANSWER_CHARS, MAX_ATTN_TOKENS, MAX_BUILTIN_PAIRS,
-    MAX_DIAG_PROMPTS, MAX_FIELD_CHARS, MAX_MODEL_PATH_CHARS, MAX_NEW_TOKENS, MAX_PATCH_PROMPT_CHARS,
+    MAX_DIAG_PROMPTS, MAX_FEATURE_CONTEXTS, MAX_FEATURE_DOC_CHARS, MAX_FEATURE_K, MAX_FEATURE_TEXT_CHARS,
+    MAX_FEATURE_TEXTS, MAX_FIELD_CHARS, MAX_MODEL_PATH_CHARS, MAX_NEW_TOKENS, MAX_PATCH_PROMPT_CHARS,
     MAX_PATCH_TOKENS, MAX_STEER_PROMPT_CHARS, MAX_TUNE_CONCEPT_CHARS, MAX_TUNE_LAYERS, MAX_TUNE_NEW_TOKENS,
     MAX_TUNE_PROMPT_CHARS, MAX_TUNE_PROMPTS, MAX_TUNE_SCALES, UPLOAD_MAX_BYTES,
 )
@@ -24,13 +25,15 @@ if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
 PAGES = [("/profiles", "Profiles"), ("/probes", "Probes"), ("/steer", "Steer"), ("/patching", "Patching"),
-         ("/attention", "Attention"), ("/tune", "Tune"), ("/store", "Store"), ("/diagnostics", "Diagnostics")]
+         ("/attention", "Attention"), ("/tune", "Tune"), ("/features", "Features"), ("/store", "Store"),
+         ("/diagnostics", "Diagnostics")]
 
 #: graphs that get a "download HTML" button: graph id -> file stem
 FIGURES = {"prof-graph": "divergence_profile", "prof-pairs": "per_pair", "prof-lens": "logit_lens",
            "probe-heatmap": "probe_auroc", "diag-norm": "residual_norm", "diag-sink": "sink_attention",
            "diag-mi": "mi_per_step", "patch-heatmap": "activation_patching", "patch-detail": "patching_detail",
-           "attn-pattern": "attention_pattern", "tune-tradeoff": "tune_tradeoff", "tune-heatmap": "tune_heatmap"}
+           "attn-pattern": "attention_pattern", "tune-tradeoff": "tune_tradeoff", "tune-heatmap": "tune_heatmap",
+           "feat-figure": "sae_feature"}
 
 CARD = {"background": "#fff", "border": "1px solid #e3e3e3", "borderRadius": "6px", "padding": "12px 16px",
         "marginBottom": "14px"}
@@ -469,6 +472,77 @@ def tune_page():
     ], id="page-tune")
 
 
+#: the Features page's text sets: value -> label (``steerkit.apps.data.FEATURE_DATASETS``)
+FEATURE_DATASET_LABELS = {"custom": "My own texts (below)", "instructions": "Built-in: harmful and harmless instructions",
+                          "temporal": "Built-in: temporal reversal stories"}
+FEATURE_TEXT = "The cat sat on the mat because it was tired after the long walk."
+FEATURE_TEXTS = ("The cat sat on the mat.\nA dog chased the ball across the park.\nShe poured a cup of coffee and "
+                 "read the news.\nThe stock market fell sharply on Monday.\nPlease translate this sentence into "
+                 "French.\nThe recipe needs two eggs and a cup of flour.")
+#: the columns of the Features page's table of latents: id -> header
+FEATURE_COLUMNS = {"latent": "latent", "max": "peak", "mean": "mean", "count": "active tokens", "token": "peak token",
+                   "position": "position"}
+
+
+def features_page():
+    """A stored SAE's latents on the loaded model: the latents that fire most on a text, and one latent's
+    report over a set of texts (top contexts, density, histogram, logit effects, nearest latents)."""
+    small = {"fontSize": "12px", "color": "#666", "margin": "0 0 8px"}
+    return html.Div([
+        html.Div([
+            html.P("A sparse autoencoder from the store, read at its own site on the loaded model "
+                   "(steerkit.probes.top_latents and feature_report). Save one with steerkit.load_sae(...) and "
+                   "Store.save, or steerkit vectors import.", style=small),
+            html.Div([
+                field("SAE (from the store)", dcc.Dropdown(id="feat-sae", clearable=False, style={"width": "560px"})),
+                html.Button("Rescan", id="feat-rescan", n_clicks=0, style=BTN2),
+            ], style=ROW),
+            message("feat-sae-status"),
+        ], style=CARD),
+        html.Div([
+            html.H4("Find the latents that fire on a text", style={"margin": "0 0 6px"}),
+            field(f"Text (at most {MAX_FEATURE_TEXT_CHARS} characters)", dcc.Textarea(
+                id="feat-text", value=FEATURE_TEXT, maxLength=MAX_FEATURE_TEXT_CHARS,
+                style={"width": "100%", "height": "50px"})),
+            html.Div([
+                field(f"Latents (1 to {MAX_FEATURE_K})", dcc.Input(id="feat-k", type="number", min=1, max=MAX_FEATURE_K,
+                                                                   step=1, value=10, style={"width": "80px"})),
+                html.Button("Find", id="feat-find", n_clicks=0, style=BTN),
+                html.Progress(id="feat-find-progress", style={"width": "120px", "visibility": "hidden"}),
+            ], style={**ROW, "alignItems": "center", "marginTop": "8px"}),
+            message("feat-find-status"),
+            dash_table.DataTable(id="feat-table", columns=[{"name": n, "id": i} for i, n in FEATURE_COLUMNS.items()],
+                                 data=[], page_size=MAX_FEATURE_K,
+                                 style_cell={"fontSize": "12px", "textAlign": "left", "cursor": "pointer",
+                                             "fontFamily": "ui-monospace, monospace", "whiteSpace": "pre"},
+                                 style_header={"fontWeight": "bold"}),
+            html.Div("Click a row to read its latent below.", style={"fontSize": "12px", "color": "#666"}),
+        ], style=CARD),
+        html.Div([
+            html.H4("Report of one latent", style={"margin": "0 0 6px"}),
+            html.Div([
+                field("Latent", dcc.Input(id="feat-latent", type="number", min=0, step=1, value=None,
+                                          placeholder="index", style={"width": "100px"})),
+                field("Texts", dcc.Dropdown(id="feat-dataset", clearable=False, value="custom", options=[
+                    {"label": label, "value": value} for value, label in FEATURE_DATASET_LABELS.items()]),
+                      width="360px"),
+                field(f"Contexts (1 to {MAX_FEATURE_CONTEXTS})", dcc.Input(
+                    id="feat-top", type="number", min=1, max=MAX_FEATURE_CONTEXTS, step=1, value=20,
+                    style={"width": "80px"})),
+            ], style=ROW),
+            field(f"My own texts (one per line, at most {MAX_FEATURE_TEXTS} texts of {MAX_FEATURE_DOC_CHARS} "
+                  "characters)", dcc.Textarea(id="feat-texts", value=FEATURE_TEXTS,
+                                              style={"width": "100%", "height": "90px"})),
+            html.Div(progress_row("feat"), style={"marginTop": "10px"}),
+            message("feat-status"),
+        ], style=CARD),
+        html.Div([
+            html.Div(id="feat-contexts", style={**PANE, "whiteSpace": "pre-wrap", "minHeight": "60px"}),
+            graph("feat-figure", 420, placeholder="Pick a latent and press Compute to read it over the texts."),
+        ], style=CARD),
+    ], id="page-features")
+
+
 def shell(model_label: str, n_layers: Optional[int], store_path: str, results_path: str, models=(),
           current_model=DEFAULT_MODEL_VALUE):
     nav = html.Div([html.Span("steerkit explorer", style={"fontWeight": "bold", "marginRight": "24px"})]
@@ -482,10 +556,11 @@ def shell(model_label: str, n_layers: Optional[int], store_path: str, results_pa
         dcc.Location(id="url"),
         dcc.Store(id="prof-key"), dcc.Store(id="direction"), dcc.Store(id="diag-key"), dcc.Store(id="probe-upload-data"),
         dcc.Store(id="patch-key"), dcc.Store(id="attn-key"), dcc.Store(id="tune-key"), dcc.Store(id="tune-cell"),
+        dcc.Store(id="feat-find-key"), dcc.Store(id="feat-key"),
         dcc.Download(id="download-fig"), dcc.Download(id="download-export"),
         nav,
         html.Div([profiles_page(n_layers, models, current_model), probes_page(), steer_page(), patching_page(),
-                  attention_page(), tune_page(), store_page(), diagnostics_page()],
+                  attention_page(), tune_page(), features_page(), store_page(), diagnostics_page()],
                  style={"padding": "14px 18px", "maxWidth": "1280px", "margin": "0 auto"}),
         html.Div(f"store: {store_path} · results: {results_path}",
                  style={"fontSize": "11px", "color": "#999", "padding": "6px 18px"}),

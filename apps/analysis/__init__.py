@@ -25,6 +25,10 @@ figures; nothing here imports a plotting library.
 * :mod:`.tune`: :func:`tune_run` -> :class:`TuneRun`: :func:`steerkit.probes.tune.tune` over a layers x
   scales grid, one layer per call (progress, cancel and the time limit between layers), merged into one
   tune result.
+* :mod:`.features`: :func:`find_latents` -> :class:`steerkit.probes.TopLatents` (the latents of a stored SAE
+  that fire most on a text) and :func:`feature_run` -> :class:`FeatureRun`:
+  :func:`steerkit.probes.feature_report` of one latent over a set of texts, one batch of texts per call
+  (progress, cancel and the time limit between batches), merged into one report by :func:`merge_reports`.
 
 Long computations take ``progress(done, total)`` and ``should_stop()`` callables; when
 ``should_stop()`` turns true they raise :class:`Cancelled` between batches (or tokens).
@@ -36,6 +40,7 @@ import time  # noqa: F401 - the computations' clock (``time.monotonic``), patche
 from .attention import AttentionPatterns, attention_patterns
 from .common import Cancelled, logit_lens
 from .diagnostics import LayerDiagnostics, layer_diagnostics
+from .features import FeatureRun, feature_run, find_latents, merge_reports
 from .patching import HeadDetail, PatchingRun, head_detail, patching_run
 from .profile import DivergenceProfile, divergence_profile
 from .steering import (
@@ -45,8 +50,9 @@ from .steering import (
 from .tune import TuneRun, merge_tunes, tune_run
 
 __all__ = [
-    "AttentionPatterns", "Cancelled", "DivergenceProfile", "HeadDetail", "LayerDiagnostics", "OPERATIONS",
-    "PatchingRun", "STEERABLE", "SteerResult", "SteerSetting", "TuneRun", "artifact_interventions",
-    "attention_patterns", "direction_artifacts", "divergence_profile", "head_detail", "layer_diagnostics",
-    "logit_lens", "merge_tunes", "patching_run", "steer_compare", "steer_setting", "tune_run",
+    "AttentionPatterns", "Cancelled", "DivergenceProfile", "FeatureRun", "HeadDetail", "LayerDiagnostics",
+    "OPERATIONS", "PatchingRun", "STEERABLE", "SteerResult", "SteerSetting", "TuneRun", "artifact_interventions",
+    "attention_patterns", "direction_artifacts", "divergence_profile", "feature_run", "find_latents", "head_detail",
+    "layer_diagnostics", "logit_lens", "merge_reports", "merge_tunes", "patching_run", "steer_compare",
+    "steer_setting", "tune_run",
 ]
