@@ -208,6 +208,12 @@ class ModelHost:
         with self._results_lock:
             self.results.pop(key, None)
 
+    def keep_partial(self, key: str, value: Any) -> str:
+        """A result cut short by a time limit is not what its settings give: drop it from ``key`` (the
+        settings' entry) and keep it under a key of its own, which is returned."""
+        self.forget(key)
+        return self.put(cache_key("partial", key, time.time()), value)
+
     def cached(self, key: str, compute: Callable[[], Any]):
         """The cached result for ``key``, or compute it (holding the model lock) and cache it."""
         hit = self.result(key)

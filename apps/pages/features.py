@@ -10,7 +10,6 @@ escapes), never raw HTML.
 """
 from __future__ import annotations
 
-import time
 import warnings
 
 from dash import Input, Output, State, html, no_update
@@ -194,8 +193,7 @@ def register_report(app, c: Context) -> None:
                 deadline=env.deadline))
             cut = ""
             if run.stopped_at_deadline:  # a reading cut short is not what these settings give
-                host.forget(key)
-                key = host.put(cache_key("features-partial", key, time.time()), run)
+                key = host.keep_partial(key, run)
                 cut = (f" Stopped at the time limit of {env.deadline:g} s per request after {run.n_read} of "
                        f"{run.n_texts} texts; this is what it had (choose fewer texts).")
             rep = run.report

@@ -3,7 +3,6 @@ activation and / or attribution patching (:func:`steerkit.apps.analysis.patching
 a clicked cell's detail (a layer over positions, or one head patched at each position)."""
 from __future__ import annotations
 
-import time
 
 from dash import Input, Output, State, ctx, no_update
 
@@ -64,8 +63,7 @@ def register(app, c: Context) -> None:
                 progress=ticker(set_progress), should_stop=should_stop, deadline=env.deadline))
             note = ""
             if run.stopped_at_deadline:  # a grid cut short is not what these settings give
-                host.forget(key)
-                key = host.put(cache_key("patching-partial", key, time.time()), run)
+                key = host.keep_partial(key, run)
                 n_done = len(run.activation.layers) if run.activation is not None else 0
                 note = (f" Stopped at the time limit of {env.deadline:g} s per request after {n_done} of "
                         f"{len(run.layers_requested)} layers; this is what it had (choose fewer layers).")

@@ -139,8 +139,7 @@ def register_grid(app, c: Context) -> None:
                 progress=ticker(set_progress), should_stop=should_stop, deadline=env.tune_deadline))
             cut = ""
             if run.stopped_at_deadline:  # a grid cut short is not what these settings give
-                host.forget(key)
-                key = host.put(cache_key("tune-partial", key, time.time()), run)
+                key = host.keep_partial(key, run)
                 cut = (f" Stopped at the time limit of {env.tune_deadline:g} s after {len(run.result['layers'])} of "
                         f"{len(layers)} layers; this is what it had (choose fewer layers, scales, prompts or tokens).")
             rec = run.recommended
