@@ -62,8 +62,8 @@ class FeatureReport:
         >>> W = torch.nn.functional.normalize(torch.randn(32, 64, generator=torch.Generator().manual_seed(1)), dim=-1)
         >>> rep = feature_report(tiny, SAEWeights(W.T.clone(), torch.zeros(32), W, torch.zeros(64)), 3,
         ...                      ["one two", "three four five"], site="blocks.1.hook_resid_post", progress=False)
-        >>> rep.latent, rep.n_tokens, rep.contexts_html().startswith("<div"), sorted(rep.to_dict())[:3]
-        (3, 5, True, ['bottom_logits', 'contexts', 'density'])
+        >>> rep.latent, rep.n_tokens, rep.contexts_html().startswith("<div"), sorted(rep.to_dict())[:3]  # first tokens not counted
+        (3, 3, True, ['bottom_logits', 'contexts', 'density'])
     """
 
     latent: int
