@@ -144,25 +144,33 @@ def run_group(register: Callable[[Any], Any], command: str, argv: Sequence[str] 
     return run_verb(args.func, args)
 
 
+def read_text_file(path: str, what: str = "text", formats: str = "a text file") -> str:
+    """The UTF-8 text of the file at ``path`` (a ``what`` file, one of ``formats``); an
+    :class:`~steerkit.errors.InputError` for a folder, a missing or unreadable file, bytes that are not UTF-8
+    or binary data (NUL bytes)."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"expected a {what} file at {p}, found a folder; pass {formats}")
+    if not p.is_file():
+        raise InputError(f"expected a {what} file at {p}, found nothing there; check the path")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"expected a UTF-8 text {what} file at {p}, found bytes that are not UTF-8 (at offset "
+                         f"{e.start}); pass {formats} saved as UTF-8") from None
+    except OSError as e:
+        raise InputError(f"expected a readable {what} file at {p}, found it unreadable ({e.strerror or e}); "
+                         "check its permissions") from None
+    if "\x00" in text:
+        raise InputError(f"expected a text {what} file at {p}, found binary data (NUL bytes); pass {formats}")
+    return text
+
+
 def read_records(path: str) -> list[dict]:
     """Records ``{"prompt": str, **fields}`` from a .json list, a .jsonl file or a text file (one per
     line); objects give their first field among :data:`PROMPT_KEYS` as the prompt."""
     p = Path(path)
-    if p.is_dir():
-        raise InputError(f"expected a prompts file at {p}, found a folder; pass a .jsonl, .json or text file")
-    if not p.is_file():
-        raise InputError(f"expected a prompts file at {p}, found nothing there; check the path")
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"expected a UTF-8 text prompts file at {p}, found bytes that are not UTF-8 (at offset "
-                         f"{e.start}); pass a .jsonl, .json or text file saved as UTF-8") from None
-    except OSError as e:
-        raise InputError(f"expected a readable prompts file at {p}, found it unreadable ({e.strerror or e}); "
-                         "check its permissions") from None
-    if "\x00" in text:
-        raise InputError(f"expected a text prompts file at {p}, found binary data (NUL bytes); pass a .jsonl, "
-                         ".json or text file")
+    text = read_text_file(path, "prompts", "a .jsonl, .json or text file")
 
     def rec(obj, where):
         if isinstance(obj, str):

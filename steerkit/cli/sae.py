@@ -38,7 +38,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from steerkit.cli._common import add_model_options, check_min, check_output_path, load_model_from, read_prompts
+from steerkit.cli._common import (add_model_options, check_min, check_output_path, load_model_from, read_prompts,
+                                  read_text_file)
 from steerkit.errors import InputError
 from steerkit.probes import FeatureReport, feature_report, read_corpus, sae_eval, top_latents, train_sae
 from steerkit.probes.plots.require import PLOTLY_MISSING
@@ -196,15 +197,7 @@ def _text_of(args: argparse.Namespace) -> str:
     if args.text_file is None:
         text = args.text
     else:
-        p = Path(args.text_file)
-        if not p.is_file():
-            raise InputError(f"expected a text file at {p}, found {'a folder' if p.is_dir() else 'nothing'} there; "
-                             "check the path")
-        try:
-            text = p.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InputError(f"expected a UTF-8 text file at {p}, found bytes that are not UTF-8 (at offset "
-                             f"{e.start})") from None
+        text = read_text_file(args.text_file)
         text = text[:-1] if text.endswith("\n") else text
     if not text:
         raise InputError("expected a non-empty text, found an empty one; give the text to read")

@@ -54,7 +54,7 @@ from steerkit.kernels import bind_steer as bind_steer, orthonormalize as orthono
 from steerkit.interventions.conditions import (CONDITION_AGGREGATES, CONDITION_COMPARATORS, CONDITION_MEASURES, RULE_MODES, Condition,
                          Decisions, When, aggregate_rows, condition_similarity)
 from steerkit.interventions.facts import ModelFacts
-from steerkit.interventions.latents import LatentEdit, latent_indices, sae_weights
+from steerkit.interventions.latents import LatentEdit, clamp_target, latent_indices, sae_weights
 from steerkit.interventions.lower import from_config, lower
 from steerkit.interventions.program import MAX_POSITION_SPECS, CompiledSteering, MaskOf, SiteProgram, compile
 from steerkit.interventions.server import server_mask_of
@@ -63,5 +63,5 @@ from steerkit.interventions.values import KERNEL_OPS, OPS, Gate, Intervention, O
 __all__ = ["ModelFacts", "Intervention", "Gate", "Op", "OPS", "KERNEL_OPS", "Steering", "Condition", "When",
            "Decisions", "CONDITION_AGGREGATES", "CONDITION_COMPARATORS", "CONDITION_MEASURES", "RULE_MODES",
            "aggregate_rows", "condition_similarity", "lower", "from_config", "compile", "CompiledSteering",
-           "SiteProgram", "MaskOf", "MAX_POSITION_SPECS", "server_mask_of", "LatentEdit", "latent_indices",
+           "SiteProgram", "MaskOf", "MAX_POSITION_SPECS", "server_mask_of", "LatentEdit", "clamp_target", "latent_indices",
            "sae_weights"]

@@ -66,6 +66,31 @@ def latent_indices(latents: Any, d_sae: int) -> tuple[int, ...]:
     return idx
 
 
+def clamp_target(value: Any, scale: Any, n: int) -> tuple[Optional[Tensor], Optional[float]]:
+    """A clamp's target for ``n`` latents: exactly one of ``value`` (a finite number, or one per latent) as a
+    float32 tensor ``[n]``, or ``scale`` (a finite multiple of their own activations) as a float.
+
+    Examples:
+        >>> clamp_target(2.0, None, 3)
+        (tensor([2., 2., 2.]), None)
+        >>> clamp_target(None, 0, 2)
+        (None, 0.0)
+    """
+    if (value is None) == (scale is None):
+        raise InputError("expected exactly one of value= (the latents' new activations) or scale= (a multiple "
+                         f"of their own activations) for a clamp, found {'both' if value is not None else 'neither'}")
+    if value is not None:
+        t = torch.as_tensor(value, dtype=torch.float32).reshape(-1)
+        if t.numel() == 1:
+            t = t.expand(n).clone()
+        if t.numel() != n or not bool(torch.isfinite(t).all()):
+            raise InputError(f"expected one finite clamp value per latent ({n}), found {value!r:.80}")
+        return t, None
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not torch.isfinite(torch.tensor(float(scale))):
+        raise InputError(f"expected scale= as a finite number, found {scale!r:.80}")
+    return None, float(scale)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class LatentEdit:
     """Clamp some latents of an SAE to ``target`` (one value each) or to ``scale`` times their
@@ -102,24 +127,11 @@ class LatentEdit:
                              "latents write to another site); add its decoder rows there with "
                              "Intervention.sae_latent(..., mode='add') at the output site")
         idx = latent_indices(latents, w.d_sae)
-        if (value is None) == (scale is None):
-            raise InputError("expected exactly one of value= (the latents' new activations) or scale= (a multiple "
-                             f"of their own activations) for a clamp, found {'both' if value is not None else 'neither'}")
-        target = None
-        if value is not None:
-            t = torch.as_tensor(value, dtype=torch.float32).reshape(-1)
-            if t.numel() == 1:
-                t = t.expand(len(idx)).clone()
-            if t.numel() != len(idx) or not bool(torch.isfinite(t).all()):
-                raise InputError(f"expected one finite clamp value per latent ({len(idx)}), found {value!r:.80}")
-            target = t
-        elif not isinstance(scale, (int, float)) or isinstance(scale, bool) or not torch.isfinite(
-                torch.tensor(float(scale))):
-            raise InputError(f"expected scale= as a finite number, found {scale!r:.80}")
+        target, scale = clamp_target(value, scale, len(idx))
         # a TopK SAE's selection needs every pre-activation: it keeps the whole encoder, its restriction decodes
         whole = w.architecture == "topk"
         rows = w.restrict(list(idx))
-        return cls(w if whole else rows, rows, idx if whole else None, target, None if scale is None else float(scale))
+        return cls(w if whole else rows, rows, idx if whole else None, target, scale)
 
     @property
     def d_in(self) -> int:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from steerkit.errors import InputError
-from steerkit.interventions import Intervention, latent_indices
+from steerkit.interventions import Intervention, clamp_target, latent_indices
 
 from ..errors import ArtifactFormatError, VectorsError
 from ..provenance import Provenance
@@ -86,22 +86,10 @@ class LatentClamp(_Artifact):
         if self.restricted and self.sae.d_sae != len(self.latents):
             raise VectorsError(f"expected a restricted SAE of exactly the {len(self.latents)} clamped latents, found "
                                f"d_sae={self.sae.d_sae}")
-        if (self.value is None) == (self.scale is None):
-            raise VectorsError("expected exactly one of value (the latents' new activations) or scale (a multiple "
-                               "of their own activations)")
-        if self.value is not None:
-            v = torch.as_tensor(self.value, dtype=torch.float32).reshape(-1)
-            if v.numel() == 1:
-                v = v.expand(len(self.latents)).clone()
-            if v.numel() != len(self.latents) or not bool(torch.isfinite(v).all()):
-                raise VectorsError(f"expected one finite value per latent ({len(self.latents)}), found "
-                                   f"{self.value!r:.80}")
-            self.value = v
-        elif isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)) or \
-                not torch.isfinite(torch.tensor(float(self.scale))):
-            raise VectorsError(f"expected scale as a finite number, found {self.scale!r:.80}")
-        else:
-            self.scale = float(self.scale)
+        try:
+            self.value, self.scale = clamp_target(self.value, self.scale, len(self.latents))
+        except InputError as e:
+            raise VectorsError(str(e)) from None
         self.positions = _positions(self.positions)
         self.provenance = self.sae.provenance.replace(operation="latent_clamp")
 
