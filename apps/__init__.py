@@ -23,3 +23,6 @@ inside its results folder, loads only the models its picker listed or a path typ
 box, and bounds every value a request carries (the ``MAX_*`` limits of :mod:`.data`) and the time
 of model work per request.
 """
+if __name__ != "steerkit.apps":  # found as a top-level `apps` from a checkout's root: steerkit/_rootnames.py
+    import runpy
+    runpy.run_path(f"{__path__[0]}/../steerkit/_rootnames.py")["hand_over"](__name__)

@@ -35,11 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import _common as C  # noqa: E402  (standard library only)
 
-try:
-    import steerkit.kernels as K
-except Exception:  # not installed (e.g. a bare GPU machine): load kernels/ from the checkout
-    sys.path.insert(0, str(ROOT))
-    import kernels as K  # type: ignore
+import steerkit.kernels as K  # noqa: E402  (installed: scripts/gpu_check.sh installs it without dependencies)
 
 
 def bench(fn, smoke: bool) -> float:

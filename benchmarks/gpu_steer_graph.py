@@ -20,8 +20,7 @@ atol 1e-4), i.e. that the captured graph really reads the refilled buffers.
 Usage:  python benchmarks/gpu_steer_graph.py                  # on one CUDA GPU, about a minute
         python benchmarks/gpu_steer_graph.py --quick          # 8 blocks, fewer replays
         python benchmarks/gpu_steer_graph.py --smoke          # CPU: the arithmetic check only, no graph
-Needs only torch (and this checkout: it imports steerkit, or its kernels/ folder when steerkit is not
-installed). Writes ``benchmarks/results/gpu_steer_graph.csv`` (``--out``) and ``$OUT/gpu_steer_graph.json``
+Needs torch and steerkit installed (scripts/gpu_check.sh installs it without dependencies). Writes ``benchmarks/results/gpu_steer_graph.csv`` (``--out``) and ``$OUT/gpu_steer_graph.json``
 when ``OUT`` is set. Not run on the CPU-only machines the project is developed on.
 """
 from __future__ import annotations
@@ -40,13 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import _common as C  # noqa: E402  (standard library only)
 
-try:
-    from steerkit.kernels import SteerConfig, SteerTable, fused_steer_ref, orthonormalize
-    from steerkit.kernels.slots import SteerSlots, slot_info, steer_resid_slots_
-except Exception:  # not installed (a bare GPU image): the checkout's kernels/ folder
-    sys.path.insert(0, str(ROOT))
-    from kernels import SteerConfig, SteerTable, fused_steer_ref, orthonormalize  # type: ignore
-    from kernels.slots import SteerSlots, slot_info, steer_resid_slots_  # type: ignore
+# installed: scripts/gpu_check.sh installs steerkit without dependencies
+from steerkit.kernels import SteerConfig, SteerTable, fused_steer_ref, orthonormalize  # noqa: E402
+from steerkit.kernels.slots import SteerSlots, slot_info, steer_resid_slots_  # noqa: E402
 
 
 def build(d: int, layers: int, tokens: int, device, dtype, configs: int = 8, seed: int = 0):

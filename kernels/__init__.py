@@ -21,30 +21,33 @@ made). The Triton kernel's tiles come from :func:`launch_params`, or from a
 :class:`LaunchParams` passed as ``launch=``. Ablation and injection have analytic
 backward passes (Triton kernel or torch), so vectors can be optimised by gradient.
 """
+if __name__ != "steerkit.kernels":  # found as a top-level `kernels` from a checkout's root: steerkit/_rootnames.py
+    import runpy
+    runpy.run_path(f"{__path__[0]}/../steerkit/_rootnames.py")["hand_over"](__name__)
+else:
+    import warnings
 
-import warnings
+    from ._backend import HAS_TRITON, get_impl, interpret_mode, resolve_impl, resolve_impl_for, set_impl, use_impl
+    from .config import (MAX_HALFSPACES, MAX_K, MAX_M, ORTHO_TOL, Polyhedron, SteerConfig, SteerConfigError, SteerTable,
+                         orthonormalize, table_from_tensors)
+    from .fused import BoundSteer, ablate, bind_steer, clamp, fused_steer, inject, project_region
+    from .launch import LaunchParams, launch_params
+    from .reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref,
+                            solve_polyhedron_projection)
 
-from ._backend import HAS_TRITON, get_impl, interpret_mode, resolve_impl, resolve_impl_for, set_impl, use_impl
-from .config import (MAX_HALFSPACES, MAX_K, MAX_M, ORTHO_TOL, Polyhedron, SteerConfig, SteerConfigError, SteerTable,
-                     orthonormalize, table_from_tensors)
-from .fused import BoundSteer, ablate, bind_steer, clamp, fused_steer, inject, project_region
-from .launch import LaunchParams, launch_params
-from .reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref,
-                        solve_polyhedron_projection)
-
-__all__ = [
-    "fused_steer", "bind_steer", "BoundSteer", "ablate", "clamp", "inject", "project_region",
-    "SteerConfig", "SteerTable", "Polyhedron", "SteerConfigError", "orthonormalize", "table_from_tensors",
-    "fused_steer_ref", "solve_polyhedron_projection", "LaunchParams", "launch_params",
-    "use_impl", "set_impl", "get_impl", "resolve_impl", "resolve_impl_for", "interpret_mode", "HAS_TRITON",
-    "MAX_K", "MAX_M", "MAX_HALFSPACES", "ORTHO_TOL", "DEFAULT_REGION_TOL", "DEFAULT_REGION_MAX_ITER",
-]
+    __all__ = [
+        "fused_steer", "bind_steer", "BoundSteer", "ablate", "clamp", "inject", "project_region",
+        "SteerConfig", "SteerTable", "Polyhedron", "SteerConfigError", "orthonormalize", "table_from_tensors",
+        "fused_steer_ref", "solve_polyhedron_projection", "LaunchParams", "launch_params",
+        "use_impl", "set_impl", "get_impl", "resolve_impl", "resolve_impl_for", "interpret_mode", "HAS_TRITON",
+        "MAX_K", "MAX_M", "MAX_HALFSPACES", "ORTHO_TOL", "DEFAULT_REGION_TOL", "DEFAULT_REGION_MAX_ITER",
+    ]
 
 
-def __getattr__(name: str):
-    if name == "Region":  # the geometry's former name; steerkit.vectors.Region is the stored artifact
-        warnings.warn("steerkit.kernels.Region is now steerkit.kernels.Polyhedron (steerkit.Polyhedron); "
-                      "steerkit.vectors.Region is the stored region artifact", DeprecationWarning, stacklevel=2)
-        return Polyhedron
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def __getattr__(name: str):
+        if name == "Region":  # the geometry's former name; steerkit.vectors.Region is the stored artifact
+            warnings.warn("steerkit.kernels.Region is now steerkit.kernels.Polyhedron (steerkit.Polyhedron); "
+                          "steerkit.vectors.Region is the stored region artifact", DeprecationWarning, stacklevel=2)
+            return Polyhedron
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -54,66 +54,70 @@ al. in :mod:`.methods.region`, ...), each with a config dataclass and ``run(sm, 
 :data:`steerkit.probes.methods.REGISTRY`; their results save artifacts that :mod:`steerkit.vectors`
 stores. Their public names are re-exported here.
 """
-from .directions import DIRECTION_METHODS, Direction, diff_of_means, find_direction, pca_center, pca_diff
-from .contrast import (SENTENCE_STARTERS, ContrastPair, contrast_activations, contrast_direction, contrast_pairs,
-                       persona_pairs, render, render_messages, truncated_suffixes)
-from .linear import (METHODS, direction_to_probe, fit_logistic, fit_probe, logistic_pipeline, pipeline_to_probe,
-                     probe_direction, probe_scores)
-from .metrics import auroc, balanced_accuracy, bootstrap_auroc_ci, youden_threshold
-from .scoring import score_prompts
-from .patching import PatchingResult, activation_patching, attribution_patching, logit_diff_metric
-from .lens import DLAResult, LensResult, direct_logit_attribution, logit_lens
-from .tune import Rule, TuneResult, tune
-from .sweep import SweepResult, cross_validate, labels_for, record_activations, sweep, sweep_activations
-from .condition import CONDITION_SITES, condition_confusion, f1_grid, fit_condition
-from .sae_corpus import CorpusChunks, read_corpus, split_chunks, token_chunks
-from .sae_metrics import ce_loss_recovered, dead_latents, explained_variance, l0, next_token_ce, reconstruction_metrics
-from .sae_eval import sae_eval, special_token_ids
-from .sae_train import SAETrainResult, sae_layer, train_sae
-from .sae_features import FeatureReport, LatentAttribution, TopLatents, feature_report, latent_attribution, top_latents
-from .methods.temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, inject, injection_spec,
-                               linear_decay, order_questions, per_input_taus, profile_from_states, temporal_pairs,
-                               temporal_profile)
-from .methods.norms import AttentionDrift, NormChain, NormProfile, attention_drift, norm_chain, norm_profile
-from .methods.mi import (THINKING_WORDS, MITrajectory, find_peaks, hsic_mi, mi_trajectory, peak_token_counts, thinking_eval,
-                         thinking_token_ids)
-from .methods.caa import AB_ITEMS, ABItem, after_instruction, caa_activations, caa_eval, caa_vector, matching_prob
-from .train import (PreferencePair, TrainResult, as_pairs, bipo_loss, completion_logprobs, myopic_items, pairs_hash,
-                    preference_margins, preference_pairs, train_bipo, train_promptless)
-from .methods.region import (CONCISE_PROMPT, EVAL_PROMPT, VERBOSE_PROMPT, Problem, RegionResult, Solution, StepBoundaries,
-                             arithmetic_problems, fit_region, gsm8k_problems, parse_answer, region_eval, region_features,
-                             region_spec, run_region, steer_region, step_boundaries, steering_positions)
-from .methods.induction import InductionConfig, InductionResult, induction_scores, repeated_tokens
-from .methods.ioi import IOIConfig, IOIPair, IOIResult, ioi_pairs
-from .methods.critique import (ArithTrace, CritiqueResult, CritiqueVector, arithmetic_traces, critique_activations,
-                               critique_sweep, critique_vector, detection_eval, detection_scores, f1_score,
-                               gsm8k_error_traces, logit_lens_tokens, run_critique, steer_critique, trace_pairs)
+if __name__ != "steerkit.probes":  # found as a top-level `probes` from a checkout's root: steerkit/_rootnames.py
+    import runpy
+    runpy.run_path(f"{__path__[0]}/../steerkit/_rootnames.py")["hand_over"](__name__)
+else:
+    from .directions import DIRECTION_METHODS, Direction, diff_of_means, find_direction, pca_center, pca_diff
+    from .contrast import (SENTENCE_STARTERS, ContrastPair, contrast_activations, contrast_direction, contrast_pairs,
+                           persona_pairs, render, render_messages, truncated_suffixes)
+    from .linear import (METHODS, direction_to_probe, fit_logistic, fit_probe, logistic_pipeline, pipeline_to_probe,
+                         probe_direction, probe_scores)
+    from .metrics import auroc, balanced_accuracy, bootstrap_auroc_ci, youden_threshold
+    from .scoring import score_prompts
+    from .patching import PatchingResult, activation_patching, attribution_patching, logit_diff_metric
+    from .lens import DLAResult, LensResult, direct_logit_attribution, logit_lens
+    from .tune import Rule, TuneResult, tune
+    from .sweep import SweepResult, cross_validate, labels_for, record_activations, sweep, sweep_activations
+    from .condition import CONDITION_SITES, condition_confusion, f1_grid, fit_condition
+    from .sae_corpus import CorpusChunks, read_corpus, split_chunks, token_chunks
+    from .sae_metrics import ce_loss_recovered, dead_latents, explained_variance, l0, next_token_ce, reconstruction_metrics
+    from .sae_eval import sae_eval, special_token_ids
+    from .sae_train import SAETrainResult, sae_layer, train_sae
+    from .sae_features import FeatureReport, LatentAttribution, TopLatents, feature_report, latent_attribution, top_latents
+    from .methods.temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, inject, injection_spec,
+                                   linear_decay, order_questions, per_input_taus, profile_from_states, temporal_pairs,
+                                   temporal_profile)
+    from .methods.norms import AttentionDrift, NormChain, NormProfile, attention_drift, norm_chain, norm_profile
+    from .methods.mi import (THINKING_WORDS, MITrajectory, find_peaks, hsic_mi, mi_trajectory, peak_token_counts, thinking_eval,
+                             thinking_token_ids)
+    from .methods.caa import AB_ITEMS, ABItem, after_instruction, caa_activations, caa_eval, caa_vector, matching_prob
+    from .train import (PreferencePair, TrainResult, as_pairs, bipo_loss, completion_logprobs, myopic_items, pairs_hash,
+                        preference_margins, preference_pairs, train_bipo, train_promptless)
+    from .methods.region import (CONCISE_PROMPT, EVAL_PROMPT, VERBOSE_PROMPT, Problem, RegionResult, Solution, StepBoundaries,
+                                 arithmetic_problems, fit_region, gsm8k_problems, parse_answer, region_eval, region_features,
+                                 region_spec, run_region, steer_region, step_boundaries, steering_positions)
+    from .methods.induction import InductionConfig, InductionResult, induction_scores, repeated_tokens
+    from .methods.ioi import IOIConfig, IOIPair, IOIResult, ioi_pairs
+    from .methods.critique import (ArithTrace, CritiqueResult, CritiqueVector, arithmetic_traces, critique_activations,
+                                   critique_sweep, critique_vector, detection_eval, detection_scores, f1_score,
+                                   gsm8k_error_traces, logit_lens_tokens, run_critique, steer_critique, trace_pairs)
 
-__all__ = [
-    "DIRECTION_METHODS", "METHODS", "Direction", "diff_of_means", "pca_diff", "pca_center", "find_direction",
-    "logistic_pipeline", "fit_logistic", "pipeline_to_probe", "direction_to_probe", "fit_probe", "probe_scores",
-    "probe_direction", "auroc", "balanced_accuracy", "bootstrap_auroc_ci", "youden_threshold", "sweep", "labels_for",
-    "sweep_activations", "record_activations", "cross_validate", "SweepResult", "score_prompts", "OrderItem",
-    "Profile", "TemporalPair", "choice_accuracy", "choose_beta", "inject", "injection_spec", "linear_decay",
-    "order_questions", "per_input_taus", "profile_from_states", "temporal_pairs", "temporal_profile", "NormProfile",
-    "norm_profile", "AttentionDrift", "attention_drift", "NormChain", "norm_chain", "MITrajectory", "find_peaks",
-    "hsic_mi", "mi_trajectory", "peak_token_counts", "thinking_eval", "thinking_token_ids", "THINKING_WORDS",
-    "AB_ITEMS", "ABItem", "after_instruction", "caa_activations", "caa_eval", "caa_vector", "matching_prob",
-    "Problem", "Solution", "RegionResult", "StepBoundaries", "arithmetic_problems", "gsm8k_problems", "parse_answer",
-    "step_boundaries", "steering_positions", "region_features", "fit_region", "region_spec", "steer_region",
-    "region_eval", "run_region", "VERBOSE_PROMPT", "CONCISE_PROMPT", "EVAL_PROMPT", "ArithTrace", "CritiqueResult",
-    "CritiqueVector", "arithmetic_traces", "critique_activations", "critique_sweep", "critique_vector",
-    "detection_eval", "detection_scores", "f1_score", "gsm8k_error_traces", "logit_lens_tokens", "run_critique",
-    "steer_critique", "trace_pairs", "PatchingResult", "activation_patching", "attribution_patching",
-    "logit_diff_metric", "LensResult", "logit_lens", "DLAResult", "direct_logit_attribution", "InductionConfig",
-    "InductionResult", "induction_scores", "repeated_tokens", "IOIConfig", "IOIPair", "IOIResult", "ioi_pairs",
-    "ContrastPair", "contrast_pairs", "persona_pairs", "truncated_suffixes", "render", "render_messages",
-    "contrast_activations", "contrast_direction", "SENTENCE_STARTERS",
-    "PreferencePair", "TrainResult", "as_pairs", "bipo_loss", "completion_logprobs", "myopic_items", "pairs_hash",
-    "preference_margins", "preference_pairs", "train_bipo", "train_promptless",
-    "tune", "TuneResult", "Rule",
-    "CONDITION_SITES", "fit_condition", "condition_confusion", "f1_grid",
-    "train_sae", "SAETrainResult", "sae_layer", "read_corpus", "token_chunks", "split_chunks", "CorpusChunks",
-    "l0", "explained_variance", "next_token_ce", "ce_loss_recovered", "dead_latents", "reconstruction_metrics",
-    "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution", "top_latents", "TopLatents",
-]
+    __all__ = [
+        "DIRECTION_METHODS", "METHODS", "Direction", "diff_of_means", "pca_diff", "pca_center", "find_direction",
+        "logistic_pipeline", "fit_logistic", "pipeline_to_probe", "direction_to_probe", "fit_probe", "probe_scores",
+        "probe_direction", "auroc", "balanced_accuracy", "bootstrap_auroc_ci", "youden_threshold", "sweep", "labels_for",
+        "sweep_activations", "record_activations", "cross_validate", "SweepResult", "score_prompts", "OrderItem",
+        "Profile", "TemporalPair", "choice_accuracy", "choose_beta", "inject", "injection_spec", "linear_decay",
+        "order_questions", "per_input_taus", "profile_from_states", "temporal_pairs", "temporal_profile", "NormProfile",
+        "norm_profile", "AttentionDrift", "attention_drift", "NormChain", "norm_chain", "MITrajectory", "find_peaks",
+        "hsic_mi", "mi_trajectory", "peak_token_counts", "thinking_eval", "thinking_token_ids", "THINKING_WORDS",
+        "AB_ITEMS", "ABItem", "after_instruction", "caa_activations", "caa_eval", "caa_vector", "matching_prob",
+        "Problem", "Solution", "RegionResult", "StepBoundaries", "arithmetic_problems", "gsm8k_problems", "parse_answer",
+        "step_boundaries", "steering_positions", "region_features", "fit_region", "region_spec", "steer_region",
+        "region_eval", "run_region", "VERBOSE_PROMPT", "CONCISE_PROMPT", "EVAL_PROMPT", "ArithTrace", "CritiqueResult",
+        "CritiqueVector", "arithmetic_traces", "critique_activations", "critique_sweep", "critique_vector",
+        "detection_eval", "detection_scores", "f1_score", "gsm8k_error_traces", "logit_lens_tokens", "run_critique",
+        "steer_critique", "trace_pairs", "PatchingResult", "activation_patching", "attribution_patching",
+        "logit_diff_metric", "LensResult", "logit_lens", "DLAResult", "direct_logit_attribution", "InductionConfig",
+        "InductionResult", "induction_scores", "repeated_tokens", "IOIConfig", "IOIPair", "IOIResult", "ioi_pairs",
+        "ContrastPair", "contrast_pairs", "persona_pairs", "truncated_suffixes", "render", "render_messages",
+        "contrast_activations", "contrast_direction", "SENTENCE_STARTERS",
+        "PreferencePair", "TrainResult", "as_pairs", "bipo_loss", "completion_logprobs", "myopic_items", "pairs_hash",
+        "preference_margins", "preference_pairs", "train_bipo", "train_promptless",
+        "tune", "TuneResult", "Rule",
+        "CONDITION_SITES", "fit_condition", "condition_confusion", "f1_grid",
+        "train_sae", "SAETrainResult", "sae_layer", "read_corpus", "token_chunks", "split_chunks", "CorpusChunks",
+        "l0", "explained_variance", "next_token_ce", "ce_loss_recovered", "dead_latents", "reconstruction_metrics",
+        "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution", "top_latents", "TopLatents",
+    ]

@@ -55,7 +55,12 @@ def _load(name: str) -> dict:
 
 
 def compact(value, digits: int = DIGITS):
-    """``value`` (JSON) with every float rounded to ``digits`` significant digits (non-finite: None)."""
+    """``value`` (JSON, or a figure's dict with numpy arrays) with every float rounded to ``digits`` significant
+    digits (non-finite: None), arrays as lists: the same text from any numpy, BLAS or CPU."""
+    if isinstance(value, np.ndarray):
+        return compact(value.tolist(), digits)
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, float):
         if not math.isfinite(value):
             return None
@@ -659,9 +664,12 @@ def height(fig) -> int:
 
 def page(fig, stem: str) -> str:
     """The figure as a standalone HTML page loading the shared plotly.js beside it; the same figure gives
-    the same text (the div id is the stem)."""
-    return fig.to_html(include_plotlyjs=PLOTLY_JS, full_html=True, div_id=stem, default_width="100%",
-                       default_height=f"{height(fig)}px", config={"responsive": True, "displaylogo": False})
+    the same text (the div id is the stem), and so does a figure whose numbers differ past the digits it stores
+    (:func:`compact`), as a redraw with another numpy, BLAS or CPU gives."""
+    import plotly.io as pio
+    return pio.to_html(compact(fig.to_plotly_json()), include_plotlyjs=PLOTLY_JS, full_html=True, div_id=stem,
+                       default_width="100%", default_height=f"{height(fig)}px",
+                       config={"responsive": True, "displaylogo": False})
 
 
 def draw(f: Figure):

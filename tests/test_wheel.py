@@ -59,3 +59,17 @@ def test_metadata_entry_points_and_requirements(wheel):
     assert torch_req == ["torch>=2.4"], torch_req  # any torch the user has, CUDA builds included
     eps = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "steerkit = steerkit.cli:main" in eps and "steerkit = steerkit.serving.vllm_plugin:register" in eps
+
+
+def _own_output(text: str) -> list[str]:
+    """Output lines that are not about this machine's pip configuration (its extra package indexes)."""
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("WARNING: Location ")]
+
+
+def test_the_build_prints_no_packaging_warnings(tmp_path):
+    """`pip wheel --no-deps .` as a user runs it (an isolated build with the newest setuptools it allows)."""
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--disable-pip-version-check",
+                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not _own_output(r.stdout + r.stderr), _own_output(r.stdout + r.stderr)[:40]
+    assert list(tmp_path.glob("steerkit-*.whl"))

@@ -31,25 +31,28 @@ How it fits together
 Layer convention everywhere: layer ``l`` is the 0-based block index and a vector at ``l`` acts
 on the block's output (``blocks.{l}.hook_resid_post``), as llama.cpp's ``direction.{l}``.
 """
+if __name__ != "steerkit.vectors":  # found as a top-level `vectors` from a checkout's root: steerkit/_rootnames.py
+    import runpy
+    runpy.run_path(f"{__path__[0]}/../steerkit/_rootnames.py")["hand_over"](__name__)
+else:
+    from .apply import check_against, check_compatible, facts_of, fingerprint_of
+    from .artifacts import (ARTIFACT_KINDS, SAE, ConditionalSteering, ConditionVector, DirectionSet, LatentClamp, LayerSchedule,
+                            Probe, Region, ConditionalRule, SteeringVector)
+    from .errors import (
+        ArtifactFormatError, ExportError, ModelMismatchError, PathExistsError, StoreError, UnsafeNameError, VectorsError,
+    )
+    from .exports import FORMATS, easysteer_request, export, import_artifact, load_artifact, save_artifact
+    from .gguf_models import write_dequantized_gguf, write_orthogonalized_gguf
+    from .provenance import LAYER_BASE, SCHEMA_VERSION, Provenance, model_fingerprint, prompts_hash
+    from .sae_files import load_sae
+    from .store import Store, parse_ref
 
-from .apply import check_against, check_compatible, facts_of, fingerprint_of
-from .artifacts import (ARTIFACT_KINDS, SAE, ConditionalSteering, ConditionVector, DirectionSet, LatentClamp, LayerSchedule,
-                        Probe, Region, ConditionalRule, SteeringVector)
-from .errors import (
-    ArtifactFormatError, ExportError, ModelMismatchError, PathExistsError, StoreError, UnsafeNameError, VectorsError,
-)
-from .exports import FORMATS, easysteer_request, export, import_artifact, load_artifact, save_artifact
-from .gguf_models import write_dequantized_gguf, write_orthogonalized_gguf
-from .provenance import LAYER_BASE, SCHEMA_VERSION, Provenance, model_fingerprint, prompts_hash
-from .sae_files import load_sae
-from .store import Store, parse_ref
-
-__all__ = [
-    "SteeringVector", "DirectionSet", "Probe", "Region", "LayerSchedule", "ConditionVector", "ConditionalSteering",
-    "ConditionalRule", "SAE", "LatentClamp", "load_sae", "ARTIFACT_KINDS",
-    "Provenance", "model_fingerprint", "prompts_hash", "LAYER_BASE", "SCHEMA_VERSION",
-    "Store", "parse_ref", "export", "import_artifact", "load_artifact", "save_artifact", "easysteer_request",
-    "FORMATS", "check_compatible", "check_against", "facts_of", "fingerprint_of", "write_dequantized_gguf", "write_orthogonalized_gguf",
-    "VectorsError", "ArtifactFormatError", "UnsafeNameError", "ModelMismatchError", "ExportError", "StoreError",
-    "PathExistsError",
-]
+    __all__ = [
+        "SteeringVector", "DirectionSet", "Probe", "Region", "LayerSchedule", "ConditionVector", "ConditionalSteering",
+        "ConditionalRule", "SAE", "LatentClamp", "load_sae", "ARTIFACT_KINDS",
+        "Provenance", "model_fingerprint", "prompts_hash", "LAYER_BASE", "SCHEMA_VERSION",
+        "Store", "parse_ref", "export", "import_artifact", "load_artifact", "save_artifact", "easysteer_request",
+        "FORMATS", "check_compatible", "check_against", "facts_of", "fingerprint_of", "write_dequantized_gguf", "write_orthogonalized_gguf",
+        "VectorsError", "ArtifactFormatError", "UnsafeNameError", "ModelMismatchError", "ExportError", "StoreError",
+        "PathExistsError",
+    ]
