@@ -1,22 +1,22 @@
 """The vLLM plugin's planning cost per engine step, at 16 and 128 rows.
 
-Every step the plugin turns the batch layout (each request's rows and absolute positions) into a
-:class:`steerkit.serving.plan.StepPlan` (:func:`steerkit.serving.plan.plan_step`): the compiled
-steering of the step's distinct specs (cached by their keys), and per steered site the rows, their
-row groups and the position masks the site's program asks for. This script times exactly that, with
-the model's facts only (no weights, no vLLM), for steady decode steps of ``R`` requests (one row
-each) and for a mixed step (two 64-token prefill chunks among the decodes):
+Every step the plugin turns the batch layout (each request's rows and absolute positions) into the
+steering slots' indices (:meth:`steerkit.serving.slots.StepSlots.fill`): each request's steering, compiled once,
+placed in the slots once, and per request and site the slot index of each of its rows (a decoding token's
+computed once per steering), written for the whole step in one host buffer and copied to the buffers the
+operators read. This script times exactly that, with the model's facts only (no weights, no vLLM), for steady
+decode steps of ``R`` requests (one row each) and for a mixed step (two 64-token prefill chunks among the
+decodes):
 
 * ``R`` in ``--rows`` (default 16 and 128), the requests spread over ``--artifacts`` (8) distinct
   specs: an addition at block 12 (a different vector each), every other one also ablating a
   direction at every block's output, and a quarter of the requests unsteered;
-* a step = ``plan_step`` plus building, for every steered site, the masks of every position spec
-  its program uses (what the first hooked call of the step does);
+* a step = ``StepSlots.fill`` of the step's requests (the plugin's default slot capacities);
 * ``--steps`` (default 2,000; quick 200) steps timed one by one after a warm-up; median and 95th
   percentile in microseconds per step, on the process's CPU time (one torch thread).
 
-The compiled steering is built at the first step and then found in the cache, as in a steady
-server; ``first_step_us`` is that first step (a cache miss: the compile itself).
+Each spec is compiled once before the timing (as the plugin's request cache does); ``first_step_us`` is the
+first step, which places every steering's tables in the slots.
 
 Usage:  python benchmarks/bench_plan.py            # 16 and 128 rows, 2,000 steps each
         python benchmarks/bench_plan.py --quick    # 200 steps each
@@ -46,8 +46,9 @@ def main(argv=None) -> int:
     import torch
 
     from steerkit.interventions import Intervention, ModelFacts
-    from steerkit.serving.plan import Block, SteeringCache, plan_step
-    from steerkit.serving.spec import Resolved
+    from steerkit.serving.plan import SLOT_DEFAULTS, Block
+    from steerkit.serving.slots import StepSlots
+    from steerkit.serving.spec import Resolved, compile_steering
 
     threads = C.set_threads(a.threads)
     steps = a.steps or (200 if a.quick else 2000)
@@ -61,7 +62,8 @@ def main(argv=None) -> int:
         ivs = [Intervention.add("blocks.12.hook_resid_post", torch.randn(D, generator=g), 1.0 + k)]
         if k % 2:
             ivs += [Intervention.ablate(f"blocks.{l}.hook_resid_post", u) for l in range(L)]
-        specs.append(Resolved(key=f"spec-{k}", interventions=tuple(ivs)))
+        specs.append(Resolved(key=f"spec-{k}", interventions=tuple(ivs), compiled=compile_steering(ivs, facts)))
+    sites = [f"blocks.{l}.{kind}" for l in range(L) for kind in ("hook_resid_post", "hook_attn_out", "hook_mlp_out")]
 
     def blocks_for(R: int, prefill: int) -> list:
         out, start = [], 0
@@ -73,32 +75,24 @@ def main(argv=None) -> int:
             start += n
         return out
 
-    def one_step(blocks, cache):
-        plan = plan_step(blocks, cache)
-        if plan is not None:
-            for site, sr in plan.sites.items():
-                mask_of = plan.mask_of(site)
-                for spec in sr.program.specs:
-                    mask_of(spec)
-                for p, _ in sr.program.steps:
-                    mask_of(p.positions)
-        return plan
+    def one_step(blocks, slots):
+        assert slots.fill(blocks, total=blocks[-1].end)
 
     rows = []
     table = []
     for R in [int(r) for r in a.rows.split(",")]:
         for kind, prefill in (("decode", 0), ("mixed", 2)):
             blocks = blocks_for(R, prefill)
-            cache = SteeringCache(facts)
+            slots = StepSlots(["blocks.0.hook_resid_pre", *sites], d_model=D, max_tokens=2048, **SLOT_DEFAULTS)
             t0 = time.process_time()
-            one_step(blocks, cache)
+            one_step(blocks, slots)
             first = (time.process_time() - t0) * 1e6
             for _ in range(20):
-                one_step(blocks, cache)
+                one_step(blocks, slots)
             ts = []
             for _ in range(steps):
                 t = time.process_time()
-                one_step(blocks, cache)
+                one_step(blocks, slots)
                 ts.append((time.process_time() - t) * 1e6)
             ts.sort()
             med, p95 = ts[len(ts) // 2], ts[int(0.95 * len(ts)) - 1]
@@ -110,7 +104,7 @@ def main(argv=None) -> int:
                          "first_step_us": round(first, 1), "clock": "cpu", "threads": threads})
             table.append([kind, R, n_tok, steered, f"{med:.0f}", f"{p95:.0f}", f"{first / 1e3:.1f} ms"])
     print(C.table(["step", "requests", "tokens", "steered", "median us/step", "p95 us/step", "first step"],
-                  table, title=f"plan_step + masks, {a.artifacts} distinct specs, {steps} steps per case, "
+                  table, title=f"StepSlots.fill, {a.artifacts} distinct specs, {steps} steps per case, "
                                f"CPU time, {threads} thread(s)"))
     print(f"rows written to {C.csv_rows(Path(a.out), rows)}")
     return 0

@@ -1,15 +1,15 @@
 """The steering operator's cost per call on the host path, as registered vs through a ``custom_op`` wrapper.
 
-A compiled vLLM engine calls ``torch.ops.steerkit.steer_resid_slots_`` (:mod:`steerkit.kernels.slots`)
-at every hooked site of every step (91 sites for the default model), steered or not, so the cost of
-one call through the dispatcher matters. The operator is defined with the dispatcher directly
-(``slots.define_op``); this script times it side by side with the same body registered through
-``torch.library.custom_op`` (the usual wrapper), in one process, on the CPU with one torch thread,
-under ``torch.inference_mode`` (as in vLLM):
+A compiled vLLM engine calls its steering operator (an engine's own, :class:`steerkit.serving.ops.ObjectOps`,
+whose body is :func:`steerkit.kernels.slots.steer_slots_`) at every hooked site of every step (91 sites for the
+default model), steered or not, so the cost of one call through the dispatcher matters. The operator is defined
+with the dispatcher directly (``ObjectOps.define``); this script times it side by side with the same body
+registered through ``torch.library.custom_op`` (the usual wrapper), in one process, on the CPU with one torch
+thread, under ``torch.inference_mode`` (as in vLLM):
 
-* ``idle``: a site no request steers in this step (its info row says ``n = 0``);
+* ``idle``: a site no request steers in this step (its flag is 0);
 * ``steered``: 16 rows (a decode batch of 16 requests), each steered by one of 8 injection
-  configurations of the site's span (the shape of ``bench_vllm.py``'s steered step at one site);
+  configurations of the slots (the shape of ``bench_vllm.py``'s steered step at one site);
 * for each, ``--calls`` calls (default 20,000; quick 2,000) timed as a whole after a warm-up, in
   ``--rounds`` rounds (default 5) alternating the two registrations; the median over rounds in
   microseconds per call (``time.perf_counter``).
@@ -46,6 +46,7 @@ def main(argv=None) -> int:
 
     from steerkit.kernels import SteerConfig, SteerTable
     from steerkit.kernels import slots as S
+    from steerkit.serving.ops import ObjectOps
 
     torch.set_num_threads(1)
     d, rows = 576, 16
@@ -56,18 +57,21 @@ def main(argv=None) -> int:
     cfg_idle = torch.full((2048,), -1, dtype=torch.long)
     cfg_steer = cfg_idle.clone()
     cfg_steer[:rows] = torch.arange(rows) % 8
-    info_idle, info_steer = S.slot_info(), S.slot_info(stages, n=8)
-    pre = torch.tensor(False)
+    off, on = torch.tensor(0, dtype=torch.int32), torch.tensor(1, dtype=torch.int32)
     hidden, residual = torch.randn(rows, d, generator=g), torch.randn(rows, d, generator=g)
 
-    @torch.library.custom_op("steerkit_bench::steer_resid_slots_", mutates_args=("hidden", "residual"),
-                             schema="(Tensor(a!) hidden, Tensor(b!) residual, Tensor cfg, Tensor info, "
-                                    "Tensor preserve, Tensor[] tensors) -> ()")
-    def wrapped(hidden, residual, cfg, info, preserve, tensors):
-        S._steer_in_place(hidden, residual, cfg, info, preserve, tensors)
+    def body(hidden, residual, cfg, flag):
+        S.steer_slots_(hidden, residual, cfg, flag, slots, stages=stages if int(flag) else (False,) * 4)
 
-    ops = {"define_op": torch.ops.steerkit.steer_resid_slots_, "custom_op": torch.ops.steerkit_bench.steer_resid_slots_}
-    cases = {"idle": (cfg_idle, info_idle), "steered": (cfg_steer, info_steer)}
+    @torch.library.custom_op("steerkit_bench::steer_resid_", mutates_args=("hidden", "residual"),
+                             schema="(Tensor(a!) hidden, Tensor(b!) residual, Tensor cfg, Tensor flag) -> ()")
+    def wrapped(hidden, residual, cfg, flag):
+        body(hidden, residual, cfg, flag)
+
+    ops = {"define_op": ObjectOps().define("steer_resid_(Tensor(a!) hidden, Tensor(b!) residual, Tensor cfg, "
+                                           "Tensor flag) -> ()", body),
+           "custom_op": torch.ops.steerkit_bench.steer_resid_}
+    cases = {"idle": (cfg_idle, off), "steered": (cfg_steer, on)}
     times: dict = {(c, o): [] for c in cases for o in ops}
     with torch.inference_mode():
         for r in range(rounds):
@@ -77,10 +81,10 @@ def main(argv=None) -> int:
                     op = ops[name]
                     h, res = hidden.clone(), residual.clone()
                     for _ in range(200):
-                        op(h, res, cfg, info, pre, slots.tensors)
+                        op(h, res, cfg, info)
                     t = time.perf_counter()
                     for _ in range(calls):
-                        op(h, res, cfg, info, pre, slots.tensors)
+                        op(h, res, cfg, info)
                     times[(case, name)].append((time.perf_counter() - t) / calls * 1e6)
     out, table = [], []
     for case in cases:

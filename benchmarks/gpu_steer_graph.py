@@ -1,8 +1,10 @@
 """GPU benchmark: the steering operator's cost inside a CUDA-graph replay.
 
-vLLM's plugin steers compiled engines through one custom operator per site
-(``torch.ops.steerkit.steer_resid_slots_``, :mod:`steerkit.kernels.slots`) that reads persistent
-buffers; on CUDA it takes its dense path, which has no host branch and can be captured. This script
+vLLM's plugin steers compiled engines through one operator per site whose body is
+:func:`steerkit.kernels.slots.steer_slots_`, reading persistent buffers: on CUDA one launch of the fused Triton
+kernel over the whole slots table, in place, with a device flag that makes a site with nothing to steer one read,
+no host branch, so it can be captured. The slots are the plugin's own default size
+(:data:`steerkit.serving.plan.SLOT_DEFAULTS`: 512 configurations, 8 directions each). This script
 checks that on a GPU without vLLM: a stack of ``--layers`` decoder-like blocks (two matmuls each,
 ``d_model`` x ``4 d_model``, with a residual pair like vLLM's ``(hidden, residual)``) decodes a batch
 of ``--tokens`` rows, captured once in a CUDA graph
@@ -41,7 +43,8 @@ import _common as C  # noqa: E402  (standard library only)
 
 # installed: scripts/gpu_check.sh installs steerkit without dependencies
 from steerkit.kernels import SteerConfig, SteerTable, fused_steer_ref, orthonormalize  # noqa: E402
-from steerkit.kernels.slots import SteerSlots, slot_info, steer_resid_slots_  # noqa: E402
+from steerkit.kernels.slots import SteerSlots, steer_slots_  # noqa: E402
+from steerkit.serving.plan import SLOT_DEFAULTS  # noqa: E402
 
 
 def build(d: int, layers: int, tokens: int, device, dtype, configs: int = 8, seed: int = 0):
@@ -51,14 +54,13 @@ def build(d: int, layers: int, tokens: int, device, dtype, configs: int = 8, see
     cfgs = [SteerConfig(basis=orthonormalize(torch.randn(4, d, generator=g)), add=torch.randn(d, generator=g),
                         add_scale=0.5) for _ in range(configs)]
     table = SteerTable.from_configs(cfgs, d_model=d)
-    slots = SteerSlots(configs * layers, d, basis=4, region=1, halfspaces=1, device=device, dtype=torch.float32)
+    slots = SteerSlots(d_model=d, device=device, dtype=torch.float32, **SLOT_DEFAULTS)  # the plugin's default size
     for l in range(layers):
         slots.load(table, l * configs)
     cfg = torch.full((layers, tokens), -1, dtype=torch.long, device=device)
-    info = torch.zeros(layers, 7, dtype=torch.long)
-    preserve = torch.zeros(layers, dtype=torch.bool, device=device)
+    flag = torch.zeros(layers, dtype=torch.int32, device=device)
     x0 = torch.randn(tokens, d, generator=g).to(device, dtype)
-    return W1, W2, table, slots, cfg, info, preserve, x0
+    return W1, W2, table, slots, cfg, flag, x0
 
 
 def blocks(x0, W1, W2, steer=None):
@@ -92,18 +94,20 @@ def main() -> None:
     else:
         device = torch.device("cuda")
     dtype = getattr(torch, a.dtype)
-    W1, W2, table, slots, cfg, info, preserve, x0 = build(a.d_model, a.layers, a.tokens, device, dtype)
+    if a.layers * 8 > SLOT_DEFAULTS["configs"]:
+        raise SystemExit(f"--layers {a.layers}: 8 configurations a layer do not fit {SLOT_DEFAULTS['configs']} slots")
+    W1, W2, table, slots, cfg, flag, x0 = build(a.d_model, a.layers, a.tokens, device, dtype)
     row_cfg = torch.arange(a.tokens, device=device) % 8
 
     def op(l, hidden, residual):
-        steer_resid_slots_(hidden, residual, cfg[l], info[l], preserve[l], slots)
+        steer_slots_(hidden, residual, cfg[l], flag[l], slots)  # what a captured engine runs: every stage but region
 
     def fill(steered: bool):
         cfg.fill_(-1)
-        for l in range(a.layers):
-            if steered:
+        flag.fill_(1 if steered else 0)
+        if steered:
+            for l in range(a.layers):
                 cfg[l].copy_(l * 8 + row_cfg)
-            info[l] = slot_info((True, False, True, False), offset=l * 8, n=8 if steered else 0)
 
     def reference():
         def ref(l, hidden, residual):

@@ -9,11 +9,11 @@ and the bound call keeps it. ``impl="triton"`` forces the kernels; on CPU tensor
 only works under ``TRITON_INTERPRET=1`` (Triton's interpreter, used by CPU CI).
 ``impl="torch"`` forces the reference.
 
-Tests and callers can override "auto" for a whole block of code with
-:func:`use_impl` (a context manager) or for the process with :func:`set_impl`;
-the override is read when the choice is made (so a bound call keeps the one in
-force when it was bound). An explicit ``impl=`` argument other than "auto"
-always wins.
+Tests and callers can override "auto" for a block of code with :func:`use_impl`
+(a context manager, per thread); the override is read when the choice is made
+(so a bound call keeps the one in force when it was bound). An explicit ``impl=``
+argument other than "auto" always wins. There is no process-wide override: the
+one function of the device, :func:`resolve_impl_for`, makes every choice.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ Impl = Literal["auto", "triton", "torch"]
 _VALID = ("auto", "triton", "torch")
 
 _state = threading.local()
-_global_override: str = "auto"
 
 try:  # Triton is optional (the `kernels` extra); the torch path never needs it.
     import triton  # noqa: F401
@@ -66,20 +65,6 @@ def _check_name(impl: str) -> None:
         )
 
 
-def set_impl(impl: Impl) -> None:
-    """Set the process-wide choice used when a call says ``impl="auto"``.
-
-    Examples:
-        >>> set_impl("torch")
-        >>> get_impl(), resolve_impl_for("auto", "cuda")  # even for CUDA tensors
-        ('torch', 'torch')
-        >>> set_impl("auto")
-    """
-    global _global_override
-    _check_name(impl)
-    _global_override = impl
-
-
 def get_impl() -> str:
     """The override in force for ``impl="auto"`` (innermost :func:`use_impl` first).
 
@@ -91,9 +76,7 @@ def get_impl() -> str:
         torch
     """
     stack = getattr(_state, "stack", None)
-    if stack:
-        return stack[-1]
-    return _global_override
+    return stack[-1] if stack else "auto"
 
 
 @contextlib.contextmanager

@@ -28,28 +28,34 @@ import triton.language as tl
 @triton.jit
 def _program_rows(idx_ptr, mask_ptr, rows, BLOCK_R: tl.constexpr, HAS_IDX: tl.constexpr, HAS_MASK: tl.constexpr):
     """This program's ``BLOCK_R`` rows: their indices ``r``, ``rmask`` (the rows that exist), each row's
-    configuration ``g`` (int64; 0 without ``HAS_IDX``) and ``active`` (existing, and not masked out)."""
+    configuration ``g`` (int64; 0 without ``HAS_IDX``) and ``active`` (existing, not masked out, and with a
+    configuration: a negative index leaves its row untouched)."""
     pid = tl.program_id(0)
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = r < rows
+    active = rmask
     if HAS_IDX:
         g = tl.load(idx_ptr + r, mask=rmask, other=0).to(tl.int64)
+        active = active & (g >= 0)
+        g = tl.maximum(g, 0)
     else:
         g = tl.zeros([BLOCK_R], dtype=tl.int64)
-    active = rmask
     if HAS_MASK:
         active = active & (tl.load(mask_ptr + r, mask=rmask, other=0) != 0)
     return r, rmask, g, active
 
 
 @triton.jit
-def _load_chunk(hrow, d0, ar, d, rmask):
+def _load_chunk(hrow, rrow, d0, ar, d, rmask, RESID: tl.constexpr):
     """Columns ``d0 + ar`` (``ar = tl.arange(0, BLOCK_D)``) of the rows at ``hrow``: ``cols``, ``cmask``
-    (the columns that exist), the tile's mask ``m2`` and the chunk of h as float32 ``[BLOCK_R, BLOCK_D]``."""
+    (the columns that exist), the tile's mask ``m2`` and the chunk of h as float32 ``[BLOCK_R, BLOCK_D]``;
+    with ``RESID`` h is the sum of the rows at ``hrow`` and at ``rrow`` (a decoder layer's output pair)."""
     cols = d0 + ar
     cmask = cols < d
     m2 = rmask[:, None] & cmask[None, :]
     h = tl.load(hrow + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    if RESID:
+        h += tl.load(rrow + cols[None, :], mask=m2, other=0.0).to(tl.float32)
     return cols, cmask, m2, h
 
 
@@ -98,10 +104,10 @@ def _steered_chunk(h, g, cols, cmask, m2, d, U, a, dz, kc, mc,
 
 
 @triton.jit
-def _dots_pass(hrow, g, rmask, d, basis_ptr, add_ptr,
+def _dots_pass(hrow, rrow, g, rmask, d, basis_ptr, add_ptr,
                K: tl.constexpr, KB: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                SHARED_BASIS: tl.constexpr, HAS_ABLATE: tl.constexpr, HAS_ADD: tl.constexpr,
-               PRESERVE_NORM: tl.constexpr, NORM_FAST: tl.constexpr):
+               PRESERVE_NORM: tl.constexpr, NORM_FAST: tl.constexpr, RESID: tl.constexpr):
     """Pass 1 over d: ``P = B h`` and ``|h|^2``; with ``NORM_FAST`` also ``h.v`` and the
     (row-independent) Gram matrix ``B B^T``, ``B v`` and ``|v|^2`` (in every entry of a vector),
     from which ``|x|^2`` follows without another pass. Returns ``(P, n0sq, hv, G, bv, vv)``."""
@@ -115,7 +121,7 @@ def _dots_pass(hrow, g, rmask, d, basis_ptr, add_ptr,
     vv = tl.zeros([KB], dtype=tl.float32)  # |v|^2 in every entry (kept as a vector)
     if HAS_ABLATE or PRESERVE_NORM:
         for d0 in range(0, d, BLOCK_D):
-            cols, cmask, m2, h = _load_chunk(hrow, d0, ar, d, rmask)
+            cols, cmask, m2, h = _load_chunk(hrow, rrow, d0, ar, d, rmask, RESID)
             if PRESERVE_NORM:
                 n0sq += tl.sum(h * h, axis=1)
             if HAS_ABLATE:
@@ -140,24 +146,27 @@ def _dots_pass(hrow, g, rmask, d, basis_ptr, add_ptr,
 
 
 @triton.jit
-def _gate_fire(hrow, g, rmask, d, U, fire, dz, kc, mc, basis_ptr, add_ptr, rproj_ptr, gdir_ptr, gthr_ptr,
-               gsign_ptr, K: tl.constexpr, M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-               SHARED_BASIS: tl.constexpr, ONE_CFG: tl.constexpr, HAS_ABLATE: tl.constexpr):
+def _gate_fire(hrow, rrow, g, rmask, active, d, U, fire, dz, kc, mc, basis_ptr, add_ptr, rproj_ptr, gdir_ptr,
+               gthr_ptr, gsign_ptr, K: tl.constexpr, M: tl.constexpr, BLOCK_R: tl.constexpr,
+               BLOCK_D: tl.constexpr, SHARED_BASIS: tl.constexpr, ONE_CFG: tl.constexpr, HAS_ABLATE: tl.constexpr,
+               RESID: tl.constexpr):
     """The gate: 1.0 where ``cos(x, proj_u x) = |u.x| / |x|`` of the ablated row passes the row's
-    threshold (above or below, by its sign), else 0.0."""
+    threshold (above or below, by its sign), else 0.0. A tile with no active gated row (sign 0: no gate)
+    skips the pass over d."""
+    thr = tl.load(gthr_ptr + g, mask=rmask, other=0.0)
+    sgn = tl.load(gsign_ptr + g, mask=rmask, other=0.0)
     gd = tl.zeros([BLOCK_R], dtype=tl.float32)
     nx = tl.zeros([BLOCK_R], dtype=tl.float32)
     ar = tl.arange(0, BLOCK_D)
-    for d0 in range(0, d, BLOCK_D):
-        cols, cmask, m2, h = _load_chunk(hrow, d0, ar, d, rmask)
-        x = _steered_chunk(h, g, cols, cmask, m2, d, U, fire, dz, kc, mc, basis_ptr, add_ptr,
-                           rproj_ptr, K, M, SHARED_BASIS, ONE_CFG, HAS_ABLATE, False, False)
-        gu = _vec(gdir_ptr, g, 0, 1, d, cols, cmask, m2, ONE_CFG)
-        gd += tl.sum(x * gu, axis=1)
-        nx += tl.sum(x * x, axis=1)
+    if tl.max(tl.where(active & (sgn != 0.0), 1, 0), axis=0) > 0:
+        for d0 in range(0, d, BLOCK_D):
+            cols, cmask, m2, h = _load_chunk(hrow, rrow, d0, ar, d, rmask, RESID)
+            x = _steered_chunk(h, g, cols, cmask, m2, d, U, fire, dz, kc, mc, basis_ptr, add_ptr,
+                               rproj_ptr, K, M, SHARED_BASIS, ONE_CFG, HAS_ABLATE, False, False)
+            gu = _vec(gdir_ptr, g, 0, 1, d, cols, cmask, m2, ONE_CFG)
+            gd += tl.sum(x * gu, axis=1)
+            nx += tl.sum(x * x, axis=1)
     cos = tl.abs(gd) / tl.maximum(tl.sqrt(nx), 1e-12)
-    thr = tl.load(gthr_ptr + g, mask=rmask, other=0.0)
-    sgn = tl.load(gsign_ptr + g, mask=rmask, other=0.0)
     ok = (sgn == 0.0) | ((sgn > 0.0) & (cos > thr)) | ((sgn < 0.0) & (cos < thr))
     return tl.where(ok, 1.0, 0.0)
 
@@ -196,18 +205,18 @@ def _dual_projection(Z, Wt, cc, step, live, tol, max_iter, BLOCK_R: tl.constexpr
 
 
 @triton.jit
-def _region_step(hrow, g, rmask, active, fire, d, U, a, dz, kc, mc, tol, max_iter,
+def _region_step(hrow, rrow, g, rmask, active, fire, d, U, a, dz, kc, mc, tol, max_iter,
                  basis_ptr, add_ptr, rmean_ptr, rproj_ptr, rW_ptr, rc_ptr, rs_ptr, rstep_ptr,
                  K: tl.constexpr, M: tl.constexpr, MB: tl.constexpr, NH: tl.constexpr, NHB: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SHARED_BASIS: tl.constexpr,
-                 ONE_CFG: tl.constexpr, HAS_ABLATE: tl.constexpr, HAS_ADD: tl.constexpr):
+                 ONE_CFG: tl.constexpr, HAS_ABLATE: tl.constexpr, HAS_ADD: tl.constexpr, RESID: tl.constexpr):
     """The region's step in its subspace: ``z = P (x - mu)``, ``z* = argmin_{W y <= c} |y - z|``;
     returns ``s (z* - z)`` (0 where the gate did not fire), which the later passes add as ``P^T dz``."""
     nc = tl.arange(0, NHB)
     Z = tl.zeros([BLOCK_R, MB], dtype=tl.float32)
     ar = tl.arange(0, BLOCK_D)
     for d0 in range(0, d, BLOCK_D):
-        cols, cmask, m2, h = _load_chunk(hrow, d0, ar, d, rmask)
+        cols, cmask, m2, h = _load_chunk(hrow, rrow, d0, ar, d, rmask, RESID)
         x = _steered_chunk(h, g, cols, cmask, m2, d, U, a, dz, kc, mc, basis_ptr, add_ptr,
                            rproj_ptr, K, M, SHARED_BASIS, ONE_CFG, HAS_ABLATE, HAS_ADD, False)
         xc = x - _vec(rmean_ptr, g, 0, 1, d, cols, cmask, m2, False)
@@ -228,16 +237,16 @@ def _region_step(hrow, g, rmask, active, fire, d, U, a, dz, kc, mc, tol, max_ite
 
 
 @triton.jit
-def _norm_scale(hrow, g, rmask, active, d, U, P, G, bv, vv, n0sq, hv, a, dz, kc, mc,
+def _norm_scale(hrow, rrow, g, rmask, active, d, U, P, G, bv, vv, n0sq, hv, a, dz, kc, mc,
                 basis_ptr, add_ptr, rproj_ptr,
                 K: tl.constexpr, M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                 SHARED_BASIS: tl.constexpr, ONE_CFG: tl.constexpr, HAS_ABLATE: tl.constexpr,
-                HAS_ADD: tl.constexpr, HAS_REGION: tl.constexpr, NORM_FAST: tl.constexpr):
+                HAS_ADD: tl.constexpr, HAS_REGION: tl.constexpr, NORM_FAST: tl.constexpr, RESID: tl.constexpr):
     """The norm preservation's factor ``|h| / |x|`` per row (1 where the edited row is 0), with
     ``|x|^2`` from pass 1's dot products (``NORM_FAST``) unless a row of the tile risks cancellation,
-    else from one more pass over d."""
+    else from one more pass over d; ``active``: the rows whose norm is kept (a tile with none skips it)."""
     n1sq = tl.zeros([BLOCK_R], dtype=tl.float32)
-    exact = 1
+    exact = tl.max(tl.where(active, 1, 0), axis=0)
     ar = tl.arange(0, BLOCK_D)
     if NORM_FAST:
         # |h - B^T u + a v|^2 = |h|^2 - 2 u.p + u^T G u + 2a (h.v - u.Bv) + a^2 |v|^2
@@ -254,7 +263,7 @@ def _norm_scale(hrow, g, rmask, active, d, U, P, G, bv, vv, n0sq, hv, a, dz, kc,
     if exact > 0:
         n1sq = tl.zeros([BLOCK_R], dtype=tl.float32)
         for d0 in range(0, d, BLOCK_D):
-            cols, cmask, m2, h = _load_chunk(hrow, d0, ar, d, rmask)
+            cols, cmask, m2, h = _load_chunk(hrow, rrow, d0, ar, d, rmask, RESID)
             x = _steered_chunk(h, g, cols, cmask, m2, d, U, a, dz, kc, mc, basis_ptr, add_ptr,
                                rproj_ptr, K, M, SHARED_BASIS, ONE_CFG, HAS_ABLATE, HAS_ADD,
                                HAS_REGION)
@@ -266,12 +275,12 @@ def _norm_scale(hrow, g, rmask, active, d, U, P, G, bv, vv, n0sq, hv, a, dz, kc,
 
 @triton.jit
 def _fused_steer_kernel(
-    h_ptr, out_ptr, idx_ptr, mask_ptr,
+    h_ptr, out_ptr, res_ptr, idx_ptr, mask_ptr, flag_ptr, pnorm_ptr,
     basis_ptr, strength_ptr, target_ptr,
     gdir_ptr, gthr_ptr, gsign_ptr,
     add_ptr, ascale_ptr,
     rmean_ptr, rproj_ptr, rW_ptr, rc_ptr, rs_ptr, rstep_ptr,
-    rows, d, stride_h, stride_o,
+    rows, d, stride_h, stride_o, stride_r,
     layer_weight, tol, max_iter,
     K: tl.constexpr, KB: tl.constexpr,
     M: tl.constexpr, MB: tl.constexpr, NH: tl.constexpr, NHB: tl.constexpr,
@@ -280,61 +289,88 @@ def _fused_steer_kernel(
     ONE_CFG: tl.constexpr,
     HAS_ABLATE: tl.constexpr, HAS_GATE: tl.constexpr, HAS_ADD: tl.constexpr,
     HAS_REGION: tl.constexpr, PRESERVE_NORM: tl.constexpr, NORM_FAST: tl.constexpr,
+    IN_PLACE: tl.constexpr, RESID: tl.constexpr, HAS_FLAG: tl.constexpr, ROW_NORM: tl.constexpr,
 ):
+    """The fused edit of ``BLOCK_R`` rows. ``IN_PLACE``: ``out`` is ``h`` and only the active rows are
+    written (a tile without one reads nothing more); ``RESID``: the rows are ``h + res`` (a decoder layer's
+    output pair) and an edited row is written as ``res = edited``, ``h = 0``; ``HAS_FLAG``: a device flag
+    (int32) that, when 0, leaves every row untouched (a site with no steered row in the step costs one read);
+    ``ROW_NORM``: norm preservation per configuration (``pnorm[g] != 0``)."""
     r, rmask, g, active = _program_rows(idx_ptr, mask_ptr, rows, BLOCK_R, HAS_IDX, HAS_MASK)
-    r64 = r.to(tl.int64)
-    hrow = h_ptr + r64[:, None] * stride_h
-    orow = out_ptr + r64[:, None] * stride_o
-    kc = tl.arange(0, KB)
-    ar = tl.arange(0, BLOCK_D)
-    mc = tl.arange(0, MB)
+    if HAS_FLAG:
+        active = active & (tl.load(flag_ptr) != 0)
+    live = 1
+    if IN_PLACE:
+        live = tl.max(tl.where(active, 1, 0), axis=0)
+    if live > 0:
+        r64 = r.to(tl.int64)
+        hrow = h_ptr + r64[:, None] * stride_h
+        orow = out_ptr + r64[:, None] * stride_o
+        rrow = res_ptr + r64[:, None] * stride_r
+        kc = tl.arange(0, KB)
+        ar = tl.arange(0, BLOCK_D)
+        mc = tl.arange(0, MB)
 
-    # ---- pass 1 over d: p = B h, |h|^2 (and, with NORM_FAST, what |x|^2 follows from)
-    P, n0sq, hv, G, bv, vv = _dots_pass(hrow, g, rmask, d, basis_ptr, add_ptr, K, KB, BLOCK_R, BLOCK_D,
-                                        SHARED_BASIS, HAS_ABLATE, HAS_ADD, PRESERVE_NORM, NORM_FAST)
+        # ---- pass 1 over d: p = B h, |h|^2 (and, with NORM_FAST, what |x|^2 follows from)
+        P, n0sq, hv, G, bv, vv = _dots_pass(hrow, rrow, g, rmask, d, basis_ptr, add_ptr, K, KB, BLOCK_R, BLOCK_D,
+                                            SHARED_BASIS, HAS_ABLATE, HAS_ADD, PRESERVE_NORM, NORM_FAST, RESID)
 
-    # ---- per-row coefficients of the ablation: U_i = c_i (p_i - t_i)
-    U = tl.zeros([BLOCK_R, KB], dtype=tl.float32)
-    if HAS_ABLATE:
-        kmask = rmask[:, None] & (kc[None, :] < K)
-        c = tl.load(strength_ptr + g[:, None] * K + kc[None, :], mask=kmask, other=0.0)
-        t = tl.load(target_ptr + g[:, None] * K + kc[None, :], mask=kmask, other=0.0)
-        U = c * (P - t)
-    dz = tl.zeros([BLOCK_R, MB], dtype=tl.float32)
+        # ---- per-row coefficients of the ablation: U_i = c_i (p_i - t_i)
+        U = tl.zeros([BLOCK_R, KB], dtype=tl.float32)
+        if HAS_ABLATE:
+            kmask = rmask[:, None] & (kc[None, :] < K)
+            c = tl.load(strength_ptr + g[:, None] * K + kc[None, :], mask=kmask, other=0.0)
+            t = tl.load(target_ptr + g[:, None] * K + kc[None, :], mask=kmask, other=0.0)
+            U = c * (P - t)
+        dz = tl.zeros([BLOCK_R, MB], dtype=tl.float32)
 
-    # ---- gate: cos(x, proj_u x) = |u.x| / |x| of the ablated row, against the threshold
-    fire = tl.full([BLOCK_R], 1.0, tl.float32)
-    if HAS_GATE:
-        fire = _gate_fire(hrow, g, rmask, d, U, fire, dz, kc, mc, basis_ptr, add_ptr, rproj_ptr, gdir_ptr,
-                          gthr_ptr, gsign_ptr, K, M, BLOCK_R, BLOCK_D, SHARED_BASIS, ONE_CFG, HAS_ABLATE)
+        # ---- gate: cos(x, proj_u x) = |u.x| / |x| of the ablated row, against the threshold
+        fire = tl.full([BLOCK_R], 1.0, tl.float32)
+        if HAS_GATE:
+            fire = _gate_fire(hrow, rrow, g, rmask, active, d, U, fire, dz, kc, mc, basis_ptr, add_ptr, rproj_ptr,
+                              gdir_ptr, gthr_ptr, gsign_ptr, K, M, BLOCK_R, BLOCK_D, SHARED_BASIS, ONE_CFG,
+                              HAS_ABLATE, RESID)
 
-    # ---- injection coefficient: w_l * alpha_g (* fire)
-    a = tl.zeros([BLOCK_R], dtype=tl.float32)
-    if HAS_ADD:
-        a = tl.load(ascale_ptr + g, mask=rmask, other=0.0) * layer_weight * fire
+        # ---- injection coefficient: w_l * alpha_g (* fire)
+        a = tl.zeros([BLOCK_R], dtype=tl.float32)
+        if HAS_ADD:
+            a = tl.load(ascale_ptr + g, mask=rmask, other=0.0) * layer_weight * fire
 
-    # ---- region: z = P (x - mu); z* = argmin_{W y <= c} |y - z|; x += s P^T (z* - z)
-    if HAS_REGION:
-        dz = _region_step(hrow, g, rmask, active, fire, d, U, a, dz, kc, mc, tol, max_iter,
-                          basis_ptr, add_ptr, rmean_ptr, rproj_ptr, rW_ptr, rc_ptr, rs_ptr, rstep_ptr,
-                          K, M, MB, NH, NHB, BLOCK_R, BLOCK_D, SHARED_BASIS, ONE_CFG, HAS_ABLATE, HAS_ADD)
+        # ---- region: z = P (x - mu); z* = argmin_{W y <= c} |y - z|; x += s P^T (z* - z)
+        if HAS_REGION:
+            dz = _region_step(hrow, rrow, g, rmask, active, fire, d, U, a, dz, kc, mc, tol, max_iter,
+                              basis_ptr, add_ptr, rmean_ptr, rproj_ptr, rW_ptr, rc_ptr, rs_ptr, rstep_ptr,
+                              K, M, MB, NH, NHB, BLOCK_R, BLOCK_D, SHARED_BASIS, ONE_CFG, HAS_ABLATE, HAS_ADD,
+                              RESID)
 
-    # ---- norm preservation: |x|^2 of the edited row
-    scale = tl.full([BLOCK_R], 1.0, tl.float32)
-    if PRESERVE_NORM:
-        scale = _norm_scale(hrow, g, rmask, active, d, U, P, G, bv, vv, n0sq, hv, a, dz, kc, mc,
-                            basis_ptr, add_ptr, rproj_ptr, K, M, BLOCK_R, BLOCK_D, SHARED_BASIS, ONE_CFG,
-                            HAS_ABLATE, HAS_ADD, HAS_REGION, NORM_FAST)
-
-    # ---- final pass: write the edited rows (inactive rows unchanged)
-    for d0 in range(0, d, BLOCK_D):
-        cols, cmask, m2, h = _load_chunk(hrow, d0, ar, d, rmask)
-        x = _steered_chunk(h, g, cols, cmask, m2, d, U, a, dz, kc, mc, basis_ptr, add_ptr,
-                           rproj_ptr, K, M, SHARED_BASIS, ONE_CFG, HAS_ABLATE, HAS_ADD, HAS_REGION)
+        # ---- norm preservation: |x|^2 of the edited row (ROW_NORM: the rows whose configuration keeps it)
+        scale = tl.full([BLOCK_R], 1.0, tl.float32)
+        keep = active
+        if ROW_NORM:
+            keep = active & (tl.load(pnorm_ptr + g, mask=rmask, other=0.0) != 0.0)
         if PRESERVE_NORM:
-            x = x * scale[:, None]
-        x = tl.where(active[:, None], x, h)
-        tl.store(orow + cols[None, :], x.to(out_ptr.dtype.element_ty), mask=m2)
+            scale = _norm_scale(hrow, rrow, g, rmask, keep, d, U, P, G, bv, vv, n0sq, hv, a, dz, kc, mc,
+                                basis_ptr, add_ptr, rproj_ptr, K, M, BLOCK_R, BLOCK_D, SHARED_BASIS, ONE_CFG,
+                                HAS_ABLATE, HAS_ADD, HAS_REGION, NORM_FAST, RESID)
+            scale = tl.where(keep, scale, 1.0)
+
+        # ---- final pass: write the edited rows (inactive rows unchanged, and not written in place)
+        for d0 in range(0, d, BLOCK_D):
+            cols, cmask, m2, h = _load_chunk(hrow, rrow, d0, ar, d, rmask, RESID)
+            x = _steered_chunk(h, g, cols, cmask, m2, d, U, a, dz, kc, mc, basis_ptr, add_ptr,
+                               rproj_ptr, K, M, SHARED_BASIS, ONE_CFG, HAS_ABLATE, HAS_ADD, HAS_REGION)
+            if PRESERVE_NORM:
+                x = x * scale[:, None]
+            if IN_PLACE:
+                w2 = m2 & (active[:, None] != 0)
+                if RESID:
+                    tl.store(rrow + cols[None, :], x.to(res_ptr.dtype.element_ty), mask=w2)
+                    tl.store(orow + cols[None, :], tl.zeros_like(x).to(out_ptr.dtype.element_ty), mask=w2)
+                else:
+                    tl.store(orow + cols[None, :], x.to(out_ptr.dtype.element_ty), mask=w2)
+            else:
+                x = tl.where(active[:, None], x, h)
+                tl.store(orow + cols[None, :], x.to(out_ptr.dtype.element_ty), mask=m2)
 
 
 @triton.jit

@@ -396,8 +396,8 @@ class SteerTable:
 
     @cached_property
     def _plans(self) -> dict:
-        """The torch reference's prepared plans of this table, by settings (filled by
-        :func:`~steerkit.kernels.reference.table_plan`; a copy made by :meth:`to` starts empty)."""
+        """The torch reference's prepared forms of this table, by settings (filled by
+        :func:`~steerkit.kernels.reference.shared_config`; a copy made by :meth:`to` starts empty)."""
         return {}
 
     def layer_weight(self, layer: int) -> float:

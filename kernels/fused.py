@@ -35,8 +35,8 @@ from . import _backend
 from .config import SteerConfig  # noqa: F401 - the examples build tables from it
 from .config import _TAB_FIELDS, Polyhedron, SteerConfigError, SteerTable, table_from_tensors
 from .launch import LaunchParams, _bwd_launch_params, _next_pow2, launch_params, triton_cdiv
-from .reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref, own_combination, own_coords,
-                        table_plan)
+from .reference import (DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, SharedConfig, fused_steer_ref, own_combination,
+                        own_coords, shared_config, shared_edit)
 
 Number = Union[int, float]
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -45,12 +45,24 @@ MAX_D_MODEL = 32768
 
 # --------------------------------------------------------------------------- launchers
 def _launch_fused(h: Tensor, tab, g: Optional[Tensor], mask: Optional[Tensor], layer_weight: float,
-                  preserve_norm: bool, tol: float, max_iter: int, launch: Optional[LaunchParams] = None
-                  ) -> Tensor:
+                  preserve_norm: bool, tol: float, max_iter: int, launch: Optional[LaunchParams] = None, *,
+                  out: Optional[Tensor] = None, residual: Optional[Tensor] = None, flag: Optional[Tensor] = None,
+                  row_norm: Optional[Tensor] = None) -> Tensor:
+    """Launch the fused kernel on the rows of ``h`` ``[rows, d]``. By default the result is a new tensor;
+    ``out=h`` edits ``h`` in place, writing only the rows that change; with ``residual`` (in place only) the
+    rows are ``h + residual`` and an edited row becomes ``residual = edited``, ``h = 0``. ``flag``: a device
+    int32 scalar; 0 leaves every row untouched. ``row_norm``: norm preservation per configuration (float,
+    nonzero: kept), instead of ``preserve_norm`` for every row. Negative entries of ``g`` leave their row
+    untouched."""
     from ._triton import _fused_steer_kernel
 
     rows, d = h.shape
-    out = torch.empty_like(h)
+    in_place = out is not None
+    if in_place and out is not h:
+        raise SteerConfigError("expected out=h (an edit in place) or no out, found another tensor")
+    if residual is not None and not in_place:
+        raise SteerConfigError("expected out=h with residual= (the pair is edited in place), found no out")
+    out = out if out is not None else torch.empty_like(h)
     if rows == 0:
         return out
     K = tab.basis.shape[1] if tab.has_ablate else 1
@@ -64,26 +76,29 @@ def _launch_fused(h: Tensor, tab, g: Optional[Tensor], mask: Optional[Tensor], l
 
     shared = tab.has_ablate and tab.basis.shape[0] == 1
     one_cfg = tab.n_configs == 1
+    preserve = bool(preserve_norm) or row_norm is not None
     # |x|^2 from dot products gathered in the first pass (no extra pass over d) where the
     # vectors are the same for every row; a per-program guard falls back to the exact pass.
-    norm_fast = lp.norm_fast and bool(preserve_norm) and not (tab.has_gate or tab.has_region) \
+    norm_fast = lp.norm_fast and preserve and row_norm is None and not (tab.has_gate or tab.has_region) \
         and (shared or not tab.has_ablate) and (one_cfg or not tab.has_add)
     grid = (triton_cdiv(rows, lp.block_r),)
     _fused_steer_kernel[grid](
-        h, out, dummy if g is None else g, dummy if mask is None else mask,
+        h, out, dummy if residual is None else residual, dummy if g is None else g,
+        dummy if mask is None else mask, dummy if flag is None else flag, dummy if row_norm is None else f(row_norm),
         f(tab.basis), f(tab.strength), f(tab.target),
         f(tab.gate_dir), f(tab.gate_thr), f(tab.gate_sign),
         f(tab.add), f(tab.add_scale),
         f(tab.region_mean), f(tab.region_proj), f(tab.region_W), f(tab.region_c),
         f(tab.region_s), f(tab.region_step),
-        rows, d, h.stride(0), out.stride(0),
+        rows, d, h.stride(0), out.stride(0), h.stride(0) if residual is None else residual.stride(0),
         float(layer_weight), float(tol), int(max_iter),
         K=K, KB=_next_pow2(K), M=M, MB=_next_pow2(M), NH=NH, NHB=_next_pow2(NH),
         BLOCK_R=lp.block_r, BLOCK_D=lp.block_d,
         HAS_IDX=g is not None, HAS_MASK=mask is not None, SHARED_BASIS=shared,
         ONE_CFG=one_cfg,
         HAS_ABLATE=tab.has_ablate, HAS_GATE=tab.has_gate, HAS_ADD=tab.has_add,
-        HAS_REGION=tab.has_region, PRESERVE_NORM=bool(preserve_norm), NORM_FAST=norm_fast,
+        HAS_REGION=tab.has_region, PRESERVE_NORM=preserve, NORM_FAST=norm_fast,
+        IN_PLACE=in_place, RESID=residual is not None, HAS_FLAG=flag is not None, ROW_NORM=row_norm is not None,
         num_warps=lp.num_warps,
     )
     return out
@@ -437,7 +452,10 @@ def _torch_path(h: Tensor, table: SteerTable, impl: str) -> bool:
 class BoundSteer:
     """``f(h, mask=None, row_config=None)`` = ``fused_steer(h, table, mask=mask,
     row_config=row_config, layer_weight=..., preserve_norm=..., impl=<impl>, validate=False)``
-    with the implementation chosen once, by :func:`bind_steer`. Made by :func:`bind_steer`.
+    with the implementation chosen once, by :func:`bind_steer`. Made by :func:`bind_steer`. Where the
+    choice is the torch reference and the table holds one configuration without gate or region, an unmasked
+    call without ``row_config`` on the bound dtype is the reference's prepared form of it
+    (:func:`~steerkit.kernels.reference.shared_edit`) and nothing else.
 
     Examples:
         >>> f = bind_steer(SteerTable.from_configs([SteerConfig.injection(torch.ones(8), 2.0)]), device="cpu",
@@ -448,46 +466,27 @@ class BoundSteer:
         [2.0, 0.0, 2.0]
     """
 
-    __slots__ = ("table", "impl", "device", "dtype", "layer_weight", "preserve_norm")
+    __slots__ = ("table", "impl", "device", "dtype", "layer_weight", "preserve_norm", "shared")
 
     def __init__(self, table: SteerTable, impl: str, device: torch.device, dtype: torch.dtype,
-                 layer_weight: float, preserve_norm: bool):
+                 layer_weight: float, preserve_norm: bool, shared: Optional[SharedConfig] = None):
         self.table, self.impl, self.device, self.dtype = table, impl, device, dtype
         self.layer_weight, self.preserve_norm = float(layer_weight), bool(preserve_norm)
+        self.shared = shared
 
     def __call__(self, h: Float[Tensor, "*batch d_model"], mask: Optional[Bool[Tensor, "*batch"]] = None,
                  row_config: Optional[Int[Tensor, "*batch"]] = None) -> Float[Tensor, "*batch d_model"]:
+        shared = self.shared
+        if shared is not None and mask is None and row_config is None and h.dtype is self.dtype:
+            return shared_edit(h, shared, self.preserve_norm)
         return fused_steer(h, self.table, mask=mask, row_config=row_config, layer_weight=self.layer_weight,
                            preserve_norm=self.preserve_norm, impl=self.impl, validate=False)
-
-    def _extra(self) -> str:
-        return ""
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(impl={self.impl!r}{self._extra()}, n_configs={self.table.n_configs}, "
+        prepared = ", shared" if self.shared is not None else ""
+        return (f"{type(self).__name__}(impl={self.impl!r}{prepared}, n_configs={self.table.n_configs}, "
                 f"d_model={self.table.d_model}, device={str(self.device)!r}, dtype={self.dtype}, "
                 f"layer_weight={self.layer_weight}, preserve_norm={self.preserve_norm})")
-
-
-class _PlannedSteer(BoundSteer):
-    """:class:`BoundSteer` whose unmasked calls without ``row_config`` on the bound dtype are the
-    table's prepared plan (:class:`~steerkit.kernels.reference.OneConfigPlan`), nothing else."""
-
-    __slots__ = ("plan", "fn")
-
-    def __init__(self, table, impl, device, dtype, layer_weight, preserve_norm, plan):
-        super().__init__(table, impl, device, dtype, layer_weight, preserve_norm)
-        self.plan, self.fn = plan, plan.fn
-
-    def __call__(self, h: Float[Tensor, "*batch d_model"], mask: Optional[Bool[Tensor, "*batch"]] = None,
-                 row_config: Optional[Int[Tensor, "*batch"]] = None) -> Float[Tensor, "*batch d_model"]:
-        if mask is None and row_config is None and h.dtype is self.dtype:
-            return self.fn(h)
-        return fused_steer(h, self.table, mask=mask, row_config=row_config, layer_weight=self.layer_weight,
-                           preserve_norm=self.preserve_norm, impl=self.impl, validate=False)
-
-    def _extra(self) -> str:
-        return ", plan=OneConfigPlan"
 
 
 def bind_steer(table: SteerTable, *, device: Union[str, torch.device], dtype: torch.dtype, impl: str = "auto",
@@ -497,13 +496,13 @@ def bind_steer(table: SteerTable, *, device: Union[str, torch.device], dtype: to
     row_config=row_config, layer_weight=layer_weight, preserve_norm=preserve_norm, validate=False)``.
 
     The implementation is chosen here, once (:func:`~steerkit.kernels._backend.resolve_impl_for`:
-    ``impl``, or for "auto" the :func:`use_impl` / :func:`set_impl` override in force now, then the
+    ``impl``, or for "auto" the :func:`use_impl` override in force now, then the
     device), and the bound call keeps it whatever override is in force when it runs. The table is
     moved to ``device`` here. When the choice is the torch reference and the table holds one
-    configuration without gate or region and no tensor that requires grad, its plan
-    (:class:`~steerkit.kernels.reference.OneConfigPlan`, accumulating in float64 for float64,
-    float32 otherwise) is prepared here, and an unmasked call without ``row_config`` on ``dtype``
-    is that plan and nothing else: inside a CPU decode step at batch 1 the general entry point's
+    configuration without gate or region and no tensor that requires grad, its prepared tensors
+    (:func:`~steerkit.kernels.reference.shared_config`, accumulating in float64 for float64,
+    float32 otherwise) are made here, and an unmasked call without ``row_config`` on ``dtype``
+    runs from them and nothing else: inside a CPU decode step at batch 1 the general entry point's
     argument handling costs as much as the edit itself. Inputs of another dtype, masks and
     ``row_config`` take :func:`fused_steer` with the bound choice.
 
@@ -529,12 +528,11 @@ def bind_steer(table: SteerTable, *, device: Union[str, torch.device], dtype: to
         )
     ref = next((getattr(table, f) for f in _TAB_FIELDS if getattr(table, f) is not None), None)
     tab = table if ref is None or ref.device == dev else table.to(dev)
+    shared = None
     if which == "torch":
         acc = torch.float64 if dtype == torch.float64 else torch.float32
-        plan = table_plan(tab, acc, dev, float(layer_weight), bool(preserve_norm))
-        if plan is not None:
-            return _PlannedSteer(tab, which, dev, dtype, layer_weight, preserve_norm, plan)
-    return BoundSteer(tab, which, dev, dtype, layer_weight, preserve_norm)
+        shared = shared_config(tab, acc, dev, float(layer_weight))
+    return BoundSteer(tab, which, dev, dtype, layer_weight, preserve_norm, shared)
 
 
 def ablate(

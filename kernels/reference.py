@@ -14,7 +14,8 @@ at once and the columns of its own configuration are gathered.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -231,13 +232,15 @@ def fused_steer_ref(
     g: Optional[Int[Tensor, " rows"]],
     active: Optional[Bool[Tensor, " rows"]],
     layer_weight: float = 1.0,
-    preserve_norm: bool = False,
+    preserve_norm: Union[bool, Bool[Tensor, " rows"]] = False,
     region_tol: float = DEFAULT_REGION_TOL,
     region_max_iter: int = DEFAULT_REGION_MAX_ITER,
 ) -> Float[Tensor, "rows d"]:
     """The whole fused edit in torch: ablate/clamp, gate, inject, region, norm; rows
     where ``active`` is false are returned unchanged. ``g=None`` means configuration 0
-    for every row and ``active=None`` every row active.
+    for every row and ``active=None`` every row active; ``preserve_norm`` for every row, or per row
+    (a bool tensor). One configuration on every row without gate or region (what a hook applies at every
+    decoding step) runs from the table's prepared tensors (:func:`shared_config`), without gathers.
 
     Examples:
         >>> from steerkit.kernels import SteerConfig, SteerTable, fused_steer
@@ -251,11 +254,11 @@ def fused_steer_ref(
         True
     """
     acc = _acc_dtype(h)
-    plan = table_plan(table, acc, h.device, layer_weight, preserve_norm) if g is None and active is None else None
-    if plan is not None:
-        # one configuration for every row, no gate, no region: the prepared formulas without
-        # gathers (the per-step path of hooks, where a few microseconds per call matter)
-        return plan(h)
+    per_row_norm = isinstance(preserve_norm, Tensor)
+    shared = shared_config(table, acc, h.device, layer_weight) \
+        if g is None and active is None and not per_row_norm else None
+    if shared is not None:
+        return shared_edit(h, shared, bool(preserve_norm))
     x0 = h if h.dtype == acc else h.to(acc)
     if g is None:
         g = torch.zeros(h.shape[0], dtype=torch.long, device=h.device)
@@ -280,149 +283,116 @@ def fused_steer_ref(
         x = region_ref(x, T(table.region_mean), T(table.region_proj), T(table.region_W),
                        T(table.region_c), T(table.region_s), T(table.region_step), g, fire,
                        active, region_tol, region_max_iter)
-    if preserve_norm:
-        n0 = x0.norm(dim=-1, keepdim=True)
-        n1 = x.norm(dim=-1, keepdim=True)
-        x = x * torch.where(n1 > 0, n0 / n1.clamp_min(1e-30), torch.ones_like(n1))
+    if per_row_norm or preserve_norm:
+        x = norm_ref(x0, x, preserve_norm if isinstance(preserve_norm, Tensor) else None)
     if every_row:  # no row to keep: skip the select (a new tensor all the same)
         return x.to(h.dtype) if x is not h else h.clone()
     return torch.where(active[:, None], x, x0).to(h.dtype)
 
 
-def one_config(table) -> bool:
-    """True when ``table`` holds one configuration without gate or region (:class:`OneConfigPlan`'s case).
+def norm_ref(x0: Float[Tensor, "*rows d"], x: Float[Tensor, "*rows d"],
+             rows: Optional[Bool[Tensor, " rows"]] = None) -> Float[Tensor, "*rows d"]:
+    """``x`` rescaled to the norm of ``x0``, row by row (unchanged where ``x`` is 0, or outside ``rows``).
 
     Examples:
-        >>> from steerkit.kernels import SteerConfig, SteerTable
-        >>> plain = SteerConfig.injection(torch.ones(4))
-        >>> one_config(SteerTable.from_configs([plain])), one_config(SteerTable.from_configs([plain, plain]))
-        (True, False)
-        >>> one_config(SteerTable.from_configs([plain.with_gate(torch.ones(4), 0.1)]))
-        False
+        >>> norm_ref(torch.tensor([[3.0, 4.0]]), torch.tensor([[1.0, 0.0]])).tolist()
+        [[5.0, 0.0]]
     """
-    return table.n_configs == 1 and not table.has_gate and not table.has_region
+    n0 = x0.norm(dim=-1, keepdim=True)
+    n1 = x.norm(dim=-1, keepdim=True)
+    f = torch.where(n1 > 0, n0 / n1.clamp_min(1e-30), torch.ones_like(n1))
+    if rows is not None:
+        f = torch.where(rows.to(f.device)[:, None], f, torch.ones_like(f))
+    return x * f
 
 
-def _plan_sources(table) -> tuple:
-    """The table tensors a :class:`OneConfigPlan` is prepared from."""
+@dataclass(frozen=True)
+class SharedConfig:
+    """One configuration's tensors prepared for every row (:func:`shared_config`): the basis ``B`` ``[K, d]``
+    and its transpose ``BT``, the target and strength (``None`` where they are 0 and 1: subtracting 0 and
+    multiplying by 1 are exact, so they are skipped), the injection ``scale * w * add`` as one vector, the
+    accumulation dtype, and the table tensors they were made from."""
+
+    acc: torch.dtype
+    d: int
+    B: Optional[Tensor]
+    BT: Optional[Tensor]
+    target: Optional[Tensor]
+    strength: Optional[Tensor]
+    add: Optional[Tensor]
+    src: tuple
+
+
+def _shared_sources(table) -> tuple:
     return (table.basis, table.strength, table.target, table.add, table.add_scale)
 
 
-def _needs_grad(table) -> bool:
-    return any(t is not None and t.requires_grad for t in _plan_sources(table))
-
-
-class OneConfigPlan:
-    """:func:`fused_steer_ref` for one configuration on every row (no gate, no region), with its
-    tensors prepared once (so not for tables whose tensors require grad):
-    ``x - ((x B^T - target) * strength) B + scale * w * add``, then the optional norm
-    preservation, accumulated in ``acc``.
-
-    Why: this is what a steering hook runs at every decoding step on CPU, where the hidden state
-    is ``[batch, 1, d_model]`` and each torch op costs microseconds. Indexing the padded table,
-    casting, multiplying by a strength of 1 or subtracting a target of 0 cost more than the edit
-    itself (``benchmarks/bench_step_overhead.py`` times steerkit's hook call inside the model next
-    to a bare two-op torch hook). Here the projection is one matmul and the removal one
-    ``addmm``; a strength of exactly 1 and a target of exactly 0 are skipped (multiplying by 1 and
-    subtracting 0 are exact, so results match the general formula up to the fused multiply-add of
-    ``addmm``), and the injection ``scale * w * add`` is one precomputed vector (computed as the
-    general formula computes it: bit-identical).
+def shared_config(table, acc: torch.dtype, device, layer_weight: float = 1.0) -> Optional[SharedConfig]:
+    """The table's one configuration prepared for every row, made on first use and kept on the table (made
+    again if the table's tensors were replaced since); ``None`` when the table holds more than one
+    configuration, a gate or a region, or tensors that require grad.
 
     Examples:
         >>> from steerkit.kernels import SteerConfig, SteerTable
-        >>> table = SteerTable.from_configs([SteerConfig.ablation(torch.eye(4)[:1])])
-        >>> plan = OneConfigPlan(table, torch.float32, torch.device("cpu"))
-        >>> plan(torch.ones(2, 1, 4)).tolist()
+        >>> table = SteerTable.from_configs([SteerConfig.injection(torch.ones(4), 2.0)])
+        >>> shared = shared_config(table, torch.float32, torch.device("cpu"))
+        >>> shared.add.tolist(), shared is shared_config(table, torch.float32, torch.device("cpu"))
+        ([2.0, 2.0, 2.0, 2.0], True)
+        >>> shared_config(SteerTable.from_configs([SteerConfig.injection(torch.ones(4))] * 2), torch.float32, "cpu")
+    """
+    key = (acc, str(device), float(layer_weight))
+    plans = table._plans
+    hit = plans.get(key, False)
+    if hit is not False and (hit is None or all(a is b for a, b in zip(hit.src, _shared_sources(table)))):
+        return hit
+    ok = table.n_configs == 1 and not table.has_gate and not table.has_region \
+        and not any(t is not None and t.requires_grad for t in _shared_sources(table))
+    plans[key] = _prepare(table, acc, device, layer_weight) if ok else None
+    return plans[key]
+
+
+def _prepare(table, acc: torch.dtype, device, layer_weight: float) -> SharedConfig:
+    def c(t):
+        return t.to(device=device, dtype=acc)
+    B = BT = target = strength = add = None
+    if table.has_ablate:
+        b = c(table.basis[0])
+        B, BT = b.contiguous(), b.T.contiguous()
+        t, s = c(table.target[0]), c(table.strength[0])
+        target = None if bool((t == 0).all()) else t
+        strength = None if bool((s == 1).all()) else s
+    if table.has_add:
+        add = (c(table.add_scale[0]) * layer_weight) * c(table.add[0])
+    return SharedConfig(acc, table.d_model, B, BT, target, strength, add, _shared_sources(table))
+
+
+def shared_edit(h: Float[Tensor, "*rows d"], s: SharedConfig, preserve_norm: bool = False) -> Float[Tensor, "*rows d"]:
+    """:func:`fused_steer_ref` of one prepared configuration on every row of ``h`` (any leading shape):
+    ``x - ((x B^T - target) * strength) B + scale * w * add``, then the optional norm preservation, in
+    ``s.acc``: the projection is one matmul and the removal one ``addmm`` (inside a decoding step on the CPU
+    each torch call costs microseconds).
+
+    Examples:
+        >>> from steerkit.kernels import SteerConfig, SteerTable
+        >>> s = shared_config(SteerTable.from_configs([SteerConfig.ablation(torch.eye(4)[:1])]), torch.float32, "cpu")
+        >>> shared_edit(torch.ones(2, 1, 4), s).tolist()
         [[[0.0, 1.0, 1.0, 1.0]], [[0.0, 1.0, 1.0, 1.0]]]
     """
-
-    def __init__(self, table, acc: torch.dtype, device, layer_weight: float = 1.0, preserve_norm: bool = False):
-        def c(t):
-            return t.to(device=device, dtype=acc)
-        self.acc, self.preserve_norm, self.d = acc, preserve_norm, table.d_model
-        self.src = _plan_sources(table)
-        self.B: Optional[Tensor] = None  # [K, d] basis, and BT its transpose [d, K]: set together
-        self.BT: Optional[Tensor] = None
-        self.target: Optional[Tensor] = None
-        self.strength: Optional[Tensor] = None
-        self.add: Optional[Tensor] = None
-        if table.has_ablate:
-            b = c(table.basis[0])
-            self.B, self.BT = b.contiguous(), b.T.contiguous()
-            t, s = c(table.target[0]), c(table.strength[0])
-            self.target = None if bool((t == 0).all()) else t
-            self.strength = None if bool((s == 1).all()) else s
-        if table.has_add:
-            self.add = (c(table.add_scale[0]) * layer_weight) * c(table.add[0])
-
-        self.fn = self._specialised()
-
-    def __call__(self, h: Float[Tensor, "*rows d"]) -> Float[Tensor, "*rows d"]:
-        return self.fn(h)
-
-    def _specialised(self) -> Callable[[Tensor], Tensor]:
-        """The common cases (ablation alone, injection alone, no target, strength 1, no norm
-        preservation, input already in ``acc``) as closures over their tensors: inside a decode
-        step the interpreter's data is out of the CPU caches, and every attribute read counts."""
-        acc, d, B, BT, add, general = self.acc, self.d, self.B, self.BT, self.add, self._general
-        if self.preserve_norm or self.target is not None or self.strength is not None:
-            return general
-        if B is not None and add is None:
-            def ablate_only(h):
-                if h.dtype is not acc:
-                    return general(h)
-                x2 = h.reshape(-1, d)
-                return torch.addmm(x2, x2 @ BT, B, alpha=-1).view(h.shape)
-            return ablate_only
-        if B is None and add is not None:
-            def add_only(h):
-                return h + add if h.dtype is acc else general(h)
-            return add_only
-        return general
-
-    def _general(self, h: Float[Tensor, "*rows d"]) -> Float[Tensor, "*rows d"]:
-        acc = self.acc
-        x = h if h.dtype == acc else h.to(acc)
-        B, BT, add = self.B, self.BT, self.add
-        if B is not None and BT is not None:
-            x2 = x.reshape(-1, self.d)
-            p = x2 @ BT  # [rows, K]
-            if self.target is not None:
-                p = p - self.target
-            if self.strength is not None:
-                p = p * self.strength
-            y = torch.addmm(x2, p, B, alpha=-1).view(x.shape)
-            if add is not None:
-                y.add_(add)  # y is a new tensor: in place is safe
-        elif add is not None:
-            y = x + add
-        else:
-            y = x.clone() if x is h else x
-        if self.preserve_norm:
-            n0 = x.norm(dim=-1, keepdim=True)
-            n1 = y.norm(dim=-1, keepdim=True)
-            y = y * torch.where(n1 > 0, n0 / n1.clamp_min(1e-30), torch.ones_like(n1))
-        return y if y.dtype == h.dtype else y.to(h.dtype)
-
-
-def table_plan(table, acc: torch.dtype, device, layer_weight: float = 1.0,
-               preserve_norm: bool = False) -> Optional[OneConfigPlan]:
-    """The table's :class:`OneConfigPlan` for these settings, built on first use and kept on the
-    table (rebuilt if the table's tensors were replaced since); ``None`` when the table is not
-    :func:`one_config` or its tensors require grad (the general reference serves those).
-
-    Examples:
-        >>> from steerkit.kernels import SteerConfig, SteerTable
-        >>> table = SteerTable.from_configs([SteerConfig.injection(torch.ones(4))])
-        >>> plan = table_plan(table, torch.float32, torch.device("cpu"))
-        >>> type(plan).__name__, plan is table_plan(table, torch.float32, torch.device("cpu"))
-        ('OneConfigPlan', True)
-    """
-    plans = table._plans
-    key = (acc, device, layer_weight, preserve_norm)
-    plan = plans.get(key, False)
-    if plan is not False and (plan is None or all(a is b for a, b in zip(plan.src, _plan_sources(table)))):
-        return plan
-    ok = one_config(table) and not _needs_grad(table)
-    plan = plans[key] = OneConfigPlan(table, acc, device, layer_weight, preserve_norm) if ok else None
-    return plan
+    x = h if h.dtype == s.acc else h.to(s.acc)
+    if s.B is not None and s.BT is not None:
+        x2 = x.reshape(-1, s.d)
+        p = x2 @ s.BT  # [rows, K]
+        if s.target is not None:
+            p = p - s.target
+        if s.strength is not None:
+            p = p * s.strength
+        y = torch.addmm(x2, p, s.B, alpha=-1).view(x.shape)
+        if s.add is not None:
+            y.add_(s.add)  # y is a new tensor: in place is safe
+    elif s.add is not None:
+        y = x + s.add
+    else:
+        y = x.clone() if x is h else x
+    if preserve_norm:
+        y = norm_ref(x, y)
+    return y if y.dtype == h.dtype else y.to(h.dtype)

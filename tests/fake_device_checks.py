@@ -152,3 +152,49 @@ def test_dataset_copies_per_batch_not_per_row(models, tmp_path):
     for s in SITES:
         assert torch.equal(ds.load(s), want.load(s))
     assert weights_on_device(sm)
+
+
+def test_the_steering_operator_reads_nothing_back(models):
+    """What a CUDA engine's steering operator runs (every row, the flag and the indices read on the device), on an
+    accelerator: after the step's indices are written, the operator at a steered site, at a site with nothing to
+    steer and on a decoder layer's (hidden, residual) pair reads no value back; the results equal the CPU's."""
+    import numpy as np
+
+    from steerkit.kernels.slots import steer_slots_
+    from steerkit.serving.plan import Block
+    from steerkit.serving.slots import StepSlots
+    from steerkit.serving.spec import parse_spec, resolve
+
+    sm, ref = models
+    d, fake = sm.d_model, torch.device(F.NAME, 0)
+    g = torch.Generator().manual_seed(3)
+    u = torch.randn(d, generator=g)
+    spec = parse_spec({"ops": [{"op": "add", "layers": [0], "vector": torch.randn(d, generator=g).tolist(), "scale": 2.0},
+                               {"op": "clamp", "layers": [0], "vector": (u / u.norm()).tolist(), "value": 1.0,
+                                "positions": "last"}]})
+    sites = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    steps = [[Block(0, 4, np.arange(4), 4, None)], [Block(0, 1, np.array([6]), 4, None)]]  # a prefill, a decode
+    x, r = torch.randn(5, d, generator=g), torch.randn(5, d, generator=g)
+    for device in (fake, torch.device("cpu")):
+        res = resolve(spec, store=None, facts=ref.facts, device=device)
+        slots = StepSlots(sites, d_model=d, max_tokens=8, configs=8, device=device)
+        outs = []
+        for k, step in enumerate(steps):
+            blocks = [Block(b.start, b.end, b.positions, b.n_prompt, res) for b in step]
+            with F.Transfers() as fill_log:
+                assert slots.fill(blocks, total=5)
+            assert k == 0 or not fill_log, [t.where() for t in fill_log]  # indices planned on the host, once
+            assert not floats(fill_log)
+            xs, hs, rs = (t.clone().to(device) for t in (x, x, r))
+            with F.Transfers() as log:
+                for i in range(len(sites)):
+                    steer_slots_(xs, None, slots.cfg[i], slots.flag[i], slots.slots)
+                steer_slots_(hs, rs, slots.cfg[0], slots.flag[0], slots.slots)
+            if device == fake:
+                assert not log, [t.where() for t in log]
+            outs.append([F.host(t) if device == fake else t for t in (xs, hs, rs)])
+        if device == fake:
+            on_fake = outs
+    for got, want in zip(on_fake, outs):
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

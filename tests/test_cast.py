@@ -490,16 +490,17 @@ def test_serving_resolves_conditional_steering_at_server_sites(t, tmp_path):
     (c,) = res.conditions
     assert c.key[1:] == _cv(t).to_condition().key[1:]  # the same condition, read at the canonical site
     assert res.interventions[0].when.conditions == (c,)
-    from steerkit.serving.vllm_plugin import graph_refusal  # CUDA graphs cannot decide on the host
-    assert "conditional steering" in graph_refusal(res, t.facts)
+    from steerkit.kernels.slots import SlotShape
+    from steerkit.serving.engine import graph_refusal  # CUDA graphs cannot decide on the host
+    assert "conditional steering" in graph_refusal(res.compiled, SlotShape(t.d_model))
 
 
 def _server_run(sm, res, ids, chunks, conditions, req_id="r"):
     """``ids`` through the HF model as a server runs them: prefill chunks of ``chunks`` tokens, each a
-    step planned by ``plan_step`` (one request) and applied by hooks on every block's output, with
+    step's ``StepPlan`` (one request) applied by hooks on every block's output, with
     the KV cache carried between steps. Returns the logits of every position."""
-    from steerkit.serving.plan import Block, SteeringCache, plan_step
-    compiler, state = SteeringCache(sm.facts), {}
+    from steerkit.serving.plan import Block, StepPlan
+    state = {}
 
     def hook_of(site):
         def hook(_m, _a, out):
@@ -518,7 +519,7 @@ def _server_run(sm, res, ids, chunks, conditions, req_id="r"):
         with torch.inference_mode():
             for n in chunks:
                 block = Block(0, n, np.arange(start, start + n), len(ids), res, req_id)
-                state["plan"] = plan_step([block], compiler, conditions)
+                state["plan"] = StepPlan([block], conditions)
                 out = sm.model(input_ids=torch.tensor([ids[start:start + n]]), cache=past, use_cache=True)
                 past, start = out.cache, start + n
                 logits.append(out.logits[0])

@@ -232,16 +232,18 @@ def test_a_server_request_resolves_a_latent_clamp_and_steers_its_rows_on_the_hos
     import numpy as np
 
     from steerkit.serving import parse_spec, resolve
-    from steerkit.serving.plan import Block, SteeringCache, StepSlots, plan_step
-    from steerkit.serving.vllm_plugin import graph_refusal
+    from steerkit.kernels.slots import SlotShape
+    from steerkit.serving.engine import graph_refusal
+    from steerkit.serving.plan import Block, StepPlan
+    from steerkit.serving.slots import StepSlots
     from steerkit.vectors import LatentClamp, Store
     sae = stored(tiny, "topk")
     store = Store(tmp_path / "store")
     ref = store.save("c", LatentClamp.of(sae, 5, value=3.0))
     res = resolve(parse_spec({"artifacts": [{"ref": ref, "scale": 2.0}]}), store=store, facts=tiny.facts)
     assert [iv.op for iv in res.interventions] == ["latent"] and res.sites == (SITE,)
-    plan = plan_step([Block(0, 3, np.arange(3), 3, res), Block(3, 5, np.arange(2), 2, None)],
-                     SteeringCache(tiny.facts, None))
+    blocks = [Block(0, 3, np.arange(3), 3, res), Block(3, 5, np.arange(2), 2, None)]
+    plan = StepPlan(blocks)
     h = torch.randn(5, tiny.d_model, generator=torch.Generator().manual_seed(4))
     out = plan.apply(SITE, h)
     assert torch.equal(out[3:], h[3:])
@@ -249,5 +251,5 @@ def test_a_server_request_resolves_a_latent_clamp_and_steers_its_rows_on_the_hos
     torch.testing.assert_close(out[:3], want, atol=1e-6, rtol=0)
     assert not torch.equal(out[:3], h[:3])
     slots = StepSlots([SITE], d_model=tiny.d_model, max_tokens=8, configs=4)
-    assert slots.fill(plan) is False  # not a fused-kernel operation: the host fallback steers this step
-    assert "latent" in graph_refusal(res, tiny.facts)
+    assert slots.fill(blocks, total=5) is False  # not a fused-kernel operation: the host plan steers this step
+    assert "latent" in graph_refusal(res.compiled, SlotShape(tiny.d_model))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from steerkit.serving import SpecError, parse_spec, request_args, request_body, salt
-from steerkit.serving.plan import Block, SteeringCache, plan_step
+from steerkit.serving.plan import Block, StepPlan
 from steerkit.serving.spec import KEY, resolve
 
 
@@ -133,7 +133,7 @@ def test_resolve_checks_artifacts_and_maps_sites(tiny):
         w = [0.6, 0.8] + [0.0] * (d - 2)
         resolve(parse_spec({"ops": [{"op": "ablate", "layers": [0], "vector": u},
                                     {"op": "ablate", "layers": [0], "vector": w}]}), store=store, facts=facts)
-    assert "'blocks.0.hook_resid_post'" in str(e.value)
+    assert "blocks.0.hook_resid_post" in str(e.value)  # where it is
     n = tiny.n_layers
     with pytest.raises(SpecError, match=re.escape(f"expected layers in 0..{n - 1}, found [{n + 3}]")):
         resolve(parse_spec({"ops": [{"op": "add", "layers": [n + 3], "vector": u}]}), store=store, facts=facts)
@@ -169,10 +169,6 @@ def test_resolve_inline_ops_and_server_positions(tiny):
     assert resolve(parse_spec({"artifacts": ["rng@1"]}), store=store, facts=facts).sites == ("blocks.1.hook_resid_post",)
 
 
-def _compiler(tiny):
-    return SteeringCache(tiny.facts, None)
-
-
 def test_plan_steers_exactly_the_rows_asked_for(tiny):
     """Three requests flattened as a server does: A (add everywhere, clamp on its last prompt token)
     prefilling 4 rows, an unsteered one, and B (add on generated tokens only, plus a clamp on prompt
@@ -192,11 +188,9 @@ def test_plan_steers_exactly_the_rows_asked_for(tiny):
                                       "positions": [-2, 5]}]}), store=_Store({}), facts=facts)
     blocks = [Block(0, 4, np.arange(4), 4, ra), Block(4, 6, np.arange(2), 2, None),
               Block(6, 9, np.array([4, 5, 6]), 6, rb)]  # B: prompt of 6; rows at positions 4, 5 (prompt), 6
-    compiler = _compiler(tiny)
-    plan = plan_step(blocks, compiler)
+    plan = StepPlan(blocks)
     site = "blocks.1.hook_resid_post"
-    assert set(plan.sites) == {site} and plan.steering.n_groups == 2
-    assert plan.rows(site).tolist() == [0, 1, 2, 3, 6, 7, 8]
+    assert set(plan.sites) == {site} and [b.resolved for b in plan.blocks] == [ra, rb]
     h = torch.randn(9, d, generator=g)
     out = plan.apply(site, h)
     assert torch.equal(out[4:6], h[4:6])  # the unsteered request
@@ -206,18 +200,17 @@ def test_plan_steers_exactly_the_rows_asked_for(tiny):
     for r in (6, 7):  # B's prompt tokens 4 (index -2 of 6) and 5: clamp only
         assert torch.allclose(out[r], h[r] + (-1.0 - h[r] @ u) * u, atol=1e-4)
     assert torch.allclose(out[8], h[8] + vb, atol=1e-5)  # generated: add only (5 is a prompt index)
-    assert plan_step([Block(0, 3, np.arange(3), 3, None)], compiler) is None
-    # a steady batch compiles once, whatever order the server lists its requests in
+    assert not StepPlan([Block(0, 3, np.arange(3), 3, None)])
+    # each request's own compiled steering: the order the server lists its requests in does not matter
     order = [6, 7, 8, 4, 5, 0, 1, 2, 3]
-    again = plan_step([Block(0, 3, np.array([4, 5, 6]), 6, rb), Block(3, 5, np.arange(2), 2, None),
-                       Block(5, 9, np.arange(4), 4, ra)], compiler)
-    assert again.steering is plan.steering and len(compiler) == 1
+    again = StepPlan([Block(0, 3, np.array([4, 5, 6]), 6, rb), Block(3, 5, np.arange(2), 2, None),
+                      Block(5, 9, np.arange(4), 4, ra)])
     assert torch.equal(again.apply(site, h[order]), out[order])
 
 
-def test_plan_shares_one_program_for_resid_pre_and_resid_post(tiny):
+def test_plan_steers_resid_pre_and_resid_post_at_one_site(tiny):
     """blocks.1.hook_resid_pre is blocks.0.hook_resid_post: two requests steering through either
-    name share one site program, each row steered by its own request; decode rows by position."""
+    name act at one site, each row steered by its own request; decode rows by position."""
     from steerkit.vectors import SteeringVector
     d = tiny.d_model
     g = torch.Generator().manual_seed(2)
@@ -228,9 +221,9 @@ def test_plan_shares_one_program_for_resid_pre_and_resid_post(tiny):
     rb = resolve(parse_spec({"ops": [{"op": "add", "layers": [0], "vector": w.tolist(), "positions": "prompt"}]}),
                  store=store, facts=facts)
     site = "blocks.0.hook_resid_post"
-    plan = plan_step([Block(0, 1, np.array([7]), 5, ra), Block(1, 2, np.array([5]), 5, rb),
-                      Block(2, 4, np.array([3, 4]), 5, rb)], _compiler(tiny))
-    assert set(plan.sites) == {site} and len(plan.steering.programs) == 1
+    plan = StepPlan([Block(0, 1, np.array([7]), 5, ra), Block(1, 2, np.array([5]), 5, rb),
+                     Block(2, 4, np.array([3, 4]), 5, rb)])
+    assert set(plan.sites) == {site} and ra.sites == rb.sites == (site,)
     h = torch.randn(4, d, generator=g)
     out = plan.apply(site, h)
     assert torch.allclose(out[0], h[0] + 0.5 * v, atol=1e-5)
@@ -249,7 +242,7 @@ def test_plan_matches_steerkit_generation_on_a_model(tiny):
     res = resolve(parse_spec({"artifacts": [{"ref": "a@1", "scale": 2.0}]}), store=store, facts=_facts(tiny))
     toks = tiny.tokenize(["hello there"], chat=False)
     T = toks.input_ids.shape[1]
-    plan = single_request_plan(res, T, T, facts=tiny.facts)
+    plan = single_request_plan(res, T, T)
     site = "blocks.1.hook_resid_post"
     block = tiny.adapter.block(tiny.model, 1)
 
@@ -339,7 +332,6 @@ def test_request_check_refuses_bad_specs_before_the_route_and_replays_good_bodie
     store = Store(tmp_path / "store")
     store.save("v", SteeringVector.from_direction(torch.ones(tiny.d_model), 1, tiny, method="test"))
     monkeypatch.setenv("STEERKIT_STORE", str(tmp_path / "store"))
-    monkeypatch.setattr(vllm_plugin, "_FRONT", {"resolver": None, "facts": {}})
     cfg = tiny.model.config
     mc = SimpleNamespace(enforce_eager=True, hf_config=cfg, model=str(model_dir), served_model_name="tiny")
     received = []
@@ -355,7 +347,8 @@ def test_request_check_refuses_bad_specs_before_the_route_and_replays_good_bodie
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
     app = vllm_plugin.RequestCheck(inner)
-    app.fastapi = SimpleNamespace(state=SimpleNamespace(vllm_config=SimpleNamespace(model_config=mc)))
+    app.fastapi = SimpleNamespace(state=SimpleNamespace(vllm_config=SimpleNamespace(model_config=mc),
+                                                        engine_client=SimpleNamespace(input_processor=SimpleNamespace())))
     bad = json.dumps({"prompt": "hi", "stream": True, "vllm_xargs": {"steerkit": json.dumps(
         {"artifacts": [{"ref": "nope@1"}]})}}).encode()
     status, out = _asgi(app, bad)
@@ -371,18 +364,26 @@ def test_request_check_refuses_bad_specs_before_the_route_and_replays_good_bodie
                  json.dumps({"prompt": "hi"}), "not json"):
         status, out = _asgi(app, good.encode(), path="/v1/chat/completions")
         assert (status, out) == (200, b"ok") and received[-1] == good.encode()  # replayed byte for byte
-    # compiled on the CPU: the steering operator's host path runs everything
+    # vLLM's input processor (found through app.state.engine_client) holds the front end the middleware used
+    front = app.fastapi.state.engine_client.input_processor._steerkit_front
+    assert front.check(json.dumps({"artifacts": [{"ref": "v@1"}]})) is not None
+    # compiled on the CPU: the steering runs on the host where the slots cannot hold it
     mc.enforce_eager = False
     ablate3 = json.dumps({"prompt": "x", "vllm_xargs": {"steerkit": json.dumps({"ops": [
         {"op": "ablate", "layers": [1], "vectors": torch.eye(tiny.d_model)[:3].tolist()}]})}}).encode()
     monkeypatch.setenv("STEERKIT_VLLM_SLOTS", "basis=2")
+
+    def server(**config):  # a new server, with a new front end
+        app.fastapi.state = SimpleNamespace(vllm_config=SimpleNamespace(model_config=mc, **config))
+    server()
     assert _asgi(app, ablate3) == (200, b"ok")
     # compiled on CUDA (graphs): a table larger than the slots is refused, with what to do
-    app.fastapi.state.vllm_config.device_config = SimpleNamespace(device_type="cuda")
+    server(device_config=SimpleNamespace(device_type="cuda"))
     status, out = _asgi(app, ablate3)
     msg = json.loads(out)["error"]["message"]
     assert status == 400 and "a basis of 3 directions (the slots hold 2)" in msg and "--enforce-eager" in msg
     monkeypatch.setenv("STEERKIT_VLLM_SLOTS", "basis=4")
+    server(device_config=SimpleNamespace(device_type="cuda"))
     assert _asgi(app, ablate3) == (200, b"ok")
 
 
@@ -425,7 +426,6 @@ def _checked_app(tiny, tmp_path, monkeypatch):
     from steerkit.loading.export_hf import export_hf
     from steerkit.serving import vllm_plugin
     monkeypatch.setenv("STEERKIT_STORE", str(tmp_path / "store"))
-    monkeypatch.setattr(vllm_plugin, "_FRONT", {"resolver": None, "facts": {}})
     mc = SimpleNamespace(enforce_eager=True, hf_config=tiny.model.config, model=str(export_hf(tiny, tmp_path / "m")),
                          served_model_name="tiny")
     received = []

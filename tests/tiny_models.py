@@ -212,3 +212,50 @@ def tiny_chat_llama():
         torch.manual_seed(0)
         model = LlamaForCausalLM(cfg).float().eval()
     return model, tok
+
+
+class _PairLayer(torch.nn.Module):
+    """A decoder layer laid out as vLLM's: ``forward(hidden, residual) -> (hidden', residual')`` whose sum is the
+    residual stream after the block, with ``self_attn`` and ``mlp`` modules whose outputs are added to it."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.self_attn = torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
+
+    def forward(self, hidden, residual):
+        residual = hidden if residual is None else hidden + residual
+        residual = residual + self.self_attn(torch.tanh(residual))
+        return self.mlp(torch.tanh(residual)), residual
+
+
+class _PairModel(torch.nn.Module):
+    def __init__(self, d: int, n_layers: int, vocab: int):
+        super().__init__()
+        self.embed_tokens = torch.nn.Embedding(vocab, d)
+        self.layers = torch.nn.ModuleList(_PairLayer(d) for _ in range(n_layers))
+
+
+class PairEngineModel(torch.nn.Module):
+    """What a vLLM worker's model looks like to the steering plugin (``model.layers``, ``model.embed_tokens``,
+    decoder layers returning ``(hidden, residual)``), on a flattened batch of token ids: the residual stream
+    after the last block, ``[tokens, d_model]``."""
+
+    def __init__(self, d: int, n_layers: int, vocab: int):
+        super().__init__()
+        self.model = _PairModel(d, n_layers, vocab)
+
+    def forward(self, ids):
+        hidden, residual = self.model.embed_tokens(ids), None
+        for layer in self.model.layers:
+            hidden, residual = layer(hidden, residual)
+        return hidden + residual
+
+
+def pair_engine_model(d: int = 64, n_layers: int = 3, vocab: int = 97, seed: int = 0):
+    """A :class:`PairEngineModel` with fixed random weights and its facts (:class:`steerkit.ModelFacts`)."""
+    from steerkit.interventions import ModelFacts
+
+    torch.manual_seed(seed)
+    model = PairEngineModel(d, n_layers, vocab).requires_grad_(False)
+    return model, ModelFacts.from_dict({"name": f"pair-engine-{seed}", "n_layers": n_layers, "d_model": d})

@@ -94,7 +94,7 @@ class SiteProgram:
     """
 
     __slots__ = ("site", "n_groups", "kernel", "table", "specs", "bit_weight", "base", "steps", "simple",
-                 "decode_fast", "preserve_norm", "whens", "conditions", "decisions")
+                 "decode_fast", "preserve_norm", "whens", "conditions", "decisions", "_index_tables")
 
     def __init__(self, site: str, per_group: Sequence[Sequence[Intervention]], *, d_model: int, device, dtype,
                  impl: str, conditions: Sequence[Condition] = (), decisions: Optional[Decisions] = None):
@@ -149,6 +149,7 @@ class SiteProgram:
                 bw[gi, j] = 1 << bit
         self.bit_weight = bw.to(device)
         self.base = torch.tensor(base or [0], dtype=torch.long, device=device)
+        self._index_tables = {self.base.device: (self.bit_weight, self.base)}  # device -> (bit_weight, base)
         self.steps = []  # [(intervention, groups: Tensor[n_groups] bool | None for all)]
         order: dict = {}
         for gi, g in enumerate(per_group):
@@ -235,17 +236,25 @@ class SiteProgram:
                 return None, None
             return (m, None) if bool(m.any()) else None
         g = torch.zeros(lead, dtype=torch.long, device=device) if groups is None else groups
+        bit_weight, base = self._tables_on(g.device)
         owned = g >= 0
         gc = g.clamp_min(0)
         bits = torch.zeros(lead, dtype=torch.long, device=device)
         for j, spec in enumerate(self.specs):
             m = self._mask(spec, self.whens[j], mask_of, rule_of, lead)
-            w = self.bit_weight[gc, j]
+            w = bit_weight[gc, j]
             bits += w if m is None else w * m
         active = owned & (bits > 0)
         if not bool(active.any()):
             return None
-        return active, (self.base[gc] + bits - 1).clamp_min(0)
+        return active, (base[gc] + bits - 1).clamp_min(0)
+
+    def _tables_on(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """``(bit_weight, base)`` on ``device`` (a server plans its steps' indices on the host), copied once."""
+        hit = self._index_tables.get(device)
+        if hit is None:
+            hit = self._index_tables[device] = (self.bit_weight.to(device), self.base.to(device))
+        return hit
 
     def apply(self, h: Float[Tensor, "*rows d_model"], groups: Optional[Tensor], mask_of: MaskOf,
               start: int = 0, rule_of: Optional[Callable] = None) -> Optional[Tensor]:

@@ -4,11 +4,17 @@
   inline operations), its validation, its prefix-cache salt, :func:`request_args` /
   :func:`request_body` to build requests, and :func:`resolve` (spec -> interventions, the one
   steering value: artifacts lower themselves exactly as ``SteerModel.steer`` lowers them).
-* :mod:`.plan` -- one engine step's plan: the step's steered requests compiled together by
-  :func:`steerkit.interventions.compile` (cached across steps), per hooked site the rows of the
-  flattened batch it steers, and :class:`~steerkit.serving.plan.StepSlots`, the persistent buffers
-  (a fixed-capacity table and per-token slot indices) that the plan is written into before each step
-  and that the steering operator (:mod:`steerkit.kernels.slots`) reads, so compiled engines steer too.
+* :mod:`.engine` -- one object per engine: :class:`~steerkit.serving.engine.EngineSteering` (a worker's
+  hooks, its own steering operators, slots and requests' steerings), :class:`~steerkit.serving.engine.FrontEnd`
+  (each request's spec checked once against the served model) and the request cache they share
+  (:class:`~steerkit.serving.engine.RequestSteerings`: each spec resolved and compiled once).
+* :mod:`.slots` -- :class:`~steerkit.serving.slots.StepSlots`, the persistent buffers the steering operators
+  read (each request's tables in one fixed-capacity table, per-token slot indices, a device flag per site),
+  written before each step, so compiled engines and CUDA graphs steer too.
+* :mod:`.plan` -- the rows each request owns in a step (:func:`~steerkit.serving.plan.runner_requests`) and
+  :class:`~steerkit.serving.plan.StepPlan`, a step steered on the host from each request's own programs
+  (conditional steering, SAE latent clamps, steps larger than the slots).
+* :mod:`.ops` -- :class:`~steerkit.serving.ops.ObjectOps`, graph operators that belong to one object.
 * :mod:`.capture` -- recording activations through vLLM: a request's record spec
   (``extra_args["steerkit_record"]``), the worker's per-step rows, :func:`record_generate`
   (outputs and each request's rows) and the data set of ``steerkit record --engine vllm``.

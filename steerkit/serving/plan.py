@@ -1,36 +1,32 @@
-"""One engine step's steering plan: which rows of the flattened batch each hooked site steers, and
-the compiled program (:class:`steerkit.interventions.SiteProgram`) that steers them.
+"""One engine step's steering as the host runs it: which rows of the flattened batch each request owns, and each
+request's own compiled steering applied to them.
 
-An inference server flattens a step's batch into rows ``[total_tokens, d_model]``: request ``i``
-owns rows ``start_i:end_i`` (a prefill chunk or one decode token), each row with its absolute
-position in the sequence. :func:`plan_step` takes those blocks with each request's
-:class:`~steerkit.serving.spec.Resolved` interventions and returns a :class:`StepPlan`. The
-steered requests of a step are compiled together by :func:`steerkit.interventions.compile`
-(``per_row=True``: one row group per distinct steering), the same compile the local backends use;
-the compiled steering is cached by the step's steering keys (:class:`SteeringCache`), so a steady
-decode batch compiles once. Per site the plan holds the rows of the requests steered there, their
-groups, and ``mask_of``: each request's rows evaluated by
+An inference server flattens a step's batch into rows ``[total_tokens, d_model]``: request ``i`` owns rows
+``start_i:end_i`` (a prefill chunk or one decode token), each row with its absolute position in the sequence
+(:class:`Block`, :func:`runner_requests`). Each request's steering is resolved and compiled once
+(:func:`steerkit.serving.spec.resolve`, the compile the local backends use); an engine normally steers a step
+through its steering slots (:class:`steerkit.serving.slots.StepSlots`: every request's tables in one table,
+one kernel call per site). A step the slots cannot run (conditional steering, whose decisions are taken on the
+host during the step; a torch operation such as an SAE latent clamp; more tables than the slots hold) is
+steered by :class:`StepPlan` instead: at each site, each request's rows through that request's
+:class:`~steerkit.interventions.SiteProgram`, with its positions evaluated by
 :func:`steerkit.interventions.server_mask_of` (the position vocabulary of :mod:`steerkit.hooks.positions`
-with the request's prompt length), concatenated. A hook then calls
-``program.apply(h[rows], groups, mask_of)`` (:meth:`StepPlan.steered`); rows of unsteered
-requests are never touched.
+with the request's prompt length) and its CAST decisions held across steps by :class:`RequestConditions`.
+Rows of unsteered requests are never touched.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from steerkit.bounded import BoundedDict
 from steerkit.errors import InputError
-from steerkit.interventions import (KERNEL_OPS, CompiledSteering, Condition, Decisions, ModelFacts, SiteProgram, When,
-                                   compile, server_mask_of)
-from steerkit.kernels.config import SteerConfigError
-from steerkit.kernels.slots import SlotShape, SteerSlots, slot_info
+from steerkit.interventions import KERNEL_OPS, CompiledSteering, Condition, Decisions, When, server_mask_of
+from steerkit.kernels.slots import SlotShape
 
 
 @dataclasses.dataclass
@@ -71,38 +67,6 @@ def runner_requests(runner: Any, key: str):
         if key in extra:
             a, b = int(qsl[i]), int(qsl[i + 1])
             yield req_id, a, b, np.asarray(positions[a:b], dtype=np.int64), int(st.num_prompt_tokens), extra[key]
-
-
-class SteeringCache:
-    """:class:`~steerkit.interventions.CompiledSteering` per tuple of steering keys (one row group per
-    key, in that order), least recently used dropped."""
-
-    def __init__(self, facts: ModelFacts, device=None, dtype: torch.dtype = torch.float32, max_entries: int = 128):
-        self.facts, self.device, self.dtype = facts, device, dtype
-        self._d: BoundedDict[tuple, CompiledSteering] = BoundedDict(max_entries)
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def get(self, resolved: Sequence[Any]) -> CompiledSteering:
-        """The compiled steering of ``resolved`` (distinct keys), row group ``i`` for ``resolved[i]``."""
-        key = tuple(r.key for r in resolved)
-        hit = self._d.get(key)
-        if hit is None:
-            hit = self._d[key] = compile([list(r.interventions) for r in resolved], self.facts, per_row=True,
-                                         device=self.device, dtype=self.dtype)
-        return hit
-
-
-@dataclasses.dataclass
-class SiteRows:
-    """The rows of the step one site steers: ``rows`` into the flattened step, each row's ``groups``
-    (its request's row group) and the blocks they come from (for ``mask_of``)."""
-
-    program: SiteProgram
-    rows: Tensor  # [n] int64
-    groups: Tensor  # [n] int64
-    blocks: tuple  # indices into StepPlan.blocks
 
 
 class RequestConditions:
@@ -164,154 +128,105 @@ class RequestConditions:
 
 
 class StepPlan:
-    """What every hooked site does in one step (see the module docstring). With ``conditions`` (the
-    engine's :class:`RequestConditions`), the sites of CAST conditions take their requests' prompt
-    rows into the decisions, and each rule (``when``) selects the rows of the requests it fired for."""
+    """A step steered on the host (see the module docstring): at each site, each steered request's rows through
+    its own compiled steering, in place. With ``conditions`` (the engine's :class:`RequestConditions`), the sites
+    of CAST conditions take their requests' prompt rows into the decisions, and each rule (``when``) selects the
+    rows of the requests it fired for.
 
-    def __init__(self, blocks: Sequence[Block], steering: CompiledSteering, sites: dict, device,
-                 conditions: Optional[RequestConditions] = None):
-        self.blocks = list(blocks)
-        self.steering = steering
-        self.sites: dict[str, SiteRows] = sites
-        self.device = device
+    Examples:
+        >>> from steerkit.serving.spec import parse_spec, resolve
+        >>> r = resolve(parse_spec({"ops": [{"op": "add", "layers": [1], "vector": [1.0] * 64, "positions": "last"}]}),
+        ...             store=store, facts=tiny.facts)
+        >>> plan = StepPlan([Block(0, 3, np.arange(3), 3, r), Block(3, 4, np.array([7]), 7, None)])
+        >>> h = torch.zeros(4, 64)
+        >>> plan.apply("blocks.1.hook_resid_post", h)[:, 0].tolist()  # the first request's last prompt token
+        [0.0, 0.0, 1.0, 0.0]
+    """
+
+    def __init__(self, blocks: Sequence[Block], conditions: Optional[RequestConditions] = None):
+        self.blocks = [b for b in blocks if b.resolved is not None and b.resolved.compiled is not None
+                       and b.end > b.start]
         self.conditions = conditions
         #: whether a request of this step has conditional steering (decided on the host)
-        self.conditional = any(b.resolved is not None and b.resolved.conditions for b in self.blocks)
+        self.conditional = any(b.resolved.conditions for b in self.blocks)
         if self.conditional and conditions is None:
             raise InputError("expected the engine's RequestConditions for a step with conditional steering (CAST), "
-                             "found none; pass conditions= to plan_step")
-        self._block_masks: dict[int, Any] = {}  # block index -> its server_mask_of, built when first asked
-        self._masks: dict = {}  # (block indices, spec id) -> (spec, mask on device | None)
+                             "found none; pass conditions= to StepPlan")
+        self.sites: dict[str, list[int]] = {}  # site -> indices of the blocks steered (or deciding) there
+        for j, b in enumerate(self.blocks):
+            for site in b.resolved.compiled.programs:
+                self.sites.setdefault(site, []).append(j)
+        self._masks: dict[int, Any] = {}  # block index -> its server_mask_of, built when first asked
 
     def __contains__(self, site: str) -> bool:
         return site in self.sites
 
-    def rows(self, site: str) -> Tensor:
-        return self.sites[site].rows
+    def __bool__(self) -> bool:
+        return bool(self.blocks)
 
-    def mask_of(self, site: str):
-        """``mask_of(spec)`` over the rows of ``site``: each block's rows through ``server_mask_of``."""
-        sr = self.sites[site]
+    def _mask_of(self, j: int, device):
+        m = self._masks.get(j)
+        if m is None:
+            b = self.blocks[j]
+            m = self._masks[j] = server_mask_of(torch.from_numpy(np.asarray(b.positions, dtype=np.int64)), b.n_prompt)
 
         def mask_of(spec):
-            key = (sr.blocks, id(spec))
-            hit = self._masks.get(key)
-            if hit is not None:
-                return hit[1]
-            parts = [self._block_mask(i)(spec) for i in sr.blocks]
-            if all(m is None for m in parts):
-                out = None
-            else:
-                out = torch.cat([torch.ones(self.blocks[i].end - self.blocks[i].start, dtype=torch.bool)
-                                 if m is None else m for i, m in zip(sr.blocks, parts)]).to(self.device)
-            self._masks[key] = (spec, out)  # the spec is held: its id cannot be reused meanwhile
-            return out
+            mask = m(spec)
+            return None if mask is None else mask.to(device)
         return mask_of
 
-    def _block_mask(self, i: int):
-        m = self._block_masks.get(i)
-        if m is None:
-            b = self.blocks[i]
-            m = self._block_masks[i] = server_mask_of(torch.from_numpy(np.asarray(b.positions, dtype=np.int64)),
-                                                      b.n_prompt)
-        return m
+    def _rule_of(self, b: Block, n: int, device):
+        conditions = self.conditions
 
-    def steered(self, site: str, h_rows: Float[Tensor, "n d_model"]) -> Optional[Float[Tensor, "n d_model"]]:
-        """The steered values of ``site``'s rows given those rows of the hidden states (``h[rows]``),
-        or ``None`` where nothing applies to them in this step."""
-        sr = self.sites[site]
-        rule_of = None
-        if self.conditional:
-            self._observe(sr, h_rows)
-            rule_of = self._rule_of(sr)
-        return sr.program.apply(h_rows, sr.groups, self.mask_of(site), rule_of=rule_of)
-
-    def _observe(self, sr: SiteRows, h_rows: Tensor) -> None:
-        """Each request's rows into the decisions of its conditions evaluated at this site (on the
-        site's values before its own edits, as ``sm.generate`` evaluates them)."""
-        if not sr.program.conditions or self.conditions is None:
-            return
-        off = 0
-        for j in sr.blocks:
-            b = self.blocks[j]
-            n = b.end - b.start
-            mine = b.resolved.conditions
-            for c in sr.program.conditions:
-                if c in mine:
-                    self.conditions.observe(b.req_id, c, h_rows[off:off + n], b.positions, b.n_prompt)
-            off += n
-
-    def _rule_of(self, sr: SiteRows):
-        """``rule_of(when)``: ``[n]`` bool over the site's rows, true on the rows of requests ``when``
-        selects (false while undecided)."""
-        assert self.conditions is not None
-        conditions, blocks = self.conditions, [self.blocks[j] for j in sr.blocks]
-
-        def rule_of(when):
-            parts = [torch.full((b.end - b.start,), bool(conditions.fired(b.req_id, when)), dtype=torch.bool)
-                     for b in blocks]
-            return torch.cat(parts).to(self.device)
+        def rule_of(when: When) -> Tensor:
+            fired = None if conditions is None else conditions.fired(b.req_id, when)
+            return torch.full((n,), bool(fired), dtype=torch.bool, device=device)
         return rule_of
 
+    def steer_(self, site: str, x: Float[Tensor, "tokens d_model"],
+               residual: Optional[Float[Tensor, "tokens d_model"]] = None) -> None:
+        """Steer ``site``'s rows of this step in place: ``x``, or with ``residual`` the stream ``x + residual``
+        (a decoder layer's output pair), written back as ``x = 0``, ``residual = steered`` on the rows that
+        change."""
+        for j in self.sites.get(site, ()):
+            b = self.blocks[j]
+            program = b.resolved.compiled.programs[site]
+            rows = slice(b.start, b.end)
+            h = x[rows] if residual is None else x[rows] + residual[rows]
+            if self.conditions is not None:
+                for c in program.conditions:  # the values as they arrive, before this site's own edits
+                    self.conditions.observe(b.req_id, c, h, b.positions, b.n_prompt)
+            new = program.apply(h, None, self._mask_of(j, h.device), rule_of=self._rule_of(b, b.end - b.start,
+                                                                                            h.device))
+            if new is None:
+                continue
+            if residual is None:
+                x[rows] = new.to(x.dtype)
+            else:
+                x[rows] = 0
+                residual[rows] = new.to(residual.dtype)
+
     def apply(self, site: str, h: Float[Tensor, "tokens d_model"]) -> Float[Tensor, "tokens d_model"]:
-        """``h`` (every row of the step) with ``site``'s rows steered: a new tensor, or ``h`` itself
-        where nothing applies."""
-        rows = self.sites[site].rows
-        new = self.steered(site, h[rows])
-        if new is None:
-            return h
+        """``h`` (every row of the step) with ``site``'s rows steered, as a new tensor."""
         out = h.clone()
-        out[rows] = new.to(h.dtype)
+        self.steer_(site, out)
         return out
 
 
-def plan_step(blocks: Sequence[Block], compiler: SteeringCache,
-              conditions: Optional[RequestConditions] = None) -> Optional[StepPlan]:
-    """The :class:`StepPlan` of this step, or ``None`` when no block is steered; ``conditions``: the
-    engine's :class:`RequestConditions` (needed when a request has conditional steering)."""
-    steered = [(i, b) for i, b in enumerate(blocks) if b.resolved is not None and b.end > b.start
-               and b.resolved.interventions]
-    if not steered:
-        return None
-    keys: dict[str, int] = {}
-    resolved: list = []
-    for _, b in sorted(steered, key=lambda t: t[1].resolved.key):  # order-free: reordered batches hit
-        if b.resolved.key not in keys:
-            keys[b.resolved.key] = len(resolved)
-            resolved.append(b.resolved)
-    cs = compiler.get(resolved)
-    device = compiler.device
-    per_site: dict[str, list[int]] = {}
-    for j, (_, b) in enumerate(steered):
-        for site in dict.fromkeys(b.resolved.sites + b.resolved.condition_sites):
-            per_site.setdefault(site, []).append(j)
-    plan_blocks = [b for _, b in steered]
-    shared: dict = {}  # block subsets shared by several sites share their index tensors
-    sites: dict[str, SiteRows] = {}
-    for site, js in per_site.items():
-        sub = tuple(js)
-        if sub not in shared:
-            rows = np.concatenate([np.arange(plan_blocks[j].start, plan_blocks[j].end) for j in sub])
-            groups = np.concatenate([np.full(plan_blocks[j].end - plan_blocks[j].start, keys[plan_blocks[j].resolved.key])
-                                     for j in sub])
-            shared[sub] = (torch.from_numpy(rows.astype(np.int64)).to(device),
-                           torch.from_numpy(groups.astype(np.int64)).to(device))
-        rows_t, groups_t = shared[sub]
-        sites[site] = SiteRows(cs.programs[site], rows_t, groups_t, sub)
-    return StepPlan(plan_blocks, cs, sites, device, conditions)
+def single_request_plan(resolved: Any, n_tokens: int, n_prompt: int, start_pos: int = 0,
+                        conditions: Optional[RequestConditions] = None) -> StepPlan:
+    """The plan for one request's rows at positions ``[start_pos, start_pos + n_tokens)`` (for tests and
+    notebooks).
 
-
-def single_request_plan(resolved: Any, n_tokens: int, n_prompt: int, start_pos: int = 0, *,
-                        compiler: Optional[SteeringCache] = None, facts: Optional[ModelFacts] = None,
-                        device=None, dtype: torch.dtype = torch.float32) -> Optional[StepPlan]:
-    """The plan for one request's rows at positions ``[start_pos, start_pos + n_tokens)`` (for tests
-    and notebooks); ``compiler`` or the served model's ``facts``."""
-    if compiler is None:
-        if facts is None:
-            raise InputError("expected compiler= or the served model's facts=, found neither")
-        compiler = SteeringCache(facts, device, dtype)
-    blk = Block(0, n_tokens, np.arange(start_pos, start_pos + n_tokens), n_prompt, resolved)
-    return plan_step([blk], compiler)
+    Examples:
+        >>> from steerkit.serving.spec import parse_spec, resolve
+        >>> r = resolve(parse_spec({"ops": [{"op": "add", "layers": [0], "vector": [1.0] * 64}]}), store=store,
+        ...             facts=tiny.facts)
+        >>> single_request_plan(r, 2, 2).apply("blocks.0.hook_resid_post", torch.zeros(2, 64))[:, 0].tolist()
+        [1.0, 1.0]
+    """
+    return StepPlan([Block(0, n_tokens, np.arange(start_pos, start_pos + n_tokens), n_prompt, resolved)],
+                    conditions)
 
 
 #: the steering slots' capacities: ``STEERKIT_VLLM_SLOTS="configs=512,basis=8,region=8,halfspaces=16"``
@@ -344,150 +259,33 @@ def slot_capacity(value: Optional[str] = None) -> dict:
     return out
 
 
-def slot_refusal(steering: CompiledSteering, slots: Union[SteerSlots, SlotShape]) -> Optional[str]:
-    """Why ``steering`` cannot run through steering slots of this capacity (``None``: it can): an
-    operation other than the fused kernel's, a site table larger than the slots, or a gate that
-    several position specs share."""
+def slot_refusal(steering: CompiledSteering, shape: SlotShape) -> Optional[str]:
+    """Why a request's compiled ``steering`` cannot run through steering slots of this ``shape`` (``None``: it
+    can): conditional steering (decided on the host), an operation other than the fused kernel's, or a site
+    table larger than the slots.
+
+    Examples:
+        >>> add = steerkit.Intervention.add("blocks.1.hook_resid_post", torch.ones(64))
+        >>> slot_refusal(tiny.compile([add]), SlotShape(64)) is None
+        True
+        >>> slot_refusal(tiny.compile([add]), SlotShape(32))
+        "d_model 64 (the slots hold 32) at 'blocks.1.hook_resid_post'"
+    """
+    if steering.conditions:
+        return "conditional steering (CAST conditions are decided on the host, during the step)"
     for site, program in steering.programs.items():
         if program.steps:
             ops = sorted({p.op for p, _ in program.steps})
-            return (f"{ops} at {site!r} (the steering slots run {list(KERNEL_OPS)}, the fused kernel's operations)")
+            return f"{ops} at {site!r} (the steering slots run {list(KERNEL_OPS)}, the fused kernel's operations)"
         if program.table is not None:
-            why = slots.fits(program.table)
+            why = shape.fits(program.table)
             if why is not None:
                 return f"{why} at {site!r}"
+    need = sum(p.table.n_configs for p in steering.programs.values() if p.table is not None)
+    if need > shape.configs:
+        return f"{need} configurations (the slots hold {shape.configs})"
     return None
 
 
-class StepSlots:
-    """The persistent per-step buffers an engine's steering operators read (see
-    :mod:`steerkit.kernels.slots`): one :class:`~steerkit.kernels.slots.SteerSlots` for the whole
-    step, per site a row of ``cfg`` (each token's slot, ``-1`` untouched), a host ``info`` row and a
-    device norm flag. :meth:`fill` writes a :class:`StepPlan` into them before the step (the tables
-    only when the step's compiled steering changed); shapes never change.
-
-    Examples:
-        >>> add = steerkit.Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 2.0, positions="last")
-        >>> steering = compile([[add]], tiny.facts, per_row=True)
-        >>> slots = StepSlots(["blocks.1.hook_resid_post"], d_model=64, max_tokens=8, configs=4)
-        >>> plan = StepPlan([Block(0, 3, np.arange(3), 3, None)], steering,
-        ...                 {"blocks.1.hook_resid_post": SiteRows(steering.programs["blocks.1.hook_resid_post"],
-        ...                  torch.arange(3), torch.zeros(3, dtype=torch.long), (0,))}, "cpu")
-        >>> slots.fill(plan)
-        True
-        >>> slots.cfg[0, :4].tolist()  # the last prompt token only
-        [-1, -1, 0, -1]
-    """
-
-    def __init__(self, sites: Sequence[str], *, d_model: int, max_tokens: int, configs: int = 512, basis: int = 8,
-                 region: int = 8, halfspaces: int = 16, device=None, dtype: torch.dtype = torch.float32):
-        self.sites = list(sites)
-        self.index = {s: i for i, s in enumerate(self.sites)}
-        self.max_tokens = int(max_tokens)
-        self.slots = SteerSlots(configs, d_model, basis=basis, region=region, halfspaces=halfspaces, device=device,
-                                dtype=dtype)
-        S = len(self.sites)
-        self.cfg = torch.full((S, self.max_tokens), -1, dtype=torch.long, device=device)
-        self.info = torch.zeros(S, 7, dtype=torch.long)  # host rows (kernels.slots.INFO)
-        self.preserve = torch.zeros(S, dtype=torch.bool, device=device)
-        self.device = device
-        self._loaded: Optional[CompiledSteering] = None
-        self._spans: dict[str, tuple] = {}  # site -> (info row, offset, all positions?) of the loaded steering
-        self._idx: dict[str, tuple] = {}  # site -> (its requests' rows, slot index per row): the last step's
-        self._dirty: list[int] = []  # sites whose cfg rows the previous step set
-
-    def refusal(self, steering: CompiledSteering) -> Optional[str]:
-        """:func:`slot_refusal` for these slots."""
-        return slot_refusal(steering, self.slots)
-
-    def clear(self) -> None:
-        """No site steers any token (dummy and profiling runs, unsteered steps)."""
-        for i in self._dirty:
-            self.cfg[i].fill_(-1)
-            self.info[i, 6] = 0
-        self._dirty = []
-
-    def _load(self, steering: CompiledSteering) -> bool:
-        if steering is self._loaded:
-            return True
-        need = sum(p.table.n_configs for p in steering.programs.values() if p.table is not None)
-        if need > self.slots.configs or self.refusal(steering) is not None:
-            return False
-        spans, off = {}, 0
-        for site, program in steering.programs.items():
-            if program.table is None or site not in self.index:
-                continue
-            stages = self.slots.load(program.table, off)
-            static = all(spec == "all" for spec in program.specs) and all(w is None for w in program.whens)
-            spans[site] = (slot_info(stages, program.preserve_norm, off, program.table.n_configs), off, static)
-            self.preserve[self.index[site]] = program.preserve_norm
-            off += program.table.n_configs
-        self._loaded, self._spans, self._idx = steering, spans, {}
-        return True
-
-    def fallback(self, plan: StepPlan) -> None:
-        """Mark every site of ``plan`` for the host fallback (:func:`steerkit.kernels.slots.set_host_fallback`):
-        the operator hands those sites to the engine, which steers them from ``plan``."""
-        self.clear()
-        for site in plan.sites:
-            i = self.index.get(site)
-            if i is not None:
-                self.info[i] = slot_info(offset=i, n=-1)
-                self._dirty.append(i)
-
-    def nbytes(self) -> int:
-        """Bytes of device memory the buffers hold."""
-        return self.slots.nbytes() + self.cfg.numel() * 8 + self.preserve.numel()
-
-    def fill(self, plan: Optional[StepPlan]) -> bool:
-        """Write ``plan`` into the buffers; ``False`` when it does not fit them (more configurations
-        than the slots hold, or an operation they do not run): the buffers then steer nothing and
-        the caller steers this step another way."""
-        self.clear()
-        if plan is None:
-            return True
-        if plan.conditional:  # CAST decisions are taken on the host, during the step: the plan steers it
-            return False
-        if any(site not in self.index for site in plan.sites):
-            return False
-        try:
-            if not self._load(plan.steering):
-                return False
-        except SteerConfigError:
-            return False
-        if any(len(sr.rows) and int(sr.rows.max()) >= self.max_tokens for sr in plan.sites.values()):
-            return False
-        for site, sr in plan.sites.items():
-            span = self._spans.get(site)
-            if span is None:
-                continue
-            info, off, static = span
-            # a site whose every spec selects all positions steers the same slots for the same rows:
-            # a steady decode batch reuses the previous step's indices (keyed by its requests' rows)
-            sig = tuple((plan.blocks[j].start, plan.blocks[j].end, plan.blocks[j].resolved.key) for j in sr.blocks) \
-                if static else None
-            hit = self._idx.get(site) if sig is not None else None
-            if hit is not None and hit[0] == sig:
-                idx = hit[1]
-            else:
-                sel = sr.program.kernel_rows((len(sr.rows),), sr.rows.device, sr.groups, plan.mask_of(site))
-                if sel is None:
-                    continue
-                active, rc = sel
-                idx = torch.full((len(sr.rows),), off, dtype=torch.long, device=sr.rows.device)
-                if rc is not None:
-                    idx = idx + rc
-                if active is not None:
-                    idx = torch.where(active, idx, torch.full_like(idx, -1))
-                idx = idx.to(self.cfg.device)
-                if sig is not None:
-                    self._idx[site] = (sig, idx)
-            i = self.index[site]
-            self.cfg[i, sr.rows] = idx
-            self.info[i] = info
-            self._dirty.append(i)
-        return True
-
-
-__all__ = ["Block", "RequestConditions", "SiteRows", "SlotShape", "SteeringCache", "StepPlan", "StepSlots", "SLOTS_ENV", "SLOT_DEFAULTS",
-           "plan_step", "runner_requests", "single_request_plan", "slot_capacity", "slot_refusal"]
+__all__ = ["Block", "RequestConditions", "StepPlan", "SLOTS_ENV", "SLOT_DEFAULTS", "runner_requests",
+           "single_request_plan", "slot_capacity", "slot_refusal"]

@@ -4,7 +4,7 @@ per-step plan / collect / write that the plugin drives (:func:`on_load`, :func:`
 that reads the rows back is :mod:`steerkit.serving.capture`.
 
 Forward hooks on the sites :func:`steerkit.loading.adapters.vllm_layout` names, after the steering hooks (so they see
-steered values), each calling the record operator ``torch.ops.steerkit.record_site_`` (so a graph
+steered values), each calling the recorder's own record operator (:class:`steerkit.serving.ops.ObjectOps`: a graph
 traced by ``torch.compile`` keeps it and runs it at every step, on the host); an eager engine installs
 them at its first recording step, a compiled one started with ``STEERKIT_VLLM_RECORD=1`` when it
 loads (:func:`~steerkit.serving.record_spec.can_record`); per step :func:`on_prepare` plans the rows of
@@ -17,7 +17,6 @@ prefix-cache salt, so all of its prompt tokens are computed (and recorded), neve
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import json
 import logging
@@ -29,10 +28,12 @@ import torch
 from safetensors.torch import save
 from torch import Tensor
 
+from steerkit.bounded import BoundedDict
 from steerkit.loading.adapters import vllm_sites
 from steerkit.storage.files import Folder
 from steerkit.interventions import server_mask_of
-from steerkit.kernels.slots import define_op
+
+from steerkit.serving.ops import ObjectOps
 
 from steerkit.serving.plan import runner_requests
 from steerkit.serving.record_spec import ENV, KEY, RECORD_ENV, RecordSpec, can_record, parse_record
@@ -40,21 +41,7 @@ from steerkit.serving.spec import SpecError
 
 log = logging.getLogger("steerkit.serving")
 
-__all__ = ["StepRecorder", "RowBlock", "record_sites"]
-
-#: recorders by id, read by the record operator's body
-_RECORDERS: dict[int, "StepRecorder"] = {}
-
-
-def _record_site(x: Tensor, residual: Optional[Tensor], token: Tensor, recorder: int, site: int) -> None:
-    """The record hook's body as an operator of the graph: a compiled graph keeps it (it "mutates" the
-    recorder's token) and runs it at every step, on the host; it copies the planned rows out."""
-    rec = _RECORDERS.get(recorder)
-    if rec is not None:
-        rec._record(rec._names[site], x, residual)
-
-
-define_op("record_site_(Tensor x, Tensor? residual, Tensor(a!) token, int recorder, int site) -> ()", _record_site)
+__all__ = ["StepRecorder", "RowBlock", "RecordWorker", "record_sites"]
 
 
 def record_sites(model: Any) -> dict:
@@ -111,7 +98,11 @@ class StepRecorder:
         self.sites = record_sites(model)
         self._names = list(self.sites)
         self._token = torch.zeros(1)
-        _RECORDERS[id(self)] = self
+        # the record operator of this recorder: a compiled graph keeps it (it "mutates" the token) and runs
+        # its body, which copies the planned rows out, at every step
+        self._ops = ObjectOps()
+        self._op = self._ops.define("record_site_(Tensor x, Tensor? residual, Tensor(a!) token, int site) -> ()",
+                                    lambda x, residual, token, site: self._record(self._names[site], x, residual))
         self.handles: list = []
         self._entries: list = []  # (spec, positions np) per recorded block with rows
         self._site_rows: dict = {}  # site -> (rows tensor, [(entry index, offset, n)])
@@ -141,15 +132,14 @@ class StepRecorder:
     def _hook(self, site: str, kind: str):
         """The forward hook: the record operator on the module's output (``hidden, residual`` of a
         decoder layer), which runs :meth:`_record` at every step, traced or not."""
-        i, me, token = self._names.index(site), id(self), self._token
+        i, op, token = self._names.index(site), self._op, self._token
 
         def hook(_mod, _args, output):
             if kind == "resid" and isinstance(output, tuple) and len(output) >= 2 and output[1] is not None \
                     and output[0].shape == output[1].shape:
-                torch.ops.steerkit.record_site_(output[0], output[1], token, me, i)
+                op(output[0], output[1], token, i)
             else:
-                torch.ops.steerkit.record_site_(output[0] if isinstance(output, tuple) else output, None, token,
-                                                me, i)
+                op(output[0] if isinstance(output, tuple) else output, None, token, i)
         return hook
 
     def _record(self, site: str, x: Tensor, residual: Optional[Tensor]) -> None:
@@ -215,76 +205,59 @@ class StepRecorder:
 
 
 
-#: the number of the next step file a worker writes (one counter per process)
-_STEP = itertools.count(1)
+class RecordWorker:
+    """A model runner's recording: its :class:`StepRecorder` (made at the first step that records in an eager
+    engine, when the model loads in a compiled one), the record specs it has parsed (bounded) and the number of
+    the next step file it writes. The plugin keeps one on each runner (``runner._steerkit_record``).
 
+    Examples:
+        >>> w = RecordWorker(tiny.hf_model, compiled=False)
+        >>> w.spec('{"hooks": ["blocks.0.hook_mlp_out"], "run": "r"}').run, w.recorder is None
+        ('r', True)
+    """
 
-def _parsed(raw: Any) -> Optional[RecordSpec]:
-    """The :class:`RecordSpec` of a request's raw record spec (a JSON string or a dict); ``None`` for
-    one that is not valid (the front end refuses those; a step never fails for it)."""
-    return _parsed_text(raw if isinstance(raw, str) else json.dumps(raw, sort_keys=True, default=str))
+    def __init__(self, model: Any, *, compiled: bool, max_specs: int = 256):
+        self.model = model
+        self.recorder: Optional[StepRecorder] = None
+        self._specs: BoundedDict[str, Optional[RecordSpec]] = BoundedDict(max_specs)
+        self._seq = itertools.count(1)
+        if compiled:  # a compiled engine traces the model once: the hooks must be there before it does
+            self.recorder = StepRecorder(model).install()
+            log.info("steerkit: %d record hooks installed in pid %d (compiled)", len(self.recorder.handles),
+                     os.getpid())
 
+    def spec(self, raw: Any) -> Optional[RecordSpec]:
+        """The :class:`RecordSpec` of a request's raw record spec (a JSON string or a dict); ``None`` for one
+        that is not valid (the front end refuses those; a step never fails for it)."""
+        text = raw if isinstance(raw, str) else json.dumps(raw, sort_keys=True, default=str)
+        if text not in self._specs:
+            try:
+                self._specs[text] = parse_record(text)
+            except SpecError as e:
+                log.error("steerkit: a request's record spec is not valid, it records nothing: %s", e)
+                self._specs[text] = None
+        return self._specs[text]
 
-@functools.lru_cache(maxsize=256)
-def _parsed_text(text: str) -> Optional[RecordSpec]:
-    try:
-        return parse_record(text)
-    except SpecError as e:  # checked in the front end; never fail a step for it
-        log.error("steerkit: a request's record spec is not valid, it records nothing: %s", e)
-        return None
-
-
-def on_load(runner: Any) -> None:
-    """Worker, after ``load_model`` and after the steering hooks (so recording sees steered values):
-    in an eager engine the record hooks are installed at the first step that records; a compiled one
-    with ``STEERKIT_VLLM_RECORD=1`` installs them now, before vLLM traces the model."""
-    runner._steerkit_recorder = None
-    runner._steerkit_record_eager = can_record(runner.model_config)
-    if not runner._steerkit_record_eager:
-        log.info("steerkit: compiled engine without %s=1; record requests will be refused", RECORD_ENV)
-    elif not getattr(runner.model_config, "enforce_eager", False):
-        runner._steerkit_recorder = StepRecorder(runner.model).install()
-        log.info("steerkit: %d record hooks installed in pid %d (compiled)", len(runner._steerkit_recorder.handles),
-                 os.getpid())
-
-
-def _row_blocks(runner: Any) -> list[RowBlock]:
-    blocks = []
-    for _, a, b, positions, n_prompt, raw in runner_requests(runner, KEY):
-        spec = _parsed(raw)
-        if spec is not None:
-            blocks.append(RowBlock(a, b, positions, n_prompt, spec))
-    return blocks
-
-
-def on_prepare(runner: Any) -> None:
-    """Worker, after ``_prepare_inputs`` (the step's batch layout is final): plan the rows to record."""
-    if not getattr(runner, "_steerkit_record_eager", False):
-        return
-    try:
-        blocks = _row_blocks(runner)
-        rec = runner._steerkit_recorder
-        if rec is None:
+    def prepare(self, runner: Any) -> None:
+        """After ``_prepare_inputs`` (the step's batch layout is final): plan the rows to record."""
+        blocks = []
+        for _, a, b, positions, n_prompt, raw in runner_requests(runner, KEY):
+            spec = self.spec(raw)
+            if spec is not None:
+                blocks.append(RowBlock(a, b, positions, n_prompt, spec))
+        if self.recorder is None:
             if not blocks:
                 return
-            rec = runner._steerkit_recorder = StepRecorder(runner.model).install()
-            log.info("steerkit: %d record hooks installed in pid %d", len(rec.handles), os.getpid())
-        rec.plan(blocks)
-    except Exception:  # noqa: BLE001 - never take the engine down
-        log.exception("steerkit: could not plan this step's recording; it records nothing")
-        rec = getattr(runner, "_steerkit_recorder", None)
-        if rec is not None:
-            rec.clear()
+            self.recorder = StepRecorder(self.model).install()
+            log.info("steerkit: %d record hooks installed in pid %d", len(self.recorder.handles), os.getpid())
+        self.recorder.plan(blocks)
 
-
-def on_step_end(runner: Any) -> None:
-    """Worker, after ``execute_model``: write this step's rows to the record folder, one safetensors
-    file per run, and forget them."""
-    rec = getattr(runner, "_steerkit_recorder", None)
-    if rec is None:
-        return
-    try:
-        payloads = rec.collect()
+    def write(self) -> None:
+        """After ``execute_model``: this step's rows into the record folder, one safetensors file per run, and
+        forget them."""
+        if self.recorder is None:
+            return
+        payloads = self.recorder.collect()
         if not payloads:
             return
         root = os.environ.get(ENV)
@@ -292,10 +265,44 @@ def on_step_end(runner: Any) -> None:
             log.error("steerkit: $%s is not set in the engine's process; this step's recorded rows are dropped", ENV)
             return
         folder = Folder(root)
-        seq = next(_STEP)
+        seq = next(self._seq)
         for run, tensors in payloads.items():
             folder.write_bytes(f"{run}/{seq:012d}-{os.getpid()}.safetensors", save(tensors))
+
+
+def on_load(runner: Any) -> None:
+    """Worker, after ``load_model`` and after the steering hooks (so recording sees steered values): the
+    runner's :class:`RecordWorker`, or none where this engine cannot record (a compiled one started without
+    ``STEERKIT_VLLM_RECORD=1``)."""
+    runner._steerkit_record = None
+    if not can_record(runner.model_config):
+        log.info("steerkit: compiled engine without %s=1; record requests will be refused", RECORD_ENV)
+        return
+    runner._steerkit_record = RecordWorker(runner.model, compiled=not getattr(runner.model_config, "enforce_eager",
+                                                                                False))
+
+
+def on_prepare(runner: Any) -> None:
+    """Worker, after ``_prepare_inputs``: plan the rows to record (:meth:`RecordWorker.prepare`)."""
+    worker = getattr(runner, "_steerkit_record", None)
+    if worker is None:
+        return
+    try:
+        worker.prepare(runner)
+    except Exception:  # noqa: BLE001 - never take the engine down
+        log.exception("steerkit: could not plan this step's recording; it records nothing")
+        if worker.recorder is not None:
+            worker.recorder.clear()
+
+
+def on_step_end(runner: Any) -> None:
+    """Worker, after ``execute_model``: write this step's rows (:meth:`RecordWorker.write`)."""
+    worker = getattr(runner, "_steerkit_record", None)
+    if worker is None:
+        return
+    try:
+        worker.write()
     except Exception:  # noqa: BLE001
         log.exception("steerkit: could not write this step's recorded rows")
-        rec.clear()
-
+        if worker.recorder is not None:
+            worker.recorder.clear()

@@ -30,8 +30,9 @@ artifacts lower themselves (``artifact.to_interventions(facts, ...)``, exactly w
 ``SteerModel.steer`` compiles), inline ops through the :class:`~steerkit.Intervention`
 constructors; sites are made canonical for the server (``blocks.{l}.hook_resid_pre`` with ``l > 0``
 is ``blocks.{l-1}.hook_resid_post``, for the edits and for the CAST conditions of a
-:class:`~steerkit.vectors.ConditionalSteering` alike) and the whole steering is compiled once on the
-CPU, so a spec that cannot run fails in the front end, not inside the server's forward pass. :func:`salt` gives the
+:class:`~steerkit.vectors.ConditionalSteering` alike) and the whole steering is compiled, once, by
+:func:`steerkit.interventions.compile` (the compile every path runs), so a spec that cannot run fails in the
+front end, not inside the server's forward pass; the :class:`Resolved` keeps that compiled steering. :func:`salt` gives the
 prefix-cache salt that keeps KV computed under one steering away from requests with another.
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ import torch
 
 from steerkit.errors import HookNameError, InputError, SteerkitError
 from steerkit.hooks.names import parse as parse_hook
-from steerkit.interventions import Intervention, ModelFacts, When, compile
+from steerkit.interventions import CompiledSteering, Intervention, ModelFacts, When, compile
 from steerkit.kernels import orthonormalize
 from steerkit.hooks.positions import AnyOf, TokenMatch
 from steerkit.storage import jsontext
@@ -355,6 +356,8 @@ class Resolved:
     key: str
     interventions: tuple  # tuple[Intervention, ...]
     notes: tuple = ()
+    #: the steering compiled once, where :func:`resolve` was asked to (None: no intervention)
+    compiled: Optional[CompiledSteering] = dataclasses.field(default=None, compare=False, repr=False)
 
     @functools.cached_property
     def sites(self) -> tuple:
@@ -497,32 +500,36 @@ def inline_interventions(op: InlineOp, facts: ModelFacts) -> list[Intervention]:
         raise SpecError(f"inline {op.op} at layers {list(op.layers)} is not valid: {e}") from None
 
 
-def check_compiles(interventions: Sequence[Intervention], facts: ModelFacts) -> None:
-    """Compile the steering once on the CPU, one site at a time, so whatever the server's compile
-    would refuse is refused here with its site named.
+def compile_steering(interventions: Sequence[Intervention], facts: ModelFacts, *, device="cpu",
+                     dtype: torch.dtype = torch.float32) -> CompiledSteering:
+    """A request's interventions compiled once (:func:`steerkit.interventions.compile`), on ``device`` in
+    ``dtype``; whatever the compile refuses is a :class:`SpecError` naming where.
 
     Examples:
-        >>> check_compiles([Intervention.add("blocks.1.hook_resid_post", torch.ones(64))], tiny.facts)
-        >>> check_compiles([Intervention.add("blocks.1.hook_resid_post", torch.ones(32))], tiny.facts)  # doctest: +ELLIPSIS
+        >>> compile_steering([Intervention.add("blocks.1.hook_resid_post", torch.ones(64))], tiny.facts).n_groups
+        1
+        >>> compile_steering([Intervention.add("blocks.1.hook_resid_post", torch.ones(32))], tiny.facts)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        steerkit.serving.spec.SpecError: steering at 'blocks.1.hook_resid_post' is not valid: expected the add vector of shape [64] ...
+        steerkit.serving.spec.SpecError: the steering is not valid: expected the add vector of shape [64] ...
     """
-    per_site: dict[str, list[Intervention]] = {}
+    per_site: dict[str, int] = {}
     for iv in interventions:
-        per_site.setdefault(iv.site, []).append(iv)
-    for site, ivs in per_site.items():
-        if len(ivs) > MAX_PER_SITE:
-            raise SpecError(f"expected at most {MAX_PER_SITE} operations at one site, found {len(ivs)} at {site!r}")
-        try:
-            compile(ivs, facts, device="cpu")
-        except (InputError, HookNameError) as e:  # shapes, orthonormality, gates, regions, positions
-            raise SpecError(f"steering at {site!r} is not valid: {e}") from None
+        per_site[iv.site] = per_site.get(iv.site, 0) + 1
+    for site, n in per_site.items():
+        if n > MAX_PER_SITE:
+            raise SpecError(f"expected at most {MAX_PER_SITE} operations at one site, found {n} at {site!r}")
+    try:
+        return compile(list(interventions), facts, device=device, dtype=dtype)
+    except (InputError, HookNameError) as e:  # shapes, orthonormality, gates, regions, positions
+        raise SpecError(f"the steering is not valid: {e}") from None
 
 
-def resolve(spec: Spec, *, store: Any, facts: Union[ModelFacts, dict], check: bool = True) -> Resolved:
-    """Load the spec's artifacts from ``store`` and turn everything into interventions at canonical
-    server sites (see the module docstring), compiled once on the CPU to check them.
+def resolve(spec: Spec, *, store: Any, facts: Union[ModelFacts, dict], check: bool = True, device="cpu",
+            dtype: torch.dtype = torch.float32) -> Resolved:
+    """Load the spec's artifacts from ``store``, turn everything into interventions at canonical
+    server sites (see the module docstring) and compile them once (:func:`compile_steering`) on ``device`` in
+    ``dtype``: the :class:`Resolved` carries the compiled steering.
 
     ``facts``: the served model's :class:`~steerkit.ModelFacts` (or a ``{"name", "d_model",
     "n_layers", "fingerprint"}`` dict); with ``check`` every artifact is checked against them
@@ -553,6 +560,5 @@ def resolve(spec: Spec, *, store: Any, facts: Union[ModelFacts, dict], check: bo
     for op in spec.ops:
         ivs += inline_interventions(op, facts)
     ivs = [canonical_site(iv, facts) for iv in ivs]
-    if ivs:
-        check_compiles(ivs, facts)
-    return Resolved(spec.canonical(), tuple(ivs), tuple(notes))
+    compiled = compile_steering(ivs, facts, device=device, dtype=dtype) if ivs else None
+    return Resolved(spec.canonical(), tuple(ivs), tuple(notes), compiled)

@@ -1,9 +1,10 @@
-"""The prepared one-configuration plan and ``bind_steer`` (the per-step hook path on CPU).
+"""The reference's prepared form of one configuration on every row and ``bind_steer`` (the per-step hook path
+on CPU).
 
-The plan (``reference.OneConfigPlan``) must mean exactly what the general reference means; the
-general reference is forced by passing an explicit row -> configuration index and an all-true
-``active`` mask, which the plan never takes. Tolerances come from the shared table (``TOLS``): the
-plan uses ``addmm`` (one fused multiply-add) where the general formula subtracts a product, so the
+The prepared form (``reference.shared_config`` / ``shared_edit``) must mean exactly what the general reference
+means; the general reference is forced by passing an explicit row -> configuration index and an all-true
+``active`` mask, which the prepared form never takes. Tolerances come from the shared table (``TOLS``): it
+uses ``addmm`` (one fused multiply-add) where the general formula subtracts a product, so the
 two differ by float32 rounding and then by one rounding to the output dtype, the same argument as
 kernel vs reference; float64 inputs are compared at 1e-12.
 """
@@ -20,7 +21,7 @@ from _kernel_helpers import TOLS, assert_close_report, rand_orthonormal
 import steerkit.kernels as K
 import steerkit.kernels.fused as F
 from steerkit.kernels import SteerConfig, SteerTable, bind_steer, fused_steer
-from steerkit.kernels.reference import fused_steer_ref, table_plan
+from steerkit.kernels.reference import fused_steer_ref, shared_config, shared_edit
 
 TOL = {**TOLS, torch.float64: (1e-12, 1e-12)}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -56,9 +57,9 @@ def test_plan_matches_general_reference(shape, dtype, preserve_norm):
         if dtype == torch.float64:
             tab = dataclasses.replace(tab, **{f.name: getattr(tab, f.name).double()
                                               for f in dataclasses.fields(tab) if torch.is_tensor(getattr(tab, f.name))})
-        plan = table_plan(tab, acc, h.device, 0.8, preserve_norm)
-        assert plan is not None, name
-        got = plan(h)
+        shared = shared_config(tab, acc, h.device, 0.8)
+        assert shared is not None, name
+        got = shared_edit(h, shared, preserve_norm)
         want = fused_steer_ref(h.reshape(-1, d), tab, torch.zeros(rows, dtype=torch.long),
                                torch.ones(rows, dtype=torch.bool), 0.8, preserve_norm).reshape(h.shape)
         assert got.shape == h.shape and got.dtype == h.dtype, name
@@ -111,7 +112,7 @@ def test_bind_steer_chooses_the_impl_when_it_binds(monkeypatch):
     torch_run = bind_steer(tab, device="cpu", dtype=torch.float32)
     assert tri_run.impl == "triton" and torch_run.impl == "torch"
     assert "impl='triton'" in repr(tri_run) and "n_configs=1" in repr(tri_run)
-    assert "impl='torch'" in repr(torch_run) and "OneConfigPlan" in repr(torch_run)
+    assert "impl='torch'" in repr(torch_run) and torch_run.shared is not None and tri_run.shared is None
 
     tri = tri_run(h)  # bound under use_impl("triton"), called after leaving it
     assert launches == [1]
@@ -158,7 +159,7 @@ def test_bind_steer_other_dtype_and_row_config_take_the_general_path(bound):
     tab3 = SteerTable.from_configs([cfg, SteerConfig.identity(), SteerConfig.injection(torch.ones(d), 2.0)],
                                    d_model=d)
     run3 = bind_steer(tab3, device="cpu", dtype=bound)
-    assert "OneConfigPlan" not in repr(run3) and "n_configs=3" in repr(run3)
+    assert run3.shared is None and "n_configs=3" in repr(run3)
     h = (torch.randn(3, 2, d, generator=gen) * 3).to(bound)
     rc = torch.tensor([2, 0, 1])
     assert_close_report(run3(h, row_config=rc), fused_steer(h, tab3, row_config=rc, impl="torch"), *TOL[bound],
@@ -170,7 +171,7 @@ def test_no_plan_for_trainable_tables_and_gradients_flow():
     v = torch.randn(16, requires_grad=True)
     tab = SteerTable.from_configs([SteerConfig.injection(torch.zeros(16))], d_model=16)
     tab.add = v[None]  # a vector being optimised: its graph must be rebuilt at every call
-    assert table_plan(tab, torch.float32, torch.device("cpu")) is None
+    assert shared_config(tab, torch.float32, torch.device("cpu")) is None
     for _ in range(2):  # twice: a plan built once would fail the second backward
         out = fused_steer(torch.randn(3, 16), tab)
         out.sum().backward()
