@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     from steerkit.interventions import Intervention, ModelFacts
     from steerkit.serving.plan import SLOT_DEFAULTS, Block
     from steerkit.serving.slots import StepSlots
-    from steerkit.serving.spec import Resolved, compile_steering
+    from steerkit.serving.spec import Resolved, compile_request
 
     threads = C.set_threads(a.threads)
     steps = a.steps or (200 if a.quick else 2000)
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         ivs = [Intervention.add("blocks.12.hook_resid_post", torch.randn(D, generator=g), 1.0 + k)]
         if k % 2:
             ivs += [Intervention.ablate(f"blocks.{l}.hook_resid_post", u) for l in range(L)]
-        specs.append(Resolved(key=f"spec-{k}", interventions=tuple(ivs), compiled=compile_steering(ivs, facts)))
+        specs.append(Resolved(key=f"spec-{k}", interventions=tuple(ivs), compiled=compile_request(ivs, facts)))
     sites = [f"blocks.{l}.{kind}" for l in range(L) for kind in ("hook_resid_post", "hook_attn_out", "hook_mlp_out")]
 
     def blocks_for(R: int, prefill: int) -> list:

@@ -43,7 +43,7 @@ def main():
     if args.quick:
         args.tokens, args.repeats = 8, 1
     import steerkit
-    from steerkit.kernels import Polyhedron, SteerConfig
+    from steerkit import Gate, Intervention, Polyhedron
 
     sm = steerkit.load_model()
     d, L = sm.d_model, args.layer
@@ -55,12 +55,12 @@ def main():
     hook = f"blocks.{L}.hook_resid_post"
     every = [f"blocks.{l}.hook_resid_pre" for l in range(sm.n_layers)]
     ops = {
-        "add (1 layer)": ({hook: SteerConfig.injection(v, 4.0)}, False),
-        "ablate (every layer)": ({h: SteerConfig.ablation(u) for h in every}, False),
-        "clamp (1 layer)": ({hook: SteerConfig.clamp(u[0], 1.0)}, False),
-        "gate+add (1 layer)": ({hook: SteerConfig.injection(v, 4.0).with_gate(u[0], 0.05)}, False),
-        "region (1 layer)": ({hook: SteerConfig(region=reg)}, False),
-        "add+norm (1 layer)": ({hook: SteerConfig.injection(v, 4.0)}, True),
+        "add (1 layer)": ([Intervention.add(hook, v, 4.0)], False),
+        "ablate (every layer)": ([Intervention.ablate(h, u) for h in every], False),
+        "clamp (1 layer)": ([Intervention.clamp(hook, u[0], 1.0)], False),
+        "gate+add (1 layer)": ([Intervention.add(hook, v, 4.0, gate=Gate(u[0], 0.05))], False),
+        "region (1 layer)": ([Intervention.project(hook, reg)], False),
+        "add+norm (1 layer)": ([Intervention.add(hook, v, 4.0)], True),
     }
     base_prompts = ["Tell me about your weekend.", "Describe the city you live in.", "Write about Mondays.",
                     "What is a good breakfast?", "Explain rain to a child.", "Name a famous painter.",
@@ -91,7 +91,7 @@ def main():
                   f"{1e3 * statistics.median(steered):7.2f} ms/step  overhead {100 * (r - 1):+6.1f}%", flush=True)
     # per-row configurations
     prompts = base_prompts
-    per_row = [{hook: SteerConfig.injection(torch.randn(d, generator=g), 4.0)} for _ in prompts]
+    per_row = [[Intervention.add(hook, torch.randn(d, generator=g), 4.0)] for _ in prompts]
     shared = per_row[0]
     t_shared, t_rows, t_seq = [], [], []
     for _ in range(args.repeats):

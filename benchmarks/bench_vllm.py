@@ -57,7 +57,7 @@ def main() -> None:
 
     import steerkit
     from steerkit.loading.export_hf import export_hf
-    from steerkit.kernels import SteerConfig
+    from steerkit import Intervention
     from steerkit.serving import request_args
     from steerkit.vectors import Store, SteeringVector
 
@@ -113,7 +113,7 @@ def main() -> None:
               f"{[round(x, 2) for x in out['seconds']]}; process {res[f'{mode}_process_s']:.0f} s", flush=True)
     # steerkit's own HF generation of the same batch (prompts as text, chat template as above)
     h_plain, h_steer = [], []
-    rows = [{f"blocks.{vecs[i % 8][0]}.hook_resid_post": SteerConfig.injection(vecs[i % 8][1], 1.0)}
+    rows = [[Intervention.add(f"blocks.{vecs[i % 8][0]}.hook_resid_post", vecs[i % 8][1], 1.0)]
             for i in range(n_req)]
     texts = [ps[i % 8] for i in range(n_req)]
     sm.generate(texts, 4, chat=True)  # warm-up

@@ -427,8 +427,11 @@ class SteerTable:
         d_model: Optional[int] = None,
         device: Union[str, torch.device, None] = None,
         schedule: Optional[Sequence[float]] = None,
+        validate: bool = True,
     ) -> "SteerTable":
-        """Validate ``configs`` and stack them (one row of each tensor per config)."""
+        """Validate ``configs`` and stack them (one row of each tensor per config). ``validate=False`` stacks
+        configurations whose values were validated where they were made (finite numbers, orthonormal bases,
+        sound regions: :class:`steerkit.Intervention`'s constructors), checking shapes only."""
         if len(configs) == 0:
             raise SteerConfigError("SteerTable needs at least one SteerConfig; found none.")
         if d_model is None:
@@ -455,7 +458,8 @@ class SteerTable:
                     f"{name} must end in d_model={d_model}; found shape {tuple(t.shape)}. "
                     "All configurations of a table must be for the same model."
                 )
-            _finite(name, t)
+            if validate:
+                _finite(name, t)
             return t
 
         tab = cls(n_configs=n, d_model=d_model)
@@ -479,13 +483,15 @@ class SteerTable:
                         f"config {i}: basis must have shape (k, {d_model}); found {tuple(cf.basis.shape)}."
                     )
                 b = vec(cf.basis, f"config {i} basis")
-                _check_orthonormal(f"config {i} basis", b)
+                if validate:
+                    _check_orthonormal(f"config {i} basis", b)
                 k = b.shape[0]
                 basis[i, :k] = b
                 strength[i, :k] = _per_dir(f"config {i} strength", cf.strength, k, 1.0)
                 target[i, :k] = _per_dir(f"config {i} target", cf.target, k, 0.0)
-                _finite(f"config {i} strength", strength[i])
-                _finite(f"config {i} target", target[i])
+                if validate:
+                    _finite(f"config {i} strength", strength[i])
+                    _finite(f"config {i} target", target[i])
             if all(configs[0].basis is not None and cf.basis is not None
                    and cf.basis.shape == configs[0].basis.shape
                    and torch.equal(cf.basis, configs[0].basis) for cf in configs):
@@ -518,14 +524,15 @@ class SteerTable:
                 if cf.add is None:
                     continue
                 v2, sc = add_terms(vec(cf.add, f"config {i} add"), cf.add_scale, f"config {i}")
-                _finite(f"config {i} add_scale", sc)
+                if validate:
+                    _finite(f"config {i} add_scale", sc)
                 add[i] = (sc[:, None] * v2).sum(0)
             tab.add, tab.add_scale = add, torch.ones(n, dtype=torch.float32)
         # regions
         if any(cf.region is not None for cf in configs):
             regs = [cf.region for cf in configs]
             for i, r in enumerate(regs):
-                if r is not None:
+                if r is not None and validate:
                     try:
                         r.validate(d_model)
                     except SteerConfigError as e:

@@ -25,13 +25,14 @@ from steerkit.hooks.manager import ActivationCache, HookHandle, RecordHandle
 from steerkit.hooks.names import layer_names, resid_post, resid_pre
 from steerkit.hooks.positions import AnyOf, TokenMatch
 from steerkit.interventions import (ORTHO_TOL, CompiledSteering, Condition, Gate, Intervention, ModelFacts, Polyhedron,
+                                    Steerable,
                                     When, orthonormalize)
 from steerkit.loading.adapters import Adapter, adapter_for, register_adapter
 from steerkit.model import SteerModel, Tokens, load_model, wrap
 
 __all__ = [
     "__version__", "load_model", "wrap", "SteerModel", "Tokens", "Adapter", "adapter_for", "register_adapter",
-    "Intervention", "Gate", "Condition", "When", "ModelFacts", "CompiledSteering", "orthonormalize", "ORTHO_TOL",
+    "Intervention", "Steerable", "Gate", "Condition", "When", "ModelFacts", "CompiledSteering", "orthonormalize", "ORTHO_TOL",
     "Polyhedron", "ActivationCache", "HookHandle", "RecordHandle", "layer_names", "resid_post", "resid_pre",
     "TokenMatch", "AnyOf",
     "SteerkitError", "HookNameError", "InputError", "ModelNotFoundError", "UnsupportedArchitectureError",

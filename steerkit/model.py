@@ -35,7 +35,7 @@ from steerkit.generation import generate as _generate
 from steerkit.hooks.manager import HookHandle, HookManager, RecordHandle
 from steerkit.hooks import saesites
 from steerkit.hooks.saesites import SAEHandle
-from steerkit.interventions import KERNEL_OPS, CompiledSteering, Intervention, ModelFacts, compile, lower
+from steerkit.interventions import KERNEL_OPS, CompiledSteering, Intervention, ModelFacts, compile_steering, lower
 from steerkit.hooks.positions import PositionSpec
 from steerkit.loading.quantize import SCHEMES, scheme_of
 from steerkit.loading.quantize import quantize as quantize_weights
@@ -483,11 +483,12 @@ class SteerModel:
         """Apply a steering until the handle is removed (``with sm.steer(...):`` or ``.remove()``).
 
         ``steering``, the same for every row: an :class:`~steerkit.interventions.Intervention` or a
-        list of them (composed: all apply); a stored artifact (anything with ``to_interventions``:
-        checked against this model's d_model, depth and fingerprint unless ``override``; ``scale``
-        multiplies it); a ``{hook: SteerConfig}`` dict. ``rows``: instead, one of those (or ``None``)
+        list of them (composed: all apply); a :class:`~steerkit.interventions.Steerable` (every stored
+        artifact kind: checked against this model's d_model, depth and fingerprint unless ``override``;
+        ``scale`` multiplies it); a ``{hook: SteerConfig}`` dict of the kernel's configurations still works
+        and warns (deprecated). ``rows``: instead, one of those (or ``None``)
         per batch row, which steers each row its own way in the same kernel call. Everything is lowered
-        to interventions and compiled once here (:func:`steerkit.interventions.compile`); ``positions``
+        to interventions and compiled once here (:func:`steerkit.interventions.compile_steering`); ``positions``
         replaces every intervention's own. A list of steerings passed as ``steering`` (the old per-row
         form) still works and warns (:class:`DeprecationWarning`): pass ``rows=``.
 
@@ -518,7 +519,7 @@ class SteerModel:
         """
         steering, rows = _rows_of(steering, rows, "compile")
         if steering is None and rows is None:
-            raise InputError("expected a steering (interventions, an artifact, a {hook: SteerConfig} dict) or "
+            raise InputError("expected a steering (interventions or a steerable artifact) or "
                              "rows= (one per batch row), found None")
         facts = self.facts
         groups: list
@@ -530,7 +531,7 @@ class SteerModel:
             groups = [None if g is None else [dataclasses.replace(p, preserve_norm=True) if p.op in KERNEL_OPS
                                               else p for p in g] for g in groups]
         spread = len({str(d) for d in getattr(self.hf_model, "hf_device_map", {}).values()} - {"disk", "cpu"}) > 1
-        return compile(groups, facts, per_row=True, device=self.site_device if spread else self.device,
+        return compile_steering(groups, facts, per_row=True, device=self.site_device if spread else self.device,
                        dtype=self.dtype, positions=positions)
 
     def reset(self) -> None:

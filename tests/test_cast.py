@@ -17,7 +17,7 @@ import steerkit
 import steerkit.probes
 from steerkit import Condition, Intervention, When
 from steerkit.errors import InputError
-from steerkit.interventions import aggregate_rows, compile, condition_similarity
+from steerkit.interventions import aggregate_rows, compile_steering, condition_similarity
 from steerkit.vectors import (ArtifactFormatError, ConditionalRule, ConditionalSteering, ConditionVector,
                               ModelMismatchError, Provenance, SteeringVector, Store, VectorsError)
 from steerkit.vectors.artifacts import artifact_to_payload, payload_to_artifact
@@ -47,7 +47,7 @@ def t(tiny):
 
 def _sims(sm, cond_like: Condition, prompts=PROMPTS) -> torch.Tensor:
     """The similarities the compiled evaluator computes for ``prompts`` (a condition-only steering)."""
-    cs = compile([], sm.facts, conditions=[cond_like])
+    cs = compile_steering([], sm.facts, conditions=[cond_like])
     with sm.hooks.install(cs):
         sm.forward(prompts, chat=False)
     return cs.similarities[cond_like]
@@ -138,15 +138,15 @@ def test_when_validation_and_equality(u):
 
 def test_compile_checks_conditions(t, u):
     with pytest.raises(InputError, match=r"shape \[64\]"):
-        compile([Intervention.add(LATE, u, when=Condition(COND_SITE, torch.ones(32), 0.0))], t.facts)
+        compile_steering([Intervention.add(LATE, u, when=Condition(COND_SITE, torch.ones(32), 0.0))], t.facts)
     with pytest.raises(InputError, match="attention matrix"):
-        compile([], t.facts, conditions=[Condition("blocks.1.attn.hook_pattern", torch.ones(64), 0.0)])
+        compile_steering([], t.facts, conditions=[Condition("blocks.1.attn.hook_pattern", torch.ones(64), 0.0)])
     with pytest.raises(steerkit.errors.HookNameError):
-        compile([], t.facts, conditions=[Condition("blocks.9.hook_resid_pre", torch.ones(64), 0.0)])
+        compile_steering([], t.facts, conditions=[Condition("blocks.9.hook_resid_pre", torch.ones(64), 0.0)])
     with pytest.raises(InputError, match="Condition"):
-        compile([], t.facts, conditions=["c"])
+        compile_steering([], t.facts, conditions=["c"])
     with pytest.raises(InputError, match="at least one"):
-        compile([], t.facts)
+        compile_steering([], t.facts)
 
 
 # ----------------------------------------------------------------------------- mechanics

@@ -44,7 +44,7 @@ def _page(site: Path, name: str) -> str:
 def test_api_pages_document_the_public_names(site):
     anchors = {  # mkdocstrings gives every documented object an anchor of its dotted path
         "api/steerkit": ["steerkit.load_model", "steerkit.SteerModel", "steerkit.Intervention", "steerkit.SteerkitError"],
-        "api/interventions": ["steerkit.interventions.Intervention", "steerkit.interventions.compile"],
+        "api/interventions": ["steerkit.interventions.Intervention", "steerkit.interventions.compile_steering"],
         "api/hooks": ["steerkit.hooks.manager.HookHandle", "steerkit.hooks.manager.ActivationCache"],
         "api/attention": ["steerkit.hooks.attention"],
         "api/quantize": ["steerkit.loading.quantize"],

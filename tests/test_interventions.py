@@ -1,7 +1,7 @@
 """The one intervention type and its one compile step.
 
 Every way of steering lowers to :class:`steerkit.Intervention` and passes through
-:func:`steerkit.interventions.compile`. These tests check the compiled programs against a plain
+:func:`steerkit.interventions.compile_steering`. These tests check the compiled programs against a plain
 torch computation of what each intervention means, row by row and position by position, on a tiny
 random Llama (mechanics only), and that artifacts, keyword edits and kernel specs lower to the same
 thing.
@@ -19,7 +19,7 @@ import torch
 import steerkit
 from steerkit import Intervention
 from steerkit.errors import InputError
-from steerkit.interventions import Gate, compile, server_mask_of
+from steerkit.interventions import Gate, compile_steering, server_mask_of
 from steerkit.kernels import SteerConfig
 
 try:
@@ -100,7 +100,8 @@ def test_keyword_edit_kernel_spec_and_intervention_are_the_same(tiny):
     a = _resid(tiny, 1, PROMPTS, steering=[Intervention.add(site, v, 3.0)])[0]
     with tiny.edit(site, add=v, scale=3.0):
         b = _resid(tiny, 1, PROMPTS)[0]
-    c = _resid(tiny, 1, PROMPTS, steering={site: SteerConfig.injection(v, 3.0)})[0]
+    with pytest.warns(DeprecationWarning, match="kernel's format"):  # the kernel's {hook: SteerConfig}, deprecated
+        c = _resid(tiny, 1, PROMPTS, steering={site: SteerConfig.injection(v, 3.0)})[0]
     assert torch.equal(a, b) and torch.equal(a, c)
 
 
@@ -164,7 +165,7 @@ def test_server_entry_equals_local_call(tiny):
     v, u = _unit(d, 8), _unit(d, 9)
     rows = [[Intervention.add(site, v, 1.0, positions="generated"), Intervention.ablate(site, u, positions=[0, -1])],
             None, [Intervention.clamp(site, u, -2.0, positions="prompt")]]
-    prog = compile(rows, tiny.facts, per_row=True).programs[site]
+    prog = compile_steering(rows, tiny.facts, per_row=True).programs[site]
     n_prompt, start, T = [5, 3, 4], [3, 0, 4], [4, 3, 1]  # prefill chunk, whole prompt, a decode token
     hs = [torch.randn(t, d, generator=torch.Generator().manual_seed(10 + i)) for i, t in enumerate(T)]
     h = torch.cat(hs)
@@ -303,3 +304,40 @@ def test_model_facts_have_one_builder(tiny):
     assert served.n_heads == t.n_heads and served.n_kv_heads == t.n_kv_heads and served.d_head == t.d_head
     assert _facts(f.as_dict()) == f == ModelFacts.from_dict(f.as_dict())
     assert t.__dict__["facts"] is f  # functools.cached_property
+
+
+def test_one_validation_per_steering(tiny, monkeypatch):
+    """Artifact -> interventions -> site programs -> bound kernel: an artifact is checked against the model once,
+    each intervention's values once (where it is made), and the kernel's table is stacked without checking them
+    again; the compile checks each intervention against the model once."""
+    from steerkit.kernels import config as K
+    from steerkit.vectors import DirectionSet, SteeringVector
+    from steerkit.vectors import apply as A
+
+    counts = {"artifact": 0, "values": 0, "table": 0}
+
+    def counted(key, fn):
+        def wrapper(*a, **k):
+            counts[key] += 1
+            return fn(*a, **k)
+        return wrapper
+    import steerkit.vectors.artifacts.directions as D
+    import steerkit.vectors.artifacts.vector as V
+    for mod in (V, D):
+        monkeypatch.setattr(mod, "check_against", counted("artifact", A.check_against))
+    import steerkit.interventions.values as Vals  # the constructors' checks of the values
+    monkeypatch.setattr(Vals, "_vector", counted("values", Vals._vector))
+    monkeypatch.setattr(Vals, "_basis", counted("values", Vals._basis))
+    monkeypatch.setattr(K, "_finite", counted("table", K._finite))
+    monkeypatch.setattr(K, "_check_orthonormal", counted("table", K._check_orthonormal))
+    d = tiny.d_model
+    vec = SteeringVector.from_direction(_unit(d, 9), layer=1, model=tiny, scale=2.0)
+    dirs = DirectionSet.from_directions(torch.eye(d)[:2], tiny, layers=[0, 1])
+    counts.update(artifact=0, values=0, table=0)
+    for art, n_ivs in ((vec, 1), (dirs, 2)):
+        before = dict(counts)
+        with tiny.steer(art):
+            tiny.forward("hello world", chat=False)
+        assert counts["artifact"] - before["artifact"] == 1, counts
+        assert counts["values"] - before["values"] == n_ivs, counts
+        assert counts["table"] == 0, counts

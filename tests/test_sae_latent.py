@@ -117,7 +117,7 @@ def test_add_mode_is_a_kernel_add_of_the_decoder_rows(tiny):
     iv = Intervention.sae_latent(SITE, sae, [4, 9], scale=2.5, mode="add", positions="last")
     assert iv.op == "add" and iv.scale == 2.5
     torch.testing.assert_close(iv.tensor, sae.W_dec[4] + sae.W_dec[9])
-    program = steerkit.interventions.compile([iv], tiny.facts).programs[SITE]
+    program = steerkit.interventions.compile_steering([iv], tiny.facts).programs[SITE]
     assert program.table is not None and not program.steps  # the fused kernel, no torch step
 
 
@@ -125,8 +125,8 @@ def test_clamp_runs_as_a_torch_step_and_composes_with_kernel_ops(tiny):
     sae = make_sae(tiny.d_model)
     v = torch.randn(tiny.d_model)
     both = [Intervention.add(SITE, v, 2.0), Intervention.sae_latent(SITE, sae, [0], value=1.0)]
-    program = steerkit.interventions.compile(both, tiny.facts).programs[SITE]
-    assert program.table is not None and [p.op for p, _ in program.steps] == ["latent"]
+    program = steerkit.interventions.compile_steering(both, tiny.facts).programs[SITE]
+    assert program.table is not None and [step.intervention.op for step in program.steps] == ["latent"]
     h = site_values(tiny)
     got = site_values(tiny, both)
     real = real_tokens(tiny)

@@ -4,7 +4,8 @@ import torch
 
 import steerkit
 from steerkit.errors import InputError
-from steerkit.kernels import Polyhedron, SteerConfig
+from steerkit import Intervention
+from steerkit.kernels import Polyhedron
 
 pytestmark = pytest.mark.slow
 
@@ -20,12 +21,13 @@ def specs(default_model):
     u = B[0]
     comps = steerkit.orthonormalize(torch.randn(3, d, generator=g))
     reg = Polyhedron(mean=torch.zeros(d), projection=comps, normals=torch.eye(3), offsets=torch.full((3,), 0.5))
+    gate = steerkit.Gate(u, 0.01)
     return [
-        {"blocks.12.hook_resid_post": SteerConfig.injection(v, 4.0)},
+        [Intervention.add("blocks.12.hook_resid_post", v, 4.0)],
         None,
-        {"blocks.5.hook_resid_pre": SteerConfig.ablation(B),
-         "blocks.12.hook_resid_post": SteerConfig.clamp(u, 2.0)},
-        {"blocks.8.hook_resid_post": SteerConfig(region=reg, add=v, add_scale=1.0).with_gate(u, 0.01)},
+        [Intervention.ablate("blocks.5.hook_resid_pre", B), Intervention.clamp("blocks.12.hook_resid_post", u, 2.0)],
+        [Intervention.project("blocks.8.hook_resid_post", reg, gate=gate),
+         Intervention.add("blocks.8.hook_resid_post", v, 1.0, gate=gate)],
     ]
 
 
@@ -72,7 +74,7 @@ def test_one_fused_call_per_hooked_layer_per_step(sm, specs, monkeypatch):
     monkeypatch.setattr(I, "bind_steer", counting_bind)
     n_new = 5
     out = sm.generate(P[:3], max_new_tokens=n_new, steer_rows=specs[:3], return_tokens=True)
-    hooks = {h for s in specs[:3] if s for h in s}
+    hooks = {iv.site for s in specs[:3] if s for iv in s}
     steps = 1 + max(len(o) for o in out) - 1 + (0 if max(len(o) for o in out) == n_new else 1)
     assert len(calls) == len(hooks) * steps
     # the plain edit API goes through the same kernel: one call per hook per forward
@@ -103,12 +105,12 @@ def test_bad_steering_input(sm, specs):
     before = sm.hook_count()
     with pytest.raises(InputError, match="one steering spec per prompt"):
         sm.generate(P[:2], steer_rows=specs)
-    with pytest.raises(InputError, match="SteerConfig"):
+    with pytest.raises(InputError, match="SteerConfig"), pytest.warns(DeprecationWarning, match="from_config"):
         sm.steer({"blocks.1.hook_resid_post": torch.ones(sm.d_model)})
     with pytest.raises(InputError, match="d_model=576"):
-        sm.steer({"blocks.1.hook_resid_post": SteerConfig.injection(torch.ones(100))})
+        sm.steer(Intervention.add("blocks.1.hook_resid_post", torch.ones(100)))
     with pytest.raises(steerkit.HookNameError):
-        sm.steer({"blocks.99.hook_resid_post": SteerConfig.injection(torch.ones(sm.d_model))})
+        sm.steer(Intervention.add("blocks.99.hook_resid_post", torch.ones(sm.d_model)))
     with sm.steer(rows=specs[:2]):
         with pytest.raises(InputError, match="batch of 2 rows"):
             sm.forward(P[:3])

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from steerkit.errors import InputError
 from steerkit.hooks.names import parse as parse_hook
-from steerkit.interventions import Intervention
+from steerkit.interventions import Intervention, Steerable
 from steerkit.hooks.positions import AnyOf
 from steerkit.vectors import ConditionalSteering, DirectionSet, Region, SteeringVector
 
@@ -173,7 +173,7 @@ def steer_setting(sm: SteerModel, direction: Any, layers=None, *, operation: str
     """
     if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(float(strength)):
         raise InputError(f"expected a finite strength, found {strength!r}")
-    stored = isinstance(direction, STEERABLE) or hasattr(direction, "to_interventions")
+    stored = isinstance(direction, Steerable)
     if stored:
         ivs, scale = artifact_interventions(sm, direction, layers, strength=float(strength))
         everywhere = isinstance(direction, DirectionSet) and direction.layers is None and (

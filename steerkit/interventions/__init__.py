@@ -19,7 +19,7 @@ Everything that steers lowers to interventions: keyword calls (``sm.edit(hook, a
 specs (``{hook: SteerConfig}``), stored artifacts (``artifact.to_interventions(facts)``), a vLLM
 request's spec, the app's Steer page and the published methods.
 
-:func:`compile` is the one lowering step: it turns the interventions of a batch (one steering for
+:func:`compile_steering` is the one lowering step: it turns the interventions of a batch (one steering for
 every row, or one per row) into a :class:`CompiledSteering`, one :class:`SiteProgram` per site,
 made once at registration: per site ONE kernel table holding every configuration a row can need
 (the combination of that row's kernel interventions whose positions select a token), the fused call
@@ -36,8 +36,8 @@ The package, one concern a module: :mod:`~steerkit.interventions.facts` (:class:
 builder), :mod:`~steerkit.interventions.values` (:class:`Intervention`, :class:`Gate`),
 :mod:`~steerkit.interventions.conditions` (CAST: :class:`Condition`, :class:`When`, :class:`Decisions`,
 the one decision accumulator), :mod:`~steerkit.interventions.latents` (:class:`LatentEdit`: a sparse
-autoencoder's latents clamped, what :meth:`Intervention.sae_latent` carries), :mod:`~steerkit.interventions.lower` (:func:`lower`, :func:`from_config`),
-:mod:`~steerkit.interventions.program` (:func:`compile`, :class:`SiteProgram`, :class:`CompiledSteering`)
+autoencoder's latents clamped, what :meth:`Intervention.sae_latent` carries), :mod:`~steerkit.interventions.lower` (:class:`Steerable`, :func:`lower`, :func:`from_config`),
+:mod:`~steerkit.interventions.program` (:func:`compile_steering`, :class:`SiteProgram`, :class:`CompiledSteering`)
 and :mod:`~steerkit.interventions.server` (:func:`server_mask_of`). Every name is importable from
 ``steerkit.interventions``; so are the kernels' names the layers above use (:data:`MAX_HALFSPACES`,
 :data:`MAX_M`, :class:`SteerConfigError`, :func:`orthonormalize`, :data:`ORTHO_TOL`, :class:`Polyhedron`):
@@ -55,13 +55,15 @@ from steerkit.interventions.conditions import (CONDITION_AGGREGATES, CONDITION_C
                          Decisions, When, aggregate_rows, condition_similarity)
 from steerkit.interventions.facts import ModelFacts
 from steerkit.interventions.latents import LatentEdit, clamp_target, latent_indices, sae_weights
-from steerkit.interventions.lower import from_config, lower
-from steerkit.interventions.program import MAX_POSITION_SPECS, CompiledSteering, MaskOf, SiteProgram, compile
+from steerkit.interventions.lower import Steerable, from_config, lower
+from steerkit.interventions.program import (MAX_POSITION_SPECS, CompiledSteering, MaskOf, SiteProgram, TorchStep,
+                                           compile as compile, compile_steering)
 from steerkit.interventions.server import server_mask_of
-from steerkit.interventions.values import KERNEL_OPS, OPS, Gate, Intervention, Op, Steering
+from steerkit.interventions.values import KERNEL_OPS, OPS, Gate, Intervention, Op, Steering, kernel_config
 
 __all__ = ["ModelFacts", "Intervention", "Gate", "Op", "OPS", "KERNEL_OPS", "Steering", "Condition", "When",
            "Decisions", "CONDITION_AGGREGATES", "CONDITION_COMPARATORS", "CONDITION_MEASURES", "RULE_MODES",
-           "aggregate_rows", "condition_similarity", "lower", "from_config", "compile", "CompiledSteering",
+           "aggregate_rows", "condition_similarity", "Steerable", "lower", "from_config", "compile_steering",
+           "kernel_config", "CompiledSteering", "TorchStep",
            "SiteProgram", "MaskOf", "MAX_POSITION_SPECS", "server_mask_of", "LatentEdit", "clamp_target", "latent_indices",
            "sae_weights"]

@@ -1,15 +1,17 @@
 """Lowering to interventions, and interventions to what a site's kernel sees.
 
-:func:`lower` turns one steering (interventions, a ``{hook: SteerConfig}`` dict, a stored artifact, or a
-list of them, composed) into a list of :class:`~steerkit.interventions.Intervention`;
+:class:`Steerable` is what every steerable kind implements (``to_interventions(facts, *, scale, override)``);
+:func:`lower` turns one steering (interventions, a steerable value, or a list of them, composed) into a list of
+:class:`~steerkit.interventions.Intervention`;
 :func:`from_config` reads a kernel configuration back as interventions. The private helpers below
 lower ``heads=`` / ``neurons=``, patch sources and ``apply`` callables to the rows of features a site's
-kernel sees (:func:`steerkit.interventions.compile` calls them).
+kernel sees (:func:`steerkit.interventions.compile_steering` calls them).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping, Optional
+import warnings
+from typing import Callable, Mapping, Optional, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -69,25 +71,43 @@ def from_config(site: str, cfg: SteerConfig, *, positions: PositionSpec = "all",
     return out
 
 
-def lower(steering, facts: ModelFacts, *, scale: float = 1.0, override: bool = False) -> list[Intervention]:
-    """One steering (for every row) as a list of interventions: an :class:`Intervention`, a list of
-    them, a ``{hook: SteerConfig | [SteerConfig, ...]}`` dict, or anything with
-    ``to_interventions(facts, scale=..., override=...)`` (every stored artifact kind).
+@runtime_checkable
+class Steerable(Protocol):
+    """What every steerable kind implements (every stored artifact that steers, and anything of a user's):
+    what it does to a model with these :class:`~steerkit.interventions.ModelFacts`, as interventions,
+    ``scale`` multiplying its effect, ``override`` turning a fingerprint or depth mismatch into a warning.
 
     Examples:
-        >>> from steerkit.kernels import SteerConfig
-        >>> steering = {"blocks.1.hook_resid_post": SteerConfig(add=torch.ones(64), add_scale=3.0)}
-        >>> lower(steering, tiny.facts)
+        >>> from steerkit.vectors import SteeringVector
+        >>> vec = SteeringVector.from_direction(torch.ones(64), layer=1, model=tiny)
+        >>> isinstance(vec, Steerable), vec.to_interventions(tiny.facts, scale=2.0)[0].scale
+        (True, 2.0)
+    """
+
+    def to_interventions(self, facts: ModelFacts, *, scale: float = 1.0,
+                         override: bool = False) -> list[Intervention]: ...
+
+
+def lower(steering, facts: ModelFacts, *, scale: float = 1.0, override: bool = False) -> list[Intervention]:
+    """One steering (for every row) as a list of interventions: an :class:`Intervention`, a list of
+    them, a :class:`Steerable` (every stored artifact kind), or (deprecated, it warns) a
+    ``{hook: SteerConfig | [SteerConfig, ...]}`` dict of the kernel's configurations.
+
+    Examples:
+        >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 3.0)
+        >>> lower([add], tiny.facts)
         [Intervention('blocks.1.hook_resid_post', add, (64,), scale=3.0, positions='all')]
     """
     if isinstance(steering, Intervention):
         return [steering]
-    to = getattr(steering, "to_interventions", None)
-    if to is not None:
-        return list(to(facts, scale=scale, override=override))
+    if isinstance(steering, Steerable):
+        return list(steering.to_interventions(facts, scale=scale, override=override))
     if scale != 1.0:
         raise InputError("expected scale= only with an artifact; put the scale in each intervention")
     if isinstance(steering, Mapping):
+        warnings.warn("a {hook: SteerConfig} steering is the kernel's format and is deprecated: pass "
+                      "steerkit.Intervention values (steerkit.interventions.from_config converts one)",
+                      DeprecationWarning, stacklevel=2)
         out: list[Intervention] = []
         for h, c in steering.items():
             for cfg in (c if isinstance(c, (list, tuple)) else [c]):
@@ -98,7 +118,7 @@ def lower(steering, facts: ModelFacts, *, scale: float = 1.0, override: bool = F
         for i, s in enumerate(steering):
             if isinstance(s, Intervention):
                 out.append(s)
-            elif getattr(s, "to_interventions", None) is not None or isinstance(s, Mapping):
+            elif isinstance(s, (Steerable, Mapping)):
                 out += lower(s, facts, override=override)
             else:
                 raise InputError(f"expected interventions, artifacts or {{hook: SteerConfig}} dicts in the "
@@ -181,13 +201,15 @@ def _natural(fn: Callable, kind: str, facts: ModelFacts, site: str) -> Callable:
     return fn
 
 
-def _structured(p: Intervention, kind: str, facts: ModelFacts) -> Intervention:
-    """``p`` at a site of ``kind`` with its heads / neurons lowered to full-width tensors or a feature
-    mask, a patch source as rows of features, and an apply callable that sees the site's own shape."""
+def _structured(p: Intervention, kind: str, facts: ModelFacts) -> tuple[Intervention, Optional[Tensor]]:
+    """``p`` at a site of ``kind`` with its heads / neurons lowered to full-width tensors, a patch source as
+    rows of features, and an apply callable that sees the site's own shape; and for ``replace`` / ``patch`` /
+    ``apply`` limited to heads or neurons the features it writes (bool ``[width]``, else ``None``)."""
     if kind in MATRIX_HOOKS and p.op not in ("patch", "apply"):
         raise InputError(f"expected patch or apply at {p.site!r} (an attention matrix: its key axis grows as "
                          f"tokens are generated), found {p.op}; edit attn.hook_q / hook_k / hook_z for vector edits")
     rep: dict = {}
+    features = None
     if p.op == "patch":
         rep["tensor"] = _flat_source(p, kind, facts)
     if p.op == "apply" and p.fn is not None:
@@ -223,9 +245,9 @@ def _structured(p: Intervention, kind: str, facts: ModelFacts) -> Intervention:
             if p.op == "clamp" and p.value is not None:
                 rep["value"] = p.value.repeat(len(blocks))
         if p.op in ("replace", "patch", "apply"):
-            rep["features"] = mask
+            features = mask
         rep.update(heads=None, neurons=None)
-    return dataclasses.replace(p, **rep) if rep else p
+    return (dataclasses.replace(p, **rep) if rep else p), features
 
 
 def _check_condition(c: Condition, facts: ModelFacts) -> Condition:

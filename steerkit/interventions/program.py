@@ -1,9 +1,10 @@
-"""Compiled steering: :func:`compile`, the one lowering step, and the :class:`SiteProgram` it makes
+"""Compiled steering: :func:`compile_steering`, the one lowering step, and the :class:`SiteProgram` it makes
 per site (see :mod:`steerkit.interventions`)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping, Optional, Sequence, Union
+import warnings
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import torch
 from jaxtyping import Float
@@ -11,66 +12,29 @@ from torch import Tensor
 
 from steerkit.errors import InputError
 from steerkit.hooks.names import parse as parse_hook
-from steerkit.kernels import ORTHO_TOL, SteerConfig, SteerTable, bind_steer
+from steerkit.kernels import SteerConfig, SteerTable, bind_steer
 from steerkit.hooks.positions import PositionSpec, spec_key, validate_positions
 
 from steerkit.interventions.conditions import Condition, Decisions
 from steerkit.interventions.facts import ModelFacts
 from steerkit.interventions.lower import _check_condition, _structured
-from steerkit.interventions.values import KERNEL_OPS, Intervention, Steering
+from steerkit.interventions.values import KERNEL_OPS, Intervention, Steering, kernel_config
 
 #: distinct position specs among one row's kernel interventions at one site (2^n - 1 combinations)
 MAX_POSITION_SPECS = 4
 
 
-def _combine(parts: Sequence[Intervention], where: str) -> SteerConfig:
-    """One kernel configuration doing all of ``parts`` (one row's kernel interventions at one site
-    whose positions select a token): bases stacked (orthonormal together), injections summed, at
-    most one region and one gate."""
-    if len(parts) == 1:
-        return parts[0].config()
-    bases, strengths, targets, adds, add_scales, regions, gates = [], [], [], [], [], [], []
-    for p in parts:
-        t = p.tensor
-        if p.op in ("ablate", "clamp") and t is not None:
-            k = t.shape[0]
-            bases.append(t.float())
-            strengths.append(torch.full((k,), p.scale if p.op == "ablate" else 1.0))
-            targets.append(p.value.float() if p.op == "clamp" and p.value is not None else torch.zeros(k))
-        elif p.op == "add" and t is not None:
-            adds.append(t.float()[None])
-            add_scales.append(torch.tensor([p.scale], dtype=torch.float32))
-        elif p.op == "project" and p.region is not None:
-            regions.append((p.region, p.scale))
-        if p.gate is not None:
-            gates.append(p.gate)
-    if len(regions) > 1:
-        raise InputError(f"expected at most one region projection per row at {where}, found {len(regions)}")
-    if gates and (len(gates) != sum(p.op in ("add", "project") for p in parts) or any(
-            not torch.equal(g.direction, gates[0].direction) or g.threshold != gates[0].threshold
-            or g.mode != gates[0].mode for g in gates)):
-        raise InputError(f"expected one gate for every add / project applied together at {where}, found "
-                         "different (or missing) gates; apply them at different sites or positions")
-    kw: dict = {}
-    if bases:
-        B = torch.cat(bases)
-        err = float((B.double() @ B.double().T - torch.eye(B.shape[0], dtype=torch.float64)).abs().max())
-        if err > ORTHO_TOL:
-            raise InputError(f"expected the ablate / clamp directions applied together at {where} to be orthonormal "
-                             f"(max |B B^T - I| = {err:.3g}), found overlapping ones; apply them at different "
-                             "sites or pass one basis from steerkit.orthonormalize")
-        kw.update(basis=B, strength=torch.cat(strengths), target=torch.cat(targets))
-    if adds:
-        kw.update(add=torch.cat(adds), add_scale=torch.cat(add_scales))
-    if regions:
-        kw["region"], kw["region_strength"] = regions[0]
-    if gates:
-        g = gates[0]
-        kw.update(gate_direction=g.direction, gate_threshold=g.threshold, gate_mode=g.mode)
-    return SteerConfig(**kw)
-
-
 MaskOf = Callable[[PositionSpec], Optional[Tensor]]
+
+
+class TorchStep(NamedTuple):
+    """A torch operation of a site's program: the intervention, the row groups it applies to (``None``: all)
+    and, for ``replace`` / ``patch`` / ``apply`` limited to heads or neurons, the features it writes (bool
+    ``[width]``, from the compile)."""
+
+    intervention: Intervention
+    groups: Optional[Tensor]
+    features: Optional[Tensor]
 
 
 def _spec_id(p: Intervention):
@@ -88,7 +52,7 @@ class SiteProgram:
 
     Examples:
         >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 2.0)
-        >>> program = compile([add], tiny.facts).programs["blocks.1.hook_resid_post"]
+        >>> program = compile_steering([add], tiny.facts).programs["blocks.1.hook_resid_post"]
         >>> program.site, program.n_groups, program.table.n_configs
         ('blocks.1.hook_resid_post', 1, 1)
     """
@@ -97,7 +61,8 @@ class SiteProgram:
                  "decode_fast", "preserve_norm", "whens", "conditions", "decisions", "_index_tables")
 
     def __init__(self, site: str, per_group: Sequence[Sequence[Intervention]], *, d_model: int, device, dtype,
-                 impl: str, conditions: Sequence[Condition] = (), decisions: Optional[Decisions] = None):
+                 impl: str, conditions: Sequence[Condition] = (), decisions: Optional[Decisions] = None,
+                 features: Optional[Mapping[int, Tensor]] = None):
         self.site = site
         self.n_groups = len(per_group)
         # CAST: the conditions evaluated here (read-only) and the decisions every program of the steering shares
@@ -105,7 +70,7 @@ class SiteProgram:
         self.decisions = decisions
         if (self.conditions or any(p.when is not None for g in per_group for p in g)) and decisions is None:
             raise InputError(f"expected the shared Decisions of a compiled steering at {site!r} (conditions), found "
-                             "none; build programs with steerkit.interventions.compile")
+                             "none; build programs with steerkit.interventions.compile_steering")
         specs: dict = {}  # spec id -> (index, spec)
         kernel_parts: list[list[Intervention]] = [[p for p in g if p.op in KERNEL_OPS] for g in per_group]
         norm = {p.preserve_norm for g in kernel_parts for p in g}
@@ -131,14 +96,14 @@ class SiteProgram:
             local_bits.append(local)
             for b in range(1, 1 << len(local)):
                 chosen = [p for p in parts if b >> local[specs[_spec_id(p)][0]] & 1]
-                configs.append(_combine(chosen, f"{site} (row group {gi})"))
+                configs.append(kernel_config(chosen, f"{site} (row group {gi})"))
         ordered = [s for _, s in sorted(specs.values(), key=lambda t: t[0])]
         self.specs = [pos for pos, _ in ordered]  # each spec: (positions, when); a rule ANDs the row's decision
         self.whens = [w for _, w in ordered]
         self.table = self.kernel = None
         if configs:
-            try:
-                self.table = SteerTable.from_configs(configs, d_model=d_model, device=device)
+            try:  # the interventions were validated when they were made: stacked, not checked again
+                self.table = SteerTable.from_configs(configs, d_model=d_model, device=device, validate=False)
             except InputError as e:
                 raise InputError(f"steering at {site!r}: {e}") from None
             self.kernel = bind_steer(self.table, device=device, dtype=dtype, impl=impl,
@@ -150,7 +115,7 @@ class SiteProgram:
         self.bit_weight = bw.to(device)
         self.base = torch.tensor(base or [0], dtype=torch.long, device=device)
         self._index_tables = {self.base.device: (self.bit_weight, self.base)}  # device -> (bit_weight, base)
-        self.steps = []  # [(intervention, groups: Tensor[n_groups] bool | None for all)]
+        self.steps: list[TorchStep] = []
         order: dict = {}
         for gi, g in enumerate(per_group):
             for p in g:
@@ -161,7 +126,7 @@ class SiteProgram:
                                                                         device=device)
             if p.latent is not None:  # the SAE's tensors where the site runs, once
                 p = dataclasses.replace(p, latent=p.latent.to(device))
-            self.steps.append((p, sel))
+            self.steps.append(TorchStep(p, sel, (features or {}).get(id(p))))
         # one configuration, one spec for every row: the bound call alone (with the spec's mask)
         self.simple = self.n_groups == 1 and len(self.specs) == 1 and self.table is not None \
             and self.table.n_configs == 1
@@ -223,7 +188,7 @@ class SiteProgram:
 
         Examples:
             >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), positions="last")
-            >>> program = compile([add], tiny.facts).programs["blocks.1.hook_resid_post"]
+            >>> program = compile_steering([add], tiny.facts).programs["blocks.1.hook_resid_post"]
             >>> active, rc = program.kernel_rows((4,), "cpu", None, lambda spec: torch.tensor([0, 0, 0, 1]).bool())
             >>> active.tolist(), rc
             ([False, False, False, True], None)
@@ -270,7 +235,7 @@ class SiteProgram:
             rows = self.kernel_rows(lead, h.device, groups, mask_of, rule_of)
             if rows is not None:
                 out = self.kernel(h, *rows)
-        for p, sel in self.steps:
+        for p, sel, features in self.steps:
             m = self._mask(p.positions, p.when, mask_of, rule_of, lead)
             if sel is not None or groups is not None:  # only the rows of the groups that have it
                 g = torch.zeros(h.shape[:-1], dtype=torch.long, device=h.device) if groups is None else groups
@@ -292,8 +257,8 @@ class SiteProgram:
                                      f"{tuple(x.shape)}, found {getattr(y, 'shape', type(y).__name__)}")
             else:  # pragma: no cover - the constructors never build one
                 raise InputError(f"expected a callable in the apply intervention at {self.site!r}, found None")
-            if p.features is not None:
-                y = torch.where(p.features.to(x.device), y, x)
+            if features is not None:
+                y = torch.where(features.to(x.device), y, x)
             out = y if m is None else torch.where(m.unsqueeze(-1), y, x)
         return out
 
@@ -365,10 +330,11 @@ class CompiledSteering:
         return len(self.programs)
 
 
-def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: ModelFacts, *, per_row: bool = False,
-            device=None, dtype: torch.dtype = torch.float32, impl: str = "auto",
-            positions: Optional[PositionSpec] = None, conditions: Sequence[Condition] = ()) -> CompiledSteering:
-    """THE lowering step: interventions -> one :class:`SiteProgram` per site.
+def compile_steering(steering: Union[Steering, Sequence[Optional[Steering]]], facts: ModelFacts, *,
+                     per_row: bool = False, device=None, dtype: torch.dtype = torch.float32, impl: str = "auto",
+                     positions: Optional[PositionSpec] = None, conditions: Sequence[Condition] = ()) -> CompiledSteering:
+    """THE lowering step: interventions -> one :class:`SiteProgram` per site. The interventions were validated
+    when they were made; here each is checked against the model (site, width), once.
 
     ``steering``: a list of :class:`Intervention` (every row), or with ``per_row=True`` a list with one
     list (or ``None``) per row group. Sites are checked against ``facts`` (depth, resid_mid) and tensors
@@ -380,10 +346,10 @@ def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: Mode
     Examples:
         >>> add = Intervention.add("blocks.1.hook_resid_post", torch.ones(64), 2.0)
         >>> ablate = Intervention.ablate("blocks.3.hook_resid_post", torch.eye(64)[:2])
-        >>> compiled = compile([add, ablate], tiny.facts)
+        >>> compiled = compile_steering([add, ablate], tiny.facts)
         >>> sorted(compiled.programs), compiled.n_groups
         (['blocks.1.hook_resid_post', 'blocks.3.hook_resid_post'], 1)
-        >>> compile([[add], None], tiny.facts, per_row=True).n_groups  # one steering per row
+        >>> compile_steering([[add], None], tiny.facts, per_row=True).n_groups  # one steering per row
         2
     """
     groups: list[list[Intervention]]
@@ -398,12 +364,15 @@ def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: Mode
         positions = validate_positions(positions)
         groups = [[p.at(positions) for p in g] for g in groups]
     sites: dict[str, list[list[Intervention]]] = {}
+    features: dict[str, dict[int, Tensor]] = {}  # site -> {id(lowered intervention): the features it writes}
     for gi, g in enumerate(groups):
         for p in g:
             if not isinstance(p, Intervention):
                 raise InputError(f"expected Intervention values, found {type(p).__name__} (row group {gi})")
             kind = parse_hook(p.site, facts.n_layers, has_resid_mid=facts.has_resid_mid).kind
-            p = _structured(p, kind, facts)
+            p, mask = _structured(p, kind, facts)
+            if mask is not None:
+                features.setdefault(p.site, {})[id(p)] = mask
             d = p.d_model
             w = facts.width(kind, p.site)
             if d is not None and d != w:
@@ -432,6 +401,13 @@ def compile(steering: Union[Steering, Sequence[Optional[Steering]]], facts: Mode
     programs = {s: SiteProgram(s, per_group, d_model=facts.width(parse_hook(s, facts.n_layers).kind, s) or facts.d_model,
                                device=device_of(s), dtype=dtype, impl=impl, conditions=at_site.get(s, ()),
                                decisions=state if s in at_site or any(p.when is not None for g in per_group for p in g)
-                               else None)
+                               else None, features=features.get(s))
                 for s, per_group in sites.items()}
     return CompiledSteering(programs, len(groups), tuple(tuple(g) for g in groups), state)
+
+
+def compile(*args, **kwargs) -> CompiledSteering:  # noqa: A001 - the former name, kept working
+    """The former name of :func:`compile_steering` (it shadowed Python's built-in ``compile``); warns."""
+    warnings.warn("steerkit.interventions.compile is now steerkit.interventions.compile_steering",
+                  DeprecationWarning, stacklevel=2)
+    return compile_steering(*args, **kwargs)

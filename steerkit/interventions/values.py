@@ -10,7 +10,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from steerkit.errors import InputError
-from steerkit.kernels import Polyhedron, SteerConfig
+from steerkit.kernels import ORTHO_TOL, Polyhedron, SteerConfig
 from steerkit.hooks.positions import PositionSpec, validate_positions
 
 from steerkit.interventions.checks import _basis, _indices, _number, _tensor, _vector
@@ -70,7 +70,7 @@ class Intervention:
     to their original norm; ``heads``
     (attention component sites; experts at ``mlp.hook_expert_out``) / ``neurons`` (MLP sites) limit it to
     those heads / experts / neurons, whose
-    vectors are then ``d_head`` / ``len(neurons)`` wide. ``features`` is set by :func:`compile` only.
+    vectors are then ``d_head`` / ``len(neurons)`` wide.
 
     Examples:
         >>> v = torch.randn(tiny.d_model)
@@ -98,7 +98,6 @@ class Intervention:
     preserve_norm: bool = False
     heads: Optional[tuple] = None
     neurons: Optional[tuple] = None
-    features: Optional[Tensor] = None  # replace / patch after lowering: the features they write (bool [width])
     when: Optional[When] = None  # CAST: only on rows whose rule fires (decided on the prompt pass, then held)
     latent: Optional[LatentEdit] = None  # latent: the SAE latents to clamp and how
 
@@ -265,20 +264,8 @@ class Intervention:
         return None
 
     def config(self) -> SteerConfig:
-        """This (kernel) intervention as one kernel configuration."""
-        cfg = SteerConfig()
-        if self.op == "add" and self.tensor is not None:
-            cfg = SteerConfig(add=self.tensor.float(), add_scale=self.scale)
-        elif self.op == "ablate" and self.tensor is not None:
-            cfg = SteerConfig(basis=self.tensor.float(), strength=self.scale)
-        elif self.op == "clamp" and self.tensor is not None:
-            cfg = SteerConfig(basis=self.tensor.float(), strength=1.0, target=self.value)
-        elif self.op == "project" and self.region is not None:
-            cfg = SteerConfig(region=self.region, region_strength=self.scale)
-        else:
-            raise InputError(f"expected a kernel operation {KERNEL_OPS} with its tensor, found {self.op!r}")
-        g = self.gate
-        return cfg if g is None else cfg.with_gate(g.direction, g.threshold, g.mode)
+        """This (kernel) intervention as one kernel configuration (:func:`kernel_config`)."""
+        return kernel_config([self], repr(self.site))
 
     def __repr__(self):
         shape = "" if self.tensor is None else f", {tuple(self.tensor.shape)}"
@@ -287,3 +274,61 @@ class Intervention:
 
 
 Steering = Sequence[Intervention]
+
+
+def kernel_config(parts: Sequence[Intervention], where: str = "") -> SteerConfig:
+    """One kernel configuration doing all of ``parts`` (one row's kernel interventions at one site whose
+    positions select a token): bases stacked (orthonormal together), injections summed, at most one region
+    and one gate. The one place interventions become the kernel's configuration.
+
+    Examples:
+        >>> u = torch.eye(64)
+        >>> cfg = kernel_config([Intervention.add("blocks.1.hook_resid_post", u[0], 2.0),
+        ...                      Intervention.clamp("blocks.1.hook_resid_post", u[1], 3.0)])
+        >>> tuple(cfg.basis.shape), cfg.target.tolist(), cfg.add_scale.tolist()
+        ((1, 64), [3.0], [2.0])
+    """
+    if not parts or any(p.op not in KERNEL_OPS for p in parts):
+        raise InputError(f"expected kernel operations {KERNEL_OPS} at {where or 'a site'}, found "
+                         f"{[p.op for p in parts] or 'none'}")
+    bases, strengths, targets, adds, add_scales, regions, gates = [], [], [], [], [], [], []
+    for p in parts:
+        t = p.tensor
+        if p.op in ("ablate", "clamp") and t is not None:
+            k = t.shape[0]
+            bases.append(t.float())
+            strengths.append(torch.full((k,), p.scale if p.op == "ablate" else 1.0))
+            targets.append(p.value.float() if p.op == "clamp" and p.value is not None else torch.zeros(k))
+        elif p.op == "add" and t is not None:
+            adds.append(t.float()[None])
+            add_scales.append(torch.tensor([p.scale], dtype=torch.float32))
+        elif p.op == "project" and p.region is not None:
+            regions.append((p.region, p.scale))
+        if p.gate is not None:
+            gates.append(p.gate)
+    if len(regions) > 1:
+        raise InputError(f"expected at most one region projection per row at {where}, found {len(regions)}")
+    if gates and (len(gates) != sum(p.op in ("add", "project") for p in parts) or any(
+            not torch.equal(g.direction, gates[0].direction) or g.threshold != gates[0].threshold
+            or g.mode != gates[0].mode for g in gates)):
+        raise InputError(f"expected one gate for every add / project applied together at {where}, found "
+                         "different (or missing) gates; apply them at different sites or positions")
+    kw: dict = {}
+    if len(bases) > 1:
+        B = torch.cat(bases)
+        err = float((B.double() @ B.double().T - torch.eye(B.shape[0], dtype=torch.float64)).abs().max())
+        if err > ORTHO_TOL:
+            raise InputError(f"expected the ablate / clamp directions applied together at {where} to be orthonormal "
+                             f"(max |B B^T - I| = {err:.3g}), found overlapping ones; apply them at different "
+                             "sites or pass one basis from steerkit.orthonormalize")
+    if bases:
+        kw.update(basis=torch.cat(bases), strength=torch.cat(strengths), target=torch.cat(targets))
+    if adds:
+        kw.update(add=torch.cat(adds), add_scale=torch.cat(add_scales))
+    if regions:
+        kw["region"], kw["region_strength"] = regions[0]
+    if gates:
+        g = gates[0]
+        kw.update(gate_direction=g.direction, gate_threshold=g.threshold, gate_mode=g.mode)
+    return SteerConfig(**kw)
+

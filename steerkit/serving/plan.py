@@ -275,7 +275,7 @@ def slot_refusal(steering: CompiledSteering, shape: SlotShape) -> Optional[str]:
         return "conditional steering (CAST conditions are decided on the host, during the step)"
     for site, program in steering.programs.items():
         if program.steps:
-            ops = sorted({p.op for p, _ in program.steps})
+            ops = sorted({step.intervention.op for step in program.steps})
             return f"{ops} at {site!r} (the steering slots run {list(KERNEL_OPS)}, the fused kernel's operations)"
         if program.table is not None:
             why = shape.fits(program.table)

@@ -31,7 +31,7 @@ artifacts lower themselves (``artifact.to_interventions(facts, ...)``, exactly w
 constructors; sites are made canonical for the server (``blocks.{l}.hook_resid_pre`` with ``l > 0``
 is ``blocks.{l-1}.hook_resid_post``, for the edits and for the CAST conditions of a
 :class:`~steerkit.vectors.ConditionalSteering` alike) and the whole steering is compiled, once, by
-:func:`steerkit.interventions.compile` (the compile every path runs), so a spec that cannot run fails in the
+:func:`steerkit.interventions.compile_steering` (the compile every path runs), so a spec that cannot run fails in the
 front end, not inside the server's forward pass; the :class:`Resolved` keeps that compiled steering. :func:`salt` gives the
 prefix-cache salt that keeps KV computed under one steering away from requests with another.
 """
@@ -49,7 +49,7 @@ import torch
 
 from steerkit.errors import HookNameError, InputError, SteerkitError
 from steerkit.hooks.names import parse as parse_hook
-from steerkit.interventions import CompiledSteering, Intervention, ModelFacts, When, compile
+from steerkit.interventions import CompiledSteering, Intervention, ModelFacts, Steerable, When, compile_steering
 from steerkit.kernels import orthonormalize
 from steerkit.hooks.positions import AnyOf, TokenMatch
 from steerkit.storage import jsontext
@@ -449,15 +449,14 @@ def artifact_interventions(art: Any, ref: str, scale: float, facts: ModelFacts, 
         >>> [(iv.site, iv.op) for iv in ivs], notes
         ([('blocks.1.hook_resid_post', 'add')], [])
     """
-    to = getattr(art, "to_interventions", None)
-    if to is None:
+    if not isinstance(art, Steerable):
         raise SpecError(f"expected artifact {ref!r} to be a kind that steers (a vector, direction set, region, "
                         "conditional steering or latent clamp), "
                         f"found {type(art).__name__}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            ivs = to(facts, scale=scale, override=override if check else True)
+            ivs = art.to_interventions(facts, scale=scale, override=override if check else True)
         except SteerkitError as e:  # ModelMismatchError, VectorsError, InputError
             raise SpecError(f"artifact {ref!r} does not fit the served model: {e}") from None
     notes = [str(w.message) for w in caught] if check else []
@@ -500,15 +499,15 @@ def inline_interventions(op: InlineOp, facts: ModelFacts) -> list[Intervention]:
         raise SpecError(f"inline {op.op} at layers {list(op.layers)} is not valid: {e}") from None
 
 
-def compile_steering(interventions: Sequence[Intervention], facts: ModelFacts, *, device="cpu",
-                     dtype: torch.dtype = torch.float32) -> CompiledSteering:
-    """A request's interventions compiled once (:func:`steerkit.interventions.compile`), on ``device`` in
+def compile_request(interventions: Sequence[Intervention], facts: ModelFacts, *, device="cpu",
+                    dtype: torch.dtype = torch.float32) -> CompiledSteering:
+    """A request's interventions compiled once (:func:`steerkit.interventions.compile_steering`), on ``device`` in
     ``dtype``; whatever the compile refuses is a :class:`SpecError` naming where.
 
     Examples:
-        >>> compile_steering([Intervention.add("blocks.1.hook_resid_post", torch.ones(64))], tiny.facts).n_groups
+        >>> compile_request([Intervention.add("blocks.1.hook_resid_post", torch.ones(64))], tiny.facts).n_groups
         1
-        >>> compile_steering([Intervention.add("blocks.1.hook_resid_post", torch.ones(32))], tiny.facts)  # doctest: +ELLIPSIS
+        >>> compile_request([Intervention.add("blocks.1.hook_resid_post", torch.ones(32))], tiny.facts)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         steerkit.serving.spec.SpecError: the steering is not valid: expected the add vector of shape [64] ...
@@ -520,7 +519,7 @@ def compile_steering(interventions: Sequence[Intervention], facts: ModelFacts, *
         if n > MAX_PER_SITE:
             raise SpecError(f"expected at most {MAX_PER_SITE} operations at one site, found {n} at {site!r}")
     try:
-        return compile(list(interventions), facts, device=device, dtype=dtype)
+        return compile_steering(list(interventions), facts, device=device, dtype=dtype)
     except (InputError, HookNameError) as e:  # shapes, orthonormality, gates, regions, positions
         raise SpecError(f"the steering is not valid: {e}") from None
 
@@ -528,7 +527,7 @@ def compile_steering(interventions: Sequence[Intervention], facts: ModelFacts, *
 def resolve(spec: Spec, *, store: Any, facts: Union[ModelFacts, dict], check: bool = True, device="cpu",
             dtype: torch.dtype = torch.float32) -> Resolved:
     """Load the spec's artifacts from ``store``, turn everything into interventions at canonical
-    server sites (see the module docstring) and compile them once (:func:`compile_steering`) on ``device`` in
+    server sites (see the module docstring) and compile them once (:func:`compile_request`) on ``device`` in
     ``dtype``: the :class:`Resolved` carries the compiled steering.
 
     ``facts``: the served model's :class:`~steerkit.ModelFacts` (or a ``{"name", "d_model",
@@ -560,5 +559,5 @@ def resolve(spec: Spec, *, store: Any, facts: Union[ModelFacts, dict], check: bo
     for op in spec.ops:
         ivs += inline_interventions(op, facts)
     ivs = [canonical_site(iv, facts) for iv in ivs]
-    compiled = compile_steering(ivs, facts, device=device, dtype=dtype) if ivs else None
+    compiled = compile_request(ivs, facts, device=device, dtype=dtype) if ivs else None
     return Resolved(spec.canonical(), tuple(ivs), tuple(notes), compiled)

@@ -136,7 +136,7 @@ def test_two_engines_in_one_process_steer_independently():
 
 def _counting(monkeypatch):
     counts = {"resolve": 0, "compile": 0}
-    resolve, compile_ = E.resolve, S.compile
+    resolve, compile_ = E.resolve, S.compile_steering
 
     def counted_resolve(*a, **k):
         counts["resolve"] += 1
@@ -146,7 +146,7 @@ def _counting(monkeypatch):
         counts["compile"] += 1
         return compile_(*a, **k)
     monkeypatch.setattr(E, "resolve", counted_resolve)
-    monkeypatch.setattr(S, "compile", counted_compile)
+    monkeypatch.setattr(S, "compile_steering", counted_compile)
     return counts
 
 

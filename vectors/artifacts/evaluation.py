@@ -4,7 +4,7 @@ and similarities on prompts (:meth:`ConditionVector.fires` / :meth:`~ConditionVe
 Why a module of its own: the artifacts are values (tensors, checks, payloads, lowering to
 ``Intervention``) that need no model; evaluating a condition does forward passes, installs hooks and
 shows a progress bar. It uses the compiled evaluator conditional steering runs
-(``steerkit.interventions.compile`` with the condition alone), so a condition fires here exactly when it
+(``steerkit.interventions.compile_steering`` with the condition alone), so a condition fires here exactly when it
 fires under ``sm.steer(conditional_steering)``.
 """
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from tqdm.auto import tqdm
 
-from steerkit.interventions import compile as compile_steering
+from steerkit.interventions import compile_steering
 
 from ..apply import check_against
 from ..errors import VectorsError

@@ -18,12 +18,12 @@ import torch
 from torch import Tensor
 
 from steerkit.errors import InputError
-from steerkit.interventions import Intervention, clamp_target, latent_indices
+from steerkit.interventions import Intervention, ModelFacts, clamp_target, latent_indices
 
 from ..errors import ArtifactFormatError, VectorsError
 from ..provenance import Provenance
 from .base import _Artifact, _fields, checked_from_payload
-from .sae import SAE, _facts
+from .sae import SAE
 
 #: position names a stored clamp may carry (a list of prompt-token indices works too)
 CLAMP_POSITIONS = ("all", "prompt", "generated", "last")
@@ -128,11 +128,10 @@ class LatentClamp(_Artifact):
                 "architecture": self.sae.architecture}
 
     # ---- steering
-    def to_interventions(self, model: Any, *, scale: float = 1.0, override: bool = False) -> list[Intervention]:
-        """One :meth:`~steerkit.Intervention.sae_latent` clamp at the SAE's site, checked against ``model``
-        (a SteerModel, :class:`steerkit.ModelFacts` or their dict) as the SAE is; ``scale`` multiplies the
-        value (or the multiple)."""
-        self.sae.check(_facts(model), override=override)
+    def to_interventions(self, facts: ModelFacts, *, scale: float = 1.0, override: bool = False) -> list[Intervention]:
+        """One :meth:`~steerkit.Intervention.sae_latent` clamp at the SAE's site, checked against ``facts`` as
+        the SAE is; ``scale`` multiplies the value (or the multiple)."""
+        self.sae.check(facts, override=override)
         idx = list(range(len(self.latents))) if self.restricted else list(self.latents)
         value = None if self.value is None else self.value * float(scale)
         mult = None if self.scale is None else self.scale * float(scale)
