@@ -435,19 +435,7 @@ class SteerTable:
         if len(configs) == 0:
             raise SteerConfigError("SteerTable needs at least one SteerConfig; found none.")
         if d_model is None:
-            for cf in configs:
-                for t in (cf.basis, cf.gate_direction, cf.add):
-                    if t is not None:
-                        d_model = t.shape[-1]
-                        break
-                if d_model is None and cf.region is not None:
-                    d_model = cf.region.mean.shape[0]
-                if d_model is not None:
-                    break
-        if d_model is None:
-            raise SteerConfigError(
-                "cannot infer d_model: no configuration holds a vector; pass d_model=."
-            )
+            d_model = _infer_d_model(configs)
         n = len(configs)
         def vec(t: Tensor, name: str) -> Tensor:
             if not (t.requires_grad and torch.is_grad_enabled()):
@@ -528,50 +516,66 @@ class SteerTable:
                     _finite(f"config {i} add_scale", sc)
                 add[i] = (sc[:, None] * v2).sum(0)
             tab.add, tab.add_scale = add, torch.ones(n, dtype=torch.float32)
-        # regions
         if any(cf.region is not None for cf in configs):
-            regs = [cf.region for cf in configs]
-            for i, r in enumerate(regs):
-                if r is not None and validate:
-                    try:
-                        r.validate(d_model)
-                    except SteerConfigError as e:
-                        raise SteerConfigError(f"config {i}: {e}") from None
-            M = max(r.projection.shape[0] for r in regs if r is not None)
-            NH = max(r.normals.shape[0] for r in regs if r is not None)
-            tab.region_mean = torch.zeros(n, d_model, dtype=torch.float32)
-            tab.region_proj = torch.zeros(n, M, d_model, dtype=torch.float32)
-            tab.region_W = torch.zeros(n, NH, M, dtype=torch.float32)
-            tab.region_c = torch.zeros(n, NH, dtype=torch.float32)
-            tab.region_s = torch.zeros(n, dtype=torch.float32)
-            tab.region_step = torch.ones(n, dtype=torch.float32)
-            for i, (cf, r) in enumerate(zip(configs, regs)):
-                if r is None:
-                    continue
-                m, nh = r.projection.shape[0], r.normals.shape[0]
-                W = r.normals.detach().to(torch.float32).cpu()
-                c = r.offsets.detach().to(torch.float32).cpu()
-                nrm = W.norm(dim=1)
-                tab.region_mean[i] = r.mean.detach().float().cpu()
-                tab.region_proj[i, :m] = r.projection.detach().float().cpu()
-                tab.region_W[i, :nh, :m] = W / nrm[:, None]
-                tab.region_c[i, :nh] = c / nrm
-                try:
-                    s = float(cf.region_strength)
-                except (TypeError, ValueError, RuntimeError):
-                    s = math.nan
-                if not math.isfinite(s):
-                    raise SteerConfigError(
-                        f"config {i}: region_strength must be a finite number; found "
-                        f"{cf.region_strength!r:.60}. Pass the fraction of the way to the region (1.0: onto it)."
-                    )
-                tab.region_s[i] = s
-                L = torch.linalg.matrix_norm(tab.region_W[i].double(), ord=2).item() ** 2
-                tab.region_step[i] = 1.0 / max(L, 1e-12)
+            _fill_regions(tab, configs, validate)
         if schedule is not None:
             tab.schedule = torch.as_tensor(schedule, dtype=torch.float32)
             _finite("schedule", tab.schedule)
         return tab.to(device) if device is not None else tab
+
+
+def _infer_d_model(configs: Sequence[SteerConfig]) -> int:
+    """The width of the first vector any configuration holds."""
+    for cf in configs:
+        for t in (cf.basis, cf.gate_direction, cf.add):
+            if t is not None:
+                return int(t.shape[-1])
+        if cf.region is not None:
+            return int(cf.region.mean.shape[0])
+    raise SteerConfigError("cannot infer d_model: no configuration holds a vector; pass d_model=.")
+
+
+def _fill_regions(tab: "SteerTable", configs: Sequence[SteerConfig], validate: bool) -> None:
+    """Stack the configurations' regions into ``tab`` (normals normalised, the projection step per row)."""
+    d_model, n = tab.d_model, tab.n_configs
+    regs = [cf.region for cf in configs]
+    for i, r in enumerate(regs):
+        if r is not None and validate:
+            try:
+                r.validate(d_model)
+            except SteerConfigError as e:
+                raise SteerConfigError(f"config {i}: {e}") from None
+    M = max(r.projection.shape[0] for r in regs if r is not None)
+    NH = max(r.normals.shape[0] for r in regs if r is not None)
+    tab.region_mean = torch.zeros(n, d_model, dtype=torch.float32)
+    tab.region_proj = torch.zeros(n, M, d_model, dtype=torch.float32)
+    tab.region_W = torch.zeros(n, NH, M, dtype=torch.float32)
+    tab.region_c = torch.zeros(n, NH, dtype=torch.float32)
+    tab.region_s = torch.zeros(n, dtype=torch.float32)
+    tab.region_step = torch.ones(n, dtype=torch.float32)
+    for i, (cf, r) in enumerate(zip(configs, regs)):
+        if r is None:
+            continue
+        m, nh = r.projection.shape[0], r.normals.shape[0]
+        W = r.normals.detach().to(torch.float32).cpu()
+        c = r.offsets.detach().to(torch.float32).cpu()
+        nrm = W.norm(dim=1)
+        tab.region_mean[i] = r.mean.detach().float().cpu()
+        tab.region_proj[i, :m] = r.projection.detach().float().cpu()
+        tab.region_W[i, :nh, :m] = W / nrm[:, None]
+        tab.region_c[i, :nh] = c / nrm
+        try:
+            s = float(cf.region_strength)
+        except (TypeError, ValueError, RuntimeError):
+            s = math.nan
+        if not math.isfinite(s):
+            raise SteerConfigError(
+                f"config {i}: region_strength must be a finite number; found "
+                f"{cf.region_strength!r:.60}. Pass the fraction of the way to the region (1.0: onto it)."
+            )
+        tab.region_s[i] = s
+        L = torch.linalg.matrix_norm(tab.region_W[i].double(), ord=2).item() ** 2
+        tab.region_step[i] = 1.0 / max(L, 1e-12)
 
 
 # --------------------------------------------------------------------------- table from tensors

@@ -311,7 +311,16 @@ class SharedConfig:
     """One configuration's tensors prepared for every row (:func:`shared_config`): the basis ``B`` ``[K, d]``
     and its transpose ``BT``, the target and strength (``None`` where they are 0 and 1: subtracting 0 and
     multiplying by 1 are exact, so they are skipped), the injection ``scale * w * add`` as one vector, the
-    accumulation dtype, and the table tensors they were made from."""
+    accumulation dtype, and the table tensors they were made from.
+
+    Examples:
+        >>> from steerkit.kernels import SteerConfig, SteerTable
+        >>> basis = torch.eye(4)[:1]
+        >>> table = SteerTable.from_configs([SteerConfig.ablation(basis)])
+        >>> shared = shared_config(table, torch.float32, torch.device("cpu"))
+        >>> shared.d, tuple(shared.B.shape), shared.target, shared.strength, shared.add
+        (4, (1, 4), None, None, None)
+    """
 
     acc: torch.dtype
     d: int

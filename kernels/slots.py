@@ -51,6 +51,7 @@ from torch import Tensor
 
 from . import _backend
 from .config import SteerConfigError, SteerTable
+from .fused import _launch_fused  # the launcher imports Triton on first launch
 from .reference import DEFAULT_REGION_MAX_ITER, DEFAULT_REGION_TOL, fused_steer_ref
 
 #: the fields of a :class:`SteerTable`, in the order they are stored
@@ -232,8 +233,6 @@ def steer_slots_(x: Float[Tensor, "tokens d_model"], residual: Optional[Float[Te
     if not any(use):
         return
     if _backend.resolve_impl_for(impl, x.device) == "triton":
-        from .fused import _launch_fused  # the launcher imports Triton
-
         _launch_fused(x, slots.view(use), c, None, 1.0, False, DEFAULT_REGION_TOL, DEFAULT_REGION_MAX_ITER,
                       out=x, residual=residual, flag=flag, row_norm=slots.norm)
         return

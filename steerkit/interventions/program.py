@@ -30,7 +30,15 @@ MaskOf = Callable[[PositionSpec], Optional[Tensor]]
 class TorchStep(NamedTuple):
     """A torch operation of a site's program: the intervention, the row groups it applies to (``None``: all)
     and, for ``replace`` / ``patch`` / ``apply`` limited to heads or neurons, the features it writes (bool
-    ``[width]``, from the compile)."""
+    ``[width]``, from the compile).
+
+    Examples:
+        >>> keep = Intervention.replace("blocks.0.attn.hook_z", torch.zeros(16), heads=[1])  # head 1's 16 values
+        >>> program = compile_steering([keep], tiny.facts).programs["blocks.0.attn.hook_z"]
+        >>> (step,) = program.steps
+        >>> step.intervention.op, step.groups, step.features.nonzero().flatten()[[0, -1]].tolist()
+        ('replace', None, [16, 31])
+    """
 
     intervention: Intervention
     groups: Optional[Tensor]
@@ -407,7 +415,16 @@ def compile_steering(steering: Union[Steering, Sequence[Optional[Steering]]], fa
 
 
 def compile(*args, **kwargs) -> CompiledSteering:  # noqa: A001 - the former name, kept working
-    """The former name of :func:`compile_steering` (it shadowed Python's built-in ``compile``); warns."""
+    """The former name of :func:`compile_steering` (it shadowed Python's built-in ``compile``); warns.
+
+    Examples:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     steering = compile([Intervention.add("blocks.1.hook_resid_post", torch.ones(64))], tiny.facts)
+        >>> caught[0].category.__name__, list(steering.programs)
+        ('DeprecationWarning', ['blocks.1.hook_resid_post'])
+    """
     warnings.warn("steerkit.interventions.compile is now steerkit.interventions.compile_steering",
                   DeprecationWarning, stacklevel=2)
     return compile_steering(*args, **kwargs)

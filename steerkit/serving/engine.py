@@ -46,14 +46,29 @@ log = logging.getLogger("steerkit.serving")
 
 
 def store_from_env() -> Store:
-    """The artifact store a server reads: ``STEERKIT_STORE``, or the default store."""
+    """The artifact store a server reads: ``STEERKIT_STORE``, or the default store.
+
+    Examples:
+        >>> import os
+        >>> os.environ["STEERKIT_STORE"] = str(tmp_dir)
+        >>> store_from_env().root == tmp_dir
+        True
+        >>> del os.environ["STEERKIT_STORE"]
+    """
     return Store(os.environ.get("STEERKIT_STORE") or None)
 
 
 def served_facts(model_config: Any) -> ModelFacts:
     """:class:`~steerkit.ModelFacts` of the model vLLM serves: its config read by the family's adapter
     (:meth:`~steerkit.ModelFacts.from_hf_config`: depth, width, heads, KV heads, head size, experts) and
-    the fingerprint of its folder."""
+    the fingerprint of its folder.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> facts = served_facts(SimpleNamespace(hf_config=tiny.hf_model.config, model="tiny-llama"))
+        >>> facts.name, facts.n_layers, facts.d_model, facts.fingerprint is None
+        ('tiny-llama', 4, 64, True)
+    """
     hf = model_config.hf_config
     path = model_config.model
     try:
@@ -142,7 +157,18 @@ class RequestSteerings:
 class FrontEnd:
     """A server front end's check of each request's steering against the served model (``model_config``: vLLM's),
     once per spec (:class:`RequestSteerings`); ``graphs``: the engine may replay CUDA graphs, where the steering
-    must fit the slots and run the fused kernel's operations only."""
+    must fit the slots and run the fused kernel's operations only.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> front = FrontEnd(SimpleNamespace(hf_config=tiny.hf_model.config, model="tiny"), store=store)
+        >>> front.check({"ops": [{"op": "add", "layers": [1], "vector": [0.5] * 64}]}).sites
+        ('blocks.1.hook_resid_post',)
+        >>> front.check({"ops": [{"op": "add", "layers": [9], "vector": [0.5] * 64}]})
+        Traceback (most recent call last):
+        ...
+        steerkit.serving.spec.SpecError: steerkit: ...
+    """
 
     def __init__(self, model_config: Any, *, graphs: bool = False, store: Any = None):
         self.model_config, self.graphs, self._store = model_config, graphs, store
@@ -180,6 +206,17 @@ class EngineSteering:
     ``model``: the served model (its sites from :func:`~steerkit.loading.adapters.vllm_sites`); ``facts``: its
     :class:`~steerkit.ModelFacts`; ``max_tokens``: the most tokens one step holds; ``capacity``: the slots'
     capacities (:func:`~steerkit.serving.plan.slot_capacity`); ``graphs``: the engine may replay CUDA graphs.
+
+    Examples:
+        >>> engine = EngineSteering(tiny.hf_model, tiny.facts, max_tokens=8,
+        ...                         capacity={"configs": 4, "basis": 2, "region": 2, "halfspaces": 2})
+        >>> raw = {"ops": [{"op": "add", "layers": [1], "vector": [0.5] * 64}]}
+        >>> engine.steerings = RequestSteerings(tiny.facts, store=store)
+        >>> engine.begin_step([("r0", 0, 3, range(3), 3, raw)], total=3)
+        >>> i = engine.slots.index["blocks.1.hook_resid_post"]
+        >>> engine.plan is None, engine.slots.flag[i].item(), engine.slots.cfg[i, :3].tolist()
+        (True, 1, [0, 0, 0])
+        >>> engine.end_step(); engine.close()
     """
 
     def __init__(self, model: Any, facts: ModelFacts, *, max_tokens: int, device: Any = None,

@@ -10,15 +10,6 @@ and cached under those names is found again by the next start. The operators go 
 
 Defined with the dispatcher directly (``torch.library.Library``): a ``torch.library.custom_op`` wrapper adds
 about 25 us to every call, which a compiled engine pays at every site of every step.
-
-Examples:
-    >>> seen = []
-    >>> ops = ObjectOps()
-    >>> touch = ops.define("touch_(Tensor(a!) x, int k) -> ()", lambda x, k: seen.append(k))
-    >>> touch(torch.zeros(1), 3)
-    >>> seen, ops.names
-    ([3], ['touch_e0'])
-    >>> ops.close()
 """
 from __future__ import annotations
 
@@ -28,7 +19,17 @@ import torch
 
 
 class ObjectOps:
-    """``torch.library`` operators whose bodies belong to one object (see the module docstring)."""
+    """``torch.library`` operators whose bodies belong to one object (see the module docstring).
+
+    Examples:
+        >>> seen = []
+        >>> ops = ObjectOps()
+        >>> touch = ops.define("touch_(Tensor(a!) x, int k) -> ()", lambda x, k: seen.append(k))
+        >>> touch(torch.zeros(1), 3)
+        >>> seen, ops.names
+        ([3], ['touch_e0'])
+        >>> ops.close()
+    """
 
     def __init__(self) -> None:
         self._lib: Any = torch.library.Library("steerkit", "FRAGMENT")

@@ -31,7 +31,14 @@ from steerkit.kernels.slots import SlotShape
 
 @dataclasses.dataclass
 class Block:
-    """The rows of one request in this step."""
+    """The rows of one request in this step: ``[start, end)`` of the step's tokens, their absolute positions,
+    the request's prompt length and its resolved steering.
+
+    Examples:
+        >>> b = Block(4, 6, np.array([7, 8]), n_prompt=8, resolved=None, req_id="r1")
+        >>> b.end - b.start, int(b.positions[0]) >= b.n_prompt  # a prompt token, then a generated one
+        (2, False)
+    """
 
     start: int
     end: int

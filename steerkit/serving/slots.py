@@ -45,7 +45,18 @@ _N_STAGES = len(STAGE_FIELDS)
 @dataclasses.dataclass
 class Placed:
     """Where one request steering's site tables sit in the slots: per site index ``(offset, n, stages)``, and
-    what a decoding token's row gets at each site (``decode[i]``: its slot index, ``-1``: untouched)."""
+    what a decoding token's row gets at each site (``decode[i]``: its slot index, ``-1``: untouched).
+
+    Examples:
+        >>> from steerkit.serving.engine import RequestSteerings
+        >>> res = RequestSteerings(tiny.facts, store=store).get(
+        ...     {"ops": [{"op": "add", "layers": [1], "vector": [0.5] * 64}]})
+        >>> slots = StepSlots(["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"], d_model=64, max_tokens=8,
+        ...                   configs=4, basis=2, region=2, halfspaces=2)
+        >>> placed = slots.place(res.key, res.compiled)
+        >>> list(placed.spans), placed.decode.tolist()
+        ([1], [-1, 0])
+    """
 
     spans: dict  # site index -> (offset, n configurations, stages (ablate, gate, add, region))
     decode: np.ndarray  # [sites] int64
@@ -56,7 +67,19 @@ class StepSlots:
     """The persistent buffers of an engine's steering operators (see the module docstring).
 
     ``sites``: the hooked sites, in the order their ``cfg`` rows and flags are kept; ``max_tokens``: the most
-    tokens one step holds; ``configs`` / ``basis`` / ``region`` / ``halfspaces``: the slots' capacities."""
+    tokens one step holds; ``configs`` / ``basis`` / ``region`` / ``halfspaces``: the slots' capacities.
+
+    Examples:
+        >>> from steerkit.serving.engine import RequestSteerings
+        >>> res = RequestSteerings(tiny.facts, store=store).get(
+        ...     {"ops": [{"op": "add", "layers": [1], "vector": [0.5] * 64}]})
+        >>> slots = StepSlots(["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"], d_model=64, max_tokens=8,
+        ...                   configs=4, basis=2, region=2, halfspaces=2)
+        >>> slots.fill([Block(0, 3, np.arange(3), 3, res)], total=3)
+        True
+        >>> slots.flag.tolist(), slots.cfg[:, :3].tolist()
+        ([0, 1], [[-1, -1, -1], [0, 0, 0]])
+    """
 
     def __init__(self, sites: Sequence[str], *, d_model: int, max_tokens: int, configs: int = 512, basis: int = 8,
                  region: int = 8, halfspaces: int = 16, device=None, dtype: torch.dtype = torch.float32):
