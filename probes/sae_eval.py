@@ -10,7 +10,7 @@ Each batch of prompts is tokenized as :meth:`SteerModel.forward <steerkit.SteerM
    every batch) and its sub-sites ``hook_sae_input`` / ``hook_sae_acts_post`` / ``hook_sae_recons`` recorded at the counted
    positions: L0 and explained variance come from these rows, the clean loss from the logits;
 2. spliced: the reconstruction in place of the activation at the counted positions
-   (:func:`steerkit.hooks.saesites.splice_intervention`, what ``attach_sae(sae, splice=True, positions=...)``
+   (:func:`steerkit.saesites.splice_intervention`, what ``attach_sae(sae, splice=True, positions=...)``
    installs), the others keeping their own, as in sae-lens's ``get_recons_loss``;
 3. zero-ablated: the activation replaced by zeros at every position (``sm.edit(site, replace=0)``).
 
@@ -34,7 +34,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from steerkit.errors import InputError
-from steerkit.hooks.saesites import sae_parts, splice_intervention
+from steerkit.saesites import sae_parts, splice_intervention
 from steerkit.model import SteerModel
 
 from .sae_metrics import ce_loss_recovered, explained_variance, l0, next_token_ce

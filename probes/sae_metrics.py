@@ -10,7 +10,7 @@ sparsify computes its training loss), :func:`next_token_ce` (per-token cross-ent
 
 :func:`reconstruction_metrics` runs a model over held-out token rows three times per batch, with steerkit's
 own interventions at the SAE's site: clean (recording the site's activations), spliced (the activation
-replaced by the SAE's reconstruction, :func:`steerkit.hooks.saesites.splice_intervention`) and zero-ablated (``Intervention.replace`` with
+replaced by the SAE's reconstruction, :func:`steerkit.saesites.splice_intervention`) and zero-ablated (``Intervention.replace`` with
 zeros at every position). As in sae-lens's ``get_recons_loss`` with ``ignore_tokens``, the ignored tokens'
 positions (the row separator) keep their activation in the spliced run, count in no metric, and the loss is
 averaged over the predictions made at the other positions.
@@ -25,7 +25,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from steerkit.errors import InputError
-from steerkit.hooks.saesites import splice_intervention
+from steerkit.saesites import splice_intervention
 from steerkit.interventions import Intervention
 from steerkit.model import SteerModel, Tokens
 from steerkit.vectors import SAE

@@ -33,8 +33,8 @@ from steerkit.loading.fingerprint import model_fingerprint
 from steerkit.generation import check_generate_args, check_prompts
 from steerkit.generation import generate as _generate
 from steerkit.hooks.manager import HookHandle, HookManager, RecordHandle
-from steerkit.hooks import saesites
-from steerkit.hooks.saesites import SAEHandle
+from steerkit import saesites
+from steerkit.saesites import SAEHandle
 from steerkit.interventions import KERNEL_OPS, CompiledSteering, Intervention, ModelFacts, compile_steering, lower
 from steerkit.hooks.positions import PositionSpec
 from steerkit.loading.quantize import SCHEMES, scheme_of
@@ -395,7 +395,7 @@ class SteerModel:
         """Attach a sparse autoencoder at its site (``sae``: ``steerkit.load_sae(...)``, whose own site is used,
         or a :class:`steerkit.sae.SAEWeights` with ``site=``) until the handle is removed (``with``). While
         attached, the site's sub-sites ``{site}.hook_sae_input`` / ``hook_sae_acts_post`` / ``hook_sae_recons``
-        / ``hook_sae_error`` (sae-lens's names) can be recorded like any site (:mod:`steerkit.hooks.saesites`).
+        / ``hook_sae_error`` (sae-lens's names) can be recorded like any site (:mod:`steerkit.saesites`).
         ``splice=True`` also runs the model with the reconstruction in place of the activation at
         ``positions`` (``keep_error=True``: plus the error term), an edit installed through :meth:`steer`.
         A stored SAE is checked against this model first (its widths always; depth and fingerprint unless

@@ -1,4 +1,4 @@
-"""An SAE's latents as hook sites (``sm.attach_sae``, :mod:`steerkit.hooks.saesites`): the sub-sites exist only while
+"""An SAE's latents as hook sites (``sm.attach_sae``, :mod:`steerkit.saesites`): the sub-sites exist only while
 an SAE is attached, their values are the SAE's own math on the site's activation (bit for bit on the rows of one
 pass, on tiny models of every architecture and on the default model), KV-cached generation records the rows a full
 forward pass gives, handles come off after exceptions, the splice is an edit that composes, and the sharded dataset
@@ -13,7 +13,7 @@ import torch
 import steerkit
 from steerkit.errors import HookNameError, InputError
 from steerkit.hooks.names import SAE_HOOKS, parse
-from steerkit.hooks.saesites import SAEHandle, splice_intervention
+from steerkit.saesites import SAEHandle, splice_intervention
 from steerkit.sae import SAEWeights
 from steerkit.storage.dataset import FORMAT, FORMAT_SPARSE, ActivationDataset, record_dataset
 from steerkit.vectors import SAE, Provenance
@@ -260,3 +260,13 @@ def test_default_model_latents_bit_for_bit_and_in_generation(sm):
     assert torch.equal(g_acts[clear] != 0, f_acts[clear] != 0)
     assert rel(g_acts[clear], f_acts[clear]) < 1e-5
     assert sm.hook_count() == 0 and not sm.hooks.saes
+
+
+def test_the_old_module_of_sae_sites_warns_with_the_new_one():
+    import steerkit.hooks.saesites as old
+    import steerkit.saesites as new
+
+    with pytest.warns(DeprecationWarning, match="steerkit.saesites.SAEHandle"):
+        assert old.SAEHandle is new.SAEHandle
+    with pytest.raises(AttributeError):
+        old.__wrapped__  # noqa: B018 - dunder names are not forwarded

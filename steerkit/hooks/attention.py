@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from steerkit.errors import InputError, UnsupportedArchitectureError
 from steerkit.hooks import segments
 from steerkit.hooks.implswitch import PREFIX, ImplementationSwitch
-from steerkit.loading.resolve import quiet_optional_imports
+from steerkit.imports import quiet_optional_imports
 
 with quiet_optional_imports():  # transformers.modeling_utils imports torchao when it is installed
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS

@@ -575,7 +575,7 @@ class HookManager:
         self.has_resid_mid = has_resid_mid
         self.runs = RunHolder()
         self._handles: list[HookHandle] = []
-        #: the sparse autoencoders attached to this model, by site (:class:`steerkit.hooks.saesites.SAEHandle`)
+        #: the sparse autoencoders attached to this model, by site (:class:`steerkit.saesites.SAEHandle`)
         self.saes: dict[str, Any] = {}
 
     def parse(self, name: str) -> Site:
@@ -609,7 +609,7 @@ class HookManager:
         """Record ``hooks`` at ``positions``; the handle's ``cache`` fills during every forward pass.
         ``heads`` / ``neurons`` keep only those heads (attention component hooks) or neurons (MLP hooks).
         An attached SAE's sub-sites (``{site}.hook_sae_acts_post`` ...) are computed by the SAE's own hook
-        for this cache (:mod:`steerkit.hooks.saesites`)."""
+        for this cache (:mod:`steerkit.saesites`)."""
         names = self._names(hooks)
         positions = validate_positions(positions)
         cache = ActivationCache(names, positions, device=device)

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from steerkit.errors import SteerkitError, UnsupportedArchitectureError
 from steerkit.hooks.names import EXPERT_INDICES, EXPERT_OUT, EXPERT_WEIGHTS, MOE_HOOKS, ROUTER_LOGITS, record_only_error
 from steerkit.hooks.implswitch import PREFIX, ImplementationSwitch
-from steerkit.loading.resolve import quiet_optional_imports
+from steerkit.imports import quiet_optional_imports
 
 with quiet_optional_imports():  # transformers' integrations import torchao when it is installed
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from steerkit.errors import InputError
-from steerkit.loading.resolve import quiet_optional_imports
+from steerkit.imports import quiet_optional_imports
 
 SCHEMES = ("int8", "int4")
 

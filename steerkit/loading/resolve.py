@@ -19,17 +19,16 @@ half cache behind. Later loads read the cache in a second or two.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
-import logging
 import os
 from pathlib import Path
 
 import torch
 
 from steerkit.errors import InputError, ModelNotFoundError
+from steerkit.imports import QUIET_ON_LOAD as QUIET_ON_LOAD, quiet_optional_imports
 from steerkit.storage.files import atomic_folder
 from huggingface_hub import constants as hub_constants
 from safetensors.torch import save_model
@@ -231,36 +230,6 @@ def resolve(name_or_path: str | os.PathLike | None) -> tuple[str, Path | str, Pa
         raise ModelNotFoundError(f"expected a model folder or a .gguf file at {p}, found nothing there; check the "
                                  "path, or pass a Hugging Face Hub id such as 'org/name'")
     return text, text, None
-
-
-#: loggers of optional libraries that transformers imports while loading a model when they are installed,
-#: whose import-time warnings concern features steerkit does not use (torchao's CUDA-only extensions,
-#: torch's notice about how torchao registers enums)
-QUIET_ON_LOAD = ("torchao", "torch.utils._pytree")
-
-
-@contextlib.contextmanager
-def quiet_optional_imports():
-    """Hold the :data:`QUIET_ON_LOAD` loggers at ERROR while a model loads, then restore them.
-
-    Examples:
-        >>> import logging
-        >>> before = logging.getLogger("torchao").level
-        >>> with quiet_optional_imports():
-        ...     print(logging.getLogger("torchao").level == logging.ERROR)
-        True
-        >>> logging.getLogger("torchao").level == before
-        True
-    """
-    loggers = [logging.getLogger(n) for n in QUIET_ON_LOAD]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, lv in zip(loggers, levels):
-            lg.setLevel(lv)
 
 
 def load_hf(folder_or_id: Path | str, *, dtype: torch.dtype, device: str | torch.device, device_map=None,

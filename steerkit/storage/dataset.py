@@ -17,7 +17,7 @@ than a silent mix.
 ``ds.iter(hook)`` yields shard by shard, ``ds[hook, i]`` reads one row.
 
 Sparse latents (format ``steerkit.activations/2``): the latents of an attached sparse autoencoder
-(``{site}.hook_sae_acts_post``, :mod:`steerkit.hooks.saesites`) are mostly zeros, so a shard keeps only
+(``{site}.hook_sae_acts_post``, :mod:`steerkit.saesites`) are mostly zeros, so a shard keeps only
 the active ones, row by row in the order of the dense rows (CSR without its offsets):
 ``{hook}::nnz`` ``[rows]`` (int32, each row's count of nonzero latents), ``{hook}::indices`` ``[sum(nnz)]``
 (int32, the latents, ascending within a row) and ``{hook}::values`` ``[sum(nnz)]`` (their values); the
