@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import random
 import sys
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
@@ -372,14 +373,15 @@ def injection_spec(tau_source: torch.Tensor, schedule, beta: float) -> list[Inte
             for (_, w), site in zip(kept, resid_post([l for l, _ in kept]))]
 
 
-def inject(sm: "SteerModel", tau_source, schedule, beta: float):
+def steer_injection(sm: "SteerModel", tau_source, schedule, beta: float):
     """Register Temporal Activation Injection on ``sm`` (a handle; use with ``with``): ``tau_source``
-    ``[d_model]`` for every row, or ``[batch, d_model]`` for per-input taus (one spec per row).
+    ``[d_model]`` for every row, or ``[batch, d_model]`` for per-input taus (one spec per row). Its old name,
+    ``inject``, still works and warns (:func:`steerkit.kernels.inject` is the kernel's injection of a vector).
 
     Examples:
-        >>> from steerkit.probes import inject, linear_decay
+        >>> from steerkit.probes import linear_decay, steer_injection
         >>> plain = tiny(["A; then B.", "C; then D."])
-        >>> with inject(tiny, torch.randn(2, 64), linear_decay(1, 4), beta=4.0):  # one tau per row
+        >>> with steer_injection(tiny, torch.randn(2, 64), linear_decay(1, 4), beta=4.0):  # one tau per row
         ...     injected = tiny(["A; then B.", "C; then D."])
         >>> bool((injected[:, -1] - plain[:, -1]).abs().max() > 0), bool(torch.equal(injected[:, 0], plain[:, 0]))
         (True, True)
@@ -388,6 +390,14 @@ def inject(sm: "SteerModel", tau_source, schedule, beta: float):
     if t.dim() == 1:
         return sm.steer(injection_spec(t, schedule, beta))
     return sm.steer(rows=[injection_spec(r, schedule, beta) for r in t])
+
+
+def __getattr__(name: str):
+    if name == "inject":  # renamed: steerkit.kernels.inject is the kernel's injection
+        warnings.warn("steerkit.probes.methods.temporal.inject is renamed steer_injection (steerkit.kernels.inject is "
+                      "the kernel's injection of a vector)", DeprecationWarning, stacklevel=2)
+        return steer_injection
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def per_input_taus(sm: "SteerModel", prompts: Sequence[str], reversed_prompts: Sequence[str], source: int, *,
