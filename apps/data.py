@@ -24,6 +24,7 @@ from importlib import resources
 from typing import Sequence
 
 from steerkit.errors import InputError
+from steerkit.hooks.names import parse_layers as core_parse_layers
 from steerkit.storage import jsontext
 
 # ---------------------------------------------------------------- limits of one request
@@ -288,43 +289,17 @@ def refusal_pairs(n: int = 8, split: str = "train") -> tuple[list[str], list[str
 
 # ============================================================================ layer selections
 def parse_layers(spec, n_layers: int) -> list[int]:
-    """``"12"``, ``"10-14"``, ``"3,5,9"``, ``"all"`` (or a list of ints) -> sorted layers below ``n_layers``."""
-    if isinstance(spec, (list, tuple)):
-        if len(spec) > n_layers:
-            raise InputError(f"expected at most {n_layers} layers, found a list of {len(spec)}")
-        try:
-            out = [int(x) for x in spec]
-        except (TypeError, ValueError, OverflowError):
-            raise InputError(f"expected a list of layer numbers, found {str(spec)[:40]!r}") from None
-    else:
-        s = str(spec or "").strip()
-        if len(s) > MAX_FIELD_CHARS:
-            raise InputError(f"expected a layer selection of at most {MAX_FIELD_CHARS} characters, found {len(s)}")
-        if not s:
-            raise InputError("expected layers like '12', '10-14', '3,5,9' or 'all', found nothing")
-        if s.lower() == "all":
-            return list(range(n_layers))
-        out = []
-        bad_range = None
-        for part in s.split(","):
-            part = part.strip()
-            try:
-                if "-" in part:
-                    x, y = (int(v) for v in part.split("-", 1))
-                    if not (0 <= x < n_layers and 0 <= y < n_layers):  # checked before the range is built
-                        bad_range = f"{x}-{y}"
-                        break
-                    out += list(range(x, y + 1))
-                else:
-                    out.append(int(part))
-            except ValueError:
-                raise InputError(f"expected layers like '12', '10-14', '3,5,9' or 'all', found {s[:40]!r}") from None
-        if bad_range is not None:
-            raise InputError(f"expected layers in 0..{n_layers - 1}, found the range {bad_range[:40]}")
-    bad = [l for l in out if not 0 <= l < n_layers]
-    if bad or not out:
-        raise InputError(f"expected layers in 0..{n_layers - 1}, found {str(bad or out)[:80]}")
-    return sorted(set(out))
+    """``"12"``, ``"10-14"``, ``"3,5,9"``, ``"all"`` (or a list of ints) -> sorted layers below ``n_layers``: the
+    core's layer lists (:func:`steerkit.hooks.names.parse_layers`) typed into a box of bounded length.
+
+    Examples:
+        >>> from steerkit.apps.data import parse_layers
+        >>> parse_layers("10-12, 3", 30)
+        [3, 10, 11, 12]
+    """
+    if isinstance(spec, str) and len(spec) > MAX_FIELD_CHARS:
+        raise InputError(f"expected a layer selection of at most {MAX_FIELD_CHARS} characters, found {len(spec)}")
+    return core_parse_layers(spec if spec is not None else "", n_layers)
 
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from steerkit.deprecation import moved
 from steerkit.errors import InputError
 from steerkit.probes.plots.sae import feature_figure as sae_feature_figure
 from steerkit.probes.tune import heatmap_figure, tradeoff_figure
@@ -154,12 +155,14 @@ def pairs_figure(profile, layer: int) -> go.Figure:
     return fig
 
 
-def lens_figure(top, bottom=None, *, layer: Optional[int] = None) -> go.Figure:
-    """Logit-lens tokens as horizontal bars: ``top``/``bottom`` are lists of ``(token, logit)``.
+def vector_lens_figure(top, bottom=None, *, layer: Optional[int] = None) -> go.Figure:
+    """The logit lens of a vector (:func:`steerkit.probes.lens.vector_lens`) as horizontal bars: ``top`` /
+    ``bottom`` are lists of ``(token, logit)``. (Its old name, ``lens_figure``, still works and warns;
+    :func:`steerkit.probes.plots.lens.lens_figure` draws a :class:`~steerkit.probes.LensResult`.)
 
     Examples:
-        >>> from steerkit.apps.figures import lens_figure
-        >>> fig = lens_figure([(" good", 3.2), (" great", 2.9)], [(" bad", -2.5)], layer=12)
+        >>> from steerkit.apps.figures import vector_lens_figure
+        >>> fig = vector_lens_figure([(" good", 3.2), (" great", 2.9)], [(" bad", -2.5)], layer=12)
         >>> [t.name for t in fig.data], fig.layout.title.text
         (['promoted', 'suppressed'], 'Logit lens of the mean difference at layer 12')
     """
@@ -309,19 +312,21 @@ def _value_name(normalized: bool) -> str:
     return "restored fraction" if normalized else "logit difference"
 
 
-def patching_figure(run, *, normalized: bool = True, selected: Optional[tuple[int, int]] = None) -> go.Figure:
+def patching_run_figure(run, *, normalized: bool = True, selected: Optional[tuple[int, int]] = None) -> go.Figure:
     """The patching grid(s) of a :class:`~steerkit.apps.analysis.PatchingRun` as heatmaps, one per
     method side by side (activation, attribution): layers down, positions (token labels) or heads
     across, diverging around 0 on one colour axis. ``normalized``: the restored fraction, else the
     logit difference. ``selected``: ``(layer, column)`` outlined. Each cell's ``x`` / ``y`` are the
-    column index (position or head) and the layer, which a click reports.
+    column index (position or head) and the layer, which a click reports. (Its old name, ``patching_figure``,
+    still works and warns; :func:`steerkit.probes.plots.patching.patching_figure` draws a
+    :class:`~steerkit.probes.PatchingResult`.)
 
     Examples:
-        >>> from steerkit.apps.figures import patching_figure
+        >>> from steerkit.apps.figures import patching_run_figure
         >>> from steerkit.apps.analysis import patching_run
         >>> run = patching_run(tiny, "When Mary and John went to the store, John gave a drink to",
         ...                    "When John and Mary went to the store, Mary gave a drink to", " Mary", " John")
-        >>> fig = patching_figure(run, selected=(2, 13))
+        >>> fig = patching_run_figure(run, selected=(2, 13))
         >>> fig.data[0].type, len(fig.data[0].y), len(fig.data[0].x), len(fig.layout.shapes)
         ('heatmap', 4, 14, 1)
     """
@@ -743,3 +748,13 @@ def feature_figure(report, *, stopped: bool = False, max_values: int = MAX_HISTO
     if stopped:
         fig.update_layout(title=f"{fig.layout.title.text} (stopped at the time limit)")
     return fig
+
+
+#: renamed figures: the probes' figure functions keep these names for their own results
+_RENAMED = {"lens_figure": "vector_lens_figure", "patching_figure": "patching_run_figure"}
+
+
+def __getattr__(name: str):
+    if name in _RENAMED:  # the probes' figure functions keep the old names for their own results
+        return moved(__name__, name, __name__, _RENAMED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

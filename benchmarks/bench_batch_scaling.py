@@ -67,7 +67,10 @@ def main(argv=None) -> int:
     v, u = C.steering_vectors(sm.d_model)
     prompts = C.prompts(max(sizes))
     add_site = f"blocks.{a.layer}.hook_resid_pre"
-    ablate_sites = [f"blocks.{l}.{k}" for l in range(sm.n_layers) for k in R.ABLATION_SITES]
+    # every block's input, attention and MLP output (3 sites a block; the refusal search's ablation now acts at
+    # the 2L+1 sites of the DirectionSet it saves, R.ablation_artifact): the workload of the recorded numbers
+    ablate_sites = [f"blocks.{l}.{k}" for l in range(sm.n_layers) for k in ("hook_resid_pre", "hook_attn_out",
+                                                                          "hook_mlp_out")]
     print(f"model {sm.name} on {a.device}; torch {torch.__version__}, {threads} thread(s); sizes {sizes}; "
           f"{tokens} tokens; {repeats} round(s)", flush=True)
 

@@ -75,9 +75,10 @@ else:
     from .sae_eval import sae_eval, special_token_ids
     from .sae_train import SAETrainResult, sae_layer, train_sae
     from .sae_features import FeatureReport, LatentAttribution, TopLatents, feature_report, latent_attribution, top_latents
-    from .methods.temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, inject, injection_spec,
-                                   linear_decay, order_questions, per_input_taus, profile_from_states, temporal_pairs,
-                                   temporal_profile)
+    from .methods.temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, injection_spec,
+                                   linear_decay, order_questions, per_input_taus, profile_from_states, steer_injection,
+                                   temporal_pairs, temporal_profile)
+    from .methods import temporal as _temporal
     from .methods.norms import AttentionDrift, NormChain, NormProfile, attention_drift, norm_chain, norm_profile
     from .methods.mi import (THINKING_WORDS, MITrajectory, find_peaks, hsic_mi, mi_trajectory, peak_token_counts, thinking_eval,
                              thinking_token_ids)
@@ -98,7 +99,7 @@ else:
         "logistic_pipeline", "fit_logistic", "pipeline_to_probe", "direction_to_probe", "fit_probe", "probe_scores",
         "probe_direction", "auroc", "balanced_accuracy", "bootstrap_auroc_ci", "youden_threshold", "sweep", "labels_for",
         "sweep_activations", "record_activations", "cross_validate", "SweepResult", "score_prompts", "OrderItem",
-        "Profile", "TemporalPair", "choice_accuracy", "choose_beta", "inject", "injection_spec", "linear_decay",
+        "Profile", "TemporalPair", "choice_accuracy", "choose_beta", "steer_injection", "injection_spec", "linear_decay",
         "order_questions", "per_input_taus", "profile_from_states", "temporal_pairs", "temporal_profile", "NormProfile",
         "norm_profile", "AttentionDrift", "attention_drift", "NormChain", "norm_chain", "MITrajectory", "find_peaks",
         "hsic_mi", "mi_trajectory", "peak_token_counts", "thinking_eval", "thinking_token_ids", "THINKING_WORDS",
@@ -121,3 +122,8 @@ else:
         "l0", "explained_variance", "next_token_ce", "ce_loss_recovered", "dead_latents", "reconstruction_metrics",
         "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution", "top_latents", "TopLatents",
     ]
+
+    def __getattr__(name: str):
+        if name == "inject":  # renamed steer_injection (it warns there)
+            return _temporal.__getattr__(name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,6 +4,7 @@
   through the final norm and the unembedding, as if the model stopped there. At the last layer it
   is the model's own logits. A :class:`LensResult` holds the logits, each cell's top-k tokens and
   probabilities, ``to_json`` / ``from_json`` (the top-k tables) and ``plot``.
+- :func:`vector_lens`: the same lens of one residual-space vector (a direction): its top and bottom tokens.
 - :func:`direct_logit_attribution`: the final residual at one position is the sum of the
   embedding (``blocks.0.hook_resid_pre``), every ``hook_attn_out`` and every ``hook_mlp_out``; each
   attention output is the sum of its heads' ``z_h @ W_O[:, h]^T`` (``attn.hook_z`` and the head's
@@ -38,6 +39,8 @@ from .patching import Prompt, index_list, json_text, prompt_tokens, read_documen
 from .plots.require import plotly_required
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from steerkit.model import SteerModel
 
 LENS_FORMAT = "steerkit.logit_lens/1"
@@ -74,6 +77,33 @@ def unembed(sm: "SteerModel", resid: Float[Tensor, "*rows d_model"]) -> Float[Te
     logits = F.linear(out.to(head.weight.dtype), head.weight, bias).float()
     cap = _softcap(sm)
     return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def vector_lens(sm: "SteerModel", v: Union[Float[Tensor, " d_model"], "np.ndarray"], k: int = 10
+                ) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """The logit lens of one residual-space vector (a direction, a mean difference): the ``k`` tokens with the
+    highest and the ``k`` with the lowest logit of :func:`unembed` (the final norm, the unembedding and the
+    model's logit soft-capping), each as ``(token, logit)``, highest first / lowest first.
+
+    Examples:
+        >>> from steerkit.probes.lens import vector_lens
+        >>> v = tiny.hf_model.lm_head.weight[5099].detach()  # the unembedding row of " Mary"
+        >>> top, bottom = vector_lens(tiny, v, k=3)
+        >>> len(top), len(bottom), top[0][0], top[0][1] > top[1][1] > top[2][1], bottom[0][1] < bottom[1][1]
+        (3, 3, ' Mary', True, True)
+    """
+    x = torch.as_tensor(v).to(device=sm.device, dtype=torch.float32).reshape(1, -1)
+    if x.shape[1] != sm.d_model:
+        raise InputError(f"expected a residual-space vector of {sm.d_model} numbers (d_model), found {x.shape[1]}")
+    with torch.inference_mode():
+        logits = unembed(sm, x)[0].cpu()
+    k = min(int(k), logits.shape[0])
+    top, bot = torch.topk(logits, k), torch.topk(-logits, k)
+
+    def dec(i):
+        return sm.tokenizer.decode([int(i)])
+    return ([(dec(i), float(s)) for s, i in zip(top.values, top.indices)],
+            [(dec(i), float(-s)) for s, i in zip(bot.values, bot.indices)])
 
 
 # ----------------------------------------------------------------------------- logit lens

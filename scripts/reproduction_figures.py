@@ -405,8 +405,8 @@ def app_pairs(g):
 def app_lens(g):
     from steerkit.apps import figures
     p = g["profile"]
-    return figures.lens_figure([tuple(t) for t in p["lens_top"]], [tuple(t) for t in p["lens_bottom"]],
-                               layer=p["lens_layer"])
+    return figures.vector_lens_figure([tuple(t) for t in p["lens_top"]], [tuple(t) for t in p["lens_bottom"]],
+                                      layer=p["lens_layer"])
 
 
 def app_norms(g):
@@ -456,7 +456,7 @@ def dla_components(g):
 
 def app_patching(_g):
     from steerkit.apps import figures
-    return figures.patching_figure(_patching_run(_load("patching"), "resid_pre"))
+    return figures.patching_run_figure(_patching_run(_load("patching"), "resid_pre"))
 
 
 def app_patching_detail(_g):
@@ -492,12 +492,12 @@ A = "apps/figures.py:"
 GALLERY = [
     Figure("gallery_profile", "gallery", app_profile, A + "profile_figure"),
     Figure("gallery_pairs", "gallery", app_pairs, A + "pairs_figure"),
-    Figure("gallery_lens_tokens", "gallery", app_lens, A + "lens_figure"),
+    Figure("gallery_lens_tokens", "gallery", app_lens, A + "vector_lens_figure"),
     Figure("gallery_sweep", "gallery", sweep_lines, P + "sweep.py:sweep_figure"),
     Figure("gallery_probe_heatmap", "gallery", app_probe_heatmap, A + "probe_heatmap"),
     Figure("gallery_logit_lens", "gallery", lens_grid, P + "lens.py:lens_figure"),
     Figure("gallery_dla", "gallery", dla_components, P + "lens.py:dla_figure"),
-    Figure("gallery_patching", "gallery", app_patching, A + "patching_figure"),
+    Figure("gallery_patching", "gallery", app_patching, A + "patching_run_figure"),
     Figure("gallery_patching_detail", "gallery", app_patching_detail, A + "patching_detail_figure"),
     Figure("gallery_head_detail", "gallery", app_head_detail, A + "head_detail_figure"),
     Figure("gallery_attention_head", "gallery", app_attention_head, A + "attention_figure"),
@@ -521,7 +521,7 @@ SECTIONS = [
         ("gallery_pairs", "Per-pair values: the same pairs at the peak layer, one bar per pair.",
          "steerkit.apps.figures.pairs_figure"),
         ("gallery_lens_tokens", "Logit lens of the pairs' mean difference at the peak layer: promoted and "
-                                "suppressed tokens.", "steerkit.apps.figures.lens_figure"),
+                                "suppressed tokens.", "steerkit.apps.figures.vector_lens_figure"),
         ("temporal_profile", "Temporal divergence profile ([Temporal](reproductions/temporal.md)).",
          M + "temporal.Profile.plot"),
         ("norms_profile", "Norm profile: the residual norm per layer, with and without the first token "
@@ -549,7 +549,7 @@ SECTIONS = [
                                "([Patching vs TransformerLens](reproductions/patching-vs-transformerlens.md)).",
          "steerkit.probes.patching.PatchingResult.plot"),
         ("gallery_patching", "Activation and attribution patching side by side (the explorer's Patching page).",
-         "steerkit.apps.figures.patching_figure"),
+         "steerkit.apps.figures.patching_run_figure"),
         ("gallery_patching_detail", "One layer of the grid, position by position, both methods.",
          "steerkit.apps.figures.patching_detail_figure"),
         ("gallery_head_detail", "One head's `z` patched at each position separately.",

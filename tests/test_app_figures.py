@@ -76,7 +76,7 @@ def test_pairs_and_lens_figures():
     np.testing.assert_allclose(fig.data[0].y, prof.rel[:, 5])
     with pytest.raises(InputError):
         prof.at_layer(99)
-    fig = figures.lens_figure([(" yes", 3.0), (" no", 2.0)], [(" maybe", -1.0)], layer=5)
+    fig = figures.vector_lens_figure([(" yes", 3.0), (" no", 2.0)], [(" maybe", -1.0)], layer=5)
     assert [t.name for t in fig.data] == ["promoted", "suppressed"]
     assert "layer 5" in fig.layout.title.text
 

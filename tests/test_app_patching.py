@@ -42,9 +42,9 @@ def hand_run(hook="resid_pre", attribution=True, n_layers=3):
 
 
 # ------------------------------------------------------------------ figures (hand-made results)
-def test_patching_figure_heatmaps_token_labels_and_one_colour_axis():
+def test_patching_run_figure_heatmaps_token_labels_and_one_colour_axis():
     run, act = hand_run()
-    fig = figures.patching_figure(run, normalized=True)
+    fig = figures.patching_run_figure(run, normalized=True)
     assert [t.type for t in fig.data] == ["heatmap", "heatmap"]
     a, b = fig.data
     np.testing.assert_allclose(np.array(a.z), (act - (-2.0)) / 6.0)  # (v - corrupted) / (clean - corrupted)
@@ -59,14 +59,14 @@ def test_patching_figure_heatmaps_token_labels_and_one_colour_axis():
     assert "logit(' Mary') − logit(' John')" in fig.layout.title.text
     assert a.customdata[1][3] == "3 ' John'"  # hover names the token
     assert not fig.layout.shapes
-    fig = figures.patching_figure(run, selected=(2, 3))
+    fig = figures.patching_run_figure(run, selected=(2, 3))
     assert [(s.xref, s.x0, s.x1, s.y0, s.y1) for s in fig.layout.shapes] == [("x", 2.5, 3.5, 1.5, 2.5),
                                                                             ("x2", 2.5, 3.5, 1.5, 2.5)]
 
 
 def test_raw_values_share_the_metric_units():
     run, act = hand_run()
-    fig = figures.patching_figure(run, normalized=False)
+    fig = figures.patching_run_figure(run, normalized=False)
     np.testing.assert_allclose(np.array(fig.data[0].z), act)
     np.testing.assert_allclose(np.array(fig.data[1].z), act / 2 - 2.0)  # corrupted metric + predicted change
     assert fig.layout.coloraxis.colorbar.title.text == "logit difference"
@@ -74,7 +74,7 @@ def test_raw_values_share_the_metric_units():
 
 def test_head_grid_figure_and_activation_only():
     run, act = hand_run("z", attribution=False)
-    fig = figures.patching_figure(run)
+    fig = figures.patching_run_figure(run)
     assert len(fig.data) == 1 and list(fig.layout.xaxis.ticktext) == ["H0", "H1", "H2", "H3"]
     assert fig.layout.xaxis.title.text == "head" and "attention heads" in fig.layout.title.text
     assert run.columns() == [0, 1, 2, 3] and run.by_head
@@ -99,7 +99,7 @@ def test_detail_figures_are_bars_over_positions_with_tokens():
 def test_a_grid_cut_at_the_time_limit_says_so():
     run, act = hand_run(attribution=False)
     run.stopped_at_deadline = True
-    assert "stopped at the time limit" in figures.patching_figure(run).layout.title.text
+    assert "stopped at the time limit" in figures.patching_run_figure(run).layout.title.text
 
 
 def planted_attention(n_heads=4, n=5, seed=0):
@@ -129,7 +129,7 @@ def test_attention_figure_one_head_and_small_multiples():
 
 def test_new_figures_download_as_standalone_html(tmp_path):
     run, _ = hand_run()
-    for fig in (figures.patching_figure(run), figures.patching_detail_figure(run, 0),
+    for fig in (figures.patching_run_figure(run), figures.patching_detail_figure(run, 0),
                 figures.attention_figure(planted_attention(), 0)):
         page = figures.to_html(fig, tmp_path / "f.html")
         assert "<html" in page and "plotly" in page.lower() and (tmp_path / "f.html").exists()
@@ -254,7 +254,7 @@ def test_ioi_default_on_the_default_model(sm):
     np.testing.assert_allclose(g[0, same], 0.0, atol=1e-4)
     # the last layer's residual at the last position carries (nearly) the whole answer
     assert g[1, -1] > 0.8
-    fig = figures.patching_figure(run)
+    fig = figures.patching_run_figure(run)
     assert list(fig.data[0].y) == [0, sm.n_layers - 1] and len(fig.layout.xaxis.ticktext) == 14
     att = analysis.attention_patterns(sm, data.IOI_CLEAN, 5)
     assert att.pattern.shape == (sm.facts.n_heads, 14, 14)

@@ -80,4 +80,4 @@ def test_hooks_beyond_the_model_after_loading(tmp_path):
     (tmp_path / "p.txt").write_text("hello\nworld\n")
     r = _cli("record", tmp_path / "p.txt", "-o", tmp_path / "out", "--model", tmp_path / "tiny", "--hooks",
              "resid_post:0-5", "--no-chat", "--quiet")
-    _assert_one_error_line(r, "expected layers in [0, 1]", "[2, 3, 4, 5]")
+    _assert_one_error_line(r, "--hooks below 2 (the model's 2 layers are 0-1)", "found 2-5")

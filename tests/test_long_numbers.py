@@ -103,21 +103,16 @@ def test_hook_layers_of_the_cli(spec):
 
 
 @pytest.mark.parametrize("spec", ["0-999999999999", HUGE, "1,0-" + HUGE])
-def test_tune_layers_of_the_cli(spec):
-    from steerkit.cli.methods import _ints
-    from steerkit.cli.vectors import _int_list
+def test_layer_lists_of_the_cli(spec):
+    from steerkit.hooks.names import parse_layers
     with pytest.raises(InputError) as e:
-        _int_list(spec, "--layers")
+        parse_layers(spec, what="--layers")
     assert_steerkit_message(e.value, "--layers")
-    assert _int_list("6,10-12", "--layers") == [6, 10, 11, 12]
-    if "-" not in spec:
-        with pytest.raises(InputError) as e:
-            _ints(spec, "--layers")
-        assert_steerkit_message(e.value, "--layers")
+    assert parse_layers("6,10-12", what="--layers") == [6, 10, 11, 12]
 
 
 def test_the_apps_layer_boxes_echo_a_bounded_part():
     from steerkit.apps.data import parse_layers
     with pytest.raises(InputError) as e:
         parse_layers("9" * 900, 30)
-    assert_steerkit_message(e.value, "expected layers in 0..29")
+    assert_steerkit_message(e.value, "is not a layer index")

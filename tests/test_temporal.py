@@ -58,7 +58,7 @@ def test_injection_applied_only_at_last_prompt_token_and_scheduled_layers():
     assert t0 == t1
     assert torch.equal(b2["blocks.1.hook_resid_pre"], s2["blocks.1.hook_resid_pre"])
     # per-input taus: a different vector per row
-    with T.inject(sm, torch.stack([tau, -tau]), {1: 1.0}, beta=1.0), sm.record(names) as pr:
+    with T.steer_injection(sm, torch.stack([tau, -tau]), {1: 1.0}, beta=1.0), sm.record(names) as pr:
         sm.forward(prompts, chat=False)
     d2 = pr["blocks.2.hook_resid_pre"] - base["blocks.2.hook_resid_pre"]
     assert torch.allclose(d2[0, int(lens[0]) - 1], tau, atol=1e-4)

@@ -41,7 +41,7 @@ def bad_specs():
     return [("{not json", "as a JSON object"),
             (json.dumps({**ok, "hooks": ["blocks.99.hook_resid_post"]}), "expected a layer in 0..29"),
             (json.dumps({**ok, "hooks": ["blocks.3.attn.hook_z"]}), "expected hooks the vLLM plugin can record"),
-            (json.dumps({**ok, "positions": "middle"}), "expected 'positions' in"),
+            (json.dumps({**ok, "positions": "middle"}), "expected 'positions' as one of"),
             (json.dumps({**ok, "hooks": ["blocks.1.hook_resid_post"] * 300}), "1 to 256 hook names"),
             (json.dumps({**ok, "positions": list(range(5000))}), "1 to 4096 prompt token indices"),
             (json.dumps({**ok, "run": "../elsewhere"}), "expected 'run' as 1-64 letters"),

@@ -140,6 +140,13 @@ def tiny_model(arch: str, seed: int = 0, *, attn_implementation: str = "eager", 
     return model, tiny_tokenizer()
 
 
+def tiny_softcapped(cap: float = 0.5, seed: int = 0):
+    """``(model, tokenizer)``: the tiny random Gemma 2 of :func:`tiny_model` with its final logits soft-capped at
+    ``cap`` (``final_logit_softcapping``: ``cap * tanh(logits / cap)``), small enough that the capping changes
+    the tiny model's logits (Gemma 2's own 30 would leave them almost as they are)."""
+    return tiny_model("gemma2", seed, final_logit_softcapping=float(cap))
+
+
 def greedy_by_forward(sm, prompts, n: int) -> list[list[int]]:
     """Greedy continuations of ``prompts`` (no chat template) computed with full forward passes only, no
     KV cache: the reference a cached generation must equal (a row stops at EOS, which is not kept)."""

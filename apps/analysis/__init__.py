@@ -8,8 +8,9 @@ figures; nothing here imports a plotting library.
 * :mod:`.profile`: :func:`divergence_profile` -> :class:`DivergenceProfile`: per layer, the relative
   divergence ``||h_l(a) - h_l(b)|| / ||h_l(a)||`` and the cosine of ``h_l(a)``, ``h_l(b)`` at the last
   prompt token, for every pair, plus the logit-lens top tokens of the mean difference at each layer.
-* :mod:`.common`: :func:`logit_lens` (the top and bottom tokens of a residual-space vector),
-  :class:`Cancelled` and the helpers the computations share.
+* :mod:`.common`: :class:`Cancelled` and the helpers the computations share. The logit lens of a
+  residual-space vector (its top and bottom tokens) is :func:`steerkit.probes.lens.vector_lens`; its old name
+  here, ``logit_lens``, still works and warns.
 * :mod:`.steering`: :func:`steer_setting` -> :class:`SteerSetting`, the Steer page's settings as
   :class:`steerkit.Intervention` s, always through an artifact's own ``to_interventions`` (a direction
   that is not stored is built into one by :func:`direction_artifacts`); :func:`steer_compare` ->
@@ -38,7 +39,8 @@ from __future__ import annotations
 import time  # noqa: F401 - the computations' clock (``time.monotonic``), patched by tests through this name
 
 from .attention import AttentionPatterns, attention_patterns
-from .common import Cancelled, logit_lens
+from . import common as _common
+from .common import Cancelled
 from .diagnostics import LayerDiagnostics, layer_diagnostics
 from .features import FeatureRun, feature_run, find_latents, merge_reports
 from .patching import HeadDetail, PatchingRun, head_detail, patching_run
@@ -53,6 +55,12 @@ __all__ = [
     "AttentionPatterns", "Cancelled", "DivergenceProfile", "FeatureRun", "HeadDetail", "LayerDiagnostics",
     "OPERATIONS", "PatchingRun", "STEERABLE", "SteerResult", "SteerSetting", "TuneRun", "artifact_interventions",
     "attention_patterns", "direction_artifacts", "divergence_profile", "feature_run", "find_latents", "head_detail",
-    "layer_diagnostics", "logit_lens", "merge_reports", "merge_tunes", "patching_run", "steer_compare",
+    "layer_diagnostics", "merge_reports", "merge_tunes", "patching_run", "steer_compare",
     "steer_setting", "tune_run",
 ]
+
+
+def __getattr__(name: str):
+    if name == "logit_lens":  # renamed steerkit.probes.lens.vector_lens (it warns there)
+        return _common.__getattr__(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

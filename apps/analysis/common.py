@@ -1,14 +1,10 @@
-"""What the explorer's computations share: the cancel signal, progress ticks, one-prompt tokenising and
-the logit lens of a residual-space vector."""
+"""What the explorer's computations share: the cancel signal, progress ticks and one-prompt tokenising (the
+logit lens of a residual-space vector is :func:`steerkit.probes.lens.vector_lens`)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-from jaxtyping import Float
-from torch import Tensor
-
+from steerkit.deprecation import moved
 from steerkit.errors import InputError
 from steerkit.model import Tokens
 
@@ -30,34 +26,10 @@ def tick(progress, should_stop, done, total):
 
 
 
-def unembed_fn(sm: SteerModel):
-    norm = sm.adapter.final_norm_module(sm.hf_model)
-    unembed = sm.adapter.unembed_module(sm.hf_model)
-
-    @torch.inference_mode()
-    def f(v):
-        x = torch.as_tensor(v, dtype=sm.dtype, device=sm.device).reshape(1, 1, -1)
-        return unembed(norm(x)).reshape(-1).float().cpu()
-    return f
-
-
-def logit_lens(sm: SteerModel, v: Float[Tensor, " d_model"] | np.ndarray,
-               k: int = 10) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
-    """Top and bottom ``k`` tokens of ``unembed(final_norm(v))`` for a residual-space vector ``v``."""
-    logits = unembed_fn(sm)(v)
-    return top_bottom(sm, logits, k)
-
-
-def top_bottom(sm: SteerModel, logits, k):
-    k = min(k, logits.shape[0])
-    top = torch.topk(logits, k)
-    bot = torch.topk(-logits, k)
-
-    def dec(i):
-        return sm.tokenizer.decode([int(i)])
-    return ([(dec(i), float(s)) for s, i in zip(top.values, top.indices)],
-            [(dec(i), float(-s)) for s, i in zip(bot.values, bot.indices)])
-
+def __getattr__(name: str):
+    if name == "logit_lens":  # the lens of one vector (steerkit.probes.logit_lens: the lens of a prompt's layers)
+        return moved("steerkit.apps.analysis", name, "steerkit.probes.lens", "vector_lens")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def one_prompt(sm: SteerModel, text, what: str, max_tokens: int) -> tuple[Tokens, list[str]]:

@@ -1,6 +1,6 @@
 """The Profiles page's computation: :func:`divergence_profile` -> :class:`DivergenceProfile`, per layer
 the relative divergence and cosine of paired prompts at the last prompt token, and the logit-lens tokens
-of their mean difference."""
+of their mean difference (:func:`steerkit.probes.lens.vector_lens`)."""
 from __future__ import annotations
 
 import contextlib
@@ -13,9 +13,10 @@ import torch
 
 from steerkit.errors import InputError
 from steerkit.hooks.names import resid_post
+from steerkit.probes.lens import vector_lens
 
 from ..data import check_pairs
-from .common import tick, top_bottom, unembed_fn
+from .common import tick
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -126,9 +127,8 @@ def divergence_profile(sm: SteerModel, prompts_a: Sequence[str], prompts_b: Sequ
     mean_diff = diff.mean(1)  # [L, d]
     lens_top, lens_bottom = [], []
     if lens_k:
-        f = unembed_fn(sm)
         for l in range(len(layers)):
-            t, bo = top_bottom(sm, f(mean_diff[l]), lens_k)
+            t, bo = vector_lens(sm, mean_diff[l], lens_k)
             lens_top.append(t)
             lens_bottom.append(bo)
     return DivergenceProfile(layers=layers, rel=rel, cos=cos, prompts_a=a, prompts_b=b,

@@ -85,7 +85,7 @@ def register(app, c: Context) -> None:
         if run is None:
             return figures.empty_figure("Enter a clean and a corrupted prompt and press Compute to patch.")
         cell = clicked_cell(click) if ctx.triggered_id != "patch-key" else None
-        return figures.patching_figure(run, normalized=normalized_for(run, scale), selected=cell)
+        return figures.patching_run_figure(run, normalized=normalized_for(run, scale), selected=cell)
 
     @app.callback(
         Output("patch-detail", "figure"), Output("patch-detail-status", "children"),

@@ -138,7 +138,7 @@ def register(app, c: Context) -> None:
             return m, figures.empty_figure("Logit-lens tokens of the mean difference appear here.")
         layer = prof.peak_layer if layer_value(layer) not in prof.layers else layer
         j = prof.layers.index(layer)
-        lens = (figures.lens_figure(prof.lens_top[j], prof.lens_bottom[j], layer=layer) if prof.lens_top
+        lens = (figures.vector_lens_figure(prof.lens_top[j], prof.lens_bottom[j], layer=layer) if prof.lens_top
                 else figures.empty_figure("no logit lens"))
         return figures.pairs_figure(prof, layer), lens
 

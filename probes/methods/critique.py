@@ -60,6 +60,7 @@ from steerkit.hooks.names import resid_post
 from steerkit.interventions import Intervention
 from steerkit.vectors import SteeringVector
 
+from ..lens import vector_lens
 from ..metrics import auroc
 from ..plots.require import plotly_required
 from .critique_data import ArithTrace, trace_pairs
@@ -434,7 +435,8 @@ def critique_sweep(sm: "SteerModel", vectors: Tensor, traces: Sequence[ArithTrac
 
 
 def logit_lens_tokens(sm: "SteerModel", v, k: int = 10) -> dict:
-    """Top and bottom ``k`` tokens of ``unembed(final_norm(v))``.
+    """Top and bottom ``k`` tokens of ``v`` through the final norm and the unembedding, soft-capped where the
+    model caps its logits (:func:`steerkit.probes.lens.vector_lens`), as ``{"top": [...], "bottom": [...]}``.
 
     Examples:
         >>> from steerkit.probes import logit_lens_tokens
@@ -443,17 +445,8 @@ def logit_lens_tokens(sm: "SteerModel", v, k: int = 10) -> dict:
         >>> len(lens["top"]), len(lens["bottom"]), lens["top"][0][0]
         (3, 3, ' Mary')
     """
-    norm = sm.adapter.final_norm_module(sm.hf_model)
-    unembed = sm.adapter.unembed_module(sm.hf_model)
-    with torch.inference_mode():
-        x = torch.as_tensor(v, dtype=sm.dtype, device=sm.device).reshape(1, 1, -1)
-        logits = unembed(norm(x)).reshape(-1).float().cpu()
-    k = min(k, logits.shape[0])
-    def dec(i):
-        return sm.tokenizer.decode([int(i)])
-    top, bot = torch.topk(logits, k), torch.topk(-logits, k)
-    return {"top": [(dec(i), float(s)) for s, i in zip(top.values, top.indices)],
-            "bottom": [(dec(i), float(-s)) for s, i in zip(bot.values, bot.indices)]}
+    top, bottom = vector_lens(sm, v, k)
+    return {"top": top, "bottom": bottom}
 
 
 # --------------------------------------------------------------------------- one run

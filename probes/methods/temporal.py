@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from steerkit.deprecation import moved
 from steerkit.errors import InputError
 from steerkit.hooks.names import resid_post
 from steerkit.interventions import Intervention
@@ -372,14 +373,15 @@ def injection_spec(tau_source: torch.Tensor, schedule, beta: float) -> list[Inte
             for (_, w), site in zip(kept, resid_post([l for l, _ in kept]))]
 
 
-def inject(sm: "SteerModel", tau_source, schedule, beta: float):
+def steer_injection(sm: "SteerModel", tau_source, schedule, beta: float):
     """Register Temporal Activation Injection on ``sm`` (a handle; use with ``with``): ``tau_source``
-    ``[d_model]`` for every row, or ``[batch, d_model]`` for per-input taus (one spec per row).
+    ``[d_model]`` for every row, or ``[batch, d_model]`` for per-input taus (one spec per row). Its old name,
+    ``inject``, still works and warns (:func:`steerkit.kernels.inject` is the kernel's injection of a vector).
 
     Examples:
-        >>> from steerkit.probes import inject, linear_decay
+        >>> from steerkit.probes import linear_decay, steer_injection
         >>> plain = tiny(["A; then B.", "C; then D."])
-        >>> with inject(tiny, torch.randn(2, 64), linear_decay(1, 4), beta=4.0):  # one tau per row
+        >>> with steer_injection(tiny, torch.randn(2, 64), linear_decay(1, 4), beta=4.0):  # one tau per row
         ...     injected = tiny(["A; then B.", "C; then D."])
         >>> bool((injected[:, -1] - plain[:, -1]).abs().max() > 0), bool(torch.equal(injected[:, 0], plain[:, 0]))
         (True, True)
@@ -388,6 +390,12 @@ def inject(sm: "SteerModel", tau_source, schedule, beta: float):
     if t.dim() == 1:
         return sm.steer(injection_spec(t, schedule, beta))
     return sm.steer(rows=[injection_spec(r, schedule, beta) for r in t])
+
+
+def __getattr__(name: str):
+    if name == "inject":  # renamed: steerkit.kernels.inject is the kernel's injection of a vector
+        return moved(__name__, name, __name__, "steer_injection")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def per_input_taus(sm: "SteerModel", prompts: Sequence[str], reversed_prompts: Sequence[str], source: int, *,

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 from steerkit.backends import BACKENDS
 from steerkit.errors import BackendUnavailableError, InputError, SteerkitError
 from steerkit.executors import ModelSpec, RayExecutor
-from steerkit.hooks.names import BLOCK_HOOKS, layer_names
+from steerkit.hooks.names import BLOCK_HOOKS, layer_names, parse_layers
 from steerkit.loading.device import DTYPE_NAMES
 from steerkit.model import SteerModel, load_model
 from steerkit.storage import jsontext
@@ -239,18 +239,6 @@ def check_min(value: int | float | None, flag: str, minimum: int | float, hint: 
         raise InputError(f"expected {flag} >= {minimum}, found {value}" + (f"; {hint}" if hint else ""))
 
 
-def _int(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:  # not digits, or more digits than int() converts
-        raise InputError(f"expected an integer {what}, found {text!r:.80}") from None
-
-
-#: the widest layer range a flag may name: no model has more blocks, and a wider range (``0-99999999999``)
-#: would be built as a list before any model could refuse it
-MAX_LAYER_RANGE = 4096
-
-
 _HOOKS_HELP = ("use KIND:all, KIND:A-B, KIND:A+B+C (KIND e.g. resid_post) or comma-separated hook names such "
                "as blocks.3.hook_resid_post")
 
@@ -272,26 +260,8 @@ def parse_hooks(spec: str) -> list[HookItem]:
             if kind not in BLOCK_HOOKS:
                 raise InputError(f"expected a hook kind in {[h[5:] for h in BLOCK_HOOKS]} in --hooks, found "
                                  f"{part!r}; {_HOOKS_HELP}")
-            rng = rng.strip()
-            if rng == "all":
-                out.append((kind, "all"))
-                continue
-            if "-" in rng:
-                ends = rng.split("-")
-                if len(ends) != 2:
-                    raise InputError(f"expected a layer range A-B in --hooks, found {part!r}; {_HOOKS_HELP}")
-                a, b = (_int(x.strip(), f"layer in --hooks {part!r:.80} ({_HOOKS_HELP})") for x in ends)
-                if b < a:
-                    raise InputError(f"expected a layer range A-B with A <= B in --hooks, found {part!r:.80}")
-                if b - a >= MAX_LAYER_RANGE:
-                    raise InputError(f"expected a layer range of at most {MAX_LAYER_RANGE} layers in --hooks, found "
-                                     f"{part!r:.80}; use KIND:all for every layer of the model")
-                layers = list(range(a, b + 1))
-            else:
-                layers = [_int(x.strip(), f"layer in --hooks {part!r:.80} ({_HOOKS_HELP})") for x in rng.split("+")]
-            if any(l < 0 for l in layers):
-                raise InputError(f"expected layers >= 0 in --hooks, found {part!r}")
-            out.append((kind, layers))
+            # the layers of one kind are joined by "+" (commas separate the items of --hooks)
+            out.append((kind, parse_layers(rng.replace("+", ","), what=f"the layers of --hooks {part!r:.80}")))
         elif part:
             out.append(part)
     if not out:
@@ -307,17 +277,7 @@ def resolve_hooks(parsed: Sequence[HookItem], n_layers: int) -> list[str]:
             out.append(item)
             continue
         kind, spec_layers = item
-        layers: Sequence[int]
-        if isinstance(spec_layers, str):
-            if spec_layers != "all":
-                raise InputError(f"expected a list of layers or 'all' for {kind} in --hooks, found "
-                                 f"{spec_layers!r}; {_HOOKS_HELP}")
-            layers = range(n_layers)
-        else:
-            layers = spec_layers
-        bad = [l for l in layers if l >= n_layers]
-        if bad:
-            raise InputError(f"expected layers in [0, {n_layers - 1}] for this model in --hooks, found {bad}")
+        layers = parse_layers(spec_layers, n_layers, what=f"the layers of {kind} in --hooks")
         out += layer_names(layers, kind)
     return out
 

@@ -15,10 +15,9 @@ from steerkit.storage import jsontext
 from steerkit.storage.dataset import ActivationDataset, record_dataset
 from steerkit.demo import main as demo_main
 from steerkit.errors import BackendUnavailableError, InputError
+from steerkit.hooks.positions import positions_from_text
 from steerkit.model import SteerModel
 from steerkit.serving import capture
-
-POSITION_NAMES = ("all", "prompt", "generated", "last")
 
 
 def cmd_info(args) -> int:
@@ -39,21 +38,6 @@ def cmd_info(args) -> int:
     if args.all_hooks:
         print("\n".join(names))
     return 0
-
-
-def parse_positions(text: str):
-    """``--positions``: one of :data:`POSITION_NAMES` or comma-separated token indices."""
-    t = text.strip()
-    if t in POSITION_NAMES:
-        return t
-    out = []
-    for x in t.split(","):
-        try:
-            out.append(int(x.strip()))
-        except ValueError:
-            raise InputError(f"expected --positions as one of {', '.join(POSITION_NAMES)} or comma-separated "
-                             f"token indices such as 0,-1, found {text!r} ({x.strip()!r} is not an integer)") from None
-    return out
 
 
 def _config_layers(model_dir: str | None) -> int:
@@ -129,7 +113,7 @@ def cmd_record(args) -> int:
     check_output_path(args.out, "--out", folder=True)
     check_min(args.batch_size, "--batch-size", 1)
     check_min(args.shard_size, "--shard-size", 1)
-    pos = parse_positions(args.positions)
+    pos = positions_from_text(args.positions, "--positions")
     if args.ray is not None:
         check_min(args.workers, "--workers", 1)
     if getattr(args, "engine", "hf") == "vllm":

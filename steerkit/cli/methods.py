@@ -45,6 +45,7 @@ import torch
 from steerkit.cli._common import (add_model_options, add_ray_options, check_min, check_output_path, check_store_path,
                                   model_with_workers, ray_executor, read_prompts)
 from steerkit.errors import InputError
+from steerkit.hooks.names import parse_layers
 from steerkit.probes.methods import REGISTRY
 from steerkit.probes.methods.caa import CAAConfig
 from steerkit.probes.methods import induction as induction_method
@@ -112,7 +113,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("caa", help="Contrastive Activation Addition vector (Rimsky et al.)")
     common(p)
-    p.add_argument("--layers", default=None, help="comma-separated layers to evaluate (default: every 3rd)")
+    p.add_argument("--layers", default=None, help="layers to evaluate, e.g. 6,10-14 or all (default: every 3rd)")
     p.add_argument("--multipliers", default="-2,-1,0,1,2")
     p.set_defaults(func=run, method="caa")
 
@@ -159,7 +160,7 @@ def register(subparsers) -> None:
     p.add_argument("--n-seqs", type=int, default=32, help="random sequences (default 32)")
     p.add_argument("--seq-len", type=int, default=50, help="tokens per half (default 50)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layers", default=None, help="comma-separated layers to score (default: all)")
+    p.add_argument("--layers", default=None, help="layers to score, e.g. 6,10-14 (default: all)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--top-k", type=int, default=10, help="top heads to list (default 10)")
     p.add_argument("--html", default=None, metavar="FILE", help="write the score heatmap and loss curve to one "
@@ -197,12 +198,13 @@ def _floats(text: str, flag: str) -> tuple:
         raise InputError(f"expected comma-separated numbers in {flag}, found {text!r} ({e})") from None
 
 
-def _ints(text: str, flag: str) -> tuple:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:  # not digits, or more digits than int() converts
-        raise InputError(f"expected comma-separated layer indices in {flag} (like 6,10,14), found {text!r:.80}"
-                         ) from None
+def _layers(text: str | None, n_layers: int | None = None):
+    """``--layers`` (indices and ranges, or all) as a tuple of layers (``None`` when not given); without the
+    model's ``n_layers`` (before it loads) only its syntax is checked."""
+    if not text:
+        return None
+    layers = parse_layers(text, n_layers, what="--layers")
+    return layers if isinstance(layers, str) else tuple(layers)
 
 
 def _save(sm: "SteerModel", args, res) -> list[str]:
@@ -213,15 +215,6 @@ def _save(sm: "SteerModel", args, res) -> list[str]:
     refs = [store.save(name, art) for name, art in res.artifacts(sm).items()]
     print(f"saved {', '.join(refs)} to {store.root}")
     return refs
-
-
-def _layers_arg(text, flag: str, allow_all: bool = False) -> None:
-    if text is None or (allow_all and text == "all"):
-        return
-    layers = _ints(text, flag)
-    if not layers or min(layers) < 0:
-        raise InputError(f"expected comma-separated layer indices >= 0 in {flag}"
-                         f"{' (or all)' if allow_all else ''}, found {text!r}")
 
 
 def _precheck(args) -> None:
@@ -253,7 +246,7 @@ def _precheck(args) -> None:
         for flag in ("n", "max_new_tokens", "n_eval", "eval_tokens"):
             check_min(getattr(args, flag), f"--{flag.replace('_', '-')}", 1)
     elif m == "caa":
-        _layers_arg(args.layers, "--layers")
+        _layers(args.layers)
         if not _floats(args.multipliers, "--multipliers"):
             raise InputError(f"expected at least one number in --multipliers, found {args.multipliers!r}")
     elif m == "region":
@@ -267,7 +260,7 @@ def _precheck(args) -> None:
         check_min(args.n_eval, "--n-eval", 2)
         check_min(args.min_recoveries, "--min-recoveries", 0)
         check_min(args.batch_size, "--batch-size", 1)
-        _layers_arg(args.layers, "--layers", allow_all=True)
+        _layers(args.layers)
         if not _floats(args.alphas, "--alphas"):
             raise InputError(f"expected at least one number in --alphas, found {args.alphas!r}")
     elif m == "induction":
@@ -275,7 +268,7 @@ def _precheck(args) -> None:
         check_min(args.seq_len, "--seq-len", 2)
         check_min(args.batch_size, "--batch-size", 1)
         check_min(args.top_k, "--top-k", 1)
-        _layers_arg(args.layers, "--layers")
+        _layers(args.layers)
         if args.html:
             check_output_path(args.html, "--html")
     elif m == "ioi":
@@ -411,7 +404,7 @@ def _mi(sm: "SteerModel", args, report):
 
 
 def _caa(sm: "SteerModel", args, report):
-    cfg = CAAConfig(layers=_ints(args.layers, "--layers") if args.layers else None,
+    cfg = CAAConfig(layers=_layers(args.layers, sm.n_layers),
                     multipliers=_floats(args.multipliers, "--multipliers"))
     res = REGISTRY["caa"].run(sm, cfg, progress=not args.quiet)
     report.update(res.to_json())
@@ -461,7 +454,7 @@ def _critique(sm: "SteerModel", args, report):
     n_eval = args.n if args.n_eval is None else args.n_eval
     if args.n < 1 or n_eval < 2:
         raise InputError(f"expected --n >= 1 and --n-eval >= 2, found {args.n} and {n_eval}")
-    layers = "all" if args.layers == "all" else _ints(args.layers, "--layers") if args.layers else None
+    layers = "all" if args.layers == "all" else _layers(args.layers, sm.n_layers)
     cfg = CritiqueConfig(n=args.n, n_eval=args.n_eval, layers=layers, alphas=_floats(args.alphas, "--alphas"),
                          contrast=args.contrast, min_recoveries=args.min_recoveries, layer=args.layer,
                          batch_size=args.batch_size, seed=args.seed)
@@ -490,9 +483,7 @@ def _critique(sm: "SteerModel", args, report):
 
 
 def _induction(sm: "SteerModel", args, report):
-    layers = _ints(args.layers, "--layers") if args.layers else None
-    if layers is not None and max(layers) >= sm.n_layers:
-        raise InputError(f"expected --layers in 0..{sm.n_layers - 1}, found {args.layers!r}")
+    layers = _layers(args.layers, sm.n_layers)
     cfg = induction_method.InductionConfig(n_seqs=args.n_seqs, seq_len=args.seq_len, seed=args.seed, layers=layers,
                                            batch_size=args.batch_size, top_k=args.top_k)
     res = REGISTRY["induction"].run(sm, cfg, progress=not args.quiet)

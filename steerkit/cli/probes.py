@@ -41,6 +41,7 @@ from steerkit.hooks.names import BLOCK_HOOKS
 from steerkit.probes import (auroc, fit_probe, labels_for, record_activations, score_prompts, sweep,
                              sweep_activations)
 from steerkit.probes.scoring import probe_position
+from steerkit.probes.sweep import NAMED_POSITIONS as READ_POSITIONS
 from steerkit.vectors import Probe, Store, load_artifact, save_artifact
 from steerkit.vectors.safety import check_name
 
@@ -108,12 +109,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- helpers
 def _position(text: str):
     t = text.strip()
-    if t in ("last", "mean", "first_generated"):
+    if t in READ_POSITIONS:
         return t
     try:
         return int(t)
     except ValueError:
-        raise InputError(f"expected a position 'last', 'mean', 'first_generated' or an integer, found {text!r}"
+        raise InputError(f"expected a position among {', '.join(READ_POSITIONS)} or an integer, found {text!r:.80}"
                          ) from None
 
 

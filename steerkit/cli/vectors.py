@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steerkit.cli._common import (MAX_LAYER_RANGE, add_model_options, add_ray_options, check_min, check_output_path,
+from steerkit.cli._common import (add_model_options, add_ray_options, check_min, check_output_path,
                                   check_store_path, model_with_workers, ray_executor, read_prompts, run_group)
 from steerkit.errors import InputError
+from steerkit.hooks.names import parse_layers
 from steerkit.probes.tune import Rule, tune
 from steerkit.vectors import ARTIFACT_KINDS, DirectionSet, Probe, SteeringVector, Store, export, import_artifact
 
@@ -74,7 +75,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     tu.add_argument("ref", metavar="NAME", help="the artifact to tune: NAME, NAME@N or NAME@TAG (a steering vector "
                     "or a direction set)")
     tu.add_argument("--prompts", required=True, help="prompts to steer (.json list, .jsonl, or one per line)")
-    tu.add_argument("--layers", default=None, help="grid layers: comma-separated ints and ranges, e.g. 6,10-14 "
+    tu.add_argument("--layers", default=None, help="grid layers: comma-separated ints and ranges, e.g. 6,10-14, or all "
                     "(default: the vector's own layers)")
     tu.add_argument("--scales", default="0,2,4,8", help="comma-separated strengths (default 0,2,4,8; negative "
                     "values as --scales=-4,0,4)")
@@ -168,31 +169,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_list(spec: str, flag: str) -> list[int]:
-    """``6,10-14`` as ``[6, 10, 11, 12, 13, 14]``."""
-    out: list[int] = []
-    for part in spec.split(","):
-        part = part.strip()
-        try:
-            if "-" in part.lstrip("-"):
-                a, b = part.split("-", 1)
-                lo, hi = int(a), int(b)
-                if hi < lo:
-                    raise ValueError
-                if hi - lo >= MAX_LAYER_RANGE:
-                    raise InputError(f"expected ranges of at most {MAX_LAYER_RANGE} layers in {flag}, found "
-                                     f"{part!r:.80}; name the layers of the model")
-                out += list(range(lo, hi + 1))
-            else:
-                out.append(int(part))
-        except InputError:
-            raise
-        except ValueError:  # not digits, or more digits than int() converts
-            raise InputError(f"expected {flag} as comma-separated ints and ranges (e.g. 6,10-14), found "
-                             f"{spec!r:.80}") from None
-    return out
-
-
 def _float_list(spec: str, flag: str) -> list[float]:
     try:
         return [float(x) for x in spec.split(",") if x.strip()]
@@ -208,7 +184,7 @@ def _tune(args: argparse.Namespace, store: Store) -> int:
     check_min(args.tokens, "--tokens", 1)
     check_min(args.batch_size, "--batch-size", 1)
     check_min(args.n_boot, "--n-boot", 1)
-    layers = _int_list(args.layers, "--layers") if args.layers is not None else None
+    layers = parse_layers(args.layers, what="--layers") if args.layers is not None else None
     scales = _float_list(args.scales, "--scales")
     if args.concept_probe is not None and (args.contains or args.absent):
         raise InputError("expected --concept-probe NAME or --contains/--absent WORD, found both; choose one")
@@ -232,6 +208,8 @@ def _tune(args: argparse.Namespace, store: Store) -> int:
     prompts = read_prompts(args.prompts)
     neutral = read_prompts(args.neutral) if args.neutral is not None else None
     with model_with_workers(args, executor) as sm:
+        if layers == "all":
+            layers = parse_layers("all", sm.n_layers)
         res = tune(sm, art, prompts, layers=layers, scales=scales, concept=concept, neutral=neutral,
                    max_new_tokens=args.tokens, batch_size=args.batch_size, rule=rule, n_boot=args.n_boot,
                    seed=args.seed, normalize=args.normalize, chat=not args.no_chat, progress=sys.stderr.isatty(),

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Collection, Iterable
+from typing import Callable, Collection, Iterable, Literal, Optional, Union, overload
 
 from steerkit.errors import HookNameError, InputError
 from steerkit.storage.naming import is_index
@@ -265,3 +265,97 @@ def layer_names(layers: int | Iterable[int], kind: str = "hook_resid_post") -> l
     if isinstance(layers, int):
         layers = [layers]
     return [f"blocks.{int(l)}.{kind}" for l in layers]
+
+
+#: the widest layer range a list may name: no model has more blocks, and a wider range (``0-99999999999``)
+#: would be built as a list before any model could refuse it
+MAX_LAYER_RANGE = 4096
+LAYERS_HELP = "like 6,10-14 or all"
+
+
+def _layer_index(text: str, spec: str, what: str) -> int:
+    if not is_index(text):
+        raise InputError(f"expected {what} as comma-separated 0-based layer indices and ranges ({LAYERS_HELP}), "
+                         f"found {spec!r:.80} ({text!r:.20} is not a layer index)")
+    return int(text)
+
+
+def _layers_of_text(spec: str, what: str, n_layers: Optional[int]) -> list[int]:
+    out: list[int] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if part.startswith("-"):
+            raise InputError(f"expected {what} as 0-based layer indices (>= 0), found {part!r:.40}")
+        if "-" in part:
+            a, _, b = part.partition("-")
+            lo, hi = _layer_index(a.strip(), spec, what), _layer_index(b.strip(), spec, what)
+            if hi < lo:
+                raise InputError(f"expected a layer range A-B with A <= B in {what}, found {part!r:.40}; write "
+                                 f"{hi}-{lo}")
+            if n_layers is not None and hi >= n_layers:  # checked before the range is built
+                raise _beyond(what, n_layers, f"the range {part!r:.40}")
+            if hi - lo >= MAX_LAYER_RANGE:
+                raise InputError(f"expected ranges of at most {MAX_LAYER_RANGE} layers in {what}, found {part!r:.40}; "
+                                 "name the model's layers, or all")
+            out += range(lo, hi + 1)
+        else:
+            out.append(_layer_index(part, spec, what))
+    return out
+
+
+@overload
+def parse_layers(spec: Union[str, int, Iterable[int]], n_layers: int, *, what: str = ...) -> list[int]: ...
+@overload
+def parse_layers(spec: Union[str, int, Iterable[int]], n_layers: None = ..., *,
+                 what: str = ...) -> Union[list[int], Literal["all"]]: ...
+def parse_layers(spec: Union[str, int, Iterable[int]], n_layers: Optional[int] = None, *,
+                 what: str = "layers") -> Union[list[int], Literal["all"]]:
+    """A layer selection as sorted, distinct 0-based block indices: the one reader of the layer lists users
+    type (the command line's ``--layers`` and ``--hooks KIND:...``, the app's layer boxes).
+
+    ``spec``: text of comma-separated indices and ranges ``A-B`` (both ends included: ``"6,10-14"``),
+    ``"all"``, one int, or a list of ints. With ``n_layers`` every layer must be below it and ``"all"`` is
+    ``0 .. n_layers - 1``; without it (no model loaded yet) ``"all"`` comes back as ``"all"``. ``what`` names
+    the input in the errors (:class:`~steerkit.errors.InputError`: what was expected, what was found).
+
+    Examples:
+        >>> parse_layers("6,10-14")
+        [6, 10, 11, 12, 13, 14]
+        >>> parse_layers("all", 4), parse_layers("all"), parse_layers([3, 1, 3], 4)
+        ([0, 1, 2, 3], 'all', [1, 3])
+        >>> parse_layers("2-40", 30, what="--layers")
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected --layers below 30 (the model's 30 layers are 0-29), found the range '2-40'; choose among them
+    """
+    if isinstance(spec, str) and spec.strip().lower() == "all":
+        return "all" if n_layers is None else list(range(n_layers))
+    if isinstance(spec, str):
+        layers = _layers_of_text(spec, what, n_layers)
+    elif isinstance(spec, int) and not isinstance(spec, bool):
+        layers = [spec]
+    elif isinstance(spec, (list, tuple, range)):
+        if len(spec) > MAX_LAYER_RANGE:
+            raise InputError(f"expected at most {MAX_LAYER_RANGE} layers in {what}, found a list of {len(spec)}")
+        if not all(isinstance(l, int) and not isinstance(l, bool) for l in spec):
+            raise InputError(f"expected {what} as a list of layer indices (ints), found {list(spec)!r:.80}")
+        layers = list(spec)
+    else:
+        raise InputError(f"expected {what} as text ({LAYERS_HELP}), an int or a list of ints, found "
+                         f"{type(spec).__name__}")
+    if not layers:
+        raise InputError(f"expected at least one layer in {what} ({LAYERS_HELP}), found {spec!r:.80}")
+    if min(layers) < 0:
+        raise InputError(f"expected {what} as 0-based layer indices (>= 0), found {min(layers)}")
+    bad = sorted({l for l in layers if n_layers is not None and l >= n_layers})
+    if n_layers is not None and bad:
+        found = str(bad[0]) if len(bad) == 1 else f"{bad[0]}-{bad[-1]}" if len(bad) == bad[-1] - bad[0] + 1 else \
+            ", ".join(map(str, bad[:8]))
+        raise _beyond(what, n_layers, found)
+    return sorted(set(layers))
+
+
+def _beyond(what: str, n_layers: int, found: str) -> InputError:
+    return InputError(f"expected {what} below {n_layers} (the model's {n_layers} layers are 0-{n_layers - 1}), "
+                      f"found {found}; choose among them")

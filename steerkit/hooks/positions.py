@@ -42,17 +42,23 @@ back (:meth:`RunState.append_tokens`).
 """
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 import torch
 from torch import Tensor
 
 from steerkit.errors import InputError, SteerkitError
 
-_NAMED = ("all", "prompt", "generated", "last")
+#: the named position specs, the one list of them (every other spec is indices, a range, a slice, a mask or a
+#: token pattern): what :func:`validate_positions`, the command line, the vLLM request and record specs and the
+#: stored latent clamps accept by name
+POSITION_NAMES = ("all", "prompt", "generated", "last")
 _WITHIN = ("all", "prompt", "generated")
+#: prompt-token indices a plain position list may hold
+MAX_PLAIN_INDICES = 1 << 16
 
 
 class TokenMatch:
@@ -155,6 +161,64 @@ def selects_generated(spec: PositionSpec) -> bool:
     if isinstance(spec, AnyOf):
         return any(selects_generated(s) for s in spec.specs)
     return False
+
+
+
+def plain_positions(x: Any, what: str = "positions", *, error: type[Exception] = InputError,
+                    max_indices: int = MAX_PLAIN_INDICES) -> Union[str, list[int]]:
+    """A position spec in the plain form a file, a request or a command line carries: one of
+    :data:`POSITION_NAMES`, or a non-empty list of at most ``max_indices`` prompt-token indices (ints; negative
+    ones count from the end of the prompt). Anything else raises ``error`` (an
+    :class:`~steerkit.errors.InputError` unless the caller names its own subclass of a steerkit error).
+
+    Examples:
+        >>> plain_positions("last"), plain_positions((0, -1))
+        ('last', [0, -1])
+        >>> plain_positions("first")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected positions as one of 'all', 'prompt', 'generated', 'last' or a list of prompt token indices, found 'first'...
+    """
+    names = ", ".join(map(repr, POSITION_NAMES))
+    if isinstance(x, str):
+        if x not in POSITION_NAMES:
+            raise error(f"expected {what} as one of {names} or a list of prompt token indices, found {x!r:.40}; "
+                        "write an index list as [0, -1]")
+        return x
+    if not isinstance(x, (list, tuple)):
+        raise error(f"expected {what} as one of {names} or a list of prompt token indices, found "
+                    f"{type(x).__name__}")
+    if not x or len(x) > max_indices:
+        raise error(f"expected {what} as a list of 1 to {max_indices} prompt token indices, found {len(x)}; use "
+                    "'prompt' for every prompt token")
+    bad = [i for i in x if isinstance(i, bool) or not isinstance(i, int)]
+    if bad:
+        raise error(f"expected prompt token indices as integers in {what}, found {bad[0]!r:.40}")
+    return [int(i) for i in x]
+
+
+def positions_from_text(text: str, what: str = "positions") -> Union[str, list[int]]:
+    """:func:`plain_positions` of typed text: a name of :data:`POSITION_NAMES` or comma-separated token indices
+    (``"0,-1"``).
+
+    Examples:
+        >>> positions_from_text(" last "), positions_from_text("0, -1")
+        ('last', [0, -1])
+        >>> positions_from_text("0,x", "--positions")
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected --positions as one of all, prompt, generated, last or comma-separated token indices such as 0,-1, found '0,x' ('x' is not an integer)
+    """
+    t = text.strip()
+    if t in POSITION_NAMES:
+        return t
+    out = []
+    for x in (p.strip() for p in t.split(",")):
+        if not re.fullmatch(r"-?(?:0|[1-9][0-9]{0,8})", x, re.ASCII):
+            raise InputError(f"expected {what} as one of {', '.join(POSITION_NAMES)} or comma-separated token indices "
+                             f"such as 0,-1, found {text!r:.80} ({x!r:.20} is not an integer)")
+        out.append(int(x))
+    return plain_positions(out, what)
 
 
 @dataclass
@@ -260,8 +324,8 @@ def validate_positions(spec: PositionSpec) -> PositionSpec:
         steerkit.errors.InputError: expected positions to be one of ('all', 'prompt', 'generated', 'last'), ...
     """
     if isinstance(spec, str):
-        if spec not in _NAMED:
-            raise InputError(f"expected positions to be one of {_NAMED}, an int, a list of ints, a range "
+        if spec not in POSITION_NAMES:
+            raise InputError(f"expected positions to be one of {POSITION_NAMES}, an int, a list of ints, a range "
                              f"or a bool mask, found the string {spec!r}")
         return spec
     if isinstance(spec, bool):
@@ -279,7 +343,7 @@ def validate_positions(spec: PositionSpec) -> PositionSpec:
             raise InputError(f"expected a bool mask [batch, prompt_len] as positions, found "
                              f"dtype {spec.dtype} with shape {tuple(spec.shape)}")
         return spec
-    raise InputError(f"expected a position spec ({_NAMED}, int, list, range, slice, bool mask, TokenMatch "
+    raise InputError(f"expected a position spec ({POSITION_NAMES}, int, list, range, slice, bool mask, TokenMatch "
                      f"or AnyOf), found {type(spec).__name__}")
 
 
@@ -418,7 +482,7 @@ def _chunk_mask(spec: PositionSpec, run: RunState, start: int, T: int, B: int,
                 out[b] = pm[b] & torch.isin(ri[b], wanted)
         return out
     if not isinstance(spec, (list, tuple)):
-        raise InputError(f"expected a position spec ({_NAMED}, a list of ints, a range, a slice, a bool mask, "
+        raise InputError(f"expected a position spec ({POSITION_NAMES}, a list of ints, a range, a slice, a bool mask, "
                          f"TokenMatch or AnyOf), found {spec!r}; check it with validate_positions first")
     if start < P and run.check_positions:
         check_index_range(spec, run)

@@ -31,8 +31,9 @@ from typing import Any, Optional, Sequence, Union
 
 from steerkit.errors import HookNameError
 from steerkit.hooks.names import parse as parse_hook
+from steerkit.hooks.positions import plain_positions
 
-from steerkit.serving.spec import NAMED_POSITIONS, SpecError
+from steerkit.serving.spec import SpecError
 from steerkit.storage import jsontext
 
 __all__ = ["KEY", "ENV", "RECORD_ENV", "RecordSpec", "parse_record", "record_args", "check_request", "can_record"]
@@ -149,24 +150,8 @@ def parse_record(value: Any, n_layers: Optional[int] = None) -> RecordSpec:
     hooks = list(dict.fromkeys(hooks))
     for h in hooks:
         record_site(h, n_layers if n_layers is not None else 1 << 30)
-    pos = value.get("positions", "all")
-    positions: Union[str, tuple[int, ...]]
-    if isinstance(pos, str):
-        if pos not in NAMED_POSITIONS:
-            raise SpecError(f"expected 'positions' in {NAMED_POSITIONS} or a list of prompt token indices, found "
-                            f"{pos[:40]!r}")
-        positions = pos
-    elif isinstance(pos, list):
-        if not pos or len(pos) > MAX_INDICES:
-            raise SpecError(f"expected 'positions' as a list of 1 to {MAX_INDICES} prompt token indices, found "
-                            f"{len(pos)}; record 'prompt' for every prompt token")
-        if not all(isinstance(p, int) and not isinstance(p, bool) for p in pos):
-            bad = next(p for p in pos if not isinstance(p, int) or isinstance(p, bool))
-            raise SpecError(f"expected prompt token indices as integers in 'positions', found {str(bad)[:40]!r}")
-        positions = tuple(pos)
-    else:
-        raise SpecError(f"expected 'positions' as one of {NAMED_POSITIONS} or a list of prompt token indices, "
-                        f"found {type(pos).__name__}")
+    pos = plain_positions(value.get("positions", "all"), "'positions'", error=SpecError, max_indices=MAX_INDICES)
+    positions: Union[str, tuple[int, ...]] = pos if isinstance(pos, str) else tuple(pos)
     if "run" not in value:
         raise SpecError("expected 'run' in the record spec (the run id its rows are filed under), found none; "
                         "build requests with steerkit.serving.capture.record_generate or record_args")

@@ -10,7 +10,7 @@ a JSON string)::
 The spec (a JSON object; a ``dict`` works too offline)::
 
     {"artifacts": [{"ref": "name@version", "scale": 1.0}, ...],        # from the steerkit store
-     "ops": [{"op": "add", "layers": [15], "vector": [...], "scale": 4.0,
+     "ops": [{"op": "add", "layers": [15], "vector": [...], "scale": 4.0,   # or "layers": "6,10-14"
               "positions": "all" | "prompt" | "generated" | "last" | [prompt token indices]},
              {"op": "ablate", "layers": [10], "vectors": [[...], ...]},  # orthonormalised here
              {"op": "clamp", "layers": [10], "vector": [...], "value": 2.0}],
@@ -47,11 +47,12 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
+from steerkit.deprecation import moved
 from steerkit.errors import HookNameError, InputError, SteerkitError
-from steerkit.hooks.names import parse as parse_hook
+from steerkit.hooks.names import parse as parse_hook, parse_layers
 from steerkit.interventions import CompiledSteering, Intervention, ModelFacts, Steerable, When, compile_steering
 from steerkit.kernels import orthonormalize
-from steerkit.hooks.positions import AnyOf, TokenMatch
+from steerkit.hooks.positions import POSITION_NAMES, AnyOf, TokenMatch, plain_positions
 from steerkit.storage import jsontext
 
 KEY = "steerkit"
@@ -64,8 +65,13 @@ MAX_FLOATS = 1 << 17  # inline numbers per request (a 4096-wide model: 32 vector
 MAX_SPEC_CHARS = 4 << 20
 MAX_LAYERS = 1024  # distinct block indices per inline op
 MAX_POSITIONS = 1 << 16  # prompt-token indices per request, each op's list counted once per layer it acts at
-NAMED_POSITIONS = ("all", "prompt", "generated", "last")
 INLINE_OPS = ("add", "ablate", "clamp")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "NAMED_POSITIONS":  # the one list of position names is the core's
+        return moved(__name__, name, "steerkit.hooks.positions", "POSITION_NAMES")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class SpecError(InputError):
@@ -159,16 +165,21 @@ def _int(x: Any, what: str) -> int:
 def _positions(x: Any, what: str) -> Union[str, tuple[int, ...]]:
     if x is None:
         return "all"
-    if isinstance(x, str):
-        if x not in NAMED_POSITIONS:
-            raise SpecError(f"expected positions in {NAMED_POSITIONS} or a list of prompt token indices for {what}, "
-                            f"found {x!r}")
-        return x
-    if isinstance(x, (list, tuple)) and len(x) <= 65536:
-        # indices among the prompt tokens; negative ones count from the end of the prompt
-        return tuple(_int(p, f"{what} positions") for p in x)
-    raise SpecError(f"expected positions as one of {NAMED_POSITIONS} or a list of ints for {what}, found "
-                    f"{type(x).__name__}")
+    p = plain_positions(x, f"{what} positions", error=SpecError, max_indices=MAX_POSITIONS)
+    return p if isinstance(p, str) else tuple(p)
+
+
+def _layer_text(text: str, what: str) -> list[int]:
+    if len(text) > 4 * MAX_LAYERS:
+        raise SpecError(f"expected {what} of at most {4 * MAX_LAYERS} characters, found {len(text)}")
+    try:
+        layers = parse_layers(text, what=what)
+    except InputError as e:
+        raise SpecError(str(e)) from None
+    if layers == "all":
+        raise SpecError(f"expected {what} to name block indices (like \"6,10-14\"), found \"all\"; a request is "
+                        "checked before the model is known, so name its layers")
+    return layers
 
 
 def parse_spec(value: Any) -> Spec:
@@ -223,8 +234,11 @@ def parse_spec(value: Any) -> Spec:
             raise SpecError(f"expected {what}.op in {INLINE_OPS}, found {op!r} (regions and schedules come from "
                             "stored artifacts)")
         layers = o.get("layers", [o["layer"]] if "layer" in o else None)
+        if isinstance(layers, str):
+            layers = _layer_text(layers, f"{what}.layers")
         if not isinstance(layers, list) or not layers:
-            raise SpecError(f"expected {what}.layers as a non-empty list of block indices, found {layers!r}")
+            raise SpecError(f"expected {what}.layers as a non-empty list of block indices (or text like "
+                            f"\"6,10-14\"), found {layers!r:.80}")
         if len(layers) > MAX_LAYERS:
             raise SpecError(f"expected {what}.layers as at most {MAX_LAYERS} distinct block indices, found {len(layers)}")
         layers = tuple(_int(l, f"{what}.layers") for l in layers)
@@ -392,10 +406,10 @@ def _server_positions(spec, where: str) -> None:
         for s in spec.specs:
             _server_positions(s, where)
     elif isinstance(spec, TokenMatch):
-        raise SpecError(f"expected positions a server can evaluate at {where} ({NAMED_POSITIONS}, prompt token "
+        raise SpecError(f"expected positions a server can evaluate at {where} ({POSITION_NAMES}, prompt token "
                         f"indices, ranges, slices), found a token pattern {spec!r}; steer with it in steerkit itself")
     elif isinstance(spec, torch.Tensor):
-        raise SpecError(f"expected positions a server can evaluate at {where} ({NAMED_POSITIONS}, prompt token "
+        raise SpecError(f"expected positions a server can evaluate at {where} ({POSITION_NAMES}, prompt token "
                         "indices, ranges, slices), found a bool mask over a padded batch")
 
 

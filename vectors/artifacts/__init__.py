@@ -53,7 +53,8 @@ from .directions import DirectionSet, Probe
 from .payload import ARTIFACT_KINDS, Artifact, artifact_to_payload, payload_to_artifact
 from .region import Region
 from .sae import SAE, SAE_SAVE_FORMATS
-from .latent import CLAMP_POSITIONS, LatentClamp
+from . import latent as _latent
+from .latent import LatentClamp
 from .vector import LEGACY_OPERATIONS, VECTOR_OPERATIONS, LayerSchedule, SteeringVector, canonical_operation
 
 __all__ = [
@@ -62,5 +63,11 @@ __all__ = [
     "canonical_operation", "HOOK_SITES", "VECTOR_OPERATIONS", "LEGACY_OPERATIONS",
     "CONDITION_SITES", "BEHAVIOR_KINDS", "RULE_MODES", "NESTED_KINDS", "Provenance", "prompts_hash",
     "ArtifactFormatError", "ModelMismatchError", "VectorsError", "SAE", "SAE_SAVE_FORMATS",
-    "LatentClamp", "CLAMP_POSITIONS",
+    "LatentClamp",
 ]
+
+
+def __getattr__(name: str):
+    if name == "CLAMP_POSITIONS":  # renamed: the one list of position names is the core's (it warns there)
+        return _latent.__getattr__(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,9 @@ from typing import Any, ClassVar, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from steerkit.deprecation import moved
 from steerkit.errors import InputError
+from steerkit.hooks.positions import plain_positions
 from steerkit.interventions import Intervention, ModelFacts, clamp_target, latent_indices
 
 from ..errors import ArtifactFormatError, VectorsError
@@ -25,16 +27,11 @@ from ..provenance import Provenance
 from .base import _Artifact, _fields, checked_from_payload
 from .sae import SAE
 
-#: position names a stored clamp may carry (a list of prompt-token indices works too)
-CLAMP_POSITIONS = ("all", "prompt", "generated", "last")
 
-
-def _positions(p: Any) -> Union[str, list[int]]:
-    if isinstance(p, str) and p in CLAMP_POSITIONS:
-        return p
-    if isinstance(p, (list, tuple)) and p and all(isinstance(i, int) and not isinstance(i, bool) for i in p):
-        return [int(i) for i in p]
-    raise VectorsError(f"expected positions in {CLAMP_POSITIONS} or a non-empty list of ints, found {p!r:.80}")
+def __getattr__(name: str) -> Any:
+    if name == "CLAMP_POSITIONS":  # the one list of position names is the core's
+        return moved(__name__, name, "steerkit.hooks.positions", "POSITION_NAMES")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclasses.dataclass(eq=False)
@@ -90,7 +87,7 @@ class LatentClamp(_Artifact):
             self.value, self.scale = clamp_target(self.value, self.scale, len(self.latents))
         except InputError as e:
             raise VectorsError(str(e)) from None
-        self.positions = _positions(self.positions)
+        self.positions = plain_positions(self.positions, "a latent clamp's positions", error=VectorsError)
         self.provenance = self.sae.provenance.replace(operation="latent_clamp")
 
     @classmethod
@@ -182,4 +179,4 @@ class LatentClamp(_Artifact):
                    positions=fields.get("positions", "all"))
 
 
-__all__ = ["LatentClamp", "CLAMP_POSITIONS"]
+__all__ = ["LatentClamp"]

@@ -31,10 +31,12 @@ Method, as published (reference code: github.com/andyrdt/refusal_direction):
    one (candidate, prompt) pair with that candidate's own steering (a per-row steering list, one
    fused kernel call per site), rows sorted by prompt length; it fills the same table and selects
    the same candidate as ``batched=False`` (one candidate's edits per pass).
-5. **Interventions**, each a list of :class:`steerkit.Intervention` (:mod:`.steering`): directional
-   ablation ``x - r r^T x`` at every block input, attention output and MLP output at all positions
-   (:func:`ablation`); activation addition of the unnormalised direction at the selected layer
-   (:func:`addition`); weight orthogonalisation (:func:`orthogonalize_weights`,
+5. **Interventions**, each the artifact the method saves and its interventions (:mod:`.steering`):
+   directional ablation ``x - r r^T x`` at the embedding output and every attention and MLP output at all
+   positions (a ``DirectionSet`` acting everywhere, :func:`ablation_artifact`, :func:`ablation`); activation
+   addition of the unnormalised direction at the selected layer's input (a ``SteeringVector``,
+   :func:`addition_artifact`, :func:`addition`). The candidates are scored and the held-out prompts
+   evaluated with exactly these, so what the method measures is what it stores; weight orthogonalisation (:func:`orthogonalize_weights`,
    :func:`save_orthogonalized`) that folds the ablation into the embedding, attention-output and
    MLP-output weights of a Llama-like model (:func:`steerkit.vectors.bake.bake_model`, the projection the
    GGUF export uses too) and saves a loadable Hugging Face folder.
@@ -61,7 +63,7 @@ Where each part lives (every name is re-exported here: ``from steerkit.probes.me
 
 * :mod:`.data` -- vendored instructions and splits, refusal tokens, post-instruction positions.
 * :mod:`.score` -- last-position logits, refusal scores, KL.
-* :mod:`.steering` -- the ablation and addition interventions.
+* :mod:`.steering` -- the ablation and addition: the artifacts the method saves and their interventions.
 * :mod:`.candidates` -- recorded ``resid_pre`` activations, filtering, difference of means.
 * :mod:`.select` -- the candidate table and the selection rules (one candidate or many rows per pass).
 * :mod:`.judge` -- greedy generations and the pluggable refusal judge.
@@ -86,14 +88,17 @@ from .result import LABEL_KINDS, POSITIONS, ProbeResult, RefusalResult, directio
 from .score import EPS, kl_last, last_logits, refusal_score_from_logits, refusal_scores
 from .select import (ACCELERATOR_SCORE_ROWS, Candidate, Selection, choose, discard_reason, score_rows,
                      select_direction)
-from .steering import ABLATION_SITES, ablation, ablation_interventions, addition, addition_interventions
+from . import steering as _steering
+from .steering import (ablation, ablation_artifact, ablation_interventions, addition, addition_artifact,
+                       addition_interventions)
 
 __all__ = [
-    "DEFAULT_REFUSAL_WORDS", "REFUSAL_SUBSTRINGS", "EPS", "Judge", "ABLATION_SITES", "ACCELERATOR_SCORE_ROWS",
+    "DEFAULT_REFUSAL_WORDS", "REFUSAL_SUBSTRINGS", "EPS", "Judge", "ACCELERATOR_SCORE_ROWS",
     "POSITIONS", "LABEL_KINDS", "LAST_PROMPT",
     "load_instructions", "sample_splits", "probe_splits", "refusal_token_ids", "post_instruction_positions",
     "last_logits", "refusal_score_from_logits", "refusal_scores", "kl_last",
-    "ablation", "addition", "ablation_interventions", "addition_interventions",
+    "ablation", "addition", "ablation_interventions", "addition_interventions", "ablation_artifact",
+    "addition_artifact",
     "record_resid_pre", "mean_diff", "filter_by_score",
     "Candidate", "discard_reason", "choose", "Selection", "score_rows", "select_direction",
     "orthogonalize_weights", "save_orthogonalized",
@@ -102,3 +107,9 @@ __all__ = [
     "probe_positions", "record_probe_activations", "select_probe_cell", "refusal_probe",
     "direction_artifacts", "RefusalConfig", "RefusalResult", "check_config", "run_refusal", "run",
 ]
+
+
+def __getattr__(name: str):
+    if name == "ABLATION_SITES":  # gone: the ablation acts where the saved DirectionSet does (it warns there)
+        return _steering.__getattr__(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,8 +27,8 @@ def orthogonalize_weights(model: nn.Module, direction: Float[Tensor, " d_model"]
                           inplace: bool = False) -> nn.Module:
     """A model (a copy unless ``inplace``) whose embedding, attention-output and MLP-output weights
     have ``direction`` projected out: ``W <- (I - r r^T) W`` on the output side, so no block ever
-    writes along ``r`` -- exactly run-time :func:`ablation` at every block input, attention output
-    and MLP output. Tied input/output embeddings are untied (the unembedding keeps its weights). The
+    writes along ``r`` -- exactly run-time :func:`ablation` (the saved ``DirectionSet``, which ablates at the
+    embedding output and every attention and MLP output). Tied input/output embeddings are untied (the unembedding keeps its weights). The
     projection is :func:`steerkit.vectors.bake.bake_model`, the one the GGUF export uses too.
 
     Examples:

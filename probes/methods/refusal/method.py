@@ -15,13 +15,13 @@ from .config import RefusalConfig, check_config
 from .data import post_instruction_positions, probe_splits, refusal_token_ids, sample_splits
 from .judge import Judge, generate_batched, judge_refusals, substring_judge
 from .probe import refusal_probe
-from .result import ProbeResult, RefusalResult
+from .result import ProbeResult, RefusalResult, direction_artifacts
 from .score import last_logits, refusal_score_from_logits, refusal_scores
-from .select import Selection, select_direction
-from .steering import ablation, addition
+from .select import select_direction
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
+    from steerkit.vectors import DirectionSet, SteeringVector
 
 StageProgress = Callable[[str, int, int], object]  # progress(stage, n_done_increment, total)
 
@@ -73,7 +73,8 @@ def run_refusal(sm: "SteerModel", config: RefusalConfig | None = None, *, judge:
                      f"score stays below it with every candidate added); selected with the relaxed rule "
                      f"induce > baseline harmless score ({sel.baseline_harmless:.3f}), KL and layer rules unchanged")
     log(f"selected layer {b.layer} position {b.pos}: bypass {b.bypass:.3f} induce {b.induce:.3f} kl {b.kl:.4f}")
-    rate, score, samples = _evaluate(sm, cfg, data["test"], rid, sel, judge, tick)
+    saved = direction_artifacts(sm, sel, metrics={})  # what the result saves, built before it is measured
+    rate, score, samples = _evaluate(sm, cfg, data["test"], rid, saved, judge, tick)
     probe_res = _probe(sm, cfg, tick, log) if cfg.probe else None
     first = {kind: _first_tokens(sm, data["test"][kind], cfg.batch_size) for kind in ("harmful", "harmless")}
     metrics = {
@@ -132,18 +133,19 @@ def _record_and_filter(sm: "SteerModel", cfg: RefusalConfig, data: dict, positio
     return acts, keep
 
 
-def _evaluate(sm: "SteerModel", cfg: RefusalConfig, test: dict, rid: list[int], sel: Selection, judge: Judge,
-              tick: Callable) -> tuple[dict, dict, dict]:
+def _evaluate(sm: "SteerModel", cfg: RefusalConfig, test: dict, rid: list[int],
+              saved: tuple[SteeringVector, DirectionSet], judge: Judge, tick: Callable) -> tuple[dict, dict, dict]:
     """Refusal scores and judged greedy generations of the held-out test prompts: harmful ones at baseline and
-    with the direction ablated, harmless ones at baseline and with it added: ``(rate, score, samples)``."""
-    v, layer = sel.direction, sel.best.layer
+    with the saved ablation (``saved``: :func:`direction_artifacts`), harmless ones at baseline and with the
+    saved addition: ``(rate, score, samples)``."""
+    added, ablated = saved
     rate, score, samples = {}, {}, {}
     gtick = tick("generate test", 4 * cfg.n_test)
     for kind, cond in (("harmful", "baseline"), ("harmful", "ablated"), ("harmless", "baseline"),
                        ("harmless", "added")):
         prompts = test[kind]
         ctx = (contextlib.nullcontext() if cond == "baseline" else
-               ablation(sm, v) if cond == "ablated" else addition(sm, v, layer))
+               sm.steer(ablated if cond == "ablated" else added, label=f"refusal: the saved {cond} steering"))
         with ctx:
             score[f"{kind}_test_{cond}"] = float(refusal_scores(sm, prompts, rid, batch_size=cfg.batch_size).mean())
             comps = generate_batched(sm, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,

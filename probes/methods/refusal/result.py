@@ -13,6 +13,7 @@ from steerkit.vectors import DirectionSet, SteeringVector
 from ...plots.require import plotly_required
 from .config import RefusalConfig
 from .select import Selection
+from .steering import ablation_artifact, addition_artifact
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -82,7 +83,10 @@ class ProbeResult:
 def direction_artifacts(sm: "SteerModel", selection: Selection, *, metrics: dict, prompts: Sequence[str] = (),
                         params: dict | None = None) -> tuple[SteeringVector, DirectionSet]:
     """``(SteeringVector, DirectionSet)``: the unnormalised direction added at
-    ``blocks.{layer}.hook_resid_pre``, and its unit vector to ablate everywhere.
+    ``blocks.{layer}.hook_resid_pre``, and its unit vector to ablate everywhere
+    (:func:`~steerkit.probes.methods.refusal.steering.addition_artifact`,
+    :func:`~steerkit.probes.methods.refusal.steering.ablation_artifact`): what the method evaluates on the
+    held-out prompts and what it saves.
 
     Examples:
         >>> from steerkit.probes.methods import refusal as R
@@ -95,12 +99,8 @@ def direction_artifacts(sm: "SteerModel", selection: Selection, *, metrics: dict
     b = selection.best
     v = selection.direction.clone()
     p = dict(params or {}, layer=b.layer, position=b.pos)
-    sv = SteeringVector.from_direction(v, b.layer, sm, hook_site="hook_resid_pre", method="refusal_direction",
-                                       method_params=p, prompts=list(prompts), metrics=metrics)
-    ds = DirectionSet.from_directions(v[None], sm, None, method="refusal_direction", prompts=list(prompts),
-                                      metrics=metrics)
-    ds.provenance.method_params = p
-    return sv, ds
+    return (addition_artifact(sm, v, b.layer, prompts=prompts, metrics=metrics, params=p),
+            ablation_artifact(sm, v, prompts=prompts, metrics=metrics, params=p))
 
 
 @dataclass

@@ -1,8 +1,12 @@
-"""The refusal method's two steerings, built as :class:`steerkit.Intervention` lists: directional ablation of a
-direction at every block input, attention output and MLP output, and activation addition at one block's input."""
+"""The refusal method's two steerings, each the artifact the method saves and its lowering: directional
+ablation of a direction everywhere (a :class:`~steerkit.vectors.DirectionSet` with ``layers=None``: the
+embedding output and every attention and MLP output) and activation addition at one block's input (a
+:class:`~steerkit.vectors.SteeringVector` at ``hook_resid_pre``). What the method measures (the candidates'
+scores, the held-out evaluation) is what it stores."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import warnings
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from jaxtyping import Float
@@ -10,12 +14,22 @@ from torch import Tensor
 
 from steerkit.errors import InputError
 from steerkit.interventions import Intervention
+from steerkit.vectors import DirectionSet, SteeringVector
 
 if TYPE_CHECKING:
     from steerkit.hooks.manager import HookHandle
     from steerkit.model import SteerModel
 
-ABLATION_SITES = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out")
+METHOD = "refusal_direction"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ABLATION_SITES":  # the ablation now acts where the saved DirectionSet does
+        warnings.warn("refusal.ABLATION_SITES is gone: the ablation acts where the DirectionSet it saves does "
+                      "(ablation_artifact(sm, r).hook_names(sm.n_layers): the embedding output and every attention "
+                      "and MLP output)", DeprecationWarning, stacklevel=2)
+        return ("hook_resid_pre", "hook_attn_out", "hook_mlp_out")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def unit(v: Float[Tensor, " d_model"], d_model: int | None = None) -> Float[Tensor, " d_model"]:
@@ -41,22 +55,59 @@ def unit(v: Float[Tensor, " d_model"], d_model: int | None = None) -> Float[Tens
     return v / n
 
 
+def ablation_artifact(sm: "SteerModel", direction: Float[Tensor, " d_model"], *, prompts: Sequence[str] = (),
+                      metrics: dict | None = None, params: dict | None = None) -> DirectionSet:
+    """The ablation the method saves: ``direction`` (orthonormalised, so normalised) as a
+    :class:`~steerkit.vectors.DirectionSet` that acts everywhere (``layers=None``: the embedding output and
+    every attention and MLP output, what weight orthogonalisation bakes in), with its provenance.
+
+    Examples:
+        >>> from steerkit.probes.methods.refusal.steering import ablation_artifact
+        >>> ds = ablation_artifact(tiny, torch.randn(64))
+        >>> ds.layers, ds.hook_names(tiny.n_layers)[:3], ds.provenance.method
+        (None, ['blocks.0.hook_resid_pre', 'blocks.0.hook_attn_out', 'blocks.0.hook_mlp_out'], 'refusal_direction')
+    """
+    unit(direction, sm.d_model)  # the checks (width, finite, non-zero) with their messages
+    ds = DirectionSet.from_directions(torch.as_tensor(direction).detach().float()[None], sm, None, method=METHOD,
+                                      prompts=list(prompts), metrics=metrics)
+    if params is not None:
+        ds.provenance.method_params = dict(params)
+    return ds
+
+
+def addition_artifact(sm: "SteerModel", direction: Float[Tensor, " d_model"], layer: int, *,
+                      prompts: Sequence[str] = (), metrics: dict | None = None,
+                      params: dict | None = None) -> SteeringVector:
+    """The addition the method saves: the unnormalised ``direction`` added at ``blocks.{layer}.hook_resid_pre``,
+    as a :class:`~steerkit.vectors.SteeringVector` with its provenance.
+
+    Examples:
+        >>> from steerkit.probes.methods.refusal.steering import addition_artifact
+        >>> sv = addition_artifact(tiny, torch.ones(64), 2)
+        >>> sv.hook_name(2), sv.scale, float(sv.directions[2].norm()) == 8.0
+        ('blocks.2.hook_resid_pre', 1.0, True)
+    """
+    return SteeringVector.from_direction(torch.as_tensor(direction).detach().float(), int(layer), sm,
+                                         hook_site="hook_resid_pre", method=METHOD, method_params=params,
+                                         prompts=list(prompts), metrics=metrics)
+
+
 def ablation_interventions(sm: "SteerModel", direction: Float[Tensor, " d_model"]) -> list[Intervention]:
-    """``Intervention.ablate`` of ``direction`` (normalised) at every block's input, attention output and MLP
-    output, all positions.
+    """The interventions of :func:`ablation_artifact`: ``Intervention.ablate`` of ``direction`` (normalised) at
+    the embedding output and every attention and MLP output, all positions.
 
     Examples:
         >>> from steerkit.probes.methods.refusal.steering import ablation_interventions
         >>> ivs = ablation_interventions(tiny, torch.randn(64))
-        >>> len(ivs), ivs[0].site, ivs[0].op
-        (12, 'blocks.0.hook_resid_pre', 'ablate')
+        >>> len(ivs), ivs[0].site, ivs[1].site, ivs[0].op
+        (9, 'blocks.0.hook_resid_pre', 'blocks.0.hook_attn_out', 'ablate')
     """
-    r = unit(direction, sm.d_model)
-    return [Intervention.ablate(f"blocks.{layer}.{site}", r) for layer in range(sm.n_layers) for site in ABLATION_SITES]
+    return ablation_artifact(sm, direction).to_interventions(sm.facts)
 
 
 def addition_interventions(direction: Float[Tensor, " d_model"], layer: int, scale: float = 1.0) -> list[Intervention]:
-    """``Intervention.add`` of ``scale * direction`` at ``blocks.{layer}.hook_resid_pre``, all positions.
+    """``Intervention.add`` of ``scale * direction`` at ``blocks.{layer}.hook_resid_pre``, all positions: the
+    lowering of :func:`addition_artifact` (``to_interventions(facts, scale=scale)``), without a model.
 
     Examples:
         >>> from steerkit.probes.methods.refusal.steering import addition_interventions
@@ -67,8 +118,8 @@ def addition_interventions(direction: Float[Tensor, " d_model"], layer: int, sca
 
 
 def ablation(sm: "SteerModel", direction: Float[Tensor, " d_model"]) -> "HookHandle":
-    """Directional ablation of ``direction`` (normalised) at every block input, attention output
-    and MLP output, all positions (:func:`ablation_interventions`). Returns a handle; use it with ``with``.
+    """Directional ablation of ``direction`` (normalised) at the embedding output and every attention and MLP
+    output, all positions (:func:`ablation_artifact`). Returns a handle; use it with ``with``.
 
     Examples:
         >>> from steerkit.probes.methods import refusal as R
@@ -78,7 +129,7 @@ def ablation(sm: "SteerModel", direction: Float[Tensor, " d_model"]) -> "HookHan
         >>> float((cache["blocks.3.hook_resid_post"] @ (r / r.norm())).abs().max()) < 1e-4  # nothing left along r
         True
     """
-    return sm.steer(ablation_interventions(sm, direction), label="refusal: ablate the direction everywhere")
+    return sm.steer(ablation_artifact(sm, direction), label="refusal: ablate the direction everywhere")
 
 
 def addition(sm: "SteerModel", direction: Float[Tensor, " d_model"], layer: int, scale: float = 1.0) -> "HookHandle":
