@@ -191,7 +191,7 @@ def test_norm_chain_first_pass_is_the_model_and_later_passes_reapply_the_blocks(
     np.testing.assert_allclose(one.norms, prof.mean_no_first, rtol=1e-5)
     np.testing.assert_allclose(one.first, prof.first, rtol=1e-5)
     two = N.norm_chain(sm, prompts, passes=2, chat=False)
-    assert two.norms.shape == (6,) and two.growth_per_pass.shape == (1,)
+    assert two.norms.shape == two.first.shape == (6,) and two.growth_per_pass.shape == (1,)
     np.testing.assert_allclose(two.norms[:3], one.norms, rtol=1e-6)
     # independent: feed the last block's output back as input embeddings (Llama: blocks 0..L-1 again)
     toks = sm.tokenize(prompts, chat=False)

@@ -13,9 +13,9 @@
   older generated tokens (the four sum to one; a key counts once, in that order of priority), and
   the residual norm at the newest token.
 * :func:`norm_chain` re-applies the model's blocks after the last one (``passes`` times through the
-  whole stack, each block with the very arguments it received in the real pass: mask, position
-  embeddings), recording the mean norm after every block application: norm growth with depth
-  beyond the model's own depth. A :class:`NormChain`.
+  whole stack: the last block's output enters block 0 again, :func:`steerkit.reuse.run_from`, with the
+  real pass's mask and positions), recording every block's output through the hook manager: norm growth with
+  depth beyond the model's own depth. A :class:`NormChain`.
 
 All three results have ``to_dict()`` / ``to_json()`` and ``plot()`` (plotly figures).
 :func:`run` (``run(sm, NormsConfig(...))``, ``steerkit norms``) computes the three on one prompt set
@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from steerkit.errors import InputError
 from steerkit.hooks.names import resid_post
+from steerkit.reuse import run_cached, run_from
 
 from ..plots.require import plotly_required
 
@@ -300,62 +301,36 @@ def norm_chain(sm: "SteerModel", prompts: Sequence[str], *, passes: int = 3, cha
     prompts = _prompt_list(prompts)
     if passes < 1:
         raise InputError(f"expected passes >= 1, found {passes}")
-    model = sm.hf_model
-    blocks = list(sm.adapter.block_list(model))
-    L = len(blocks)
+    L = sm.n_layers
     toks = sm.tokenize(prompts, chat=chat)
     real = toks.attention_mask.bool().clone()
     first_idx = real.float().argmax(1)  # left padding: the first real token of each row
     rest = real.clone()
     rest[torch.arange(len(prompts)), first_idx] = False
-    calls: list = [None] * L
     outs: list = [None] * L
 
-    def hidden(o):
-        return o[0] if isinstance(o, (tuple, list)) else o
-
-    def pre(l):
-        def f(mod, args, kwargs):
-            calls[l] = (tuple(args[1:]), dict(kwargs))
-        return f
-
-    def post(l):
-        def f(mod, args, kwargs, out):
-            outs[l] = hidden(out)
-        return f
-
-    handles = []
-    try:
-        for l, blk in enumerate(blocks):
-            handles.append(blk.register_forward_pre_hook(pre(l), with_kwargs=True))
-            handles.append(blk.register_forward_hook(post(l), with_kwargs=True))
-        model(input_ids=toks.input_ids, attention_mask=toks.attention_mask, position_ids=toks.position_ids,
-              use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
-    if any(c is None for c in calls):
-        raise InputError("expected every block to run once in the forward pass, found blocks that did not")
+    def store(layer: int):
+        def fn(x, call) -> None:
+            outs[layer] = x.detach()
+        return fn
 
     def stats(h):
         n = h.float().norm(dim=-1)
         return float(n[rest].mean()), float(n[torch.arange(len(prompts)), first_idx].mean())
 
     norms, firsts = [], []
-    for l in range(L):
-        a, f0 = stats(outs[l])
-        norms.append(a)
-        firsts.append(f0)
-    h = outs[-1]
-    for _ in range(passes - 1):
-        for l, blk in enumerate(blocks):
-            args, kwargs = calls[l]
-            kwargs = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "past_key_values", "past_key_value",
-                                                                 "cache", "layer_past")}
-            h = hidden(blk(h, *args, **kwargs))
-            a, f0 = stats(h)
-            norms.append(a)
-        firsts.append(f0)
+    sites = [(sm.hooks.parse(name), store(l)) for l, name in enumerate(resid_post(range(L)))]
+    with sm.hooks.register(sites, label="norm_chain: every block's output"):
+        cache = run_cached(sm, toks, keep=1)  # the real pass: the blocks' inputs, keys and values
+        for p in range(passes):
+            if p:  # the last block's output enters block 0, every block run as in the real pass
+                run_from(sm, 0, cache, resid=outs[-1], keep=1)
+            if any(o is None for o in outs):
+                raise InputError("expected every block to run once in the forward pass, found blocks that did not")
+            for l in range(L):
+                a, f0 = stats(outs[l])
+                norms.append(a)
+                firsts.append(f0)
     return NormChain(np.array(norms), np.array(firsts), L, passes, getattr(sm, "name", ""))
 
 
