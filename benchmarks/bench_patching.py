@@ -20,7 +20,7 @@ rotated order over ``--repeats`` rounds, for each thread count of ``--threads``:
 * ``steerkit-full-all-logits``: the same with a metric that does not say which position it reads,
   so every position is unembedded: the batched path as it ran before prefix reuse;
 * ``tlens``: TransformerLens's function on a ``TransformerBridge`` of the same model (built as
-  ``tests/test_tlens_names.py`` does), with the bridge's ``run_with_cache`` of the clean prompt
+  ``tests/core/test_tlens_names.py`` does), with the bridge's ``run_with_cache`` of the clean prompt
   inside the timing, under ``torch.inference_mode``.
 
 The grids are compared (max |difference| against ``steerkit-full-all-logits``). Rows go to

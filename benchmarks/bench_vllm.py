@@ -97,7 +97,7 @@ def main() -> None:
                "engine": {"max_num_seqs": n_req, "enforce_eager": mode == "eager"}}
         (work / f"{mode}.json").write_text(json.dumps(job))
         t0 = time.perf_counter()
-        r = subprocess.run([str(VLLM_PY), str(ROOT / "tests" / "vllm_driver.py"), str(work / f"{mode}.json"),
+        r = subprocess.run([str(VLLM_PY), str(ROOT / "tests" / "support" / "vllm_driver.py"), str(work / f"{mode}.json"),
                             str(work / f"{mode}.out.json")], env=env, capture_output=True, text=True, cwd=work)
         if r.returncode:
             sys.exit(r.stderr[-3000:])

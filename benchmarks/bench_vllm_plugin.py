@@ -40,7 +40,7 @@ CONDITIONS = ("nothing steered", "one steered", "8 distinct")
 def _engine(model_dir: Path, batches: list, env: dict, work: Path, name: str, eager: bool) -> list[float]:
     job = {"model": str(model_dir), "batches": batches, "engine": {"max_num_seqs": REQUESTS, "enforce_eager": eager}}
     (work / f"{name}.json").write_text(json.dumps(job))
-    r = subprocess.run([str(VLLM_PY), str(ROOT / "tests" / "vllm_driver.py"), str(work / f"{name}.json"),
+    r = subprocess.run([str(VLLM_PY), str(ROOT / "tests" / "support" / "vllm_driver.py"), str(work / f"{name}.json"),
                         str(work / f"{name}.out.json")], env=env, capture_output=True, text=True, cwd=work)
     if r.returncode:
         sys.exit(r.stderr[-3000:])

@@ -519,7 +519,7 @@ def build_store(sm, work: Path):
 
 
 def start_server(model_dir: Path, store_root: Path, work: Path, eager: bool):
-    from tests._servers import free_port, wait_until_up
+    from tests.support._servers import free_port, wait_until_up
     port = free_port()
     log_path = work / "server.log"
     log = open(log_path, "w")
@@ -541,7 +541,7 @@ def start_server(model_dir: Path, store_root: Path, work: Path, eager: bool):
 
 
 def stop_server(proc) -> None:
-    from tests._servers import stop
+    from tests.support._servers import stop
     if proc.poll() is None:
         stop(proc, 60)
 

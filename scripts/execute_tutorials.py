@@ -4,7 +4,7 @@ The notebooks in ``docs/tutorials/`` are stored without outputs. This script run
 (nbclient, a kernel of this interpreter, the Hugging Face hub offline, the working directory a temporary
 folder) and writes the executed copy, outputs included, to ``docs/tutorials/executed/<name>.ipynb``. The
 documentation build renders a copy only while its cell sources equal the notebook's
-(``docs/hooks/notebooks.py``), and ``tests/test_tutorials.py`` fails while a copy is stale.
+(``docs/hooks/notebooks.py``), and ``tests/integration/test_tutorials.py`` fails while a copy is stale.
 
 Plotly figures are stored as HTML that draws the figure with a ``Plotly`` object the page provides: the site
 loads one plotly.js for every figure (``docs/hooks/notebooks.py`` copies it from the installed ``plotly``

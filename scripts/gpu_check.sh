@@ -41,7 +41,7 @@ step install-steerkit $PY -m pip install -q --no-index --no-deps --no-build-isol
 export STEERKIT_TEST_TOKENIZER="$BUNDLE/skeleton" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ "$SMOKE" = 1 ]; then
   export STEERKIT_TEST_DEVICE=cpu
-  step device-tests $PY -m pytest -q -p no:cacheprovider -m device tests/test_bfloat16.py
+  step device-tests $PY -m pytest -q -p no:cacheprovider -m device tests/core/test_bfloat16.py
   step gpu-kernels env TRITON_INTERPRET=1 $PY benchmarks/gpu_kernels.py --smoke --out "$OUT/gpu_kernels.csv"
   step gpu-steer-graph $PY benchmarks/gpu_steer_graph.py --smoke --out "$OUT/gpu_steer_graph.csv"
   step real-size $PY benchmarks/bench_real_size.py --quick --skip-3b --tokenizer "$STEERKIT_TEST_TOKENIZER" \
@@ -52,7 +52,7 @@ if [ "$SMOKE" = 1 ]; then
     --out "$OUT/refusal_scoring.csv"
 else
   export STEERKIT_TEST_DEVICE=cuda
-  step device-tests $PY -m pytest -q -p no:cacheprovider -m device tests/test_bfloat16.py
+  step device-tests $PY -m pytest -q -p no:cacheprovider -m device tests/core/test_bfloat16.py
   step gpu-kernels $PY benchmarks/gpu_kernels.py --quick --out "$OUT/gpu_kernels.csv"
   step gpu-steer-graph $PY benchmarks/gpu_steer_graph.py --dtype bfloat16 --out "$OUT/gpu_steer_graph.csv"
   step real-size $PY benchmarks/bench_real_size.py --device cuda --only 1b --tokenizer "$STEERKIT_TEST_TOKENIZER" \

@@ -8,7 +8,7 @@ from committed data by steerkit's own figure functions.
 
 - Data: ``docs/reproductions/data/<name>.json``, the JSON a page's command writes (``--report``, ``--out``,
   ``ConditionVector.to_json``; ``refusal.json`` without its sample generations), floats kept to 6
-  significant digits; ``patching.json`` holds the grids tests/test_patching.py compares with TransformerLens
+  significant digits; ``patching.json`` holds the grids tests/probes/test_patching.py compares with TransformerLens
   and ``gallery.json`` the inputs of the gallery's other figures (both written by ``--gallery-data``). The
   refusal-on-quantised-loads figure reads ``benchmarks/results/refusal_paths.csv``.
 - Figures: ``docs/reproductions/figures/<stem>.html``, one standalone page per figure (a fixed div id, so the
@@ -345,7 +345,7 @@ def gallery_data() -> dict:
 
 def patching_data() -> dict:
     """The grids of the patching page (and of the gallery's patching figures): activation and attribution
-    patching of ``resid_pre`` and ``z`` on the default model, the prompts and metric of tests/test_patching.py."""
+    patching of ``resid_pre`` and ``z`` on the default model, the prompts and metric of tests/probes/test_patching.py."""
     import steerkit
     from steerkit.probes import activation_patching, attribution_patching
 

@@ -1,6 +1,6 @@
 """A trained sparsify SAE read back by sae-lens (in ``.venv-saelens``) and by sparsify, on real activations.
 
-Saves the SAE in sae-lens's format, has ``tests/sae_lens_driver.py load`` (sae-lens 6.54's
+Saves the SAE in sae-lens's format, has ``tests/support/sae_lens_driver.py load`` (sae-lens 6.54's
 ``SAE.load_from_disk``) encode and decode 60 real activations of the default model at the SAE's site, loads the
 training folder with sparsify's ``SparseCoder.load_from_disk``, and prints the largest differences from
 steerkit's own encode and decode as JSON.
@@ -34,7 +34,7 @@ x = cache[sae.site].float().reshape(-1, sm.d_model)
 x = x[x.norm(dim=-1) < 1000]  # the padded/attention-sink rows aside
 sae.save(out / "steerkit" / "trained", format="saelens")
 save_file({"x": x.contiguous()}, out / "steerkit_io" / "trained.safetensors")
-r = subprocess.run([str(ROOT / ".venv-saelens/bin/python"), str(ROOT / "tests/sae_lens_driver.py"), "load", str(out)], capture_output=True, text=True)
+r = subprocess.run([str(ROOT / ".venv-saelens/bin/python"), str(ROOT / "tests/support/sae_lens_driver.py"), "load", str(out)], capture_output=True, text=True)
 print(r.stdout[-500:], r.stderr[-1500:] if r.returncode else "")
 if r.returncode:
     sys.exit(f"sae-lens could not read it: {r.stderr[-1500:]}")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the whole test suite; pytest's arguments pass through
-# (`bash scripts/test.sh tests/test_core.py -x`). Prints where the time went: the set-up, the suite and the
+# (`bash scripts/test.sh tests/core/test_core.py -x`). Prints where the time went: the set-up, the suite and the
 # slowest tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."

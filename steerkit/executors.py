@@ -141,7 +141,7 @@ class RayExecutor:
         ...     sorted(r for _, r in ex.imap_unordered(lambda sm, p: len(sm.tokenize([p]).input_ids[0]), ["a b", "c"]))
         [1, 2]
 
-    (skipped: it starts Ray; ``tests/test_ray.py`` runs it on a local cluster.)
+    (skipped: it starts Ray; ``tests/integration/test_ray.py`` runs it on a local cluster.)
     """
 
     def __init__(self, spec: WorkerSpec | None = None, *, workers: int = 2, address: Optional[str] = None,

@@ -20,7 +20,7 @@ cache to the SAE's hook, which runs the SAE on the rows the cache's positions se
 (a hook nobody subscribed to returns at once). The SAE reads the activation as it arrives at its hook:
 after the edits at the site that were registered before it, before those registered after it; the
 values are steerkit's own :class:`~steerkit.sae.SAEWeights` code (equal to sae-lens's ``SAE.encode``,
-``tests/test_sae_lens.py``), computed without autograd, in the SAE's dtype.
+``tests/integration/test_sae_lens.py``), computed without autograd, in the SAE's dtype.
 
 The splice (``sm.attach_sae(sae, splice=True)``) runs the model with the reconstruction in place of the
 activation (``keep_error=True``: the reconstruction plus the error term, sae-lens's ``use_error_term``,

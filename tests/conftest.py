@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,17 @@ if "TRITON_INTERPRET" not in os.environ:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
-from tests.tiny_models import no_leftover_hooks  # noqa: E402
+from tiny_models import no_leftover_hooks, tiny_model  # noqa: E402
+
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+def pytest_collection_modifyitems(items):
+    """Every test under tests/integration/ is marked ``integration``: ``pytest -m "not integration"`` is the
+    fast suite."""
+    for item in items:
+        if Path(str(item.path)).resolve().is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +42,45 @@ def sm(default_model):
     """The default model, checked to carry no leftover hooks before and after each test."""
     with no_leftover_hooks(default_model) as m:
         yield m
+
+
+@pytest.fixture(scope="session")
+def make_tiny():
+    """The one factory of tiny random-weight models: ``make_tiny(arch="llama", *, seed=0, name=None,
+    **config)`` builds a fresh :class:`steerkit.SteerModel` (``tiny_models.tiny_model``: the family's
+    transformers config with tiny sizes, ``config`` overriding them; named ``tiny-<arch>`` unless ``name``)."""
+    import steerkit
+
+    def make(arch: str = "llama", *, seed: int = 0, name: str | None = None, **config):
+        model, tok = tiny_model(arch, seed=seed, **config)
+        return steerkit.wrap(model, tok, name=name or f"tiny-{arch}")
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_tiny_folder(tmp_path_factory):
+    """``make_tiny_folder(arch="llama", *, seed=0, **config)``: the model :func:`make_tiny` would build, saved as a
+    Hugging Face folder (weights, config, tokenizer) named ``tiny-<arch>``, once per arguments in a session; treat
+    it as read-only."""
+    made: dict = {}
+
+    def make(arch: str = "llama", *, seed: int = 0, **config):
+        key = (arch, seed, tuple(sorted(config.items())))
+        if key not in made:
+            model, tok = tiny_model(arch, seed=seed, **config)
+            folder = tmp_path_factory.mktemp("tiny") / f"tiny-{arch}"
+            model.save_pretrained(folder)
+            tok.save_pretrained(folder)
+            made[key] = folder
+        return made[key]
+    return make
+
+
+@pytest.fixture(scope="module")
+def tiny(make_tiny, request):
+    """A tiny random-weight Llama for the module's tests (``make_tiny()``: 2 blocks, d_model 64; a module's
+    ``TINY`` dict, e.g. ``TINY = {"num_hidden_layers": 3}``, passes its options); its hooks and attached SAEs
+    are removed afterwards."""
+    sm = make_tiny("llama", **getattr(request.module, "TINY", {}))
+    yield sm
+    sm.reset()

@@ -4,7 +4,7 @@ The notebooks in docs/tutorials/ are stored without outputs and rendered by mkdo
 not execute them. ``scripts/execute_tutorials.py`` executes each one and writes the executed copy to
 ``docs/tutorials/executed/<name>.ipynb`` (committed, excluded from the pages in mkdocs.yml). For each
 tutorial notebook this hook points the page at that copy when the copy's cells hold the same sources as
-the notebook (so a stale copy of an edited notebook is never shown; ``tests/test_tutorials.py`` fails
+the notebook (so a stale copy of an edited notebook is never shown; ``tests/integration/test_tutorials.py`` fails
 while one is stale); otherwise the notebook is rendered as it is, without outputs, with a warning.
 
 The executed copies store plotly figures as HTML that calls the page's ``Plotly`` (no plotly.js inside

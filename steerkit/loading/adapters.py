@@ -675,7 +675,7 @@ def adapter_for(model: nn.Module) -> Adapter:
 
 # Every layout below was checked against the transformers 5.x modeling code of its family
 # (``*DecoderLayer.forward``) and is tested on a tiny random-weight model in
-# tests/test_adapters.py.
+# tests/core/test_adapters.py.
 
 # Llama-like decoders: model.layers[i].{input_layernorm, self_attn, post_attention_layernorm, mlp},
 # model.norm, lm_head; the block computes h += self_attn(norm(h)); h += mlp(norm(h)).

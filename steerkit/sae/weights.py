@@ -28,7 +28,7 @@ and its error term ``x - decode(encode(x), x)`` is what the reconstruction misse
 ``x == decode(encode(x), x) + error(x)``.
 
 The values equal sae-lens's ``SAE.encode`` / ``decode`` and sparsify's ``SparseCoder.encode`` / ``decode``
-on the same weights (``tests/test_sae_lens.py``, ``tests/test_sae.py``); TopK's ``rescale_acts_by_decoder_norm``
+on the same weights (``tests/integration/test_sae_lens.py``, ``tests/core/test_sae.py``); TopK's ``rescale_acts_by_decoder_norm``
 of sae-lens is folded into the weights when a folder is read (:mod:`steerkit.sae.formats`).
 """
 from __future__ import annotations

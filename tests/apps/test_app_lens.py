@@ -8,7 +8,7 @@ import torch
 
 import steerkit
 from steerkit.probes.lens import unembed, vector_lens
-from tests.tiny_models import tiny_softcapped
+from tiny_models import tiny_softcapped
 
 CAP = 0.1  # the tiny model's raw logits reach about 0.5
 

@@ -8,7 +8,7 @@ import torch
 
 import steerkit
 from steerkit.probes.lens import vector_lens
-from tests.tiny_models import tiny_softcapped
+from tiny_models import tiny_softcapped
 
 
 def test_the_temporal_handle_is_steer_injection_and_its_old_name_warns():

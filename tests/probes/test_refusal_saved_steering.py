@@ -10,7 +10,7 @@ import torch
 from steerkit.model import wrap
 from steerkit.probes.methods import refusal as R
 from steerkit.vectors import DirectionSet, SteeringVector
-from tests.tiny_models import tiny_chat_llama
+from tiny_models import tiny_chat_llama
 
 
 def _same(a, b):

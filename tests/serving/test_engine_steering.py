@@ -1,5 +1,5 @@
 """One object per engine (steerkit.serving.engine): its hooks, its own steering operators, its slots and its
-requests' steerings, on a model laid out as a vLLM worker's (tests/tiny_models.py: ``pair_engine_model``).
+requests' steerings, on a model laid out as a vLLM worker's (tests/support/tiny_models.py: ``pair_engine_model``).
 
 What a step steers through the slots (one kernel call per site) equals the same step steered on the host from
 each request's own program (:class:`StepPlan`), for every kind of site; two engines in one process steer
@@ -21,7 +21,7 @@ from steerkit.serving import engine as E
 from steerkit.serving import spec as S
 from steerkit.serving.engine import EngineSteering, FrontEnd
 from steerkit.serving.plan import slot_capacity
-from tests.tiny_models import pair_engine_model, tiny_model
+from tiny_models import pair_engine_model, tiny_model
 
 D, L, VOCAB = 64, 3, 97
 

@@ -4,9 +4,7 @@ artifact -> interventions -> compile), ablation == orthogonalised weights."""
 from __future__ import annotations
 
 import types
-import warnings
 
-import numpy as np
 import pytest
 import torch
 

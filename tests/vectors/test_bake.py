@@ -13,7 +13,7 @@ from steerkit.vectors import DirectionSet, ExportError, write_orthogonalized_ggu
 from steerkit.vectors.bake import bake_model, bake_tensors, check_basis
 from steerkit.vectors.gguf_models import orthogonalize_tensors
 from steerkit.vectors.safety import write_gguf
-from tests.tiny_models import tiny_model
+from tiny_models import tiny_model
 
 
 def _gguf_tensors(model) -> dict[str, np.ndarray]:
