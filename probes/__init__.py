@@ -82,8 +82,8 @@ else:
     from .methods.norms import AttentionDrift, NormChain, NormProfile, attention_drift, norm_chain, norm_profile
     from .methods.mi import (THINKING_WORDS, MITrajectory, find_peaks, hsic_mi, mi_trajectory, peak_token_counts, thinking_eval,
                              thinking_token_ids)
-    from .methods.caa import AB_ITEMS, ABItem, after_instruction, caa_activations, caa_eval, caa_vector, matching_prob
-    from .train import (PreferencePair, TrainResult, as_pairs, bipo_loss, completion_logprobs, myopic_items, pairs_hash,
+    from .methods.caa import AB_ITEMS, after_instruction, caa_activations, caa_eval, caa_vector, matching_prob
+    from .train import (ABItem, PreferencePair, TrainResult, as_pairs, bipo_loss, completion_logprobs, myopic_items, pairs_hash,
                         preference_margins, preference_pairs, train_bipo, train_promptless)
     from .methods.region import (CONCISE_PROMPT, EVAL_PROMPT, VERBOSE_PROMPT, Problem, RegionResult, Solution, StepBoundaries,
                                  arithmetic_problems, fit_region, gsm8k_problems, parse_answer, region_eval, region_features,
