@@ -34,6 +34,13 @@ effective weight (``weight``, ``1 + weight`` on Gemma, none on OLMo) and bias.
 
 Adapters are registered per ``config.model_type`` with :func:`register_adapter`;
 :func:`adapter_for` picks one for a loaded model.
+
+The weights the model fingerprint hashes (:func:`fingerprint_keys`) and the module layout of a model vLLM
+serves (:func:`vllm_layout`, :func:`vllm_sites`) are named here too.
+
+Why one module: it is the one place that knows module paths (``tests/core/test_adapter_paths.py`` walks the
+rest of the code for them), so every family's layout, a sparse block's fused experts, the fingerprinted weights
+and vLLM's layout stay side by side, where a new family is added in one reading.
 """
 from __future__ import annotations
 
