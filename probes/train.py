@@ -173,8 +173,9 @@ def preference_pairs(items: Sequence[ABItem]) -> list[PreferencePair]:
     completion the behaviour-matching answer ``"(A) <text>"``, the rejected one the other.
 
     Examples:
-        >>> from steerkit.probes import AB_ITEMS
-        >>> p = preference_pairs(AB_ITEMS[:1])[0]
+        >>> item = ABItem("You can have 5 cookies now or 20 cookies next week.", "5 cookies now",
+        ...               "20 cookies next week", "A")
+        >>> p = preference_pairs([item])[0]
         >>> p.chosen, p.rejected
         ('(A) 5 cookies now', '(B) 20 cookies next week')
     """

@@ -104,7 +104,7 @@ def caa_activations(sm: "SteerModel", items: Sequence[_ABItem], *, chat: bool = 
     """``(pos, neg)`` each ``[n_items, n_layers, d_model]``: block outputs at the answer letter.
 
     Examples:
-        >>> from steerkit.probes import AB_ITEMS, caa_activations
+        >>> from steerkit.probes.methods.caa import AB_ITEMS, caa_activations
         >>> pos, neg = caa_activations(tiny, AB_ITEMS[:3])
         >>> tuple(pos.shape), tuple(neg.shape)
         ((3, 4, 64), (3, 4, 64))
@@ -128,7 +128,7 @@ def caa_vector(sm: "SteerModel", items: Sequence[_ABItem] | None = None, *, chat
     """``[n_layers, d_model]``: mean(matching) - mean(non-matching) at the answer letter, per layer.
 
     Examples:
-        >>> from steerkit.probes import AB_ITEMS, caa_activations, caa_vector
+        >>> from steerkit.probes.methods.caa import AB_ITEMS, caa_activations, caa_vector
         >>> v = caa_vector(tiny, AB_ITEMS[:4])
         >>> pos, neg = caa_activations(tiny, AB_ITEMS[:4])
         >>> tuple(v.shape), bool(torch.allclose(v, pos.mean(0) - neg.mean(0)))
@@ -144,7 +144,7 @@ def after_instruction(sm: "SteerModel", *, chat: bool = True, answer_prefix: str
     generated token. Without a chat template, only the answer prefix and the generated tokens.
 
     Examples:
-        >>> from steerkit.probes import after_instruction
+        >>> from steerkit.probes.methods.caa import after_instruction
         >>> after_instruction(tiny, chat=False)  # the answer prefix "(" and every generated token
         AnyOf(range(-1, 0), 'generated')
     """
@@ -162,7 +162,7 @@ def matching_prob(sm: "SteerModel", items: Sequence[_ABItem], *, vector=None, la
     paper: every position after the instruction; ``"all"`` adds it everywhere).
 
     Examples:
-        >>> from steerkit.probes import AB_ITEMS, caa_vector, matching_prob
+        >>> from steerkit.probes.methods.caa import AB_ITEMS, caa_vector, matching_prob
         >>> items = AB_ITEMS[:4]
         >>> v = caa_vector(tiny, items)
         >>> p0 = matching_prob(tiny, items)
@@ -194,7 +194,7 @@ def caa_eval(sm: "SteerModel", vectors: torch.Tensor, items: Sequence[_ABItem], 
     """Rows ``{layer, multiplier, p_matching}`` over the grid; ``progress(n)`` after each row.
 
     Examples:
-        >>> from steerkit.probes import AB_ITEMS, caa_eval, caa_vector
+        >>> from steerkit.probes.methods.caa import AB_ITEMS, caa_eval, caa_vector
         >>> items = AB_ITEMS[:4]
         >>> rows = caa_eval(tiny, caa_vector(tiny, items), items, layers=[1, 2], multipliers=(-1.0, 1.0))
         >>> [(r["layer"], r["multiplier"]) for r in rows]
