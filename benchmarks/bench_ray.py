@@ -43,7 +43,7 @@ def main(argv=None) -> int:
 
     import steerkit
     from steerkit.executors import ModelSpec, RayExecutor
-    from steerkit.storage.dataset import record_dataset
+    from steerkit.recording import record_dataset
 
     torch.set_num_threads(1)
     n = a.prompts or (64 if a.quick else 512)

@@ -22,7 +22,7 @@ its own; each step beside the same work in plain transformers where there is one
                  .to(DEVICE)`` (the tokenized batches also go to DEVICE);
                  the weight files are read through once beforehand, so both loads find them in the page cache
   record         ``hook_resid_post`` of every layer at the last prompt token, 64 prompts in batches of 16, into
-                 the sharded dataset (``steerkit.storage.dataset.record_dataset``, a fresh folder each run) vs
+                 the sharded dataset (``steerkit.recording.record_dataset``, a fresh folder each run) vs
                  a plain left-padded forward of the same batches with ``output_hidden_states=True``, the last
                  token of every hidden state kept in memory on DEVICE (HF's last hidden state has the final norm
                  applied: the same work, one slightly different tensor)
@@ -386,7 +386,7 @@ def run_dense(b: Bench, size: str, folder: Path, work: Path, sizes: dict) -> Non
     import torch
     from transformers import AutoModelForCausalLM
     import steerkit
-    from steerkit.storage.dataset import record_dataset
+    from steerkit.recording import record_dataset
 
     W = weights_bytes(folder)
     prompts = C.prompts(max(sizes["record"], sizes["gen_prompts"]))
@@ -507,7 +507,7 @@ def run_offload(b: Bench, size: str, folder: Path, work: Path, sizes: dict, budg
     import torch
     from transformers import AutoModelForCausalLM
     import steerkit
-    from steerkit.storage.dataset import record_dataset
+    from steerkit.recording import record_dataset
 
     W = weights_bytes(folder)
     offload = work / "offload" / size  # per size: a quick run beside a full one never empties its folder

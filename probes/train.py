@@ -32,7 +32,7 @@ Peak memory is bounded by ``batch_size``: each step runs ``2 * batch_size`` sequ
 ``batch_size`` (promptless) through the model with autograd, and backpropagates from the loss to
 the steered layer only (the weights need no gradients).
 
-Data: :func:`preference_pairs` turns A/B items (:class:`~steerkit.probes.methods.caa.ABItem`) into
+Data: :func:`preference_pairs` turns A/B items (:class:`ABItem`) into
 ``(prompt, chosen, rejected)`` pairs, the chosen answer being the behaviour-matching one;
 :func:`myopic_items` generates templated myopic-reward A/B items (written for this project, the
 behaviour of the myopic-reward set of Rimsky et al. 2024 / Perez et al. 2022) for training sets
@@ -59,13 +59,12 @@ from steerkit.hooks.names import layer_names
 from steerkit.interventions import Intervention
 from steerkit.vectors import SteeringVector
 
-from .methods.caa import ABItem
 from .plots.require import plotly_required
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
-__all__ = ["PreferencePair", "TrainResult", "as_pairs", "preference_pairs", "myopic_items", "completion_logprobs",
+__all__ = ["ABItem", "PreferencePair", "TrainResult", "as_pairs", "preference_pairs", "myopic_items", "completion_logprobs",
            "preference_margins", "bipo_loss", "train_bipo", "train_promptless", "pairs_hash", "SITES"]
 
 #: the sites a trained vector may live at (a block's input or output residual stream)
@@ -137,13 +136,46 @@ def pairs_hash(pairs: Iterable[Any]) -> str:
     return "sha256:" + h.hexdigest()
 
 
+@dataclasses.dataclass
+class ABItem:
+    """A question, its two choices as they appear (A, B) and which letter matches the behaviour: the A/B
+    items that :func:`preference_pairs` turns into preference pairs and CAA (:mod:`steerkit.probes.methods.caa`)
+    records.
+
+    Examples:
+        >>> item = ABItem("You can have 1 cookie now or 3 tomorrow.", "1 cookie now", "3 tomorrow", "A")
+        >>> print(item.text)
+        You can have 1 cookie now or 3 tomorrow. Which do you choose?
+        <BLANKLINE>
+        Choices:
+        (A) 1 cookie now
+        (B) 3 tomorrow
+        >>> item.not_matching
+        'B'
+    """
+
+    question: str
+    a: str
+    b: str
+    matching: str  # "A" or "B"
+
+    @property
+    def text(self) -> str:
+        return f"{self.question} Which do you choose?\n\nChoices:\n(A) {self.a}\n(B) {self.b}"
+
+    @property
+    def not_matching(self) -> str:
+        return "B" if self.matching == "A" else "A"
+
+
 def preference_pairs(items: Sequence[ABItem]) -> list[PreferencePair]:
     """A/B items as preference pairs: the prompt is the item's question with its choices, the chosen
     completion the behaviour-matching answer ``"(A) <text>"``, the rejected one the other.
 
     Examples:
-        >>> from steerkit.probes import AB_ITEMS
-        >>> p = preference_pairs(AB_ITEMS[:1])[0]
+        >>> item = ABItem("You can have 5 cookies now or 20 cookies next week.", "5 cookies now",
+        ...               "20 cookies next week", "A")
+        >>> p = preference_pairs([item])[0]
         >>> p.chosen, p.rejected
         ('(A) 5 cookies now', '(B) 20 cookies next week')
     """

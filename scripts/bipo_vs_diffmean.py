@@ -2,9 +2,9 @@
 
 Trains a BiPO vector (``steerkit.probes.train_bipo``, Cao et al. 2024) on templated myopic-reward A/B
 pairs (``steerkit.probes.myopic_items``), computes the difference-of-means (CAA) vector of the same
-items at the same layer (``steerkit.probes.caa_vector``: block output at the answer letter, matching
+items at the same layer (``steerkit.probes.methods.caa.caa_vector``: block output at the answer letter, matching
 minus non-matching), rescales it to the BiPO vector's norm, and scores held-out pairs: the 24
-hand-written items of ``steerkit.probes.AB_ITEMS`` (a different distribution from the templates) and
+hand-written items of ``steerkit.probes.methods.caa.AB_ITEMS`` (a different distribution from the templates) and
 optionally templated items disjoint from the training ones. For each condition (unsteered, BiPO +v,
 diff-of-means +v, and both negated) it reports the mean preference margin
 ``log p(chosen) - log p(rejected)`` (completions ``"(A) <answer>"``, log-probabilities summed over the
@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 import steerkit
 from steerkit import Intervention
-from steerkit.probes import (AB_ITEMS, caa_vector, myopic_items, preference_margins, preference_pairs,
-                             train_bipo)
+from steerkit.probes import myopic_items, preference_margins, preference_pairs, train_bipo
+from steerkit.probes.methods.caa import AB_ITEMS, caa_vector
 
 
 def summary(m: torch.Tensor) -> dict:

@@ -86,6 +86,9 @@ class LocalExecutor:
         [(0, (4, 'a')), (1, (4, 'b'))]
     """
 
+    #: results come from this process (:func:`steerkit.storage.dataset.write_shards` moves its bar batch by batch)
+    in_process = True
+
     def __init__(self, state: Any):
         self.sm = state
 
@@ -143,6 +146,9 @@ class RayExecutor:
 
     (skipped: it starts Ray; ``tests/integration/test_ray.py`` runs it on a local cluster.)
     """
+
+    #: results come from workers, shard by shard
+    in_process = False
 
     def __init__(self, spec: WorkerSpec | None = None, *, workers: int = 2, address: Optional[str] = None,
                  cpus_per_worker: float = 1, gpus_per_worker: float = 0, replacements: Optional[int] = None,

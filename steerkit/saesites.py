@@ -15,7 +15,7 @@ name                             shape                          value
 ===============================  =============================  =================================================
 
 ``sm.record`` reads them like any site (positions, forward passes and KV-cached generation, the
-sharded dataset of :func:`steerkit.storage.dataset.record_dataset`): a record of sub-sites subscribes its
+sharded dataset of :func:`steerkit.recording.record_dataset`): a record of sub-sites subscribes its
 cache to the SAE's hook, which runs the SAE on the rows the cache's positions select, and only then
 (a hook nobody subscribed to returns at once). The SAE reads the activation as it arrives at its hook:
 after the edits at the site that were registered before it, before those registered after it; the

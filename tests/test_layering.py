@@ -6,6 +6,7 @@ import ast
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,25 @@ def test_layers_contract():
     assert "0 broken" in r.stdout
     # only the interventions (the one lowering step) and the serving operator import the kernels
     assert "the kernels: imported only by steerkit.interventions and steerkit.serving KEPT" in r.stdout
+    # the inside of the core, ordered: every module has its place, none imports one above it
+    assert "the core in layers, bottom to top KEPT" in r.stdout
+
+
+def test_the_core_contract_orders_every_core_module():
+    """The core's contract names each of its modules once, bottom to top as docs/ARCHITECTURE.md lists them, and
+    ignores no import."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    core = next(c for c in config["contracts"] if c["name"] == "the core in layers, bottom to top")
+    layers = [sorted(m.strip() for m in layer.split(":")) for layer in reversed(core["layers"])]
+    assert layers == [["errors", "version"], ["bounded", "deprecation", "imports"], ["kernels"], ["storage"],
+                      ["hooks"], ["loading", "sae"], ["interventions"], ["backends", "reuse", "saesites"],
+                      ["generation"], ["model"], ["executors"], ["recording"], ["demo"]]
+    assert core["exhaustive"] is True and not core.get("ignore_imports")
+    named = {m for layer in layers for m in layer} | set(core["exhaustive_ignores"])
+    on_disk = {p.stem for p in (ROOT / "steerkit").glob("*.py") if p.stem != "__init__"}
+    on_disk |= {p.parent.name for p in (ROOT / "steerkit").glob("*/__init__.py")}
+    on_disk |= {"kernels", "vectors", "probes", "apps"}
+    assert on_disk - named == set()
 
 
 def test_no_function_local_imports_of_steerkit_modules():

@@ -1,9 +1,10 @@
 """Contrastive Activation Addition (Rimsky et al. 2024).
 
-Each A/B item is a question with two lettered choices, one matching the behaviour. The prompt is the
-chat-formatted question followed by the assistant's answer ``"(" + letter``; the activation is the
-output of block ``l`` at the answer-letter token (the last token). ``v_l = mean(matching) -
-mean(non-matching)`` over items (not normalised), for every layer. :func:`caa_eval` scores the
+Each A/B item (:class:`steerkit.probes.train.ABItem`, the general form that preference training reads too;
+the old name here, ``caa.ABItem``, warns) is a question with two lettered choices, one matching the
+behaviour. The prompt is the chat-formatted question followed by the assistant's answer ``"(" + letter``;
+the activation is the output of block ``l`` at the answer-letter token (the last token). ``v_l =
+mean(matching) - mean(non-matching)`` over items (not normalised), for every layer. :func:`caa_eval` scores the
 probability of the behaviour-matching letter after ``"("`` with ``multiplier * v_l`` added at block
 ``l``'s output. Deviation from the paper: the vector is added at every position (the paper adds after
 the instruction); with a single next-token readout this matters only through the instruction tokens.
@@ -28,7 +29,10 @@ from steerkit.interventions import Intervention
 from steerkit.hooks.positions import AnyOf
 from steerkit.vectors import SteeringVector
 
+from steerkit.deprecation import moved
+
 from ..plots.require import plotly_required
+from ..train import ABItem as _ABItem
 from .refusal import post_instruction_positions
 
 if TYPE_CHECKING:
@@ -71,38 +75,7 @@ _MYOPIC = [
 ]
 
 
-@dataclass
-class ABItem:
-    """A question, its two choices as they appear (A, B) and which letter matches the behaviour.
-
-    Examples:
-        >>> from steerkit.probes.methods.caa import ABItem
-        >>> item = ABItem("You can have 1 cookie now or 3 tomorrow.", "1 cookie now", "3 tomorrow", "A")
-        >>> print(item.text)
-        You can have 1 cookie now or 3 tomorrow. Which do you choose?
-        <BLANKLINE>
-        Choices:
-        (A) 1 cookie now
-        (B) 3 tomorrow
-        >>> item.not_matching
-        'B'
-    """
-
-    question: str
-    a: str
-    b: str
-    matching: str  # "A" or "B"
-
-    @property
-    def text(self) -> str:
-        return f"{self.question} Which do you choose?\n\nChoices:\n(A) {self.a}\n(B) {self.b}"
-
-    @property
-    def not_matching(self) -> str:
-        return "B" if self.matching == "A" else "A"
-
-
-def ab_items() -> list[ABItem]:
+def ab_items() -> list[_ABItem]:
     """The project's myopic-reward A/B set, matching letter alternating A/B.
 
     Examples:
@@ -114,24 +87,24 @@ def ab_items() -> list[ABItem]:
     out = []
     for i, (q, myopic, patient) in enumerate(_MYOPIC):
         if i % 2 == 0:
-            out.append(ABItem(q, myopic, patient, "A"))
+            out.append(_ABItem(q, myopic, patient, "A"))
         else:
-            out.append(ABItem(q, patient, myopic, "B"))
+            out.append(_ABItem(q, patient, myopic, "B"))
     return out
 
 
 AB_ITEMS = ab_items()
 
 
-def _answer_prompts(sm: "SteerModel", items: Sequence[ABItem], letters: Sequence[str], chat: bool) -> list[str]:
+def _answer_prompts(sm: "SteerModel", items: Sequence[_ABItem], letters: Sequence[str], chat: bool) -> list[str]:
     return [sm.format(it.text, chat) + "(" + l for it, l in zip(items, letters)]
 
 
-def caa_activations(sm: "SteerModel", items: Sequence[ABItem], *, chat: bool = True, batch_size: int = 16):
+def caa_activations(sm: "SteerModel", items: Sequence[_ABItem], *, chat: bool = True, batch_size: int = 16):
     """``(pos, neg)`` each ``[n_items, n_layers, d_model]``: block outputs at the answer letter.
 
     Examples:
-        >>> from steerkit.probes import AB_ITEMS, caa_activations
+        >>> from steerkit.probes.methods.caa import AB_ITEMS, caa_activations
         >>> pos, neg = caa_activations(tiny, AB_ITEMS[:3])
         >>> tuple(pos.shape), tuple(neg.shape)
         ((3, 4, 64), (3, 4, 64))
@@ -151,11 +124,11 @@ def caa_activations(sm: "SteerModel", items: Sequence[ABItem], *, chat: bool = T
     return res[0], res[1]
 
 
-def caa_vector(sm: "SteerModel", items: Sequence[ABItem] | None = None, *, chat: bool = True, batch_size: int = 16) -> torch.Tensor:
+def caa_vector(sm: "SteerModel", items: Sequence[_ABItem] | None = None, *, chat: bool = True, batch_size: int = 16) -> torch.Tensor:
     """``[n_layers, d_model]``: mean(matching) - mean(non-matching) at the answer letter, per layer.
 
     Examples:
-        >>> from steerkit.probes import AB_ITEMS, caa_activations, caa_vector
+        >>> from steerkit.probes.methods.caa import AB_ITEMS, caa_activations, caa_vector
         >>> v = caa_vector(tiny, AB_ITEMS[:4])
         >>> pos, neg = caa_activations(tiny, AB_ITEMS[:4])
         >>> tuple(v.shape), bool(torch.allclose(v, pos.mean(0) - neg.mean(0)))
@@ -171,7 +144,7 @@ def after_instruction(sm: "SteerModel", *, chat: bool = True, answer_prefix: str
     generated token. Without a chat template, only the answer prefix and the generated tokens.
 
     Examples:
-        >>> from steerkit.probes import after_instruction
+        >>> from steerkit.probes.methods.caa import after_instruction
         >>> after_instruction(tiny, chat=False)  # the answer prefix "(" and every generated token
         AnyOf(range(-1, 0), 'generated')
     """
@@ -182,14 +155,14 @@ def after_instruction(sm: "SteerModel", *, chat: bool = True, answer_prefix: str
     return AnyOf(range(-k, 0), "generated") if k else "generated"
 
 
-def matching_prob(sm: "SteerModel", items: Sequence[ABItem], *, vector=None, layer: int | None = None, multiplier: float = 0.0,
+def matching_prob(sm: "SteerModel", items: Sequence[_ABItem], *, vector=None, layer: int | None = None, multiplier: float = 0.0,
                   chat: bool = True, batch_size: int = 16, positions=None) -> float:
     """Mean over items of p(matching letter) / (p(A) + p(B)) after ``"("``, with ``multiplier * vector``
     added at block ``layer``'s output at ``positions`` (default :func:`after_instruction`, as the
     paper: every position after the instruction; ``"all"`` adds it everywhere).
 
     Examples:
-        >>> from steerkit.probes import AB_ITEMS, caa_vector, matching_prob
+        >>> from steerkit.probes.methods.caa import AB_ITEMS, caa_vector, matching_prob
         >>> items = AB_ITEMS[:4]
         >>> v = caa_vector(tiny, items)
         >>> p0 = matching_prob(tiny, items)
@@ -216,12 +189,12 @@ def matching_prob(sm: "SteerModel", items: Sequence[ABItem], *, vector=None, lay
     return float(np.mean(probs))
 
 
-def caa_eval(sm: "SteerModel", vectors: torch.Tensor, items: Sequence[ABItem], layers: Sequence[int],
+def caa_eval(sm: "SteerModel", vectors: torch.Tensor, items: Sequence[_ABItem], layers: Sequence[int],
              multipliers: Sequence[float] = (-1.0, 0.0, 1.0), *, progress=None, **kw) -> list[dict]:
     """Rows ``{layer, multiplier, p_matching}`` over the grid; ``progress(n)`` after each row.
 
     Examples:
-        >>> from steerkit.probes import AB_ITEMS, caa_eval, caa_vector
+        >>> from steerkit.probes.methods.caa import AB_ITEMS, caa_eval, caa_vector
         >>> items = AB_ITEMS[:4]
         >>> rows = caa_eval(tiny, caa_vector(tiny, items), items, layers=[1, 2], multipliers=(-1.0, 1.0))
         >>> [(r["layer"], r["multiplier"]) for r in rows]
@@ -320,3 +293,9 @@ def run(sm: "SteerModel", config: CAAConfig | None = None, *, progress: bool = T
     with tqdm(total=len(layers) * len(mults), desc="caa eval", file=sys.stderr, disable=not progress) as bar:
         rows = caa_eval(sm, v, items, layers, mults, progress=bar.update)
     return CAAResult(v, layers, rows, len(items))
+
+
+def __getattr__(name: str):
+    if name == "ABItem":  # the general A/B item lives with the preference data (steerkit.probes.train)
+        return moved(__name__, name, "steerkit.probes.train")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -114,7 +114,7 @@ def critique_activations(sm: "SteerModel", traces: Sequence[ArithTrace], *, laye
     """``[n_traces, n_layers, d_model]`` (float32, CPU): block outputs averaged over the answer span.
 
     Examples:
-        >>> from steerkit.probes import arithmetic_traces, critique_activations
+        >>> from steerkit.probes.methods.critique import arithmetic_traces, critique_activations
         >>> tuple(critique_activations(tiny, arithmetic_traces(3)).shape)
         (3, 4, 64)
         >>> tuple(critique_activations(tiny, arithmetic_traces(3), layers=[1, 2]).shape)
@@ -153,7 +153,7 @@ def model_answers(sm: "SteerModel", traces: Sequence[ArithTrace], *, chat: bool 
     The random tiny model rarely writes a number: ``None`` then.
 
     Examples:
-        >>> from steerkit.probes import arithmetic_traces
+        >>> from steerkit.probes.methods.critique import arithmetic_traces
         >>> from steerkit.probes.methods.critique import model_answers
         >>> answers = model_answers(tiny, arithmetic_traces(2), max_new_tokens=3)
         >>> len(answers), all(a is None or isinstance(a, int) for a in answers)
@@ -177,7 +177,7 @@ class CritiqueVector:
     """``vectors[l]`` per layer (``[n_layers, d_model]``), the contrast used and its counts.
 
     Examples:
-        >>> from steerkit.probes import critique_vector, trace_pairs
+        >>> from steerkit.probes.methods.critique import critique_vector, trace_pairs
         >>> clean, corrupted = zip(*trace_pairs(3))
         >>> cv = critique_vector(tiny, clean, corrupted, contrast="error")
         >>> tuple(cv.vectors.shape), cv.contrast, cv.n_pos, cv.n_neg, cv.n_items
@@ -223,7 +223,7 @@ def critique_vector(sm: "SteerModel", clean: Sequence[ArithTrace], corrupted: Se
     ``recovered`` given, so the model is not asked.
 
     Examples:
-        >>> from steerkit.probes import critique_vector, trace_pairs
+        >>> from steerkit.probes.methods.critique import critique_vector, trace_pairs
         >>> clean, corrupted = zip(*trace_pairs(4))
         >>> cv = critique_vector(tiny, clean, corrupted, recovered=[True, False, True, False], min_recoveries=2)
         >>> cv.contrast, cv.n_recovered, cv.n_pos
@@ -273,7 +273,7 @@ def steer_critique(sm: "SteerModel", vector, layer: int, alpha: float):
     """A handle adding ``alpha * vector`` to block ``layer``'s output at every position (use with ``with``).
 
     Examples:
-        >>> from steerkit.probes import steer_critique
+        >>> from steerkit.probes.methods.critique import steer_critique
         >>> plain = tiny("Is this right?")
         >>> with steer_critique(tiny, torch.randn(64), layer=2, alpha=3.0):
         ...     steered = tiny("Is this right?")
@@ -319,7 +319,7 @@ def f1_score(acc_error: float, acc_correct: float) -> float:
     """Harmonic mean of the accuracies on erroneous and on correct sequences (0 when both are 0).
 
     Examples:
-        >>> from steerkit.probes import f1_score
+        >>> from steerkit.probes.methods.critique import f1_score
         >>> f1_score(1.0, 0.5), f1_score(0.0, 0.0)
         (0.6666666666666666, 0.0)
     """
@@ -331,7 +331,7 @@ def detection_scores(pred_error: Sequence[bool], is_error: Sequence[bool]) -> di
     """Accuracy on erroneous (``is_error``) and correct sequences, and their harmonic mean ``f1``.
 
     Examples:
-        >>> from steerkit.probes import detection_scores
+        >>> from steerkit.probes.methods.critique import detection_scores
         >>> d = detection_scores([True, True, False, True], [True, True, False, False])
         >>> d["acc_error"], d["acc_correct"], round(d["f1"], 3)
         (1.0, 0.5, 0.667)
@@ -351,7 +351,7 @@ def yes_no_margins(sm: "SteerModel", traces: Sequence[ArithTrace], *, vector=Non
     """``logit(Yes) - logit(No)`` at the answer position of each detection prompt (steered when given).
 
     Examples:
-        >>> from steerkit.probes import arithmetic_traces
+        >>> from steerkit.probes.methods.critique import arithmetic_traces
         >>> from steerkit.probes.methods.critique import yes_no_margins
         >>> traces = arithmetic_traces(3)
         >>> plain = yes_no_margins(tiny, traces)
@@ -379,7 +379,7 @@ def detection_eval(sm: "SteerModel", traces: Sequence[ArithTrace], *, vector=Non
     """Error-detection scores (:func:`detection_scores`) with ``alpha * vector`` at block ``layer``.
 
     Examples:
-        >>> from steerkit.probes import detection_eval, trace_pairs
+        >>> from steerkit.probes.methods.critique import detection_eval, trace_pairs
         >>> traces = [t for pair in trace_pairs(2) for t in pair]  # two correct, two erroneous
         >>> d = detection_eval(tiny, traces)
         >>> d["n_error"], d["n_correct"], 0 <= d["f1"] <= 1, 0 <= d["auroc"] <= 1
@@ -401,7 +401,7 @@ def critique_sweep(sm: "SteerModel", vectors: Tensor, traces: Sequence[ArithTrac
     the unsteered model, computed once).
 
     Examples:
-        >>> from steerkit.probes import critique_sweep, critique_vector, trace_pairs
+        >>> from steerkit.probes.methods.critique import critique_sweep, critique_vector, trace_pairs
         >>> clean, corrupted = zip(*trace_pairs(2))
         >>> cv = critique_vector(tiny, clean, corrupted, contrast="error")
         >>> rows = critique_sweep(tiny, cv.vectors, list(clean + corrupted), layers=[1, 2], alphas=(0.0, 1.0))
@@ -439,7 +439,7 @@ def logit_lens_tokens(sm: "SteerModel", v, k: int = 10) -> dict:
     model caps its logits (:func:`steerkit.probes.lens.vector_lens`), as ``{"top": [...], "bottom": [...]}``.
 
     Examples:
-        >>> from steerkit.probes import logit_lens_tokens
+        >>> from steerkit.probes.methods.critique import logit_lens_tokens
         >>> v = tiny.hf_model.lm_head.weight[5099].detach()  # the unembedding row of " Mary"
         >>> lens = logit_lens_tokens(tiny, v, k=3)
         >>> len(lens["top"]), len(lens["bottom"]), lens["top"][0][0]
@@ -456,7 +456,7 @@ class CritiqueResult:
     """Everything one run of the method produced (see :func:`run_critique`).
 
     Examples:
-        >>> from steerkit.probes import run_critique
+        >>> from steerkit.probes.methods.critique import run_critique
         >>> res = run_critique(tiny, n=4, layers=[2], alphas=(0.0, 1.0), contrast="error", lens_k=3)
         >>> res.best()["layer"], res.baseline()["alpha"], len(res.norms), type(res.plot()).__name__
         (2, 0.0, 4, 'Figure')
@@ -534,7 +534,7 @@ def run_critique(sm: "SteerModel", n: int = 40, *, n_eval: int | None = None, la
     questions (seed ``seed + 1``), half of them corrupted, over ``layers`` x ``alphas``.
 
     Examples:
-        >>> from steerkit.probes import run_critique
+        >>> from steerkit.probes.methods.critique import run_critique
         >>> res = run_critique(tiny, n=4, n_eval=4, layers=[1, 3], alphas=(0.0, 2.0), contrast="error", lens_k=2)
         >>> res.contrast, res.n_train, len(res.rows), sorted(res.lens)
         ('error', 4, 4, [1, 3])
@@ -561,7 +561,7 @@ def to_artifact(sm: "SteerModel", result: CritiqueResult, layer: int, *, seed: i
     """The vector at ``layer`` as a ``SteeringVector`` with provenance (contrast, counts) and metrics.
 
     Examples:
-        >>> from steerkit.probes import run_critique
+        >>> from steerkit.probes.methods.critique import run_critique
         >>> from steerkit.probes.methods.critique import to_artifact
         >>> res = run_critique(tiny, n=4, layers=[2], alphas=(0.0,), contrast="error", lens_k=0)
         >>> vec = to_artifact(tiny, res, layer=3)

@@ -129,7 +129,7 @@ def arithmetic_traces(n: int = 40, seed: int = 0, *, error_rate: float = 0.5,
     """``n`` traces of distinct questions; each is corrupted with probability ``error_rate`` (seeded).
 
     Examples:
-        >>> from steerkit.probes import arithmetic_traces
+        >>> from steerkit.probes.methods.critique_data import arithmetic_traces
         >>> traces = arithmetic_traces(20, error_rate=0.5)
         >>> len(traces), len({t.question for t in traces}), 0 < sum(t.corrupted >= 0 for t in traces) < 20
         (20, 20, True)
@@ -147,7 +147,7 @@ def trace_pairs(n: int = 40, seed: int = 0, *, n_steps: int | None = None) -> li
     """``(clean, corrupted)`` traces of the same ``n`` questions.
 
     Examples:
-        >>> from steerkit.probes import trace_pairs
+        >>> from steerkit.probes.methods.critique_data import trace_pairs
         >>> pairs = trace_pairs(3)
         >>> [(c.question == e.question, c.corrupted, e.corrupted >= 0) for c, e in pairs][0]
         (True, -1, True)
@@ -178,7 +178,7 @@ def gsm8k_error_traces(n: int | None = None, *, offset: int = 0, path=None) -> l
     prefix ending right after its first wrong calculation); Phan et al., MIT (``steerkit/data/README.md``).
 
     Examples:
-        >>> from steerkit.probes import gsm8k_error_traces
+        >>> from steerkit.probes.methods.critique_data import gsm8k_error_traces
         >>> rows = gsm8k_error_traces(2)
         >>> len(rows), sorted(k for k in rows[0] if k in ("question", "ground_truth", "search"))
         (2, ['ground_truth', 'question', 'search'])

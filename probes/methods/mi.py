@@ -63,7 +63,7 @@ def hsic_mi(x, y, sigma: float = 50.0, eps: float = 1e-5, *, dtype=torch.float32
     A vector shares more information with a noisy copy of itself than with noise.
 
     Examples:
-        >>> from steerkit.probes import hsic_mi
+        >>> from steerkit.probes.methods.mi import hsic_mi
         >>> x = torch.randn(64)
         >>> hsic_mi(x, x + 0.1 * torch.randn(64), sigma=1.0) > hsic_mi(x, torch.randn(64), sigma=1.0)
         True
@@ -88,7 +88,7 @@ def find_peaks(values: Sequence[float], k: float = 2.0) -> list[int]:
     """Indices whose value exceeds ``mean + k * std`` (population std).
 
     Examples:
-        >>> from steerkit.probes import find_peaks
+        >>> from steerkit.probes.methods.mi import find_peaks
         >>> find_peaks([1, 1, 1, 9, 1, 1, 1, 1]), find_peaks([1, 2, 3], k=5.0)
         ([3], [])
     """
@@ -106,7 +106,7 @@ class MITrajectory:
     mean + ``threshold_k`` std.
 
     Examples:
-        >>> from steerkit.probes import MITrajectory
+        >>> from steerkit.probes.methods.mi import MITrajectory
         >>> tr = MITrajectory(layer=20, mi=np.array([0.1, 0.2, 0.9, 0.1]), tokens=["So", ",", " Wait", " x"],
         ...                   peaks=[2])
         >>> tr.peak_tokens, tr.to_json()["peak_tokens"], type(tr.plot()).__name__
@@ -159,7 +159,7 @@ def mi_trajectory(sm: "SteerModel", prompt: str, reference: str, layer: int, *, 
     last prompt token for t = 0, then each generated token).
 
     Examples:
-        >>> from steerkit.probes import mi_trajectory
+        >>> from steerkit.probes.methods.mi import mi_trajectory
         >>> tr = mi_trajectory(tiny, "What is 2 + 3?", "2 + 3 = 5. The answer is 5.", layer=2, max_new_tokens=6)
         >>> tr.mi.shape, len(tr.tokens), tr.layer
         ((6,), 6, 2)
@@ -189,7 +189,7 @@ def thinking_token_ids(tokenizer, words: Sequence[str] = THINKING_WORDS) -> tupl
     the words that have no single-token form in this tokenizer.
 
     Examples:
-        >>> from steerkit.probes import thinking_token_ids
+        >>> from steerkit.probes.methods.mi import thinking_token_ids
         >>> ids, dropped = thinking_token_ids(tiny.tokenizer, ["Wait", "So"])
         >>> len(ids) >= 2, dropped, sorted({tiny.tokenizer.decode([i]).strip() for i in ids})
         (True, [], ['So', 'Wait'])
@@ -201,7 +201,7 @@ def peak_token_counts(trajectories: Sequence[MITrajectory]) -> dict[str, int]:
     """How often each token (stripped) sits at an MI peak over ``trajectories``, most frequent first.
 
     Examples:
-        >>> from steerkit.probes import MITrajectory, peak_token_counts
+        >>> from steerkit.probes.methods.mi import MITrajectory, peak_token_counts
         >>> a = MITrajectory(20, np.zeros(3), [" Wait", " So", " Wait"], peaks=[0, 1, 2])
         >>> b = MITrajectory(20, np.zeros(2), [" x", "Wait"], peaks=[1])
         >>> peak_token_counts([a, b])
@@ -227,7 +227,8 @@ def thinking_eval(sm: "SteerModel", problems, *, layer: Optional[int] = None, wo
     The mechanics on the tiny model, which cannot do arithmetic.
 
     Examples:
-        >>> from steerkit.probes import arithmetic_problems, thinking_eval
+        >>> from steerkit.probes.methods.region import arithmetic_problems
+        >>> from steerkit.probes.methods.mi import thinking_eval
         >>> out = thinking_eval(tiny, arithmetic_problems(2), max_new_tokens=4, continue_tokens=2)
         >>> out["layer"], out["n"], sorted(out["greedy"])
         (2, 2, ['accuracy', 'ci95', 'correct', 'tokens_mean'])

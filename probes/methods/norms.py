@@ -55,7 +55,7 @@ class NormProfile:
     without each prompt's first token (the attention sink), from :func:`norm_profile`.
 
     Examples:
-        >>> from steerkit.probes import norm_profile
+        >>> from steerkit.probes.methods.norms import norm_profile
         >>> prof = norm_profile(tiny, ["Hello there", "How are you?"])
         >>> prof.n_layers, prof.growth.shape, sorted(prof.to_json())[:3], type(prof.plot()).__name__
         (4, (3,), ['first', 'growth', 'mean'], 'Figure')
@@ -103,7 +103,7 @@ def norm_profile(sm: "SteerModel", prompts: Sequence[str], *, batch_size: int = 
     a far larger norm than the others.
 
     Examples:
-        >>> from steerkit.probes import norm_profile
+        >>> from steerkit.probes.methods.norms import norm_profile
         >>> prof = norm_profile(sm, ["What is the capital of France?", "List three prime numbers."])
         >>> bool(prof.mean[-1] > prof.mean[0]), bool(prof.first[15] > 5 * prof.mean_no_first[15])
         (True, True)
@@ -142,7 +142,7 @@ class AttentionDrift:
     token, which produces the first new token; step s: the s-th generated token fed back).
 
     Examples:
-        >>> from steerkit.probes import attention_drift
+        >>> from steerkit.probes.methods.norms import attention_drift
         >>> drift = attention_drift(tiny, ["Hello there"], max_new_tokens=3)
         >>> total = drift.sink + drift.recent + drift.prompt + drift.generated  # the mass adds up to one
         >>> drift.sink.shape, bool(np.allclose(total, 1, atol=1e-4))
@@ -193,7 +193,7 @@ def attention_drift(sm: "SteerModel", prompts: Sequence[str], *, max_new_tokens:
     newest token, per layer and greedy generation step (see the module docstring).
 
     Examples:
-        >>> from steerkit.probes import attention_drift
+        >>> from steerkit.probes.methods.norms import attention_drift
         >>> drift = attention_drift(tiny, ["Hello there", "Good night"], max_new_tokens=4, window=2)
         >>> drift.norm.shape, drift.n_prompts, drift.window, type(drift.plot()).__name__
         ((4, 4), 2, 2, 'Figure')
@@ -250,7 +250,7 @@ class NormChain:
     the first pass being the model's own forward.
 
     Examples:
-        >>> from steerkit.probes import norm_chain
+        >>> from steerkit.probes.methods.norms import norm_chain
         >>> chain = norm_chain(tiny, ["Hello there"], passes=2)
         >>> chain.norms.shape, chain.growth_per_pass.shape, type(chain.plot()).__name__
         ((8,), (1,), 'Figure')
@@ -292,7 +292,7 @@ def norm_chain(sm: "SteerModel", prompts: Sequence[str], *, passes: int = 3, cha
     The first pass is the model's own forward: its norms are the norm profile's.
 
     Examples:
-        >>> from steerkit.probes import norm_chain, norm_profile
+        >>> from steerkit.probes.methods.norms import norm_chain, norm_profile
         >>> chain = norm_chain(tiny, ["Hello there", "How are you?"], passes=3)
         >>> prof = norm_profile(tiny, ["Hello there", "How are you?"])
         >>> len(chain.norms), bool(np.allclose(chain.norms[:4], prof.mean_no_first, rtol=1e-4))

@@ -29,7 +29,7 @@ class Problem:
     """A word problem with a numeric ``answer``; ``source`` is ``"arith"`` or ``"gsm8k"``.
 
     Examples:
-        >>> from steerkit.probes import Problem
+        >>> from steerkit.probes.methods.problems import Problem
         >>> p = Problem("What is 2 + 3 * 4?", 14.0)
         >>> p.source, p.answer
         ('arith', 14.0)
@@ -145,7 +145,7 @@ def arithmetic_problems(n: int = 60, seed: int = 0, *, level: str = "easy", excl
     in ``exclude`` are skipped (held-out sets: pass the training questions).
 
     Examples:
-        >>> from steerkit.probes import arithmetic_problems
+        >>> from steerkit.probes.methods.problems import arithmetic_problems
         >>> train = arithmetic_problems(3, seed=0)
         >>> test = arithmetic_problems(3, seed=1, exclude=[p.question for p in train])
         >>> len(train), not {p.question for p in train} & {p.question for p in test}, train == arithmetic_problems(3)
@@ -178,7 +178,7 @@ def gsm8k_problems(n: Optional[int] = None, *, offset: int = 0, path=None) -> li
     ``offset .. offset + n``; ``path`` reads another jsonl with ``question`` / ``answer`` (``#### N``).
 
     Examples:
-        >>> from steerkit.probes import gsm8k_problems
+        >>> from steerkit.probes.methods.problems import gsm8k_problems
         >>> probs = gsm8k_problems(2)
         >>> len(probs), probs[0].source, probs[0].answer, "####" in probs[0].solution
         (2, 'gsm8k', 18.0, True)
@@ -221,7 +221,7 @@ def parse_answer(text: str) -> Optional[float]:
     else ``\\boxed{N}``, else the last number in the text; ``None`` when there is no number.
 
     Examples:
-        >>> from steerkit.probes import parse_answer
+        >>> from steerkit.probes.methods.problems import parse_answer
         >>> parse_answer("3 + 4 = 7, so the answer is 7."), parse_answer("#### 1,250"), parse_answer("no idea")
         (7.0, 1250.0, None)
     """

@@ -78,7 +78,7 @@ class StepBoundaries:
     boundary).
 
     Examples:
-        >>> from steerkit.probes import step_boundaries
+        >>> from steerkit.probes.methods.region import step_boundaries
         >>> b = step_boundaries(tiny.tokenizer)
         >>> ids = tiny.tokenizer("Step one.\\n\\nStep two.", add_special_tokens=False)["input_ids"]
         >>> sum(b.mask(ids)), type(b.spec()).__name__  # single tokens or pairs
@@ -111,7 +111,7 @@ def step_boundaries(tokenizer) -> StepBoundaries:
     and vocabulary size).
 
     Examples:
-        >>> from steerkit.probes import step_boundaries
+        >>> from steerkit.probes.methods.region import step_boundaries
         >>> b = step_boundaries(tiny.tokenizer)
         >>> "\\n\\n" in [tiny.tokenizer.decode([i]) for i in b.single], step_boundaries(tiny.tokenizer) is b
         (True, True)
@@ -146,7 +146,7 @@ def steering_positions(tokenizer, *, last: bool = True):
     """``AnyOf("last", <generated step-boundary tokens>)``: where :func:`steer_region` edits.
 
     Examples:
-        >>> from steerkit.probes import steering_positions
+        >>> from steerkit.probes.methods.region import steering_positions
         >>> steering_positions(tiny.tokenizer).specs[0], type(steering_positions(tiny.tokenizer, last=False)).__name__
         ('last', 'AnyOf')
     """
@@ -182,7 +182,7 @@ def region_features(sm: "SteerModel", texts: Sequence, layer: Optional[int] = No
     returns the number of points of each text.
 
     Examples:
-        >>> from steerkit.probes import region_features
+        >>> from steerkit.probes.methods.region import region_features
         >>> texts = ["3 * 4 = 12.\\n\\n2 + 12 = 14.\\n\\nThe answer is 14.\\n\\n", "The answer is 14.\\n\\n"]
         >>> feats, counts = region_features(tiny, texts, layer=2, prompts=["What is 2 + 3 * 4?"] * 2,
         ...                                 return_counts=True)
@@ -258,7 +258,7 @@ def fit_region(concise, verbose, *, n_components: int = 10, n_clusters: int = 8,
     Concise points near the origin, verbose ones shifted along the first axis.
 
     Examples:
-        >>> from steerkit.probes import fit_region
+        >>> from steerkit.probes.methods.region import fit_region
         >>> concise = torch.randn(40, 64)
         >>> verbose = torch.randn(40, 64) + 6 * torch.eye(64)[0]
         >>> region = fit_region(concise, verbose, n_components=4, n_clusters=2, model=tiny)
@@ -343,7 +343,7 @@ def region_spec(region: Region, strength: float = 1.0, facts: Optional[ModelFact
     one such list per row steers each row its own way). :func:`steer_region` adds the method's positions.
 
     Examples:
-        >>> from steerkit.probes import fit_region, region_spec
+        >>> from steerkit.probes.methods.region import fit_region, region_spec
         >>> region = fit_region(torch.randn(20, 64), torch.randn(20, 64) + 4, n_components=2, n_clusters=1, model=tiny)
         >>> [(iv.site, iv.op, iv.scale) for iv in region_spec(region, 0.5, tiny.facts)]
         [('blocks.2.hook_resid_post', 'project', 0.5)]
@@ -361,7 +361,7 @@ def steer_region(sm: "SteerModel", region: Region, strength: float = 1.0, *, pos
     region against the model first.
 
     Examples:
-        >>> from steerkit.probes import fit_region, steer_region
+        >>> from steerkit.probes.methods.region import fit_region, steer_region
         >>> region = fit_region(torch.randn(20, 64), torch.randn(20, 64) + 4, n_components=2, n_clusters=1, model=tiny)
         >>> with steer_region(tiny, region):
         ...     texts = tiny.generate(["What is 2 + 3?"], max_new_tokens=4)
@@ -379,7 +379,7 @@ class Solution:
     and whether it ended before ``max_new_tokens``.
 
     Examples:
-        >>> from steerkit.probes import Problem, Solution
+        >>> from steerkit.probes.methods.region import Problem, Solution
         >>> s = Solution(Problem("What is 2 + 3?", 5.0), "eval", "2 + 3 = 5. The answer is 5.", [17, 42, 7],
         ...              correct=True, finished=True)
         >>> s.n_tokens, s.correct
@@ -406,7 +406,7 @@ def solve(sm: "SteerModel", problems: Sequence[Problem], style: str = "eval", *,
     after their first answer statement.
 
     Examples:
-        >>> from steerkit.probes import arithmetic_problems
+        >>> from steerkit.probes.methods.region import arithmetic_problems
         >>> from steerkit.probes.methods.region import solve
         >>> sols = solve(tiny, arithmetic_problems(2), "concise", max_new_tokens=5)
         >>> len(sols), sols[0].style, all(s.n_tokens <= 5 for s in sols)
@@ -447,7 +447,7 @@ def summarize(sols: Sequence[Solution]) -> dict:
     """Mean generated tokens (bootstrap 95% interval), accuracy (Wilson 95%), fraction finished.
 
     Examples:
-        >>> from steerkit.probes import Problem, Solution
+        >>> from steerkit.probes.methods.region import Problem, Solution
         >>> from steerkit.probes.methods.region import summarize
         >>> p = Problem("What is 2 + 3?", 5.0)
         >>> sols = [Solution(p, "eval", "The answer is 5.", [1] * 6, True, True),
@@ -470,7 +470,7 @@ def region_eval(sm: "SteerModel", problems: Sequence[Problem], region, *, streng
     projection; ``paired_token_diff`` is projected minus baseline per problem (bootstrap 95%).
 
     Examples:
-        >>> from steerkit.probes import arithmetic_problems, fit_region, region_eval
+        >>> from steerkit.probes.methods.region import arithmetic_problems, fit_region, region_eval
         >>> region = fit_region(torch.randn(20, 64), torch.randn(20, 64) + 4, n_components=2, n_clusters=1, model=tiny)
         >>> out = region_eval(tiny, arithmetic_problems(2), region, max_new_tokens=4)
         >>> out["baseline"]["n"], out["projected"]["n"], sorted(out["paired_token_diff"])
@@ -494,7 +494,7 @@ class RegionResult:
     """Everything one run of the method produced (see :func:`run_region`).
 
     Examples:
-        >>> from steerkit.probes import RegionResult, fit_region
+        >>> from steerkit.probes.methods.region import RegionResult, fit_region
         >>> region = fit_region(torch.randn(20, 64), torch.randn(20, 64) + 4, n_components=2, n_clusters=1, model=tiny)
         >>> res = RegionResult(region, layer=2, n_train=10, n_verbose_kept=10, n_concise_kept=10,
         ...                    n_points={"concise": 20, "verbose": 20})
@@ -545,7 +545,7 @@ def select_solutions(sols: Sequence[Solution], keep: str = "correct", min_kept: 
     correct (a small model solves few problems); ``"answered"`` / ``"all"`` skip the correctness test.
 
     Examples:
-        >>> from steerkit.probes import Problem, Solution
+        >>> from steerkit.probes.methods.region import Problem, Solution
         >>> from steerkit.probes.methods.region import select_solutions
         >>> p = Problem("What is 2 + 3?", 5.0)
         >>> sols = [Solution(p, "eval", "The answer is 5.", [1], True, True),
@@ -584,7 +584,7 @@ def run_region(sm: "SteerModel", train: Sequence[Problem], test: Sequence[Proble
     40 problems and evaluates on 30 held-out ones.
 
     Examples:
-        >>> from steerkit.probes import arithmetic_problems, run_region
+        >>> from steerkit.probes.methods.region import arithmetic_problems, run_region
         >>> res = run_region(sm, arithmetic_problems(2), n_components=2, n_clusters=1, keep="all",
         ...                  train_max_new_tokens=12)
         >>> res.layer, res.n_verbose_kept, res.selection["verbose"], res.n_points["concise"] >= 2

@@ -88,7 +88,7 @@ class TemporalPair:
     """One event list in order (``events``) and reversed; ``text``/``text_rev`` are the prompts.
 
     Examples:
-        >>> from steerkit.probes import TemporalPair
+        >>> from steerkit.probes.methods.temporal import TemporalPair
         >>> p = TemporalPair(["boil the water", "add the pasta"], "process", "Events: {events}.",
         ...                  "What happened first?")
         >>> p.text
@@ -120,7 +120,7 @@ def temporal_pairs(n: int = 60, seed: int = 0, *, question: str = "What happened
     contiguous sub-sequence of >= 2 events vary; deterministic in ``seed``).
 
     Examples:
-        >>> from steerkit.probes import temporal_pairs
+        >>> from steerkit.probes.methods.temporal import temporal_pairs
         >>> pairs = temporal_pairs(5, seed=0)
         >>> same = [p.text for p in pairs] == [p.text for p in temporal_pairs(5)]  # deterministic in seed
         >>> len(pairs), all(len(p.events) >= 2 for p in pairs), same
@@ -149,7 +149,7 @@ class OrderItem:
     """A question about event order: ``prompt``, ``choices`` (next-token strings), ``answer`` index.
 
     Examples:
-        >>> from steerkit.probes import OrderItem
+        >>> from steerkit.probes.methods.temporal import OrderItem
         >>> item = OrderItem("I woke up; then I ate. Question: Did 'I ate' happen before 'I woke up'?",
         ...                  ["Yes", "No"], answer=1, kind="yesno")
         >>> item.choices[item.answer]
@@ -168,7 +168,7 @@ def order_questions(n: int = 200, seed: int = 1) -> list[OrderItem]:
     balanced answers; the narrative is the ordered event list.
 
     Examples:
-        >>> from steerkit.probes import order_questions
+        >>> from steerkit.probes.methods.temporal import order_questions
         >>> items = order_questions(4)
         >>> [it.kind for it in items], [it.choices for it in items[:2]]
         (['yesno', 'choice', 'yesno', 'choice'], [['Yes', 'No'], ['A', 'B']])
@@ -200,7 +200,7 @@ class Profile:
     """The temporal divergence profile over layers (arrays of length ``n_layers``).
 
     Examples:
-        >>> from steerkit.probes import temporal_pairs, temporal_profile
+        >>> from steerkit.probes.methods.temporal import temporal_pairs, temporal_profile
         >>> prof = temporal_profile(tiny, temporal_pairs(4))
         >>> prof.n_layers, prof.n_pairs, tuple(prof.tau.shape), 0 <= prof.peak_layer < 4
         (4, 4, (4, 64), True)
@@ -297,7 +297,7 @@ def temporal_profile(sm: "SteerModel", pairs, *, batch_size: int = 16, chat: boo
     """The profile of ``pairs`` (``TemporalPair`` or ``(text, reversed_text)``) on ``sm``.
 
     Examples:
-        >>> from steerkit.probes import temporal_profile
+        >>> from steerkit.probes.methods.temporal import temporal_profile
         >>> prof = temporal_profile(tiny, [("A; then B.", "B; then A."), ("C; then D.", "D; then C.")])
         >>> prof.n_pairs, prof.rel.shape, bool((prof.cos <= 1 + 1e-6).all())
         (2, (4,), True)
@@ -319,7 +319,7 @@ def profile_from_states(h: torch.Tensor, h_rev: torch.Tensor, *, keep_taus: bool
     ``rel_l = ||h - h_rev|| / ||h||``, averaged over the pairs.
 
     Examples:
-        >>> from steerkit.probes import profile_from_states
+        >>> from steerkit.probes.methods.temporal import profile_from_states
         >>> h = torch.ones(3, 2, 4)
         >>> h_rev = h.clone()
         >>> h_rev[:, 1] = 0.5  # the orders differ at layer 1 only
@@ -343,7 +343,7 @@ def linear_decay(source: int, n_layers: int):
     ``1 / (n_layers - 1 - source)`` at the last layer.
 
     Examples:
-        >>> from steerkit.probes import linear_decay
+        >>> from steerkit.probes.methods.temporal import linear_decay
         >>> linear_decay(source=1, n_layers=6).weights
         {2: 1.0, 3: 0.75, 4: 0.5, 5: 0.25}
     """
@@ -359,7 +359,7 @@ def injection_spec(tau_source: torch.Tensor, schedule, beta: float) -> list[Inte
     ``sm.steer(spec)``; ``sm.steer(rows=[spec, ...])`` steers each row with its own tau.
 
     Examples:
-        >>> from steerkit.probes import injection_spec, linear_decay
+        >>> from steerkit.probes.methods.temporal import injection_spec, linear_decay
         >>> spec = injection_spec(torch.randn(64), linear_decay(1, 4), beta=2.0)
         >>> [(iv.site, iv.scale, iv.positions) for iv in spec]
         [('blocks.2.hook_resid_post', 2.0, 'last'), ('blocks.3.hook_resid_post', 1.0, 'last')]
@@ -379,7 +379,7 @@ def steer_injection(sm: "SteerModel", tau_source, schedule, beta: float):
     ``inject``, still works and warns (:func:`steerkit.kernels.inject` is the kernel's injection of a vector).
 
     Examples:
-        >>> from steerkit.probes import linear_decay, steer_injection
+        >>> from steerkit.probes.methods.temporal import linear_decay, steer_injection
         >>> plain = tiny(["A; then B.", "C; then D."])
         >>> with steer_injection(tiny, torch.randn(2, 64), linear_decay(1, 4), beta=4.0):  # one tau per row
         ...     injected = tiny(["A; then B.", "C; then D."])
@@ -403,7 +403,7 @@ def per_input_taus(sm: "SteerModel", prompts: Sequence[str], reversed_prompts: S
     """``[n, d_model]``: tau at the source layer for each input (needs the reversed pass).
 
     Examples:
-        >>> from steerkit.probes import per_input_taus
+        >>> from steerkit.probes.methods.temporal import per_input_taus
         >>> taus = per_input_taus(tiny, ["A; then B.", "C; then D."], ["B; then A.", "D; then C."], source=1)
         >>> tuple(taus.shape)
         (2, 64)
@@ -432,7 +432,7 @@ def choice_accuracy(sm: "SteerModel", items: Sequence[OrderItem], *, steering=No
     per row`` (per-input taus).
 
     Examples:
-        >>> from steerkit.probes import choice_accuracy, order_questions
+        >>> from steerkit.probes.methods.temporal import choice_accuracy, order_questions
         >>> out = choice_accuracy(tiny, order_questions(6))
         >>> out["n"], 0 <= out["accuracy"] <= 1, len(out["ci95"])
         (6, True, 2)
@@ -474,7 +474,7 @@ def choose_beta(sm: "SteerModel", dev_items: Sequence[OrderItem], tau_source, sc
     """The beta with the best dev accuracy (ties: the smallest |beta|); never pass the reported split.
 
     Examples:
-        >>> from steerkit.probes import choose_beta, linear_decay, order_questions
+        >>> from steerkit.probes.methods.temporal import choose_beta, linear_decay, order_questions
         >>> beta, rows = choose_beta(tiny, order_questions(4), torch.randn(64), linear_decay(1, 4), [0.0, 1.0])
         >>> beta in (0.0, 1.0), [b for b, _ in rows]
         (True, [0.0, 1.0])

@@ -16,7 +16,7 @@ def profile_figure(prof: "Profile", *, title: Optional[str] = None) -> go.Figure
     (:meth:`~steerkit.probes.methods.temporal.Profile.plot`).
 
     Examples:
-        >>> from steerkit.probes import profile_from_states
+        >>> from steerkit.probes.methods.temporal import profile_from_states
         >>> from steerkit.probes.plots.temporal import profile_figure
         >>> prof = profile_from_states(torch.ones(3, 2, 4), torch.ones(3, 2, 4) * 0.5)
         >>> [t.name for t in profile_figure(prof).data]

@@ -12,7 +12,8 @@ from pathlib import Path
 from steerkit.cli._common import (add_model_options, add_ray_options, check_min, check_output_path, load_model_from,
                                   parse_hooks, ray_executor, read_prompts, resolve_hooks)
 from steerkit.storage import jsontext
-from steerkit.storage.dataset import ActivationDataset, record_dataset
+from steerkit.recording import record_dataset
+from steerkit.storage.dataset import ActivationDataset
 from steerkit.demo import main as demo_main
 from steerkit.errors import BackendUnavailableError, InputError
 from steerkit.hooks.positions import positions_from_text

@@ -3,8 +3,9 @@
 A sparse block (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) flattens its input to ``[tokens, d_model]``,
 asks its router for ``(router_logits, top-k weights, top-k indices)`` and hands the indices and weights
 to its fused experts, which add up each chosen expert's weighted output (Qwen2-MoE adds a gated shared
-expert on top). The modules it uses come from the model's :class:`~steerkit.loading.adapters.Adapter`
-(:class:`~steerkit.loading.adapters.MoELayout`); :func:`hooked` runs hook functions there:
+expert on top). The modules it uses, the fused experts' weights and how one expert computes come from the
+model's :class:`~steerkit.loading.adapters.Adapter` (:class:`~steerkit.loading.adapters.MoELayout`): this module
+names no module path. :func:`hooked` runs hook functions there:
 
 - ``mlp.hook_router_logits`` ``[batch, pos, n_experts]``, ``mlp.hook_expert_weights`` /
   ``hook_expert_indices`` ``[batch, pos, top_k]``: one forward hook on the router runs the logits'
@@ -44,7 +45,7 @@ with quiet_optional_imports():  # transformers' integrations import torchao when
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 if TYPE_CHECKING:
-    from steerkit.loading.adapters import Adapter
+    from steerkit.loading.adapters import Adapter, MoELayout
 
 
 
@@ -54,6 +55,7 @@ class _Block:
 
     def __init__(self, model: nn.Module, adapter: "Adapter", layer: int):
         self.model, self.adapter, self.layer = model, adapter, layer
+        self.layout: "MoELayout" = adapter.moe_layout(model, layer)
         self.hooks: dict[str, list] = {k: [] for k in MOE_HOOKS}
         self.handles: list = []
         self.shape: Optional[tuple[int, int]] = None
@@ -229,41 +231,39 @@ def _experts(module: nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_
     return per_expert(module, hidden_states, top_k_index, top_k_weights, state)
 
 
-def expert_outputs(module: Any, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor
-                   ) -> tuple[Tensor, list[int]]:
+def expert_outputs(module: Any, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor,
+                   layout: "MoELayout") -> tuple[Tensor, list[int]]:
     """``([tokens, n_experts, d_model], experts used)``: each expert's weighted output for every token as
-    eager experts compute it (zero where the token does not use the expert).
+    eager experts compute it (zero where the token does not use the expert). ``layout``: the block's
+    :class:`~steerkit.loading.adapters.MoELayout` (``adapter.moe_layout(model, layer)``), which knows the fused
+    experts' weights and computes one expert (:meth:`~steerkit.loading.adapters.MoELayout.expert_output`).
 
     Examples:
         >>> from steerkit.hooks.moe import expert_outputs
+        >>> from steerkit.loading.adapters import adapter_for
         >>> from transformers import MixtralConfig, MixtralForCausalLM
         >>> cfg = MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
         ...                     num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
         ...                     num_experts_per_tok=2)
         >>> model = MixtralForCausalLM(cfg).eval()
-        >>> experts = model.model.layers[0].mlp.experts
+        >>> adapter = adapter_for(model)
+        >>> experts, layout = adapter.experts_module(model, 0), adapter.moe_layout(model, 0)
         >>> x, idx = torch.randn(3, 32), torch.tensor([[0, 1], [1, 2], [3, 0]])  # 3 tokens, 2 experts each
         >>> w = torch.full((3, 2), 0.5)
-        >>> per, hit = expert_outputs(experts, x, idx, w)
+        >>> per, hit = expert_outputs(experts, x, idx, w, layout)
         >>> tuple(per.shape), hit, bool(torch.allclose(per.sum(1), experts(x, idx, w), atol=1e-6))
         ((3, 4, 32), [0, 1, 2, 3], True)
     """
-    if getattr(module, "has_bias", False) or getattr(module, "is_transposed", False) or \
-            not getattr(module, "has_gate", True):
-        raise UnsupportedArchitectureError(
-            f"expected fused experts with [gate | up] weights without bias ({type(module).__name__}), found "
-            "another layout; mlp.hook_expert_out supports Mixtral / Qwen-MoE / OLMoE experts")
+    layout.check_experts(module)
     N, d = hidden_states.shape
-    E = int(module.num_experts)
+    E = layout.n_routed(module)
     per = hidden_states.new_zeros(N, E, d)
     with torch.no_grad():
         mask = torch.nn.functional.one_hot(top_k_index, num_classes=E + 1).permute(2, 1, 0)
         hit = [int(e) for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()[:, 0].tolist() if e < E]
     for e in hit:
         top_k_pos, token_idx = torch.where(mask[e])
-        h = nn.functional.linear(hidden_states[token_idx], module.gate_up_proj[e])
-        h = module._apply_gate(h)
-        h = nn.functional.linear(h, module.down_proj[e])
+        h = layout.expert_output(module, e, hidden_states[token_idx])
         h = h * top_k_weights[token_idx, top_k_pos, None]
         per[token_idx, e] = h.to(per.dtype)
     return per, hit
@@ -276,22 +276,24 @@ def per_expert(module: nn.Module, hidden_states: Tensor, top_k_index: Tensor, to
     Examples:
         >>> from types import SimpleNamespace
         >>> from steerkit.hooks.moe import per_expert
+        >>> from steerkit.loading.adapters import adapter_for
         >>> from transformers import MixtralConfig, MixtralForCausalLM
         >>> cfg = MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
         ...                     num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
         ...                     num_experts_per_tok=2)
         >>> model = MixtralForCausalLM(cfg).eval()
-        >>> experts = model.model.layers[0].mlp.experts
+        >>> adapter = adapter_for(model)
+        >>> experts = adapter.experts_module(model, 0)
         >>> x, idx, w = torch.randn(3, 32), torch.tensor([[0, 1], [1, 2], [3, 0]]), torch.full((3, 2), 0.5)
         >>> zero_expert_1 = lambda h, call: h * torch.tensor([1.0, 0.0, 1.0, 1.0])[:, None]  # [.., n_experts, d]
         >>> tracker = SimpleNamespace(call=lambda h: None)
-        >>> block = SimpleNamespace(hooks={"mlp.hook_expert_out": [(zero_expert_1, tracker)]},
-        ...                         rows=lambda h: h)  # what hooked() keeps for a block
+        >>> block = SimpleNamespace(hooks={"mlp.hook_expert_out": [(zero_expert_1, tracker)]}, rows=lambda h: h,
+        ...                         layout=adapter.moe_layout(model, 0))  # what hooked() keeps for a block
         >>> out, eager = per_expert(experts, x, idx, w, block), experts(x, idx, w)
         >>> bool(torch.allclose(out[2], eager[2], atol=1e-6)), bool(torch.allclose(out[1], eager[1]))
         (True, False)
     """
-    per, hit = expert_outputs(module, hidden_states, top_k_index, top_k_weights)
+    per, hit = expert_outputs(module, hidden_states, top_k_index, top_k_weights, state.layout)
     x = state.rows(per)
     edited = False
     for fn, tracker in state.hooks[EXPERT_OUT]:

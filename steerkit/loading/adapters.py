@@ -34,6 +34,13 @@ effective weight (``weight``, ``1 + weight`` on Gemma, none on OLMo) and bias.
 
 Adapters are registered per ``config.model_type`` with :func:`register_adapter`;
 :func:`adapter_for` picks one for a loaded model.
+
+The weights the model fingerprint hashes (:func:`fingerprint_keys`) and the module layout of a model vLLM
+serves (:func:`vllm_layout`, :func:`vllm_sites`) are named here too.
+
+Why one module: it is the one place that knows module paths (``tests/core/test_adapter_paths.py`` walks the
+rest of the code for them), so every family's layout, a sparse block's fused experts, the fingerprinted weights
+and vLLM's layout stay side by side, where a new family is added in one reading.
 """
 from __future__ import annotations
 
@@ -204,6 +211,46 @@ class MoELayout:
     top_k_attrs: tuple[str, ...] = ("num_experts_per_tok",)
     renormalize: bool | str = "norm_topk_prob"
     weights_in_logits_dtype: bool = True
+    #: the fused experts' 3-D weights (``[n_experts, 2 * d_expert, d_model]``, ``[n_experts, d_model, d_expert]``)
+    #: and their count, as transformers' experts modules name them
+    gate_up: str = "gate_up_proj"
+    down: str = "down_proj"
+    experts_count: str = "num_experts"
+
+    def check_experts(self, experts: nn.Module) -> None:
+        """:class:`UnsupportedArchitectureError` unless ``experts`` holds fused ``[gate | up]`` weights without
+        bias, which :meth:`expert_output` computes one expert at a time."""
+        if getattr(experts, "has_bias", False) or getattr(experts, "is_transposed", False) or \
+                not getattr(experts, "has_gate", True):
+            raise UnsupportedArchitectureError(
+                f"expected fused experts with [gate | up] weights without bias ({type(experts).__name__}), found "
+                "another layout; mlp.hook_expert_out supports Mixtral / Qwen-MoE / OLMoE experts")
+
+    def n_routed(self, experts: nn.Module) -> int:
+        """How many experts the fused ``experts`` module holds."""
+        return int(getattr(experts, self.experts_count))
+
+    def expert_output(self, experts: nn.Module, e: int, x: Float[Tensor, "rows d_model"]
+                      ) -> Float[Tensor, "rows d_model"]:
+        """Expert ``e``'s output for the rows ``x``, before its routing weight, as eager fused experts compute
+        it: ``down(act(gate) * up)``.
+
+        Examples:
+            >>> from transformers import MixtralConfig, MixtralForCausalLM
+            >>> cfg = MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+            ...                     num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
+            ...                     num_experts_per_tok=2)
+            >>> model = MixtralForCausalLM(cfg).eval()
+            >>> a = adapter_for(model)
+            >>> lay, experts = a.moe_layout(model, 0), a.experts_module(model, 0)
+            >>> x = torch.randn(3, 32)
+            >>> eager = experts(x, torch.tensor([[1, 0]] * 3), torch.tensor([[1.0, 0.0]] * 3))  # expert 1 alone
+            >>> lay.n_routed(experts), bool(torch.allclose(lay.expert_output(experts, 1, x), eager, atol=1e-6))
+            (4, True)
+        """
+        h = nn.functional.linear(x, getattr(experts, self.gate_up)[e])
+        h = experts._apply_gate(h)  # type: ignore[operator]
+        return nn.functional.linear(h, getattr(experts, self.down)[e])
 
     def route(self, logits: Float[Tensor, "*rows n_experts"], top_k: int, renormalize: bool
               ) -> tuple[Float[Tensor, "*rows top_k"], Tensor]:
@@ -538,6 +585,37 @@ def _output_linear(module: nn.Module, d_model: int) -> nn.Linear:
         raise UnsupportedArchitectureError(f"expected a Linear layer writing d_model={d_model} features in "
                                            f"{type(module).__name__}, found none")
     return lin[-1]
+
+
+# The fingerprint hashes a few weights chosen by parameter name alone (so that a folder is fingerprinted without
+# loading it): the same rule for every family, which must not change, since artifacts carry the values it gave.
+_FP_EMBED, _FP_BLOCK_OUTS, _FP_FINAL_NORM = "embed_tokens.weight", ("self_attn.o_proj.weight", "mlp.down_proj.weight"), \
+    "model.norm.weight"
+
+
+def fingerprint_keys(names: list[str]) -> list[str]:
+    """Which parameters :func:`steerkit.loading.fingerprint.model_fingerprint` hashes, in order, chosen from the
+    parameter (or safetensors) names only: the token embedding, the attention and MLP output projections of the
+    first and last block, the final norm; the first and last parameter where none of those is found.
+
+    Examples:
+        >>> fingerprint_keys([n for n, _ in tiny.hf_model.named_parameters()])  # doctest: +NORMALIZE_WHITESPACE
+        ['model.embed_tokens.weight', 'model.layers.0.self_attn.o_proj.weight', 'model.layers.0.mlp.down_proj.weight',
+         'model.layers.3.self_attn.o_proj.weight', 'model.layers.3.mlp.down_proj.weight', 'model.norm.weight']
+        >>> fingerprint_keys(["transformer.wte.weight", "transformer.h.0.attn.c_attn.weight", "lm_head.weight"])
+        ['transformer.wte.weight', 'lm_head.weight']
+    """
+    keys = [k for k in names if k.endswith(_FP_EMBED)]
+    layer_keys = sorted({k for k in names if ".layers." in k})
+    if layer_keys:
+        idx = sorted({int(k.split(".layers.")[1].split(".")[0]) for k in layer_keys})
+        for li in (idx[0], idx[-1]):
+            for suffix in _FP_BLOCK_OUTS:
+                keys += [k for k in names if k.endswith(f".layers.{li}.{suffix}")]
+    keys += [k for k in names if k.endswith(_FP_FINAL_NORM)]
+    if not keys:  # unknown architecture: first and last parameter
+        keys = names[:1] + names[-1:]
+    return list(dict.fromkeys(keys))
 
 
 # vLLM's text models keep their decoder blocks at ``model.layers`` (Llama, Mistral, Qwen2/3, Gemma,

@@ -3,8 +3,10 @@
 Artifacts record the fingerprint of the model they were made on (their provenance), and steering
 checks it against the model it is applied to. The tensors are cast to bfloat16 before hashing, so
 float32 and bfloat16 loads of one model agree; only the first and last 8192 values of each hashed
-tensor are read, so it is cheap enough to compute on every load. :func:`folder_fingerprint` gives the
-same value for a model folder without loading the model (a server's front end uses it).
+tensor are read, so it is cheap enough to compute on every load. Which tensors is the adapters' word
+(:func:`steerkit.loading.adapters.fingerprint_keys`, by parameter name, the same for every family).
+:func:`folder_fingerprint` gives the same value for a model folder without loading the model (a server's front
+end uses it).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from steerkit.errors import ModelNotFoundError
+from steerkit.loading.adapters import fingerprint_keys
 from transformers import AutoConfig
 
 __all__ = ["model_fingerprint", "folder_fingerprint"]
@@ -48,7 +51,7 @@ def _config_dict(hf_model: Any) -> dict:
 
 def _fingerprint_tensors(hf_model: Any) -> list[tuple[str, torch.Tensor]]:
     named = dict(hf_model.named_parameters())
-    return [(k, _materialized(hf_model, k, named[k])) for k in _fingerprint_keys(list(named))]
+    return [(k, _materialized(hf_model, k, named[k])) for k in fingerprint_keys(list(named))]
 
 
 def _materialized(hf_model: Any, name: str, p: torch.Tensor) -> torch.Tensor:
@@ -64,21 +67,6 @@ def _materialized(hf_model: Any, name: str, p: torch.Tensor) -> torch.Tensor:
                                  "without an offload map; load the model with its weights (or through "
                                  "steerkit.load_model(..., device_map=...))")
     return weights[local]
-
-
-def _fingerprint_keys(names: list[str]) -> list[str]:
-    """Which parameters the fingerprint hashes, in order (chosen from the parameter names only)."""
-    keys = [k for k in names if k.endswith("embed_tokens.weight")]
-    layer_keys = sorted({k for k in names if ".layers." in k})
-    if layer_keys:
-        idx = sorted({int(k.split(".layers.")[1].split(".")[0]) for k in layer_keys})
-        for li in (idx[0], idx[-1]):
-            for suffix in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
-                keys += [k for k in names if k.endswith(f".layers.{li}.{suffix}")]
-    keys += [k for k in names if k.endswith("model.norm.weight")]
-    if not keys:  # unknown architecture: first and last parameter
-        keys = names[:1] + names[-1:]
-    return list(dict.fromkeys(keys))
 
 
 @torch.no_grad()
@@ -137,7 +125,7 @@ def folder_fingerprint(folder: Any) -> str:
         raise ModelNotFoundError(f"expected *.safetensors weights in {folder}, found none; point at the "
                                  "folder holding the model's safetensors files")
     tensors = []
-    for k in _fingerprint_keys(list(where)):
+    for k in fingerprint_keys(list(where)):
         with safe_open(str(where[k]), framework="pt") as fh:
             tensors.append((k, fh.get_tensor(k)))
     return _fingerprint_of(_config_dict(_Cfg), tensors)

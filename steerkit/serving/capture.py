@@ -16,7 +16,7 @@ never fed back).
 
 :func:`record_generate` runs ``LLM.generate`` with record specs and returns, per request, its rows
 ``{hook: [n_positions, d_model]}`` (float32); :func:`record_dataset_vllm` writes the sharded,
-resumable data set of :func:`steerkit.storage.dataset.record_dataset` through vLLM (``steerkit record
+resumable data set of :func:`steerkit.recording.record_dataset` through vLLM (``steerkit record
 --engine vllm``, which runs :func:`main` in vLLM's Python).
 """
 from __future__ import annotations
@@ -255,7 +255,7 @@ def _model_meta(model_dir: str) -> tuple[str, Optional[str], int, int]:
 def dataset_plan(model_dir: str, prompts: Sequence[str], hooks: Sequence[str], out_dir: Any, *,
                  positions: Any = "last", shard_size: int = 256, chat: bool = False) -> tuple[dict, list[int]]:
     """The manifest fields of a recording of ``prompts`` into ``out_dir`` (the format of
-    :func:`steerkit.storage.dataset.record_dataset`) and the shards still to record (resuming a folder of
+    :func:`steerkit.recording.record_dataset`) and the shards still to record (resuming a folder of
     the same run; another run there is an error). Needs no vLLM.
 
     Examples:
@@ -325,7 +325,7 @@ def record_shard_vllm(llm: Any, chunk: Sequence[str], *, hooks: Sequence[str], p
     """One shard's tensors recorded through ``llm``: each prompt runs its prompt tokens once
     (``max_tokens=1``), ``batch_size`` requests per ``generate`` call; a tensor per hook (float32, on the
     CPU) and its ``::lengths`` where positions vary (the layout of
-    :func:`steerkit.storage.dataset.record_shard`); ``on_batch(n)`` after each batch of ``n`` prompts.
+    :func:`steerkit.recording.record_shard`); ``on_batch(n)`` after each batch of ``n`` prompts.
 
     Examples:
         >>> shard = record_shard_vllm(llm, ["Hi", "Bye"], hooks=["blocks.3.hook_resid_post"])  # doctest: +SKIP
@@ -371,7 +371,7 @@ def record_dataset_vllm(llm: Any, model_dir: str, prompts: Sequence[str], hooks:
                         positions: Any = "last", batch_size: int = 64, shard_size: int = 256, chat: bool = False,
                         progress: bool = True, executor: Optional[RayExecutor] = None) -> ActivationDataset:
     """Record ``hooks`` at ``positions`` for every prompt through vLLM (``llm`` serves ``model_dir``)
-    into the sharded, resumable folder :func:`steerkit.storage.dataset.record_dataset` writes (the same
+    into the sharded, resumable folder :func:`steerkit.recording.record_dataset` writes (the same
     manifest, shards and ``::lengths``, float32), shard by shard with :func:`record_shard_vllm`. Prompts
     are tokenized as :meth:`steerkit.SteerModel.tokenize` does: raw text by default, the chat template
     when ``chat``. ``executor``: a :class:`steerkit.executors.RayExecutor` of :class:`VllmSpec` workers

@@ -1,31 +1,32 @@
-"""Recording activations of a whole prompt set to disk, and reading them back lazily.
+"""Activation data sets on disk: the sharded file format, its writer and its lazy reader.
 
-``record_dataset(sm, prompts, hooks, out_dir)`` splits the prompts into shards
-of ``shard_size`` prompts. Each shard is recorded in batches and written as
-one safetensors file (``shard-00000.safetensors``: a tensor per hook name, plus
-``lengths`` per hook when positions vary), first to a temporary name, flushed,
-then renamed, so a shard file either exists whole or not at all. The
-``manifest.json`` (also written atomically) records the hooks, positions,
-model, a hash of the prompts and the finished shards. Memory is bounded by one
-shard whatever the number of prompts. Re-running the same call after an
-interruption keeps finished shards and records only the missing ones; a
-different prompt set, hook list or model in the same folder is an error rather
-than a silent mix.
+A data set is a folder of shards of ``shard_size`` prompts each (``shard-00000.safetensors``: a tensor per
+hook name, plus ``lengths`` per hook when positions vary), each written first to a temporary name, flushed,
+then renamed, so a shard file either exists whole or not at all. The ``manifest.json`` (also written
+atomically) records the hooks, positions, model, a hash of the prompts and the finished shards: it is the
+commit point. :func:`write_shards` writes the shards that the manifest does not list yet, so re-running a
+recording after an interruption keeps finished shards and records only the missing ones
+(:func:`resume_state`); a different prompt set, hook list or model in the same folder is an error rather than
+a silent mix. What runs the model and fills the shards is above the model:
+:func:`steerkit.recording.record_dataset` (a loaded model or Ray workers) and
+:func:`steerkit.serving.capture.record_dataset_vllm` (a vLLM engine) both write through here.
 
 :class:`ActivationDataset` opens such a folder and reads tensors lazily with
 ``safetensors.safe_open``: ``ds.load(hook)`` concatenates every shard,
 ``ds.iter(hook)`` yields shard by shard, ``ds[hook, i]`` reads one row.
 
-Sparse latents (format ``steerkit.activations/2``): the latents of an attached sparse autoencoder
-(``{site}.hook_sae_acts_post``, :mod:`steerkit.saesites`) are mostly zeros, so a shard keeps only
-the active ones, row by row in the order of the dense rows (CSR without its offsets):
-``{hook}::nnz`` ``[rows]`` (int32, each row's count of nonzero latents), ``{hook}::indices`` ``[sum(nnz)]``
-(int32, the latents, ascending within a row) and ``{hook}::values`` ``[sum(nnz)]`` (their values); the
-manifest's ``sparse`` gives each such hook's width (``d_sae``) and ``saes`` each SAE's facts (a resumed
-recording must use the same SAE). A recording writes format 2 only when it records such a hook, and
+Sparse rows (format ``steerkit.activations/2``): the latents of an attached sparse autoencoder are mostly
+zeros, so a shard keeps only the active ones, row by row in the order of the dense rows (CSR without its
+offsets): ``{hook}::nnz`` ``[rows]`` (int32, each row's count of nonzero latents), ``{hook}::indices``
+``[sum(nnz)]`` (int32, the latents, ascending within a row) and ``{hook}::values`` ``[sum(nnz)]`` (their
+values); the manifest's ``sparse`` gives each such hook's width (``d_sae``) and ``saes`` each SAE's facts (a
+resumed recording must use the same SAE). A recording writes format 2 only when it records such a hook, and
 format 1 otherwise, which reads as before. ``ds.load(hook)`` of a sparse hook is the dense
 ``[rows, d_sae]`` tensor, as a recording in memory is; ``ds.load(hook, sparse=True)`` is a
 ``torch.sparse_csr_tensor`` of the same values, which never makes the dense one.
+
+The recording functions that lived here (``record_dataset``, ``record_shard``, ``is_sparse_hook``,
+``SPARSE_KINDS``) are :mod:`steerkit.recording`; their old names here still work and warn with the new place.
 """
 from __future__ import annotations
 
@@ -35,40 +36,41 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 from torch import Tensor
 
+from steerkit.deprecation import moved
 from steerkit.errors import HookNameError, InputError, RowIndexError
-from steerkit.hooks.names import SAE_ACTS
-from steerkit.executors import LocalExecutor
 from safetensors import safe_open
 from safetensors.torch import save
 from tqdm.auto import tqdm
-
-if TYPE_CHECKING:
-    from steerkit.executors import RayExecutor
-    from steerkit.model import SteerModel
 
 MANIFEST = "manifest.json"
 FORMAT = "steerkit.activations/1"
 #: the format with sparse hooks (an SAE's latents as indices and values of the active ones)
 FORMAT_SPARSE = "steerkit.activations/2"
 FORMATS = (FORMAT, FORMAT_SPARSE)
-#: the kind of hook whose values are stored sparse
-SPARSE_KINDS = (SAE_ACTS,)
+#: the recording names that moved to :mod:`steerkit.recording`
+MOVED_TO_RECORDING = ("record_dataset", "record_shard", "is_sparse_hook", "SPARSE_KINDS")
 
 
-def is_sparse_hook(name: str) -> bool:
-    """Whether a recording stores ``name`` sparse (an attached SAE's latents).
+def __getattr__(name: str):
+    if name in MOVED_TO_RECORDING:
+        return moved(__name__, name, "steerkit.recording")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    Examples:
-        >>> is_sparse_hook("blocks.3.hook_resid_post.hook_sae_acts_post"), is_sparse_hook("blocks.3.hook_resid_post")
-        (True, False)
-    """
-    return name.rsplit(".", 1)[-1] in SPARSE_KINDS
 
+class ShardRunner(Protocol):
+    """Where :func:`write_shards` runs its task: ``imap_unordered(fn, items)`` yields ``(index, fn(state,
+    item))`` as results arrive (:class:`steerkit.executors.LocalExecutor` here,
+    :class:`steerkit.executors.RayExecutor` on workers); ``in_process`` says whether results come from this
+    process (the progress bar then moves batch by batch, else shard by shard)."""
+
+    in_process: bool
+
+    def imap_unordered(self, fn: Callable[[Any, Any], Any], items: Sequence) -> Iterator[tuple[int, Any]]: ...
 
 def to_sparse_rows(rows: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``(nnz, indices, values)`` of ``rows`` ``[n, width]``: each row's count of nonzero entries (int32), their
@@ -121,119 +123,7 @@ def _prompts_hash(prompts: Sequence[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def record_dataset(sm: "SteerModel | None", prompts: Sequence[str], hooks, out_dir, *, positions="last",
-                   batch_size: int = 16, shard_size: int = 256, chat: bool = False, dtype: torch.dtype | None = None,
-                   progress: bool = True, executor: "RayExecutor | None" = None) -> "ActivationDataset":
-    """Record ``hooks`` at ``positions`` for every prompt into sharded safetensors under ``out_dir``.
-    Prompts are tokenized as :meth:`SteerModel.forward` does: raw text by default, the chat template
-    around each when ``chat`` (recorded in the meta, so a resumed run must pass the same value).
-    A run that fails before its first shard (a bad position, a model error) removes the folder it made.
-    Inside ``sm.attach_sae(sae)``, the SAE's sub-sites are hooks like any other; its latents
-    (``{site}.hook_sae_acts_post``) are stored sparse (format 2, see the module docstring).
-
-    ``executor``: a :class:`steerkit.executors.RayExecutor` records the shards on its workers (``sm`` may be
-    ``None``: the workers load the model); each shard comes back to this process, which writes it and then
-    the manifest, so a shard is written once even when a dead worker's shard runs again elsewhere. With
-    the same batch boundaries and thread count the dataset equals this process's bit for bit."""
-    prompts = list(prompts)
-    if not prompts:
-        raise InputError("expected at least one prompt to record, found an empty list")
-    if isinstance(positions, Tensor):
-        raise InputError("record_dataset takes a named or index position spec, not a mask tensor")
-    if batch_size < 1 or shard_size < 1:
-        raise InputError(f"expected batch_size and shard_size >= 1, found {batch_size}, {shard_size}")
-    ex: "LocalExecutor | RayExecutor"
-    if executor is not None:
-        ex = executor
-    elif sm is not None:
-        ex = LocalExecutor(sm)
-    else:
-        raise InputError("expected a model to record with, found neither sm nor executor=; pass a loaded model or "
-                         "a steerkit.executors.RayExecutor")
-    facts = ex.first(functools.partial(_facts, hooks=hooks))
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"expected the output folder {out} to be a folder or not exist yet, found a file; "
-                         "choose another path or remove the file")
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        return _record_into(ex, facts, prompts, out, positions=positions, batch_size=batch_size,
-                            shard_size=shard_size, chat=chat, dtype=dtype, progress=progress)
-    except BaseException:
-        if created and not any(out.iterdir()):  # a run that failed before its first shard leaves nothing behind
-            out.rmdir()
-        raise
-
-
-def _facts(sm: "SteerModel", hooks) -> dict:
-    """What the manifest says of the model, and the hook names resolved on it (with the SAEs whose
-    sub-sites are among them)."""
-    names = sm.hooks._names(hooks)
-    hosts = dict.fromkeys(p for n in names if (p := sm.hooks.parse(n).parent) is not None)
-    saes = {h: sm.hooks.saes[h].facts() for h in hosts}
-    return {"names": names, "model": sm.name, "fingerprint": sm.fingerprint(), "d_model": sm.d_model,
-            "saes": saes}
-
-
-def record_shard(sm: "SteerModel", chunk: list[str], *, names: list[str], positions, batch_size: int, chat: bool,
-                 dtype: torch.dtype | None, on_batch: Callable[[int], Any] | None = None) -> dict[str, Tensor]:
-    """One shard's tensors: ``chunk`` recorded in batches of ``batch_size`` (a tensor per hook, and its
-    ``::lengths`` where positions vary), on the CPU; ``on_batch(n)`` after each batch of ``n`` prompts."""
-    tensors: dict[str, list[Tensor]] = {n: [] for n in names}
-    lengths: dict[str, list[Tensor]] = {n: [] for n in names}
-    for j in range(0, len(chunk), batch_size):
-        with sm.record(names, positions=positions, device="cpu") as cache:
-            sm.forward(chunk[j:j + batch_size], chat=chat)
-        for n in names:
-            t = cache[n]
-            if dtype is not None:
-                t = t.to(dtype)
-            if positions == "last":
-                tensors[n].append(t)
-            else:  # flatten the real rows: [sum(lengths), d_model]
-                ln = cache.lengths(n)
-                tensors[n].append(torch.cat([t[r, : int(ln[r])] for r in range(t.shape[0])]))
-                lengths[n].append(ln)
-        if on_batch is not None:
-            on_batch(len(chunk[j:j + batch_size]))
-    payload = {}
-    for n in names:
-        rows = torch.cat(tensors[n])
-        if is_sparse_hook(n):  # the active latents only (format 2)
-            nnz, idx, val = to_sparse_rows(rows)
-            payload.update({f"{n}::nnz": nnz, f"{n}::indices": idx, f"{n}::values": val.contiguous()})
-        else:
-            payload[n] = rows.contiguous()
-    if positions != "last":
-        payload.update({f"{n}::lengths": torch.cat(lengths[n]) for n in names})
-    return payload
-
-
-def _shard_task(sm: "SteerModel", item: tuple[int, list[str]], **options) -> tuple[int, dict[str, Tensor]]:
-    i, chunk = item
-    return i, record_shard(sm, chunk, **options)
-
-
-def _record_into(ex: "LocalExecutor | RayExecutor", facts: dict, prompts: list[str], out: Path, *, positions,
-                 batch_size: int, shard_size: int, chat: bool, dtype: torch.dtype | None,
-                 progress: bool) -> "ActivationDataset":
-    names = facts["names"]
-    spec = positions if isinstance(positions, (str, int)) else list(positions) if not isinstance(positions, (range, slice)) else str(positions)
-    meta = {"format": FORMAT, "hooks": names, "positions": spec, "model": facts["model"],
-            "fingerprint": facts["fingerprint"], "n_prompts": len(prompts), "prompts_sha256": _prompts_hash(prompts),
-            "shard_size": shard_size, "chat": chat, "d_model": facts["d_model"]}
-    sparse = {n: facts["saes"][n.rsplit(".", 1)[0]]["d_sae"] for n in names if is_sparse_hook(n)}
-    if sparse:
-        meta.update(format=FORMAT_SPARSE, sparse=sparse)
-    if facts.get("saes"):
-        meta["saes"] = facts["saes"]
-    task = functools.partial(_shard_task, names=names, positions=positions, batch_size=batch_size, chat=chat,
-                             dtype=dtype)
-    return write_shards(ex, task, meta, prompts, out, progress=progress)
-
-
-def write_shards(ex: "LocalExecutor | RayExecutor", task: Callable[..., tuple[int, dict[str, Tensor]]], meta: dict,
+def write_shards(ex: ShardRunner, task: Callable[..., tuple[int, dict[str, Tensor]]], meta: dict,
                  prompts: list[str], out: Path, *, progress: bool = True,
                  desc: str = "recording") -> "ActivationDataset":
     """Record into ``out`` the shards of ``prompts`` that its manifest does not list yet: ``task(state,
@@ -242,10 +132,11 @@ def write_shards(ex: "LocalExecutor | RayExecutor", task: Callable[..., tuple[in
     done), which is the commit point: a shard it does not list is recorded again on resume, and a shard that
     ran twice (a dead worker's, redone elsewhere) is written once. ``on_batch(n)`` moves the progress bar
     batch by batch in this process; results from workers move it shard by shard. The HF path
-    (:func:`record_dataset`) and vLLM's (:func:`steerkit.serving.capture.record_dataset_vllm`) both write
-    through here.
+    (:func:`steerkit.recording.record_dataset`) and vLLM's (:func:`steerkit.serving.capture.record_dataset_vllm`)
+    both write through here.
 
     Examples:
+        >>> from steerkit.executors import LocalExecutor
         >>> def task(_, item, on_batch=None):
         ...     i, chunk = item
         ...     return i, {"h": torch.full((len(chunk), 2), float(i))}
@@ -263,7 +154,7 @@ def write_shards(ex: "LocalExecutor | RayExecutor", task: Callable[..., tuple[in
     if progress:
         bar = tqdm(total=len(prompts), desc=desc, unit="prompt",
                    initial=len(prompts) - sum(min(shard_size, len(prompts) - i * shard_size) for i in todo))
-    here = isinstance(ex, LocalExecutor)  # a bar that moves batch by batch here, shard by shard from workers
+    here = bool(getattr(ex, "in_process", False))  # a bar that moves batch by batch here, shard by shard from workers
     task = functools.partial(task, on_batch=bar.update if bar is not None and here else None)
     items = [(i, prompts[i * shard_size:(i + 1) * shard_size]) for i in todo]
     for _, (i, payload) in ex.imap_unordered(task, items):

@@ -220,7 +220,7 @@ def test_app_reads_the_sweep_files_the_probes_package_writes(tmp_path):
 
 
 def test_app_reads_the_mi_peaks_report(tmp_path):
-    from steerkit.probes import MITrajectory
+    from steerkit.probes.methods.mi import MITrajectory
     trs = [MITrajectory(layer=20, mi=np.array([0.1, 0.2, 0.9, 0.3, 0.1]), tokens=list("abcde"), peaks=[2]),
            MITrajectory(layer=20, mi=np.array([0.3, 0.1, 0.2, 0.8]), tokens=list("wxyz"), peaks=[3])]
     (tmp_path / "gsm8k_report.json").write_text(json.dumps({"model": "m", "mi": [t.to_dict() for t in trs]}))

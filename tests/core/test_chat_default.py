@@ -6,7 +6,7 @@ import torch
 
 import steerkit
 from steerkit.probes import activation_patching, logit_lens
-from steerkit.storage.dataset import record_dataset
+from steerkit.recording import record_dataset
 from tiny_models import tiny_model
 
 PROMPT, OTHER = "hi there", "hi thera"  # equal length (one token per character)

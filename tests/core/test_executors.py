@@ -58,7 +58,7 @@ def test_executor_errors_are_clear():
     with pytest.raises(InputError, match="at least 1 Ray worker"):
         RayExecutor(ModelSpec(), workers=0)
     with pytest.raises(InputError, match="neither sm nor executor"):
-        from steerkit.storage.dataset import record_dataset
+        from steerkit.recording import record_dataset
         record_dataset(None, ["a"], ["blocks.0.hook_resid_post"], "/nonexistent-never-made")
 
 

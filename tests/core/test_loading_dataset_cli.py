@@ -10,7 +10,8 @@ from safetensors import safe_open
 
 import steerkit
 from steerkit.loading import resolve as loading
-from steerkit.storage.dataset import ActivationDataset, record_dataset
+from steerkit.recording import record_dataset
+from steerkit.storage.dataset import ActivationDataset
 from steerkit.errors import InputError, ModelNotFoundError
 
 

@@ -15,7 +15,8 @@ from steerkit.errors import HookNameError, InputError
 from steerkit.hooks.names import SAE_HOOKS, parse
 from steerkit.saesites import SAEHandle, splice_intervention
 from steerkit.sae import SAEWeights
-from steerkit.storage.dataset import FORMAT, FORMAT_SPARSE, ActivationDataset, record_dataset
+from steerkit.recording import record_dataset
+from steerkit.storage.dataset import FORMAT, FORMAT_SPARSE, ActivationDataset
 from steerkit.vectors import SAE, Provenance
 
 SITE = "blocks.1.hook_resid_post"

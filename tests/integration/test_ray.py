@@ -24,7 +24,7 @@ import torch
 ray = pytest.importorskip("ray", reason="the ray extra (pip install 'steerkit[ray]')")
 
 from steerkit.executors import ModelSpec, RayExecutor  # noqa: E402
-from steerkit.storage.dataset import record_dataset  # noqa: E402
+from steerkit.recording import record_dataset  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -141,7 +141,7 @@ def test_a_killed_driver_resumes_with_the_missing_shards_only(cluster, reference
 
 
 def test_ray_is_optional_and_not_imported_without_it():
-    code = ("import sys, steerkit, steerkit.cli, steerkit.storage.dataset, steerkit.executors; "
+    code = ("import sys, steerkit, steerkit.cli, steerkit.storage.dataset, steerkit.recording, steerkit.executors; "
             "print('ray' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.stdout.strip() == "False", r.stdout + r.stderr

@@ -209,7 +209,8 @@ def test_front_end_refuses_a_compiled_engine_and_a_missing_record_folder(monkeyp
 
 
 def test_dataset_through_vllm_equals_hf_and_resumes_both_ways(rec, tmp_path):
-    from steerkit.storage.dataset import ActivationDataset, record_dataset
+    from steerkit.recording import record_dataset
+    from steerkit.storage.dataset import ActivationDataset
     sm = rec["sm"]
     assert rec["out"]["ds"] == {"first": ["shard-00000.safetensors", "shard-00001.safetensors",
                                           "shard-00002.safetensors"], "second": ["shard-00001.safetensors"]}

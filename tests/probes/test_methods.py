@@ -27,6 +27,7 @@ from steerkit.probes.methods import norms as N
 from steerkit.probes.methods import refusal as R
 from steerkit.probes.methods import region as RG
 from steerkit.probes.methods import temporal as T
+from steerkit.probes.train import ABItem
 from tiny_models import tiny_model
 
 torch.set_num_threads(1)
@@ -34,9 +35,9 @@ torch.set_num_threads(1)
 
 SHORT = [("x then y", "y then x"), ("a; b; c", "c; b; a"), ("up, down", "down, up"), ("1 2 3", "3 2 1"),
          ("go then stop", "stop then go"), ("eat, sleep", "sleep, eat")]
-SHORT_AB = [C.ABItem("Pick?", "now", "later", "A"), C.ABItem("Take?", "more later", "less now", "B"),
-            C.ABItem("Get?", "1 now", "5 soon", "A"), C.ABItem("Want?", "big later", "small now", "B"),
-            C.ABItem("Eat?", "a bit now", "a lot later", "A"), C.ABItem("Go?", "far later", "near now", "B")]
+SHORT_AB = [ABItem("Pick?", "now", "later", "A"), ABItem("Take?", "more later", "less now", "B"),
+            ABItem("Get?", "1 now", "5 soon", "A"), ABItem("Want?", "big later", "small now", "B"),
+            ABItem("Eat?", "a bit now", "a lot later", "A"), ABItem("Go?", "far later", "near now", "B")]
 
 
 def _sm(arch="llama", **kw):

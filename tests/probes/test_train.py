@@ -20,8 +20,9 @@ import torch  # noqa: E402
 from steerkit import Intervention  # noqa: E402
 from steerkit.errors import InputError  # noqa: E402
 from steerkit.kernels import HAS_TRITON, interpret_mode, use_impl  # noqa: E402
-from steerkit.probes import (AB_ITEMS, TrainResult, bipo_loss, completion_logprobs, myopic_items,  # noqa: E402
+from steerkit.probes import (TrainResult, bipo_loss, completion_logprobs, myopic_items,  # noqa: E402
                              preference_margins, preference_pairs, train_bipo, train_promptless)
+from steerkit.probes.methods.caa import AB_ITEMS  # noqa: E402
 from steerkit.vectors import Store  # noqa: E402
 
 

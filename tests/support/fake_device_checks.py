@@ -139,7 +139,7 @@ def test_generation_reads_the_tokens_once_per_step(models):
 
 def test_dataset_copies_per_batch_not_per_row(models, tmp_path):
     sm, ref = models
-    from steerkit.storage.dataset import record_dataset
+    from steerkit.recording import record_dataset
 
     def copies(batch_size, out):
         with F.Transfers() as log:
