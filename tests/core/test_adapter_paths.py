@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from steerkit.hooks.moe import expert_outputs
 from steerkit.loading.adapters import adapter_for, fingerprint_keys
 from steerkit.loading.fingerprint import folder_fingerprint, model_fingerprint
-from tests.tiny_models import ARCHS, MOE_ARCHS, tiny_model
+from tiny_models import ARCHS, MOE_ARCHS, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
