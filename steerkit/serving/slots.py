@@ -48,14 +48,10 @@ class Placed:
     what a decoding token's row gets at each site (``decode[i]``: its slot index, ``-1``: untouched).
 
     Examples:
-        >>> from steerkit.serving.engine import RequestSteerings
-        >>> res = RequestSteerings(tiny.facts, store=store).get(
-        ...     {"ops": [{"op": "add", "layers": [1], "vector": [0.5] * 64}]})
-        >>> slots = StepSlots(["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"], d_model=64, max_tokens=8,
-        ...                   configs=4, basis=2, region=2, halfspaces=2)
-        >>> placed = slots.place(res.key, res.compiled)
-        >>> list(placed.spans), placed.decode.tolist()
-        ([1], [-1, 0])
+        >>> placed = Placed(spans={1: (0, 1, np.array([False, False, True, False]))}, decode=np.array([-1, 0]),
+        ...                 stages=np.array([[False] * 4, [False, False, True, False]]))
+        >>> [i for i, row in enumerate(placed.decode) if row >= 0]  # the sites a generated token is steered at
+        [1]
     """
 
     spans: dict  # site index -> (offset, n configurations, stages (ablate, gate, add, region))
@@ -79,6 +75,8 @@ class StepSlots:
         True
         >>> slots.flag.tolist(), slots.cfg[:, :3].tolist()
         ([0, 1], [[-1, -1, -1], [0, 0, 0]])
+        >>> slots.place(res.key, res.compiled).decode.tolist()  # placed by the fill: a generated token's rows
+        [-1, 0]
     """
 
     def __init__(self, sites: Sequence[str], *, d_model: int, max_tokens: int, configs: int = 512, basis: int = 8,

@@ -39,11 +39,13 @@ assert set(ADAPTER) == set(ARCHS)
 _CACHE: dict = {}
 
 
-def steer(arch: str) -> steerkit.SteerModel:
-    if arch not in _CACHE:
-        model, tok = tiny_model(arch)
-        _CACHE[arch] = steerkit.wrap(model, tok, name=f"tiny-{arch}")
-    return _CACHE[arch]
+def steer(arch: str, backend: str = "hf", **overrides) -> steerkit.SteerModel:
+    """The tiny model of family ``arch`` on ``backend`` (``tiny_models.tiny_model``), built once per arguments."""
+    key = (arch, backend, repr(sorted(overrides.items())))
+    if key not in _CACHE:
+        model, tok = tiny_model(arch, **overrides)
+        _CACHE[key] = steerkit.wrap(model, tok, name=f"tiny-{arch}", backend=backend)
+    return _CACHE[key]
 
 
 def batch(seed=0, B=2, T=6) -> Tokens:
@@ -268,7 +270,8 @@ def test_final_norm_hooks(arch):
             sm.edit("ln_final.hook_scale", add=torch.zeros(sm.d_model))
         assert sm.hook_count() == 0
     finally:
-        _CACHE.pop(arch, None)  # the norm's parameters were changed
+        for key in [k for k in _CACHE if k[0] == arch]:  # the norm's parameters were changed
+            del _CACHE[key]
 
 
 def test_ablate_attn_out(arch):

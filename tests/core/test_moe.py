@@ -27,7 +27,6 @@ LAYER = 1
 N_EXPERTS, TOP_K = 4, 2
 ADAPTER = {"mixtral": "mixtral", "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe", "olmoe": "olmoe"}
 SHARED = ("qwen2_moe",)
-_CACHE: dict = {}
 
 
 @pytest.fixture(params=MOE_ARCHS)
@@ -48,19 +47,11 @@ for _t in from_battery:
     globals()[_t.__name__] = _t
 
 
-def steer(arch: str, backend: str = "hf", **overrides) -> steerkit.SteerModel:
-    key = (arch, backend, repr(sorted(overrides.items())))
-    if key not in _CACHE:
-        model, tok = tiny_model(arch, **overrides)
-        _CACHE[key] = steerkit.wrap(model, tok, name=f"tiny-{arch}", backend=backend)
-    return _CACHE[key]
+steer = battery.steer
 
 
 def batch(seed=0, B=2, T=7) -> Tokens:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, 100, (B, T), generator=g)
-    ids[:, 0] = 2
-    return Tokens(ids, torch.ones(B, T, dtype=torch.long))
+    return battery.batch(seed, B, T)
 
 
 def site(kind, layer=LAYER):

@@ -21,12 +21,8 @@ from steerkit.vectors import DirectionSet, SteeringVector
 
 tune_mod = importlib.import_module("steerkit.probes.tune")  # the module (steerkit.probes.tune is also the function)
 
-try:
-    from test_refusal import _same_tables
-    from tiny_models import tiny_model
-except ImportError:  # run from the repository root
-    from tests.probes.test_refusal import _same_tables
-    from tiny_models import tiny_model
+from refusal_checks import same_tables, steer_rows_spy
+from tiny_models import tiny_model
 
 PROMPTS = ["hello there", "how do I bake bread?", "x", "tell me a story about a cat"]
 
@@ -238,7 +234,7 @@ def test_refusal_selection_with_reuse_equals_full_passes(monkeypatch, lazy, batc
     full = R.select_direction(sm, cands, [-2, -1], PROMPTS[:3], PROMPTS[1:], ids, reuse=False, **kw)
     assert starts == []
     assert fast.rule == rule
-    _same_tables(fast, full)
+    same_tables(fast, full)
     assert sm.hook_count() == 0
 
 
@@ -249,13 +245,7 @@ def test_refusal_induce_passes_only_start_late_and_keep_their_count(monkeypatch)
     torch.manual_seed(0)
     cands = torch.randn(2, sm.n_layers, sm.d_model)
     ids = R.refusal_token_ids(sm.tokenizer, ["I", "A"])
-    calls = []
-    real = sm.steer
-
-    def spy(steering=None, *a, rows=None, **k):
-        calls.append(len(rows) if rows is not None else 1)
-        return real(steering, *a, rows=rows, **k)
-    monkeypatch.setattr(sm, "steer", spy)
+    calls = steer_rows_spy(monkeypatch, sm)
     starts = _block_starts(monkeypatch, sm)
     n_rows = 2 * 4 * 2 * 3  # 2 positions x 4 unpruned layers x 2 prompts x (bypass, KL, induce)
     for per_pass in (8, 24):
@@ -278,7 +268,7 @@ def test_refusal_selection_keeps_full_passes_without_a_block_range(monkeypatch):
     ref = R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, reuse=False, **kw)
     monkeypatch.setattr(select_mod, "run_cached", lambda *a, **k: pytest.fail("expected full passes"))
     monkeypatch.setattr(sm, "backend", _NoBlockRange(sm.backend))
-    _same_tables(R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, **kw), ref)
+    same_tables(R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, **kw), ref)
     with pytest.raises(InputError, match="reuse"):
         R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, reuse="yes", **kw)
 
@@ -319,4 +309,4 @@ def test_refusal_selection_with_reuse_on_default_model(sm, monkeypatch):
     starts = _block_starts(monkeypatch, sm)
     fast = R.select_direction(*args, **kw)
     assert set(starts) == {6, 14}
-    _same_tables(fast, R.select_direction(*args, reuse=False, **kw), tol=1e-4)
+    same_tables(fast, R.select_direction(*args, reuse=False, **kw), tol=1e-4)

@@ -15,6 +15,7 @@ import torch
 from steerkit.errors import InputError, UnsupportedArchitectureError
 from steerkit.model import wrap
 from steerkit.probes.methods import refusal as R
+from refusal_checks import same_tables, steer_rows_spy
 from tiny_models import tiny_model
 
 PROMPTS = ["hello there", "how do I bake bread?", "x", "tell me a story about a cat"]
@@ -357,20 +358,6 @@ def test_selection_falls_back_to_the_relative_induce_rule_and_says_so():
 
 
 # --------------------------------------------------------------------------- batched candidate scoring
-def _same_tables(a, b, tol=1e-5):
-    assert [(c.pos, c.layer) for c in a.table] == [(c.pos, c.layer) for c in b.table]
-    for x, y in zip(a.table, b.table):
-        for k in ("bypass", "induce", "kl"):
-            u, v = getattr(x, k), getattr(y, k)
-            assert math.isnan(u) == math.isnan(v), (x, y, k)
-            if not math.isnan(u):
-                assert abs(u - v) <= tol * max(1.0, abs(v)), (x, y, k)
-        assert x.status == y.status, (x, y)
-    assert (a.best.pos, a.best.layer) == (b.best.pos, b.best.layer) and a.rule == b.rule
-    assert a.baseline_harmful == pytest.approx(b.baseline_harmful) and a.baseline_harmless == pytest.approx(
-        b.baseline_harmless)
-
-
 @pytest.mark.parametrize("lazy", [True, False])
 @pytest.mark.parametrize("batch_size", [4, 16])  # 16: several candidates scored ahead per pass
 @pytest.mark.parametrize("rule", ["paper", "relative"])
@@ -387,7 +374,7 @@ def test_batched_scoring_equals_one_at_a_time(lazy, batch_size, rule):
     one = R.select_direction(sm, cands, [-2, -1], harmful, harmless, ids, batched=False, **kw)
     many = R.select_direction(sm, cands, [-2, -1], harmful, harmless, ids, batched=True, **kw)
     assert one.rule == rule
-    _same_tables(one, many)
+    same_tables(one, many)
     assert sm.hook_count() == 0
 
 
@@ -398,13 +385,7 @@ def test_batched_scoring_runs_many_rows_with_their_own_steering_per_pass(monkeyp
     torch.manual_seed(0)
     cands = torch.randn(2, sm.n_layers, sm.d_model)
     ids = R.refusal_token_ids(sm.tokenizer, ["I", "A"])
-    calls = []
-    real = sm.steer
-
-    def spy(steering=None, *a, rows=None, **k):
-        calls.append(len(rows) if rows is not None else 1)
-        return real(steering, *a, rows=rows, **k)
-    monkeypatch.setattr(sm, "steer", spy)
+    calls = steer_rows_spy(monkeypatch, sm)
     R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, kl_max=1e9, induce_min=-1e9,
                        lazy=False, batch_size=8, batched=True)
     n_rows = 2 * 4 * 2 * 3  # 2 positions x 4 unpruned layers x 2 prompts x (bypass, KL, induce)
@@ -419,7 +400,7 @@ def test_batched_scoring_runs_many_rows_with_their_own_steering_per_pass(monkeyp
     assert sum(calls) == n_rows and max(calls) == 24 and len(calls) == n_rows // 24
     narrow = R.select_direction(sm, cands, [-2, -1], PROMPTS[:2], PROMPTS[2:], ids, kl_max=1e9, induce_min=-1e9,
                                 lazy=False, batch_size=8, batched=True)
-    _same_tables(narrow, wide)
+    same_tables(narrow, wide)
 
 
 def test_score_rows_default_follows_the_device():
@@ -570,5 +551,5 @@ def test_batched_scoring_equals_one_at_a_time_on_default_model(sm):
     args = (sm, cands, positions, data["val"]["harmful"], data["val"]["harmless"], ids)
     one = R.select_direction(*args, batched=False, **kw)
     many = R.select_direction(*args, batched=True, **kw)
-    _same_tables(one, many, tol=1e-4)
+    same_tables(one, many, tol=1e-4)
     assert sm.hook_count() == 0
