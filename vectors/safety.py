@@ -11,7 +11,8 @@ to hold that many items, so a hostile header cannot make them hang or allocate
 unbounded memory.
 
 * :func:`read_json_bytes` / :func:`read_json` -- size-bounded JSON, no NaN/Infinity
-  constants, nesting depth bounded.
+  constants, nesting depth bounded: :func:`steerkit.storage.documents.parse_json`, the one bounded reader of
+  every artifact format's JSON and YAML.
 * :func:`parse_safetensors` -- validates the 8-byte header length, the JSON header,
   dtypes, shapes and that the data offsets tile the data section exactly, then
   builds tensors with :func:`torch.frombuffer` (copied, so nothing aliases the file).
@@ -48,6 +49,7 @@ import numpy as np
 import torch
 import safetensors.torch
 
+from steerkit.storage.documents import MAX_DEPTH, parse_json
 from steerkit.storage.files import atomic_folder, atomic_path, atomic_write_bytes, fsync_dir
 from steerkit.storage.naming import NAME_RE, is_name
 
@@ -64,7 +66,7 @@ __all__ = [
 
 MAX_FILE_BYTES = 1 << 30  # 1 GiB for artifact files (model GGUFs are not read here)
 MAX_JSON_BYTES = 64 << 20
-MAX_JSON_DEPTH = 64
+MAX_JSON_DEPTH = MAX_DEPTH
 MAX_TENSORS = 4096
 MAX_DIMS = 4
 MAX_HEADER_BYTES = 16 << 20
@@ -188,24 +190,9 @@ def check_output_file(path: str | os.PathLike, what: str = "output") -> Path:
 
 
 # --------------------------------------------------------------------------- JSON
-def _reject_constant(name: str) -> Any:
-    raise ArtifactFormatError(f"expected finite JSON numbers, found {name}; the file is not valid steerkit JSON")
-
-
-def _depth(obj: Any, limit: int) -> None:
-    stack = [(obj, 1)]
-    while stack:
-        o, d = stack.pop()
-        if d > limit:
-            raise ArtifactFormatError(f"expected JSON nested at most {limit} deep, found deeper; refusing it")
-        if isinstance(o, dict):
-            stack.extend((v, d + 1) for v in o.values())
-        elif isinstance(o, list):
-            stack.extend((v, d + 1) for v in o)
-
-
 def read_json_bytes(data: bytes, what: str = "JSON", max_bytes: int = MAX_JSON_BYTES) -> Any:
-    """Parse JSON bytes strictly: UTF-8, finite numbers, bounded size and depth (else :class:`ArtifactFormatError`).
+    """Parse JSON bytes strictly: UTF-8, finite numbers, bounded size and depth (else :class:`ArtifactFormatError`);
+    the one bounded reader of :mod:`steerkit.storage.documents`.
 
     Examples:
         >>> from steerkit.vectors.safety import read_json_bytes
@@ -216,22 +203,7 @@ def read_json_bytes(data: bytes, what: str = "JSON", max_bytes: int = MAX_JSON_B
         ...
         steerkit.vectors.errors.ArtifactFormatError: expected finite JSON numbers, found NaN; ...
     """
-    if len(data) > max_bytes:
-        raise ArtifactFormatError(f"expected {what} of at most {max_bytes} bytes, found {len(data)}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ArtifactFormatError(f"expected {what} in UTF-8, found undecodable bytes at offset {e.start}") from e
-    try:
-        obj = json.loads(text, parse_constant=_reject_constant)
-    except ArtifactFormatError:
-        raise
-    except RecursionError as e:
-        raise ArtifactFormatError(f"expected {what} nested at most {MAX_JSON_DEPTH} deep, found deeper") from e
-    except ValueError as e:
-        raise ArtifactFormatError(f"expected valid {what}, found a syntax error: {e}") from e
-    _depth(obj, MAX_JSON_DEPTH)
-    return obj
+    return parse_json(data, what, max_bytes=max_bytes, max_depth=MAX_JSON_DEPTH, error=ArtifactFormatError)
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON", max_bytes: int = MAX_JSON_BYTES) -> Any:
