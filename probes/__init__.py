@@ -45,6 +45,11 @@ How it fits together
   hook sites (``sm.attach_sae``); :mod:`.sae_features` -- :func:`feature_report` (a latent's top contexts, density,
   logit effects and decoder neighbours, :class:`FeatureReport`), :func:`top_latents` (the latents that fire most on a text) and :func:`latent_attribution` (attribution
   patching over the latents, checked against activation patching, :class:`LatentAttribution`).
+* :mod:`.attribution` -- :func:`attribution_graph`: a prompt traced through a model's transcoders
+  (:class:`steerkit.vectors.Transcoders`) as circuit-tracer does, its replacement model written out and
+  transposed; :mod:`.graph` -- the :class:`Graph` it returns (circuit-tracer's fields and node order),
+  :func:`prune_graph`, :func:`compute_graph_scores` and :meth:`Graph.to_json` (circuit-tracer's frontend file,
+  checked against Neuronpedia's schema).
 * ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these; ``steerkit sae train``
   (:mod:`steerkit.cli.sae`) wraps :func:`train_sae`.
 
@@ -75,6 +80,8 @@ else:
     from .sae_eval import sae_eval, special_token_ids
     from .sae_train import SAETrainResult, sae_layer, train_sae
     from .sae_features import FeatureReport, LatentAttribution, TopLatents, feature_report, latent_attribution, top_latents
+    from .graph import Graph, LogitTarget, PruneResult, compute_graph_scores, prune_graph
+    from .attribution import attribution_graph
     from .methods.temporal import (OrderItem, Profile, TemporalPair, choice_accuracy, choose_beta, inject, injection_spec,
                                    linear_decay, order_questions, per_input_taus, profile_from_states, temporal_pairs,
                                    temporal_profile)
@@ -120,4 +127,5 @@ else:
         "train_sae", "SAETrainResult", "sae_layer", "read_corpus", "token_chunks", "split_chunks", "CorpusChunks",
         "l0", "explained_variance", "next_token_ce", "ce_loss_recovered", "dead_latents", "reconstruction_metrics",
         "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution", "top_latents", "TopLatents",
+        "attribution_graph", "Graph", "LogitTarget", "PruneResult", "prune_graph", "compute_graph_scores",
     ]
