@@ -282,11 +282,12 @@ class _Features:
             pos, feat = acts.nonzero(as_tuple=True)
             idx.append(torch.stack([torch.full_like(pos, l), pos, feat], dim=1))
             vals.append(acts[pos, feat])
-            W_dec = tc.W_dec[l].float()
+            scaled = tc.W_dec[l][feat].float() * acts[pos, feat].reshape(-1, *[1] * (tc.W_dec[l].ndim - 1))
             if tc.cross_layer:  # block l's features write every block from l on
-                recon[l:] += torch.einsum("pf,fkd->kpd", acts, W_dec)
+                for k in range(L - l):
+                    recon[l + k].index_add_(0, pos, scaled[:, k])
             else:
-                recon[l] += acts @ W_dec
+                recon[l].index_add_(0, pos, scaled)
                 if tc.W_skip is not None:
                     recon[l] += tc.skip(rep.x_in[l], l).float()
         recon += torch.stack([b.float() for b in tc.b_dec])[:, None, :]

@@ -60,7 +60,7 @@ __all__ = [
     "MAX_FILE_BYTES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_TENSORS", "MAX_DIMS", "MAX_HEADER_BYTES",
     "MAX_GGUF_KV", "MAX_STRING_BYTES", "NAME_RE", "GGUF_MAGIC",
     "check_name", "check_output_file", "read_bounded", "read_head", "read_json_bytes", "read_json", "dump_json",
-    "tensors_to_safetensors", "parse_safetensors", "parse_gguf", "parse_gguf_metadata", "write_gguf",
+    "tensors_to_safetensors", "parse_safetensors", "map_safetensors", "parse_gguf", "parse_gguf_metadata", "write_gguf",
     "atomic_folder", "atomic_path", "atomic_write_bytes", "fsync_dir",
 ]
 
@@ -252,32 +252,20 @@ def tensors_to_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str,
     return safetensors.torch.save(clean, metadata=metadata)
 
 
-def parse_safetensors(
-    data: bytes, what: str = "safetensors file", max_tensors: int = MAX_TENSORS
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Parse safetensors bytes with strict validation.  Returns (tensors, metadata).
-
-    Examples:
-        >>> from steerkit.vectors.safety import parse_safetensors, tensors_to_safetensors
-        >>> data = tensors_to_safetensors({"v": torch.ones(2, 3)})
-        >>> tensors, meta = parse_safetensors(data)
-        >>> tuple(tensors["v"].shape), meta
-        ((2, 3), {})
-        >>> parse_safetensors(data[:20])
-        Traceback (most recent call last):
-        ...
-        steerkit.vectors.errors.ArtifactFormatError: expected a safetensors file header length ...
-    """
-    n = len(data)
-    if n < 8:
+def _safetensors_entries(head: bytes, n: int, what: str, max_tensors: int
+                         ) -> tuple[int, list[tuple[str, torch.dtype, list[int], int, int]], dict[str, str]]:
+    """Validate a safetensors header (``head``: at least its first ``8 + header length`` bytes; ``n``: the file's
+    size): ``(data start, [(name, dtype, shape, begin, end)], metadata)``, offsets relative to the data section,
+    which they tile exactly."""
+    if n < 8 or len(head) < 8:
         raise ArtifactFormatError(f"expected a {what} of at least 8 bytes, found {n}; the file is truncated")
-    (hlen,) = struct.unpack("<Q", data[:8])
-    if hlen > MAX_HEADER_BYTES or hlen > n - 8:
+    (hlen,) = struct.unpack("<Q", head[:8])
+    if hlen > MAX_HEADER_BYTES or hlen > n - 8 or hlen > len(head) - 8:
         raise ArtifactFormatError(
             f"expected a {what} header length <= {min(MAX_HEADER_BYTES, n - 8)}, found {hlen}; "
             "the file is truncated or not safetensors"
         )
-    header = read_json_bytes(data[8 : 8 + hlen], f"{what} header")
+    header = read_json_bytes(bytes(head[8 : 8 + hlen]), f"{what} header")
     if not isinstance(header, dict):
         raise ArtifactFormatError(f"expected the {what} header to be a JSON object, found {type(header).__name__}")
     meta = header.pop("__metadata__", None) or {}
@@ -285,9 +273,8 @@ def parse_safetensors(
         raise ArtifactFormatError(f"expected {what} __metadata__ to map strings to strings, found {meta!r:.200}")
     if len(header) > max_tensors:
         raise ArtifactFormatError(f"expected at most {max_tensors} tensors in the {what}, found {len(header)}")
-    body = memoryview(data)[8 + hlen :]
-    spans = []
-    out: dict[str, torch.Tensor] = {}
+    body_len = n - 8 - hlen
+    entries = []
     for name, info in header.items():
         if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"}:
             raise ArtifactFormatError(f"expected tensor entry {name!r} with dtype/shape/data_offsets, found {info!r:.200}")
@@ -301,9 +288,9 @@ def parse_safetensors(
             raise ArtifactFormatError(f"expected tensor {name!r} shape as a list of non-negative ints, found {shape!r:.200}")
         if (not isinstance(offs, list) or len(offs) != 2
                 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
-                or not 0 <= offs[0] <= offs[1] <= len(body)):
+                or not 0 <= offs[0] <= offs[1] <= body_len):
             raise ArtifactFormatError(
-                f"expected tensor {name!r} data_offsets [begin, end] within the {len(body)}-byte data section, found {offs!r:.200}"
+                f"expected tensor {name!r} data_offsets [begin, end] within the {body_len}-byte data section, found {offs!r:.200}"
             )
         torch_dt = _ST_DTYPES[dt]
         numel, span = 1, 1
@@ -320,21 +307,91 @@ def parse_safetensors(
             raise ArtifactFormatError(
                 f"expected tensor {name!r} of shape {shape} {dt} to take {nbytes} bytes, found {offs[1] - offs[0]}"
             )
-        spans.append((offs[0], offs[1]))
-        if numel == 0:
-            out[name] = torch.empty(shape, dtype=torch_dt)
-        else:
-            buf = bytearray(body[offs[0] : offs[1]])
-            out[name] = torch.frombuffer(buf, dtype=torch_dt).reshape(shape).clone()
-    spans.sort()
+        entries.append((name, torch_dt, shape, offs[0], offs[1]))
     pos = 0
-    for b, e in spans:
+    for b, e in sorted((b, e) for _, _, _, b, e in entries):
         if b != pos:
             raise ArtifactFormatError(f"expected tensor data in the {what} to be contiguous, found a gap or overlap at byte {b}")
         pos = e
-    if pos != len(body):
-        raise ArtifactFormatError(f"expected the {what} data section to end at byte {pos}, found {len(body)} bytes")
+    if pos != body_len:
+        raise ArtifactFormatError(f"expected the {what} data section to end at byte {pos}, found {body_len} bytes")
+    return 8 + hlen, entries, meta
+
+
+def parse_safetensors(
+    data: bytes, what: str = "safetensors file", max_tensors: int = MAX_TENSORS
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Parse safetensors bytes with strict validation.  Returns (tensors, metadata).
+
+    Examples:
+        >>> from steerkit.vectors.safety import parse_safetensors, tensors_to_safetensors
+        >>> data = tensors_to_safetensors({"v": torch.ones(2, 3)})
+        >>> tensors, meta = parse_safetensors(data)
+        >>> tuple(tensors["v"].shape), meta
+        ((2, 3), {})
+        >>> parse_safetensors(data[:20])
+        Traceback (most recent call last):
+        ...
+        steerkit.vectors.errors.ArtifactFormatError: expected a safetensors file header length ...
+    """
+    start, entries, meta = _safetensors_entries(data, len(data), what, max_tensors)
+    body = memoryview(data)[start:]
+    out: dict[str, torch.Tensor] = {}
+    for name, dt, shape, b, e in entries:
+        if b == e:
+            out[name] = torch.empty(shape, dtype=dt)
+        else:
+            out[name] = torch.frombuffer(bytearray(body[b:e]), dtype=dt).reshape(shape).clone()
     return out, meta
+
+
+def map_safetensors(path: str | os.PathLike, what: str = "safetensors file", max_bytes: int = MAX_FILE_BYTES,
+                    max_tensors: int = MAX_TENSORS) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, validated as :func:`parse_safetensors` validates them, without reading their
+    data: each is a view of a private memory map of the file (copy on write), so only the parts read take memory
+    (the map asks the system for random access: no read-ahead). For large weights of which a few rows are used.
+
+    Examples:
+        >>> from steerkit.vectors.safety import map_safetensors
+        >>> import safetensors.torch
+        >>> safetensors.torch.save_file({"W": torch.arange(6.0).reshape(2, 3)}, str(tmp_dir / "w.safetensors"))
+        >>> map_safetensors(tmp_dir / "w.safetensors")["W"][1]
+        tensor([3., 4., 5.])
+    """
+    import mmap
+    import warnings
+
+    p = Path(path)
+    if not p.is_file():
+        raise ArtifactFormatError(f"expected a regular file at {p}, found {'something else' if p.exists() else 'none'}; "
+                                  "check the path")
+    size = p.stat().st_size
+    if size > max_bytes:
+        raise ArtifactFormatError(f"expected at most {max_bytes} bytes in {p}, found {size}; raise max_bytes if you "
+                                  "trust this file")
+    head = read_head(p, min(size, 8 + MAX_HEADER_BYTES))
+    if len(head) >= 8:
+        (hlen,) = struct.unpack("<Q", head[:8])
+        head = head[: 8 + hlen] if hlen <= len(head) - 8 else head
+    start, entries, _ = _safetensors_entries(head, size, f"{what} ({p})", max_tensors)
+    if size == 0 or not entries:
+        return {}
+    with open(p, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    if hasattr(mm, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+        mm.madvise(mmap.MADV_RANDOM)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base = torch.frombuffer(mm, dtype=torch.uint8)  # the tensor keeps the map alive
+    out: dict[str, torch.Tensor] = {}
+    for name, dt, shape, b, e in entries:
+        raw = base[start + b: start + e]
+        item = torch.empty((), dtype=dt).element_size()
+        if (start + b) % item:  # a misaligned tensor (not what safetensors writes): read it
+            out[name] = torch.frombuffer(bytearray(raw.numpy().tobytes()), dtype=dt).reshape(shape)
+        else:
+            out[name] = raw.view(dt).reshape(shape) if e > b else torch.empty(shape, dtype=dt)
+    return out
 
 
 # --------------------------------------------------------------------------- GGUF

@@ -33,7 +33,8 @@ What it reads
 
 Every ``config.yaml`` and ``cfg.json`` goes through the one bounded reader of :mod:`steerkit.storage.documents`
 (PyYAML's safe loader, no aliases, bounded size and depth); weights are safetensors (read with ``safetensors``,
-its header bounded, each file's size checked first) or ``.npz`` without pickles. Nothing runs code.
+its header validated by steerkit's bounded reader, each file's size checked first, and memory-mapped, so the rows no
+prompt uses are never read) or ``.npz`` without pickles. Nothing runs code.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -58,7 +58,7 @@ from .artifacts.transcoders import TRANSCODER_SITES, Transcoders
 from .errors import ArtifactFormatError, UnsafeNameError, VectorsError
 from .exports import import_artifact
 from .provenance import Provenance
-from .safety import MAX_FILE_BYTES
+from .safety import MAX_FILE_BYTES, map_safetensors
 from .sae_files import _model_provenance
 from .store import Store, parse_ref
 
@@ -100,20 +100,39 @@ def _check_size(path: Path, max_bytes: int) -> None:
 
 
 def _read_weights(path: Path, max_bytes: int) -> dict[str, Tensor]:
-    """The tensors of a safetensors file (its size checked first) or an ``.npz`` (no pickles)."""
+    """The tensors of a safetensors file (validated and memory-mapped: :func:`steerkit.vectors.safety.map_safetensors`)
+    or an ``.npz`` (no pickles), its size checked first."""
     _check_size(path, max_bytes)
     if path.suffix == ".npz":
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                return {k: torch.from_numpy(np.array(z[k], dtype=np.float32)) for k in z.files}
-        except (ValueError, OSError, KeyError) as e:
-            raise ArtifactFormatError(f"expected an .npz of float arrays at {path}, found an unreadable one ({e})") from None
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        return _read_npz(path, max_bytes)
+    try:  # memory-mapped: the decoder rows of the features a prompt never activates are never read
+        return map_safetensors(path, "transcoder weights", max_bytes=max_bytes)
+    except OSError as e:
         raise ArtifactFormatError(f"expected a readable safetensors file at {path}, found an unreadable one ({e}); "
                                   "download it again") from None
+
+
+def _read_npz(path: Path, max_bytes: int) -> dict[str, Tensor]:
+    """The float arrays of an ``.npz`` (a zip of ``.npy`` files): at most 64 of them, their unpacked sizes bounded,
+    no object arrays (``allow_pickle=False``)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+            if len(infos) > 64 or sum(i.file_size for i in infos) > max_bytes:
+                raise ArtifactFormatError(f"expected at most 64 arrays of at most {max_bytes} bytes in {path}, found "
+                                          f"{len(infos)} of {sum(i.file_size for i in infos)}")
+            out = {}
+            for info in infos:
+                if not info.filename.endswith(".npy"):
+                    raise ArtifactFormatError(f"expected only .npy arrays in {path}, found {info.filename!r:.80}")
+                with z.open(info) as f:
+                    arr = np.lib.format.read_array(f, allow_pickle=False)
+                out[info.filename[:-4]] = torch.from_numpy(np.array(arr, dtype=np.float32))
+            return out
+    except (ValueError, OSError, KeyError, zipfile.BadZipFile) as e:
+        raise ArtifactFormatError(f"expected an .npz of float arrays at {path}, found an unreadable one ({e})") from None
 
 
 def _take(tensors: dict[str, Tensor], required: set[str], optional: set[str], where: Path) -> dict[str, Tensor]:
