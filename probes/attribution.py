@@ -346,31 +346,66 @@ class _Features:
 
 
 # ---------------------------------------------------------------------------------------------- influence
-def _influences(edge: Tensor, n_rows: int, row_nodes: Tensor, rowsum: Tensor, logit_p: Tensor, n_logits: int,
-                max_iter: int = 128) -> Tensor:
-    """circuit-tracer's partial influences of every column of the rows written so far: the power iteration runs on
-    the visited features' square block, its sum is applied to every column once."""
-    W = edge[:n_rows]
-    inv = 1.0 / rowsum[:n_rows].clamp(min=1e-8)
-    S = W.index_select(1, row_nodes[n_logits:n_rows]).abs_().mul_(inv[:, None])
-    q = torch.zeros(n_rows)
-    q[:n_logits] = logit_p
-    total = q.clone()
-    for _ in range(max_iter):
-        nxt = q @ S
-        if not nxt.any():
-            break
-        q = torch.zeros(n_rows)
-        q[n_logits:] = nxt
-        total += q
-    else:
-        raise RuntimeError(f"expected the influence to converge within {max_iter} steps, found it did not")
-    del S
-    weights = total * inv
-    infl = torch.zeros(W.shape[1])
-    for i in range(0, n_rows, 1024):
-        infl += weights[i:i + 1024] @ W[i:i + 1024].abs()
-    return infl
+class _Influence:
+    """circuit-tracer's partial influences of the rows written so far (``compute_partial_influences``), computed
+    without copying the rows: the power iteration runs on the visited features' square block of the row-normalised
+    ``|rows|`` (kept, and grown by the rows and columns each new batch brings), and its sum is applied to every
+    column once."""
+
+    def __init__(self, edge: Tensor, n_logits: int, n_max: int, logit_p: Tensor, logit_offset: int):
+        self.edge, self.n_logits, self.logit_p = edge, n_logits, logit_p
+        n_rows = n_logits + n_max
+        self.row_nodes = torch.zeros(n_rows, dtype=torch.long)
+        self.row_nodes[:n_logits] = torch.arange(n_logits) + logit_offset
+        self.inv = torch.zeros(n_rows)
+        self.square = torch.zeros(n_rows, n_max)  # [row, visited feature j]: |edge[row, node of row n_logits + j]|
+        self.n_rows = 0  # rows whose square part is filled
+        self.add(0, n_logits, None)
+
+    def add(self, start: int, stop: int, nodes: Tensor | None) -> None:
+        """Rows ``start:stop`` were written (``nodes``: their features; ``None`` for the logits')."""
+        if nodes is not None:
+            self.row_nodes[start:stop] = nodes
+        self.inv[start:stop] = 1.0 / self.edge[start:stop].abs().sum(1).clamp(min=1e-8)
+
+    def _grow(self, st: int) -> None:
+        """Fill the square block for the rows and feature columns written since the last call."""
+        old, n = self.n_rows, self.n_logits
+        if st == old:
+            return
+        cols = self.row_nodes[n:st]
+        self.square[old:st, : st - n] = self.edge[old:st].index_select(1, cols).abs_().mul_(self.inv[old:st, None])
+        if old > 0 and old > n:
+            new_cols = self.row_nodes[old:st]
+            self.square[:old, old - n: st - n] = self.edge[:old].index_select(1, new_cols).abs_().mul_(
+                self.inv[:old, None])
+        elif old > 0:
+            self.square[:old, : st - n] = self.edge[:old].index_select(1, cols).abs_().mul_(self.inv[:old, None])
+        self.n_rows = st
+
+    def __call__(self, st: int, max_iter: int = 128) -> Tensor:
+        """The influence of every column on the logits through the first ``st`` rows."""
+        self._grow(st)
+        n = self.n_logits
+        S = self.square[:st, : st - n]
+        q = torch.zeros(st)
+        q[:n] = self.logit_p
+        total = q.clone()
+        for _ in range(max_iter):
+            nxt = q @ S
+            if not nxt.any():
+                break
+            q = torch.zeros(st)
+            q[n:] = nxt
+            total += q
+        else:
+            raise RuntimeError(f"expected the influence to converge within {max_iter} steps, found it did not")
+        weights = total * self.inv[:st]
+        W = self.edge[:st]
+        infl = torch.zeros(W.shape[1])
+        for i in range(0, st, 1024):
+            infl += weights[i:i + 1024] @ W[i:i + 1024].abs()
+        return infl
 
 
 # ---------------------------------------------------------------------------------------------- the entry point
@@ -471,22 +506,20 @@ def _visit(rep: _Replacement, feats: _Features, vecs: Tensor, probs: Tensor, max
             rep.rows(buf, layers[b], positions[b], feats.encoders(b), feats)
             edge[b, :logit_offset] = buf
         return edge, torch.arange(n_active)
-    row_nodes = torch.zeros(n_rows, dtype=torch.long)
-    row_nodes[:n_logits] = torch.arange(n_logits) + logit_offset
-    rowsum = torch.zeros(n_rows)
-    rowsum[:n_logits] = edge[:n_logits].abs().sum(1)
+    influence = _Influence(edge, n_logits, n_max, probs, logit_offset)
     visited = torch.zeros(n_active, dtype=torch.bool)
     st = n_logits
     while st - n_logits < n_max:
-        infl = _influences(edge, st, row_nodes, rowsum, probs, n_logits)
+        infl = influence(st)
         rank = torch.argsort(infl[:n_active], descending=True)
         pending = rank[~visited[rank]][: min(update_interval * batch_size, n_max - (st - n_logits))]
         for b in _batches(pending, positions, layers, batch_size):
             rep.rows(edge[st: st + len(b)], layers[b], positions[b], feats.encoders(b), feats)
-            rowsum[st: st + len(b)] = edge[st: st + len(b)].abs().sum(1)
-            row_nodes[st: st + len(b)] = b
+            influence.add(st, st + len(b), b)
             visited[b] = True
             st += len(b)
+    row_nodes = influence.row_nodes
+    del influence
     return _package(edge, row_nodes, visited, n_active, logit_offset, n_logits), torch.where(visited)[0]
 
 
