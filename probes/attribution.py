@@ -49,6 +49,7 @@ from steerkit.errors import InputError, UnsupportedArchitectureError
 from steerkit.loading.adapters import get_module
 from steerkit.model import SteerModel, Tokens
 from steerkit.vectors import Transcoders
+from steerkit.vectors.safety import release_pages
 
 from .graph import Graph, LogitTarget
 
@@ -276,20 +277,28 @@ class _Features:
         self.tc = tc
         L, P = rep.L, rep.P
         idx, vals, recon = [], [], torch.zeros(L, P, rep.d)
+        self.blocks: list[list[tuple[int, Tensor, Tensor, Tensor]]] = [[] for _ in range(L)]
+        self.offset = [0]
         for l in range(L):
             acts = tc.encode_layer(rep.x_in[l], l).float()
             acts[0] = 0  # the special token in front: no features there
             pos, feat = acts.nonzero(as_tuple=True)
             idx.append(torch.stack([torch.full_like(pos, l), pos, feat], dim=1))
             vals.append(acts[pos, feat])
-            scaled = tc.W_dec[l][feat].float() * acts[pos, feat].reshape(-1, *[1] * (tc.W_dec[l].ndim - 1))
+            # the decoder rows of block l's active features, read once; the rest of a memory-mapped file's pages
+            # are given back (the rows no prompt needs stay on disk, as circuit-tracer's lazy decoders do)
+            scaled = tc.W_dec[l][feat].float() * vals[-1].reshape(-1, *[1] * (tc.W_dec[l].ndim - 1))
+            release_pages(tc.W_dec[l])
             if tc.cross_layer:  # block l's features write every block from l on
                 for k in range(L - l):
                     recon[l + k].index_add_(0, pos, scaled[:, k])
+                    self._block(l + k, self.offset[l], pos, scaled[:, k], P)
             else:
                 recon[l].index_add_(0, pos, scaled)
+                self._block(l, self.offset[l], pos, scaled, P)
                 if tc.W_skip is not None:
                     recon[l] += tc.skip(rep.x_in[l], l).float()
+            self.offset.append(self.offset[l] + len(pos))
         recon += torch.stack([b.float() for b in tc.b_dec])[:, None, :]
         errors = rep.mlp_out - recon
         errors[:, 0] = 0
@@ -298,32 +307,22 @@ class _Features:
         self.active = torch.cat(idx)  # [n, 3]
         self.values = torch.cat(vals)
         self.n_active = len(self.active)
-        counts = [len(i) for i in idx]
-        self.offset = [sum(counts[:l]) for l in range(L + 1)]
-        self.blocks = [self._blocks(l, rep) for l in range(L)]
 
-    def _blocks(self, target: int, rep: _Replacement) -> list[tuple[int, Tensor, Tensor, Tensor]]:
-        """The writers into block ``target``: ``(column offset, decoders [P, d, kmax], flat index, start per position)``
-        for each block whose features write there."""
-        out = []
-        sources = range(target + 1) if self.tc.cross_layer else [target]
-        for s in sources:
-            lo, hi = self.offset[s], self.offset[s + 1]
-            if hi == lo:
-                continue
-            pos, feat = self.active[lo:hi, 1], self.active[lo:hi, 2]
-            dec = self.tc.W_dec[s][feat].float()
-            dec = dec[:, target - s] if self.tc.cross_layer else dec
-            dec = dec * self.values[lo:hi, None]
-            counts = torch.bincount(pos, minlength=rep.P)
-            start = torch.cumsum(counts, 0) - counts
-            kmax = int(counts.max())
-            slot = torch.arange(hi - lo) - start[pos]
-            D = torch.zeros(rep.P, kmax, rep.d)
-            D[pos, slot] = dec
-            ends = torch.cat([start, torch.tensor([hi - lo])])
-            out.append((lo, D.transpose(1, 2).contiguous(), pos * kmax + slot, ends))
-        return out
+    def _block(self, target: int, lo: int, pos: Tensor, dec: Tensor, P: int) -> None:
+        """Record a writer into block ``target``: its features (columns from ``lo``, at positions ``pos``, sorted) and
+        their decoder rows times activations ``dec`` ``[n, d]``, padded per position: ``(column offset, decoders
+        [P, d, kmax], flat index, start per position)``."""
+        n = len(pos)
+        if n == 0:
+            return
+        counts = torch.bincount(pos, minlength=P)
+        start = torch.cumsum(counts, 0) - counts
+        kmax = int(counts.max())
+        slot = torch.arange(n) - start[pos]
+        D = torch.zeros(P, kmax, dec.shape[-1])
+        D[pos, slot] = dec
+        ends = torch.cat([start, torch.tensor([n])])
+        self.blocks[target].append((lo, D.transpose(1, 2).contiguous(), pos * kmax + slot, ends))
 
     def contract(self, l: int, g: Tensor, out: Tensor) -> None:
         """``out[r, f] += g[pos_f, r] . decoder_f`` for the features writing block ``l`` (``g`` ``[Pm, a, d]``)."""

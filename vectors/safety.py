@@ -38,9 +38,12 @@ unbounded memory.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import stat
 import struct
+import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +63,7 @@ __all__ = [
     "MAX_FILE_BYTES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_TENSORS", "MAX_DIMS", "MAX_HEADER_BYTES",
     "MAX_GGUF_KV", "MAX_STRING_BYTES", "NAME_RE", "GGUF_MAGIC",
     "check_name", "check_output_file", "read_bounded", "read_head", "read_json_bytes", "read_json", "dump_json",
-    "tensors_to_safetensors", "parse_safetensors", "map_safetensors", "parse_gguf", "parse_gguf_metadata", "write_gguf",
+    "tensors_to_safetensors", "parse_safetensors", "map_safetensors", "release_pages", "parse_gguf", "parse_gguf_metadata", "write_gguf",
     "atomic_folder", "atomic_path", "atomic_write_bytes", "fsync_dir",
 ]
 
@@ -358,9 +361,6 @@ def map_safetensors(path: str | os.PathLike, what: str = "safetensors file", max
         >>> map_safetensors(tmp_dir / "w.safetensors")["W"][1]
         tensor([3., 4., 5.])
     """
-    import mmap
-    import warnings
-
     p = Path(path)
     if not p.is_file():
         raise ArtifactFormatError(f"expected a regular file at {p}, found {'something else' if p.exists() else 'none'}; "
@@ -383,6 +383,7 @@ def map_safetensors(path: str | os.PathLike, what: str = "safetensors file", max
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         base = torch.frombuffer(mm, dtype=torch.uint8)  # the tensor keeps the map alive
+    _MAPS[base.data_ptr()] = (size, weakref.ref(mm))
     out: dict[str, torch.Tensor] = {}
     for name, dt, shape, b, e in entries:
         raw = base[start + b: start + e]
@@ -392,6 +393,41 @@ def map_safetensors(path: str | os.PathLike, what: str = "safetensors file", max
         else:
             out[name] = raw.view(dt).reshape(shape) if e > b else torch.empty(shape, dtype=dt)
     return out
+
+
+#: the maps of :func:`map_safetensors`: address -> (length, the map, held weakly)
+_MAPS: dict[int, tuple[int, "weakref.ref"]] = {}
+_MADV_PAGEOUT = 21  # Linux 5.4+: reclaim the pages now (a page written since stays: it has no file to come back from)
+
+
+def release_pages(t: torch.Tensor) -> bool:
+    """Give back the memory of a tensor that :func:`map_safetensors` mapped: its pages leave the process's resident
+    memory and are read from the file again when next used (pages written to stay). ``False`` (nothing done) for
+    any other tensor, or where the system cannot.
+
+    Examples:
+        >>> from steerkit.vectors.safety import map_safetensors, release_pages
+        >>> import safetensors.torch
+        >>> safetensors.torch.save_file({"W": torch.ones(1024, 64)}, str(tmp_dir / "w.safetensors"))
+        >>> W = map_safetensors(tmp_dir / "w.safetensors")["W"]
+        >>> float(W.sum()), release_pages(W), float(W.sum()), release_pages(torch.ones(3))
+        (65536.0, True, 65536.0, False)
+    """
+    ptr, n = t.data_ptr(), t.numel() * t.element_size()
+    for start, (length, ref) in list(_MAPS.items()):
+        mm = ref()
+        if mm is None:
+            del _MAPS[start]
+            continue
+        if start <= ptr and ptr + n <= start + length:
+            page = mmap.PAGESIZE
+            lo, hi = (ptr - start) // page * page, -(-(ptr - start + n) // page) * page
+            try:
+                mm.madvise(_MADV_PAGEOUT, lo, min(hi, length) - lo)
+            except (OSError, ValueError):  # an older system: the pages stay
+                return False
+            return True
+    return False
 
 
 # --------------------------------------------------------------------------- GGUF

@@ -41,11 +41,14 @@ from __future__ import annotations
 
 import os
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import yaml
+from huggingface_hub import hf_hub_download, snapshot_download
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -115,8 +118,6 @@ def _read_weights(path: Path, max_bytes: int) -> dict[str, Tensor]:
 def _read_npz(path: Path, max_bytes: int) -> dict[str, Tensor]:
     """The float arrays of an ``.npz`` (a zip of ``.npy`` files): at most 64 of them, their unpacked sizes bounded,
     no object arrays (``allow_pickle=False``)."""
-    import zipfile
-
     try:
         with zipfile.ZipFile(path) as z:
             infos = z.infolist()
@@ -181,7 +182,9 @@ def _assemble(layers: list[dict[str, Tensor | None]], *, input_hook: str, output
         skip = [s if s is not None else torch.zeros(d, d, dtype=b.dtype) for s, b in zip(col("W_skip"), col("b_dec"))]
     dtypes = {t.dtype for layer in layers for t in layer.values() if t is not None}
     dtype = torch.float32 if len(dtypes) > 1 else dtypes.pop()
-    conv = (lambda ts: None if ts is None else [t.to(dtype) for t in ts])
+
+    def conv(ts: Any) -> Any:
+        return None if ts is None else [t.to(dtype) for t in ts]
     try:
         return Transcoders(conv(col("W_enc")), conv(col("b_enc")), conv(col("W_dec")), conv(col("b_dec")),
                            activation="jumprelu" if threshold is not None else "relu", threshold=conv(threshold),
@@ -196,8 +199,6 @@ def _hub_file(uri: str) -> Path:
     m = re.fullmatch(r"hf://([^/]+/[^/?]+)/([^?]+)(?:\?revision=([^&]+))?", uri)
     if not m:
         raise ArtifactFormatError(f"expected an hf://owner/repo/path URI, found {uri!r:.200}")
-    from huggingface_hub import hf_hub_download
-
     try:
         return Path(hf_hub_download(repo_id=m.group(1), filename=m.group(2), revision=m.group(3)))
     except Exception as e:  # huggingface_hub's many errors: offline, missing, gated
@@ -248,7 +249,7 @@ def read_circuit_tracer(folder: str | os.PathLike, *, input_hook: str | None = N
     cross = cfg.get("model_kind") == "cross_layer_transcoder" or (not cfg and bool(enc_files))
     default_in = "hook_resid_mid" if cross and not cfg else "mlp.hook_in"
     where = p / _CONFIG if cfg else p
-    hooks = {"input_hook": _kind(input_hook or cfg.get("feature_input_hook", default_in), "feature_input_hook", where),
+    hooks: dict[str, Any] = {"input_hook": _kind(input_hook or cfg.get("feature_input_hook", default_in), "feature_input_hook", where),
              "output_hook": _kind(output_hook or cfg.get("feature_output_hook", "hook_mlp_out"), "feature_output_hook",
                                   where)}
     scan = cfg.get("scan")
@@ -305,8 +306,6 @@ def write_circuit_tracer(tc: Transcoders, path: str | os.PathLike, *, overwrite:
         model_kind: transcoder_set
         scan: null
     """
-    import yaml
-
     if tc.activation not in ("relu", "jumprelu"):
         raise VectorsError(f"expected ReLU or JumpReLU transcoders for circuit-tracer's layout (circuit-tracer 0.5 loads "
                            f"no other), found {tc.activation}; save them as format='steerkit'")
@@ -367,6 +366,7 @@ def read_sae_transcoders(folder: str | os.PathLike) -> Transcoders:
         if not f.weights.transcoder or f.output_site is None:
             raise ArtifactFormatError(f"expected a transcoder (it reads one site, writes another) at {s}, found an "
                                       "autoencoder")
+        assert f.site is not None  # read_sae_folder names it or raises
         layer, in_kind = f.site.split(".", 2)[1:]
         out_layer, out_kind = f.output_site.split(".", 2)[1:]
         if out_layer != layer or int(layer) in by_layer:
@@ -413,8 +413,6 @@ def _hub_folder(ref: str) -> Path:
     repo, sub, rev = m.group(1), m.group(2).strip("/"), m.group(3)
     if ".." in sub.split("/"):
         raise UnsafeNameError(f"expected a Hub subfolder without '..', found {sub!r}")
-    from huggingface_hub import snapshot_download
-
     prefix = f"{sub}/" if sub else ""
     try:
         local = snapshot_download(repo, revision=rev, allow_patterns=[f"{prefix}{_CONFIG}", f"{prefix}*.safetensors",

@@ -24,6 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from steerkit.errors import InputError
 
 #: the largest document read by default (64 MiB)
@@ -112,8 +114,6 @@ def parse_json(data: bytes | str, what: str = "JSON", *, max_bytes: int = MAX_DO
 
 def _loader(max_depth: int):
     """A PyYAML safe loader that counts nesting as it composes and refuses aliases."""
-    import yaml
-
     class BoundedLoader(yaml.SafeLoader):
         depth = 0
 
@@ -148,8 +148,6 @@ def parse_yaml(data: bytes | str, what: str = "YAML", *, max_bytes: int = MAX_DO
         ...
         steerkit.storage.documents.DocumentError: expected plain YAML data, found could not determine a constructor ...
     """
-    import yaml
-
     text = _text(data, what, max_bytes, error)
     loader = _loader(max_depth)(text)
     try:

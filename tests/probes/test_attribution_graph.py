@@ -11,7 +11,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import steerkit
 from steerkit.errors import InputError, UnsupportedArchitectureError

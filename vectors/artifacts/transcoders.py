@@ -406,8 +406,8 @@ class Transcoders(_Artifact):
         return out
 
     def _map_tensors(self, fn) -> "Transcoders":
-        mapped = {name: None if getattr(self, name) is None else [fn(t) for t in getattr(self, name)]
-                  for name in _PER_LAYER}
+        mapped: dict[str, Any] = {name: None if getattr(self, name) is None else [fn(t) for t in getattr(self, name)]
+                                  for name in _PER_LAYER}
         return dataclasses.replace(self, **mapped)
 
     def __eq__(self, other: object) -> bool:
