@@ -22,6 +22,7 @@ the active features and logit targets (equal), the selected features (their over
 them differently) and the logit nodes' rows on the features both kept.
 
 Usage:  python benchmarks/bench_circuits.py                 # 16, 64, 256 tokens; 1 and 2 threads
+        python benchmarks/bench_circuits.py --quick         # 16 tokens, 1 thread, 2048 features per block
         python benchmarks/bench_circuits.py --tokens 16 --threads 1 --out /tmp/circuits.csv
 
 Rows go to ``benchmarks/results/circuits.csv`` (``--out``): one per side, length and thread count.
@@ -228,6 +229,7 @@ def main() -> None:
     ap.add_argument("--l0", type=float, default=12.0)
     ap.add_argument("--work", default=str(ROOT / ".bench-circuits"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "circuits.csv"))
+    ap.add_argument("--quick", action="store_true", help="16 tokens, 1 thread, 2048 features per block")
     ap.add_argument("--worker", choices=["steerkit", "circuit-tracer"])
     ap.add_argument("--job")
     a = ap.parse_args()
@@ -236,6 +238,8 @@ def main() -> None:
         fn = worker_steerkit if a.worker == "steerkit" else worker_circuit_tracer
         print(json.dumps(fn(job)))
         return
+    if a.quick:
+        a.tokens, a.threads, a.d_sae = [16], [1], 2048
     if not CT_PY.exists():
         raise SystemExit(f"no circuit-tracer environment at {CT_PY}: STEERKIT_SETUP_EXTRAS=engines bash scripts/setup.sh")
     import torch
@@ -276,7 +280,7 @@ def main() -> None:
             agree["same_logit_targets"] = res["steerkit"]["logit_targets"] == res["circuit-tracer"]["logit_targets"]
             sk, ct = res["steerkit"], res["circuit-tracer"]
             for side, r in res.items():
-                rows.append({"library": side, "tokens": n, "threads": threads, "batch_size": a.batch_size,
+                rows.append({"mode": "quick" if a.quick else "full", "library": side, "tokens": n, "threads": threads, "batch_size": a.batch_size,
                              "max_feature_nodes": a.max_feature_nodes, "d_sae": a.d_sae, "l0_target": a.l0,
                              "n_active": r["n_active"], "n_features": r["n_features"], "n_logits": r["n_logits"],
                              "graph_s": round(r["seconds"], 2), "peak_rss_mib": round(r["peak_rss_mib"]),

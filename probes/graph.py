@@ -177,8 +177,9 @@ class Graph:
                 node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Path:
         """Write the graph in circuit-tracer's frontend format (what its ``create_graph_files`` writes; its local
         graph server and Neuronpedia open it) at ``path``, pruned with :func:`prune_graph`, and list it in
-        ``graph-metadata.json`` beside it. ``slug`` defaults to the file's stem, ``scan`` to the graph's. The file
-        is checked against Neuronpedia's schema (:func:`validate_graph_json`) before it is written.
+        ``graph-metadata.json`` beside it. ``slug`` defaults to the file's stem (the local server opens
+        ``{slug}.json`` of its folder), ``scan`` to the graph's. The file is checked against Neuronpedia's schema
+        (:func:`validate_graph_json`) before it is written.
 
         Examples:
             >>> from steerkit.probes import Graph, LogitTarget

@@ -71,10 +71,13 @@ def run(tmp_path_factory):
                        cwd=tmp, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     out = {}
+    ours_logits = sm.forward(steerkit.Tokens(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)))[0]
     for name, (tc, x, params) in ours.items():
+        theirs = load_file(str(tmp / name / "result.safetensors"))
+        # the same logits on both sides first: otherwise nothing below would compare like with like
+        assert (ours_logits - theirs["logits"]).abs().max() <= 1e-4 * theirs["logits"].abs().max(), name
         loaded = steerkit.load_transcoders(tmp / "cache" / name, model=sm)  # what circuit-tracer read, read back
         graph = attribution_graph(sm, loaded, PROMPT, **params)
-        theirs = load_file(str(tmp / name / "result.safetensors"))
         meta = json.loads((tmp / name / "result.json").read_text())
         out[name] = dict(sm=sm, tc=tc, loaded=loaded, x=x, graph=graph, theirs=theirs, meta=meta, folder=tmp / name,
                          params=params)
