@@ -6,7 +6,8 @@ features per block, reading ``mlp.hook_in`` and writing ``hook_mlp_out``; encode
 block so that about ``--l0`` features fire per token on the corpus; seed 0), written once by steerkit in
 circuit-tracer's cache layout and read from there by both. Prompts of 16, 64 and 256 tokens (the special token in
 front included) of the vendored corpus's text; ``max_feature_nodes=8192``, circuit-tracer's other defaults and the
-same ``--batch-size`` on both sides; 1 and 2 torch threads; one run each.
+same ``--batch-size`` on both sides; 1 and 2 torch threads; one run each, timed in wall time (``graph_s``, the
+speedups) and the process's CPU time (``graph_cpu_s``: on a shared machine, what the work itself cost).
 
 circuit-tracer pins transformers<=4.57.3, so it runs in ``.venv-circuit-tracer`` (``scripts/setup.sh`` with
 ``STEERKIT_SETUP_EXTRAS=engines``; ``STEERKIT_CIRCUIT_TRACER_PYTHON`` points elsewhere) with its nnsight backend on a
@@ -73,10 +74,10 @@ def worker_steerkit(job: dict) -> dict:
         return {"logits": sm.forward(toks)[0].tolist()}
     before = _rss("VmRSS")
     _reset_peak()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     graph = attribution_graph(sm, tc, ids, max_feature_nodes=job["max_feature_nodes"], batch_size=job["batch_size"])
-    seconds = time.perf_counter() - t0
-    return _summary(graph, seconds, before, job)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return dict(_summary(graph, seconds, before, job), cpu_s=cpu)
 
 
 def worker_circuit_tracer(job: dict) -> dict:
@@ -96,10 +97,10 @@ def worker_circuit_tracer(job: dict) -> dict:
         return {"logits": logits.reshape(len(ids), -1).tolist()}
     before = _rss("VmRSS")
     _reset_peak()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     graph = attribute(ids, model, max_feature_nodes=job["max_feature_nodes"], batch_size=job["batch_size"])
-    seconds = time.perf_counter() - t0
-    return _summary(graph, seconds, before, job)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return dict(_summary(graph, seconds, before, job), cpu_s=cpu)
 
 
 def _summary(graph, seconds: float, before: float, job: dict) -> dict:
@@ -283,7 +284,8 @@ def main() -> None:
                 rows.append({"mode": "quick" if a.quick else "full", "library": side, "tokens": n, "threads": threads, "batch_size": a.batch_size,
                              "max_feature_nodes": a.max_feature_nodes, "d_sae": a.d_sae, "l0_target": a.l0,
                              "n_active": r["n_active"], "n_features": r["n_features"], "n_logits": r["n_logits"],
-                             "graph_s": round(r["seconds"], 2), "peak_rss_mib": round(r["peak_rss_mib"]),
+                             "graph_s": round(r["seconds"], 2), "graph_cpu_s": round(r.get("cpu_s", float("nan")), 2),
+                             "peak_rss_mib": round(r["peak_rss_mib"]),
                              "graph_peak_mib": round(r["graph_peak_mib"]),
                              "speedup_vs_circuit_tracer": round(ct["seconds"] / r["seconds"], 3),
                              "peak_rss_vs_circuit_tracer": round(r["peak_rss_mib"] / ct["peak_rss_mib"], 3),
