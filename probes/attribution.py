@@ -29,7 +29,8 @@ steerkit computes the same numbers as circuit-tracer, differently:
    square block and applied to the rest once. Within a queue, batches are cut by position (that only changes which
    rows share a backward pass, not a row's values).
 
-The result is a :class:`~steerkit.probes.Graph` with circuit-tracer's fields and node order. The families whose
+The result is a :class:`~steerkit.probes.Graph` with circuit-tracer's fields and node order. The model runs where it
+is loaded; the graph is computed on the CPU (transcoders elsewhere are copied there). The families whose
 blocks are sequential and pre-norm (Llama, Mistral, Qwen 2 and 3, SmolLM 3, Gemma, OLMo, Phi-3; dense or
 mixture-of-experts MLPs) are supported; the others raise :class:`~steerkit.UnsupportedArchitectureError`.
 """
@@ -185,12 +186,12 @@ class _Replacement:
                       *tc.sites(l)]
         toks = Tokens(torch.tensor([ids], device=sm.device), torch.ones(1, len(ids), dtype=torch.long, device=sm.device))
         with sm.record(sorted(set(names)), positions="all") as cache:
-            self.logits = sm.forward(toks)[0].float()
-        c = {k: cache[k][0].float() for k in names}
+            self.logits = sm.forward(toks)[0].float().cpu()
+        c = {k: cache[k][0].float().cpu() for k in names}  # the graph is computed on the CPU
         self.tokens = c["blocks.0.hook_resid_pre"]
         final = a.final_norm_affine(m)[0]
         self.final = self._factor(c["ln_final.hook_scale"], final)
-        self.unembed = a.unembed_module(m).weight.float()
+        self.unembed = a.unembed_module(m).weight.float().cpu()
         self.x_in = torch.stack([c[tc.sites(l)[0]] for l in range(L)])
         self.mlp_out = torch.stack([c[tc.sites(l)[1]] for l in range(L)])
         self.layers = []
@@ -202,18 +203,18 @@ class _Replacement:
                    "hook_resid_mid": None}[self.input_hook]
             self.layers.append(_Layer(self._factor(c[f"blocks.{l}.ln1.hook_scale"], w1), ln2,  # type: ignore[arg-type]
                                       c[f"blocks.{l}.attn.hook_pattern"].transpose(1, 2).contiguous(),
-                                      _linear(a.o_proj_module(m, l), "attention output").float(),
+                                      _linear(a.o_proj_module(m, l), "attention output").float().cpu(),
                                       self._v_weight(sm, l), torch.empty(0)))
 
     def _factor(self, scale: Tensor, w: Tensor | None) -> Tensor:
         inv = 1.0 / scale.float()  # [P, 1]
-        return inv if w is None else inv * w.float()[None, :]
+        return inv if w is None else inv * w.float().cpu()[None, :]
 
     def _v_weight(self, sm: SteerModel, l: int) -> Tensor:
         mods = sm.adapter.qkv_modules(sm.hf_model, l)
         if "v" in mods:
-            return _linear(mods["v"], "value projection").float()
-        w = _linear(mods["qkv"], "query/key/value projection").float()
+            return _linear(mods["v"], "value projection").float().cpu()
+        w = _linear(mods["qkv"], "query/key/value projection").float().cpu()
         lo = (self.H + self.KV) * self.dh
         return w[lo: lo + self.KV * self.dh]
 
@@ -465,6 +466,8 @@ def attribution_graph(sm: SteerModel, transcoders: Transcoders, prompt: str | Se
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"expected batch_size as a positive integer, found {batch_size!r}")
     ids = prompt_ids(sm.tokenizer, prompt)
+    if transcoders.device.type != "cpu":  # the graph is computed on the CPU, as its rows are kept
+        transcoders = transcoders.to("cpu")
     with torch.inference_mode():
         rep = _Replacement(sm, transcoders, ids)
         feats = _Features(transcoders, rep)
