@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -502,27 +503,62 @@ def _visit(rep: _Replacement, feats: _Features, vecs: Tensor, probs: Tensor, max
         edge = torch.zeros(n_rows, logit_offset)
         logit_rows = edge[:n_logits]
     rep.rows(logit_rows, torch.full((n_logits,), L), torch.full((n_logits,), P - 1), vecs, feats)
+    workers = _Workers(torch.get_num_threads())
     if every:
-        for b in _batches(torch.arange(n_active), positions, layers, batch_size):
+        def fill(b: Tensor) -> None:
             buf = torch.zeros(len(b), logit_offset)
             rep.rows(buf, layers[b], positions[b], feats.encoders(b), feats)
             edge[b, :logit_offset] = buf
+        workers.run(fill, _batches(torch.arange(n_active), positions, layers, batch_size))
         return edge, torch.arange(n_active)
     influence = _Influence(edge, n_logits, n_max, probs, logit_offset)
     visited = torch.zeros(n_active, dtype=torch.bool)
     st = n_logits
+
+    def write(job: tuple[int, Tensor]) -> None:
+        at, b = job
+        rep.rows(edge[at: at + len(b)], layers[b], positions[b], feats.encoders(b), feats)
     while st - n_logits < n_max:
         infl = influence(st)
         rank = torch.argsort(infl[:n_active], descending=True)
         pending = rank[~visited[rank]][: min(update_interval * batch_size, n_max - (st - n_logits))]
+        jobs = []
         for b in _batches(pending, positions, layers, batch_size):
-            rep.rows(edge[st: st + len(b)], layers[b], positions[b], feats.encoders(b), feats)
-            influence.add(st, st + len(b), b)
-            visited[b] = True
+            jobs.append((st, b))
             st += len(b)
+        workers.run(write, jobs)
+        for at, b in jobs:
+            influence.add(at, at + len(b), b)
+            visited[b] = True
     row_nodes = influence.row_nodes
     del influence
     return _package(edge, row_nodes, visited, n_active, logit_offset, n_logits), torch.where(visited)[0]
+
+
+class _Workers:
+    """Batches of sources run side by side on ``n`` threads, each op on one thread: coarse parallel work that a
+    busy machine cannot stall the way it stalls many small multi-threaded ops (each waits for every thread)."""
+
+    def __init__(self, n: int):
+        self.n = max(1, int(n))
+
+    def run(self, fn, jobs: list) -> None:
+        if self.n == 1 or len(jobs) < 2:
+            for job in jobs:
+                fn(job)
+            return
+        outer = torch.get_num_threads()
+
+        def one(job):
+            torch.set_num_threads(1)
+            with torch.inference_mode():
+                fn(job)
+        try:
+            with ThreadPoolExecutor(self.n) as pool:
+                for f in [pool.submit(one, job) for job in jobs]:
+                    f.result()
+        finally:
+            torch.set_num_threads(outer)
 
 
 def _package(edge: Tensor, row_nodes: Tensor, visited: Tensor, n_active: int, logit_offset: int, n_logits: int
