@@ -48,8 +48,8 @@ How it fits together
 * :mod:`.attribution` -- :func:`attribution_graph`: a prompt traced through a model's transcoders
   (:class:`steerkit.vectors.Transcoders`) as circuit-tracer does, its replacement model written out and
   transposed; :mod:`.graph` -- the :class:`Graph` it returns (circuit-tracer's fields and node order),
-  :func:`prune_graph`, :func:`compute_graph_scores` and :meth:`Graph.to_json` (circuit-tracer's frontend file,
-  checked against Neuronpedia's schema).
+  :func:`prune_graph`, :func:`compute_graph_scores` and :meth:`Graph.to_json`; :mod:`.graph_json` -- that
+  frontend file (circuit-tracer's, checked against Neuronpedia's schema).
 * ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these; ``steerkit sae train``
   (:mod:`steerkit.cli.sae`) wraps :func:`train_sae`.
 

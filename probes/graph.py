@@ -1,6 +1,5 @@
-"""Attribution graphs as values: :class:`Graph`, its pruning (:func:`prune_graph`), its scores
-(:func:`compute_graph_scores`) and the frontend file (:meth:`Graph.to_json`), with circuit-tracer's fields and
-conventions.
+"""Attribution graphs as values: :class:`Graph`, its pruning (:func:`prune_graph`) and its scores
+(:func:`compute_graph_scores`), with circuit-tracer's fields and conventions.
 
 How it works
 ------------
@@ -19,28 +18,22 @@ without an outgoing edge and features without an incoming one. :func:`compute_gr
 replacement score (the share of the tokens' and errors' influence that is the tokens') and the completeness score
 (the influence-weighted share of each node's normalised input that comes from non-error nodes).
 
-:meth:`Graph.to_json` writes what circuit-tracer's ``create_graph_files`` writes (its local graph server and
-Neuronpedia open it): the pruned nodes with their influence (the cumulative influence score) and activation, the
-kept edges between them, the metadata (``slug``, ``scan``, the prompt and its tokens) and Neuronpedia's query
-parameters; the file is checked against Neuronpedia's attribution-graph JSON schema (:func:`validate_graph_json`,
-the schema vendored in ``steerkit/data/neuronpedia/``), and the folder's ``graph-metadata.json`` lists it.
+:meth:`Graph.to_json` writes circuit-tracer's frontend file (:mod:`steerkit.probes.graph_json`).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-from importlib import resources
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from steerkit.errors import InputError
-from steerkit.storage.documents import parse_json
-from steerkit.storage.files import atomic_write_bytes
+
+from .graph_json import write_graph_json
 
 
 class LogitTarget(NamedTuple):
@@ -67,9 +60,9 @@ class PruneResult(NamedTuple):
         ('node_mask', 'edge_mask', 'cumulative_scores')
     """
 
-    node_mask: Tensor
-    edge_mask: Tensor
-    cumulative_scores: Tensor
+    node_mask: Bool[Tensor, " n_nodes"]
+    edge_mask: Bool[Tensor, "n_nodes n_nodes"]
+    cumulative_scores: Float[Tensor, " n_nodes"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -139,7 +132,7 @@ class Graph:
         return len(self.logit_targets)
 
     @property
-    def logit_token_ids(self) -> Tensor:
+    def logit_token_ids(self) -> Int[Tensor, " n_logits"]:
         """The logit targets' vocabulary indices (int64).
 
         Examples:
@@ -160,7 +153,7 @@ class Graph:
                   (self.n_features + self.n_errors + self.n_pos, "token")]
         return next((kind for end, kind in bounds if index < end), "logit")
 
-    def sparse_adjacency(self) -> Tensor:
+    def sparse_adjacency(self) -> Float[Tensor, "n_nodes n_nodes"]:
         """The adjacency matrix as a sparse COO tensor (rows targets, columns sources).
 
         Examples:
@@ -172,6 +165,22 @@ class Graph:
         """
         return self.adjacency_matrix.to_sparse()
 
+    def to(self, device: str | torch.device) -> "Graph":
+        """Move the graph's tensors to ``device`` (in place, as circuit-tracer's ``Graph.to`` does) and return it:
+        :func:`prune_graph` and :func:`compute_graph_scores` then run there.
+
+        Examples:
+            >>> g = Graph(torch.tensor([2]), torch.zeros(0, 3, dtype=torch.long), torch.zeros(0),
+            ...           torch.zeros(0, dtype=torch.long), [LogitTarget("a", 7)], torch.tensor([1.0]),
+            ...           torch.zeros(3, 3), n_layers=1, vocab_size=10)
+            >>> g.to("meta").adjacency_matrix.device, g.to("cpu").logit_probabilities.device
+            (device(type='meta'), device(type='cpu'))
+        """
+        for name in ("input_tokens", "active_features", "activation_values", "selected_features",
+                     "logit_probabilities", "adjacency_matrix"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
     # ---- files
     def to_json(self, path: str | os.PathLike, *, slug: str | None = None, scan: str | None = None,
                 node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Path:
@@ -179,7 +188,7 @@ class Graph:
         graph server and Neuronpedia open it) at ``path``, pruned with :func:`prune_graph`, and list it in
         ``graph-metadata.json`` beside it. ``slug`` defaults to the file's stem (the local server opens
         ``{slug}.json`` of its folder), ``scan`` to the graph's. The file is checked against Neuronpedia's schema
-        (:func:`validate_graph_json`) before it is written.
+        (:func:`steerkit.probes.graph_json.validate_graph_json`) before it is written.
 
         Examples:
             >>> from steerkit.probes import Graph, LogitTarget
@@ -188,31 +197,13 @@ class Graph:
             >>> g = Graph(torch.tensor([2, 40]), torch.tensor([[0, 1, 7]]), torch.tensor([1.5]), torch.tensor([0]),
             ...           [LogitTarget("!", 5)], torch.tensor([0.9]), adj, n_layers=1, vocab_size=100,
             ...           scan="tiny", prompt_tokens=["<s>", "a"], input_string="<s>a")
+            >>> import json
             >>> doc = json.loads(g.to_json(tmp_dir / "tiny-graph.json").read_text())
             >>> [n["node_id"] for n in doc["nodes"]], doc["links"][0]
             (['0_7_1', 'E_2_0', 'E_40_1', '2_5_1'], {'source': 'E_2_0', 'target': '0_7_1', 'weight': 1.0})
         """
-        p = Path(path)
-        slug = slug or p.stem
-        scan = scan or self.scan
-        if not scan:
-            raise InputError("expected scan= (which transcoders made the graph: a Neuronpedia model id or a transcoder "
-                             "set's name), found none on the graph; pass scan=")
-        doc = frontend_graph(self, slug=slug, scan=scan, node_threshold=node_threshold, edge_threshold=edge_threshold)
-        validate_graph_json(doc)
-        atomic_write_bytes(p, json.dumps(doc, indent=2, allow_nan=False).encode("utf-8"))
-        _add_graph_metadata(p.parent / "graph-metadata.json", doc["metadata"])
-        return p
-
-
-def _add_graph_metadata(path: Path, meta: dict) -> None:
-    """circuit-tracer's ``graph-metadata.json``: ``{"graphs": [metadata, ...]}``, one entry per slug."""
-    graphs: list = []
-    if path.exists():
-        old = parse_json(path.read_bytes(), str(path))
-        graphs = old.get("graphs", []) if isinstance(old, dict) else []
-        graphs = [g for g in graphs if isinstance(g, dict) and g.get("slug") != meta["slug"]]
-    atomic_write_bytes(path, json.dumps({"graphs": graphs + [meta]}, indent=2).encode("utf-8"))
+        pruned = prune_graph(self, node_threshold, edge_threshold)
+        return write_graph_json(self, pruned, path, slug=slug, scan=scan, node_threshold=node_threshold)
 
 
 # ---------------------------------------------------------------------------------------------- influence
@@ -245,8 +236,9 @@ def compute_influence(A: Float[Tensor, "n n"], logit_weights: Float[Tensor, " n"
     n = 0
     while current.any():
         if n >= max_iter:
-            raise RuntimeError(f"expected the influence to converge within {max_iter} steps, found it did not: the "
-                               "graph has a cycle")
+            raise InputError(f"expected an acyclic graph, whose influence converges within {max_iter} steps, found "
+                             "it still changing: the adjacency matrix has a cycle or values that are not finite; "
+                             "check the matrix (edges run from earlier nodes to later ones)")
         current = current @ A
         influence = influence + current
         n += 1
@@ -339,141 +331,3 @@ def compute_graph_scores(graph: Graph) -> tuple[float, float]:
     output_influence = influence + weights
     completeness = (non_error * output_influence).sum() / output_influence.sum()
     return float(replacement.item()), float(completeness.item())
-
-
-# ---------------------------------------------------------------------------------------------- the frontend file
-def _cantor(x: int, y: int) -> int:
-    return (x + y) * (x + y + 1) // 2 + y
-
-
-def _node(node_id: str, feature: int, layer: str, ctx_idx: int, feature_type: str, js: str, *, token_prob: float = 0.0,
-          target: bool = False, clerp: str = "", influence: float | None = None, activation: float | None = None) -> dict:
-    """One node as circuit-tracer's ``Node`` model dumps it (its fields, in its order)."""
-    return {"node_id": node_id, "feature": feature, "layer": layer, "ctx_idx": ctx_idx, "feature_type": feature_type,
-            "token_prob": token_prob, "is_target_logit": target, "run_idx": 0, "reverse_ctx_idx": 0, "jsNodeId": js,
-            "clerp": clerp, "influence": influence, "activation": activation}
-
-
-def _nodes(graph: Graph, node_mask: Tensor, scores: Tensor) -> dict[int, dict]:
-    n_features, L = graph.n_features, graph.n_layers
-    error_end = n_features + graph.n_pos * L
-    token_end = error_end + graph.n_pos
-    nodes: dict[int, dict] = {}
-    for i in node_mask.nonzero().flatten().tolist():
-        influence = float(scores[i])
-        if i < n_features:
-            f = int(graph.selected_features[i])
-            layer, pos, feat = (int(v) for v in graph.active_features[f].tolist())
-            nodes[i] = _node(f"{layer}_{feat}_{pos}", _cantor(layer, feat), str(layer), pos, "cross layer transcoder",
-                             f"{layer}_{feat}-0", influence=influence, activation=float(graph.activation_values[f]))
-        elif i < error_end:
-            layer, pos = divmod(i - n_features, graph.n_pos)
-            nodes[i] = _node(f"0_{layer}_{pos}", -1, str(layer), pos, "mlp reconstruction error", f"{layer}_{pos}-0",
-                             influence=influence)
-        elif i < token_end:
-            pos = i - error_end
-            tok = int(graph.input_tokens[pos])
-            nodes[i] = _node(f"E_{tok}_{pos}", pos, "E", pos, "embedding", f"E_{tok}-{pos}", influence=influence)
-        else:
-            j = i - token_end
-            token, vocab_idx = graph.logit_targets[j]
-            prob = float(graph.logit_probabilities[j])
-            pos = graph.n_pos - 1
-            nodes[i] = _node(f"{L + 1}_{vocab_idx}_{pos}", int(vocab_idx), str(L + 1), pos, "logit", f"L_{vocab_idx}-{pos}",
-                             token_prob=prob, target=j == 0, clerp=f'Output "{token}" (p={prob:.3f})')
-    return nodes
-
-
-def frontend_graph(graph: Graph, *, slug: str, scan: str, node_threshold: float = 0.8,
-                   edge_threshold: float = 0.98) -> dict:
-    """The frontend document :meth:`Graph.to_json` writes, as a dict (circuit-tracer's ``create_graph_files``):
-    ``metadata``, ``qParams``, the pruned ``nodes`` that have an edge (every token and logit node too) and the
-    kept ``links`` between them, in circuit-tracer's order (by target, then source).
-
-    Examples:
-        >>> from steerkit.probes import Graph, LogitTarget
-        >>> from steerkit.probes.graph import frontend_graph
-        >>> adj = torch.zeros(6, 6)
-        >>> adj[0, 3], adj[5, 0] = 1.0, 2.0
-        >>> g = Graph(torch.tensor([2, 40]), torch.tensor([[0, 1, 7]]), torch.tensor([1.5]), torch.tensor([0]),
-        ...           [LogitTarget("!", 5)], torch.tensor([0.9]), adj, n_layers=1, vocab_size=100,
-        ...           prompt_tokens=["<s>", "a"], input_string="<s>a")
-        >>> doc = frontend_graph(g, slug="demo", scan="tiny")
-        >>> doc["metadata"]["prompt_tokens"], len(doc["links"]), doc["nodes"][-1]["clerp"]
-        (['<s>', 'a'], 2, 'Output "!" (p=0.900)')
-    """
-    node_mask, edge_mask, scores = (t.cpu() for t in prune_graph(graph, node_threshold, edge_threshold))
-    nodes = _nodes(graph, node_mask, scores)
-    dsts, srcs = edge_mask.nonzero(as_tuple=True)
-    weights = graph.adjacency_matrix.cpu()[dsts, srcs].tolist()
-    links = [{"source": nodes[s]["node_id"], "target": nodes[d]["node_id"], "weight": w}
-             for s, d, w in zip(srcs.tolist(), dsts.tolist(), weights) if s in nodes and d in nodes]
-    connected = {x for link in links for x in (link["source"], link["target"])}
-    used = [n for n in nodes.values() if n["node_id"] in connected or n["feature_type"] in ("embedding", "logit")]
-    tokens = graph.prompt_tokens if graph.prompt_tokens is not None else [str(int(t)) for t in graph.input_tokens]
-    meta = {"slug": slug, "scan": scan, "transcoder_list": [], "prompt_tokens": list(tokens),
-            "prompt": graph.input_string, "node_threshold": node_threshold, "schema_version": 1}
-    qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
-    return {"metadata": meta, "qParams": qparams, "nodes": used, "links": links}
-
-
-# ---------------------------------------------------------------------------------------------- the schema
-def graph_schema() -> dict:
-    """Neuronpedia's attribution-graph JSON schema (draft-07), vendored in ``steerkit/data/neuronpedia/``.
-
-    Examples:
-        >>> from steerkit.probes.graph import graph_schema
-        >>> graph_schema()["title"], graph_schema()["required"]
-        ('Anthropic Attribution Graph', ['metadata', 'qParams', 'nodes', 'links'])
-    """
-    data = resources.files("steerkit.data.neuronpedia").joinpath("graph-schema.json").read_bytes()
-    return parse_json(data, "Neuronpedia's graph schema")
-
-
-_TYPES = {"object": dict, "array": list, "string": str, "number": (int, float), "integer": int, "boolean": bool,
-          "null": type(None)}
-
-
-def _type_ok(value: Any, kinds: str | list[str]) -> bool:
-    for kind in [kinds] if isinstance(kinds, str) else kinds:
-        if kind in ("number", "integer") and isinstance(value, bool):
-            continue
-        if isinstance(value, _TYPES[kind]):
-            return True
-    return False
-
-
-def _check(value: Any, schema: dict, where: str, problems: list[str]) -> None:
-    """The draft-07 keywords the schema uses (``type``, ``required``, ``properties``, ``items``)."""
-    if "type" in schema and not _type_ok(value, schema["type"]):
-        problems.append(f"{where}: expected {schema['type']}, found {type(value).__name__}")
-        return
-    if isinstance(value, dict):
-        problems.extend(f"{where}: expected the field {key!r}, found none"
-                        for key in schema.get("required", []) if key not in value)
-        for key, sub in schema.get("properties", {}).items():
-            if key in value:
-                _check(value[key], sub, f"{where}.{key}", problems)
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            _check(item, schema["items"], f"{where}[{i}]", problems)
-            if len(problems) > 20:
-                return
-
-
-def validate_graph_json(doc: dict) -> None:
-    """Check a frontend document against Neuronpedia's schema (:func:`graph_schema`); :class:`InputError` naming
-    the first problems.
-
-    Examples:
-        >>> from steerkit.probes.graph import validate_graph_json
-        >>> try:
-        ...     validate_graph_json({"metadata": {"slug": "x"}, "qParams": {}, "nodes": [], "links": []})
-        ... except ValueError as e:
-        ...     print(str(e)[:75])
-        expected a graph that Neuronpedia's schema accepts, found: graph.metadata: 
-    """
-    problems: list[str] = []
-    _check(doc, graph_schema(), "graph", problems)
-    if problems:
-        raise InputError(f"expected a graph that Neuronpedia's schema accepts, found: {'; '.join(problems[:5])}")

@@ -16,7 +16,7 @@ import steerkit
 from steerkit.errors import InputError, UnsupportedArchitectureError
 from steerkit.probes import Graph, LogitTarget, attribution_graph, compute_graph_scores, prune_graph
 from steerkit.probes.attribution import prompt_ids
-from steerkit.probes.graph import graph_schema
+from steerkit.probes.graph_json import graph_schema
 from steerkit.vectors import Transcoders
 from tests.tiny_models import random_transcoders, tiny_circuit_llama, tiny_model
 
