@@ -73,13 +73,24 @@ class InstalledDoctestModule(DoctestModule):
         return module
 
 
+def pytest_collect_directory(path, parent):
+    """A folder of the package is a plain directory to pytest, not a package it imports by path (``probes/``
+    as ``probes``: steerkit/_rootnames.py hands that name over to whatever package is installed under it)."""
+    if module_name(path / "__init__.py") is not None:
+        return pytest.Dir.from_parent(parent, path=path)
+    return None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_collect_file(file_path, parent):
+    """A source file of the package yields its doctests, imported by the installed name; a file passed on the
+    command line would also be collected as a test module, imported by its path (``kernels/launch.py`` as
+    ``kernels.launch``, which is not steerkit's: steerkit/_rootnames.py): it holds no tests, so it is left out."""
     collected = yield
     if module_name(file_path) is None:
         return collected
     return [InstalledDoctestModule.from_parent(parent, path=file_path) if type(c) is DoctestModule else c
-            for c in collected]
+            for c in collected if type(c) is DoctestModule or not isinstance(c, pytest.Module)]
 
 
 # ---------------------------------------------------------------------------------------------- doctest names

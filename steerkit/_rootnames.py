@@ -25,6 +25,7 @@ import importlib.util
 import os
 import sys
 import types
+from typing import Optional
 
 
 def _not_installed(name: str, folder: str) -> ModuleNotFoundError:
@@ -49,7 +50,7 @@ def _from_import_module() -> bool:
 
     Called from :func:`hand_over`: two frames up is the folder's ``__init__`` body, and above it the import
     system's own frames, then whoever asked for the import."""
-    frame = sys._getframe(3)
+    frame: Optional[types.FrameType] = sys._getframe(3)
     while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
         frame = frame.f_back
     return frame is not None and frame.f_code.co_name == "import_module" \
