@@ -173,8 +173,8 @@ class Graph:
             >>> g = Graph(torch.tensor([2]), torch.zeros(0, 3, dtype=torch.long), torch.zeros(0),
             ...           torch.zeros(0, dtype=torch.long), [LogitTarget("a", 7)], torch.tensor([1.0]),
             ...           torch.zeros(3, 3), n_layers=1, vocab_size=10)
-            >>> g.to("meta").adjacency_matrix.device, g.to("cpu").logit_probabilities.device
-            (device(type='meta'), device(type='cpu'))
+            >>> g.to("cpu") is g, g.to("meta").adjacency_matrix.device  # meta: shapes without data
+            (True, device(type='meta'))
         """
         for name in ("input_tokens", "active_features", "activation_values", "selected_features",
                      "logit_probabilities", "adjacency_matrix"):
