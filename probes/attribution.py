@@ -29,23 +29,30 @@ steerkit computes the same numbers as circuit-tracer, differently:
    square block and applied to the rest once. Within a queue, batches are cut by position (that only changes which
    rows share a backward pass, not a row's values).
 
-The result is a :class:`~steerkit.probes.Graph` with circuit-tracer's fields and node order. The model runs where it
-is loaded; the graph is computed on the CPU (transcoders elsewhere are copied there). The families whose
+The result is a :class:`~steerkit.probes.Graph` with circuit-tracer's fields and node order. The graph is computed
+on the model's device (``device=`` another): the recorded activations, the frozen weights and the decoder rows of
+the active features go there; the transcoders encode where they are kept (keep them on the GPU with ``.to("cuda")``
+for the fastest encoding, or on the CPU, memory-mapped, to spare GPU memory). The rows of a graph limited by
+``max_feature_nodes`` are kept on that device for the influence ranking (circuit-tracer copies them there for each
+ranking); those of a graph of every feature (``[N, N]``, no ranking) are kept in CPU memory, as circuit-tracer
+keeps them. The :class:`~steerkit.probes.Graph` returned holds CPU tensors (:meth:`~steerkit.probes.Graph.to` moves
+them). No process-wide setting (threads, default device or dtype) is read or changed. The families whose
 blocks are sequential and pre-norm (Llama, Mistral, Qwen 2 and 3, SmolLM 3, Gemma, OLMo, Phi-3; dense or
 mixture-of-experts MLPs) are supported; the others raise :class:`~steerkit.UnsupportedArchitectureError`.
 """
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from steerkit.errors import InputError, UnsupportedArchitectureError
 from steerkit.loading.adapters import get_module
@@ -61,7 +68,7 @@ ATTRIBUTION_INPUTS = ("mlp.hook_in", "ln2.hook_normalized", "hook_resid_mid")
 
 
 # ---------------------------------------------------------------------------------------------- tokens and targets
-def prompt_ids(tokenizer: Any, prompt: str | Sequence[int] | Tensor) -> list[int]:
+def prompt_ids(tokenizer: Any, prompt: str | Sequence[int] | Int[Tensor, "..."]) -> list[int]:
     """The prompt's token ids as circuit-tracer reads them: raw text without special tokens, then a special token in
     front unless the first already is one (the tokenizer's BOS, else its pad, EOS or first special token).
 
@@ -93,8 +100,9 @@ def prompt_ids(tokenizer: Any, prompt: str | Sequence[int] | Tensor) -> list[int
 
 def _targets(logits: Tensor, unembed: Tensor, tokenizer: Any, attribution_targets: Any, max_n_logits: int,
              desired_logit_prob: float) -> tuple[list[LogitTarget], Tensor, Tensor]:
-    """``(targets, probabilities, demeaned unembedding rows)``: the salient logits (circuit-tracer's rule) or the
-    tokens asked for (indices or single-token strings)."""
+    """``(targets, probabilities, demeaned unembedding rows)`` on the logits' device: the salient logits
+    (circuit-tracer's rule) or the tokens asked for (indices or single-token strings). ``unembed`` stays where the
+    model keeps it: only the targets' rows and the mean row are read from it, in float32."""
     probs = torch.softmax(logits, dim=-1)
     vocab = logits.shape[0]
     if attribution_targets is None:
@@ -113,22 +121,32 @@ def _targets(logits: Tensor, unembed: Tensor, tokenizer: Any, attribution_target
                 ids.append(enc[0])
             else:
                 ids.append(int(t))
-        idx = torch.tensor(ids, dtype=torch.long)
+        idx = torch.tensor(ids, dtype=torch.long, device=logits.device)
     if not len(idx) or bool((idx < 0).any() or (idx >= vocab).any()):
         raise InputError(f"expected target token indices in [0, {vocab}), found {idx.tolist()[:10]}")
     idx = idx.to(logits.device)
-    vecs = unembed[idx] - unembed.mean(dim=0, keepdim=True)
+    mean = unembed.mean(dim=0, dtype=torch.float32).to(logits.device)
+    vecs = unembed[idx.to(unembed.device)].to(logits.device, torch.float32) - mean
     targets = [LogitTarget(tokenizer.decode(i), i) for i in idx.tolist()]
     return targets, probs[idx], vecs
 
 
 # ---------------------------------------------------------------------------------------------- the frozen model
-def _linear(module: nn.Module, what: str) -> Tensor:
+def _linear(module: nn.Module, what: str, device: torch.device) -> Tensor:
+    """The weight of a linear layer, in float32 on ``device``."""
     w = getattr(module, "weight", None)
     if not isinstance(module, nn.Linear) or not isinstance(w, Tensor):
         raise UnsupportedArchitectureError(f"expected the {what} as an nn.Linear, found {type(module).__name__}; "
                                            "attribution graphs need the family's projections as linear layers")
-    return w
+    return _on(w, device, what)
+
+
+def _on(t: Tensor, device: torch.device, what: str) -> Tensor:
+    """``t`` in float32 on ``device``; a weight offloaded to the meta device is refused."""
+    if t.device.type == "meta":
+        raise InputError(f"expected the model's {what} in memory, found it offloaded (on the meta device); load the "
+                         "model without disk offloading to compute attribution graphs")
+    return t.to(device=device, dtype=torch.float32)
 
 
 def _check_family(sm: SteerModel) -> None:
@@ -170,12 +188,13 @@ class _Layer:
 
 
 class _Replacement:
-    """The frozen replacement model of one prompt, transposed: :meth:`rows` are the direct effects of a batch of
-    sources (injected gradients) on every feature, error and token node."""
+    """The frozen replacement model of one prompt, transposed, on ``device``: :meth:`rows` are the direct effects of
+    a batch of sources (injected gradients) on every feature, error and token node."""
 
-    def __init__(self, sm: SteerModel, tc: Transcoders, ids: list[int]):
+    def __init__(self, sm: SteerModel, tc: Transcoders, ids: list[int], device: torch.device):
         _check_family(sm)
         a, m = sm.adapter, sm.hf_model
+        self.device = device
         self.L, self.P, self.d = sm.n_layers, len(ids), sm.d_model
         self.H, self.KV, self.dh = sm.n_heads, sm.n_kv_heads, sm.d_head
         self.kind = a.norm.kind
@@ -186,13 +205,12 @@ class _Replacement:
             names += [f"blocks.{l}.ln1.hook_scale", f"blocks.{l}.ln2.hook_scale", f"blocks.{l}.attn.hook_pattern",
                       *tc.sites(l)]
         toks = Tokens(torch.tensor([ids], device=sm.device), torch.ones(1, len(ids), dtype=torch.long, device=sm.device))
-        with sm.record(sorted(set(names)), positions="all") as cache:
-            self.logits = sm.forward(toks)[0].float().cpu()
-        c = {k: cache[k][0].float().cpu() for k in names}  # the graph is computed on the CPU
+        with sm.record(sorted(set(names)), positions="all", device=device) as cache:
+            self.logits = _on(sm.forward(toks)[0], device, "logits")
+        c = {k: _on(cache[k][0], device, k) for k in names}
         self.tokens = c["blocks.0.hook_resid_pre"]
-        final = a.final_norm_affine(m)[0]
-        self.final = self._factor(c["ln_final.hook_scale"], final)
-        self.unembed = a.unembed_module(m).weight.float().cpu()
+        self.final = self._factor(c["ln_final.hook_scale"], a.final_norm_affine(m)[0])
+        self.unembed = a.unembed_module(m).weight  # where the model keeps it: only the targets' rows are read
         self.x_in = torch.stack([c[tc.sites(l)[0]] for l in range(L)])
         self.mlp_out = torch.stack([c[tc.sites(l)[1]] for l in range(L)])
         self.layers = []
@@ -204,18 +222,18 @@ class _Replacement:
                    "hook_resid_mid": None}[self.input_hook]
             self.layers.append(_Layer(self._factor(c[f"blocks.{l}.ln1.hook_scale"], w1), ln2,  # type: ignore[arg-type]
                                       c[f"blocks.{l}.attn.hook_pattern"].transpose(1, 2).contiguous(),
-                                      _linear(a.o_proj_module(m, l), "attention output").float().cpu(),
-                                      self._v_weight(sm, l), torch.empty(0)))
+                                      _linear(a.o_proj_module(m, l), "attention output", device),
+                                      self._v_weight(sm, l), torch.empty(0, device=device)))
 
     def _factor(self, scale: Tensor, w: Tensor | None) -> Tensor:
-        inv = 1.0 / scale.float()  # [P, 1]
-        return inv if w is None else inv * w.float().cpu()[None, :]
+        inv = 1.0 / scale  # [P, 1]
+        return inv if w is None else inv * _on(w, self.device, "norm weight")[None, :]
 
     def _v_weight(self, sm: SteerModel, l: int) -> Tensor:
         mods = sm.adapter.qkv_modules(sm.hf_model, l)
         if "v" in mods:
-            return _linear(mods["v"], "value projection").float().cpu()
-        w = _linear(mods["qkv"], "query/key/value projection").float().cpu()
+            return _linear(mods["v"], "value projection", self.device)
+        w = _linear(mods["qkv"], "query/key/value projection", self.device)
         lo = (self.H + self.KV) * self.dh
         return w[lo: lo + self.KV * self.dh]
 
@@ -238,16 +256,17 @@ class _Replacement:
         return _norm_T(gv @ lay.W_V, lay.ln1[:Pm, None, :], self.kind)
 
     def rows(self, out: Tensor, layers: Tensor, positions: Tensor, values: Tensor, feats: "_Features") -> None:
-        """Write the rows of a batch of sources into ``out`` ``[R, n_features + (L + 1) * P]``: source ``r`` is
-        injected at block ``layers[r]``'s transcoder input (``L``: the final norm's output), position
-        ``positions[r]``, with gradient ``values[r]``. ``layers`` must be sorted, descending."""
-        R, L, P = len(layers), self.L, self.P
+        """Write the rows of a batch of sources into ``out`` ``[R, n_features + (L + 1) * P]`` (zeros, on the
+        device): source ``r`` is injected at block ``layers[r]``'s transcoder input (``L``: the final norm's
+        output), position ``positions[r]``, with gradient ``values[r]``. ``layers`` must be sorted, descending."""
+        R, L, P, dev = len(layers), self.L, self.P, self.device
         Pm = int(positions.max()) + 1
-        G = torch.zeros(Pm, R, self.d)
-        at = [int((layers > l).sum()) for l in range(-1, L)]  # at[l + 1]: rows whose source is above block l
-        n_top = int((layers == L).sum())  # the logits' rows: at the final norm's output
+        G = torch.zeros(Pm, R, self.d, device=dev)
+        counts = torch.bincount(layers, minlength=L + 1).tolist()
+        at = [sum(counts[i:]) for i in range(L + 1)]  # at[l + 1]: rows whose source is above block l
+        n_top = counts[L]  # the logits' rows: at the final norm's output
         if n_top:
-            r = torch.arange(n_top)
+            r = torch.arange(n_top, device=dev)
             G[positions[:n_top], r] = _norm_T(values[:n_top], self.final[positions[:n_top]], self.kind)
         err0 = feats.n_active
         for l in range(L - 1, -1, -1):
@@ -258,11 +277,11 @@ class _Replacement:
                 out[:a, err0 + l * P: err0 + l * P + Pm] = torch.einsum("prd,pd->rp", ga, self.layers[l].error[:Pm])
             if b == 0:
                 continue
-            g_in = torch.zeros(Pm, b, self.d)
-            if a and feats.tc.W_skip is not None:
-                g_in[:, :a] = ga @ feats.tc.W_skip[l].float()
+            g_in = torch.zeros(Pm, b, self.d, device=dev)
+            if a and feats.W_skip is not None:
+                g_in[:, :a] = ga @ feats.W_skip[l]
             if b > a:
-                r = torch.arange(a, b)
+                r = torch.arange(a, b, device=dev)
                 g_in[positions[a:b], r] = values[a:b]
             g_mid = G[:, :b] + self._ln2_T(l, g_in)
             G[:, :b] = g_mid + self._attn_T(l, g_mid)
@@ -273,24 +292,27 @@ class _Replacement:
 # ---------------------------------------------------------------------------------------------- the features
 class _Features:
     """The active features of a prompt (circuit-tracer's order: block, position, feature), their encoder rows
-    (injected) and their decoder rows times activations, grouped by position for the contraction."""
+    (injected) and their decoder rows times activations, grouped by position for the contraction; on the replacement
+    model's device. The transcoders encode where they are kept; only the active features' rows are copied."""
 
     def __init__(self, tc: Transcoders, rep: _Replacement):
-        self.tc = tc
-        L, P = rep.L, rep.P
-        idx, vals, recon = [], [], torch.zeros(L, P, rep.d)
-        self.blocks: list[list[tuple[int, Tensor, Tensor, Tensor]]] = [[] for _ in range(L)]
+        self.tc, self.device = tc, rep.device
+        L, P, dev, home = rep.L, rep.P, rep.device, tc.device
+        idx, vals, recon = [], [], torch.zeros(L, P, rep.d, device=dev)
+        self.blocks: list[list[tuple[int, Tensor, Tensor, list[int]]]] = [[] for _ in range(L)]
+        self.W_skip = None if tc.W_skip is None else [w.to(dev, torch.float32) for w in tc.W_skip]
         self.offset = [0]
         for l in range(L):
-            acts = tc.encode_layer(rep.x_in[l], l).float()
+            acts = tc.encode_layer(rep.x_in[l].to(home), l).to(dev, torch.float32)
             acts[0] = 0  # the special token in front: no features there
             pos, feat = acts.nonzero(as_tuple=True)
             idx.append(torch.stack([torch.full_like(pos, l), pos, feat], dim=1))
             vals.append(acts[pos, feat])
             # the decoder rows of block l's active features, read once; the rest of a memory-mapped file's pages
             # are given back (the rows no prompt needs stay on disk, as circuit-tracer's lazy decoders do)
-            scaled = tc.W_dec[l][feat].float() * vals[-1].reshape(-1, *[1] * (tc.W_dec[l].ndim - 1))
+            rows = tc.W_dec[l][feat.to(home)].to(dev, torch.float32)
             release_pages(tc.W_dec[l])
+            scaled = rows * vals[-1].reshape(-1, *[1] * (rows.ndim - 1))
             if tc.cross_layer:  # block l's features write every block from l on
                 for k in range(L - l):
                     recon[l + k].index_add_(0, pos, scaled[:, k])
@@ -298,10 +320,10 @@ class _Features:
             else:
                 recon[l].index_add_(0, pos, scaled)
                 self._block(l, self.offset[l], pos, scaled, P)
-                if tc.W_skip is not None:
-                    recon[l] += tc.skip(rep.x_in[l], l).float()
+                if self.W_skip is not None:
+                    recon[l] += rep.x_in[l] @ self.W_skip[l].T
             self.offset.append(self.offset[l] + len(pos))
-        recon += torch.stack([b.float() for b in tc.b_dec])[:, None, :]
+        recon += torch.stack([b.to(dev, torch.float32) for b in tc.b_dec])[:, None, :]
         errors = rep.mlp_out - recon
         errors[:, 0] = 0
         for l in range(L):
@@ -320,29 +342,29 @@ class _Features:
         counts = torch.bincount(pos, minlength=P)
         start = torch.cumsum(counts, 0) - counts
         kmax = int(counts.max())
-        slot = torch.arange(n) - start[pos]
-        D = torch.zeros(P, kmax, dec.shape[-1])
+        slot = torch.arange(n, device=self.device) - start[pos]
+        D = torch.zeros(P, kmax, dec.shape[-1], device=self.device)
         D[pos, slot] = dec
-        ends = torch.cat([start, torch.tensor([n])])
-        self.blocks[target].append((lo, D.transpose(1, 2).contiguous(), pos * kmax + slot, ends))
+        self.blocks[target].append((lo, D.transpose(1, 2).contiguous(), pos * kmax + slot, start.tolist() + [n]))
 
     def contract(self, l: int, g: Tensor, out: Tensor) -> None:
         """``out[r, f] += g[pos_f, r] . decoder_f`` for the features writing block ``l`` (``g`` ``[Pm, a, d]``)."""
         Pm, a, _ = g.shape
         for lo, D, flat, ends in self.blocks[l]:
-            n = int(ends[Pm])  # the features at positions below Pm
+            n = ends[Pm]  # the features at positions below Pm
             if n == 0:
                 continue
             res = torch.bmm(g, D[:Pm])  # [Pm, a, kmax]
             out[:, lo: lo + n] += res.permute(1, 0, 2).reshape(a, -1)[:, flat[:n]]
 
     def encoders(self, index: Tensor) -> Tensor:
-        """The encoder rows of active features ``index`` ``[n, d]``."""
+        """The encoder rows of active features ``index`` ``[n, d]``, on the device."""
         rows = self.active[index]
-        out = torch.empty(len(index), self.tc.d_model)
+        out = torch.empty(len(index), self.tc.d_model, device=self.device)
+        home = self.tc.device
         for l in rows[:, 0].unique().tolist():
             m = rows[:, 0] == l
-            out[m] = self.tc.W_enc[l][rows[m, 2]].float()
+            out[m] = self.tc.W_enc[l][rows[m, 2].to(home)].to(self.device, torch.float32)
         return out
 
 
@@ -351,15 +373,16 @@ class _Influence:
     """circuit-tracer's partial influences of the rows written so far (``compute_partial_influences``), computed
     without copying the rows: the power iteration runs on the visited features' square block of the row-normalised
     ``|rows|`` (kept, and grown by the rows and columns each new batch brings), and its sum is applied to every
-    column once."""
+    column once. Everything on the rows' device."""
 
     def __init__(self, edge: Tensor, n_logits: int, n_max: int, logit_p: Tensor, logit_offset: int):
-        self.edge, self.n_logits, self.logit_p = edge, n_logits, logit_p
+        dev = edge.device
+        self.edge, self.n_logits, self.logit_p = edge, n_logits, logit_p.to(dev)
         n_rows = n_logits + n_max
-        self.row_nodes = torch.zeros(n_rows, dtype=torch.long)
-        self.row_nodes[:n_logits] = torch.arange(n_logits) + logit_offset
-        self.inv = torch.zeros(n_rows)
-        self.square = torch.zeros(n_rows, n_max)  # [row, visited feature j]: |edge[row, node of row n_logits + j]|
+        self.row_nodes = torch.zeros(n_rows, dtype=torch.long, device=dev)
+        self.row_nodes[:n_logits] = torch.arange(n_logits, device=dev) + logit_offset
+        self.inv = torch.zeros(n_rows, device=dev)
+        self.square = torch.zeros(n_rows, n_max, device=dev)  # [row, visited feature j]: |edge[row, its node]|
         self.n_rows = 0  # rows whose square part is filled
         self.add(0, n_logits, None)
 
@@ -387,23 +410,25 @@ class _Influence:
     def __call__(self, st: int, max_iter: int = 128) -> Tensor:
         """The influence of every column on the logits through the first ``st`` rows."""
         self._grow(st)
-        n = self.n_logits
+        n, dev = self.n_logits, self.edge.device
         S = self.square[:st, : st - n]
-        q = torch.zeros(st)
+        q = torch.zeros(st, device=dev)
         q[:n] = self.logit_p
         total = q.clone()
         for _ in range(max_iter):
             nxt = q @ S
             if not nxt.any():
                 break
-            q = torch.zeros(st)
+            q = torch.zeros(st, device=dev)
             q[n:] = nxt
             total += q
         else:
-            raise RuntimeError(f"expected the influence to converge within {max_iter} steps, found it did not")
+            raise InputError(f"expected the influence ranking to converge within {max_iter} steps (the replacement "
+                             "model's graph has no cycles), found it did not: the activations are likely not finite; "
+                             "check the model's logits on the prompt")
         weights = total * self.inv[:st]
         W = self.edge[:st]
-        infl = torch.zeros(W.shape[1])
+        infl = torch.zeros(W.shape[1], device=dev)
         for i in range(0, st, 1024):
             infl += weights[i:i + 1024] @ W[i:i + 1024].abs()
         return infl
@@ -433,17 +458,47 @@ def _check_transcoders(sm: SteerModel, tc: Transcoders, override: bool) -> None:
         tc.check(sm, override=override)
 
 
-def attribution_graph(sm: SteerModel, transcoders: Transcoders, prompt: str | Sequence[int] | Tensor, *,
+def _check_options(batch_size: Any, update_interval: Any, max_feature_nodes: Any, max_n_logits: Any,
+                   desired_logit_prob: Any) -> None:
+    for name, v, least in (("batch_size", batch_size, 1), ("update_interval", update_interval, 1),
+                           ("max_n_logits", max_n_logits, 1), ("max_feature_nodes", max_feature_nodes, 1)):
+        if name == "max_feature_nodes" and v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            raise InputError(f"expected {name} as a positive integer, found {v!r}")
+    if not isinstance(desired_logit_prob, (int, float)) or not 0.0 < desired_logit_prob <= 1.0:
+        raise InputError(f"expected desired_logit_prob in (0, 1], found {desired_logit_prob!r}")
+
+
+def _device(sm: SteerModel, device: str | torch.device | None) -> torch.device:
+    """The device the graph is computed on: ``device``, else the model's (where its inputs go)."""
+    if device is None:
+        return sm.device
+    try:
+        dev = torch.device(device)
+        torch.empty(0, device=dev)
+    except (RuntimeError, TypeError, ValueError, AssertionError) as e:  # a misspelt name, no such device here (torch
+        # without CUDA asserts)
+        raise InputError(f"expected device= as a device this machine has ('cpu', 'cuda', 'cuda:1'...), found "
+                         f"{device!r} ({str(e).splitlines()[0][:120]}); leave it out to use the model's") from None
+    return dev
+
+
+def attribution_graph(sm: SteerModel, transcoders: Transcoders, prompt: str | Sequence[int] | Int[Tensor, "..."], *,
                       max_n_logits: int = 10, desired_logit_prob: float = 0.95, max_feature_nodes: int | None = None,
                       batch_size: int = 512, update_interval: int = 4,
-                      attribution_targets: Sequence[str | int] | Tensor | None = None, override: bool = False,
+                      attribution_targets: Sequence[str | int] | Int[Tensor, " n"] | None = None,
+                      device: str | torch.device | None = None, override: bool = False, progress: bool = True,
                       verbose: bool = False) -> Graph:
     """The attribution graph of ``prompt`` (raw text, or token ids) through ``transcoders`` (see the module
     docstring), with circuit-tracer's defaults: the salient logits (at most ``max_n_logits``, up to
     ``desired_logit_prob``; ``attribution_targets``: tokens or single-token strings instead), every active feature
     or the ``max_feature_nodes`` most influential, ``batch_size`` sources per backward pass and the influence
     re-ranked every ``update_interval`` batches (both change which features a limited graph keeps, as in
-    circuit-tracer). ``override=True``: transcoders made for another fingerprint are used anyway (warned).
+    circuit-tracer). Computed on the model's device, or ``device``; the graph returned holds CPU tensors.
+    ``override=True``: transcoders made for another fingerprint are used anyway (warned). ``progress`` shows a
+    tqdm bar over the features' rows (after two seconds); ``verbose`` also writes each phase's time, as
+    circuit-tracer's ``verbose`` does.
 
     Examples:
         >>> from steerkit.probes import attribution_graph, prune_graph
@@ -464,115 +519,98 @@ def attribution_graph(sm: SteerModel, transcoders: Transcoders, prompt: str | Se
     """
     t0 = time.perf_counter()
     _check_transcoders(sm, transcoders, override)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InputError(f"expected batch_size as a positive integer, found {batch_size!r}")
+    _check_options(batch_size, update_interval, max_feature_nodes, max_n_logits, desired_logit_prob)
+    dev = _device(sm, device)
     ids = prompt_ids(sm.tokenizer, prompt)
-    if transcoders.device.type != "cpu":  # the graph is computed on the CPU, as its rows are kept
-        transcoders = transcoders.to("cpu")
+
+    def phase(what: str) -> None:
+        log.info("%s after %.2fs", what, time.perf_counter() - t0)
+        if verbose:
+            tqdm.write(f"attribution graph: {what} after {time.perf_counter() - t0:.2f}s", file=sys.stderr)
     with torch.inference_mode():
-        rep = _Replacement(sm, transcoders, ids)
+        rep = _Replacement(sm, transcoders, ids, dev)
         feats = _Features(transcoders, rep)
         targets, probs, vecs = _targets(rep.logits[-1], rep.unembed, sm.tokenizer, attribution_targets, max_n_logits,
                                         desired_logit_prob)
-        log.info("forward pass and %d active features in %.2fs", feats.n_active, time.perf_counter() - t0)
-        adjacency, selected = _visit(rep, feats, vecs.float(), probs.float(), max_feature_nodes, batch_size,
-                                     update_interval)
-    log.info("attribution done in %.2fs", time.perf_counter() - t0)
+        phase(f"forward pass, {feats.n_active} active features and {len(targets)} logit targets")
+        n_max = min(max_feature_nodes or feats.n_active, feats.n_active)
+        with tqdm(total=n_max, desc="attribution graph", unit="feature", disable=not progress, leave=False,
+                  delay=2) as bar:
+            adjacency, selected = _visit(rep, feats, vecs, probs, n_max, batch_size, update_interval, bar)
+    phase(f"{len(selected)} features' rows")
     tok = sm.tokenizer
-    input_tokens = torch.tensor(ids, dtype=torch.long)
-    return Graph(input_tokens=input_tokens, active_features=feats.active, activation_values=feats.values,
-                 selected_features=selected, logit_targets=targets, logit_probabilities=probs.float().cpu(),
-                 adjacency_matrix=adjacency, n_layers=rep.L, vocab_size=int(tok.vocab_size), scan=transcoders.scan,
-                 prompt_tokens=[tok.decode([t]) for t in ids], input_string=tok.decode(ids))
+    return Graph(input_tokens=torch.tensor(ids, dtype=torch.long, device="cpu"), active_features=feats.active.cpu(),
+                 activation_values=feats.values.cpu(), selected_features=selected.cpu(), logit_targets=targets,
+                 logit_probabilities=probs.cpu(), adjacency_matrix=adjacency, n_layers=rep.L,
+                 vocab_size=int(tok.vocab_size), scan=transcoders.scan, prompt_tokens=[tok.decode([t]) for t in ids],
+                 input_string=tok.decode(ids))
 
 
-def _visit(rep: _Replacement, feats: _Features, vecs: Tensor, probs: Tensor, max_feature_nodes: int | None,
-           batch_size: int, update_interval: int) -> tuple[Tensor, Tensor]:
-    """The logits' rows, then the features' in order of influence; ``(adjacency [N, N], selected features)``."""
-    L, P, n_active, n_logits = rep.L, rep.P, feats.n_active, len(probs)
+def _rows_into(dst: Tensor, rep: _Replacement, feats: _Features, layers: Tensor, positions: Tensor, values: Tensor
+               ) -> None:
+    """The rows of a batch of sources written into ``dst`` (zeros): in place where it is on the device, else through
+    a buffer there."""
+    if dst.device == rep.device:
+        rep.rows(dst, layers, positions, values, feats)
+        return
+    buf = torch.zeros(dst.shape, device=rep.device)
+    rep.rows(buf, layers, positions, values, feats)
+    dst.copy_(buf)
+
+
+def _visit(rep: _Replacement, feats: _Features, vecs: Tensor, probs: Tensor, n_max: int, batch_size: int,
+           update_interval: int, bar: tqdm) -> tuple[Float[Tensor, "n n"], Tensor]:
+    """The logits' rows, then the features' in order of influence; ``(adjacency [N, N] on the CPU, selected
+    features)``. A graph of every feature is written straight into its CPU matrix; a limited one's rows are kept on
+    the device for the ranking, then packaged."""
+    L, P, n_active, n_logits, dev = rep.L, rep.P, feats.n_active, len(probs), rep.device
     logit_offset = n_active + (L + 1) * P
-    n_max = min(max_feature_nodes or n_active, n_active)
     layers, positions = feats.active[:, 0], feats.active[:, 1]
-    every = n_max == n_active
-    n_rows = n_max + n_logits
-    if every:  # rows go straight to their place in the adjacency matrix
+    logit_layers = torch.full((n_logits,), L, device=dev)
+    logit_positions = torch.full((n_logits,), P - 1, device=dev)
+    if n_max == n_active:  # every feature: no ranking, rows go straight to their place in the CPU matrix
         N = logit_offset + n_logits
-        edge = torch.zeros(N, N)
-        logit_rows = edge[N - n_logits:, :logit_offset]
-    else:
-        edge = torch.zeros(n_rows, logit_offset)
-        logit_rows = edge[:n_logits]
-    rep.rows(logit_rows, torch.full((n_logits,), L), torch.full((n_logits,), P - 1), vecs, feats)
-    workers = _Workers(torch.get_num_threads())
-    if every:
-        def fill(b: Tensor) -> None:
-            buf = torch.zeros(len(b), logit_offset)
+        edge = torch.zeros(N, N, device="cpu")
+        _rows_into(edge[N - n_logits:, :logit_offset], rep, feats, logit_layers, logit_positions, vecs)
+        for b in _batches(torch.arange(n_active, device=dev), positions, layers, batch_size):
+            buf = torch.zeros(len(b), logit_offset, device=dev)
             rep.rows(buf, layers[b], positions[b], feats.encoders(b), feats)
-            edge[b, :logit_offset] = buf
-        workers.run(fill, _batches(torch.arange(n_active), positions, layers, batch_size))
-        return edge, torch.arange(n_active)
+            edge[b.cpu(), :logit_offset] = buf.cpu()
+            bar.update(len(b))
+        return edge, torch.arange(n_active, device="cpu")
+    edge = torch.zeros(n_max + n_logits, logit_offset, device=dev)
+    rep.rows(edge[:n_logits], logit_layers, logit_positions, vecs, feats)
     influence = _Influence(edge, n_logits, n_max, probs, logit_offset)
-    visited = torch.zeros(n_active, dtype=torch.bool)
+    visited = torch.zeros(n_active, dtype=torch.bool, device=dev)
     st = n_logits
-
-    def write(job: tuple[int, Tensor]) -> None:
-        at, b = job
-        rep.rows(edge[at: at + len(b)], layers[b], positions[b], feats.encoders(b), feats)
     while st - n_logits < n_max:
         infl = influence(st)
         rank = torch.argsort(infl[:n_active], descending=True)
         pending = rank[~visited[rank]][: min(update_interval * batch_size, n_max - (st - n_logits))]
-        jobs = []
         for b in _batches(pending, positions, layers, batch_size):
-            jobs.append((st, b))
-            st += len(b)
-        workers.run(write, jobs)
-        for at, b in jobs:
-            influence.add(at, at + len(b), b)
+            rep.rows(edge[st: st + len(b)], layers[b], positions[b], feats.encoders(b), feats)
+            influence.add(st, st + len(b), b)
             visited[b] = True
+            st += len(b)
+            bar.update(len(b))
     row_nodes = influence.row_nodes
     del influence
     return _package(edge, row_nodes, visited, n_active, logit_offset, n_logits), torch.where(visited)[0]
 
 
-class _Workers:
-    """Batches of sources run side by side on ``n`` threads, each op on one thread: coarse parallel work that a
-    busy machine cannot stall the way it stalls many small multi-threaded ops (each waits for every thread)."""
-
-    def __init__(self, n: int):
-        self.n = max(1, int(n))
-
-    def run(self, fn, jobs: list) -> None:
-        if self.n == 1 or len(jobs) < 2:
-            for job in jobs:
-                fn(job)
-            return
-        outer = torch.get_num_threads()
-
-        def one(job):
-            torch.set_num_threads(1)
-            with torch.inference_mode():
-                fn(job)
-        try:
-            with ThreadPoolExecutor(self.n) as pool:
-                for f in [pool.submit(one, job) for job in jobs]:
-                    f.result()
-        finally:
-            torch.set_num_threads(outer)
-
-
 def _package(edge: Tensor, row_nodes: Tensor, visited: Tensor, n_active: int, logit_offset: int, n_logits: int
              ) -> Float[Tensor, "n n"]:
-    """The adjacency matrix of the selected features: their rows in feature order, the columns of the features
-    not selected left out."""
+    """The adjacency matrix of the selected features, on the CPU: their rows in feature order, the columns of the
+    features not selected left out."""
+    dev = edge.device
     selected = torch.where(visited)[0]
-    cols = torch.cat([selected, torch.arange(n_active, logit_offset)])
+    cols = torch.cat([selected, torch.arange(n_active, logit_offset, device=dev)])
     n_sel = len(selected)
     N = len(cols) + n_logits
-    out = torch.zeros(N, N)
+    out = torch.zeros(N, N, device="cpu")
     order = torch.argsort(row_nodes)  # the selected features by index, then the logits
-    dest = torch.cat([torch.arange(n_sel), torch.arange(N - n_logits, N)])
+    dest = torch.cat([torch.arange(n_sel, device="cpu"), torch.arange(N - n_logits, N, device="cpu")])
     for i in range(0, len(order), 1024):
         src = order[i:i + 1024]
-        out[dest[i:i + 1024], : len(cols)] = edge[src].index_select(1, cols)
+        out[dest[i:i + 1024], : len(cols)] = edge[src].index_select(1, cols).cpu()
     return out

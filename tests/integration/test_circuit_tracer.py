@@ -48,7 +48,17 @@ if not CT_PY.exists():  # pragma: no cover
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def one_thread():
+    """torch on one thread for steerkit's side (restored after), as circuit-tracer's side runs: the CI machines are
+    small and shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, one_thread):
     """Both sides on every case: ``{name: (steerkit's graph, its transcoders, circuit-tracer's tensors and json)}``."""
     torch.manual_seed(0)
     tmp = tmp_path_factory.mktemp("circuit_tracer")

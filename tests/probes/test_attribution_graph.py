@@ -4,15 +4,23 @@ adjacency against a reference written the other way round -- the frozen replacem
 differentiated with autograd -- for ReLU, JumpReLU with a skip connection, TopK (which circuit-tracer cannot load) and
 cross-layer transcoders, and for each input site; the node layout; a limited graph's rows are the full graph's;
 custom targets; pruning and scores on graphs whose answers are known; the frontend file against Neuronpedia's schema
-with the jsonschema library; the families and transcoders refused."""
+with the jsonschema library; the families and transcoders refused. Where the graph is computed: the model's device
+by default, ``device=`` another (every tensor the computation makes names its device; on a CUDA machine the graph
+computed there equals the CPU's), no process-wide setting touched, a progress bar. The module runs torch on one
+thread (restored after): the CI machines are small and shared, where many tiny multi-threaded ops stall."""
 from __future__ import annotations
 
+import concurrent.futures
+import copy
 import json
+import sys
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import steerkit
+import steerkit.probes.attribution as attribution
 from steerkit.errors import InputError, UnsupportedArchitectureError
 from steerkit.probes import Graph, LogitTarget, attribution_graph, compute_graph_scores, prune_graph
 from steerkit.probes.attribution import prompt_ids
@@ -21,6 +29,14 @@ from steerkit.vectors import Transcoders
 from tests.tiny_models import random_transcoders, tiny_circuit_llama, tiny_model
 
 PROMPT = "Hello world, it is"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -268,3 +284,116 @@ def test_refused_families_and_transcoders(sm):
         attribution_graph(sm, wrong_out, PROMPT)
     with pytest.raises(InputError, match="batch_size"):
         attribution_graph(sm, tc, PROMPT, batch_size=0)
+    with pytest.raises(InputError, match="max_feature_nodes"):
+        attribution_graph(sm, tc, PROMPT, max_feature_nodes=0)
+    with pytest.raises(InputError, match="desired_logit_prob"):
+        attribution_graph(sm, tc, PROMPT, desired_logit_prob=0.0)
+
+
+# ---------------------------------------------------------------------------------------------- where it runs
+class _Factories(TorchFunctionMode):
+    """Records the tensor factories called from probes/attribution.py without ``device=``."""
+
+    FACTORIES = {torch.zeros, torch.empty, torch.ones, torch.full, torch.arange, torch.tensor}
+
+    def __init__(self):
+        super().__init__()
+        self.calls, self.unnamed = 0, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.FACTORIES:
+            caller = sys._getframe(1)
+            if caller.f_code.co_filename == attribution.__file__:
+                self.calls += 1
+                if kwargs.get("device") is None:
+                    self.unnamed.append(f"{func.__name__} at line {caller.f_lineno}")
+        return func(*args, **kwargs)
+
+
+def test_every_tensor_it_makes_names_its_device(sm):
+    """A tensor made without device= lands on the default device (the CPU): on a GPU model it would be a mix of
+    devices, or a silent copy. Every graph, full or limited, is built from tensors whose device is named."""
+    tc = random_transcoders(sm, d_sae=32, activation="jumprelu", skip=True)
+    watch = _Factories()
+    with watch:
+        attribution_graph(sm, tc, PROMPT, batch_size=16)
+        attribution_graph(sm, tc, PROMPT, batch_size=16, max_feature_nodes=30, attribution_targets=["a"])
+        attribution_graph(sm, random_transcoders(sm, d_sae=32, cross_layer=True), PROMPT, batch_size=16)
+    assert watch.calls > 100 and watch.unnamed == []
+
+
+def test_device_is_the_models_unless_asked(sm):
+    tc = random_transcoders(sm, d_sae=32)
+    assert attribution._device(sm, None) == sm.device
+    default = attribution_graph(sm, tc, PROMPT)
+    asked = attribution_graph(sm, tc, PROMPT, device="cpu")
+    assert torch.equal(default.adjacency_matrix, asked.adjacency_matrix)
+    for g in (default, asked):  # the graph comes back on the CPU, as circuit-tracer's adjacency does
+        assert {t.device.type for t in (g.adjacency_matrix, g.active_features, g.activation_values,
+                                        g.selected_features, g.logit_probabilities, g.input_tokens)} == {"cpu"}
+    with pytest.raises(InputError, match="device="):
+        attribution_graph(sm, tc, PROMPT, device="nowhere")
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="device="):
+            attribution_graph(sm, tc, PROMPT, device="cuda")
+
+
+def test_no_process_wide_setting_is_touched(sm, monkeypatch):
+    """No thread count, default device or dtype is changed, and no thread pool is made: a library call must not
+    change how the rest of the process runs."""
+    tc = random_transcoders(sm, d_sae=32)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("attribution_graph changed a process-wide setting")
+    for name in ("set_num_threads", "set_num_interop_threads", "set_default_device", "set_default_dtype",
+                 "set_flush_denormal"):
+        monkeypatch.setattr(torch, name, refuse)
+    monkeypatch.setattr(concurrent.futures.ThreadPoolExecutor, "__init__", refuse)
+    before = (torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled())
+    attribution_graph(sm, tc, PROMPT, batch_size=8)
+    attribution_graph(sm, tc, PROMPT, batch_size=8, max_feature_nodes=20)
+    assert (torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled()) == before
+
+
+def test_progress_bar_and_verbose(sm, monkeypatch, capsys):
+    tc = random_transcoders(sm, d_sae=32)
+    bars = []
+
+    class Bar(attribution.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.asked = kwargs
+            bars.append(self)
+    monkeypatch.setattr(attribution, "tqdm", Bar)
+    graph = attribution_graph(sm, tc, PROMPT, max_feature_nodes=40, batch_size=8, verbose=True)
+    assert len(bars) == 1 and bars[0].total == graph.n_features == 40 and bars[0].n == 40
+    assert not bars[0].asked["disable"] and bars[0].asked["delay"] > 0  # shown once it takes longer than a moment
+    err = capsys.readouterr().err
+    assert "active features" in err and "40 features' rows" in err
+    attribution_graph(sm, tc, PROMPT, progress=False)
+    assert bars[1].asked["disable"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_equals_the_cpu(sm):
+    """On a GPU model the graph is computed there (as circuit-tracer computes it) and equals the CPU's; device=
+    computes it elsewhere; transcoders on the CPU (memory-mapped) or on the GPU."""
+    tc = random_transcoders(sm, d_sae=48, activation="jumprelu", skip=True, seed=7)
+    want = attribution_graph(sm, tc, PROMPT, batch_size=16)
+    want_limited = attribution_graph(sm, tc, PROMPT, batch_size=16, max_feature_nodes=60)
+    model, tok = tiny_circuit_llama(seed=3)
+    gpu = steerkit.wrap(copy.deepcopy(model).to("cuda"), tok, name="tiny-circuit-llama")
+    torch.cuda.reset_peak_memory_stats()
+    for transcoders in (tc, tc.to("cuda")):
+        got = attribution_graph(gpu, transcoders, PROMPT, batch_size=16)
+        assert got.adjacency_matrix.device.type == "cpu"
+        assert torch.equal(got.active_features, want.active_features)
+        assert (got.adjacency_matrix - want.adjacency_matrix).abs().max() <= 1e-4 * want.adjacency_matrix.abs().max()
+        limited = attribution_graph(gpu, transcoders, PROMPT, batch_size=16, max_feature_nodes=60)
+        assert torch.equal(limited.selected_features, want_limited.selected_features)
+    assert torch.cuda.max_memory_allocated() > 4 * want.adjacency_matrix.numel()  # the work ran on the GPU
+    on_cpu = attribution_graph(gpu, tc, PROMPT, batch_size=16, device="cpu")
+    assert (on_cpu.adjacency_matrix - want.adjacency_matrix).abs().max() <= 1e-4 * want.adjacency_matrix.abs().max()
+    assert prune_graph(limited.to("cuda")).node_mask.device.type == "cuda"
+
