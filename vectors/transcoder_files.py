@@ -23,7 +23,8 @@ What it reads
   A layer whose file has no threshold is a ReLU, which is the JumpReLU with threshold 0: a set mixing the two
   is read as JumpReLU.
 - **a Hub reference** ``owner/repo[/subfolder][@revision]``: that folder of the repository, downloaded (only the
-  ``config.yaml`` and the weights) into ``huggingface_hub``'s cache.
+  ``config.yaml`` and the weights) into ``huggingface_hub``'s cache; its ``scan`` is named as circuit-tracer
+  names it, ``owner/repo[//subfolder][@revision]`` (what Neuronpedia's graphs of those transcoders carry).
 - **sparsify and sae-lens transcoder folders**: a folder of one sub-folder per block, each what sparsify
   (``layers.{l}.mlp``: ``cfg.json`` + ``sae.safetensors``, a TopK transcoder with or without a skip connection,
   reading ``blocks.{l}.mlp.hook_in`` and writing ``blocks.{l}.hook_mlp_out``) or sae-lens (``cfg.json`` +
@@ -47,16 +48,14 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from huggingface_hub import hf_hub_download, snapshot_download
-from safetensors.torch import save_file
 from torch import Tensor
 
 from steerkit.errors import HookNameError
 from steerkit.sae import SAEFormatError, read_sae_folder, site_of_hook
 from steerkit.storage.documents import read_document
-from steerkit.storage.files import atomic_folder
 
+from .artifacts.transcoders import CIRCUIT_TRACER_CONFIG as _CONFIG
 from .artifacts.transcoders import TRANSCODER_SITES, Transcoders
 from .errors import ArtifactFormatError, UnsafeNameError, VectorsError
 from .exports import import_artifact
@@ -67,7 +66,6 @@ from .store import Store, parse_ref
 
 #: the largest single weights file read (the decoder of a large cross-layer transcoder is several GiB)
 MAX_WEIGHTS_BYTES = 64 << 30
-_CONFIG = "config.yaml"
 _MODEL_KINDS = ("transcoder_set", "cross_layer_transcoder")
 _LAYER_FILE = re.compile(r"layer_(0|[1-9][0-9]{0,5})\.safetensors\Z", re.ASCII)
 _ENC_FILE = re.compile(r"W_enc_(0|[1-9][0-9]{0,5})\.safetensors\Z", re.ASCII)
@@ -289,11 +287,9 @@ def _clt_layer(folder: Path, l: int, n: int, max_bytes: int) -> dict[str, Tensor
 
 
 def write_circuit_tracer(tc: Transcoders, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Write ``tc`` in circuit-tracer's cache layout (:meth:`Transcoders.save` with ``format="circuit-tracer"``):
-    ``config.yaml`` and ``layer_{l}.safetensors`` (``W_enc``, ``W_dec``, ``b_enc``, ``b_dec``,
-    ``activation_function.threshold`` for JumpReLU, ``W_skip``), or a cross-layer transcoder's ``W_enc_{l}`` /
-    ``W_dec_{l}.safetensors``, which ``circuit_tracer.utils.caching.load_transcoders_from_cache`` reads. ReLU and
-    JumpReLU only: circuit-tracer 0.5 loads no other.
+    """Write ``tc`` in circuit-tracer's cache layout: ``tc.save(path, "circuit-tracer")``
+    (:meth:`Transcoders.save <steerkit.vectors.Transcoders.save>`), which ``read_circuit_tracer`` and circuit-tracer's
+    ``load_transcoders_from_cache`` read back.
 
     Examples:
         >>> from steerkit.vectors import Transcoders
@@ -306,33 +302,7 @@ def write_circuit_tracer(tc: Transcoders, path: str | os.PathLike, *, overwrite:
         model_kind: transcoder_set
         scan: null
     """
-    if tc.activation not in ("relu", "jumprelu"):
-        raise VectorsError(f"expected ReLU or JumpReLU transcoders for circuit-tracer's layout (circuit-tracer 0.5 loads "
-                           f"no other), found {tc.activation}; save them as format='steerkit'")
-    p = Path(path)
-    if p.exists() and not overwrite:
-        raise VectorsError(f"expected no folder at {p}, found one; pass overwrite=True to replace it")
-    cfg = {"model_kind": "cross_layer_transcoder" if tc.cross_layer else "transcoder_set",
-           "feature_input_hook": tc.input_hook, "feature_output_hook": tc.output_hook, "scan": tc.scan}
-    cpu = tc.to("cpu")
-    with atomic_folder(p, if_exists="replace" if overwrite else "error") as tmp:
-        (tmp / _CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=True), encoding="utf-8")
-        for l in range(tc.n_layers):
-            thr = None if cpu.threshold is None else cpu.threshold[l].contiguous()
-            if tc.cross_layer:
-                enc = {f"W_enc_{l}": cpu.W_enc[l], f"b_enc_{l}": cpu.b_enc[l], f"b_dec_{l}": cpu.b_dec[l]}
-                if thr is not None:
-                    enc[f"threshold_{l}"] = thr
-                save_file({k: v.contiguous() for k, v in enc.items()}, str(tmp / f"W_enc_{l}.safetensors"))
-                save_file({f"W_dec_{l}": cpu.W_dec[l].contiguous()}, str(tmp / f"W_dec_{l}.safetensors"))
-                continue
-            layer = {"W_enc": cpu.W_enc[l], "W_dec": cpu.W_dec[l], "b_enc": cpu.b_enc[l], "b_dec": cpu.b_dec[l]}
-            if thr is not None:
-                layer["activation_function.threshold"] = thr
-            if cpu.W_skip is not None:
-                layer["W_skip"] = cpu.W_skip[l]
-            save_file({k: v.contiguous() for k, v in layer.items()}, str(tmp / f"layer_{l}.safetensors"))
-    return p
+    return tc.save(path, "circuit-tracer", overwrite=overwrite)
 
 
 # ---------------------------------------------------------------------------------------------- sparsify / sae-lens
@@ -404,8 +374,9 @@ def _from_sae_weights(layers: list) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- the entry point
-def _hub_folder(ref: str) -> Path:
-    """The local folder of a Hub reference ``owner/repo[/subfolder][@revision]`` (config and weights only)."""
+def _hub_folder(ref: str) -> tuple[Path, str]:
+    """The local folder of a Hub reference ``owner/repo[/subfolder][@revision]`` (config and weights only) and its
+    ``scan`` as circuit-tracer names it: ``owner/repo[//subfolder][@revision]``."""
     m = _HUB_REF.fullmatch(ref)
     if not m:
         raise VectorsError(f"expected a transcoder folder, a steerkit file, a store reference (name@N) or a Hub "
@@ -419,7 +390,8 @@ def _hub_folder(ref: str) -> Path:
                                                                       f"{prefix}*.npz"])
     except Exception as e:  # huggingface_hub's many errors: offline, missing, gated
         raise VectorsError(f"expected to fetch the transcoders {ref} from the Hub or its cache, found an error: {e}") from None
-    return Path(local) / sub if sub else Path(local)
+    scan = f"{repo}//{sub}" if sub else repo
+    return (Path(local) / sub if sub else Path(local)), (f"{scan}@{rev}" if rev else scan)
 
 
 def load_transcoders(source: str | os.PathLike, model: Any = None, *, input_hook: str | None = None,
@@ -451,7 +423,9 @@ def load_transcoders(source: str | os.PathLike, model: Any = None, *, input_hook
     elif p.is_file():
         tc = import_artifact(p, max_bytes=max_bytes)
     elif "/" in str(source):
-        tc = read_circuit_tracer(_hub_folder(str(source)), input_hook=input_hook, output_hook=output_hook)
+        folder, scan = _hub_folder(str(source))
+        tc = read_circuit_tracer(folder, input_hook=input_hook, output_hook=output_hook)
+        tc.scan = scan  # circuit-tracer's name for transcoders from the Hub, which Neuronpedia's graphs carry
     else:
         try:
             parse_ref(str(source))

@@ -124,6 +124,8 @@ def test_hub_layout_local_paths_and_hf_uris(sm, tmp_path, monkeypatch):
         tc.save(repo / "cache-layout", "circuit-tracer")
         ref = steerkit.load_transcoders("org/tcs/cache-layout", model=sm)
         assert all(torch.equal(ref.tensors()[k], t) for k, t in tc.tensors().items())
+        assert ref.scan == "org/tcs//cache-layout"  # circuit-tracer's scan for Hub transcoders (Neuronpedia's)
+        assert steerkit.load_transcoders("org/tcs/cache-layout@main").scan == "org/tcs//cache-layout@main"
         with pytest.raises(VectorsError, match="Hub"):
             steerkit.load_transcoders("org/absent")
 

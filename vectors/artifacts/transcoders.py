@@ -38,12 +38,14 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 import torch.nn.functional as F
+import yaml
 from jaxtyping import Float
+from safetensors.torch import save_file
 from torch import Tensor
 
 from steerkit.hooks.names import BLOCK_HOOKS, MLP_IN, parse
 from steerkit.interventions import ModelFacts
-from steerkit.storage.files import atomic_write_bytes
+from steerkit.storage.files import atomic_folder, atomic_write_bytes
 
 from ..apply import check_against, facts_of
 from ..errors import ArtifactFormatError, ModelMismatchError, VectorsError
@@ -57,6 +59,8 @@ TRANSCODER_ACTIVATIONS = ("relu", "jumprelu", "topk")
 TRANSCODER_SITES = BLOCK_HOOKS + (MLP_IN, "ln2.hook_normalized")
 #: where :meth:`Transcoders.save` writes: steerkit's one-file artifact, circuit-tracer's folder
 TRANSCODER_SAVE_FORMATS = ("steerkit", "circuit-tracer")
+#: the config file of circuit-tracer's transcoder folders
+CIRCUIT_TRACER_CONFIG = "config.yaml"
 _PER_LAYER = ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "W_skip")
 
 
@@ -385,9 +389,7 @@ class Transcoders(_Artifact):
         if format not in TRANSCODER_SAVE_FORMATS:
             raise VectorsError(f"expected format in {TRANSCODER_SAVE_FORMATS}, found {format!r}")
         if format == "circuit-tracer":
-            from ..transcoder_files import write_circuit_tracer  # the files' module imports this one
-
-            return write_circuit_tracer(self, path, overwrite=overwrite)
+            return _write_circuit_tracer(self, path, overwrite=overwrite)
         p = check_output_file(path, "transcoders file")
         if p.exists() and not overwrite:
             raise VectorsError(f"expected no file at {p}, found one; pass overwrite=True to replace it")
@@ -465,3 +467,38 @@ class Transcoders(_Artifact):
             if isinstance(e, ArtifactFormatError):
                 raise
             raise ArtifactFormatError(f"expected a valid transcoders payload, found: {e}") from None
+
+
+def _write_circuit_tracer(tc: Transcoders, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """``tc`` in circuit-tracer's cache layout at ``path`` (:meth:`Transcoders.save` with ``format="circuit-tracer"``):
+    ``config.yaml`` and ``layer_{l}.safetensors`` (``W_enc``, ``W_dec``, ``b_enc``, ``b_dec``,
+    ``activation_function.threshold`` for JumpReLU, ``W_skip``), or a cross-layer transcoder's ``W_enc_{l}`` /
+    ``W_dec_{l}.safetensors``, which ``circuit_tracer.utils.caching.load_transcoders_from_cache`` reads. ReLU and
+    JumpReLU only: circuit-tracer 0.5 loads no other."""
+    if tc.activation not in ("relu", "jumprelu"):
+        raise VectorsError(f"expected ReLU or JumpReLU transcoders for circuit-tracer's layout (circuit-tracer 0.5 loads "
+                           f"no other), found {tc.activation}; save them as format='steerkit'")
+    p = Path(path)
+    if p.exists() and not overwrite:
+        raise VectorsError(f"expected no folder at {p}, found one; pass overwrite=True to replace it")
+    cfg = {"model_kind": "cross_layer_transcoder" if tc.cross_layer else "transcoder_set",
+           "feature_input_hook": tc.input_hook, "feature_output_hook": tc.output_hook, "scan": tc.scan}
+    cpu = tc.to("cpu")
+    with atomic_folder(p, if_exists="replace" if overwrite else "error") as tmp:
+        (tmp / CIRCUIT_TRACER_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=True), encoding="utf-8")
+        for l in range(tc.n_layers):
+            thr = None if cpu.threshold is None else cpu.threshold[l].contiguous()
+            if tc.cross_layer:
+                enc = {f"W_enc_{l}": cpu.W_enc[l], f"b_enc_{l}": cpu.b_enc[l], f"b_dec_{l}": cpu.b_dec[l]}
+                if thr is not None:
+                    enc[f"threshold_{l}"] = thr
+                save_file({k: v.contiguous() for k, v in enc.items()}, str(tmp / f"W_enc_{l}.safetensors"))
+                save_file({f"W_dec_{l}": cpu.W_dec[l].contiguous()}, str(tmp / f"W_dec_{l}.safetensors"))
+                continue
+            layer = {"W_enc": cpu.W_enc[l], "W_dec": cpu.W_dec[l], "b_enc": cpu.b_enc[l], "b_dec": cpu.b_dec[l]}
+            if thr is not None:
+                layer["activation_function.threshold"] = thr
+            if cpu.W_skip is not None:
+                layer["W_skip"] = cpu.W_skip[l]
+            save_file({k: v.contiguous() for k, v in layer.items()}, str(tmp / f"layer_{l}.safetensors"))
+    return p
