@@ -75,7 +75,8 @@ def worker_steerkit(job: dict) -> dict:
     before = _rss("VmRSS")
     _reset_peak()
     t0, c0 = time.perf_counter(), time.process_time()
-    graph = attribution_graph(sm, tc, ids, max_feature_nodes=job["max_feature_nodes"], batch_size=job["batch_size"])
+    graph = attribution_graph(sm, tc, ids, max_feature_nodes=job["max_feature_nodes"], batch_size=job["batch_size"],
+                              progress=False)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return dict(_summary(graph, seconds, before, job), cpu_s=cpu)
 
@@ -105,14 +106,15 @@ def worker_circuit_tracer(job: dict) -> dict:
 
 def _summary(graph, seconds: float, before: float, job: dict) -> dict:
     """What the orchestrator compares and records; the logit rows and selected features go to a file."""
-    import torch
+    from safetensors.torch import save_file
 
     peak = _rss("VmHWM")
     n_logits = len(graph.logit_targets)
     adj = graph.adjacency_matrix
     n_sel = len(graph.selected_features)
-    torch.save({"selected": graph.selected_features.clone(), "active": graph.active_features.clone(),
-                "logit_rows": adj[-n_logits:, :n_sel].clone()}, job["graph_out"])
+    save_file({"selected": graph.selected_features.long().cpu().contiguous(),
+               "active": graph.active_features.long().cpu().contiguous(),
+               "logit_rows": adj[-n_logits:, :n_sel].cpu().contiguous()}, job["graph_out"])
     return {"seconds": seconds, "graph_peak_mib": peak - before, "peak_rss_mib": _rss("VmHWM"),
             "n_active": int(graph.active_features.shape[0]), "n_features": n_sel, "n_logits": n_logits,
             "logit_targets": [int(t[1]) for t in graph.logit_targets]}
@@ -208,8 +210,10 @@ def _compare(work: Path, tokens: int, threads: int) -> dict:
     """The two graphs of one length: active features, selected features' overlap, logit rows on the common ones."""
     import torch
 
-    a = torch.load(work / f"graph-steerkit-{tokens}-{threads}.pt")
-    b = torch.load(work / f"graph-circuit-tracer-{tokens}-{threads}.pt")
+    from safetensors.torch import load_file
+
+    a = load_file(work / f"graph-steerkit-{tokens}-{threads}.safetensors")
+    b = load_file(work / f"graph-circuit-tracer-{tokens}-{threads}.safetensors")
     same_active = torch.equal(a["active"], b["active"])
     sa, sb = set(a["selected"].tolist()), set(b["selected"].tolist())
     common = sorted(sa & sb)
@@ -273,7 +277,7 @@ def main() -> None:
             res = {}
             for side in ("steerkit", "circuit-tracer"):
                 job = dict(base, ids=ids, tokens=n, threads=threads,
-                           graph_out=str(work / f"graph-{side}-{n}-{threads}.pt"))
+                           graph_out=str(work / f"graph-{side}-{n}-{threads}.safetensors"))
                 res[side] = _run(side, job, work)
                 print(f"{side} {n} tokens, {threads} thread(s): {res[side]['seconds']:.1f} s, peak "
                       f"{res[side]['peak_rss_mib']:.0f} MiB", flush=True)
