@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from steerkit.errors import InputError
+from steerkit.errors import InputError, SteerkitError
 
 #: the largest document read by default (64 MiB)
 MAX_DOCUMENT_BYTES = 64 << 20
@@ -47,8 +47,8 @@ class DocumentError(InputError):
     """
 
 
-class _Stop(Exception):
-    """Internal: carries a message out of a parser callback."""
+class _Stop(SteerkitError):
+    """Internal: carries a message out of a parser callback (always turned into the caller's ``error``)."""
 
 
 def _reject_constant(name: str) -> Any:
