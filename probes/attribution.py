@@ -36,7 +36,7 @@ for the fastest encoding, or on the CPU, memory-mapped, to spare GPU memory). Th
 ``max_feature_nodes`` are kept on that device for the influence ranking (circuit-tracer copies them there for each
 ranking); those of a graph of every feature (``[N, N]``, no ranking) are kept in CPU memory, as circuit-tracer
 keeps them. The :class:`~steerkit.probes.Graph` returned holds CPU tensors (:meth:`~steerkit.probes.Graph.to` moves
-them). No process-wide setting (threads, default device or dtype) is read or changed. The families whose
+them). No process-wide setting (thread counts, default device or dtype) is changed. The families whose
 blocks are sequential and pre-norm (Llama, Mistral, Qwen 2 and 3, SmolLM 3, Gemma, OLMo, Phi-3; dense or
 mixture-of-experts MLPs) are supported; the others raise :class:`~steerkit.UnsupportedArchitectureError`.
 """

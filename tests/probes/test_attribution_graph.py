@@ -246,7 +246,7 @@ def test_prune_and_scores_on_known_graphs():
 
 
 def test_frontend_file_is_valid_for_neuronpedia(sm, tmp_path):
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema  # in the development lock (locks/venv.txt): the reference validator, never skipped
     tc = random_transcoders(sm, d_sae=32)
     graph = attribution_graph(sm, tc, PROMPT)
     path = graph.to_json(tmp_path / "my-graph.json")
