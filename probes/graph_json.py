@@ -58,20 +58,22 @@ def write_graph_json(graph: Graph, pruned: PruneResult, path: str | os.PathLike,
                          "set's name), found none on the graph; pass scan=")
     doc = frontend_graph(graph, pruned, slug=slug, scan=scan, node_threshold=node_threshold)
     validate_graph_json(doc)
+    listing = p.parent / "graph-metadata.json"
+    graphs = _graph_metadata(listing, doc["metadata"])  # read first: a malformed listing stops before any write
     atomic_write_bytes(p, json.dumps(doc, indent=2, allow_nan=False).encode("utf-8"))
-    _add_graph_metadata(p.parent / "graph-metadata.json", doc["metadata"])
+    atomic_write_bytes(listing, json.dumps({"graphs": graphs}, indent=2).encode("utf-8"))
     return p
 
 
-def _add_graph_metadata(path: Path, meta: dict) -> None:
-    """circuit-tracer's ``graph-metadata.json``: ``{"graphs": [metadata, ...]}``, one entry per slug; an existing
-    file is read through the bounded reader (a malformed one raises, it is never overwritten silently)."""
+def _graph_metadata(path: Path, meta: dict) -> list:
+    """circuit-tracer's ``graph-metadata.json`` entries with ``meta`` in (one entry per slug); an existing file is
+    read through the bounded reader (a malformed one raises, it is never overwritten silently)."""
     graphs: list = []
     if path.exists():
         old = read_document(path, "graph-metadata.json", fmt="json", max_bytes=MAX_METADATA_BYTES, error=InputError)
         graphs = old.get("graphs", []) if isinstance(old, dict) else []
         graphs = [g for g in graphs if isinstance(g, dict) and g.get("slug") != meta["slug"]]
-    atomic_write_bytes(path, json.dumps({"graphs": graphs + [meta]}, indent=2).encode("utf-8"))
+    return graphs + [meta]
 
 
 # ---------------------------------------------------------------------------------------------- the frontend file

@@ -270,6 +270,12 @@ def test_frontend_file_is_valid_for_neuronpedia(sm, tmp_path):
         jsonschema.validate(doc, graph_schema())
     with pytest.raises(InputError, match="scan="):
         Graph(**{**graph.__dict__, "scan": None}).to_json(tmp_path / "x.json")
+    # the folder's graph-metadata.json is read back bounded: a deep one is refused, never overwritten
+    deep = '{"graphs": ' + "[" * 100 + "]" * 100 + "}"
+    (tmp_path / "graph-metadata.json").write_text(deep)
+    with pytest.raises(InputError, match="nested at most 64 deep"):
+        graph.to_json(tmp_path / "third.json")
+    assert (tmp_path / "graph-metadata.json").read_text() == deep and not (tmp_path / "third.json").exists()
 
 
 def test_refused_families_and_transcoders(sm):
