@@ -110,10 +110,7 @@ def doctest_tiny_model():
     """A tiny random-weight Llama SteerModel: 4 layers, d_model 64, 4 heads, 2 KV heads, the default
     tokenizer (its vocabulary), built offline with fixed weights."""
     import steerkit
-    try:
-        from tiny_models import tiny_chat_llama
-    except ImportError:
-        from tests.tiny_models import tiny_chat_llama
+    from tiny_models import tiny_chat_llama  # tests/support, on pytest's pythonpath
 
     model, tok = tiny_chat_llama()
     tiny = steerkit.wrap(model, tok, name="tiny-llama")

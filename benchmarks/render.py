@@ -125,6 +125,20 @@ TARGETS: dict[str, Target] = {
         where=(("case", ("ablate4+inject+norm",)),), label=("case", "dtype")),
 }
 
+TARGETS.update({
+    "attribution graph, speedup over circuit-tracer (every length, 1 and 2 threads)": Target(
+        "circuits", "speedup_vs_circuit_tracer", ">=", 1.0, "x",
+        "docs/circuits.md and bench_circuits.py (at least as fast at every length)",
+        where=(("library", ("steerkit",)),), label=("tokens", "threads")),
+    "attribution graph at 64 tokens, speedup over circuit-tracer": Target(
+        "circuits", "speedup_vs_circuit_tracer", ">=", 2.0, "x", "docs/circuits.md and bench_circuits.py (2x at 64 tokens)",
+        where=(("library", ("steerkit",)), ("tokens", ("64",))), label=("tokens", "threads")),
+    "attribution graph, peak memory over circuit-tracer's": Target(
+        "circuits", "peak_rss_vs_circuit_tracer", "<=", 1.0, "x",
+        "docs/circuits.md and bench_circuits.py (at most its memory at every length)",
+        where=(("library", ("steerkit",)),), label=("tokens", "threads")),
+})
+
 #: CSV stem -> the script that writes it and what it measures
 SOURCES: dict[str, tuple[str, str]] = {
     "app": ("benchmarks/bench_app.py", "the explorer's latency in a headless browser"),
@@ -133,6 +147,9 @@ SOURCES: dict[str, tuple[str, str]] = {
                                                            "scoring passes against rows per call"),
     "continuation": ("benchmarks/bench_continuation.py", "scoring continuations: each prompt's KV cache "
                                                          "shared vs one full forward per row"),
+    "circuits": ("benchmarks/bench_circuits.py", "attribution graphs: steerkit's attribution_graph vs circuit-tracer "
+                                                 "0.5.0's attribute, same model, transcoders, prompt and settings: "
+                                                 "graph time and peak memory, with the graphs' agreement"),
     "dtype": ("benchmarks/bench_dtype.py", "bfloat16 vs float32 on the default model: decoding and recording"),
     "generation": ("benchmarks/bench_generation.py", "steered vs unsteered greedy generation, per library"),
     "gpu_kernels": ("benchmarks/gpu_kernels.py", "the fused Triton steering kernel on a CUDA GPU, per case"),
@@ -188,6 +205,7 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "backend_memory": ("model_mib", ("condition",), None),
     "batch_scaling": ("gain_vs_ref", ("rows",), "kind"),
     "continuation": ("median_s", ("condition",), "mode"),
+    "circuits": ("graph_s", ("tokens", "threads"), "library"),
     "dtype": ("cpu_ms", ("work",), "dtype"),
     "generation": ("paired_overhead_pct", ("library", "edit"), "batch"),
     "gpu_kernels": ("frac_of_copy", ("case", "dtype"), None),

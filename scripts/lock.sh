@@ -4,6 +4,8 @@
 #   locks/venv-engines.txt   .venv with STEERKIT_SETUP_EXTRAS=engines: what locks/venv-engines.in adds to venv.txt
 #   locks/venv-vllm.txt      .venv-vllm: pyproject.toml's dependencies and locks/venv-vllm.in
 #   locks/venv-saelens.txt   .venv-saelens: pyproject.toml's dependencies and locks/venv-saelens.in
+#   locks/venv-circuit-tracer.txt  .venv-circuit-tracer: locks/venv-circuit-tracer.in alone (circuit-tracer's pins
+#                            exclude steerkit's transformers)
 # Each holds a `name==version` line for every package, transitively: the newest releases that satisfy the
 # declarations today, resolved by uv for this machine's Python, with torch from locks/overrides.txt (PyPI's
 # plain `torch` is a CUDA build). Review the diff, run `bash scripts/test.sh`, commit.
@@ -43,4 +45,5 @@ mv locks/tmp locks/venv-engines.txt
 lock venv-vllm pyproject.toml locks/venv-vllm.in \
   --no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec --no-emit-package triton
 lock venv-saelens pyproject.toml locks/venv-saelens.in
+lock venv-circuit-tracer locks/venv-circuit-tracer.in
 grep -c '==' locks/*.txt

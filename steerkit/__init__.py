@@ -47,12 +47,13 @@ SUBPACKAGES = ("probes", "vectors", "kernels", "apps", "serving", "cli", "interv
 
 
 #: names of the layers above the core offered at the top level, imported on first use: name -> its module
-LAZY_NAMES = {"load_sae": "steerkit.vectors"}
+LAZY_NAMES = {"load_sae": "steerkit.vectors", "load_transcoders": "steerkit.vectors"}
 
 
 def __getattr__(name: str):
     """``steerkit.probes`` and the other subpackages without a separate import, and the few names of the layers
-    above the core offered here (:data:`LAZY_NAMES`: ``steerkit.load_sae`` is ``steerkit.vectors.load_sae``).
+    above the core offered here (:data:`LAZY_NAMES`: ``steerkit.load_sae`` is ``steerkit.vectors.load_sae``,
+    ``steerkit.load_transcoders`` ``steerkit.vectors.load_transcoders``).
 
     Examples:
         >>> import steerkit

@@ -16,13 +16,13 @@ import lockcheck  # noqa: E402
 
 #: environment -> the locks it holds (.venv: the engines' lock only where the engines set-up ran)
 ENVIRONMENTS = {".venv": ["locks/venv.txt"], ".venv-vllm": ["locks/venv-vllm.txt"],
-                ".venv-saelens": ["locks/venv-saelens.txt"]}
+                ".venv-saelens": ["locks/venv-saelens.txt"], ".venv-circuit-tracer": ["locks/venv-circuit-tracer.txt"]}
 LOCKS = sorted(ROOT.glob("locks/*.txt"))
 
 
 def test_every_lock_is_exact_and_cpu_only():
     names = {p.name for p in LOCKS}
-    assert {"venv.txt", "venv-engines.txt", "venv-vllm.txt", "venv-saelens.txt"} <= names, names
+    assert {"venv.txt", "venv-engines.txt", "venv-vllm.txt", "venv-saelens.txt", "venv-circuit-tracer.txt"} <= names, names
     for path in LOCKS:
         pins = lockcheck.read_lock(path)  # raises on any line that is not name==version
         assert pins, path
@@ -32,6 +32,8 @@ def test_every_lock_is_exact_and_cpu_only():
             assert {"pip", "setuptools", "wheel"} <= pins.keys(), f"{path.name} lacks the build tools"
     vllm = lockcheck.read_lock(ROOT / "locks/venv-vllm.txt")
     assert not {"torchvision", "torchaudio", "torchcodec", "triton"} & vllm.keys()  # the set-up never installs them
+    ct = lockcheck.read_lock(ROOT / "locks/venv-circuit-tracer.txt")  # its nnsight backend needs 0.7
+    assert ct["nnsight"] == "0.7.0" and "circuit-tracer" in ct and "steerkit" not in ct
     main = lockcheck.read_lock(ROOT / "locks/venv.txt")
     assert "kernels" in main and tuple(int(x) for x in main["transformers"].split(".")[:2]) >= (5, 25)
 

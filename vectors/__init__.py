@@ -9,11 +9,15 @@ How it fits together
   ``condition`` / ``conditional`` (CAST's :class:`ConditionVector` and :class:`ConditionalSteering` of
   :class:`ConditionalRule` values), ``payload`` (the stored form), ``evaluation`` (the one part that
   runs a model: a condition's decisions on prompts), ``sae`` (:class:`SAE`: a sparse autoencoder or
-  transcoder at a hook site), ``latent`` (:class:`LatentClamp`: a clamp of an SAE's latents, what a server
+  transcoder at a hook site), ``transcoders`` (:class:`Transcoders`: a transcoder per block, what attribution
+  graphs trace through), ``latent`` (:class:`LatentClamp`: a clamp of an SAE's latents, what a server
   request names). Each kind holds tensors and a :class:`Provenance`
   (:mod:`.provenance`, which also holds :func:`model_fingerprint`).
 * :mod:`.sae_files` -- :func:`load_sae` (``steerkit.load_sae``): sae-lens and sparsify folders, steerkit SAE
   files and store references as an :class:`SAE`.
+* :mod:`.transcoder_files` -- :func:`load_transcoders` (``steerkit.load_transcoders``): circuit-tracer's, sparsify's
+  and sae-lens's transcoder folders, steerkit files and store references as :class:`Transcoders`; circuit-tracer's
+  layout written back.
 * :mod:`.plots` -- the artifacts' figures (plotly, the ``app`` extra; imported by ``plot()`` when called).
 * :mod:`.store` -- :class:`Store`, a crash-safe, concurrent, versioned folder of artifacts
   (``name@N``, tags, ``latest``).
@@ -37,7 +41,7 @@ if __name__ != "steerkit.vectors":  # found as a top-level `vectors` from a chec
 else:
     from .apply import check_against, check_compatible, facts_of, fingerprint_of
     from .artifacts import (ARTIFACT_KINDS, SAE, ConditionalSteering, ConditionVector, DirectionSet, LatentClamp, LayerSchedule,
-                            Probe, Region, ConditionalRule, SteeringVector)
+                            Probe, Region, ConditionalRule, SteeringVector, Transcoders)
     from .errors import (
         ArtifactFormatError, ExportError, ModelMismatchError, PathExistsError, StoreError, UnsafeNameError, VectorsError,
     )
@@ -45,11 +49,12 @@ else:
     from .gguf_models import write_dequantized_gguf, write_orthogonalized_gguf
     from .provenance import LAYER_BASE, SCHEMA_VERSION, Provenance, model_fingerprint, prompts_hash
     from .sae_files import load_sae
+    from .transcoder_files import load_transcoders
     from .store import Store, parse_ref
 
     __all__ = [
         "SteeringVector", "DirectionSet", "Probe", "Region", "LayerSchedule", "ConditionVector", "ConditionalSteering",
-        "ConditionalRule", "SAE", "LatentClamp", "load_sae", "ARTIFACT_KINDS",
+        "ConditionalRule", "SAE", "LatentClamp", "load_sae", "Transcoders", "load_transcoders", "ARTIFACT_KINDS",
         "Provenance", "model_fingerprint", "prompts_hash", "LAYER_BASE", "SCHEMA_VERSION",
         "Store", "parse_ref", "export", "import_artifact", "load_artifact", "save_artifact", "easysteer_request",
         "FORMATS", "check_compatible", "check_against", "facts_of", "fingerprint_of", "write_dequantized_gguf", "write_orthogonalized_gguf",

@@ -11,7 +11,8 @@ to hold that many items, so a hostile header cannot make them hang or allocate
 unbounded memory.
 
 * :func:`read_json_bytes` / :func:`read_json` -- size-bounded JSON, no NaN/Infinity
-  constants, nesting depth bounded.
+  constants, nesting depth bounded: :func:`steerkit.storage.documents.parse_json`, the one bounded reader of
+  every artifact format's JSON and YAML.
 * :func:`parse_safetensors` -- validates the 8-byte header length, the JSON header,
   dtypes, shapes and that the data offsets tile the data section exactly, then
   builds tensors with :func:`torch.frombuffer` (copied, so nothing aliases the file).
@@ -37,9 +38,12 @@ unbounded memory.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import stat
 import struct
+import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,7 @@ import numpy as np
 import torch
 import safetensors.torch
 
+from steerkit.storage.documents import MAX_DEPTH, parse_json
 from steerkit.storage.files import atomic_folder, atomic_path, atomic_write_bytes, fsync_dir
 from steerkit.storage.naming import NAME_RE, is_name
 
@@ -58,13 +63,13 @@ __all__ = [
     "MAX_FILE_BYTES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_TENSORS", "MAX_DIMS", "MAX_HEADER_BYTES",
     "MAX_GGUF_KV", "MAX_STRING_BYTES", "NAME_RE", "GGUF_MAGIC",
     "check_name", "check_output_file", "read_bounded", "read_head", "read_json_bytes", "read_json", "dump_json",
-    "tensors_to_safetensors", "parse_safetensors", "parse_gguf", "parse_gguf_metadata", "write_gguf",
+    "tensors_to_safetensors", "parse_safetensors", "map_safetensors", "release_pages", "parse_gguf", "parse_gguf_metadata", "write_gguf",
     "atomic_folder", "atomic_path", "atomic_write_bytes", "fsync_dir",
 ]
 
 MAX_FILE_BYTES = 1 << 30  # 1 GiB for artifact files (model GGUFs are not read here)
 MAX_JSON_BYTES = 64 << 20
-MAX_JSON_DEPTH = 64
+MAX_JSON_DEPTH = MAX_DEPTH
 MAX_TENSORS = 4096
 MAX_DIMS = 4
 MAX_HEADER_BYTES = 16 << 20
@@ -188,24 +193,9 @@ def check_output_file(path: str | os.PathLike, what: str = "output") -> Path:
 
 
 # --------------------------------------------------------------------------- JSON
-def _reject_constant(name: str) -> Any:
-    raise ArtifactFormatError(f"expected finite JSON numbers, found {name}; the file is not valid steerkit JSON")
-
-
-def _depth(obj: Any, limit: int) -> None:
-    stack = [(obj, 1)]
-    while stack:
-        o, d = stack.pop()
-        if d > limit:
-            raise ArtifactFormatError(f"expected JSON nested at most {limit} deep, found deeper; refusing it")
-        if isinstance(o, dict):
-            stack.extend((v, d + 1) for v in o.values())
-        elif isinstance(o, list):
-            stack.extend((v, d + 1) for v in o)
-
-
 def read_json_bytes(data: bytes, what: str = "JSON", max_bytes: int = MAX_JSON_BYTES) -> Any:
-    """Parse JSON bytes strictly: UTF-8, finite numbers, bounded size and depth (else :class:`ArtifactFormatError`).
+    """Parse JSON bytes strictly: UTF-8, finite numbers, bounded size and depth (else :class:`ArtifactFormatError`);
+    the one bounded reader of :mod:`steerkit.storage.documents`.
 
     Examples:
         >>> from steerkit.vectors.safety import read_json_bytes
@@ -216,22 +206,7 @@ def read_json_bytes(data: bytes, what: str = "JSON", max_bytes: int = MAX_JSON_B
         ...
         steerkit.vectors.errors.ArtifactFormatError: expected finite JSON numbers, found NaN; ...
     """
-    if len(data) > max_bytes:
-        raise ArtifactFormatError(f"expected {what} of at most {max_bytes} bytes, found {len(data)}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ArtifactFormatError(f"expected {what} in UTF-8, found undecodable bytes at offset {e.start}") from e
-    try:
-        obj = json.loads(text, parse_constant=_reject_constant)
-    except ArtifactFormatError:
-        raise
-    except RecursionError as e:
-        raise ArtifactFormatError(f"expected {what} nested at most {MAX_JSON_DEPTH} deep, found deeper") from e
-    except ValueError as e:
-        raise ArtifactFormatError(f"expected valid {what}, found a syntax error: {e}") from e
-    _depth(obj, MAX_JSON_DEPTH)
-    return obj
+    return parse_json(data, what, max_bytes=max_bytes, max_depth=MAX_JSON_DEPTH, error=ArtifactFormatError)
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON", max_bytes: int = MAX_JSON_BYTES) -> Any:
@@ -280,32 +255,20 @@ def tensors_to_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str,
     return safetensors.torch.save(clean, metadata=metadata)
 
 
-def parse_safetensors(
-    data: bytes, what: str = "safetensors file", max_tensors: int = MAX_TENSORS
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Parse safetensors bytes with strict validation.  Returns (tensors, metadata).
-
-    Examples:
-        >>> from steerkit.vectors.safety import parse_safetensors, tensors_to_safetensors
-        >>> data = tensors_to_safetensors({"v": torch.ones(2, 3)})
-        >>> tensors, meta = parse_safetensors(data)
-        >>> tuple(tensors["v"].shape), meta
-        ((2, 3), {})
-        >>> parse_safetensors(data[:20])
-        Traceback (most recent call last):
-        ...
-        steerkit.vectors.errors.ArtifactFormatError: expected a safetensors file header length ...
-    """
-    n = len(data)
-    if n < 8:
+def _safetensors_entries(head: bytes, n: int, what: str, max_tensors: int
+                         ) -> tuple[int, list[tuple[str, torch.dtype, list[int], int, int]], dict[str, str]]:
+    """Validate a safetensors header (``head``: at least its first ``8 + header length`` bytes; ``n``: the file's
+    size): ``(data start, [(name, dtype, shape, begin, end)], metadata)``, offsets relative to the data section,
+    which they tile exactly."""
+    if n < 8 or len(head) < 8:
         raise ArtifactFormatError(f"expected a {what} of at least 8 bytes, found {n}; the file is truncated")
-    (hlen,) = struct.unpack("<Q", data[:8])
-    if hlen > MAX_HEADER_BYTES or hlen > n - 8:
+    (hlen,) = struct.unpack("<Q", head[:8])
+    if hlen > MAX_HEADER_BYTES or hlen > n - 8 or hlen > len(head) - 8:
         raise ArtifactFormatError(
             f"expected a {what} header length <= {min(MAX_HEADER_BYTES, n - 8)}, found {hlen}; "
             "the file is truncated or not safetensors"
         )
-    header = read_json_bytes(data[8 : 8 + hlen], f"{what} header")
+    header = read_json_bytes(bytes(head[8 : 8 + hlen]), f"{what} header")
     if not isinstance(header, dict):
         raise ArtifactFormatError(f"expected the {what} header to be a JSON object, found {type(header).__name__}")
     meta = header.pop("__metadata__", None) or {}
@@ -313,9 +276,8 @@ def parse_safetensors(
         raise ArtifactFormatError(f"expected {what} __metadata__ to map strings to strings, found {meta!r:.200}")
     if len(header) > max_tensors:
         raise ArtifactFormatError(f"expected at most {max_tensors} tensors in the {what}, found {len(header)}")
-    body = memoryview(data)[8 + hlen :]
-    spans = []
-    out: dict[str, torch.Tensor] = {}
+    body_len = n - 8 - hlen
+    entries = []
     for name, info in header.items():
         if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"}:
             raise ArtifactFormatError(f"expected tensor entry {name!r} with dtype/shape/data_offsets, found {info!r:.200}")
@@ -329,9 +291,9 @@ def parse_safetensors(
             raise ArtifactFormatError(f"expected tensor {name!r} shape as a list of non-negative ints, found {shape!r:.200}")
         if (not isinstance(offs, list) or len(offs) != 2
                 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
-                or not 0 <= offs[0] <= offs[1] <= len(body)):
+                or not 0 <= offs[0] <= offs[1] <= body_len):
             raise ArtifactFormatError(
-                f"expected tensor {name!r} data_offsets [begin, end] within the {len(body)}-byte data section, found {offs!r:.200}"
+                f"expected tensor {name!r} data_offsets [begin, end] within the {body_len}-byte data section, found {offs!r:.200}"
             )
         torch_dt = _ST_DTYPES[dt]
         numel, span = 1, 1
@@ -348,21 +310,124 @@ def parse_safetensors(
             raise ArtifactFormatError(
                 f"expected tensor {name!r} of shape {shape} {dt} to take {nbytes} bytes, found {offs[1] - offs[0]}"
             )
-        spans.append((offs[0], offs[1]))
-        if numel == 0:
-            out[name] = torch.empty(shape, dtype=torch_dt)
-        else:
-            buf = bytearray(body[offs[0] : offs[1]])
-            out[name] = torch.frombuffer(buf, dtype=torch_dt).reshape(shape).clone()
-    spans.sort()
+        entries.append((name, torch_dt, shape, offs[0], offs[1]))
     pos = 0
-    for b, e in spans:
+    for b, e in sorted((b, e) for _, _, _, b, e in entries):
         if b != pos:
             raise ArtifactFormatError(f"expected tensor data in the {what} to be contiguous, found a gap or overlap at byte {b}")
         pos = e
-    if pos != len(body):
-        raise ArtifactFormatError(f"expected the {what} data section to end at byte {pos}, found {len(body)} bytes")
+    if pos != body_len:
+        raise ArtifactFormatError(f"expected the {what} data section to end at byte {pos}, found {body_len} bytes")
+    return 8 + hlen, entries, meta
+
+
+def parse_safetensors(
+    data: bytes, what: str = "safetensors file", max_tensors: int = MAX_TENSORS
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Parse safetensors bytes with strict validation.  Returns (tensors, metadata).
+
+    Examples:
+        >>> from steerkit.vectors.safety import parse_safetensors, tensors_to_safetensors
+        >>> data = tensors_to_safetensors({"v": torch.ones(2, 3)})
+        >>> tensors, meta = parse_safetensors(data)
+        >>> tuple(tensors["v"].shape), meta
+        ((2, 3), {})
+        >>> parse_safetensors(data[:20])
+        Traceback (most recent call last):
+        ...
+        steerkit.vectors.errors.ArtifactFormatError: expected a safetensors file header length ...
+    """
+    start, entries, meta = _safetensors_entries(data, len(data), what, max_tensors)
+    body = memoryview(data)[start:]
+    out: dict[str, torch.Tensor] = {}
+    for name, dt, shape, b, e in entries:
+        if b == e:
+            out[name] = torch.empty(shape, dtype=dt)
+        else:
+            out[name] = torch.frombuffer(bytearray(body[b:e]), dtype=dt).reshape(shape).clone()
     return out, meta
+
+
+def map_safetensors(path: str | os.PathLike, what: str = "safetensors file", max_bytes: int = MAX_FILE_BYTES,
+                    max_tensors: int = MAX_TENSORS) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, validated as :func:`parse_safetensors` validates them, without reading their
+    data: each is a view of a private memory map of the file (copy on write), so only the parts read take memory
+    (the map asks the system for random access: no read-ahead). For large weights of which a few rows are used.
+
+    Examples:
+        >>> from steerkit.vectors.safety import map_safetensors
+        >>> import safetensors.torch
+        >>> safetensors.torch.save_file({"W": torch.arange(6.0).reshape(2, 3)}, str(tmp_dir / "w.safetensors"))
+        >>> map_safetensors(tmp_dir / "w.safetensors")["W"][1]
+        tensor([3., 4., 5.])
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ArtifactFormatError(f"expected a regular file at {p}, found {'something else' if p.exists() else 'none'}; "
+                                  "check the path")
+    size = p.stat().st_size
+    if size > max_bytes:
+        raise ArtifactFormatError(f"expected at most {max_bytes} bytes in {p}, found {size}; raise max_bytes if you "
+                                  "trust this file")
+    head = read_head(p, min(size, 8 + MAX_HEADER_BYTES))
+    if len(head) >= 8:
+        (hlen,) = struct.unpack("<Q", head[:8])
+        head = head[: 8 + hlen] if hlen <= len(head) - 8 else head
+    start, entries, _ = _safetensors_entries(head, size, f"{what} ({p})", max_tensors)
+    if size == 0 or not entries:
+        return {}
+    with open(p, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    if hasattr(mm, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+        mm.madvise(mmap.MADV_RANDOM)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base = torch.frombuffer(mm, dtype=torch.uint8)  # the tensor keeps the map alive
+    _MAPS[base.data_ptr()] = (size, weakref.ref(mm))
+    out: dict[str, torch.Tensor] = {}
+    for name, dt, shape, b, e in entries:
+        raw = base[start + b: start + e]
+        item = torch.empty((), dtype=dt).element_size()
+        if (start + b) % item:  # a misaligned tensor (not what safetensors writes): read it
+            out[name] = torch.frombuffer(bytearray(raw.numpy().tobytes()), dtype=dt).reshape(shape)
+        else:
+            out[name] = raw.view(dt).reshape(shape) if e > b else torch.empty(shape, dtype=dt)
+    return out
+
+
+#: the maps of :func:`map_safetensors`: address -> (length, the map, held weakly)
+_MAPS: dict[int, tuple[int, "weakref.ref"]] = {}
+_MADV_PAGEOUT = 21  # Linux 5.4+: reclaim the pages now (a page written since stays: it has no file to come back from)
+
+
+def release_pages(t: torch.Tensor) -> bool:
+    """Give back the memory of a tensor that :func:`map_safetensors` mapped: its pages leave the process's resident
+    memory and are read from the file again when next used (pages written to stay). ``False`` (nothing done) for
+    any other tensor, or where the system cannot.
+
+    Examples:
+        >>> from steerkit.vectors.safety import map_safetensors, release_pages
+        >>> import safetensors.torch
+        >>> safetensors.torch.save_file({"W": torch.ones(1024, 64)}, str(tmp_dir / "w.safetensors"))
+        >>> W = map_safetensors(tmp_dir / "w.safetensors")["W"]
+        >>> float(W.sum()), release_pages(W), float(W.sum()), release_pages(torch.ones(3))
+        (65536.0, True, 65536.0, False)
+    """
+    ptr, n = t.data_ptr(), t.numel() * t.element_size()
+    for start, (length, ref) in list(_MAPS.items()):
+        mm = ref()
+        if mm is None:
+            del _MAPS[start]
+            continue
+        if start <= ptr and ptr + n <= start + length:
+            page = mmap.PAGESIZE
+            lo, hi = (ptr - start) // page * page, -(-(ptr - start + n) // page) * page
+            try:
+                mm.madvise(_MADV_PAGEOUT, lo, min(hi, length) - lo)
+            except (OSError, ValueError):  # an older system: the pages stay
+                return False
+            return True
+    return False
 
 
 # --------------------------------------------------------------------------- GGUF

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from steerkit.loading.adapters import Adapter
-from steerkit.hooks.names import FINAL_SCALE, MLP_HOOKS, Site, record_only_error
+from steerkit.hooks.names import FINAL_SCALE, MLP_HOOKS, MLP_IN, Site, record_only_error
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,13 @@ def _new(t: Tensor, y: Tensor) -> Tensor:
 
 
 def component_access(adapter: Adapter, model: nn.Module, site: Site) -> Access:
-    """The :class:`Access` of ``attn.hook_q`` / ``k`` / ``v`` / ``z`` and ``mlp.hook_pre`` / ``post`` in the
-    adapter's layout (separate or fused projections)."""
+    """The :class:`Access` of ``attn.hook_q`` / ``k`` / ``v`` / ``z``, ``mlp.hook_in`` and ``mlp.hook_pre`` / ``post``
+    in the adapter's layout (separate or fused projections)."""
     a, kind = adapter, site.kind
-    H, KV, dh = a.n_heads(model), a.n_kv_heads(model), a.d_head(model)
     att, mlp = a.attn_layout, a.mlp_layout
+    if kind == MLP_IN:  # the MLP module's input (dense or a sparse block's)
+        return Access(mlp.module, "input", _same, _new)
+    H, KV, dh = a.n_heads(model), a.n_kv_heads(model), a.d_head(model)
     if kind in MLP_HOOKS:
         a.check_dense_mlp(model, site.block_index)  # a sparse mixture-of-experts block has no neurons
     if kind == "attn.hook_z":

@@ -20,7 +20,8 @@ Sites map onto modules through the model's :class:`~steerkit.loading.adapters.Ad
   in registration order.
 
 - component hooks (``attn.hook_q`` ... ``ln2.hook_normalized``) on the modules the adapter's
-  :class:`~steerkit.loading.adapters.AttnLayout` / :class:`~steerkit.loading.adapters.MLPLayout` name: ``hook_q`` /
+  :class:`~steerkit.loading.adapters.AttnLayout` / :class:`~steerkit.loading.adapters.MLPLayout` name: ``mlp.hook_in``
+  reads (and an edit replaces) the MLP module's input; ``hook_q`` /
   ``hook_k`` / ``hook_v`` read (and edits replace) the projection's output, or its slice of a fused
   projection; ``hook_z`` and ``mlp.hook_post`` the input of the output / down projection;
   ``mlp.hook_pre`` the gate projection's output (its first half when fused with the up projection);

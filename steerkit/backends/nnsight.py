@@ -19,7 +19,7 @@ functions on it in registration order and writing the result back:
   ``y + (f(n) - n) * w_eff``; the final norm's hooks run in registration order;
 - ``hook_resid_mid``: as in the HF backend, read as ``pre_attn_norm.input +
   attn_out`` and edited by adding ``f(mid) - mid`` to the attention output;
-- component hooks: ``attn.hook_q`` / ``k`` / ``v`` / ``z`` and ``mlp.hook_pre`` / ``post`` on the
+- component hooks: ``attn.hook_q`` / ``k`` / ``v`` / ``z`` and ``mlp.hook_in`` / ``hook_pre`` / ``post`` on the
   input or output of the module the adapter names (one read and write per fused projection),
   ``ln1`` / ``ln2`` as at the final norm, and ``attn.hook_attn_scores`` / ``hook_pattern`` through
   :mod:`steerkit.hooks.attention` (the hook runs inside the traced model's attention function);
@@ -82,10 +82,10 @@ class _Entry:
 # are not touched in the trace: steerkit.hooks.attention runs their hooks inside the attention function).
 _STAGE = {"hook_resid_pre": 0, "ln1.hook_scale": 1, "ln1.hook_normalized": 1, "attn.hook_q": 2.0,
           "attn.hook_k": 2.1, "attn.hook_v": 2.2, "attn.hook_z": 3, "hook_attn_out": 4, "hook_resid_mid": 4,
-          "ln2.hook_scale": 5, "ln2.hook_normalized": 5, "mlp.hook_pre": 6, "mlp.hook_post": 7,
+          "ln2.hook_scale": 5, "ln2.hook_normalized": 5, "mlp.hook_in": 5.5, "mlp.hook_pre": 6, "mlp.hook_post": 7,
           "hook_mlp_out": 8, "hook_resid_post": 9}
-#: the stages of head and neuron sites (q / k / v, z, the MLP's pre-activation and neurons)
-_COMPONENT_STAGES = (2.0, 2.1, 2.2, 3, 6, 7)
+#: the stages of head and neuron sites (q / k / v, z, the MLP's input, pre-activation and neurons)
+_COMPONENT_STAGES = (2.0, 2.1, 2.2, 3, 5.5, 6, 7)
 
 
 class NNsightBackend:

@@ -13,8 +13,10 @@ projection before rotary; the input of the output projection), ``attn.hook_k`` /
 ``[batch, pos, n_kv_heads, d_head]``, ``attn.hook_attn_scores`` / ``hook_pattern``
 ``[batch, n_heads, q_pos, k_pos]`` (scaled scores, the dtype's lowest value where a query does not
 attend; the probabilities), ``mlp.hook_pre`` / ``hook_post`` ``[batch, pos, d_mlp]`` (the gate's pre-activation; the
-down projection's input, i.e. the neuron activations) and ``ln1`` / ``ln2`` ``.hook_scale`` (record only)
-/ ``.hook_normalized`` (the pre-attention / pre-MLP norm, as at the final norm). In a sparse
+down projection's input, i.e. the neuron activations), ``mlp.hook_in`` ``[batch, pos, d_model]`` (the MLP's
+input: the pre-MLP norm's output, after its weight, TransformerBridge's name; what a transcoder reads) and
+``ln1`` / ``ln2`` ``.hook_scale`` (record only) / ``.hook_normalized`` (the pre-attention / pre-MLP norm,
+as at the final norm, before its weight). In a sparse
 mixture-of-experts block, :data:`MOE_HOOKS`: ``mlp.hook_router_logits`` ``[batch, pos, n_experts]`` (the
 router's logits; an edit re-routes: the top-k experts and their weights are recomputed from the edited
 logits by the family's rule), ``mlp.hook_expert_weights`` / ``hook_expert_indices`` ``[batch, pos, top_k]``
@@ -47,9 +49,11 @@ KV_HOOKS = ("attn.hook_k", "attn.hook_v")
 MATRIX_HOOKS = ("attn.hook_attn_scores", "attn.hook_pattern")
 #: MLP neurons ``[batch, pos, d_mlp]``
 MLP_HOOKS = ("mlp.hook_pre", "mlp.hook_post")
+#: the MLP's input ``[batch, pos, d_model]`` (after the pre-MLP norm's weight; a sparse block's input too)
+MLP_IN = "mlp.hook_in"
 #: the pre-attention (ln1) and pre-MLP (ln2) norms
 NORM_HOOKS = ("ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized")
-COMPONENT_HOOKS = ATTN_HOOKS + MLP_HOOKS + NORM_HOOKS
+COMPONENT_HOOKS = ATTN_HOOKS + (MLP_IN,) + MLP_HOOKS + NORM_HOOKS
 #: a sparse mixture-of-experts block: router logits ``[batch, pos, n_experts]``, the routing
 #: ``[batch, pos, top_k]`` and each expert's weighted output ``[batch, pos, n_experts, d_model]``
 MOE_HOOKS = ("mlp.hook_router_logits", "mlp.hook_expert_weights", "mlp.hook_expert_indices", "mlp.hook_expert_out")
@@ -67,7 +71,7 @@ SAE_HOOKS = ("hook_sae_input", "hook_sae_acts_post", "hook_sae_recons", "hook_sa
 SAE_INPUT, SAE_ACTS, SAE_RECONS, SAE_ERROR = SAE_HOOKS
 #: the kinds of site an SAE can be attached to: rows of features ``[batch, pos, features]`` (attention heads
 #: flattened), which an edit may replace
-SAE_HOST_HOOKS = BLOCK_HOOKS + HEAD_HOOKS + MLP_HOOKS + ("ln1.hook_normalized", "ln2.hook_normalized",
+SAE_HOST_HOOKS = BLOCK_HOOKS + HEAD_HOOKS + MLP_HOOKS + (MLP_IN, "ln1.hook_normalized", "ln2.hook_normalized",
                                                         FINAL_NORMALIZED, FINAL_OUT)
 #: hook kinds (:attr:`Site.kind`) that can be recorded but not edited: the norms' scales, the routing and an
 #: attached SAE's sub-sites

@@ -11,10 +11,10 @@ Hugging Face model:
 - ``ln_final.hook_scale``        the final norm's scale, ``[batch, pos, 1]``
 - ``ln_final.hook_normalized``   the final norm's normalised input, before its weight and bias
 - ``ln_final.hook_out``          output of the final norm
-- ``blocks.{l}.attn.hook_q|k|v|z|attn_scores|pattern``, ``blocks.{l}.mlp.hook_pre|post`` and
+- ``blocks.{l}.attn.hook_q|k|v|z|attn_scores|pattern``, ``blocks.{l}.mlp.hook_in|pre|post`` and
   ``blocks.{l}.ln1|ln2.hook_scale|hook_normalized``: the component hooks, read from the modules an
   :class:`AttnLayout` / :class:`MLPLayout` names (the projections, or one fused projection and how
-  its output is laid out) and the block's two norms
+  its output is laid out; ``mlp.hook_in`` is the MLP module's input) and the block's two norms
 - ``blocks.{l}.mlp.hook_router_logits|hook_expert_weights|hook_expert_indices|hook_expert_out``: the
   mixture-of-experts hooks of a sparse block, read from the router and the fused experts a
   :class:`MoELayout` names; the layout also holds the family's routing rule (:meth:`MoELayout.route`).
@@ -52,7 +52,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from steerkit.errors import UnsupportedArchitectureError
-from steerkit.hooks.names import ATTN_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS
+from steerkit.hooks.names import ATTN_HOOKS, MLP_HOOKS, MLP_IN, MOE_HOOKS, NORM_HOOKS
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:
@@ -482,7 +482,7 @@ class Adapter:
         mixture-of-experts hooks, and the block norms the family has."""
         mlp = MOE_HOOKS if self.is_sparse(model, layer) else MLP_HOOKS
         norms = tuple(k for k in NORM_HOOKS if getattr(self, k[:3]) is not None)
-        return ATTN_HOOKS + mlp + norms
+        return ATTN_HOOKS + (MLP_IN,) + mlp + norms
 
     def block_norm_module(self, model: nn.Module, layer: int, which: str) -> nn.Module:
         """``which="ln1"`` (before attention) or ``"ln2"`` (before the MLP)."""

@@ -20,8 +20,9 @@ activations).
 and transcoders, with an optional skip connection; ``encoder.weight`` ``[d_sae, d_in]`` is
 ``W_enc.T``. The folder is named after the module it hooks: ``layers.12`` (or GPT-2's ``h.12``) reads
 ``blocks.12.hook_resid_post`` (a transcoder: reads ``blocks.12.hook_resid_pre``, writes
-``hook_resid_post``), ``layers.12.mlp`` writes ``blocks.12.hook_mlp_out`` and ``layers.12.self_attn``
-``blocks.12.hook_attn_out`` (:func:`sparsify_sites`); anything else needs ``site=``.
+``hook_resid_post``), ``layers.12.mlp`` writes ``blocks.12.hook_mlp_out`` (a transcoder: reads the MLP's
+input ``blocks.12.mlp.hook_in``) and ``layers.12.self_attn`` ``blocks.12.hook_attn_out``
+(:func:`sparsify_sites`); anything else needs ``site=``.
 
 Every malformed folder (a missing file, an unreadable safetensors, a tensor missing or of the wrong
 shape, an unknown architecture, a config field of the wrong type) raises :class:`SAEFormatError`
@@ -43,6 +44,7 @@ from safetensors.torch import save_file
 
 from steerkit.errors import HookNameError
 from steerkit.hooks.names import BLOCK_HOOKS, parse
+from steerkit.storage.documents import read_document
 from steerkit.storage.files import atomic_folder
 
 from .weights import SAEFormatError, SAEWeights
@@ -67,8 +69,8 @@ _MAX_CONFIG_BYTES = 16 << 20
 _SPARSIFY_RE = re.compile(r"(?:layers|h)\.(0|[1-9][0-9]{0,5})(\.mlp|\.self_attn|\.attn)?\Z", re.ASCII)
 _SAELENS_VERSION = "6.0.0"  # what a written cfg.json declares when its source did not say (6.x's layout)
 #: the kinds of steerkit site that carry the residual stream's width (d_model)
-D_MODEL_SITES = BLOCK_HOOKS + ("ln1.hook_normalized", "ln2.hook_normalized", "ln_final.hook_normalized",
-                               "ln_final.hook_out")
+D_MODEL_SITES = BLOCK_HOOKS + ("mlp.hook_in", "ln1.hook_normalized", "ln2.hook_normalized",
+                               "ln_final.hook_normalized", "ln_final.hook_out")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +123,8 @@ def sparsify_sites(hookpoint: str, transcoder: bool) -> tuple[str, str | None]:
         >>> from steerkit.sae import sparsify_sites
         >>> sparsify_sites("layers.12", transcoder=False), sparsify_sites("layers.12", transcoder=True)
         (('blocks.12.hook_resid_post', None), ('blocks.12.hook_resid_pre', 'blocks.12.hook_resid_post'))
-        >>> sparsify_sites("layers.3.mlp", transcoder=False)
-        ('blocks.3.hook_mlp_out', None)
+        >>> sparsify_sites("layers.3.mlp", transcoder=False), sparsify_sites("layers.3.mlp", transcoder=True)
+        (('blocks.3.hook_mlp_out', None), ('blocks.3.mlp.hook_in', 'blocks.3.hook_mlp_out'))
     """
     m = _SPARSIFY_RE.fullmatch(hookpoint)
     hint = ("pass site= (and output_site= for a transcoder) with the steerkit hook names it reads and writes "
@@ -134,9 +136,11 @@ def sparsify_sites(hookpoint: str, transcoder: bool) -> tuple[str, str | None]:
     if module is None:
         return ((f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_resid_post") if transcoder
                 else (f"blocks.{layer}.hook_resid_post", None))
+    if transcoder and module == ".mlp":  # it reads the MLP's input (after the norm's weight) and predicts its output
+        return f"blocks.{layer}.mlp.hook_in", f"blocks.{layer}.hook_mlp_out"
     if transcoder:
-        raise SAEFormatError(f"expected site= for a transcoder at {hookpoint!r}: it reads the module's input (after "
-                             f"the norm's weight), which steerkit has no hook for; {hint}")
+        raise SAEFormatError(f"expected site= for a transcoder at {hookpoint!r}: it reads the attention module's "
+                             f"input (after the norm's weight), which steerkit has no hook for; {hint}")
     return f"blocks.{layer}.{'hook_mlp_out' if module == '.mlp' else 'hook_attn_out'}", None
 
 
@@ -154,22 +158,10 @@ def tl_hook_name(site: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- files
 def _read_config(path: Path) -> dict:
-    try:
-        size = path.stat().st_size
-    except OSError as e:
-        raise SAEFormatError(f"expected an SAE config at {path}, found none ({e.strerror}); an SAE folder holds "
-                             "cfg.json beside its safetensors") from None
-    if size > _MAX_CONFIG_BYTES:
-        raise SAEFormatError(f"expected a config of at most {_MAX_CONFIG_BYTES} bytes at {path}, found {size}")
-
-    def refuse(name: str) -> Any:
-        raise SAEFormatError(f"expected finite JSON numbers in {path}, found {name}")
-    try:
-        cfg = json.loads(path.read_bytes().decode("utf-8"), parse_constant=refuse)
-    except (UnicodeDecodeError, ValueError) as e:
-        if isinstance(e, SAEFormatError):
-            raise
-        raise SAEFormatError(f"expected valid JSON in {path}, found an error: {e}") from None
+    if not path.exists():
+        raise SAEFormatError(f"expected an SAE config at {path}, found none; an SAE folder holds cfg.json beside its "
+                             "safetensors")
+    cfg = read_document(path, "JSON", fmt="json", max_bytes=_MAX_CONFIG_BYTES, error=SAEFormatError)
     if not isinstance(cfg, dict):
         raise SAEFormatError(f"expected a JSON object in {path}, found {type(cfg).__name__}")
     return cfg

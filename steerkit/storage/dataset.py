@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from steerkit.deprecation import moved
+from steerkit.storage.documents import read_document
 from steerkit.errors import HookNameError, InputError, RowIndexError
 from safetensors import safe_open
 from safetensors.torch import save
@@ -182,10 +183,10 @@ def resume_state(out: Path, meta: dict, n_prompts: int, shard_size: int) -> tupl
     done: dict[str, int] = {}
     if man_path.exists():
         try:
-            old = json.loads(man_path.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise InputError(f"expected valid JSON in {man_path} to resume the recording in {out}, found a parse "
-                             f"error: {e}; use another folder or delete this one") from None
+            old = read_document(man_path, "JSON", fmt="json", error=InputError)
+        except InputError as e:
+            raise InputError(f"expected a readable manifest in {man_path} to resume the recording in {out}, found: "
+                             f"{e}; use another folder or delete this one") from None
         if not isinstance(old, dict):
             raise InputError(f"expected a JSON object in {man_path}, found {type(old).__name__}; use another "
                              "folder or delete this one")
@@ -208,10 +209,9 @@ class ActivationDataset:
         mp = self.path / MANIFEST
         if not mp.is_file():
             raise InputError(f"expected a steerkit activation folder with {MANIFEST} at {self.path}, found none")
-        try:
-            self.meta = json.loads(mp.read_text())
-        except json.JSONDecodeError as e:
-            raise InputError(f"expected valid JSON in {mp}, found a parse error: {e}") from None
+        self.meta = read_document(mp, "JSON", fmt="json", error=InputError)
+        if not isinstance(self.meta, dict):
+            raise InputError(f"expected a JSON object in {mp}, found {type(self.meta).__name__}")
         if self.meta.get("format") not in FORMATS:
             raise InputError(f"expected a format in {FORMATS} in {mp}, found {self.meta.get('format')!r}; a newer "
                              "steerkit wrote it, or it is not an activation folder")

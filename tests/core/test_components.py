@@ -438,3 +438,46 @@ def test_eager_attention_reads_every_mask_transformers_builds():
         assert torch.allclose(o[0, :, 2:], outs[0][0, :, 2:], atol=1e-6)
     no_mask = eager(mod, q, k, v, None)[1]
     assert torch.allclose(no_mask.tril(), no_mask) and torch.allclose(no_mask.sum(-1), torch.ones(B, H, T))
+
+
+@pytest.mark.parametrize("arch_", ["llama", "gemma2", "gpt2", "olmo2", "qwen2_moe"])
+def test_mlp_hook_in_is_the_mlp_input_after_the_norm_weight(arch_):
+    """``mlp.hook_in`` reads (and an edit replaces) what the MLP module receives: the pre-MLP norm's output after its
+    weight, which is not 1 here (OLMo 2 has no pre-MLP norm: the residual itself), on a sparse block too; the nnsight
+    backend records and edits the same."""
+    model, tok = tiny_model(arch_, attn_implementation="eager")
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+    sm = steerkit.wrap(model, tok, name=f"tiny-{arch_}")
+    a, m = sm.adapter, sm.hf_model
+    toks = batch()
+    site = f"blocks.{LAYER}.mlp.hook_in"
+    with captured(a.mlp_module(m, LAYER), io="input") as box, sm.record(site, positions="all") as c:
+        base = sm.forward(toks)
+    assert torch.allclose(c[site], box["v"], atol=ATOL)
+    if a.ln2 is not None:  # after the norm's weight: ln2.hook_normalized times the weight
+        with sm.record(f"blocks.{LAYER}.ln2.hook_normalized", positions="all") as n:
+            sm.forward(toks)
+        normalized = n[f"blocks.{LAYER}.ln2.hook_normalized"]
+        w, b = a.norm_affine(a.block_norm_module(m, LAYER, "ln2"))
+        assert torch.allclose(c[site], normalized * w + (0 if b is None else b), atol=ATOL)
+        assert not torch.allclose(c[site], normalized, atol=1e-2)
+    v = torch.randn(sm.d_model, generator=g)
+    with sm.edit(site, add=v):
+        edited = sm.forward(toks)
+    h = a.mlp_module(m, LAYER).register_forward_pre_hook(lambda mod, args: (args[0] + v,) + tuple(args[1:]))
+    try:
+        ref = sm.forward(toks)
+    finally:
+        h.remove()
+    assert not torch.allclose(edited, base, atol=1e-3) and torch.allclose(edited, ref, atol=1e-4)
+    nn_sm = steerkit.wrap(model, tok, name=f"tiny-{arch_}", backend="nnsight")
+    with nn_sm.record(site, positions="all") as c2:
+        nn_sm.forward(toks)
+    with nn_sm.edit(site, add=v):
+        assert torch.allclose(nn_sm.forward(toks), ref, atol=1e-4)
+    assert torch.allclose(c2[site], c[site], atol=ATOL)
+    assert sm.hook_count() == 0 and nn_sm.hook_count() == 0

@@ -16,7 +16,7 @@ import steerkit
 from steerkit import Intervention
 from steerkit.hooks import names as hooknames
 from steerkit.errors import InputError, UnsupportedArchitectureError
-from steerkit.hooks.names import ATTN_HOOKS, MLP_HOOKS, MOE_HOOKS, NORM_HOOKS, Site
+from steerkit.hooks.names import ATTN_HOOKS, MLP_HOOKS, MLP_IN, MOE_HOOKS, NORM_HOOKS, Site
 from steerkit.model import Tokens
 
 from tests.core import test_adapters as battery
@@ -105,7 +105,7 @@ def test_moe_layout(arch):
     assert a.name == ADAPTER[arch]
     assert (a.n_experts(m), a.top_k(m)) == (N_EXPERTS, TOP_K)
     assert all(a.is_sparse(m, l) for l in range(sm.n_layers))
-    assert a.component_hooks(m, 0) == ATTN_HOOKS + MOE_HOOKS + NORM_HOOKS
+    assert a.component_hooks(m, 0) == ATTN_HOOKS + (MLP_IN,) + MOE_HOOKS + NORM_HOOKS
     assert (a.shared_expert(m, 0) is not None) == (arch in SHARED)
     assert sm.d_mlp == 32  # one expert's width: the blocks have no dense MLP
 
@@ -128,8 +128,8 @@ def test_mixed_dense_and_sparse_blocks():
     sm = steer("qwen2_moe", mlp_only_layers=[0])
     a, m = sm.adapter, sm.hf_model
     assert not a.is_sparse(m, 0) and a.is_sparse(m, 1)
-    assert a.component_hooks(m, 0) == ATTN_HOOKS + MLP_HOOKS + NORM_HOOKS
-    assert a.component_hooks(m, 1) == ATTN_HOOKS + MOE_HOOKS + NORM_HOOKS
+    assert a.component_hooks(m, 0) == ATTN_HOOKS + (MLP_IN,) + MLP_HOOKS + NORM_HOOKS
+    assert a.component_hooks(m, 1) == ATTN_HOOKS + (MLP_IN,) + MOE_HOOKS + NORM_HOOKS
     assert sm.d_mlp == 128  # the dense block's width
     names = hooknames.all_names(sm.n_layers, components=lambda l: a.component_hooks(m, l))
     assert "blocks.0.mlp.hook_post" in names and "blocks.0.mlp.hook_router_logits" not in names

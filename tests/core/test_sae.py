@@ -286,8 +286,8 @@ MALFORMED = {
     "groupmax": (lambda p: _sparsify(p, activation="groupmax"), "expected a TopK sparse coder"),
     "sparsify shape": (lambda p: _sparsify(p, num_latents=32), "encoder.weight of shape"),
     "sparsify name": (lambda p: _sparsify(p, name="encoder_out"), "named after its hookpoint"),
-    "sparsify mlp transcoder": (lambda p: _sparsify(p, name="layers.2.mlp", transcode=True),
-                                "expected site= for a transcoder"),
+    "sparsify attention transcoder": (lambda p: _sparsify(p, name="layers.2.self_attn", transcode=True),
+                                      "expected site= for a transcoder"),
 }
 
 

@@ -266,3 +266,57 @@ def pair_engine_model(d: int = 64, n_layers: int = 3, vocab: int = 97, seed: int
     torch.manual_seed(seed)
     model = PairEngineModel(d, n_layers, vocab).requires_grad_(False)
     return model, ModelFacts.from_dict({"name": f"pair-engine-{seed}", "n_layers": n_layers, "d_model": d})
+
+
+def tiny_circuit_llama(seed: int = 0, n_layers: int = 3, *, rope_theta: float = 50000.0):
+    """``(model, tokenizer)``: a tiny random Llama for attribution graphs (2 KV heads of 4, d_model 64, vocab 256, so
+    the unembedding's vocabulary axis cannot be mistaken for d_model) whose norms' weights are not 1 and whose
+    weights are large enough that the next-token distribution is peaked (a few logit targets, not ten near-ties)."""
+    model, tok = tiny_model("llama", seed, num_hidden_layers=n_layers, rope_theta=rope_theta, initializer_range=0.2)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+    return model, tok
+
+
+def write_model_folder_for_transformers4(model, tokenizer, path) -> str:
+    """Save ``model`` and ``tokenizer`` so that transformers 4 (circuit-tracer's environment) reads them as they are:
+    the config keeps ``rope_theta`` beside transformers 5's ``rope_parameters``, and the tokenizer names the class
+    transformers 4 has (``PreTrainedTokenizerFast``)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(path)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_theta"] = cfg.get("rope_parameters", {}).get("rope_theta", 10000.0)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
+    tcfg = json.loads((folder / "tokenizer_config.json").read_text())
+    tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=1))
+    return str(folder)
+
+
+def random_transcoders(sm, *, d_sae: int = 96, activation: str = "jumprelu", cross_layer: bool = False,
+                       skip: bool = False, input_hook: str = "mlp.hook_in", k: int = 8, seed: int = 0,
+                       threshold: float = 0.1, bias: float = -0.3, scale: float = 1.0):
+    """Random :class:`steerkit.vectors.Transcoders` for the SteerModel ``sm`` (every block; ``d_sae`` features each),
+    sparse on its activations: encoder rows of norm about ``scale``, a negative encoder bias, JumpReLU thresholds in
+    ``[0, threshold)``."""
+    from steerkit.vectors import Provenance, Transcoders
+
+    g = torch.Generator().manual_seed(seed)
+    L, d = sm.n_layers, sm.d_model
+    enc = [torch.randn(d_sae, d, generator=g) * scale / d ** 0.5 for _ in range(L)]
+    b_enc = [bias + 0.1 * torch.randn(d_sae, generator=g) for _ in range(L)]
+    dec = [torch.randn(d_sae, L - l, d, generator=g) / (4 * d ** 0.5) if cross_layer
+           else torch.randn(d_sae, d, generator=g) / (4 * d ** 0.5) for l in range(L)]
+    b_dec = [0.01 * torch.randn(d, generator=g) for _ in range(L)]
+    thr = [threshold * torch.rand(d_sae, generator=g) for _ in range(L)] if activation == "jumprelu" else None
+    W_skip = [0.05 * torch.randn(d, d, generator=g) for _ in range(L)] if skip else None
+    return Transcoders(enc, b_enc, dec, b_dec, activation=activation, threshold=thr, k=k if activation == "topk" else None,
+                       W_skip=W_skip, input_hook=input_hook, cross_layer=cross_layer, scan=f"tiny-{activation}",
+                       provenance=Provenance.from_model(sm))

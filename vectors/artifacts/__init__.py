@@ -2,7 +2,7 @@
 
 How it works
 ------------
-Nine kinds, each holding tensors plus a :class:`~steerkit.vectors.provenance.Provenance`:
+Ten kinds, each holding tensors plus a :class:`~steerkit.vectors.provenance.Provenance`:
 
 * :class:`SteeringVector` (:mod:`.vector`) -- one direction per layer (``directions[l]`` of shape
   ``[d_model]``), a hook site (default ``hook_resid_post``: the output of block ``l``), an operation
@@ -28,6 +28,8 @@ Nine kinds, each holding tensors plus a :class:`~steerkit.vectors.provenance.Pro
 * :class:`SAE` (:mod:`.sae`) -- a sparse autoencoder or transcoder (:class:`steerkit.sae.SAEWeights`,
   whose torch code encodes and decodes) at a hook site; it saves as a steerkit file, a sae-lens folder
   or a sparsify folder.
+* :class:`Transcoders` (:mod:`.transcoders`) -- a transcoder for every block of a model (a per-layer set or a
+  cross-layer transcoder), in circuit-tracer's layout; what an attribution graph traces through.
 * :class:`LatentClamp` (:mod:`.latent`) -- a clamp of an SAE's latents (the SAE restricted to them, or a
   TopK SAE's whole encoder) to a value or a multiple of themselves, with the error term kept: what a
   server request names to clamp a latent.
@@ -55,6 +57,7 @@ from .region import Region
 from .sae import SAE, SAE_SAVE_FORMATS
 from . import latent as _latent
 from .latent import LatentClamp
+from .transcoders import TRANSCODER_ACTIVATIONS, TRANSCODER_SAVE_FORMATS, TRANSCODER_SITES, Transcoders
 from .vector import LEGACY_OPERATIONS, VECTOR_OPERATIONS, LayerSchedule, SteeringVector, canonical_operation
 
 __all__ = [
@@ -63,7 +66,7 @@ __all__ = [
     "canonical_operation", "HOOK_SITES", "VECTOR_OPERATIONS", "LEGACY_OPERATIONS",
     "CONDITION_SITES", "BEHAVIOR_KINDS", "RULE_MODES", "NESTED_KINDS", "Provenance", "prompts_hash",
     "ArtifactFormatError", "ModelMismatchError", "VectorsError", "SAE", "SAE_SAVE_FORMATS",
-    "LatentClamp",
+    "LatentClamp", "Transcoders", "TRANSCODER_ACTIVATIONS", "TRANSCODER_SAVE_FORMATS", "TRANSCODER_SITES",
 ]
 
 

@@ -19,12 +19,14 @@ from .directions import DirectionSet, Probe
 from .latent import LatentClamp
 from .region import Region
 from .sae import SAE
+from .transcoders import Transcoders
 from .vector import LayerSchedule, SteeringVector
 
 ARTIFACT_KINDS: dict[str, type[_Artifact]] = {c.kind: c for c in (SteeringVector, DirectionSet, Probe, Region, LayerSchedule,
-                                                                 ConditionVector, ConditionalSteering, SAE, LatentClamp)}
+                                                                 ConditionVector, ConditionalSteering, SAE, LatentClamp,
+                                                                 Transcoders)}
 Artifact = (SteeringVector | DirectionSet | Probe | Region | LayerSchedule | ConditionVector | ConditionalSteering | SAE
-            | LatentClamp)
+            | LatentClamp | Transcoders)
 
 
 def artifact_to_payload(obj: Any) -> tuple[dict[str, Tensor], dict]:
