@@ -81,17 +81,30 @@ def load_sae(path: str | os.PathLike, site: str | None = None, *, output_site: s
     if p.is_file():
         sae = import_artifact(p, max_bytes=max_bytes)
     else:
-        try:
-            parse_ref(str(path))
-        except UnsafeNameError:
-            raise VectorsError(f"expected an SAE folder, a steerkit SAE file or a store reference (name@N) at "
-                               f"{str(path)!r:.200}, found nothing there; check the path") from None
-        sae = (store or Store()).load(str(path))
-    if not isinstance(sae, SAE):
-        raise VectorsError(f"expected an SAE at {str(path)!r:.200}, found a {getattr(sae, 'kind', type(sae).__name__)}; "
-                           "load other artifacts with steerkit.vectors.load_artifact")
+        sae = stored_artifact(path, store, "an SAE folder, a steerkit SAE file")
+    sae = of_kind(sae, SAE, "an SAE", path)
     if site is not None or output_site is not None:  # the constructor checks both names
         sae = dataclasses.replace(sae, site=site or sae.site, output_site=output_site or sae.output_site)
     if model is not None:
         sae.check(model, override=override)
     return sae
+
+
+def stored_artifact(source: Any, store: Any, what: str) -> Any:
+    """The artifact a store reference (``name@N``) names, for a ``source`` that is not a file or folder; ``what``
+    says what else the caller looked for (the message when ``source`` is not a reference either)."""
+    try:
+        parse_ref(str(source))
+    except UnsafeNameError:
+        raise VectorsError(f"expected {what} or a store reference (name@N) at {str(source)!r:.200}, found nothing "
+                           "there; check the path") from None
+    return (store or Store()).load(str(source))
+
+
+def of_kind(artifact: Any, cls: type, what: str, source: Any) -> Any:
+    """``artifact``, checked to be a ``cls`` (``what``: its name in the message)."""
+    if not isinstance(artifact, cls):
+        raise VectorsError(f"expected {what} at {str(source)!r:.200}, found a "
+                           f"{getattr(artifact, 'kind', type(artifact).__name__)}; load other artifacts with "
+                           "steerkit.vectors.load_artifact")
+    return artifact

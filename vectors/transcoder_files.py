@@ -61,8 +61,8 @@ from .errors import ArtifactFormatError, UnsafeNameError, VectorsError
 from .exports import import_artifact
 from .provenance import Provenance
 from .safety import MAX_FILE_BYTES, map_safetensors
-from .sae_files import _model_provenance
-from .store import Store, parse_ref
+from .sae_files import _model_provenance, of_kind, stored_artifact
+from .store import Store
 
 #: the largest single weights file read (the decoder of a large cross-layer transcoder is several GiB)
 MAX_WEIGHTS_BYTES = 64 << 30
@@ -427,15 +427,8 @@ def load_transcoders(source: str | os.PathLike, model: Any = None, *, input_hook
         tc = read_circuit_tracer(folder, input_hook=input_hook, output_hook=output_hook)
         tc.scan = scan  # circuit-tracer's name for transcoders from the Hub, which Neuronpedia's graphs carry
     else:
-        try:
-            parse_ref(str(source))
-        except UnsafeNameError:
-            raise VectorsError(f"expected a transcoder folder, a steerkit file, a store reference (name@N) or a Hub "
-                               f"reference at {str(source)!r:.200}, found nothing there; check the path") from None
-        tc = (store or Store()).load(str(source))
-    if not isinstance(tc, Transcoders):
-        raise VectorsError(f"expected transcoders at {str(source)!r:.200}, found a {getattr(tc, 'kind', type(tc).__name__)}; "
-                           "load other artifacts with steerkit.vectors.load_artifact")
+        tc = stored_artifact(source, store, "a transcoder folder, a steerkit file, a Hub reference")
+    tc = of_kind(tc, Transcoders, "transcoders", source)
     if model is not None:
         if tc.provenance.model_fingerprint is None and tc.provenance.model_name is None:
             tc.provenance = _model_provenance(tc.provenance, model).replace(hook_site=tc.input_hook, operation="encode")

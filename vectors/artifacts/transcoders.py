@@ -44,14 +44,14 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from steerkit.hooks.names import BLOCK_HOOKS, MLP_IN, parse
-from steerkit.interventions import ModelFacts
 from steerkit.storage.files import atomic_folder, atomic_write_bytes
 
-from ..apply import check_against, facts_of
+from ..apply import check_against
 from ..errors import ArtifactFormatError, ModelMismatchError, VectorsError
 from ..provenance import Provenance
 from ..safety import check_output_file
 from .base import _Artifact, _fields, payload_file_bytes
+from .sae import _facts
 
 #: the activations a transcoder set may have
 TRANSCODER_ACTIVATIONS = ("relu", "jumprelu", "topk")
@@ -66,14 +66,6 @@ _PER_LAYER = ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "W_skip")
 
 def _shape(t: Tensor) -> tuple[int, ...]:
     return tuple(int(s) for s in t.shape)
-
-
-def _facts(model: Any) -> ModelFacts:
-    if isinstance(model, ModelFacts):
-        return model
-    if isinstance(model, dict):
-        return ModelFacts.from_dict(model)
-    return facts_of(model)
 
 
 @dataclasses.dataclass(eq=False)
