@@ -197,6 +197,9 @@ SOURCES: dict[str, tuple[str, str]] = {
                                          "generation"),
     "gpu_steer_graph": ("benchmarks/gpu_steer_graph.py", "the steering operator inside a CUDA-graph replay"),
     "vllm_record": ("benchmarks/bench_vllm_record.py", "recording a data set through vLLM vs steerkit's HF path"),
+    "vllm_plugin": ("benchmarks/bench_vllm_plugin.py", "a decoding vLLM engine with the steerkit plugin: nothing "
+                                                       "steered, one request steered, 8 distinct steerings, against "
+                                                       "the engine without the plugin"),
 }
 
 #: CSV stem -> (y column, columns naming each bar, column that colours the bars or None)
@@ -236,6 +239,7 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "vllm": ("ratio_steered_over_unsteered", ("engine",), None),
     "gpu_steer_graph": ("overhead_pct", ("condition",), None),
     "vllm_record": ("prompts_per_s", ("engine",), None),
+    "vllm_plugin": ("vs_no_plugin", ("condition",), "mode"),
 }
 
 
