@@ -158,11 +158,11 @@ class SteerSlots:
         why = self.fits(table)
         if why is not None:
             raise SteerConfigError(f"expected a table that fits the steering slots, found {why}; raise the "
-                                   "capacity (steerkit.serving: STEERKIT_VLLM_SLOTS)")
+                                   "capacity (SteerSlots(configs=, basis=, region=, halfspaces=))")
         n, t = table.n_configs, self.table
         if offset < 0 or offset + n > self.configs:
             raise SteerConfigError(f"expected rows {offset}..{offset + n - 1} inside the {self.configs} slots, "
-                                   "found them outside; raise the capacity (steerkit.serving: STEERKIT_VLLM_SLOTS)")
+                                   "found them outside; raise the capacity (SteerSlots(configs=))")
         self.clear(offset, n)
         rows = slice(offset, offset + n)
         stages = []
