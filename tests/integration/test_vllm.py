@@ -54,14 +54,12 @@ def setup(default_model, tmp_path_factory):
     return build_setup(default_model, tmp_path_factory)
 
 
-def build_setup(default_model, tmp_path_factory):
-    """The exported model, a store of artifacts and steerkit's HF reference generator (the module
-    fixture of every vLLM test module on the default model)."""
+def exported_store(sm, root):
+    """The default model exported as an HF folder (``root/model``) and a store (``root/store``) holding ``happy@1``
+    (a vector added at block 12) and ``calm@1`` (a direction the model uses, ablated everywhere): ``(model folder,
+    store, the generator that drew them, happy's direction)``."""
     from steerkit.loading.export_hf import export_hf
-    from steerkit.serving import request_args
     from steerkit.vectors import DirectionSet, Store, SteeringVector
-    sm = default_model
-    root = tmp_path_factory.mktemp("vllm")
     model_dir = export_hf(sm, root / "model")
     store = Store(root / "store")
     g = torch.Generator().manual_seed(0)
@@ -71,6 +69,17 @@ def build_setup(default_model, tmp_path_factory):
         sm.forward([PROMPTS[2]], chat=True)
     vb = cache["blocks.6.hook_resid_post"][0].float()
     store.save("calm", DirectionSet.from_directions(vb[None], sm, layers=None, method="test"))  # ablate everywhere
+    return model_dir, store, g, va
+
+
+def build_setup(default_model, tmp_path_factory):
+    """The exported model, a store of artifacts and steerkit's HF reference generator (the module
+    fixture of every vLLM test module on the default model)."""
+    from steerkit.serving import request_args
+    from steerkit.vectors import SteeringVector
+    sm = default_model
+    root = tmp_path_factory.mktemp("vllm")
+    model_dir, store, g, va = exported_store(sm, root)
     bad = SteeringVector.from_direction(va, 12, sm, method="test")
     bad.provenance = bad.provenance.replace(model_fingerprint="sk1:000000000000000000000000")
     store.save("other-model", bad)

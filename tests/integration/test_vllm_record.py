@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.integration.test_vllm import LONG, PROMPTS, ROOT, VLLM_PY, env_for, strip_eos
+from tests.integration.test_vllm import LONG, PROMPTS, ROOT, VLLM_PY, env_for, exported_store, strip_eos
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -53,20 +53,10 @@ def bad_specs():
 def rec(default_model, tmp_path_factory):
     from safetensors.torch import load_file
 
-    from steerkit.loading.export_hf import export_hf
     from steerkit.serving import request_args
-    from steerkit.vectors import DirectionSet, Store, SteeringVector
     sm = default_model
     root = tmp_path_factory.mktemp("vllm_record")
-    model_dir = export_hf(sm, root / "model")
-    store = Store(root / "store")
-    g = torch.Generator().manual_seed(0)
-    va = torch.randn(sm.d_model, generator=g)
-    store.save("happy", SteeringVector.from_direction(va / va.norm() * 30, 12, sm, method="test"))
-    with sm.record("blocks.6.hook_resid_post", positions="last") as cache:
-        sm.forward([PROMPTS[2]], chat=True)
-    store.save("calm", DirectionSet.from_directions(cache["blocks.6.hook_resid_post"][0].float()[None], sm,
-                                                    layers=None, method="test"))
+    model_dir, store, _, _ = exported_store(sm, root)
     ids = {p: sm.tokenize(p, chat=True).input_ids[0].tolist() for p in PROMPTS + [LONG]}
     happy, calm = request_args("happy@1"), request_args("calm@1")
 
