@@ -211,9 +211,9 @@ def test_record_some_experts(arch):
 
 # --- editing --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", ["hf", "nnsight"])
-def test_router_edit_reroutes(arch, backend):
-    """Raising expert e's logit makes every token use e; the weights follow the family's rule."""
+def unedited(arch: str, backend: str):
+    """``(model, its HF module tree, a batch, the batch's logits, the experts each token is routed to)`` before any
+    edit, on ``backend`` (nnsight skipped where it is not installed)."""
     if backend == "nnsight":
         pytest.importorskip("nnsight")
     sm = steer(arch, backend)
@@ -221,7 +221,14 @@ def test_router_edit_reroutes(arch, backend):
     toks = batch()
     with sm.record(site("mlp.hook_expert_indices")) as c0:
         base = sm.forward(toks)
-    e = next(i for i in range(N_EXPERTS) if not bool((c0[site("mlp.hook_expert_indices")] == i).any(-1).all()))
+    return sm, hf, toks, base, c0[site("mlp.hook_expert_indices")]
+
+
+@pytest.mark.parametrize("backend", ["hf", "nnsight"])
+def test_router_edit_reroutes(arch, backend):
+    """Raising expert e's logit makes every token use e; the weights follow the family's rule."""
+    sm, hf, toks, base, routed_to = unedited(arch, backend)
+    e = next(i for i in range(N_EXPERTS) if not bool((routed_to == i).any(-1).all()))
     boost = torch.zeros(N_EXPERTS)
     boost[e] = 50.0
     names = [site(k) for k in MOE_HOOKS] + [site("hook_mlp_out")]
@@ -244,14 +251,8 @@ def test_router_edit_reroutes(arch, backend):
 
 @pytest.mark.parametrize("backend", ["hf", "nnsight"])
 def test_zeroing_an_expert_equals_the_block_without_it(arch, backend):
-    if backend == "nnsight":
-        pytest.importorskip("nnsight")
-    sm = steer(arch, backend)
-    hf = sm.hf_model if backend == "hf" else sm.backend.model
-    toks = batch()
-    with sm.record(site("mlp.hook_expert_indices")) as c0:
-        base = sm.forward(toks)
-    e = int(c0[site("mlp.hook_expert_indices")][0, 0, 0])  # an expert the first token uses
+    sm, hf, toks, base, routed_to = unedited(arch, backend)
+    e = int(routed_to[0, 0, 0])  # an expert the first token uses
     names = [site("mlp.hook_expert_weights"), site("mlp.hook_expert_indices"), site("hook_mlp_out")]
     zero = Intervention.replace(site("mlp.hook_expert_out"), torch.zeros(sm.d_model), heads=[e])
     with sm.steer([zero]), sm.record(names) as c, captured(sm.adapter.mlp_module(hf, LAYER), "input") as x_in:

@@ -35,10 +35,10 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def lm(real_model):
-    if real_model.source_gguf is None:
+def lm(default_model):
+    if default_model.source_gguf is None:
         pytest.skip("the default model did not come from a GGUF file")
-    return real_model
+    return default_model
 
 
 @pytest.fixture(scope="module")

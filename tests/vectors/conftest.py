@@ -1,8 +1,8 @@
 """Fixtures for steerkit.vectors tests.
 
 ``tiny_llama`` is a randomly initialised 4-block Llama (d_model 64) built in memory: fast,
-offline, and enough to check hooks, fingerprints and weight orthogonalisation.  ``real_model``
-is the embedded SmolLM2-135M (the suite-wide ``default_model``, loaded once).
+offline, and enough to check hooks, fingerprints and weight orthogonalisation. The real embedded model is the
+suite-wide ``default_model`` (tests/conftest.py, loaded once).
 """
 
 from __future__ import annotations
@@ -21,8 +21,3 @@ def tiny_llama():
 @pytest.fixture()
 def store(tmp_path):
     return Store(tmp_path / "store")
-
-
-@pytest.fixture(scope="session")
-def real_model(default_model):
-    return default_model
