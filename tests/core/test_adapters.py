@@ -16,10 +16,7 @@ from steerkit.loading.adapters import adapter_for, get_module
 from steerkit.errors import HookNameError, InputError, UnsupportedArchitectureError
 from steerkit.model import Tokens
 
-try:
-    from tiny_models import _LLAMA_LIKE, ARCHS, greedy_by_forward, tiny_model
-except ImportError:  # collected as a package
-    from tiny_models import _LLAMA_LIKE, ARCHS, greedy_by_forward, tiny_model
+from tiny_models import _LLAMA_LIKE, ARCHS, greedy_by_forward, tiny_model
 
 ATOL = 1e-5
 

@@ -36,10 +36,7 @@ import steerkit
 from steerkit import Intervention
 from steerkit.probes import activation_patching, logit_diff_metric
 
-try:
-    from tiny_models import TEST_DEVICE, default_or_random
-except ImportError:  # collected as a package
-    from tiny_models import TEST_DEVICE, default_or_random
+from tiny_models import TEST_DEVICE, default_or_random
 
 pytestmark = [pytest.mark.slow, pytest.mark.device]
 ON_CPU = torch.device(TEST_DEVICE).type == "cpu"

@@ -19,10 +19,7 @@ from steerkit.errors import InputError, UnsupportedArchitectureError
 from steerkit.hooks.names import COMPONENT_HOOKS, NORM_HOOKS
 from steerkit.model import Tokens
 
-try:
-    from tiny_models import ARCHS, tiny_model
-except ImportError:  # collected as a package
-    from tiny_models import ARCHS, tiny_model
+from tiny_models import ARCHS, tiny_model
 
 ATOL = 1e-5
 LAYER = 1

@@ -22,10 +22,7 @@ from steerkit.errors import InputError
 from steerkit.interventions import Gate, compile_steering, server_mask_of
 from steerkit.kernels import SteerConfig
 
-try:
-    from tiny_models import tiny_model
-except ImportError:  # pragma: no cover
-    from tiny_models import tiny_model
+from tiny_models import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["abc de", "hello there world", "x"]

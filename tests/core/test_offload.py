@@ -13,10 +13,7 @@ from steerkit import Intervention
 from steerkit.errors import InputError
 from steerkit.model import Tokens
 
-try:
-    from tiny_models import tiny_model
-except ImportError:  # collected as a package
-    from tiny_models import tiny_model
+from tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")

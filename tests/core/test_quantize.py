@@ -20,10 +20,7 @@ from steerkit.loading.fingerprint import model_fingerprint  # noqa: E402
 from steerkit.model import Tokens  # noqa: E402
 from steerkit.loading.quantize import quantize, scheme_of  # noqa: E402
 
-try:
-    from tiny_models import tiny_model
-except ImportError:  # collected as a package
-    from tiny_models import tiny_model
+from tiny_models import tiny_model
 
 
 def _tiny(scheme=None):

@@ -24,10 +24,7 @@ from steerkit.errors import InputError
 from steerkit.probes import activation_patching, logit_diff_metric
 from steerkit.reuse import Pack, run_cached, run_from, run_packed, supports_run_from
 
-try:
-    from tiny_models import ARCHS, MOE_ARCHS, no_leftover_hooks, tiny_model
-except ImportError:  # collected as a package
-    from tiny_models import ARCHS, MOE_ARCHS, no_leftover_hooks, tiny_model
+from tiny_models import ARCHS, MOE_ARCHS, no_leftover_hooks, tiny_model
 
 PROMPT = "When Mary and John went to the store, John gave"
 SLIDING = ("mistral", "gemma2", "gemma3_text", "olmo3", "gemma3")

@@ -158,10 +158,7 @@ def test_searches_on_ray_select_what_they_select_here(cluster, tiny_folder):
     import steerkit
     from steerkit.probes.methods import refusal as R
     from steerkit.probes import tune
-    try:
-        import test_executors as X
-    except ImportError:  # pragma: no cover
-        from tests import test_executors as X
+    from tests.core import test_executors as X
     sm = steerkit.load_model(tiny_folder, device="cpu", dtype="float32")
     with RayExecutor(ModelSpec(str(tiny_folder), device="cpu", dtype="float32", threads=1), workers=2) as ex:
         args, kw = X.tune_args(sm)
@@ -182,10 +179,7 @@ def test_searches_on_ray_select_what_they_select_here(cluster, tiny_folder):
 def chat_folder(tmp_path_factory):
     """A tiny random Llama (4 layers, d_model 64) with the default model's tokenizer and chat template, saved as
     a Hugging Face folder: what the refusal method (post-instruction tokens) and IOI (one-token names) need."""
-    try:
-        from tiny_models import tiny_chat_llama
-    except ImportError:  # pragma: no cover
-        from tiny_models import tiny_chat_llama
+    from tiny_models import tiny_chat_llama
     model, tok = tiny_chat_llama()
     folder = tmp_path_factory.mktemp("tiny-chat") / "model"
     model.save_pretrained(folder)

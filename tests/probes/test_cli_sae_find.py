@@ -16,10 +16,7 @@ from steerkit.probes import feature_report, top_latents
 from steerkit.sae import SAEWeights
 from steerkit.vectors import SAE
 
-try:
-    from tiny_models import tiny_model
-except ImportError:  # pragma: no cover
-    from tiny_models import tiny_model
+from tiny_models import tiny_model
 
 SITE = "blocks.1.hook_resid_post"
 TEXT = "the cat sat on the mat\nand the dog ran"

@@ -41,10 +41,7 @@ from steerkit.model import Tokens
 from steerkit.probes import (DLAResult, LensResult, PatchingResult, activation_patching, attribution_patching,
                              direct_logit_attribution, logit_diff_metric, logit_lens)
 
-try:
-    from tiny_models import tiny_model
-except ImportError:  # collected as a package
-    from tiny_models import tiny_model
+from tiny_models import tiny_model
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPTED = "When John and Mary went to the store, Mary gave a drink to"

@@ -24,12 +24,8 @@ import torch
 import steerkit
 from steerkit.interventions import Intervention
 
-try:
-    import fake_device as F
-    from tiny_models import tiny_model
-except ImportError:  # pragma: no cover
-    from tests import fake_device as F
-    from tiny_models import tiny_model
+import fake_device as F
+from tiny_models import tiny_model
 
 SITES = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_pre"]
 PROMPTS = ["hello world", "a b c d", "the cat sat on", "x y", "one two three four five", "z"]
