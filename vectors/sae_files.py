@@ -92,7 +92,18 @@ def load_sae(path: str | os.PathLike, site: str | None = None, *, output_site: s
 
 def stored_artifact(source: Any, store: Any, what: str) -> Any:
     """The artifact a store reference (``name@N``) names, for a ``source`` that is not a file or folder; ``what``
-    says what else the caller looked for (the message when ``source`` is not a reference either)."""
+    says what else the caller looked for (the message when ``source`` is not a reference either).
+
+    Examples:
+        >>> from steerkit.vectors import SteeringVector
+        >>> ref = store.save("v", SteeringVector.from_direction(torch.ones(64), 1, tiny, method="demo"))
+        >>> stored_artifact(ref, store, "an SAE folder").kind
+        'steering_vector'
+        >>> stored_artifact("no/such/folder", store, "an SAE folder")
+        Traceback (most recent call last):
+        ...
+        steerkit.vectors.errors.VectorsError: expected an SAE folder or a store reference (name@N) at 'no/such/folder', found nothing there; check the path
+    """
     try:
         parse_ref(str(source))
     except UnsafeNameError:
@@ -102,7 +113,18 @@ def stored_artifact(source: Any, store: Any, what: str) -> Any:
 
 
 def of_kind(artifact: Any, cls: type, what: str, source: Any) -> Any:
-    """``artifact``, checked to be a ``cls`` (``what``: its name in the message)."""
+    """``artifact``, checked to be a ``cls`` (``what``: its name in the message).
+
+    Examples:
+        >>> from steerkit.vectors import SAE, SteeringVector
+        >>> v = SteeringVector.from_direction(torch.ones(64), 1, tiny, method="demo")
+        >>> of_kind(v, SteeringVector, "a vector", "v@1") is v
+        True
+        >>> of_kind(v, SAE, "an SAE", "v@1")
+        Traceback (most recent call last):
+        ...
+        steerkit.vectors.errors.VectorsError: expected an SAE at 'v@1', found a steering_vector; load other artifacts with steerkit.vectors.load_artifact
+    """
     if not isinstance(artifact, cls):
         raise VectorsError(f"expected {what} at {str(source)!r:.200}, found a "
                            f"{getattr(artifact, 'kind', type(artifact).__name__)}; load other artifacts with "

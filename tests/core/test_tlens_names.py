@@ -75,13 +75,13 @@ def test_every_component_hook_equals_run_with_cache(default_model, bridge):
     """Each block's attention, MLP and norm hooks (TransformerLens's names, shapes and values):
     ``attn.hook_q`` / ``hook_k`` / ``hook_v`` / ``hook_z`` per head, ``hook_attn_scores`` (the dtype's
     lowest value where a query does not attend, as the bridge stores it) and ``hook_pattern``,
-    ``mlp.hook_pre`` / ``hook_post``, ``ln1`` / ``ln2`` ``.hook_scale`` / ``.hook_normalized``.
+    ``mlp.hook_in`` / ``hook_pre`` / ``hook_post``, ``ln1`` / ``ln2`` ``.hook_scale`` / ``.hook_normalized``.
     While pattern hooks are registered the HF model computes attention eagerly, as the bridge
     does, so the values agree to float32 rounding."""
     sm = default_model
     toks = sm.tokenize(["When Mary and John went to the store, John gave a drink to"], chat=False)
     names = [n for n in sm.hook_names(components=True) if n not in sm.hook_names()]
-    assert len(names) == 12 * sm.n_layers
+    assert len(names) == 13 * sm.n_layers  # mlp.hook_in included
     with sm.record(names, positions="all") as ours:
         sm.forward(toks)
     with torch.inference_mode():
