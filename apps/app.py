@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 from urllib.parse import urlsplit
@@ -190,10 +192,13 @@ def create_app(model: Any = None, *, store: Optional[str] = None, results: Optio
     if store is None:
         store = str(default_store_path())
     results = results or default_results_path()
+    own_cache = cache_dir is None
     cache = diskcache.Cache(cache_dir or tempfile.mkdtemp(prefix="steerkit-app-cache-"))
     manager = ThreadedDiskcacheManager(cache)
     app = Dash(__name__, title="steerkit explorer", background_callback_manager=manager,
                suppress_callback_exceptions=False, update_title=None)
+    if own_cache:  # the app's own cache folder goes with the app (or at exit)
+        weakref.finalize(app, _remove_cache, cache)
     # the layer slider follows the loaded model's facts; with no model loaded yet it has no layers
     n_layers = host.get().facts.n_layers if host.loaded else None
     label = (layout.model_label(host.get()) if host.loaded
@@ -210,6 +215,12 @@ def create_app(model: Any = None, *, store: Optional[str] = None, results: Optio
     callbacks.register(app, env)
     app.steerkit_env = env  # for tests and benchmarks
     return app
+
+
+def _remove_cache(cache: Any) -> None:
+    """Close a diskcache ``cache`` and remove its folder (the app's own, made when no ``cache_dir`` was given)."""
+    cache.close()
+    shutil.rmtree(cache.directory, ignore_errors=True)
 
 
 def check_host(host: str, allow_remote: bool) -> None:

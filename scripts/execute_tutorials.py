@@ -68,10 +68,15 @@ def stale(path: Path) -> str | None:
     return None
 
 
-def kernel_env() -> dict:
+def kernel_env(tmp: str | None = None) -> dict:
     """The kernel's environment: offline, plotly figures as JSON, torch on ``STEERKIT_TUTORIAL_THREADS`` threads
-    (default 1: several times faster than 2 threads on a small machine that other processes share)."""
+    (default 1: several times faster than 2 threads on a small machine that other processes share).
+
+    ``tmp``: the kernel's ``TMPDIR``, so that what a notebook writes to a temporary folder of its own (a model
+    folder, a GGUF file: hundreds of MB) goes where the run removes it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    if tmp is not None:
+        env["TMPDIR"] = tmp
     threads = os.environ.get("STEERKIT_TUTORIAL_THREADS", "1")
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                PLOTLY_RENDERER="plotly_mimetype",  # the figure's JSON only; to_site() renders it
@@ -102,7 +107,7 @@ def execute(path: Path, *, checks: Sequence[str] = (), timeout: float = 600, cwd
                                          resources={"metadata": {"path": where}})
         t0 = time.perf_counter()
         try:
-            client.execute(cwd=where, env=kernel_env())
+            client.execute(cwd=where, env=kernel_env(tmp))
         finally:
             if km.has_kernel:  # the client leaves a kernel it was given running
                 km.shutdown_kernel(now=True)

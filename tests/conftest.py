@@ -1,4 +1,5 @@
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,22 @@ def sm(default_model):
     """The default model, checked to carry no leftover hooks before and after each test."""
     with no_leftover_hooks(default_model) as m:
         yield m
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory, request):
+    """``scratch(name)``: a new folder for the module's fixtures (an exported model, a GGUF file, a built site:
+    hundreds of MB each), like ``tmp_path_factory.mktemp(name)``; every one is removed once the module's tests are
+    done, so that they never pile up over a run (a test's own ``tmp_path`` is removed when the test passes:
+    ``tmp_path_retention_policy`` in pyproject.toml)."""
+    made: list[Path] = []
+
+    def mktemp(name: str) -> Path:
+        made.append(tmp_path_factory.mktemp(name))
+        return made[-1]
+    yield mktemp
+    for folder in made:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

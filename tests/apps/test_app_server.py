@@ -262,3 +262,19 @@ def test_run_serves_with_waitress_and_debug_with_the_development_server(monkeypa
     assert made == [("127.0.0.1", 8123)] and ran == ["waitress"]
     app_module.run("m", host="127.0.0.1", port=8123, debug=True)
     assert made == [("127.0.0.1", 8123)] and ran[-1]["debug"] is True
+
+
+def test_the_apps_own_cache_folder_is_removed_at_exit(tmp_path):
+    """With no ``cache_dir``, the app makes a cache folder of its own for background jobs, and it goes with the
+    process (hundreds of app starts over a day leave nothing in the temporary folder)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import os; from steerkit.apps.app import create_app; app = create_app(preload=False); "
+            "print(sorted(os.listdir(os.environ['TMPDIR'])))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "steerkit-app-cache-" in r.stdout, f"expected the app's cache folder while it ran, found {r.stdout!r}"
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith("steerkit-app-cache-")]
+    assert not left, f"expected the app's cache folder removed at exit, found {left}"

@@ -19,7 +19,7 @@ REPO = "org/tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def tiny_repo(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
+def tiny_repo(scratch) -> tuple[Path, dict[str, torch.Tensor]]:
     """A folder with a random-weight 2-layer Llama and the default model's tokenizer, and the model's state dict."""
     from steerkit.loading.resolve import resolve
 
@@ -29,7 +29,7 @@ def tiny_repo(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
-    folder = tmp_path_factory.mktemp("repo")
+    folder = scratch("repo")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder, {k: v.clone() for k, v in model.state_dict().items()}

@@ -17,15 +17,15 @@ from tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-llama")
+def pair(scratch):
+    folder = scratch("tiny-llama")
     model, tok = tiny_model("llama", num_hidden_layers=4, attn_implementation="sdpa")
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     mem = steerkit.load_model(folder)
     off = steerkit.load_model(folder, device_map="auto", max_memory={"cpu": weights // 3},
-                              offload_folder=tmp_path_factory.mktemp("offload"))
+                              offload_folder=scratch("offload"))
     return mem, off
 
 

@@ -63,8 +63,8 @@ def download(page, selector, timeout_ms=120_000, tries=2):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("app")
+def server(scratch):
+    root = scratch("app")
     store, results = root / "store", root / "results"
     results.mkdir()
     port = free_port()
@@ -300,12 +300,12 @@ def test_harmful_and_steered_contrasts(server, browser_page):
     assert not errors, "browser console errors:\n" + "\n".join(errors)
 
 
-def test_model_picker_switches_every_page(server, browser_page, tmp_path_factory):
+def test_model_picker_switches_every_page(server, browser_page, scratch):
     """Load a tiny random model from a folder in the page, profile on it, then go back to the default."""
     import sys as _sys
     _sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tiny_models import N_LAYERS, tiny_model
-    folder = tmp_path_factory.mktemp("picker") / "tiny-llama"
+    folder = scratch("picker") / "tiny-llama"
     m, tok = tiny_model("llama")
     m.save_pretrained(folder)
     tok.save_pretrained(folder)

@@ -58,10 +58,10 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, one_thread):
+def run(scratch, one_thread):
     """Both sides on every case: ``{name: (steerkit's graph, its transcoders, circuit-tracer's tensors and json)}``."""
     torch.manual_seed(0)
-    tmp = tmp_path_factory.mktemp("circuit_tracer")
+    tmp = scratch("circuit_tracer")
     model, tok = tiny_circuit_llama()
     folder = write_model_folder_for_transformers4(model, tok, tmp / "model")
     sm = steerkit.wrap(model, tok, name="tiny-circuit-llama")

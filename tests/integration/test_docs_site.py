@@ -24,9 +24,9 @@ def _top_level_verbs() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
+def site(scratch) -> Path:
     assert MKDOCS.exists(), f"expected mkdocs next to {sys.executable} (the `docs` extra); run scripts/setup.sh"
-    out = tmp_path_factory.mktemp("site")
+    out = scratch("site")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     proc = subprocess.run([str(MKDOCS), "build", "--strict", "--site-dir", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)

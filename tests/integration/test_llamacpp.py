@@ -47,8 +47,8 @@ def token_ids(lm):
 
 
 @pytest.fixture(scope="module")
-def f32_gguf(lm, tmp_path_factory):
-    return write_dequantized_gguf(lm.source_gguf, tmp_path_factory.mktemp("gguf") / "smollm2-f32.gguf")
+def f32_gguf(lm, scratch):
+    return write_dequantized_gguf(lm.source_gguf, scratch("gguf") / "smollm2-f32.gguf")
 
 
 @pytest.fixture(scope="module")

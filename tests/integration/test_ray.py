@@ -44,12 +44,12 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def reference(default_model, tmp_path_factory):
+def reference(default_model, scratch):
     """The single-process dataset, one torch thread, the same batches and shards."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return record_dataset(default_model, PROMPTS, HOOKS, tmp_path_factory.mktemp("ref"), batch_size=BATCH,
+        return record_dataset(default_model, PROMPTS, HOOKS, scratch("ref"), batch_size=BATCH,
                               shard_size=SHARD, progress=False)
     finally:
         torch.set_num_threads(threads)
@@ -176,12 +176,12 @@ def test_searches_on_ray_select_what_they_select_here(cluster, tiny_folder):
 
 
 @pytest.fixture(scope="module")
-def chat_folder(tmp_path_factory):
+def chat_folder(scratch):
     """A tiny random Llama (4 layers, d_model 64) with the default model's tokenizer and chat template, saved as
     a Hugging Face folder: what the refusal method (post-instruction tokens) and IOI (one-token names) need."""
     from tiny_models import tiny_chat_llama
     model, tok = tiny_chat_llama()
-    folder = tmp_path_factory.mktemp("tiny-chat") / "model"
+    folder = scratch("tiny-chat") / "model"
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder

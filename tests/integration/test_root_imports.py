@@ -118,9 +118,9 @@ def test_this_pytest_process_at_root(hf_kernels_installed):
 # ------------------------------------------------------------------------------------ without HF's `kernels`
 
 @pytest.fixture(scope="module")
-def python_without_kernels(tmp_path_factory) -> str:
+def python_without_kernels(scratch) -> str:
     """A virtual environment holding this one's packages (links) except Hugging Face's ``kernels``."""
-    env = tmp_path_factory.mktemp("no-kernels") / "venv"
+    env = scratch("no-kernels") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
     here = Path(sysconfig.get_paths()["purelib"])
     (there,) = env.glob("lib/python*/site-packages")

@@ -64,8 +64,8 @@ def outputs(sae, x: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    out = tmp_path_factory.mktemp("saelens")
+def built(scratch):
+    out = scratch("saelens")
     driver("build", out)
     return out
 

@@ -50,8 +50,8 @@ def strip_eos(ids, eos):
 
 
 @pytest.fixture(scope="module")
-def setup(default_model, tmp_path_factory):
-    return build_setup(default_model, tmp_path_factory)
+def setup(default_model, scratch):
+    return build_setup(default_model, scratch)
 
 
 def exported_store(sm, root):
@@ -72,13 +72,13 @@ def exported_store(sm, root):
     return model_dir, store, g, va
 
 
-def build_setup(default_model, tmp_path_factory):
+def build_setup(default_model, scratch):
     """The exported model, a store of artifacts and steerkit's HF reference generator (the module
     fixture of every vLLM test module on the default model)."""
     from steerkit.serving import request_args
     from steerkit.vectors import SteeringVector
     sm = default_model
-    root = tmp_path_factory.mktemp("vllm")
+    root = scratch("vllm")
     model_dir, store, g, va = exported_store(sm, root)
     bad = SteeringVector.from_direction(va, 12, sm, method="test")
     bad.provenance = bad.provenance.replace(model_fingerprint="sk1:000000000000000000000000")

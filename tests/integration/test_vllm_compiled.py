@@ -34,8 +34,8 @@ COMPILE_COUNTERS = ("num_graphs_seen", "num_backend_compilations", "num_inductor
 
 
 @pytest.fixture(scope="module")
-def setup(default_model, tmp_path_factory):
-    return build_setup(default_model, tmp_path_factory)
+def setup(default_model, scratch):
+    return build_setup(default_model, scratch)
 
 
 @pytest.fixture(scope="module")

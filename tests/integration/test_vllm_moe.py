@@ -23,7 +23,7 @@ PROMPTS = [[2, 40, 41, 42, 43, 44, 45], [2, 60, 61, 62], [2, 70, 71, 72, 73, 74]
 
 
 @pytest.fixture(scope="module")
-def moe(tmp_path_factory):
+def moe(scratch):
     from transformers import AutoModelForCausalLM, MixtralConfig
 
     import steerkit
@@ -38,7 +38,7 @@ def moe(tmp_path_factory):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float().eval()
     tok = tiny_tokenizer()
-    root = tmp_path_factory.mktemp("vllm-moe")
+    root = scratch("vllm-moe")
     model.save_pretrained(root / "model")
     tok.save_pretrained(root / "model")
     sm = steerkit.load_model(root / "model")

@@ -50,12 +50,12 @@ def bad_specs():
 
 
 @pytest.fixture(scope="module")
-def rec(default_model, tmp_path_factory):
+def rec(default_model, scratch):
     from safetensors.torch import load_file
 
     from steerkit.serving import request_args
     sm = default_model
-    root = tmp_path_factory.mktemp("vllm_record")
+    root = scratch("vllm_record")
     model_dir, store, _, _ = exported_store(sm, root)
     ids = {p: sm.tokenize(p, chat=True).input_ids[0].tolist() for p in PROMPTS + [LONG]}
     happy, calm = request_args("happy@1"), request_args("calm@1")

@@ -18,8 +18,8 @@ ROOT_FOLDERS = {"steerkit": "steerkit", "probes": "steerkit/probes", "vectors": 
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> zipfile.ZipFile:
-    out = tmp_path_factory.mktemp("wheel")
+def wheel(scratch) -> zipfile.ZipFile:
+    out = scratch("wheel")
     # the build backend of this environment (no download), the package alone (no dependencies)
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
                         str(ROOT)], capture_output=True, text=True, timeout=600)
