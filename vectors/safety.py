@@ -43,7 +43,6 @@ import os
 import stat
 import struct
 import warnings
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -383,7 +382,7 @@ def map_safetensors(path: str | os.PathLike, what: str = "safetensors file", max
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         base = torch.frombuffer(mm, dtype=torch.uint8)  # the tensor keeps the map alive
-    _MAPS[base.data_ptr()] = (size, weakref.ref(mm))
+    setattr(base.untyped_storage(), _MAP_ATTR, mm)  # every view of the map finds it there (release_pages)
     out: dict[str, torch.Tensor] = {}
     for name, dt, shape, b, e in entries:
         raw = base[start + b: start + e]
@@ -395,8 +394,9 @@ def map_safetensors(path: str | os.PathLike, what: str = "safetensors file", max
     return out
 
 
-#: the maps of :func:`map_safetensors`: address -> (length, the map, held weakly)
-_MAPS: dict[int, tuple[int, "weakref.ref"]] = {}
+#: the attribute of a mapped file's storage that holds its map (torch keeps a storage's Python object, and so its
+#: attributes, as long as any tensor viewing it lives)
+_MAP_ATTR = "_steerkit_file_map"
 _MADV_PAGEOUT = 21  # Linux 5.4+: reclaim the pages now (a page written since stays: it has no file to come back from)
 
 
@@ -413,21 +413,21 @@ def release_pages(t: torch.Tensor) -> bool:
         >>> float(W.sum()), release_pages(W), float(W.sum()), release_pages(torch.ones(3))
         (65536.0, True, 65536.0, False)
     """
-    ptr, n = t.data_ptr(), t.numel() * t.element_size()
-    for start, (length, ref) in list(_MAPS.items()):
-        mm = ref()
-        if mm is None:
-            del _MAPS[start]
-            continue
-        if start <= ptr and ptr + n <= start + length:
-            page = mmap.PAGESIZE
-            lo, hi = (ptr - start) // page * page, -(-(ptr - start + n) // page) * page
-            try:
-                mm.madvise(_MADV_PAGEOUT, lo, min(hi, length) - lo)
-            except (OSError, ValueError):  # an older system: the pages stay
-                return False
-            return True
-    return False
+    storage = t.untyped_storage()
+    mm = getattr(storage, _MAP_ATTR, None)
+    if mm is None or t.numel() == 0 or mm.closed:
+        return False
+    start, length = storage.data_ptr(), storage.nbytes()
+    # the bytes the view spans (a strided view reaches past numel * element size)
+    span = (1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))) * t.element_size()
+    page = mmap.PAGESIZE
+    lo = (t.data_ptr() - start) // page * page
+    hi = min(-(-(t.data_ptr() - start + span) // page) * page, length)
+    try:
+        mm.madvise(_MADV_PAGEOUT, lo, hi - lo)
+    except (OSError, ValueError, AttributeError):  # an older system: the pages stay
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- GGUF

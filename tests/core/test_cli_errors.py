@@ -1,32 +1,17 @@
-"""Misuse of the command line: exit 2, one ``steerkit: error:`` line on stderr, never a traceback."""
+"""Misuse of the command line: exit 2, one ``steerkit: error:`` line on stderr, never a traceback.
+
+The cases run in-process through ``steerkit.cli.main`` (tests/support/cli_runs.py); test_cli_misuse.py shows
+the real entry point behaves the same.
+"""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_runs import assert_one_error_line, run_main  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
-
-
-def _cli(*args, cwd=None):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # no progress bars around the one error line
-    return subprocess.run([sys.executable, "-m", "steerkit", *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=600)
-
-
-def _assert_one_error_line(r, *fragments):
-    assert r.returncode == 2, (r.returncode, r.stderr)
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("steerkit: error: "), r.stderr
-    for f in fragments:
-        assert f in lines[0], (f, lines[0])
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -65,18 +50,19 @@ CASES = list(_cases(Path("/d")))
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_misuse_exits_2_with_one_line(files, case):
+def test_misuse_exits_2_with_one_line(files, case, capsys, monkeypatch, quiet_loading):
     argv, fragments = _cases(files)[case]
-    r = _cli(*argv, cwd=files)
-    _assert_one_error_line(r, *fragments)
+    monkeypatch.chdir(files)
+    code, _, err = run_main(capsys, *argv)
+    assert_one_error_line(code, err, *fragments, what=argv)
     assert not (files / "out").exists()  # nothing was written
 
 
-def test_hooks_beyond_the_model_after_loading(tmp_path):
+def test_hooks_beyond_the_model_after_loading(tmp_path, capsys, quiet_loading):
     model, tok = tiny_model("llama", seed=0)  # 2 layers
     model.save_pretrained(tmp_path / "tiny")
     tok.save_pretrained(tmp_path / "tiny")
     (tmp_path / "p.txt").write_text("hello\nworld\n")
-    r = _cli("record", tmp_path / "p.txt", "-o", tmp_path / "out", "--model", tmp_path / "tiny", "--hooks",
-             "resid_post:0-5", "--no-chat", "--quiet")
-    _assert_one_error_line(r, "--hooks below 2 (the model's 2 layers are 0-1)", "found 2-5")
+    code, _, err = run_main(capsys, "record", tmp_path / "p.txt", "-o", tmp_path / "out", "--model", tmp_path / "tiny",
+                            "--hooks", "resid_post:0-5", "--no-chat", "--quiet")
+    assert_one_error_line(code, err, "--hooks below 2 (the model's 2 layers are 0-1)", "found 2-5")

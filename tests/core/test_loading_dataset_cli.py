@@ -1,8 +1,5 @@
 """Model resolution (folders, hub cache, missing models), dataset recording, and the CLI."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,6 +10,8 @@ from steerkit.loading import resolve as loading
 from steerkit.recording import record_dataset
 from steerkit.storage.dataset import ActivationDataset
 from steerkit.errors import InputError, ModelNotFoundError
+
+from cli_runs import run_entry, run_main  # noqa: E402
 
 
 
@@ -137,26 +136,21 @@ def test_record_dataset_sharded_resumable_lazy(tiny_dir, tmp_path):
     assert lens.tolist() == [len(sm.tokenize(p, chat=False).input_ids[0]) for p in prompts[:6]]
 
 
-def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "steerkit", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
-
-
-def test_cli_help_info_record(tiny_dir, tmp_path):
-    r = _cli("--help")
-    assert r.returncode == 0 and "record" in r.stdout and "info" in r.stdout
-    r = _cli("info", "--model", str(tiny_dir), "--json")
-    assert r.returncode == 0, r.stderr
-    info = json.loads(r.stdout)
+def test_cli_help_info_record(tiny_dir, tmp_path, capsys):
+    code, out, _ = run_main(capsys, "--help")
+    assert code == 0 and "record" in out and "info" in out
+    code, out, err = run_main(capsys, "info", "--model", tiny_dir, "--json")
+    assert code == 0, err
+    info = json.loads(out)
     assert info["n_layers"] == 2 and "blocks.1.hook_resid_mid" in info["hooks"]
     pf = tmp_path / "p.jsonl"
     pf.write_text("\n".join(json.dumps({"prompt": f"hi {i}"}) for i in range(5)))
-    r = _cli("record", str(pf), "-o", str(tmp_path / "out"), "--model", str(tiny_dir), "--hooks",
-             "resid_post:0-1", "--no-chat")
+    # through the real entry point, as a user runs it
+    r = run_entry("record", pf, "-o", tmp_path / "out", "--model", tiny_dir, "--hooks", "resid_post:0-1", "--no-chat")
     assert r.returncode == 0, r.stderr
     assert "recorded 5 prompts x 2 hooks" in r.stdout and "recording" in r.stderr  # progress bar
     assert ActivationDataset(tmp_path / "out").load("blocks.1.hook_resid_post").shape == (5, 64)
-    r = _cli("record", str(tmp_path / "nope.txt"), "-o", str(tmp_path / "o2"), "--model", str(tiny_dir))
-    assert r.returncode == 2 and "expected a prompts file" in r.stderr
-    r = _cli("info", "--model", str(tmp_path / "nothing-here.gguf"))
-    assert r.returncode == 2 and "expected a GGUF file" in r.stderr
+    code, _, err = run_main(capsys, "record", tmp_path / "nope.txt", "-o", tmp_path / "o2", "--model", tiny_dir)
+    assert code == 2 and "expected a prompts file" in err
+    code, _, err = run_main(capsys, "info", "--model", tmp_path / "nothing-here.gguf")
+    assert code == 2 and "expected a GGUF file" in err

@@ -18,14 +18,10 @@ from steerkit.sae import (SAEFormatError, SAEWeights, detect_format, read_sae_fo
 from steerkit.vectors import (SAE, ArtifactFormatError, ModelMismatchError, Provenance, SteeringVector, Store,
                               VectorsError, save_artifact)
 from steerkit.vectors.artifacts import payload_to_artifact
+from sae_weights import rel
 from tiny_models import tiny_model
 
 D_IN, D_SAE, K = 16, 64, 6
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Relative difference ``|a - b| / |b|`` (Frobenius)."""
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
 def weights(arch: str = "relu", seed: int = 0, *, d_out: int = D_IN, transcoder: bool = False, skip: bool = False,

@@ -19,6 +19,8 @@ from steerkit.recording import record_dataset
 from steerkit.storage.dataset import FORMAT, FORMAT_SPARSE, ActivationDataset
 from steerkit.vectors import SAE, Provenance
 
+from sae_weights import rel  # noqa: E402
+
 SITE = "blocks.1.hook_resid_post"
 PROMPTS = ["hello world", "hi", "good morning to you"]
 
@@ -44,10 +46,6 @@ def rows(cache, name: str) -> torch.Tensor:
     """The rows one record kept, row after row (what the SAE's hook ran on, in that order)."""
     v, n = cache[name], cache.lengths(name)
     return torch.cat([v[r, : int(n[r])] for r in range(v.shape[0])])
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
 def test_sub_sites_exist_only_while_an_sae_is_attached(clean):

@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import steerkit
+from sae_weights import NO_SAELENS, SAELENS_PY, rel
 
 ROOT = Path(__file__).resolve().parents[2]
-SAELENS_PY = Path(os.environ.get("STEERKIT_SAELENS_PYTHON") or ROOT / ".venv-saelens" / "bin" / "python")
 DRIVER = ROOT / "tests" / "support" / "sae_lens_driver.py"
 #: name -> (architecture steerkit reads it as, site, output site)
 EXPECTED = {
@@ -40,12 +40,7 @@ EXPECTED = {
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 if not SAELENS_PY.exists():  # pragma: no cover
-    pytest.skip(f"no sae-lens environment at {SAELENS_PY}: scripts/setup.sh creates it (sae-lens==6.54.*)",
-                allow_module_level=True)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+    pytest.skip(NO_SAELENS, allow_module_level=True)
 
 
 def driver(mode: str, out: Path) -> str:

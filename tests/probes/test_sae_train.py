@@ -22,6 +22,7 @@ from steerkit.probes.sae_train import truncated
 from steerkit.sae import SAEWeights
 from steerkit.vectors import SAE
 
+from sae_weights import NO_SAELENS, SAELENS_PY  # noqa: E402
 from tiny_models import EOS, tiny_model  # noqa: E402
 
 pytest.importorskip("sparsify")
@@ -285,9 +286,9 @@ def test_the_trained_sae_loads_in_sae_lens(trained, tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    python = Path(os.environ.get("STEERKIT_SAELENS_PYTHON") or Path(__file__).parents[2] / ".venv-saelens/bin/python")
+    python = SAELENS_PY
     if not python.exists():
-        pytest.skip(f"no sae-lens environment at {python}: scripts/setup.sh creates it")
+        pytest.skip(NO_SAELENS)
     sm, r, *_ = trained
     folder = r.sae.save(tmp_path / "saelens", "saelens")
     x = torch.randn(8, sm.d_model, generator=torch.Generator().manual_seed(2))

@@ -209,3 +209,36 @@ def test_atomic_folder_publishes_whole_folders_only(tmp_path):
         with atomic_folder(dst) as t:
             pass
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory (Linux: /proc/self/statm)."""
+    import resource
+    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident memory from /proc (Linux)")
+def test_a_mapped_tensor_gives_its_pages_back_through_any_view(tmp_path):
+    """map_safetensors' tensors, and every view made of them later (a row, a slice, a detached or same-dtype
+    copy-free conversion), give their pages back; a copy and an ordinary tensor do nothing."""
+    from safetensors.torch import save_file
+
+    from steerkit.vectors.safety import map_safetensors, release_pages
+
+    n = 64 * 2**20 // 4  # 64 MiB of float32
+    save_file({"W": torch.arange(n, dtype=torch.float32).reshape(-1, 1024)}, str(tmp_path / "w.safetensors"))
+    W = map_safetensors(tmp_path / "w.safetensors")["W"]
+    views = [W, W[3], W[100:200, ::2], W.detach().to(torch.float32), W.reshape(-1, 2048)]
+    for v in views:
+        assert release_pages(v), v.shape
+    assert not release_pages(W[3].clone()) and not release_pages(torch.ones(3)) and not release_pages(W[:0])
+    before = _resident_bytes()
+    total = float(W.sum())  # reads every page
+    read = _resident_bytes()
+    assert read - before > 48 * 2**20, "expected reading the map to take its pages"
+    assert release_pages(W.detach()[10:])  # the pages of rows 10.. go back
+    assert read - _resident_bytes() > 48 * 2**20, "expected the pages given back"
+    assert float(W.sum()) == total and W[5, 7] == 5 * 1024 + 7  # read from the file again
+    W[0, 0] = -1.0  # a written page stays (copy on write: it has no file to come back from)
+    release_pages(W)
+    assert float(W[0, 0]) == -1.0
