@@ -579,13 +579,19 @@ def test_backends_agree(tiny, backend, u, v):
         other = steerkit.wrap(tiny.hf_model, tiny.tokenizer, name=tiny.name, backend=backend)
     except Exception as e:  # noqa: BLE001 - a backend that cannot wrap this tiny model
         pytest.skip(f"{backend} cannot wrap the tiny Llama: {e}")
+    _same_on(other, tiny, steering, c, PROMPTS, ref_logits, ref_fired, ref_gen, atol=1e-4, **kw)
+
+
+def _same_on(other, ref_model, steering, c, prompts, ref_logits, ref_fired, ref_gen, atol, **kw):
+    """``other`` (another backend's wrap) steered by ``steering`` fires the condition ``c`` where the reference did,
+    gives its logits (within ``atol``) and generates its tokens; ``other``'s hooks are removed afterwards."""
     try:
         with other.steer(steering) as h:
-            logits = other.forward(PROMPTS, chat=False)
+            logits = other.forward(prompts, chat=False)
             assert h.decisions[c].tolist() == ref_fired
-        mask = tiny.tokenize(PROMPTS, chat=False).attention_mask.bool()
-        torch.testing.assert_close(logits[mask], ref_logits[mask], rtol=1e-4, atol=1e-4)
-        assert other.generate(PROMPTS, steering=steering, **kw) == ref_gen
+        mask = ref_model.tokenize(prompts, chat=False).attention_mask.bool()
+        torch.testing.assert_close(logits[mask], ref_logits[mask], rtol=1e-4, atol=atol)
+        assert other.generate(prompts, steering=steering, **kw) == ref_gen
     finally:
         other.reset()
 
@@ -609,15 +615,7 @@ def test_tlens_agrees_on_the_default_model(default_model):
     assert fired == [x > c.threshold for x in _sims(hf, c, prompts).tolist()] and 0 < sum(fired) < 3
     ref_gen = hf.generate(prompts, steering=steering, **kw)
     tl = steerkit.wrap(hf.hf_model, hf.tokenizer, name=hf.name, backend="tlens")
-    try:
-        with tl.steer(steering) as h:
-            out = tl.forward(prompts, chat=False)
-            assert h.decisions[c].tolist() == fired
-        mask = hf.tokenize(prompts, chat=False).attention_mask.bool()
-        torch.testing.assert_close(out[mask], ref[mask], rtol=1e-4, atol=1e-3)
-        assert tl.generate(prompts, steering=steering, **kw) == ref_gen
-    finally:
-        tl.reset()
+    _same_on(tl, hf, steering, c, prompts, ref, fired, ref_gen, atol=1e-3, **kw)
 
 
 # ----------------------------------------------------------------------------- the default model
