@@ -177,7 +177,9 @@ def create_app(model: Any = None, *, store: Optional[str] = None, results: Optio
     ``port`` / ``bind`` / ``allowed``: what the Host check lets through (:func:`allowed_hosts`;
     ``port=None`` accepts the loopback names at any port). ``model_dirs``: folders whose models the
     picker lists. ``deadline``: seconds of model work per request. ``load_options``: keywords of
-    ``steerkit.load_model`` for every model the app loads (``device``, ``dtype``)."""
+    ``steerkit.load_model`` for every model the app loads (``device``, ``dtype``). ``cache_dir``: the background
+    jobs' cache folder; without one the app makes its own and removes it when it closes (``app.steerkit_close()``,
+    or at exit)."""
     # dash, diskcache and the modules built on dash load here: ``check_host`` / ``run`` are imported
     # by the CLI, which must start (and say what is missing) without the app extra installed
     import diskcache
@@ -197,8 +199,8 @@ def create_app(model: Any = None, *, store: Optional[str] = None, results: Optio
     manager = ThreadedDiskcacheManager(cache)
     app = Dash(__name__, title="steerkit explorer", background_callback_manager=manager,
                suppress_callback_exceptions=False, update_title=None)
-    if own_cache:  # the app's own cache folder goes with the app (or at exit)
-        weakref.finalize(app, _remove_cache, cache)
+    # the app's own cache folder goes with the app, at exit at the latest; ``app.steerkit_close()`` removes it now
+    app.steerkit_close = weakref.finalize(app, _remove_cache, cache) if own_cache else cache.close
     # the layer slider follows the loaded model's facts; with no model loaded yet it has no layers
     n_layers = host.get().facts.n_layers if host.loaded else None
     label = (layout.model_label(host.get()) if host.loaded

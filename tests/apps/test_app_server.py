@@ -264,17 +264,21 @@ def test_run_serves_with_waitress_and_debug_with_the_development_server(monkeypa
     assert made == [("127.0.0.1", 8123)] and ran[-1]["debug"] is True
 
 
-def test_the_apps_own_cache_folder_is_removed_at_exit(tmp_path):
-    """With no ``cache_dir``, the app makes a cache folder of its own for background jobs, and it goes with the
-    process (hundreds of app starts over a day leave nothing in the temporary folder)."""
-    import os
-    import subprocess
-    import sys
-    code = ("import os; from steerkit.apps.app import create_app; app = create_app(preload=False); "
-            "print(sorted(os.listdir(os.environ['TMPDIR'])))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                       env={**os.environ, "TMPDIR": str(tmp_path)})
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "steerkit-app-cache-" in r.stdout, f"expected the app's cache folder while it ran, found {r.stdout!r}"
-    left = [p.name for p in tmp_path.iterdir() if p.name.startswith("steerkit-app-cache-")]
-    assert not left, f"expected the app's cache folder removed at exit, found {left}"
+def test_the_apps_own_cache_folder_goes_with_it(tmp_path, monkeypatch):
+    """With no ``cache_dir``, the app makes a cache folder of its own for background jobs and removes it when it
+    closes (``weakref.finalize``: at exit at the latest), so app starts leave nothing in the temporary folder; a
+    ``cache_dir`` it was given stays."""
+    import tempfile
+    import weakref
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    app = app_module.create_app(preload=False)
+    made = list((tmp_path / "tmp").iterdir())
+    assert [p.name[:19] for p in made] == ["steerkit-app-cache-"], made
+    assert isinstance(app.steerkit_close, weakref.finalize) and app.steerkit_close.atexit
+    app.steerkit_close()
+    assert not made[0].exists() and not app.steerkit_close.alive
+    given = tmp_path / "given"
+    app = app_module.create_app(preload=False, cache_dir=str(given))
+    app.steerkit_close()
+    assert given.is_dir()
