@@ -17,9 +17,9 @@ Each batch of prompts is tokenized as :meth:`SteerModel.forward <steerkit.SteerM
 The counted positions are the real tokens (padding never counts) less the tokenizer's structural special
 tokens (BOS, EOS, PAD, SEP: sae-lens's ``get_special_token_ids``, which ``run_evals`` leaves out by
 default; ``exclude_special_tokens=False`` counts them). The metrics are
-:mod:`steerkit.probes.sae_metrics`'s, which are sae-lens's definitions (``tests/probes/test_sae_eval.py`` runs
-sae-lens's own ``get_sparsity_and_variance_metrics`` and ``get_downstream_reconstruction_metrics`` on the
-same tensors): L0 the mean count of nonzero latents per counted token; explained variance
+:mod:`steerkit.probes.sae_metrics`'s, which are sae-lens's definitions
+(``tests/integration/test_sae_eval_saelens.py`` runs sae-lens's own ``get_sparsity_and_variance_metrics`` and
+``get_downstream_reconstruction_metrics`` on the same tensors): L0 the mean count of nonzero latents per counted token; explained variance
 ``1 - sum |x - x_hat|^2 / sum |x - mean(x)|^2`` over every counted token of every batch (sae-lens's
 ``ExplainedVarianceCalculator``); the losses the mean next-token cross-entropy over the predictions made
 at counted positions; CE loss recovered ``(CE_zero_ablation - CE_spliced) / (CE_zero_ablation - CE_clean)``
