@@ -73,6 +73,8 @@ from urllib.parse import parse_qs, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+sys.path.insert(0, str(C.ROOT / "tests" / "support"))  # the test suite's server helpers
+from _servers import free_port  # noqa: E402
 
 ROOT = C.ROOT
 CHROMIUM = "/usr/bin/chromium"
@@ -155,13 +157,6 @@ def start_app(tmp: Path, threads: int, lifetime: float):
         time.sleep(0.5)
     proc.kill()
     raise SystemExit("the app did not start in 300 s")
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_counts(tmp: Path) -> dict:
