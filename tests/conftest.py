@@ -46,7 +46,7 @@ def sm(default_model):
 
 
 @pytest.fixture(scope="module")
-def scratch(tmp_path_factory, request):
+def scratch(tmp_path_factory):
     """``scratch(name)``: a new folder for the module's fixtures (an exported model, a GGUF file, a built site:
     hundreds of MB each), like ``tmp_path_factory.mktemp(name)``; every one is removed once the module's tests are
     done, so that they never pile up over a run (a test's own ``tmp_path`` is removed when the test passes:
