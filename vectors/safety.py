@@ -419,7 +419,7 @@ def release_pages(t: torch.Tensor) -> bool:
         return False
     start, length = storage.data_ptr(), storage.nbytes()
     # the bytes the view spans (a strided view reaches past numel * element size)
-    span = (1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))) * t.element_size()
+    span = (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
     page = mmap.PAGESIZE
     lo = (t.data_ptr() - start) // page * page
     hi = min(-(-(t.data_ptr() - start + span) // page) * page, length)

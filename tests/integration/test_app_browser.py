@@ -300,12 +300,10 @@ def test_harmful_and_steered_contrasts(server, browser_page):
     assert not errors, "browser console errors:\n" + "\n".join(errors)
 
 
-def test_model_picker_switches_every_page(server, browser_page, scratch):
+def test_model_picker_switches_every_page(server, browser_page, tmp_path):
     """Load a tiny random model from a folder in the page, profile on it, then go back to the default."""
-    import sys as _sys
-    _sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tiny_models import N_LAYERS, tiny_model
-    folder = scratch("picker") / "tiny-llama"
+    folder = tmp_path / "tiny-llama"
     m, tok = tiny_model("llama")
     m.save_pretrained(folder)
     tok.save_pretrained(folder)

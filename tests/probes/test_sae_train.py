@@ -286,15 +286,14 @@ def test_the_trained_sae_loads_in_sae_lens(trained, tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    python = SAELENS_PY
-    if not python.exists():
+    if not SAELENS_PY.exists():
         pytest.skip(NO_SAELENS)
     sm, r, *_ = trained
     folder = r.sae.save(tmp_path / "saelens", "saelens")
     x = torch.randn(8, sm.d_model, generator=torch.Generator().manual_seed(2))
     save_file({"x": x}, str(tmp_path / "x.safetensors"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    p = subprocess.run([str(python), "-c", _SAELENS_LOAD, str(folder), str(tmp_path / "x.safetensors"),
+    p = subprocess.run([str(SAELENS_PY), "-c", _SAELENS_LOAD, str(folder), str(tmp_path / "x.safetensors"),
                         str(tmp_path / "y.safetensors")], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env=env)
     assert p.returncode == 0, p.stderr[-4000:]
