@@ -39,8 +39,11 @@ How it fits together
 * :mod:`.sae_train` -- :func:`train_sae`: a TopK sparse autoencoder trained with EleutherAI's sparsify (the
   ``sae`` extra) on the loaded model, run only up to the SAE's layer, on :mod:`.sae_corpus`'s text (the
   vendored public-domain corpus or the user's), written as sparsify's folder and read back as a
-  :class:`steerkit.vectors.SAE` (:class:`SAETrainResult`); :mod:`.sae_metrics` -- L0, explained variance,
-  dead latents and CE loss recovered (:func:`reconstruction_metrics`); :mod:`.sae_eval` -- :func:`sae_eval`:
+  :class:`steerkit.vectors.SAE` (:class:`SAETrainResult`); :mod:`.transcoder_train` -- :func:`train_transcoders`:
+  a TopK transcoder for every chosen block in one pass, checkpointed and resumable
+  (:class:`TranscoderTrainResult`); :mod:`.sae_metrics` -- L0, explained variance,
+  dead latents and CE loss recovered (:func:`reconstruction_metrics`, :func:`transcoder_metrics` for a replacement
+  model); :mod:`.sae_eval` -- :func:`sae_eval`:
   sae-lens's evaluation (L0, explained variance, CE loss recovered) of an SAE on prompts, through the SAE's
   hook sites (``sm.attach_sae``); :mod:`.sae_features` -- :func:`feature_report` (a latent's top contexts, density,
   logit effects and decoder neighbours, :class:`FeatureReport`), :func:`top_latents` (the latents that fire most on a text) and :func:`latent_attribution` (attribution
@@ -51,7 +54,7 @@ How it fits together
   :func:`prune_graph`, :func:`compute_graph_scores` and :meth:`Graph.to_json`; :mod:`.graph_json` -- that
   frontend file (circuit-tracer's, checked against Neuronpedia's schema).
 * ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these; ``steerkit sae train``
-  (:mod:`steerkit.cli.sae`) wraps :func:`train_sae`.
+  (:mod:`steerkit.cli.sae`) wraps :func:`train_sae` and, with ``--transcoder``, :func:`train_transcoders`.
 
 The published methods built on these tools live in :mod:`steerkit.probes.methods` (the refusal
 direction of Arditi et al. 2024 in :mod:`.methods.refusal`, the concise-reasoning region of Hou et
@@ -82,9 +85,10 @@ else:
     from .sweep import SweepResult, cross_validate, labels_for, record_activations, sweep, sweep_activations
     from .condition import CONDITION_SITES, condition_confusion, f1_grid, fit_condition
     from .sae_corpus import CorpusChunks, read_corpus, split_chunks, token_chunks
-    from .sae_metrics import ce_loss_recovered, dead_latents, explained_variance, l0, next_token_ce, reconstruction_metrics
+    from .sae_metrics import ce_loss_recovered, dead_latents, explained_variance, l0, next_token_ce, reconstruction_metrics, transcoder_metrics
     from .sae_eval import sae_eval, special_token_ids
     from .sae_train import SAETrainResult, sae_layer, train_sae
+    from .transcoder_train import TranscoderTrainResult, train_transcoders
     from .sae_features import FeatureReport, LatentAttribution, TopLatents, feature_report, latent_attribution, top_latents
     from .train import (ABItem, PreferencePair, TrainResult, as_pairs, bipo_loss, completion_logprobs, myopic_items,
                         pairs_hash, preference_margins, preference_pairs, train_bipo, train_promptless)
@@ -106,6 +110,7 @@ else:
         "CONDITION_SITES", "fit_condition", "condition_confusion", "f1_grid",
         "train_sae", "SAETrainResult", "sae_layer", "read_corpus", "token_chunks", "split_chunks", "CorpusChunks",
         "l0", "explained_variance", "next_token_ce", "ce_loss_recovered", "dead_latents", "reconstruction_metrics",
+        "transcoder_metrics", "train_transcoders", "TranscoderTrainResult",
         "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution",
         "top_latents", "TopLatents",
         "attribution_graph", "Graph", "LogitTarget", "PruneResult", "prune_graph", "compute_graph_scores",

@@ -25,12 +25,14 @@ from torch import Tensor
 from tqdm import tqdm
 
 from steerkit.errors import InputError
+from steerkit.hooks.names import parse
 from steerkit.saesites import splice_intervention
 from steerkit.interventions import Intervention
 from steerkit.model import SteerModel, Tokens
 from steerkit.vectors import SAE
 
-__all__ = ["l0", "explained_variance", "next_token_ce", "ce_loss_recovered", "dead_latents", "reconstruction_metrics"]
+__all__ = ["l0", "explained_variance", "next_token_ce", "ce_loss_recovered", "dead_latents", "reconstruction_metrics",
+           "transcoder_metrics"]
 
 
 def l0(latents: Float[Tensor, "tokens d_sae"]) -> float:
@@ -163,3 +165,90 @@ def reconstruction_metrics(sm: SteerModel, sae: SAE, ids: Int[Tensor, "rows pos"
             "ce_loss_clean": ce["clean"], "ce_loss_spliced": ce["spliced"], "ce_loss_zero_ablation": ce["zero"],
             "ce_loss_recovered": ce_loss_recovered(ce["clean"], ce["spliced"], ce["zero"]),
             "eval_tokens": int(x.shape[0])}
+
+
+def _replacement(saes: Sequence[SAE], keep: Tensor) -> list[Intervention]:
+    """The edits that run the model with each transcoder's prediction in place of the MLP output it predicts
+    (at ``keep``'s positions): each reads its input site as the pass goes, then writes its output site."""
+    seen: dict[str, Tensor] = {}
+    edits = []
+    for sae in saes:
+        w, site = sae.weights, sae.site
+
+        def read(h: Tensor, site: str = site) -> Tensor:
+            seen[site] = h
+            return h
+
+        def predict(h: Tensor, w=w, site: str = site) -> Tensor:
+            x = seen.pop(site).to(w.dtype)
+            return w.decode(w.encode(x), x).to(h.dtype).reshape(h.shape)
+        edits += [Intervention.apply(site, read), Intervention.apply(str(sae.output_site), predict, positions=keep)]
+    return edits
+
+
+def _transcoder_batch(sm: SteerModel, saes: Sequence[SAE], ids: Tensor, keep: Tensor) -> tuple[list, Tensor, ...]:
+    """``([(out, prediction, latents) per transcoder], ce_clean, ce_replaced, ce_zero)`` of one batch of rows."""
+    toks = Tokens(ids, torch.ones_like(ids))
+    sites = [s for sae in saes for s in (sae.site, str(sae.output_site))]
+    with sm.record(sites) as cache:
+        clean = next_token_ce(sm.forward(toks), ids, keep)
+    per = []
+    for sae in saes:
+        w = sae.weights
+        x = cache[sae.site].to(device=w.device, dtype=w.dtype)[keep.to(w.device)]
+        y = cache[str(sae.output_site)].to(device=w.device, dtype=w.dtype)[keep.to(w.device)]
+        f = w.encode(x)
+        per.append((y, w.decode(f, x), f))
+    with sm.steer(_replacement(saes, keep)):
+        replaced = next_token_ce(sm.forward(toks), ids, keep)
+    zero = torch.zeros(sm.d_model)
+    with sm.steer([Intervention.replace(str(sae.output_site), zero) for sae in saes]):
+        zeroed = next_token_ce(sm.forward(toks), ids, keep)
+    return per, clean, replaced, zeroed
+
+
+def transcoder_metrics(sm: SteerModel, saes: Sequence[SAE], ids: Int[Tensor, "rows pos"], *,
+                       ignore: Sequence[int] = (), batch_size: int = 4, progress: bool = True) -> dict:
+    """How well transcoders (each a :class:`~steerkit.vectors.SAE` reading ``mlp.hook_in`` and predicting
+    ``hook_mlp_out``) replace their MLPs on token rows ``ids``: ``per_layer`` rows (``layer``, ``fvu`` = 1 -
+    explained variance of the MLP output, ``l0``) and the CE losses of the model clean, with every transcoder's
+    prediction in place of its MLP output at once (the replacement model: ``ce_loss_replaced``) and with those MLP
+    outputs zero-ablated, and the share recovered (:func:`ce_loss_recovered`). ``ignore``: token ids whose positions
+    keep their activations and count in no metric. Three forward passes with the LM head per batch.
+
+    Examples:
+        >>> from steerkit.sae import SAEWeights
+        >>> g = torch.Generator().manual_seed(0)
+        >>> tcs = [steerkit.vectors.SAE(SAEWeights(torch.randn(64, 128, generator=g) / 8, torch.zeros(128),
+        ...            torch.randn(128, 64, generator=g) / 8, torch.zeros(64), architecture="topk", k=8,
+        ...            transcoder=True), site=f"blocks.{l}.mlp.hook_in", output_site=f"blocks.{l}.hook_mlp_out")
+        ...        for l in (0, 1)]
+        >>> m = transcoder_metrics(tiny, tcs, torch.randint(3, 1000, (2, 16), generator=g), progress=False)
+        >>> [r["layer"] for r in m["per_layer"]], m["per_layer"][0]["l0"], m["eval_tokens"]
+        ([0, 1], 8.0, 32)
+    """
+    if ids.dim() != 2 or ids.shape[0] == 0 or ids.shape[1] < 2:
+        raise InputError(f"expected token rows [rows, pos >= 2], found shape {tuple(ids.shape)}")
+    if batch_size < 1:
+        raise InputError(f"expected batch_size >= 1, found {batch_size}")
+    if not saes or any(not sae.weights.transcoder for sae in saes):
+        raise InputError("expected one or more transcoders (SAEs with an output site), found "
+                         f"{'none' if not saes else 'an autoencoder among them'}; use reconstruction_metrics for SAEs")
+    keep_all = ~torch.isin(ids, torch.tensor(list(ignore), dtype=ids.dtype))
+    parts: list[list[tuple[Tensor, ...]]] = [[] for _ in saes]
+    ces: list[list[Tensor]] = [[], [], []]
+    for s in tqdm(range(0, ids.shape[0], batch_size), desc="evaluate transcoders", unit="batch", disable=not progress,
+                  leave=False):
+        per, *ce = _transcoder_batch(sm, saes, ids[s:s + batch_size].to(sm.device),
+                                     keep_all[s:s + batch_size].to(sm.device))
+        for acc, t in zip(parts, per):
+            acc.append(tuple(v.detach().cpu() for v in t))
+        for acc, t in zip(ces, ce):
+            acc.append(t.detach().cpu())
+    rows = []
+    for sae, acc in zip(saes, parts):
+        y, y_hat, f = (torch.cat([a[i] for a in acc]) for i in range(3))
+        rows.append({"layer": parse(sae.site, sm.n_layers).layer, "fvu": 1 - explained_variance(y, y_hat), "l0": l0(f)})
+    clean, replaced, zeroed = (float(torch.cat(c).double().mean()) for c in ces)
+    return {"per_layer": rows, "ce_loss_clean": clean, "ce_loss_replaced": replaced, "ce_loss_zero_ablation": zeroed,
+            "ce_loss_recovered": ce_loss_recovered(clean, replaced, zeroed), "eval_tokens": int(keep_all.sum())}

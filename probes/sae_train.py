@@ -168,6 +168,10 @@ class _Rows(Dataset):
     def __getitem__(self, i: int) -> dict:
         return {"input_ids": self.ids[i]}
 
+    def select(self, indices: range) -> "_Rows":
+        """The rows at ``indices`` (what a resumed sparsify run reads: the rows not yet trained on)."""
+        return _Rows(self.ids[list(indices)])
+
 
 class _TokenBar:
     """Stands in for sparsify's progress bar (one ``update()`` per batch): advances a bar in tokens."""

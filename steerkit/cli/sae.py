@@ -9,6 +9,11 @@ object; each verb sets its own function.
   (a .txt / .md / .jsonl file, optionally .xz / .gz / .bz2, or a folder of them), writes sparsify's folder
   ``DIR/layers.L`` with ``metrics.json`` beside the weights, and prints the metrics (``--json``: one JSON
   object).
+* ``steerkit sae train --transcoder --layers all --tokens N [--expansion 8 --skip-connection --checkpoint-seconds
+  300 ...]`` trains a TopK transcoder for every chosen block (``--layers``: ``all`` or ``0-11,20``) in one pass
+  (:func:`steerkit.probes.train_transcoders`), checkpointing to ``--out`` and resuming an interrupted run there
+  when run again with the same flags; writes ``DIR/layers.L.mlp`` folders and ``DIR/metrics.json`` and prints
+  per-block FVU, L0 and dead latents and the replacement model's CE loss recovered.
 * ``steerkit sae eval SAE --prompts FILE [--site HOOK --batch-size 8 --chat --include-special-tokens --json]``
   evaluates an SAE (a sae-lens or sparsify folder, a steerkit SAE file or a store reference, checked against
   the model) on the prompts with :func:`steerkit.probes.sae_eval`: L0, explained variance and CE loss
@@ -41,9 +46,12 @@ from typing import Any
 from steerkit.cli._common import (add_model_options, check_min, check_output_path, load_model_from, read_prompts,
                                   read_text_file)
 from steerkit.errors import InputError
-from steerkit.probes import FeatureReport, feature_report, read_corpus, sae_eval, top_latents, train_sae
+from steerkit.hooks.names import LAYERS_HELP, parse_layers
+from steerkit.probes import (FeatureReport, TranscoderTrainResult, feature_report, read_corpus, sae_eval, top_latents,
+                             train_sae, train_transcoders)
 from steerkit.probes.plots.require import PLOTLY_MISSING
 from steerkit.probes.sae_train import OPTIMIZERS
+from steerkit.probes.transcoder_train import PRECISIONS
 from steerkit.vectors import load_sae
 
 _HOOK = re.compile(r"blocks\.[0-9]+\.hook_resid_post")
@@ -62,10 +70,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                                    "public-domain corpus (or --corpus), running the model only up to the SAE's "
                                    "layer; writes sparsify's folder OUT/layers.L with metrics.json.")
     add_model_options(t)
-    t.add_argument("--hook", required=True, help="the site: blocks.L.hook_resid_post (the output of layer L)")
+    t.add_argument("--hook", default=None, help="the site: blocks.L.hook_resid_post (the output of layer L)")
+    t.add_argument("--transcoder", action="store_true", help="train transcoders (mlp.hook_in -> hook_mlp_out) for "
+                   "the blocks of --layers instead of an SAE at --hook")
+    t.add_argument("--layers", default=None, help=f"with --transcoder: the blocks ({LAYERS_HELP})")
+    t.add_argument("--skip-connection", action="store_true", help="with --transcoder: a linear skip as well")
+    t.add_argument("--precision", default="auto", choices=PRECISIONS, help="with --transcoder: auto (bfloat16 "
+                   "autocast where the device computes it fast), bfloat16 or float32")
+    t.add_argument("--checkpoint-seconds", type=float, default=300.0, help="with --transcoder: at most this long "
+                   "between checkpoints in --out (default 300); run again with the same flags to resume")
     t.add_argument("--tokens", type=int, required=True, help="training tokens (rounded up to whole rows)")
     t.add_argument("--k", type=int, default=32, help="active latents per token (default 32)")
-    t.add_argument("--expansion", type=int, default=16, help="latents per d_model (default 16)")
+    t.add_argument("--expansion", type=int, default=None, help="latents per d_model (default 16; 8 for --transcoder)")
     t.add_argument("--corpus", default=None, help="a .txt/.md/.jsonl file (optionally .xz/.gz/.bz2) or a folder of "
                    "them (default: the vendored State of the Union + Moby-Dick corpus)")
     t.add_argument("--out", default="steerkit-sae", help="output folder (default ./steerkit-sae)")
@@ -163,10 +179,23 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_train(args: argparse.Namespace) -> int:
-    if not _HOOK.fullmatch(args.hook):
-        raise InputError(f"expected --hook blocks.L.hook_resid_post (the output of layer L, the site sparsify trains "
-                         f"at), found {args.hook!r:.120}")
+def _check_train_args(args: argparse.Namespace) -> None:
+    if args.transcoder:
+        if args.hook is not None or args.layers is None:
+            raise InputError("expected --layers (and no --hook) with --transcoder: transcoders read each block's "
+                             f"mlp.hook_in, found {'--hook' if args.hook is not None else 'no --layers'}; e.g. "
+                             "--transcoder --layers all")
+        parse_layers(args.layers, what="--layers")
+        check_min(args.checkpoint_seconds, "--checkpoint-seconds", 0)
+    else:
+        if args.hook is None or not _HOOK.fullmatch(args.hook):
+            raise InputError(f"expected --hook blocks.L.hook_resid_post (the output of layer L, the site sparsify "
+                             f"trains at), found {args.hook!r:.120}; or --transcoder --layers all for transcoders")
+        if args.layers is not None or args.skip_connection or args.precision != "auto":
+            raise InputError("expected --layers, --skip-connection and --precision only with --transcoder, found them "
+                             "with --hook")
+    if args.expansion is None:
+        args.expansion = 8 if args.transcoder else 16
     for flag, value, low in (("--tokens", args.tokens, 1), ("--k", args.k, 1), ("--expansion", args.expansion, 1),
                              ("--ctx-len", args.ctx_len, 2), ("--batch-size", args.batch_size, 1),
                              ("--eval-tokens", args.eval_tokens, 2)):
@@ -176,10 +205,36 @@ def run_train(args: argparse.Namespace) -> int:
     check_output_path(args.out, "--out", folder=True)
     if args.corpus is not None:
         read_corpus(args.corpus)  # a missing or unreadable corpus fails before the model loads
+
+
+def _print_transcoders(r: TranscoderTrainResult) -> None:
+    m = r.metrics
+    resumed = f", resumed after {r.resumed_tokens} tokens" if r.resumed_tokens else ""
+    print(f"transcoders at {r.folder} ({len(r.layers)} blocks, {m['d_sae']} latents each, k={m['k']}{resumed})")
+    print(f"  {'layer':>5} {'fvu':>8} {'l0':>6} {'dead':>6}")
+    for row in m["per_layer"]:
+        print(f"  {row['layer']:>5} {row['fvu']:>8.4f} {row['l0']:>6.1f} {row['dead_latents']:>6}")
+    for key in ("tokens", "seconds", "tokens_per_second", "ce_loss_clean", "ce_loss_replaced", "ce_loss_zero_ablation",
+                "ce_loss_recovered", "eval_tokens"):
+        v = m[key]
+        print(f"  {key:<22} {v:.4f}" if isinstance(v, float) else f"  {key:<22} {v}")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    _check_train_args(args)
     sm = load_model_from(args)
-    r = train_sae(sm, args.hook, tokens=args.tokens, k=args.k, expansion=args.expansion, corpus=args.corpus,
-                  ctx_len=args.ctx_len, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
-                  out=args.out, eval_tokens=args.eval_tokens, seed=args.seed, progress=not args.quiet)
+    common = dict(tokens=args.tokens, k=args.k, expansion=args.expansion, corpus=args.corpus, ctx_len=args.ctx_len,
+                  batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, out=args.out,
+                  eval_tokens=args.eval_tokens, seed=args.seed, progress=not args.quiet)
+    if args.transcoder:
+        tr = train_transcoders(sm, args.layers, skip_connection=args.skip_connection,
+                               checkpoint_seconds=args.checkpoint_seconds, precision=args.precision, **common)
+        if args.json:
+            print(json.dumps(tr.to_json()))
+        else:
+            _print_transcoders(tr)
+        return 0
+    r = train_sae(sm, args.hook, **common)
     if args.json:
         print(json.dumps(r.to_json()))
         return 0
