@@ -102,9 +102,27 @@ def test_the_source_activation_does_not_outlive_its_pass(sm):
     assert compiled.programs[IN].stores and not compiled.programs[OUT].stores
     with sm.hooks.install(compiled):
         sm.forward(PROMPTS, chat=False)
-        assert reads._held == {}
+        assert len(reads) == 0
         sm.generate(PROMPTS, max_new_tokens=4, chat=False)  # KV-cached steps
-        assert reads._held == {}
+        assert len(reads) == 0
+    # a pass interrupted between the two sites leaves an activation; the next pass does not read it
+    calls = []
+
+    def fail_once(h):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("interrupted")
+        return h
+    x, y = recorded(sm)
+    with sm.hooks.install(compiled), sm.steer(Intervention.apply(f"blocks.{LAYER}.mlp.hook_post", fail_once)):
+        with pytest.raises(RuntimeError, match="interrupted"):
+            sm.forward(PROMPTS, chat=False)
+        assert len(reads) == 1
+        with sm.record([OUT]) as cache:
+            sm.forward(PROMPTS, chat=False)
+        assert len(reads) == 0
+    want = y + real_tokens(sm) * (by_hand(tc, x, y, [1, 2], value=2.0) - y)
+    torch.testing.assert_close(cache[OUT], want, atol=2e-5, rtol=1e-5)
 
 
 def test_clamp_in_kv_cached_generation_equals_a_full_forward(sm):
