@@ -286,7 +286,7 @@ class SiteProgram:
                 y = self._patched(p.tensor, x, m, start)
             elif p.op == "latent" and p.latent is not None:
                 src = p.latent.source
-                y = p.latent(x) if src is None else p.latent(x, self._source(src, lead))
+                y = p.latent(x) if src is None else p.latent(x, self._source(src, lead).to(x.device))
             elif p.fn is not None:
                 y = p.fn(x)
                 if not isinstance(y, Tensor) or y.shape != x.shape:
