@@ -243,3 +243,13 @@ def test_latent_clamp_of_transcoders_ablates_per_row_and_refuses_bad_input(sm, t
         LatentClamp.from_payload(tensors, meta)
     store = Store(tmp_path / "s")
     assert store.load(store.save("off", clamp)) == clamp
+
+
+def test_a_latent_clamp_of_one_transcoder_sae_is_its_two_site_clamp(sm):
+    from steerkit.vectors import LatentClamp
+    tc = random_transcoders(sm, d_sae=32, activation="jumprelu", bias=0.0)
+    clamp = LatentClamp.of(tc.layer_sae(1), [2, 6], value=[2.0, -1.0], positions="last")
+    (iv,) = clamp.to_interventions(sm.facts)
+    assert (iv.site, iv.latent.source, iv.positions) == (OUT, IN, "last")
+    torch.testing.assert_close(logits_under(sm, clamp), logits_under(sm, tc.clamp(1, [2, 6], value=[2.0, -1.0],
+                                                                                   positions="last")), atol=1e-6, rtol=0)
