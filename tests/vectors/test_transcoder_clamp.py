@@ -153,9 +153,41 @@ def test_layer_weights_are_the_layers_transcoder(sm):
         assert (sae.site, sae.output_site) == tc.sites(2) and sae.check(sm) == []
 
 
+def test_a_cross_layer_clamp_writes_every_later_block(sm, tmp_path):
+    """A cross-layer transcoder's features of block s write every block l >= s: ``clamp_layers`` gives one two-site
+    intervention per block, each equal to ``(f' - f) @ W_dec[s][:, l - s]`` with ``f`` read at block s's input."""
+    from steerkit.vectors import LatentClamp, Store
+    clt = random_transcoders(sm, d_sae=32, activation="jumprelu", cross_layer=True, bias=0.0)
+    s, latents = 0, [3, 8]
+    ivs = clt.clamp_layers(s, latents, value=[2.0, 1.0])
+    assert [(iv.site, iv.latent.source) for iv in ivs] == [
+        (f"blocks.{l}.hook_mlp_out", "blocks.0.mlp.hook_in") for l in range(sm.n_layers)]
+    src = "blocks.0.mlp.hook_in"
+    outs = [f"blocks.{l}.hook_mlp_out" for l in range(sm.n_layers)]
+    with sm.record([src] + outs) as plain:
+        sm.forward(PROMPTS, chat=False)
+    f = clt.encode_layer(plain[src], s)[..., latents]
+    real = real_tokens(sm)
+    for l, iv in enumerate(ivs):  # each block's part alone: nothing upstream of block l changes
+        with sm.steer(iv), sm.record(outs[l]) as cache:
+            sm.forward(PROMPTS, chat=False)
+        want = plain[outs[l]] + real * ((torch.tensor([2.0, 1.0]) - f) @ clt.W_dec[s][latents, l - s])
+        torch.testing.assert_close(cache[outs[l]], want, atol=2e-5, rtol=1e-5)
+    clamp = LatentClamp.of_transcoders(clt, {s: latents}, value=[2.0, 1.0])
+    assert len(clamp.parts) == sm.n_layers and clamp.value.tolist() == [2.0, 1.0] * sm.n_layers
+    store = Store(tmp_path / "store")
+    back = store.load(store.save("clt", clamp))
+    assert back == clamp
+    torch.testing.assert_close(logits_under(sm, back), logits_under(sm, ivs), atol=1e-6, rtol=0)
+    with pytest.raises(VectorsError, match="expected written="):
+        clt.layer_weights(1)
+    with pytest.raises(VectorsError, match=r"expected written= one of the blocks \[1, 2\]"):
+        clt.layer_weights(1, written=0)
+
+
 def test_refusals(sm):
     cross = random_transcoders(sm, d_sae=16, cross_layer=True)
-    with pytest.raises(VectorsError, match="cross-layer transcoder"):
+    with pytest.raises(VectorsError, match="found a cross-layer transcoder .* use Transcoders.clamp_layers"):
         cross.clamp(0, [1], scale=0.0)
     tc = random_transcoders(sm, d_sae=16, activation="relu")
     with pytest.raises(InputError, match="exactly one of value="):
@@ -231,7 +263,7 @@ def test_latent_clamp_of_transcoders_ablates_per_row_and_refuses_bad_input(sm, t
         LatentClamp.of_transcoders(tc, {1: [2]})
     with pytest.raises(VectorsError, match=r"block 1: expected latent indices in 0\.\.31"):
         LatentClamp.of_transcoders(tc, {1: [32]}, scale=0.0)
-    with pytest.raises(VectorsError, match=r"one finite clamp value per latent \(3\)"):
+    with pytest.raises(VectorsError, match=r"one clamp value per feature \(3\), found 2"):
         LatentClamp.of_transcoders(tc, {1: [2, 3], 2: [5]}, value=[1.0, 2.0])
     tensors, meta = clamp.to_payload()
     meta["fields"]["more"][0]["latents"] = ["x"]
