@@ -1,0 +1,323 @@
+"""The Circuits page's computations over stored transcoders: :func:`circuit_run` -> :class:`CircuitRun`, the
+attribution graph of one prompt (:func:`steerkit.probes.attribution_graph`, with progress and cancel between its
+batches of rows) pruned by :func:`steerkit.probes.prune_graph`, and the nodes and edges a figure draws
+(:class:`CircuitNode`: the most influential kept nodes and the strongest kept edges, within the page's bounds);
+:func:`layer_sae`, one block of a transcoder set seen as a :class:`steerkit.vectors.SAE` (its encoder at the site it
+reads), so that a feature node's report is the Features page's own (:func:`node_report`, through
+:func:`steerkit.apps.analysis.feature_run` and :func:`steerkit.probes.feature_report`); :func:`pinned_nodes`, the
+checks of a list of pinned nodes.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import torch
+
+from steerkit.errors import InputError
+from steerkit.probes import Graph, PruneResult, attribution_graph, prune_graph
+from steerkit.probes.attribution import prompt_ids
+from steerkit.sae import SAEWeights
+from steerkit.vectors import SAE, Transcoders
+
+from ..data import (
+    MAX_CIRCUIT_DRAWN_NODES, MAX_CIRCUIT_EDGES, MAX_CIRCUIT_FEATURE_NODES, MAX_CIRCUIT_LOGITS, MAX_CIRCUIT_PINNED,
+    MAX_CIRCUIT_PROMPT_CHARS, MAX_CIRCUIT_TOKENS, check_int, check_text,
+)
+from .common import tick
+from .features import FeatureRun, feature_run
+
+if TYPE_CHECKING:
+    from steerkit.model import SteerModel
+
+#: the node kinds of a graph, in its node order
+NODE_KINDS = ("feature", "error", "token", "logit")
+
+
+def layer_sae(transcoders: Transcoders, layer: int) -> SAE:
+    """Block ``layer`` of ``transcoders`` as an :class:`~steerkit.vectors.SAE` (a transcoder: it reads
+    ``blocks.{layer}.{input_hook}`` and writes ``blocks.{layer}.{output_hook}``), with the set's provenance: its
+    encoder is the block's (``W_enc[layer].T``, ``b_enc``, the set's activation), its decoder the rows the block's
+    features write into that block (for a cross-layer transcoder, the first of their outputs). What reads an SAE's
+    latents (:func:`steerkit.probes.feature_report`, :func:`steerkit.probes.top_latents`) reads a transcoder's
+    features through it; a JumpReLU threshold below zero, which no trainer makes, is read as zero.
+
+    Examples:
+        >>> from steerkit.vectors import Transcoders
+        >>> from steerkit.apps.analysis import layer_sae
+        >>> g = torch.Generator().manual_seed(0)
+        >>> L, d, n = tiny.n_layers, tiny.d_model, 32
+        >>> tc = Transcoders([torch.randn(n, d, generator=g) for _ in range(L)], [torch.zeros(n)] * L,
+        ...                  [torch.randn(n, d, generator=g) for _ in range(L)], [torch.zeros(d)] * L)
+        >>> sae = layer_sae(tc, 2)
+        >>> sae.site, sae.output_site, sae.d_sae
+        ('blocks.2.mlp.hook_in', 'blocks.2.hook_mlp_out', 32)
+        >>> x = torch.randn(5, d, generator=g)
+        >>> torch.equal(sae.encode(x), tc.encode_layer(x, 2))
+        True
+    """
+    layer = check_int(layer, "a block of the transcoders", 0, transcoders.n_layers - 1)
+    site, out = transcoders.sites(layer)
+    W_dec = transcoders.W_dec[layer]
+    if transcoders.cross_layer:
+        W_dec = W_dec[:, 0]
+    skip = transcoders.W_skip[layer].T if transcoders.W_skip is not None else None
+    threshold = transcoders.threshold[layer].clamp(min=0) if transcoders.threshold is not None else None
+    w = SAEWeights(transcoders.W_enc[layer].T, transcoders.b_enc[layer], W_dec, transcoders.b_dec[layer],
+                   architecture=transcoders.activation, k=transcoders.k, threshold=threshold, W_skip=skip,
+                   apply_b_dec_to_input=False, transcoder=True)
+    return SAE(w, site, output_site=out, provenance=transcoders.provenance)
+
+
+@dataclass(frozen=True)
+class CircuitNode:
+    """One node of a graph as the page draws it: ``node`` (its index in the graph's node order), ``kind``
+    (``NODE_KINDS``), ``layer`` (a feature's or an error's block; -1 for a token, ``n_layers`` for a logit),
+    ``position``, ``feature`` (a feature's index in its block, else ``None``), ``activation`` (a feature's),
+    ``influence`` (its cumulative influence score: the smaller, the more influential), ``label``; a logit's
+    ``probability``.
+
+    Examples:
+        >>> from steerkit.apps.analysis import CircuitNode
+        >>> CircuitNode(0, "feature", 2, 1, 7, 1.5, 0.1, "L2 #7").kind
+        'feature'
+    """
+
+    node: int
+    kind: str
+    layer: int
+    position: int
+    feature: Optional[int]
+    activation: float
+    influence: float
+    label: str
+    probability: Optional[float] = None
+
+
+@dataclass
+class CircuitRun:
+    """The Circuits page's result: ``graph`` (:class:`steerkit.probes.Graph` of ``prompt`` through the transcoders
+    ``transcoders``, a store reference), ``pruned`` (:func:`steerkit.probes.prune_graph` at ``node_threshold``,
+    ``edge_threshold``), the nodes and edges to draw (``nodes``: the kept tokens and logits and the most
+    influential kept features and errors, at most ``MAX_CIRCUIT_DRAWN_NODES``; ``edges``: ``(source, target,
+    weight)`` by node index, the strongest kept edges among them, at most ``MAX_CIRCUIT_EDGES``) and how many
+    nodes and edges were kept in all (``n_kept``, ``n_kept_edges``).
+
+    Examples:
+        >>> from steerkit.vectors import Transcoders
+        >>> from steerkit.apps.analysis import circuit_run
+        >>> g = torch.Generator().manual_seed(0)
+        >>> L, d, n = tiny.n_layers, tiny.d_model, 32
+        >>> tc = Transcoders([torch.randn(n, d, generator=g) for _ in range(L)], [torch.full((n,), -2.0)] * L,
+        ...                  [torch.randn(n, d, generator=g) / 8 for _ in range(L)], [torch.zeros(d)] * L)
+        >>> run = circuit_run(tiny, tc, "The cat sat", max_feature_nodes=16)
+        >>> run.graph.n_features <= 16, {n.kind for n in run.nodes} >= {"token", "logit"}
+        (True, True)
+    """
+
+    graph: Graph
+    pruned: PruneResult
+    prompt: str
+    nodes: list[CircuitNode]
+    edges: list[tuple[int, int, float]]
+    n_kept: int
+    n_kept_edges: int
+    transcoders: str = ""
+    model_name: str = ""
+    node_threshold: float = 0.8
+    edge_threshold: float = 0.98
+    seconds: float = 0.0
+    by_node: dict[int, CircuitNode] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.by_node = {n.node: n for n in self.nodes}
+
+    @property
+    def tokens(self) -> list[str]:
+        """The prompt's tokens as the graph's positions read them (the special token in front included)."""
+        return list(self.graph.prompt_tokens or [str(int(t)) for t in self.graph.input_tokens])
+
+    def node(self, index: Any) -> CircuitNode:
+        """The drawn node ``index`` (a node index of the graph), checked."""
+        if isinstance(index, bool) or not isinstance(index, int) or index not in self.by_node:
+            raise InputError(f"expected a node of the graph drawn (an index from 0 to "
+                             f"{self.graph.adjacency_matrix.shape[0] - 1} that the figure shows), found "
+                             f"{str(index)[:40]!r}; click a node of the figure")
+        return self.by_node[index]
+
+
+def _threshold(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+        raise InputError(f"expected {what} from 0 to 1, found {str(value)[:40]!r}")
+    return float(value)
+
+
+def describe_node(graph: Graph, index: int, influence: float) -> CircuitNode:
+    """What node ``index`` of ``graph`` is (:class:`CircuitNode`), with its ``influence`` score.
+
+    Examples:
+        >>> from steerkit.probes import Graph, LogitTarget
+        >>> from steerkit.apps.analysis import describe_node
+        >>> g = Graph(torch.tensor([2, 40]), torch.tensor([[0, 1, 7]]), torch.tensor([1.5]), torch.tensor([0]),
+        ...           [LogitTarget("!", 5)], torch.tensor([0.9]), torch.zeros(6, 6), n_layers=1, vocab_size=100,
+        ...           prompt_tokens=["<s>", "a"])
+        >>> [describe_node(g, i, 0.0).label for i in range(6)]
+        ["L0 #7 'a'", "error L0 '<s>'", "error L0 'a'", "'<s>'", "'a'", "'!' 90.0%"]
+    """
+    nf, ne, P = graph.n_features, graph.n_errors, graph.n_pos
+    toks = graph.prompt_tokens or [str(int(t)) for t in graph.input_tokens]
+    if index < nf:
+        a = int(graph.selected_features[index])
+        layer, pos, feat = (int(v) for v in graph.active_features[a].tolist())
+        return CircuitNode(index, "feature", layer, pos, feat, float(graph.activation_values[a]), influence,
+                           f"L{layer} #{feat} {toks[pos]!r}")
+    if index < nf + ne:
+        layer, pos = divmod(index - nf, P)
+        return CircuitNode(index, "error", layer, pos, None, 0.0, influence, f"error L{layer} {toks[pos]!r}")
+    if index < nf + ne + P:
+        pos = index - nf - ne
+        return CircuitNode(index, "token", -1, pos, None, 0.0, influence, repr(toks[pos]))
+    k = index - nf - ne - P
+    p = float(graph.logit_probabilities[k])
+    return CircuitNode(index, "logit", graph.n_layers, P - 1, None, 0.0, influence,
+                       f"{graph.logit_targets[k].token_str!r} {p:.1%}", probability=p)
+
+
+def drawn(graph: Graph, pruned: PruneResult, max_nodes: int = MAX_CIRCUIT_DRAWN_NODES,
+          max_edges: int = MAX_CIRCUIT_EDGES) -> tuple[list[CircuitNode], list[tuple[int, int, float]], int, int]:
+    """The nodes and edges of a pruned graph that a figure draws: every kept token and logit node, then the kept
+    features and errors by influence up to ``max_nodes`` in all; the kept edges among them, strongest (by
+    ``|weight|``) first, at most ``max_edges``. Returns ``(nodes, edges, nodes kept, edges kept)``.
+
+    Examples:
+        >>> from steerkit.probes import Graph, LogitTarget, prune_graph
+        >>> from steerkit.apps.analysis import drawn
+        >>> adj = torch.zeros(6, 6)
+        >>> adj[0, 3], adj[5, 0], adj[5, 4] = 1.0, 2.0, 0.5
+        >>> g = Graph(torch.tensor([2, 40]), torch.tensor([[0, 1, 7]]), torch.tensor([1.5]), torch.tensor([0]),
+        ...           [LogitTarget("!", 5)], torch.tensor([0.9]), adj, n_layers=1, vocab_size=100)
+        >>> nodes, edges, n_kept, n_edges = drawn(g, prune_graph(g))
+        >>> [n.node for n in nodes], edges, n_kept, n_edges
+        ([0, 3, 4, 5], [(0, 5, 2.0), (3, 0, 1.0), (4, 5, 0.5)], 4, 3)
+    """
+    kept = torch.where(pruned.node_mask)[0]
+    scores = pruned.cumulative_scores
+    fixed_from = graph.n_features + graph.n_errors
+    fixed, inner = kept[kept >= fixed_from], kept[kept < fixed_from]
+    inner = inner[torch.argsort(scores[inner], stable=True)][: max(0, max_nodes - len(fixed))]
+    chosen = torch.sort(torch.cat([inner, fixed])).values
+    nodes = [describe_node(graph, int(i), float(scores[i])) for i in chosen.tolist()]
+    sub = pruned.edge_mask[chosen][:, chosen]
+    t, s = torch.where(sub)
+    w = graph.adjacency_matrix[chosen][:, chosen][t, s]
+    order = torch.argsort(w.abs(), descending=True, stable=True)[:max_edges]
+    edges = [(int(chosen[s[i]]), int(chosen[t[i]]), float(w[i])) for i in order.tolist()]
+    return nodes, edges, len(kept), int(pruned.edge_mask.sum())
+
+
+def circuit_run(sm: SteerModel, transcoders: Transcoders, prompt, *, max_feature_nodes=256, max_n_logits=5,
+                node_threshold=0.8, edge_threshold=0.98, batch_size: int = 64, progress=None, should_stop=None,
+                ref: str = "") -> CircuitRun:
+    """The attribution graph of ``prompt`` through ``transcoders`` on ``sm``, pruned, as the page draws it: the
+    page's bounds first (a prompt of at most ``MAX_CIRCUIT_PROMPT_CHARS`` characters and ``MAX_CIRCUIT_TOKENS``
+    tokens with the special token in front, 1 to ``MAX_CIRCUIT_FEATURE_NODES`` feature nodes, 1 to
+    ``MAX_CIRCUIT_LOGITS`` logit targets, thresholds from 0 to 1), then :func:`steerkit.probes.attribution_graph`
+    (``progress(done, total)`` after each batch of ``batch_size`` rows, ``should_stop()`` cancels there) and
+    :func:`steerkit.probes.prune_graph`. ``ref``: the transcoders' store reference, kept with the result.
+
+    Examples:
+        >>> from steerkit.vectors import Transcoders
+        >>> from steerkit.apps.analysis import circuit_run
+        >>> g = torch.Generator().manual_seed(0)
+        >>> L, d, n = tiny.n_layers, tiny.d_model, 32
+        >>> tc = Transcoders([torch.randn(n, d, generator=g) for _ in range(L)], [torch.full((n,), -2.0)] * L,
+        ...                  [torch.randn(n, d, generator=g) / 8 for _ in range(L)], [torch.zeros(d)] * L)
+        >>> circuit_run(tiny, tc, "The cat sat", max_feature_nodes=4096)
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected a number of feature nodes from 1 to 2048, found '4096'
+    """
+    t0 = time.perf_counter()
+    prompt = check_text(prompt, "the prompt", MAX_CIRCUIT_PROMPT_CHARS)
+    if not prompt.strip():
+        raise InputError("expected a prompt to trace, found nothing; type one")
+    max_feature_nodes = check_int(max_feature_nodes, "a number of feature nodes", 1, MAX_CIRCUIT_FEATURE_NODES)
+    max_n_logits = check_int(max_n_logits, "a number of logit targets", 1, MAX_CIRCUIT_LOGITS)
+    node_threshold = _threshold(node_threshold, "a node threshold")
+    edge_threshold = _threshold(edge_threshold, "an edge threshold")
+    ids = prompt_ids(sm.tokenizer, prompt)
+    if len(ids) > MAX_CIRCUIT_TOKENS:
+        raise InputError(f"expected a prompt of at most {MAX_CIRCUIT_TOKENS} tokens (the special token in front "
+                         f"included), found {len(ids)}; shorten it")
+    tick(progress, should_stop, 0, max_feature_nodes)
+    graph = attribution_graph(sm, transcoders, ids, max_feature_nodes=max_feature_nodes, max_n_logits=max_n_logits,
+                              batch_size=batch_size, progress=lambda done, total: tick(progress, should_stop, done,
+                                                                                       total))
+    pruned = prune_graph(graph, node_threshold, edge_threshold)
+    nodes, edges, n_kept, n_edges = drawn(graph, pruned)
+    return CircuitRun(graph, pruned, prompt=prompt, nodes=nodes, edges=edges, n_kept=n_kept, n_kept_edges=n_edges,
+                      transcoders=ref, model_name=sm.name, node_threshold=node_threshold,
+                      edge_threshold=edge_threshold, seconds=time.perf_counter() - t0)
+
+
+def pinned_nodes(run: CircuitRun, nodes: Any) -> list[int]:
+    """``nodes`` (what a page's state holds) checked against ``run``: a list of at most ``MAX_CIRCUIT_PINNED``
+    distinct feature nodes the figure draws (only features can be grouped and clamped), in the order given.
+
+    Examples:
+        >>> from steerkit.vectors import Transcoders
+        >>> from steerkit.apps.analysis import circuit_run, pinned_nodes
+        >>> g = torch.Generator().manual_seed(0)
+        >>> L, d, n = tiny.n_layers, tiny.d_model, 32
+        >>> tc = Transcoders([torch.randn(n, d, generator=g) for _ in range(L)], [torch.full((n,), -2.0)] * L,
+        ...                  [torch.randn(n, d, generator=g) / 8 for _ in range(L)], [torch.zeros(d)] * L)
+        >>> run = circuit_run(tiny, tc, "The cat sat", max_feature_nodes=16)
+        >>> feature = next(n for n in run.nodes if n.kind == "feature")
+        >>> pinned_nodes(run, [feature.node, feature.node]) == [feature.node]
+        True
+        >>> pinned_nodes(run, [run.nodes[-1].node])
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected feature nodes (what a supernode clamps), found logit node ...
+    """
+    if not isinstance(nodes, (list, tuple)):
+        raise InputError(f"expected the pinned nodes as a list, found {type(nodes).__name__}")
+    if len(nodes) > MAX_CIRCUIT_PINNED:
+        raise InputError(f"expected at most {MAX_CIRCUIT_PINNED} pinned nodes, found {len(nodes)}; unpin some")
+    out: list[int] = []
+    for v in nodes:
+        node = run.node(v)
+        if node.kind != "feature":
+            raise InputError(f"expected feature nodes (what a supernode clamps), found {node.kind} node {node.label}")
+        if node.node not in out:
+            out.append(node.node)
+    return out
+
+
+def node_report(sm: SteerModel, transcoders: Transcoders, run: CircuitRun, node, texts: Sequence[str], *, top=10,
+                progress=None, should_stop=None, deadline: Optional[float] = None) -> FeatureRun:
+    """The report of feature node ``node`` of ``run`` over ``texts``: :func:`feature_run` (the Features page's
+    report, :func:`steerkit.probes.feature_report` one batch of texts per call) of its feature through its block's
+    encoder (:func:`layer_sae`), at the site the block reads.
+
+    Examples:
+        >>> from steerkit.vectors import Transcoders
+        >>> from steerkit.apps.analysis import circuit_run, node_report
+        >>> g = torch.Generator().manual_seed(0)
+        >>> L, d, n = tiny.n_layers, tiny.d_model, 32
+        >>> tc = Transcoders([torch.randn(n, d, generator=g) for _ in range(L)], [torch.full((n,), -2.0)] * L,
+        ...                  [torch.randn(n, d, generator=g) / 8 for _ in range(L)], [torch.zeros(d)] * L)
+        >>> run = circuit_run(tiny, tc, "The cat sat", max_feature_nodes=16)
+        >>> feature = next(n for n in run.nodes if n.kind == "feature")
+        >>> rep = node_report(tiny, tc, run, feature.node, ["the cat sat", "a dog ran"], top=2).report
+        >>> rep.latent == feature.feature, rep.site == f"blocks.{feature.layer}.mlp.hook_in"
+        (True, True)
+    """
+    n = run.node(node)
+    if n.kind != "feature":
+        raise InputError(f"expected a feature node to read over the texts, found {n.kind} node {n.label}; click a "
+                         "feature (a circle)")
+    assert n.feature is not None
+    return feature_run(sm, layer_sae(transcoders, n.layer), n.feature, texts, top=top, progress=progress,
+                       should_stop=should_stop, deadline=deadline, ref=f"{run.transcoders} block {n.layer}")
