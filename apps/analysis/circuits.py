@@ -2,10 +2,10 @@
 attribution graph of one prompt (:func:`steerkit.probes.attribution_graph`, with progress and cancel between its
 batches of rows) pruned by :func:`steerkit.probes.prune_graph`, and the nodes and edges a figure draws
 (:class:`CircuitNode`: the most influential kept nodes and the strongest kept edges, within the page's bounds);
-:func:`layer_sae`, one block of a transcoder set seen as a :class:`steerkit.vectors.SAE` (its encoder at the site it
-reads), so that a feature node's report is the Features page's own (:func:`node_report`, through
-:func:`steerkit.apps.analysis.feature_run` and :func:`steerkit.probes.feature_report`); :func:`pinned_nodes`, the
-checks of a list of pinned nodes.
+:func:`node_report`, a feature node's report as the Features page reads a latent (:func:`feature_run`, through
+:func:`steerkit.probes.feature_report`) of its block's transcoder seen as an SAE
+(:meth:`steerkit.vectors.Transcoders.layer_sae`: its encoder at the site it reads); :func:`pinned_nodes`, the checks
+of a list of pinned nodes.
 """
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ import torch
 from steerkit.errors import InputError
 from steerkit.probes import Graph, PruneResult, attribution_graph, prune_graph
 from steerkit.probes.attribution import prompt_ids
-from steerkit.sae import SAEWeights
-from steerkit.vectors import SAE, Transcoders
+from steerkit.vectors import Transcoders
 
 from ..data import (
     MAX_CIRCUIT_DRAWN_NODES, MAX_CIRCUIT_EDGES, MAX_CIRCUIT_FEATURE_NODES, MAX_CIRCUIT_LOGITS, MAX_CIRCUIT_PINNED,
@@ -33,41 +32,6 @@ if TYPE_CHECKING:
 
 #: the node kinds of a graph, in its node order
 NODE_KINDS = ("feature", "error", "token", "logit")
-
-
-def layer_sae(transcoders: Transcoders, layer: int) -> SAE:
-    """Block ``layer`` of ``transcoders`` as an :class:`~steerkit.vectors.SAE` (a transcoder: it reads
-    ``blocks.{layer}.{input_hook}`` and writes ``blocks.{layer}.{output_hook}``), with the set's provenance: its
-    encoder is the block's (``W_enc[layer].T``, ``b_enc``, the set's activation), its decoder the rows the block's
-    features write into that block (for a cross-layer transcoder, the first of their outputs). What reads an SAE's
-    latents (:func:`steerkit.probes.feature_report`, :func:`steerkit.probes.top_latents`) reads a transcoder's
-    features through it; a JumpReLU threshold below zero, which no trainer makes, is read as zero.
-
-    Examples:
-        >>> from steerkit.vectors import Transcoders
-        >>> from steerkit.apps.analysis import layer_sae
-        >>> g = torch.Generator().manual_seed(0)
-        >>> L, d, n = tiny.n_layers, tiny.d_model, 32
-        >>> tc = Transcoders([torch.randn(n, d, generator=g) for _ in range(L)], [torch.zeros(n)] * L,
-        ...                  [torch.randn(n, d, generator=g) for _ in range(L)], [torch.zeros(d)] * L)
-        >>> sae = layer_sae(tc, 2)
-        >>> sae.site, sae.output_site, sae.d_sae
-        ('blocks.2.mlp.hook_in', 'blocks.2.hook_mlp_out', 32)
-        >>> x = torch.randn(5, d, generator=g)
-        >>> torch.equal(sae.encode(x), tc.encode_layer(x, 2))
-        True
-    """
-    layer = check_int(layer, "a block of the transcoders", 0, transcoders.n_layers - 1)
-    site, out = transcoders.sites(layer)
-    W_dec = transcoders.W_dec[layer]
-    if transcoders.cross_layer:
-        W_dec = W_dec[:, 0]
-    skip = transcoders.W_skip[layer].T if transcoders.W_skip is not None else None
-    threshold = transcoders.threshold[layer].clamp(min=0) if transcoders.threshold is not None else None
-    w = SAEWeights(transcoders.W_enc[layer].T, transcoders.b_enc[layer], W_dec, transcoders.b_dec[layer],
-                   architecture=transcoders.activation, k=transcoders.k, threshold=threshold, W_skip=skip,
-                   apply_b_dec_to_input=False, transcoder=True)
-    return SAE(w, site, output_site=out, provenance=transcoders.provenance)
 
 
 @dataclass(frozen=True)
@@ -299,7 +263,8 @@ def node_report(sm: SteerModel, transcoders: Transcoders, run: CircuitRun, node,
                 progress=None, should_stop=None, deadline: Optional[float] = None) -> FeatureRun:
     """The report of feature node ``node`` of ``run`` over ``texts``: :func:`feature_run` (the Features page's
     report, :func:`steerkit.probes.feature_report` one batch of texts per call) of its feature through its block's
-    encoder (:func:`layer_sae`), at the site the block reads.
+    transcoder as an SAE (:meth:`steerkit.vectors.Transcoders.layer_sae`), at the site the block reads (a
+    cross-layer transcoder is refused there).
 
     Examples:
         >>> from steerkit.vectors import Transcoders
@@ -319,5 +284,5 @@ def node_report(sm: SteerModel, transcoders: Transcoders, run: CircuitRun, node,
         raise InputError(f"expected a feature node to read over the texts, found {n.kind} node {n.label}; click a "
                          "feature (a circle)")
     assert n.feature is not None
-    return feature_run(sm, layer_sae(transcoders, n.layer), n.feature, texts, top=top, progress=progress,
+    return feature_run(sm, transcoders.layer_sae(n.layer), n.feature, texts, top=top, progress=progress,
                        should_stop=should_stop, deadline=deadline, ref=f"{run.transcoders} block {n.layer}")
