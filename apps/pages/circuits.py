@@ -174,7 +174,7 @@ def register_graph(app, c: Context) -> None:
             run, hit = host.cached(key, lambda: analysis.circuit_run(
                 sm, tc, prompt, max_feature_nodes=n_features, max_n_logits=n_logits, node_threshold=node_threshold,
                 edge_threshold=edge_threshold, progress=ticker(set_progress), ref=ref,
-                should_stop=time_limit(env.deadline, "the graph")))
+                should_stop=time_limit(env.deadline, "the graph", "ask for fewer feature nodes or a shorter prompt")))
             g = run.graph
             top = ", ".join(f"{t.token_str!r} {float(p):.1%}" for t, p in zip(g.logit_targets, g.logit_probabilities))
             return {"key": key}, ok(

@@ -285,6 +285,15 @@ def test_graph_request_values_are_bounded(app, client, field, value, message):
     assert time.monotonic() - t < 30
 
 
+def test_the_time_limit_stops_a_graph_with_a_message(app, client, monkeypatch):
+    env = app.steerkit_env
+    monkeypatch.setattr(env, "deadline", 0.0)
+    r = compute(app, client, features=41)  # settings not cached
+    msg = text_of(r)
+    assert "expected the graph to finish within the time limit of 0 s per request" in msg, msg[:400]
+    assert "fewer feature nodes or a shorter prompt" in msg and "circ-key" not in r.get_json()["response"]
+
+
 def click(app, client, key, node):
     r = post(client, app, callback_key(app, "circ-selected.data"),
              {"circ-graph.clickData": {"points": [{"customdata": node}]}, "circ-key.data": key})
