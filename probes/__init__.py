@@ -49,7 +49,11 @@ How it fits together
   (:class:`steerkit.vectors.Transcoders`) as circuit-tracer does, its replacement model written out and
   transposed; :mod:`.graph` -- the :class:`Graph` it returns (circuit-tracer's fields and node order),
   :func:`prune_graph`, :func:`compute_graph_scores` and :meth:`Graph.to_json`; :mod:`.graph_json` -- that
-  frontend file (circuit-tracer's, checked against Neuronpedia's schema).
+  frontend file (circuit-tracer's, checked against Neuronpedia's schema); :mod:`.circuits` -- from a graph to a
+  steering: :func:`supernode_clamp` (some feature nodes as a stored :class:`steerkit.vectors.LatentClamp` over
+  their blocks, the transcoders' two-site clamps, at any prompt's positions or the nodes' own) and
+  :func:`intervene_graph` (the graph's prompt run with them clamped: the top logits and each target's change,
+  :class:`GraphIntervention`).
 * ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these; ``steerkit sae train``
   (:mod:`steerkit.cli.sae`) wraps :func:`train_sae`.
 
@@ -90,6 +94,7 @@ else:
                         pairs_hash, preference_margins, preference_pairs, train_bipo, train_promptless)
     from .graph import Graph, LogitTarget, PruneResult, compute_graph_scores, prune_graph
     from .attribution import attribution_graph
+    from .circuits import GraphIntervention, intervene_graph, supernode_clamp
 
     __all__ = [
         "DIRECTION_METHODS", "METHODS", "Direction", "diff_of_means", "pca_diff", "pca_center", "find_direction",
@@ -109,6 +114,7 @@ else:
         "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution",
         "top_latents", "TopLatents",
         "attribution_graph", "Graph", "LogitTarget", "PruneResult", "prune_graph", "compute_graph_scores",
+        "supernode_clamp", "intervene_graph", "GraphIntervention",
     ]
 
     #: subpackages reachable as attributes (``steerkit.probes.methods``), imported on first use: the published

@@ -25,7 +25,7 @@ activation, so the MLP's real output (the transcoder's error term with it) stays
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from jaxtyping import Float
@@ -121,7 +121,7 @@ class SiteReads:
 
     __slots__ = ("readers", "_sources_of", "_held")
 
-    def __init__(self, readers: dict[str, Sequence[str]]):
+    def __init__(self, readers: Mapping[str, Sequence[str]]):
         self.readers = {s: tuple(dict.fromkeys(r)) for s, r in readers.items()}
         self._sources_of: dict[str, list[str]] = {}
         for s, targets in self.readers.items():

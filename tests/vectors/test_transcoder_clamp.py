@@ -162,3 +162,66 @@ def test_refusals(sm):
     with sm.steer(late), pytest.raises(InputError, match="from the same forward pass"):
         sm.forward("hello", chat=False)
     assert sm.hook_count() == 0
+
+
+# ---- a stored clamp over several blocks (LatentClamp of transcoders)
+def logits_under(sm, steering, prompts=PROMPTS, scale=1.0):
+    with sm.steer(steering, scale):
+        return sm.forward(prompts, chat=False)
+
+
+@pytest.mark.parametrize("activation", ["relu", "jumprelu", "topk"])
+def test_latent_clamp_of_transcoders_steers_as_the_clamps_and_round_trips(sm, activation, tmp_path):
+    from steerkit.vectors import LatentClamp, Provenance, Store
+    tc = random_transcoders(sm, d_sae=64, activation=activation, k=6, bias=0.0)
+    chosen = [(0, [4, 9], "all"), (2, [1], [1, 2]), (2, [30, 5], "last")]
+    prov = Provenance(method="test", method_params={"why": "round trip"})
+    clamp = LatentClamp.of_transcoders(tc, chosen, value=[2.0, 0.5, 3.0, 0.0, 1.0], provenance=prov)
+    assert clamp.layers == [0, 2] and len(clamp.parts) == 3
+    whole = activation == "topk"
+    assert clamp.restricted is not whole
+    assert [p.sae.d_sae for p in clamp.parts] == ([64, 64, 64] if whole else [2, 1, 2])
+    assert clamp.provenance.method_params == {"why": "round trip"}
+    assert clamp.provenance.model_fingerprint == tc.provenance.model_fingerprint
+    by_hand = [tc.clamp(0, [4, 9], value=[2.0, 0.5]), tc.clamp(2, [1], value=3.0, positions=[1, 2]),
+               tc.clamp(2, [30, 5], value=[0.0, 1.0], positions="last")]
+    want = logits_under(sm, by_hand)
+    torch.testing.assert_close(logits_under(sm, clamp), want, atol=1e-6, rtol=0)
+    assert not torch.allclose(want, sm.forward(PROMPTS, chat=False), atol=1e-4)
+    store = Store(tmp_path / "store")
+    back = store.load(store.save("supernode", clamp))
+    assert back == clamp and back.provenance.method_params == {"why": "round trip"}
+    assert [(p.sae.site, p.sae.output_site, p.latents, p.positions) for p in back.parts] == \
+        [(p.sae.site, p.sae.output_site, p.latents, p.positions) for p in clamp.parts]
+    assert torch.equal(logits_under(sm, back), logits_under(sm, clamp))
+    # a request scale multiplies the values
+    half = [tc.clamp(0, [4, 9], value=[1.0, 0.25]), tc.clamp(2, [1], value=1.5, positions=[1, 2]),
+            tc.clamp(2, [30, 5], value=[0.0, 0.5], positions="last")]
+    torch.testing.assert_close(logits_under(sm, back, scale=0.5), logits_under(sm, half), atol=1e-6, rtol=0)
+
+
+def test_latent_clamp_of_transcoders_ablates_per_row_and_refuses_bad_input(sm, tmp_path):
+    from steerkit.vectors import ArtifactFormatError, LatentClamp, Store
+    tc = random_transcoders(sm, d_sae=32, activation="relu", bias=0.0)
+    clamp = LatentClamp.of_transcoders(tc, {1: [2, 3], 2: [5]}, scale=0.0)
+    plain = sm.forward(PROMPTS, chat=False)
+    with sm.steer(rows=[clamp, None, None]):
+        per_row = sm.forward(PROMPTS, chat=False)
+    torch.testing.assert_close(per_row[0], logits_under(sm, clamp)[0], atol=1e-6, rtol=0)
+    assert torch.equal(per_row[1:], plain[1:])
+    with pytest.raises(VectorsError, match="exactly one of value="):
+        LatentClamp.of_transcoders(tc, {1: [2]})
+    with pytest.raises(VectorsError, match=r"block 1: expected latent indices in 0\.\.31"):
+        LatentClamp.of_transcoders(tc, {1: [32]}, scale=0.0)
+    with pytest.raises(VectorsError, match=r"one finite clamp value per latent \(3\)"):
+        LatentClamp.of_transcoders(tc, {1: [2, 3], 2: [5]}, value=[1.0, 2.0])
+    tensors, meta = clamp.to_payload()
+    meta["fields"]["more"][0]["latents"] = ["x"]
+    with pytest.raises(ArtifactFormatError, match="latents as a list of ints"):
+        LatentClamp.from_payload(tensors, meta)
+    tensors, meta = clamp.to_payload()
+    tensors["more.7.W_enc"] = tensors["more.0.W_enc"]
+    with pytest.raises(ArtifactFormatError, match="'more.<i>.\\*'"):
+        LatentClamp.from_payload(tensors, meta)
+    store = Store(tmp_path / "s")
+    assert store.load(store.save("off", clamp)) == clamp
