@@ -1,6 +1,7 @@
 """The Circuits page's figures: :func:`circuit_figure` draws a pruned attribution graph
-(:class:`steerkit.apps.analysis.CircuitRun`), nodes by block (y) and position (x), edges by weight; a figure module
-(it imports plotly), re-exported by :mod:`steerkit.apps.figures`.
+(:class:`steerkit.apps.analysis.CircuitRun`), nodes by block (y) and position (x), edges by weight;
+:func:`effect_figure` a supernode's intervention (:class:`steerkit.probes.GraphIntervention`). A figure module (it
+imports plotly), re-exported by :mod:`steerkit.apps.figures`.
 
 Rows, bottom to top: the prompt's tokens (labelled along the x axis), one row per block (its features and its error
 node at each position, side by side within the position's column), the logit targets at the top (each labelled with
@@ -16,6 +17,7 @@ from collections import defaultdict
 from typing import Any, Iterable, Optional, Sequence
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 #: how each node kind is drawn: trace name, marker symbol, colour
 NODE_STYLE = {"feature": ("features", "circle", None), "error": ("errors", "square", "#9e9e9e"),
@@ -159,4 +161,38 @@ def circuit_figure(run: Any, *, pinned: Sequence[int] = (), selected: Optional[i
         yaxis=dict(tickmode="array", tickvals=list(range(L + 2)),
                    ticktext=["emb"] + [f"L{l}" for l in range(L)] + ["logits"], range=[-0.6, L + 1.9],
                    showgrid=True, gridcolor="#f0f0f0", zeroline=False, title="block"))
+    return fig
+
+
+def effect_figure(effect: Any, title: str = "") -> go.Figure:
+    """A supernode's intervention (:class:`steerkit.probes.GraphIntervention`): left, the top next tokens before and
+    after (their probabilities, the tokens of both lists); right, each logit target's logit change.
+
+    Examples:
+        >>> from steerkit.probes import GraphIntervention, LogitTarget
+        >>> from steerkit.apps.figures import effect_figure
+        >>> r = GraphIntervention([0], "scale", 0.0, torch.tensor([2.0, 1.0]), torch.tensor([1.0, 2.0]),
+        ...                       [LogitTarget("a", 0)], {0: "a", 1: "b"}, top_k=1)
+        >>> fig = effect_figure(r)
+        >>> [t.name for t in fig.data], list(fig.data[2].y)
+        (['before', 'after', 'logit change'], [-1.0])
+    """
+    before, after = effect.top(), effect.top(after=True)
+    ids = list(dict.fromkeys([r["token_id"] for r in before] + [r["token_id"] for r in after]))
+    pb, pa = effect.probs_before, effect.probs_after
+    labels = [_esc(repr(effect.texts.get(i, str(i)))) for i in ids]
+    changes = effect.target_changes()
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12,
+                        subplot_titles=("next-token probability", "logit targets: logit change"))
+    fig.add_trace(go.Bar(x=labels, y=[float(pb[i]) for i in ids], name="before", marker_color="#9e9e9e"), 1, 1)
+    fig.add_trace(go.Bar(x=labels, y=[float(pa[i]) for i in ids], name="after", marker_color="#1f77b4"), 1, 1)
+    fig.add_trace(go.Bar(x=[_esc(repr(c["token"])) for c in changes], y=[c["logit_change"] for c in changes],
+                         name="logit change", marker_color=["#1f77b4" if c["logit_change"] >= 0 else "#d62728"
+                                                            for c in changes],
+                         hovertext=[f"{c['logit_before']:.3f} -> {c['logit_after']:.3f} (p {c['prob_before']:.3f} -> "
+                                    f"{c['prob_after']:.3f})" for c in changes]), 1, 2)
+    fig.update_layout(template="plotly_white", height=340, barmode="group", margin=dict(l=50, r=20, t=60, b=80),
+                      title=dict(text=_esc(title), font=dict(size=13)),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.08, xanchor="right", x=1.0))
+    fig.update_xaxes(tickangle=-45)
     return fig

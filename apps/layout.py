@@ -613,13 +613,16 @@ def circuits_page():
                     {"label": " set them to a value", "value": "value"}])),
                 field(f"Scale or value (at most {MAX_CIRCUIT_SCALE:g} in size for a scale)", dcc.Input(
                     id="circ-scale", value=0, step=0.1, **number)),
-                field("Positions", dcc.RadioItems(id="circ-positions", value="all", inline=True, options=[
-                    {"label": " every position ", "value": "all"}, {"label": " the nodes' own", "value": "nodes"}])),
             ], style=ROW),
             html.Div(progress_row("circ-int"), style={"marginTop": "10px"}),
             message("circ-int-status"),
             graph("circ-effect", 320, placeholder="Group pinned features into a supernode and press Compute."),
+            html.Div("Compute clamps the supernode's features at their nodes' positions on the graph's prompt.",
+                     style=small),
             html.Div([
+                field("The saved clamp acts", dcc.RadioItems(id="circ-positions", value="all", inline=True, options=[
+                    {"label": " wherever its features fire (any prompt) ", "value": "all"},
+                    {"label": " at its nodes' positions", "value": "graph"}])),
                 field("Store name", dcc.Input(id="circ-save-name", type="text", value="", placeholder="supernode",
                                               style={"width": "200px"})),
                 html.Button("Save to the store", id="circ-save", n_clicks=0, style=BTN2),

@@ -35,7 +35,8 @@ figures; nothing here imports a plotting library.
   stored transcoders (:func:`steerkit.probes.attribution_graph`, progress and cancel between batches of rows),
   pruned, with the nodes and edges a figure draws (:class:`CircuitNode`); :func:`node_report`: a feature node's
   report through its block's transcoder as an SAE (``Transcoders.layer_sae``), the Features page's
-  :func:`feature_run`.
+  :func:`feature_run`; :func:`supernode_effect` (``steerkit.probes.intervene_graph``) and
+  :func:`supernode_artifact` (``steerkit.probes.supernode_clamp``): a supernode clamped, and saved.
 
 Long computations take ``progress(done, total)`` and ``should_stop()`` callables; when
 ``should_stop()`` turns true they raise :class:`Cancelled` between batches (or tokens).
@@ -46,7 +47,8 @@ import time  # noqa: F401 - the computations' clock (``time.monotonic``), patche
 
 from .attention import AttentionPatterns, attention_patterns
 from .circuits import (
-    CircuitNode, CircuitRun, circuit_run, describe_node, drawn, node_report, pinned_nodes,
+    CircuitNode, CircuitRun, circuit_run, describe_node, drawn, node_report, pinned_nodes, supernode_artifact,
+    supernode_effect,
 )
 from . import common as _common
 from .common import Cancelled
@@ -62,7 +64,7 @@ from .tune import TuneRun, merge_tunes, tune_run
 
 __all__ = [
     "AttentionPatterns", "Cancelled", "CircuitNode", "CircuitRun", "circuit_run", "describe_node", "drawn",
-    "node_report", "pinned_nodes", "DivergenceProfile", "FeatureRun", "HeadDetail", "LayerDiagnostics",
+    "node_report", "pinned_nodes", "supernode_artifact", "supernode_effect", "DivergenceProfile", "FeatureRun", "HeadDetail", "LayerDiagnostics",
     "OPERATIONS", "PatchingRun", "STEERABLE", "SteerResult", "SteerSetting", "TuneRun", "artifact_interventions",
     "attention_patterns", "direction_artifacts", "divergence_profile", "feature_run", "find_latents", "head_detail",
     "layer_diagnostics", "merge_reports", "merge_tunes", "patching_run", "steer_compare",

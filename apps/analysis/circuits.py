@@ -5,7 +5,11 @@ batches of rows) pruned by :func:`steerkit.probes.prune_graph`, and the nodes an
 :func:`node_report`, a feature node's report as the Features page reads a latent (:func:`feature_run`, through
 :func:`steerkit.probes.feature_report`) of its block's transcoder seen as an SAE
 (:meth:`steerkit.vectors.Transcoders.layer_sae`: its encoder at the site it reads); :func:`pinned_nodes`, the checks
-of a list of pinned nodes.
+of a list of pinned nodes; :func:`supernode_effect` (a supernode clamped on the graph's own prompt:
+:func:`steerkit.probes.intervene_graph`, the top next tokens before and after and each logit target's change) and
+:func:`supernode_artifact` (the supernode as the stored :class:`steerkit.vectors.LatentClamp` of
+:func:`steerkit.probes.supernode_clamp`, which the Save button keeps). Both clamp through the artifact's own
+``to_interventions`` (``sm.steer(clamp)``), as every stored artifact steers.
 """
 from __future__ import annotations
 
@@ -16,13 +20,16 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 
 from steerkit.errors import InputError
-from steerkit.probes import Graph, PruneResult, attribution_graph, prune_graph
+from steerkit.probes import (
+    Graph, GraphIntervention, PruneResult, attribution_graph, intervene_graph, prune_graph, supernode_clamp,
+)
 from steerkit.probes.attribution import prompt_ids
-from steerkit.vectors import Transcoders
+from steerkit.vectors import LatentClamp, Transcoders
 
 from ..data import (
     MAX_CIRCUIT_DRAWN_NODES, MAX_CIRCUIT_EDGES, MAX_CIRCUIT_FEATURE_NODES, MAX_CIRCUIT_LOGITS, MAX_CIRCUIT_PINNED,
-    MAX_CIRCUIT_PROMPT_CHARS, MAX_CIRCUIT_TOKENS, check_int, check_text,
+    MAX_CIRCUIT_PROMPT_CHARS, MAX_CIRCUIT_SCALE, MAX_CIRCUIT_TOKENS, MAX_CIRCUIT_VALUE, check_choice, check_int,
+    check_number, check_text,
 )
 from .common import tick
 from .features import FeatureRun, feature_run
@@ -32,6 +39,12 @@ if TYPE_CHECKING:
 
 #: the node kinds of a graph, in its node order
 NODE_KINDS = ("feature", "error", "token", "logit")
+#: how a supernode's features are clamped: to ``scale`` times their activation, or to a value
+CLAMP_MODES = ("scale", "value")
+#: where a saved supernode clamp acts: wherever its features fire (any prompt), or at its nodes' own positions
+CLAMP_POSITIONS = ("all", "graph")
+#: next tokens listed before and after an intervention
+TOP_NEXT_TOKENS = 10
 
 
 @dataclass(frozen=True)
@@ -69,7 +82,7 @@ class CircuitRun:
     nodes and edges were kept in all (``n_kept``, ``n_kept_edges``).
 
     Examples:
-        >>> from steerkit.vectors import Transcoders
+        >>> from steerkit.vectors import LatentClamp, Transcoders
         >>> from steerkit.apps.analysis import circuit_run
         >>> g = torch.Generator().manual_seed(0)
         >>> L, d, n = tiny.n_layers, tiny.d_model, 32
@@ -191,7 +204,7 @@ def circuit_run(sm: SteerModel, transcoders: Transcoders, prompt, *, max_feature
     :func:`steerkit.probes.prune_graph`. ``ref``: the transcoders' store reference, kept with the result.
 
     Examples:
-        >>> from steerkit.vectors import Transcoders
+        >>> from steerkit.vectors import LatentClamp, Transcoders
         >>> from steerkit.apps.analysis import circuit_run
         >>> g = torch.Generator().manual_seed(0)
         >>> L, d, n = tiny.n_layers, tiny.d_model, 32
@@ -230,7 +243,7 @@ def pinned_nodes(run: CircuitRun, nodes: Any) -> list[int]:
     distinct feature nodes the figure draws (only features can be grouped and clamped), in the order given.
 
     Examples:
-        >>> from steerkit.vectors import Transcoders
+        >>> from steerkit.vectors import LatentClamp, Transcoders
         >>> from steerkit.apps.analysis import circuit_run, pinned_nodes
         >>> g = torch.Generator().manual_seed(0)
         >>> L, d, n = tiny.n_layers, tiny.d_model, 32
@@ -267,7 +280,7 @@ def node_report(sm: SteerModel, transcoders: Transcoders, run: CircuitRun, node,
     cross-layer transcoder is refused there).
 
     Examples:
-        >>> from steerkit.vectors import Transcoders
+        >>> from steerkit.vectors import LatentClamp, Transcoders
         >>> from steerkit.apps.analysis import circuit_run, node_report
         >>> g = torch.Generator().manual_seed(0)
         >>> L, d, n = tiny.n_layers, tiny.d_model, 32
@@ -286,3 +299,68 @@ def node_report(sm: SteerModel, transcoders: Transcoders, run: CircuitRun, node,
     assert n.feature is not None
     return feature_run(sm, transcoders.layer_sae(n.layer), n.feature, texts, top=top, progress=progress,
                        should_stop=should_stop, deadline=deadline, ref=f"{run.transcoders} block {n.layer}")
+
+
+def _clamp_args(run: CircuitRun, nodes: Any, mode: Any, amount: Any) -> tuple[list[int], dict]:
+    """The supernode's nodes (:func:`pinned_nodes`, at least one) and the clamp's ``scale=`` / ``value=`` keyword."""
+    nodes = pinned_nodes(run, nodes)
+    if not nodes:
+        raise InputError("expected a supernode of at least one feature node, found none; pin features and group them")
+    mode = check_choice(mode, "a clamp", CLAMP_MODES)
+    bound = MAX_CIRCUIT_SCALE if mode == "scale" else MAX_CIRCUIT_VALUE
+    return nodes, {mode: check_number(amount, f"a {mode}", bound)}
+
+
+def supernode_effect(sm: SteerModel, transcoders: Transcoders, run: CircuitRun, nodes: Any, *, mode: Any = "scale",
+                     amount: Any = 0.0) -> GraphIntervention:
+    """The graph's own prompt run with the features of ``nodes`` (feature nodes of ``run``, :func:`pinned_nodes`)
+    clamped at their nodes' positions: :func:`steerkit.probes.intervene_graph`, ``mode`` ``"scale"`` (``amount`` times
+    their activation, at most ``MAX_CIRCUIT_SCALE`` in size; 0 turns them off) or ``"value"`` (at most
+    ``MAX_CIRCUIT_VALUE``): the top ``TOP_NEXT_TOKENS`` next tokens before and after and each logit target's change.
+
+    Examples:
+        >>> from steerkit.vectors import Provenance, Transcoders
+        >>> from steerkit.apps.analysis import circuit_run, supernode_effect
+        >>> g = torch.Generator().manual_seed(0)
+        >>> L, d, n = tiny.n_layers, tiny.d_model, 32
+        >>> tc = Transcoders([torch.randn(n, d, generator=g) for _ in range(L)], [torch.full((n,), -2.0)] * L,
+        ...                  [torch.randn(n, d, generator=g) / 8 for _ in range(L)], [torch.zeros(d)] * L,
+        ...                  provenance=Provenance.from_model(tiny))
+        >>> run = circuit_run(tiny, tc, "The cat sat", max_feature_nodes=16)
+        >>> features = [n.node for n in run.nodes if n.kind == "feature"][:2]
+        >>> effect = supernode_effect(tiny, tc, run, features, mode="scale", amount=0.0)
+        >>> len(effect.target_changes()) == run.graph.n_logits, effect.how, effect.amount
+        (True, 'scale', 0.0)
+        >>> supernode_effect(tiny, tc, run, features, mode="scale", amount=1000)
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected a scale as a finite number from -100 to 100, found '1000'
+    """
+    nodes, how = _clamp_args(run, nodes, mode, amount)
+    return intervene_graph(sm, run.graph, transcoders, nodes, top_k=TOP_NEXT_TOKENS, **how)
+
+
+def supernode_artifact(transcoders: Transcoders, run: CircuitRun, nodes: Any, *, mode: Any = "scale",
+                       amount: Any = 0.0, positions: Any = "all") -> LatentClamp:
+    """The features of ``nodes`` (feature nodes of ``run``) clamped as :func:`supernode_effect` clamps them, as the
+    stored artifact :func:`steerkit.probes.supernode_clamp` makes (its provenance: the prompt, the graph's and the
+    transcoders' fingerprints, the nodes), acting at ``positions``: ``"all"`` (wherever the features fire, on any
+    prompt) or ``"graph"`` (each feature at its nodes' positions, prompt-token indices).
+
+    Examples:
+        >>> from steerkit.vectors import Provenance, Transcoders
+        >>> from steerkit.apps.analysis import circuit_run, supernode_artifact
+        >>> g = torch.Generator().manual_seed(0)
+        >>> L, d, n = tiny.n_layers, tiny.d_model, 32
+        >>> tc = Transcoders([torch.randn(n, d, generator=g) for _ in range(L)], [torch.full((n,), -2.0)] * L,
+        ...                  [torch.randn(n, d, generator=g) / 8 for _ in range(L)], [torch.zeros(d)] * L,
+        ...                  provenance=Provenance.from_model(tiny))
+        >>> run = circuit_run(tiny, tc, "The cat sat", max_feature_nodes=16)
+        >>> features = [n.node for n in run.nodes if n.kind == "feature"][:2]
+        >>> clamp = supernode_artifact(tc, run, features, positions="all")
+        >>> clamp.kind, clamp.provenance.method_params["nodes"] == features
+        ('latent_clamp', True)
+    """
+    nodes, how = _clamp_args(run, nodes, mode, amount)
+    positions = check_choice(positions, "where the clamp acts", CLAMP_POSITIONS)
+    return supernode_clamp(run.graph, transcoders, nodes, positions=positions, **how)

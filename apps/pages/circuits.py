@@ -5,7 +5,7 @@
 :func:`steerkit.apps.figures.circuit_figure`; a click selects a node, whose feature's contexts are read over a set of
 texts as the Features page reads a latent (:func:`steerkit.apps.analysis.node_report`); selected features are
 pinned (a list in the page's state, checked against the graph on the server at every use), pinned features are
-grouped into named supernodes, and a supernode is clamped and saved (:mod:`.circuits_steer`).
+grouped into named supernodes; :mod:`.circuits_steer` clamps a supernode and saves it.
 
 The page's state (the graph's result key, the selected node, the pinned nodes, the supernodes) lives in the browser
 and is never trusted: each value is checked against the graph kept on the server before it is used.

@@ -21,7 +21,7 @@ from steerkit.apps import analysis, figures  # noqa: E402
 from steerkit.apps import data as limits  # noqa: E402
 from steerkit.apps.analysis import Cancelled  # noqa: E402
 from steerkit.errors import InputError  # noqa: E402
-from steerkit.probes import attribution_graph, feature_report, prune_graph  # noqa: E402
+from steerkit.probes import attribution_graph, feature_report, intervene_graph, prune_graph  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from dash_requests import callback_key, callbacks_of, fuzz_callbacks, post, strings, text_of  # noqa: E402
 
@@ -150,6 +150,58 @@ def test_pinned_nodes_are_checked_against_the_graph(run):
                            ([f[0]] * (limits.MAX_CIRCUIT_PINNED + 1), f"at most {limits.MAX_CIRCUIT_PINNED} pinned")]:
         with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
             analysis.pinned_nodes(run, nodes)
+
+
+def forward_last(sm, graph, steering=None):
+    from steerkit.model import Tokens
+    ids = graph.input_tokens.reshape(1, -1)
+    toks = Tokens(ids, torch.ones_like(ids))
+    with torch.no_grad():
+        if steering is None:
+            return sm.forward(toks)[0, -1].float()
+        with sm.steer(steering):
+            return sm.forward(toks)[0, -1].float()
+
+
+def test_a_supernode_clamped_changes_the_logits_through_its_artifact(tiny, tc, run):
+    nodes = [n.node for n in features_of(run)[:3]]
+    effect = analysis.supernode_effect(tiny, tc, run, nodes, mode="scale", amount=0.0)
+    want = intervene_graph(tiny, run.graph, tc, nodes, scale=0.0, top_k=10)
+    torch.testing.assert_close(effect.logits_after, want.logits_after)
+    torch.testing.assert_close(effect.logits_before, forward_last(tiny, run.graph))
+    assert (effect.logits_after - effect.logits_before).abs().max() > 1e-4, "ablating the supernode moves the logits"
+    # the artifact the page saves, at the nodes' positions, steers the prompt to the same logits (sm.steer(artifact))
+    clamp = analysis.supernode_artifact(tc, run, nodes, mode="scale", amount=0.0, positions="graph")
+    torch.testing.assert_close(forward_last(tiny, run.graph, clamp), effect.logits_after)
+    assert clamp.provenance.method_params["nodes"] == nodes
+    assert clamp.provenance.method_params["transcoders"] == tc.fingerprint()
+    # everywhere: at least the nodes' positions, so here at least as large a change
+    wide = analysis.supernode_artifact(tc, run, nodes, positions="all")
+    assert all(p.positions == "all" for p in wide.parts)
+    value = analysis.supernode_effect(tiny, tc, run, nodes, mode="value", amount=5.0)
+    assert value.how == "value" and not torch.allclose(value.logits_after, effect.logits_after)
+
+
+@pytest.mark.parametrize("nodes, mode, amount, message", [
+    ([], "scale", 0.0, "expected a supernode of at least one feature node, found none"),
+    (None, "scale", 0.0, "expected the pinned nodes as a list"),
+    ("logit", "scale", 0.0, "expected feature nodes (what a supernode clamps), found logit node"),
+    ("f", "mean", 0.0, "expected a clamp in ['scale', 'value']"),
+    ("f", "scale", limits.MAX_CIRCUIT_SCALE + 1, f"a scale as a finite number from -{limits.MAX_CIRCUIT_SCALE:g} to"),
+    ("f", "value", limits.MAX_CIRCUIT_VALUE * 2, f"a value as a finite number from -{limits.MAX_CIRCUIT_VALUE:g} to"),
+    ("f", "scale", float("nan"), "a scale as a finite number"),
+    ("f", "scale", "0", "a scale as a finite number"),
+    ("f", "scale", True, "a scale as a finite number"),
+])
+def test_intervention_bounds(tiny, tc, run, nodes, mode, amount, message):
+    nodes = {"logit": [run.nodes[-1].node], "f": [features_of(run)[0].node]}.get(nodes, nodes) \
+        if isinstance(nodes, str) else nodes
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        analysis.supernode_effect(tiny, tc, run, nodes, mode=mode, amount=amount)
+    with pytest.raises(InputError):
+        analysis.supernode_artifact(tc, run, nodes, mode=mode, amount=amount)
+    with pytest.raises(InputError, match="where the clamp acts"):
+        analysis.supernode_artifact(tc, run, [features_of(run)[0].node], positions="everywhere")
 
 
 # ------------------------------------------------------------------ the figure
@@ -397,6 +449,58 @@ def test_a_selected_feature_reads_its_contexts(app, client, graph_key, tiny, tc)
     assert "Select a feature node" in text_of(r)
 
 
+def supernode_state(run, key, name="cats", n=2):
+    nodes = [f.node for f in features_of(run)[:n]]
+    return nodes, {"key": key, "groups": [{"name": name, "nodes": nodes}]}
+
+
+def test_intervene_on_a_supernode_and_save_it(app, client, graph_key, tiny, tc):
+    from steerkit.vectors import Store
+    run = app.steerkit_env.host.result(graph_key["key"])
+    nodes, groups = supernode_state(run, graph_key["key"])
+    vals = {"circ-int-run.n_clicks": 1, "circ-key.data": graph_key, "circ-supernode.value": "cats",
+            "circ-supernodes.data": groups, "circ-mode.value": "scale", "circ-scale.value": 0, "circ-tc.value": "tiny-tc@1"}
+    r = post(client, app, callback_key(app, "circ-effect-key.data"), vals)
+    msg = text_of(r)
+    assert "Supernode 'cats' (2 features scaled by 0 at their positions): top next token" in msg, msg[:400]
+    key = response(r, "circ-effect-key", "data")
+    effect = app.steerkit_env.host.result(key["key"])
+    want = intervene_graph(tiny, run.graph, tc, nodes, scale=0.0)
+    torch.testing.assert_close(effect.logits_after, want.logits_after)
+    for c in effect.target_changes():
+        assert f"{c['token']!r} {c['logit_change']:+.3f}" in msg
+    r = post(client, app, callback_key(app, "circ-effect.figure"), {"circ-effect-key.data": key})
+    fig = response(r, "circ-effect", "figure")
+    assert [t["name"] for t in fig["data"]] == ["before", "after", "logit change"]
+    assert fig["layout"]["title"]["text"] == "supernode 'cats' clamped"
+    # save: the store keeps the supernode's clamp; loaded, it steers the prompt as the page did (at the nodes)
+    save = callback_key(app, "circ-save-status.children")
+    svals = {"circ-save.n_clicks": 1, "circ-save-name.value": "cats-off", "circ-key.data": graph_key,
+             "circ-supernode.value": "cats", "circ-supernodes.data": groups, "circ-mode.value": "scale",
+             "circ-scale.value": 0, "circ-positions.value": "graph", "circ-tc.value": "tiny-tc@1"}
+    msg = text_of(post(client, app, save, svals))
+    assert "Saved supernode 'cats' as cats-off@1: a latent clamp of 2 features" in msg, msg[:400]
+    loaded = Store(app.steerkit_env.store_path).load("cats-off@1")
+    assert loaded.kind == "latent_clamp" and loaded.provenance.method_params["nodes"] == nodes
+    torch.testing.assert_close(forward_last(tiny, run.graph, loaded), effect.logits_after)
+    for field, value, message in [("circ-save-name.value", "", "expected a store name for the clamp"),
+                                  ("circ-save-name.value", "bad/name", "expected"),
+                                  ("circ-supernode.value", "dogs", "expected a supernode of this graph, found 'dogs'"),
+                                  ("circ-positions.value", "x", "expected where the clamp acts in ['all', 'graph']"),
+                                  ("circ-scale.value", 1e9, "a scale as a finite number from -100 to 100"),
+                                  ("circ-mode.value", None, "expected a clamp in ['scale', 'value']"),
+                                  ("circ-tc.value", "short-tc@1", "expected the transcoders of the graph")]:
+        msg = text_of(post(client, app, save, dict(svals, **{field: value})))
+        assert message in msg and "Saved" not in msg, (field, msg[:300])
+    assert [v["ref"] for v in Store(app.steerkit_env.store_path).list("cats-off")] == ["cats-off@1"]
+    for field, value, message in [("circ-scale.value", -101, "a scale as a finite number from -100 to 100"),
+                                  ("circ-supernodes.data", {"key": graph_key["key"], "groups": "x"},
+                                   "expected the supernodes as a list"),
+                                  ("circ-supernodes.data", None, "expected a supernode of this graph")]:
+        r = post(client, app, callback_key(app, "circ-effect-key.data"), dict(vals, **{field: value}))
+        assert message in text_of(r) and "circ-effect-key" not in r.get_json()["response"], field
+
+
 @pytest.mark.parametrize("headers", [{"Host": "evil.example:8050"},
                                      {"Host": "127.0.0.1:8050", "Origin": "http://evil.example"}])
 def test_the_host_check_covers_the_circuit_callbacks(app, client, headers, monkeypatch):
@@ -411,11 +515,15 @@ def test_the_host_check_covers_the_circuit_callbacks(app, client, headers, monke
 def test_fuzz_the_circuit_callbacks(app, client, graph_key):
     """Random values for every input of the Circuits page's callbacks: never a server error, never a traceback."""
     keys = callbacks_of(app, "circ-")
-    assert len(keys) >= 9
+    assert len(keys) >= 12
+    run = app.steerkit_env.host.result(graph_key["key"])
+    _, groups = supernode_state(run, graph_key["key"])
 
     def real_graph(values, data):
         if "circ-key.data" in values and data.draw(st.booleans(), label="the real graph"):
             values["circ-key.data"] = graph_key
         if "circ-tc.value" in values and data.draw(st.booleans(), label="stored transcoders"):
             values["circ-tc.value"] = "tiny-tc@1"
+        if "circ-supernodes.data" in values and data.draw(st.booleans(), label="a real supernode"):
+            values["circ-supernodes.data"], values["circ-supernode.value"] = groups, "cats"
     fuzz_callbacks(app, client, keys, seconds=40, examples=150, tweak=real_graph)
