@@ -17,7 +17,7 @@ from .. import analysis, figures
 from ..data import MAX_SUPERNODE_NAME_CHARS, check_text
 from ..runtime import cache_key
 from .circuits import checked_groups, current_run, own, stored_transcoders
-from .common import MAX_NAME_CHARS, Context, background, explain, key_of, ok
+from .common import MAX_NAME_CHARS, Context, background, count, explain, key_of, ok
 
 
 def supernode_of(c: Context, data, groups, name):
@@ -62,7 +62,7 @@ def register(app, c: Context) -> None:
             effect, hit = host.cached(key, lambda: analysis.supernode_effect(sm, tc, run, nodes, mode=mode,
                                                                              amount=amount))
             how = f"scaled by {effect.amount:g}" if effect.how == "scale" else f"set to {effect.amount:g}"
-            return {"key": key, "name": name}, ok(f"Supernode {name!r} ({len(nodes)} features {how} at their "
+            return {"key": key, "name": name}, ok(f"Supernode {name!r} ({count(nodes, 'feature')} {how} at their "
                                                   f"positions): {effect_text(effect)}" + (" (from the cache)" if hit
                                                                                           else ""))
         except Exception as e:  # noqa: BLE001
@@ -94,7 +94,8 @@ def register(app, c: Context) -> None:
             clamp = analysis.supernode_artifact(tc, run, nodes, mode=mode, amount=amount, positions=positions)
             saved = c.store.save(store_name, clamp)
             where = "wherever its features fire" if positions == "all" else "at its nodes' positions"
-            return ok(f"Saved supernode {name!r} as {saved}: a latent clamp of {len(nodes)} features over "
-                      f"{len(clamp.parts)} blocks, acting {where}; sm.steer(store.load({saved!r})) applies it.")
+            return ok(f"Saved supernode {name!r} as {saved}: a latent clamp of {count(nodes, 'feature')} over "
+                      f"{count(clamp.parts, 'part')} (one per block and positions), acting {where}; "
+                      f"sm.steer(store.load({saved!r})) applies it.")
         except Exception as e:  # noqa: BLE001
             return explain(e)

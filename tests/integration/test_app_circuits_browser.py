@@ -4,7 +4,8 @@ Uses the server and page fixtures of tests/integration/test_app_browser.py (``py
 default model on a free 127.0.0.1 port). Saves random-weight ReLU transcoders of the default model's width into
 the app's store, picks them on the Circuits page, computes the attribution graph of a prompt, hovers a feature node
 (its description shows), clicks it (it is selected, its contexts are read over the texts), pins two features, groups
-them into a supernode, clamps it to zero and sees the logits change, and saves the clamp to the store. No browser
+them into a supernode, clamps it to zero and sees the logits change, and saves the clamp to the store (and loads it
+back). No browser
 console error is allowed.
 """
 from __future__ import annotations
@@ -62,7 +63,7 @@ def click_node(page, node):
     page.mouse.click(x, y)
 
 
-def test_graph_hover_pin_group_and_contexts(server, browser_page):
+def test_graph_hover_pin_group_intervene_and_save(server, browser_page):
     page, errors = browser_page
     assert save_transcoders(server["store"]) == "browser-tc@1"
     page.goto(server["url"] + "/circuits")
@@ -106,6 +107,8 @@ def test_graph_hover_pin_group_and_contexts(server, browser_page):
     wait_text(page, "#circ-pin-status", "1 pinned node")
     click_node(page, nodes[1])
     wait_text(page, "#circ-node-info", f"node {nodes[1]}:")
+    label = page.inner_text("#circ-node-info b").split(":", 1)[1].strip()
+    wait_text(page, "#circ-report-status", f"{label}: density")  # the contexts follow the selection
     page.click("#circ-pin")
     wait_text(page, "#circ-pin-status", "2 pinned nodes")
     wait_trace(page, "circ-graph", "pinned")
@@ -113,5 +116,27 @@ def test_graph_hover_pin_group_and_contexts(server, browser_page):
     page.click("#circ-group")
     wait_text(page, "#circ-group-status", "Supernode 'pair': 2 features")
     wait_text(page, "#circ-pinned-list", "supernode 'pair'")
+
+    # --- intervene: the supernode's features off at their positions; the logits change
+    page.fill("#circ-scale", "0")
+    page.click("#circ-int-run")
+    wait_text(page, "#circ-int-status", "Supernode 'pair' (2 features scaled by 0 at their positions)")
+    status = page.inner_text("#circ-int-status")
+    assert "⚠" not in status and "top next token" in status, status
+    wait_trace(page, "circ-effect", "logit change")
+    changes = page.evaluate("() => Array.from(document.querySelector('#circ-effect .js-plotly-plot')._fullData"
+                            ".find(t => t.name === 'logit change').y)")
+    assert len(changes) == 3 and any(abs(c) > 1e-6 for c in changes), changes
+    before, after = (page.evaluate(f"() => Array.from(document.querySelector('#circ-effect .js-plotly-plot')"
+                                   f"._fullData.find(t => t.name === '{n}').y)") for n in ("before", "after"))
+    assert before != after
+
+    # --- save the clamp to the store; it loads as a latent clamp with the graph's provenance
+    page.fill("#circ-save-name", "pair-off")
+    page.click("#circ-save")
+    wait_text(page, "#circ-save-status", "Saved supernode 'pair' as pair-off@1")
+    from steerkit.vectors import Store
+    clamp = Store(server["store"]).load("pair-off@1")
+    assert clamp.kind == "latent_clamp" and len(clamp.provenance.method_params["nodes"]) == 2
     shot(page, server, "circuits")
     assert not errors, "browser console errors:\n" + "\n".join(errors)
