@@ -235,6 +235,32 @@ def test_markup_in_tokens_is_shown_as_text(tiny, tc):
     assert "&lt;b&gt;" in "".join(fig.layout.xaxis.ticktext)
 
 
+def test_the_page_has_its_inputs_figures_and_bounds():
+    from steerkit.apps import layout
+
+    def walk(c):
+        yield c
+        kids = getattr(c, "children", None)
+        for k in kids if isinstance(kids, list) else [kids] if kids is not None and not isinstance(kids, str) else []:
+            yield from walk(k)
+    assert ("/circuits", "Circuits") in layout.PAGES
+    assert layout.FIGURES["circ-graph"] == "attribution_graph" and layout.FIGURES["circ-effect"] == "supernode_effect"
+    comps = list(walk(layout.circuits_page()))
+    ids = {getattr(c, "id", None) for c in comps}
+    assert {"circ-tc", "circ-rescan", "circ-prompt", "circ-features", "circ-logits", "circ-node-threshold",
+            "circ-edge-threshold", "circ-run", "circ-cancel", "circ-progress", "circ-graph", "dl-circ-graph",
+            "circ-pin", "circ-unpin", "circ-clear", "circ-supernode-name", "circ-group", "circ-supernode", "circ-mode",
+            "circ-scale", "circ-int-run", "circ-effect", "circ-positions", "circ-save-name", "circ-save",
+            "circ-dataset", "circ-texts", "circ-top", "circ-report-run", "circ-contexts"} <= ids
+    text = " ".join(str(getattr(c, "children", "")) for c in comps)
+    for bound in (f"at most {limits.MAX_CIRCUIT_TOKENS} tokens", f"1 to {limits.MAX_CIRCUIT_FEATURE_NODES}",
+                  f"1 to {limits.MAX_CIRCUIT_LOGITS}", f"At most {limits.MAX_CIRCUIT_PINNED} pinned features"):
+        assert bound in text, bound
+    shell_ids = {getattr(c, "id", None) for c in walk(layout.shell("m", 2, "s", "r"))}
+    assert {"circ-key", "circ-selected", "circ-pinned", "circ-supernodes", "circ-report-key",
+            "circ-effect-key", "page-circuits"} <= shell_ids
+
+
 # ------------------------------------------------------------------ the callbacks (Flask test client)
 @pytest.fixture(scope="module")
 def app(tiny, tc, tmp_path_factory):
