@@ -102,9 +102,27 @@ def test_the_source_activation_does_not_outlive_its_pass(sm):
     assert compiled.programs[IN].stores and not compiled.programs[OUT].stores
     with sm.hooks.install(compiled):
         sm.forward(PROMPTS, chat=False)
-        assert reads._held == {}
+        assert len(reads) == 0
         sm.generate(PROMPTS, max_new_tokens=4, chat=False)  # KV-cached steps
-        assert reads._held == {}
+        assert len(reads) == 0
+    # a pass interrupted between the two sites leaves an activation; the next pass does not read it
+    calls = []
+
+    def fail_once(h):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("interrupted")
+        return h
+    x, y = recorded(sm)
+    with sm.hooks.install(compiled), sm.steer(Intervention.apply(f"blocks.{LAYER}.mlp.hook_post", fail_once)):
+        with pytest.raises(RuntimeError, match="interrupted"):
+            sm.forward(PROMPTS, chat=False)
+        assert len(reads) == 1
+        with sm.record([OUT]) as cache:
+            sm.forward(PROMPTS, chat=False)
+        assert len(reads) == 0
+    want = y + real_tokens(sm) * (by_hand(tc, x, y, [1, 2], value=2.0) - y)
+    torch.testing.assert_close(cache[OUT], want, atol=2e-5, rtol=1e-5)
 
 
 def test_clamp_in_kv_cached_generation_equals_a_full_forward(sm):
@@ -225,3 +243,13 @@ def test_latent_clamp_of_transcoders_ablates_per_row_and_refuses_bad_input(sm, t
         LatentClamp.from_payload(tensors, meta)
     store = Store(tmp_path / "s")
     assert store.load(store.save("off", clamp)) == clamp
+
+
+def test_a_latent_clamp_of_one_transcoder_sae_is_its_two_site_clamp(sm):
+    from steerkit.vectors import LatentClamp
+    tc = random_transcoders(sm, d_sae=32, activation="jumprelu", bias=0.0)
+    clamp = LatentClamp.of(tc.layer_sae(1), [2, 6], value=[2.0, -1.0], positions="last")
+    (iv,) = clamp.to_interventions(sm.facts)
+    assert (iv.site, iv.latent.source, iv.positions) == (OUT, IN, "last")
+    torch.testing.assert_close(logits_under(sm, clamp), logits_under(sm, tc.clamp(1, [2, 6], value=[2.0, -1.0],
+                                                                                   positions="last")), atol=1e-6, rtol=0)

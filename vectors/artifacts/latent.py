@@ -257,7 +257,8 @@ class LatentClamp(_Artifact):
             start += n
             w = part.sae.weights
             site = part.sae.output_site if w.transcoder and part.sae.output_site else part.sae.site
-            out.append(Intervention.sae_latent(site, w, idx, value=value, scale=mult, positions=part.positions,
+            pos = self.positions if part.positions is None else part.positions
+            out.append(Intervention.sae_latent(site, w, idx, value=value, scale=mult, positions=pos,
                                                source=part.sae.site if w.transcoder else None))
         return out
 
@@ -290,8 +291,8 @@ class LatentClamp(_Artifact):
             part_tensors, part_meta = part.sae.to_payload()
             tensors.update({f"more.{i}.{k}": v for k, v in part_tensors.items()})
             more.append({"sae": part_meta, "latents": list(part.latents), "positions": part.positions})
-        fields = {"sae": sae_meta, "latents": list(self.latents), "scale": self.scale, "restricted": self.restricted,
-                  "positions": self.positions}
+        fields: dict[str, Any] = {"sae": sae_meta, "latents": list(self.latents), "scale": self.scale,
+                                  "restricted": self.restricted, "positions": self.positions}
         if more:
             fields["more"] = more
         return tensors, {"kind": self.kind, "fields": fields, "provenance": self.provenance.to_dict()}

@@ -396,8 +396,8 @@ class Transcoders(_Artifact):
             >>> tc = Transcoders([torch.randn(n, d, generator=g) / 8 for _ in range(L)], [torch.zeros(n)] * L,
             ...                  [torch.randn(n, d, generator=g) / 8 for _ in range(L)], [torch.zeros(d)] * L)
             >>> clamp = tc.clamp(2, [5, 9], value=3.0, positions="last")
-            >>> clamp.site, clamp.latent.source
-            ('blocks.2.hook_mlp_out', 'blocks.2.mlp.hook_in')
+            >>> clamp
+            Intervention('blocks.2.hook_mlp_out', latent, scale=1.0, positions='last', source='blocks.2.mlp.hook_in')
             >>> sites = ["blocks.2.mlp.hook_in", "blocks.2.hook_mlp_out"]
             >>> with tiny.record(sites) as plain:
             ...     _ = tiny.forward("hello world", chat=False)
