@@ -9,11 +9,12 @@ prompt's attention patterns at a layer, one head or all), Tune (a stored directi
 layers x scales with ``steerkit.probes.tune``, or a saved tune result: trade-off curves, a metric
 heatmap, a cell's generations next to the baseline's), Features (a stored sparse autoencoder's latents: the
 ones that fire most on a text, one latent's top contexts, density, logit effects and nearest latents over a
-set of texts), Store (artifacts, provenance, exports) and
+set of texts), Circuits (the pruned attribution graph of a prompt through stored transcoders, a feature node's
+contexts, pinned features grouped into supernodes, clamped and saved), Store (artifacts, provenance, exports) and
 Diagnostics (residual norm, sink attention, MI per step). Modules: :mod:`.data` (built-in contrast sets, prompt and layer parsing),
 :mod:`.analysis` (result dataclasses and the computations over a model, one module per page), :mod:`.io`
 (readers of saved sweep and MI results), :mod:`.figures` (pure figure functions, usable in notebooks;
-the one module that imports plotly), :mod:`.layout`, :mod:`.pages` (one module per page, each wiring
+with :mod:`.figures_circuits`, the modules that import plotly), :mod:`.layout`, :mod:`.pages` (one module per page, each wiring
 its callbacks), :mod:`.callbacks` (wires every page), :mod:`.runtime` (model host, threaded
 background-callback manager) and :mod:`.app` (``create_app`` / ``run``).
 

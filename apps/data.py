@@ -8,7 +8,8 @@
 * :func:`parse_scales`, :func:`tune_layers`, :func:`tune_prompts`, :func:`tune_words`: the Tune page's
   grid, prompts and concept words, bounded by the ``MAX_TUNE_*`` limits;
 * :func:`feature_texts`: the Features page's texts (pasted, or a built-in set), bounded by the
-  ``MAX_FEATURE_*`` limits;
+  ``MAX_FEATURE_*`` limits (the Circuits page reads a feature's contexts over the same sets); the Circuits
+  page's bounds are the ``MAX_CIRCUIT_*`` and ``MAX_SUPERNODE*`` limits;
 * ``IOI_*``: the Patching page's default prompt pair and answers.
 
 The ``MAX_*`` constants below are every bound on what one request may carry or ask for (the
@@ -108,6 +109,20 @@ MAX_FEATURE_K = 50
 MAX_FEATURE_TEXTS = 256
 MAX_FEATURE_DOC_CHARS = 2000
 MAX_FEATURE_CONTEXTS = 50
+#: the Circuits page: characters and tokens (the special token in front included) of the prompt, feature nodes
+#: of one graph, logit targets, nodes drawn and edges drawn, pinned nodes, supernodes and the characters of a
+#: supernode's name, the size of a clamp's scale (a multiple of the features' activations) and of a value
+MAX_CIRCUIT_PROMPT_CHARS = 2000
+MAX_CIRCUIT_TOKENS = 64
+MAX_CIRCUIT_FEATURE_NODES = 2048
+MAX_CIRCUIT_LOGITS = 10
+MAX_CIRCUIT_DRAWN_NODES = 400
+MAX_CIRCUIT_EDGES = 1500
+MAX_CIRCUIT_PINNED = 64
+MAX_SUPERNODES = 16
+MAX_SUPERNODE_NAME_CHARS = 64
+MAX_CIRCUIT_SCALE = 100.0
+MAX_CIRCUIT_VALUE = 1000.0
 #: the Features page's text sets: pasted texts, the shipped harmful and harmless instructions, the
 #: temporal reversal stories (the built-in sets give ``MAX_FEATURE_TEXTS`` texts at most)
 FEATURE_DATASETS = ("custom", "instructions", "temporal")

@@ -10,8 +10,10 @@ Every figure can be saved as a standalone HTML page with :func:`to_html` (:func:
 figure a page sent back). The Tune page draws ``steerkit.probes.tune.tradeoff_figure`` /
 ``heatmap_figure`` (:func:`tune_figures`); :func:`mark_tune_tradeoff`, :func:`mark_tune_heatmap`,
 :func:`tune_point` and :func:`tune_rows` are its selection and table. The Features page draws
-``steerkit.probes.plots.sae.feature_figure`` (:func:`feature_figure`). This is the app's one module
-that imports plotly.
+``steerkit.probes.plots.sae.feature_figure`` (:func:`feature_figure`), the Circuits page the attribution graph
+of :mod:`steerkit.apps.figures_circuits` (:func:`circuit_figure`, :func:`node_positions`) and a supernode's
+intervention (:func:`effect_figure`). The two are the app's
+modules that import plotly.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from steerkit.deprecation import moved
 from steerkit.errors import InputError
 from steerkit.probes.plots.sae import feature_figure as sae_feature_figure
 from steerkit.probes.tune import heatmap_figure, tradeoff_figure
+
+from .figures_circuits import circuit_figure, effect_figure, node_positions  # noqa: F401 - re-exported
 
 REL_COLOR = "#1f77b4"
 COS_COLOR = "#ff7f0e"

@@ -15,17 +15,20 @@ from steerkit.vectors import FORMATS
 
 from .data import (
     IOI_ANSWER, IOI_CLEAN, IOI_CORRUPTED, IOI_WRONG, MAX_ANSWER_CHARS, MAX_ATTN_TOKENS, MAX_BUILTIN_PAIRS,
-    MAX_DIAG_PROMPTS, MAX_FEATURE_CONTEXTS, MAX_FEATURE_DOC_CHARS, MAX_FEATURE_K, MAX_FEATURE_TEXT_CHARS,
+    MAX_CIRCUIT_FEATURE_NODES, MAX_CIRCUIT_LOGITS, MAX_CIRCUIT_PINNED, MAX_CIRCUIT_PROMPT_CHARS, MAX_CIRCUIT_SCALE,
+    MAX_CIRCUIT_TOKENS, MAX_DIAG_PROMPTS, MAX_FEATURE_CONTEXTS, MAX_FEATURE_DOC_CHARS, MAX_FEATURE_K, MAX_FEATURE_TEXT_CHARS,
     MAX_FEATURE_TEXTS, MAX_FIELD_CHARS, MAX_MODEL_PATH_CHARS, MAX_NEW_TOKENS, MAX_PATCH_PROMPT_CHARS,
     MAX_PATCH_TOKENS, MAX_STEER_PROMPT_CHARS, MAX_TUNE_CONCEPT_CHARS, MAX_TUNE_LAYERS, MAX_TUNE_NEW_TOKENS,
-    MAX_TUNE_PROMPT_CHARS, MAX_TUNE_PROMPTS, MAX_TUNE_SCALES, UPLOAD_MAX_BYTES,
+    MAX_SUPERNODE_NAME_CHARS, MAX_SUPERNODES, MAX_TUNE_PROMPT_CHARS, MAX_TUNE_PROMPTS, MAX_TUNE_SCALES,
+    UPLOAD_MAX_BYTES,
 )
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
 
 PAGES = [("/profiles", "Profiles"), ("/probes", "Probes"), ("/steer", "Steer"), ("/patching", "Patching"),
-         ("/attention", "Attention"), ("/tune", "Tune"), ("/features", "Features"), ("/store", "Store"),
+         ("/attention", "Attention"), ("/tune", "Tune"), ("/features", "Features"), ("/circuits", "Circuits"),
+         ("/store", "Store"),
          ("/diagnostics", "Diagnostics")]
 
 #: graphs that get a "download HTML" button: graph id -> file stem
@@ -33,7 +36,7 @@ FIGURES = {"prof-graph": "divergence_profile", "prof-pairs": "per_pair", "prof-l
            "probe-heatmap": "probe_auroc", "diag-norm": "residual_norm", "diag-sink": "sink_attention",
            "diag-mi": "mi_per_step", "patch-heatmap": "activation_patching", "patch-detail": "patching_detail",
            "attn-pattern": "attention_pattern", "tune-tradeoff": "tune_tradeoff", "tune-heatmap": "tune_heatmap",
-           "feat-figure": "sae_feature"}
+           "feat-figure": "sae_feature", "circ-graph": "attribution_graph", "circ-effect": "supernode_effect"}
 
 CARD = {"background": "#fff", "border": "1px solid #e3e3e3", "borderRadius": "6px", "padding": "12px 16px",
         "marginBottom": "14px"}
@@ -543,6 +546,108 @@ def features_page():
     ], id="page-features")
 
 
+CIRCUIT_PROMPT = "The capital of France is"
+
+
+def circuits_page():
+    """Stored transcoders on the loaded model: the attribution graph of a prompt, drawn; a feature node's contexts;
+    pinned nodes grouped into supernodes, clamped, and saved."""
+    small = {"fontSize": "12px", "color": "#666", "margin": "0 0 8px"}
+    number = {"type": "number", "style": {"width": "90px"}}
+    return html.Div([
+        html.Div([
+            html.P("Transcoders from the store, checked against the loaded model; the attribution graph of a prompt "
+                   "through them (steerkit.probes.attribution_graph, pruned by prune_graph). Save transcoders with "
+                   "steerkit.load_transcoders(...) and Store.save.", style=small),
+            html.Div([
+                field("Transcoders (from the store)", dcc.Dropdown(id="circ-tc", clearable=False,
+                                                                   style={"width": "560px"})),
+                html.Button("Rescan", id="circ-rescan", n_clicks=0, style=BTN2),
+            ], style=ROW),
+            message("circ-tc-status"),
+            field(f"Prompt (at most {MAX_CIRCUIT_TOKENS} tokens, {MAX_CIRCUIT_PROMPT_CHARS} characters)", dcc.Textarea(
+                id="circ-prompt", value=CIRCUIT_PROMPT, maxLength=MAX_CIRCUIT_PROMPT_CHARS,
+                style={"width": "100%", "height": "40px"})),
+            html.Div([
+                field(f"Feature nodes (1 to {MAX_CIRCUIT_FEATURE_NODES})", dcc.Input(
+                    id="circ-features", min=1, max=MAX_CIRCUIT_FEATURE_NODES, step=1, value=256, **number)),
+                field(f"Logit targets (1 to {MAX_CIRCUIT_LOGITS})", dcc.Input(
+                    id="circ-logits", min=1, max=MAX_CIRCUIT_LOGITS, step=1, value=5, **number)),
+                field("Node threshold (0 to 1)", dcc.Input(id="circ-node-threshold", min=0, max=1, step=0.01,
+                                                           value=0.8, **number)),
+                field("Edge threshold (0 to 1)", dcc.Input(id="circ-edge-threshold", min=0, max=1, step=0.01,
+                                                           value=0.98, **number)),
+            ], style={**ROW, "marginTop": "8px"}),
+            html.Div(progress_row("circ"), style={"marginTop": "10px"}),
+            message("circ-status"),
+        ], style=CARD),
+        html.Div([
+            graph("circ-graph", 420, placeholder="Pick transcoders, type a prompt and press Compute."),
+            html.Div("Click a node to select it: a feature's contexts are read below; pin features to group them.",
+                     style=small),
+        ], style=CARD),
+        html.Div([
+            html.Div(id="circ-node-info", style={**MSG, "fontFamily": "ui-monospace, monospace"}),
+            html.Div([
+                html.Button("Pin", id="circ-pin", n_clicks=0, style=BTN2),
+                html.Button("Unpin", id="circ-unpin", n_clicks=0, style=BTN2),
+                html.Button("Clear pins", id="circ-clear", n_clicks=0, style=BTN2),
+            ], style={**ROW, "alignItems": "center"}),
+            message("circ-pin-status"),
+            html.Div(id="circ-pinned-list", style={"fontSize": "13px", "fontFamily": "ui-monospace, monospace"}),
+            html.Div([
+                field(f"Supernode name (at most {MAX_SUPERNODE_NAME_CHARS} characters)", dcc.Input(
+                    id="circ-supernode-name", type="text", value="", maxLength=MAX_SUPERNODE_NAME_CHARS,
+                    placeholder="e.g. capital", style={"width": "200px"})),
+                html.Button("Group pinned into a supernode", id="circ-group", n_clicks=0, style=BTN2),
+            ], style={**ROW, "marginTop": "8px"}),
+            message("circ-group-status"),
+            html.Div(f"At most {MAX_CIRCUIT_PINNED} pinned features and {MAX_SUPERNODES} supernodes.", style=small),
+        ], style=CARD),
+        html.Div([
+            html.H4("Intervene on a supernode", style={"margin": "0 0 6px"}),
+            html.Div([
+                field("Supernode", dcc.Dropdown(id="circ-supernode", clearable=False, style={"width": "300px"})),
+                field("Clamp", dcc.RadioItems(id="circ-mode", value="scale", inline=True, options=[
+                    {"label": " scale its activations ", "value": "scale"},
+                    {"label": " set them to a value", "value": "value"}])),
+                field(f"Scale or value (at most {MAX_CIRCUIT_SCALE:g} in size for a scale)", dcc.Input(
+                    id="circ-scale", value=0, step=0.1, **number)),
+            ], style=ROW),
+            html.Div(progress_row("circ-int"), style={"marginTop": "10px"}),
+            message("circ-int-status"),
+            graph("circ-effect", 320, placeholder="Group pinned features into a supernode and press Compute."),
+            html.Div("Compute clamps the supernode's features at their nodes' positions on the graph's prompt.",
+                     style=small),
+            html.Div([
+                field("The saved clamp acts", dcc.RadioItems(id="circ-positions", value="all", inline=True, options=[
+                    {"label": " wherever its features fire (any prompt) ", "value": "all"},
+                    {"label": " at its nodes' positions", "value": "graph"}])),
+                field("Store name", dcc.Input(id="circ-save-name", type="text", value="", placeholder="supernode",
+                                              style={"width": "200px"})),
+                html.Button("Save to the store", id="circ-save", n_clicks=0, style=BTN2),
+            ], style=ROW),
+            message("circ-save-status"),
+        ], style=CARD),
+        html.Div([
+            html.H4("Contexts of the selected feature", style={"margin": "0 0 6px"}),
+            html.Div([
+                field("Texts", dcc.Dropdown(id="circ-dataset", clearable=False, value="custom", options=[
+                    {"label": label, "value": value} for value, label in FEATURE_DATASET_LABELS.items()]),
+                      width="360px"),
+                field(f"Contexts (1 to {MAX_FEATURE_CONTEXTS})", dcc.Input(
+                    id="circ-top", min=1, max=MAX_FEATURE_CONTEXTS, step=1, value=10, **number)),
+            ], style=ROW),
+            field(f"My own texts (one per line, at most {MAX_FEATURE_TEXTS} texts of {MAX_FEATURE_DOC_CHARS} "
+                  "characters)", dcc.Textarea(id="circ-texts", value=FEATURE_TEXTS,
+                                              style={"width": "100%", "height": "70px"})),
+            html.Div(progress_row("circ-report"), style={"marginTop": "10px"}),
+            message("circ-report-status"),
+            html.Div(id="circ-contexts", style={**PANE, "whiteSpace": "pre-wrap", "minHeight": "60px"}),
+        ], style=CARD),
+    ], id="page-circuits")
+
+
 def shell(model_label: str, n_layers: Optional[int], store_path: str, results_path: str, models=(),
           current_model=DEFAULT_MODEL_VALUE):
     nav = html.Div([html.Span("steerkit explorer", style={"fontWeight": "bold", "marginRight": "24px"})]
@@ -556,11 +661,14 @@ def shell(model_label: str, n_layers: Optional[int], store_path: str, results_pa
         dcc.Location(id="url"),
         dcc.Store(id="prof-key"), dcc.Store(id="direction"), dcc.Store(id="diag-key"), dcc.Store(id="probe-upload-data"),
         dcc.Store(id="patch-key"), dcc.Store(id="attn-key"), dcc.Store(id="tune-key"), dcc.Store(id="tune-cell"),
-        dcc.Store(id="feat-find-key"), dcc.Store(id="feat-key"),
+        dcc.Store(id="feat-find-key"), dcc.Store(id="feat-key"), dcc.Store(id="circ-key"), dcc.Store(id="circ-selected"),
+        dcc.Store(id="circ-pinned"), dcc.Store(id="circ-supernodes"), dcc.Store(id="circ-report-key"),
+        dcc.Store(id="circ-effect-key"),
         dcc.Download(id="download-fig"), dcc.Download(id="download-export"),
         nav,
         html.Div([profiles_page(n_layers, models, current_model), probes_page(), steer_page(), patching_page(),
-                  attention_page(), tune_page(), features_page(), store_page(), diagnostics_page()],
+                  attention_page(), tune_page(), features_page(), circuits_page(), store_page(),
+                  diagnostics_page()],
                  style={"padding": "14px 18px", "maxWidth": "1280px", "margin": "0 auto"}),
         html.Div(f"store: {store_path} · results: {results_path}",
                  style={"fontSize": "11px", "color": "#999", "padding": "6px 18px"}),

@@ -47,7 +47,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -488,8 +488,8 @@ def attribution_graph(sm: SteerModel, transcoders: Transcoders, prompt: str | Se
                       max_n_logits: int = 10, desired_logit_prob: float = 0.95, max_feature_nodes: int | None = None,
                       batch_size: int = 512, update_interval: int = 4,
                       attribution_targets: Sequence[str | int] | Int[Tensor, " n"] | None = None,
-                      device: str | torch.device | None = None, override: bool = False, progress: bool = True,
-                      verbose: bool = False) -> Graph:
+                      device: str | torch.device | None = None, override: bool = False,
+                      progress: bool | Callable[[int, int], Any] = True, verbose: bool = False) -> Graph:
     """The attribution graph of ``prompt`` (raw text, or token ids) through ``transcoders`` (see the module
     docstring), with circuit-tracer's defaults: the salient logits (at most ``max_n_logits``, up to
     ``desired_logit_prob``; ``attribution_targets``: tokens or single-token strings instead), every active feature
@@ -497,8 +497,9 @@ def attribution_graph(sm: SteerModel, transcoders: Transcoders, prompt: str | Se
     re-ranked every ``update_interval`` batches (both change which features a limited graph keeps, as in
     circuit-tracer). Computed on the model's device, or ``device``; the graph returned holds CPU tensors.
     ``override=True``: transcoders made for another fingerprint are used anyway (warned). ``progress`` shows a
-    tqdm bar over the features' rows (after two seconds); ``verbose`` also writes each phase's time, as
-    circuit-tracer's ``verbose`` does.
+    tqdm bar over the features' rows (after two seconds), or, a callable, is called as ``progress(done, total)``
+    after each batch of rows instead (an exception it raises stops the graph there: an app's cancel or time
+    limit); ``verbose`` also writes each phase's time, as circuit-tracer's ``verbose`` does.
 
     Examples:
         >>> from steerkit.probes import attribution_graph, prune_graph
@@ -516,6 +517,11 @@ def attribution_graph(sm: SteerModel, transcoders: Transcoders, prompt: str | Se
         >>> nodes, edges, _ = prune_graph(graph)
         >>> bool(nodes[-graph.n_logits:].all())
         True
+        >>> ticks = []
+        >>> _ = attribution_graph(tiny, tc, "The cat sat", max_feature_nodes=8, batch_size=4,
+        ...                       progress=lambda done, total: ticks.append((done, total)))
+        >>> ticks
+        [(4, 8), (8, 8)]
     """
     t0 = time.perf_counter()
     _check_transcoders(sm, transcoders, override)
@@ -534,9 +540,10 @@ def attribution_graph(sm: SteerModel, transcoders: Transcoders, prompt: str | Se
                                         desired_logit_prob)
         phase(f"forward pass, {feats.n_active} active features and {len(targets)} logit targets")
         n_max = min(max_feature_nodes or feats.n_active, feats.n_active)
-        with tqdm(total=n_max, desc="attribution graph", unit="feature", disable=not progress, leave=False,
+        with tqdm(total=n_max, desc="attribution graph", unit="feature", disable=progress is not True, leave=False,
                   delay=2) as bar:
-            adjacency, selected = _visit(rep, feats, vecs, probs, n_max, batch_size, update_interval, bar)
+            ticks = _Ticks(progress, n_max) if callable(progress) else bar
+            adjacency, selected = _visit(rep, feats, vecs, probs, n_max, batch_size, update_interval, ticks)
     phase(f"{len(selected)} features' rows")
     tok = sm.tokenizer
     return Graph(input_tokens=torch.tensor(ids, dtype=torch.long, device="cpu"), active_features=feats.active.cpu(),
@@ -544,6 +551,17 @@ def attribution_graph(sm: SteerModel, transcoders: Transcoders, prompt: str | Se
                  logit_probabilities=probs.cpu(), adjacency_matrix=adjacency, n_layers=rep.L,
                  vocab_size=int(tok.vocab_size), scan=transcoders.scan, prompt_tokens=[tok.decode([t]) for t in ids],
                  input_string=tok.decode(ids))
+
+
+class _Ticks:
+    """A progress bar's ``update(n)`` that calls ``fn(done, total)``."""
+
+    def __init__(self, fn: Callable[[int, int], Any], total: int):
+        self.fn, self.total, self.done = fn, total, 0
+
+    def update(self, n: int) -> None:
+        self.done += int(n)
+        self.fn(self.done, self.total)
 
 
 def _rows_into(dst: Tensor, rep: _Replacement, feats: _Features, layers: Tensor, positions: Tensor, values: Tensor
@@ -559,7 +577,7 @@ def _rows_into(dst: Tensor, rep: _Replacement, feats: _Features, layers: Tensor,
 
 
 def _visit(rep: _Replacement, feats: _Features, vecs: Tensor, probs: Tensor, n_max: int, batch_size: int,
-           update_interval: int, bar: tqdm) -> tuple[Float[Tensor, "n n"], Tensor]:
+           update_interval: int, bar: tqdm | _Ticks) -> tuple[Float[Tensor, "n n"], Tensor]:
     """The logits' rows, then the features' in order of influence; ``(adjacency [N, N] on the CPU, selected
     features)``. A graph of every feature is written straight into its CPU matrix; a limited one's rows are kept on
     the device for the ranking, then packaged."""

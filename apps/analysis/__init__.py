@@ -31,6 +31,13 @@ figures; nothing here imports a plotting library.
   :func:`steerkit.probes.feature_report` of one latent over a set of texts, one batch of texts per call
   (progress, cancel and the time limit between batches), merged into one report by :func:`merge_reports`.
 
+* :mod:`.circuits`: :func:`circuit_run` -> :class:`CircuitRun`: the attribution graph of a prompt through
+  stored transcoders (:func:`steerkit.probes.attribution_graph`, progress and cancel between batches of rows),
+  pruned, with the nodes and edges a figure draws (:class:`CircuitNode`); :func:`node_report`: a feature node's
+  report through its block's transcoder as an SAE (``Transcoders.layer_sae``), the Features page's
+  :func:`feature_run`; :func:`supernode_effect` (``steerkit.probes.intervene_graph``) and
+  :func:`supernode_artifact` (``steerkit.probes.supernode_clamp``): a supernode clamped, and saved.
+
 Long computations take ``progress(done, total)`` and ``should_stop()`` callables; when
 ``should_stop()`` turns true they raise :class:`Cancelled` between batches (or tokens).
 """
@@ -39,6 +46,10 @@ from __future__ import annotations
 import time  # noqa: F401 - the computations' clock (``time.monotonic``), patched by tests through this name
 
 from .attention import AttentionPatterns, attention_patterns
+from .circuits import (
+    CircuitNode, CircuitRun, circuit_run, describe_node, drawn, node_report, pinned_nodes, supernode_artifact,
+    supernode_effect,
+)
 from . import common as _common
 from .common import Cancelled
 from .diagnostics import LayerDiagnostics, layer_diagnostics
@@ -52,7 +63,8 @@ from .steering import (
 from .tune import TuneRun, merge_tunes, tune_run
 
 __all__ = [
-    "AttentionPatterns", "Cancelled", "DivergenceProfile", "FeatureRun", "HeadDetail", "LayerDiagnostics",
+    "AttentionPatterns", "Cancelled", "CircuitNode", "CircuitRun", "circuit_run", "describe_node", "drawn",
+    "node_report", "pinned_nodes", "supernode_artifact", "supernode_effect", "DivergenceProfile", "FeatureRun", "HeadDetail", "LayerDiagnostics",
     "OPERATIONS", "PatchingRun", "STEERABLE", "SteerResult", "SteerSetting", "TuneRun", "artifact_interventions",
     "attention_patterns", "direction_artifacts", "divergence_profile", "feature_run", "find_latents", "head_detail",
     "layer_diagnostics", "merge_reports", "merge_tunes", "patching_run", "steer_compare",

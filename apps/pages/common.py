@@ -196,9 +196,10 @@ def layer_text(layers) -> str:
     return ",".join(map(str, ls))
 
 
-def time_limit(seconds: float, what: str):
+def time_limit(seconds: float, what: str, hint: str = "ask for fewer pairs or prompts"):
     """A ``should_stop`` for one request: true when the job was cancelled; past ``seconds`` it
-    raises an :class:`InputError` naming the limit (the computation stops between batches)."""
+    raises an :class:`InputError` naming the limit and what to do (``hint``; the computation stops between
+    batches)."""
     end = time.monotonic() + seconds
 
     def stop():
@@ -206,6 +207,6 @@ def time_limit(seconds: float, what: str):
             return True
         if time.monotonic() > end:
             raise InputError(f"expected {what} to finish within the time limit of {seconds:g} s per request, found "
-                             "it still running; ask for fewer pairs or prompts")
+                             f"it still running; {hint}")
         return False
     return stop
