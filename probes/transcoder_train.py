@@ -207,6 +207,32 @@ def _atomic_save(trainer: Any, ckpt: Path, every: float) -> None:
     trainer.save = save
 
 
+def _init_biases(trainer: Any, base: nn.Module, hookpoints: Sequence[str], ids: torch.Tensor, sep: int) -> None:
+    """sparsify's first-step initialisation (encoder bias ``-mean(input) @ W_enc.T``, decoder bias ``mean(output)``
+    over the first batch's counted tokens), done here in float32 before training: under autocast sparsify's
+    own would make the encoder bias a bfloat16 parameter for the whole run."""
+    device = next(base.parameters()).device
+    x = ids.to(device)
+    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keep(name: str):
+        return lambda module, args, out: seen.__setitem__(name, (args[0], out))
+    handles = [base.get_submodule(h).register_forward_hook(keep(h)) for h in hookpoints]
+    try:
+        with torch.no_grad():
+            base(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    mask = (x != sep).flatten()
+    with torch.no_grad():
+        for h in hookpoints:
+            sae, (inp, out) = trainer.saes[h], seen[h]
+            mean_in = inp.flatten(0, 1)[mask].float().mean(0)
+            sae.encoder.bias.data = (-mean_in @ sae.encoder.weight.data.T).to(sae.dtype)
+            sae.b_dec.data = out.flatten(0, 1)[mask].float().mean(0).to(sae.dtype)
+
+
 def _final_weights(trainer: Any) -> None:
     """Put the weights to keep in place: a schedule-free optimizer's (sparsify's ``signum``) averaged ones."""
     for optimizer in trainer.optimizers:
@@ -226,13 +252,16 @@ def _fit(sm: SteerModel, layers: list[int], train: CorpusChunks, out: Path, spar
                  disable=not progress, file=sys.stderr) as bar, truncated(sm, max(layers)) as (base, _):
         hookpoints = mlp_hookpoints(sm, base, layers)
         with _sparsify(sm.device, log, _TokenBar(bar, per_batch)) as sparsify:
+            # finetune: sparsify's own first-step initialisation is skipped (_init_biases does it in float32)
             cfg = sparsify.TrainConfig(sparsify.SparseCoderConfig(**sparse_cfg), hookpoints=hookpoints,
                                        exclude_tokens=[train.sep], save_every=1, log_to_wandb=False,
                                        lr_warmup_steps=max(1, len(per_batch) // 10), save_dir=str(out),
-                                       run_name=CHECKPOINT, **train_cfg)
+                                       run_name=CHECKPOINT, finetune="steerkit", **train_cfg)
             trainer = sparsify.Trainer(cfg, _Rows(train.ids), base)
             done = 0
-            if resume:
+            if not resume:
+                _init_biases(trainer, base, hookpoints, train.ids[:bs], train.sep)
+            else:
                 trainer.load_state(str(ckpt))
                 done = sum(per_batch[:trainer.global_step])
                 bar.update(done)

@@ -163,6 +163,17 @@ def test_a_family_with_a_norm_after_the_mlp_is_refused(make_tiny, tmp_path):
         train_transcoders(sm, "all", out=tmp_path / "x", **ARGS)
 
 
+def test_bfloat16_autocast_keeps_every_weight_float32(corpus, tmp_path):
+    """Under autocast the model's pass and the encoders' products run in bfloat16; the transcoders' parameters
+    (the encoder bias initialised from the first batch included) stay float32 and load as one set."""
+    sm = _tiny()
+    r = train_transcoders(sm, [0, 1, 2], corpus=corpus, out=tmp_path / "bf16", **{**ARGS, "precision": "bfloat16"})
+    assert r.metrics["bfloat16_autocast"] is True
+    tc = r.transcoders(sm)
+    assert {t.dtype for name in ("W_enc", "b_enc", "W_dec", "b_dec") for t in getattr(tc, name)} == {torch.float32}
+    assert all(0 < row["fvu"] < 1 for row in r.metrics["per_layer"]), r.metrics["per_layer"]
+
+
 def test_precision_choice():
     assert tt.autocast_bf16(torch.device("cpu"), "float32") is False
     assert tt.autocast_bf16(torch.device("cpu"), "bfloat16") is True
