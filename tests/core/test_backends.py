@@ -143,7 +143,7 @@ def test_resid_mid_is_resid_pre_plus_attn_out(others, toks):
         with sm.record(["blocks.4.hook_resid_pre", "blocks.4.hook_attn_out", "blocks.4.hook_resid_mid"]) as c:
             sm.forward(toks)
         torch.testing.assert_close(c["blocks.4.hook_resid_mid"],
-                                   c["blocks.4.hook_resid_pre"] + c["blocks.4.hook_attn_out"])
+                                   c["blocks.4.hook_resid_pre"] + c["blocks.4.hook_attn_out"], msg=name)
 
 
 @pytest.mark.parametrize("site", EDIT_SITES)
@@ -188,10 +188,11 @@ def test_final_norm_edits_agree(hf, others, toks, vec):
 
 def test_ablation_and_resid_mid_edits_agree(hf, others, toks, vec):
     d = vec / vec.norm()
-    edits = lambda sm: [sm.edit("blocks.10.hook_resid_post", ablate=d),
-                        sm.edit("blocks.3.hook_resid_mid", fn=lambda x: 0.5 * x),
-                        sm.edit("blocks.3.hook_resid_mid", add=vec, positions="last"),
-                        sm.edit("blocks.12.hook_resid_mid", ablate=d)]
+    def edits(sm):
+        return [sm.edit("blocks.10.hook_resid_post", ablate=d),
+                sm.edit("blocks.3.hook_resid_mid", fn=lambda x: 0.5 * x),
+                sm.edit("blocks.3.hook_resid_mid", add=vec, positions="last"),
+                sm.edit("blocks.12.hook_resid_mid", ablate=d)]
     probe = ["blocks.10.hook_resid_post", "blocks.12.hook_resid_mid", "blocks.3.hook_resid_mid"]
 
     def run(sm):

@@ -122,6 +122,7 @@ def test_clamp_replace_fn_and_positions(sm):
         same = sm.forward(PROMPTS)
         steered = sm.generate(PROMPTS, max_new_tokens=4, return_tokens=True)
     assert torch.equal(base, same)
+    assert steered != sm.generate(PROMPTS, max_new_tokens=4, return_tokens=True)  # ... and steer what follows
     # fn edit sees [batch, pos, d_model]
     seen = []
     with sm.edit(H, fn=lambda x: (seen.append(x.shape), x)[1]):
@@ -154,7 +155,8 @@ def test_exception_inside_scope_restores_hook_count(sm):
     assert sm.hook_count() == before
     h = sm.edit(H, add=torch.ones(sm.d_model))
     h2 = sm.edit(H, add=torch.ones(sm.d_model))
-    h.remove(); h.remove()  # idempotent
+    h.remove()
+    h.remove()  # idempotent
     assert sm.hook_count() == before + 1
     sm.reset()
     assert sm.hook_count() == before and not h2.active

@@ -19,10 +19,10 @@ from steerkit.probes.methods.refusal import select as select_mod
 from steerkit.reuse import run_cached, supports_run_from
 from steerkit.vectors import DirectionSet, SteeringVector
 
-tune_mod = importlib.import_module("steerkit.probes.tune")  # the module (steerkit.probes.tune is also the function)
-
 from refusal_checks import same_tables, steer_rows_spy
 from tiny_models import tiny_model
+
+tune_mod = importlib.import_module("steerkit.probes.tune")  # the module (steerkit.probes.tune is also the function)
 
 PROMPTS = ["hello there", "how do I bake bread?", "x", "tell me a story about a cat"]
 

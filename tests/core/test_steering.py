@@ -34,7 +34,6 @@ def specs(default_model):
 def test_per_row_equals_each_row_alone(sm, specs):
     with sm.steer(rows=specs):
         batch_logits = sm.forward(P)
-    toks = sm.tokenize(P)
     batch_gen = sm.generate(P, max_new_tokens=8, steer_rows=specs, return_tokens=True)
     for i, (p, s) in enumerate(zip(P, specs)):
         if s is None:
@@ -91,7 +90,7 @@ def test_positions_streaming_sampling_stop(sm, specs):
         assert torch.equal(sm.forward(P[:2]), base)
     seen = []
     out = sm.generate(P[:2], max_new_tokens=6, steering=s, stream=lambda b, t, txt: seen.append((b, t)))
-    assert len(seen) > 0 and {b for b, _ in seen} <= {0, 1}
+    assert len(seen) > 0 and {b for b, _ in seen} <= {0, 1} and len(out) == 2
     a = sm.generate(P[:2], max_new_tokens=6, do_sample=True, top_p=0.9, temperature=0.8, seed=7)
     b = sm.generate(P[:2], max_new_tokens=6, do_sample=True, top_p=0.9, temperature=0.8, seed=7)
     assert a == b

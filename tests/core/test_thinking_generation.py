@@ -169,5 +169,6 @@ def test_thinking_eval_and_peak_tokens_on_a_tiny_model(tiny):
     assert len(ev["examples"]) == 3 and all("recycling" in e for e in ev["examples"])
     with pytest.raises(InputError, match="single-token"):
         thinking_eval(tiny, probs, words=["Wait"])
-    tr = lambda toks, peaks: MITrajectory(0, np.zeros(len(toks)), toks, peaks)
+    def tr(toks, peaks):
+        return MITrajectory(0, np.zeros(len(toks)), toks, peaks)
     assert peak_token_counts([tr([" So", "x", " Wait"], [0, 2]), tr([" So"], [0])]) == {"So": 2, "Wait": 1}

@@ -109,7 +109,10 @@ def test_repeng_allows_layer_zero_and_reads_repeng_files(tmp_path):
     w.add_uint32("controlvector.layer_count", len(dirs))
     for layer, d in dirs.items():
         w.add_tensor(f"direction.{layer}", d)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     r = import_artifact(tmp_path / "repeng.gguf")
     assert r.layers == [0, 4] and r.provenance.model_arch == "mistral" and r.provenance.method == "imported:controlvector"
     assert np.array_equal(r.directions[4].numpy(), dirs[4])

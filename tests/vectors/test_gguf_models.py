@@ -38,7 +38,10 @@ def model_gguf(tmp_path):
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
             w.add_tensor(name, arr)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     t["blk.0.ffn_up.weight"] = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)
     return p, t
 
