@@ -49,7 +49,11 @@ How it fits together
   (:class:`steerkit.vectors.Transcoders`) as circuit-tracer does, its replacement model written out and
   transposed; :mod:`.graph` -- the :class:`Graph` it returns (circuit-tracer's fields and node order),
   :func:`prune_graph`, :func:`compute_graph_scores` and :meth:`Graph.to_json`; :mod:`.graph_json` -- that
-  frontend file (circuit-tracer's, checked against Neuronpedia's schema).
+  frontend file (circuit-tracer's, checked against Neuronpedia's schema); :mod:`.graph_rows` -- where a graph's
+  rows are kept while it is computed (in memory, or a temporary file with ``offload=``);
+  :mod:`.attribution_batch` -- :func:`attribution_graphs`: many prompts' pruned graphs (:class:`PrunedGraph`), here
+  or on Ray workers that load a :class:`CircuitSpec` once, and the features that recur across them
+  (:class:`AttributionGraphs`).
 * ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these; ``steerkit sae train``
   (:mod:`steerkit.cli.sae`) wraps :func:`train_sae`.
 
@@ -90,6 +94,7 @@ else:
                         pairs_hash, preference_margins, preference_pairs, train_bipo, train_promptless)
     from .graph import Graph, LogitTarget, PruneResult, compute_graph_scores, prune_graph
     from .attribution import attribution_graph
+    from .attribution_batch import AttributionGraphs, CircuitSpec, PrunedGraph, attribution_graphs
 
     __all__ = [
         "DIRECTION_METHODS", "METHODS", "Direction", "diff_of_means", "pca_diff", "pca_center", "find_direction",
@@ -109,6 +114,7 @@ else:
         "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution",
         "top_latents", "TopLatents",
         "attribution_graph", "Graph", "LogitTarget", "PruneResult", "prune_graph", "compute_graph_scores",
+        "attribution_graphs", "AttributionGraphs", "PrunedGraph", "CircuitSpec",
     ]
 
     #: subpackages reachable as attributes (``steerkit.probes.methods``), imported on first use: the published

@@ -452,8 +452,9 @@ class _Influence:
         weights = total * self.inv[:st]
         infl = torch.zeros(self.store.tensor.shape[1], device=dev)
         for i, W in self.store.chunks(0, st):
+            w = weights[i: i + len(W)]
             for j in range(0, len(W), 1024):
-                infl += weights[i + j: i + j + 1024] @ W[j: j + 1024].abs()
+                infl += w[j: j + 1024] @ W[j: j + 1024].abs()
         return infl
 
 

@@ -76,10 +76,11 @@ class RowStore:
         except (OSError, ValueError, AttributeError):  # a system without madvise: the pages stay
             pass
 
-    def chunks(self, start: int, stop: int, step: int = CHUNK_ROWS) -> Iterator[tuple[int, Tensor]]:
-        """``(first row, rows)`` of ``start:stop``, ``step`` rows at a time, on the store's device; an offloaded
-        chunk is released once the next is asked for (copy what you keep)."""
-        step = step if self._mm is not None else max(stop - start, 1)
+    def chunks(self, start: int, stop: int, step: int | None = None) -> Iterator[tuple[int, Tensor]]:
+        """``(first row, rows)`` of ``start:stop``, ``step`` (:data:`CHUNK_ROWS`) rows at a time from an offloaded
+        store, all at once from memory; on the store's device. An offloaded chunk is released once the next is
+        asked for (copy what you keep)."""
+        step = (step or CHUNK_ROWS) if self._mm is not None else max(stop - start, 1)
         for i in range(start, stop, step):
             j = min(i + step, stop)
             yield i, self.tensor[i:j].to(self.device)

@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 import steerkit
 import steerkit.probes.attribution as attribution
+import steerkit.probes.graph_rows as graph_rows
 from steerkit.errors import InputError, UnsupportedArchitectureError
 from steerkit.probes import Graph, LogitTarget, attribution_graph, compute_graph_scores, prune_graph
 from steerkit.probes.attribution import prompt_ids
@@ -412,6 +413,7 @@ def test_offloaded_rows_and_position_spans_keep_the_values(sm, tmp_path, monkeyp
     prompt = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
     want = attribution_graph(sm, tc, prompt, batch_size=16, max_feature_nodes=50)
     monkeypatch.setattr(attribution, "SPAN", 3)
+    monkeypatch.setattr(graph_rows, "CHUNK_ROWS", 7)  # rows read back from the file a few at a time
     spans = attribution_graph(sm, tc, prompt, batch_size=16, max_feature_nodes=50)
     offloaded = attribution_graph(sm, tc, prompt, batch_size=16, max_feature_nodes=50, offload=tmp_path)
     assert want.n_pos > 3 * 3
