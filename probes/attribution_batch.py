@@ -96,6 +96,10 @@ class CircuitWorker:
     sm: "SteerModel"
     transcoders: Transcoders
 
+    def fingerprint(self) -> str:
+        """The model's fingerprint (what a command line checks its workers by, as for a bare model)."""
+        return self.sm.fingerprint()
+
 
 def _load(source: str | os.PathLike, store: str | os.PathLike | None, sm: "SteerModel") -> Transcoders:
     if not str(source):

@@ -296,3 +296,24 @@ def test_attribution_graphs_on_ray_equal_the_local_ones(cluster, tiny_folder, tm
     assert [(f.layer, f.feature, f.n_prompts) for f in spread.features] == \
         [(f.layer, f.feature, f.n_prompts) for f in local.features]
     assert [f.mean_influence for f in spread.features] == pytest.approx([f.mean_influence for f in local.features])
+
+
+def test_circuits_batch_with_ray_prints_what_it_prints_here(cluster, tiny_folder, tmp_path, capsys):
+    """``steerkit circuits batch --ray`` (two workers on the cluster) against the same command without it."""
+    import steerkit
+    from steerkit.cli import main
+    from tiny_models import random_transcoders
+    sm = steerkit.load_model(tiny_folder, device="cpu", dtype="float32")
+    random_transcoders(sm, d_sae=48, seed=11, scale=3.0).save(tmp_path / "tc.safetensors")
+    (tmp_path / "p.txt").write_text("Hello world, it is\nThe cat sat on the\nHello there, the cat\n")
+    argv = ["circuits", "batch", tmp_path / "p.txt", "--model", tiny_folder, "--device", "cpu", "--dtype", "float32",
+            "--transcoders", tmp_path / "tc.safetensors", "--max-feature-nodes", "40", "--batch-size", "16",
+            "--node-threshold", "0.95", "--quiet", "--json"]
+    out = {}
+    for k, extra in (("here", []), ("ray", ["--ray", "--workers", "2"])):
+        capsys.readouterr()
+        assert main([str(a) for a in [*argv, tmp_path / f"{k}.json", *extra]]) == 0
+        out[k] = capsys.readouterr().out.replace(str(tmp_path / f"{k}.json"), "OUT")
+    assert out["ray"] == out["here"] and "prompts, mean influence" in out["here"]
+    here, there = (json.loads((tmp_path / f"{k}.json").read_text()) for k in ("here", "ray"))
+    assert_close(there, here, tol=1e-5)
