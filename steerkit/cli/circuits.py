@@ -188,7 +188,7 @@ def _executor(args: argparse.Namespace) -> RayExecutor | None:
         tcs = str(Path(tcs).resolve())
     store = str(Path(args.store).resolve()) if args.store else None
     return RayExecutor(CircuitSpec(spec, tcs, store), workers=base.n_workers, address=base.address,
-                       cpus_per_worker=base.options["num_cpus"], gpus_per_worker=base.options["num_gpus"])
+                       cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker)
 
 
 def run_batch(args: argparse.Namespace) -> int:
