@@ -10,6 +10,7 @@ lower bound of the run's peak. ``--rss-cap-mib`` stops a run whose memory passes
 run cannot exhaust the machine.
 
 Usage:  python benchmarks/bench_circuits_memory.py --side steerkit --tokens 512 --options '{"offload": true}'
+        python benchmarks/bench_circuits_memory.py --side steerkit --quick --out /tmp/memory.csv
         python benchmarks/bench_circuits_memory.py --side circuit-tracer --tokens 512 --time-limit 1200
 
 Rows are added to ``benchmarks/results/circuits_memory.csv`` (``--out``).
@@ -54,7 +55,10 @@ def main() -> None:
     ap.add_argument("--rss-cap-mib", type=float, default=12288, help="stop the run when its memory passes this")
     ap.add_argument("--work", default=str(ROOT / ".bench-circuits"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "circuits_memory.csv"))
+    ap.add_argument("--quick", action="store_true", help="16 tokens, 2048 features per block (a check that it runs)")
     a = ap.parse_args()
+    if a.quick:
+        a.tokens, a.d_sae = 16, 2048
     import steerkit
 
     work = Path(a.work)
