@@ -53,7 +53,11 @@ How it fits together
   rows are kept while it is computed (in memory, or a temporary file with ``offload=``);
   :mod:`.attribution_batch` -- :func:`attribution_graphs`: many prompts' pruned graphs (:class:`PrunedGraph`), here
   or on Ray workers that load a :class:`CircuitSpec` once, and the features that recur across them
-  (:class:`AttributionGraphs`).
+  (:class:`AttributionGraphs`); :mod:`.circuits` -- from a graph to a
+  steering: :func:`supernode_clamp` (some feature nodes as a stored :class:`steerkit.vectors.LatentClamp` over
+  their blocks, the transcoders' two-site clamps, at any prompt's positions or the nodes' own) and
+  :func:`intervene_graph` (the graph's prompt run with them clamped: the top logits and each target's change,
+  :class:`GraphIntervention`).
 * ``steerkit probe fit|score|sweep`` (:mod:`steerkit.cli.probes`) wraps these; ``steerkit sae train``
   (:mod:`steerkit.cli.sae`) wraps :func:`train_sae`.
 
@@ -95,6 +99,7 @@ else:
     from .graph import Graph, LogitTarget, PruneResult, compute_graph_scores, prune_graph
     from .attribution import attribution_graph
     from .attribution_batch import AttributionGraphs, CircuitSpec, PrunedGraph, attribution_graphs
+    from .circuits import GraphIntervention, intervene_graph, supernode_clamp
 
     __all__ = [
         "DIRECTION_METHODS", "METHODS", "Direction", "diff_of_means", "pca_diff", "pca_center", "find_direction",
@@ -115,6 +120,7 @@ else:
         "top_latents", "TopLatents",
         "attribution_graph", "Graph", "LogitTarget", "PruneResult", "prune_graph", "compute_graph_scores",
         "attribution_graphs", "AttributionGraphs", "PrunedGraph", "CircuitSpec",
+        "supernode_clamp", "intervene_graph", "GraphIntervention",
     ]
 
     #: subpackages reachable as attributes (``steerkit.probes.methods``), imported on first use: the published

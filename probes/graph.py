@@ -23,6 +23,7 @@ replacement score (the share of the tokens' and errors' influence that is the to
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -162,6 +163,36 @@ class Graph:
         bounds = [(self.n_features, "feature"), (self.n_features + self.n_errors, "error"),
                   (self.n_features + self.n_errors + self.n_pos, "token")]
         return next((kind for end, kind in bounds if index < end), "logit")
+
+    def feature_node(self, index: int) -> tuple[int, int, int]:
+        """``(block, position, feature)`` of feature node ``index``; any other node is refused, naming its kind.
+
+        Examples:
+            >>> g = Graph(torch.tensor([2, 40]), torch.tensor([[0, 1, 7]]), torch.tensor([1.5]), torch.tensor([0]),
+            ...           [LogitTarget("!", 5)], torch.tensor([0.9]), torch.zeros(6, 6), n_layers=1, vocab_size=100)
+            >>> g.feature_node(0)
+            (0, 1, 7)
+        """
+        kind = self.node_kind(index)
+        if kind != "feature":
+            raise InputError(f"expected a feature node (0..{self.n_features - 1}), found node {index}, a {kind} node")
+        layer, pos, feature = self.active_features[int(self.selected_features[index])].tolist()
+        return int(layer), int(pos), int(feature)
+
+    def fingerprint(self) -> str:
+        """A hash of the graph's node set (16 hex digits): its prompt's tokens, the selected features (block, position,
+        feature) and the logit targets; what an artifact made from the graph records.
+
+        Examples:
+            >>> g = Graph(torch.tensor([2, 40]), torch.tensor([[0, 1, 7]]), torch.tensor([1.5]), torch.tensor([0]),
+            ...           [LogitTarget("!", 5)], torch.tensor([0.9]), torch.zeros(6, 6), n_layers=1, vocab_size=100)
+            >>> len(g.fingerprint()), g.fingerprint() == dataclasses.replace(g, activation_values=torch.ones(1)).fingerprint()
+            (16, True)
+        """
+        nodes = {"tokens": self.input_tokens.tolist(), "n_layers": self.n_layers,
+                 "features": self.active_features[self.selected_features.long()].tolist(),
+                 "logits": [t.vocab_idx for t in self.logit_targets]}
+        return hashlib.sha256(json.dumps(nodes, sort_keys=True).encode()).hexdigest()[:16]
 
     def sparse_adjacency(self) -> Float[Tensor, "n_nodes n_nodes"]:
         """The adjacency matrix as a sparse COO tensor (rows targets, columns sources).

@@ -418,6 +418,10 @@ class SteerModel:
             raise InputError("expected keep_error= and positions= only with splice=True (they say how the "
                              "reconstruction replaces the activation), found them without")
         weights, site = saesites.sae_parts(sae, site)
+        if splice and weights.transcoder:
+            raise InputError("expected an autoencoder to splice in (its reconstruction replaces the site it reads), "
+                             "found a transcoder, which predicts another site; steer its latents with "
+                             "Transcoders.clamp, or attach it without splice= to record them")
         s = self.hooks.parse(site)
         width = self.facts.width(s.kind, site) if s.kind in hooknames.SAE_HOST_HOOKS else None
         if width is not None and width != weights.d_in:
@@ -441,6 +445,48 @@ class SteerModel:
             h.keep_error = keep_error
             h._removers.append(h.splice.remove)  # removed first (removers run in reverse)
         return h
+
+    def attach_transcoders(self, transcoders, layers=None, *, override: bool = False) -> saesites.TranscodersHandle:
+        """Attach the transcoders of ``layers`` (default: every block; an index, a list or a spec such as
+        ``"0-3"``) of a :class:`steerkit.vectors.Transcoders` set at their input sites until the handle is removed
+        (``with``). While attached, block ``l``'s latents are recordable sub-sites of ``blocks.{l}.mlp.hook_in``,
+        sae-lens's names: ``.hook_sae_acts_pre``, ``.hook_sae_acts_post`` and its prediction ``.hook_sae_output``
+        (:mod:`steerkit.saesites`; equal to ``transcoders.encode_layer(input, l)``). The set is checked against this
+        model first (its widths and depth always; its fingerprint unless ``override``). A cross-layer transcoder is
+        refused (a block's prediction sums the features of every block up to it).
+
+        Examples:
+            >>> from steerkit.vectors import Provenance, Transcoders
+            >>> g = torch.Generator().manual_seed(0)
+            >>> L, d = tiny.n_layers, tiny.d_model
+            >>> tc = Transcoders([torch.randn(32, d, generator=g) / 8 for _ in range(L)], [torch.zeros(32)] * L,
+            ...                  [torch.randn(32, d, generator=g) / 8 for _ in range(L)], [torch.zeros(d)] * L,
+            ...                  activation="topk", k=4, provenance=Provenance.from_model(tiny))
+            >>> acts = "blocks.1.mlp.hook_in.hook_sae_acts_post"
+            >>> with tiny.attach_transcoders(tc), tiny.record(acts) as cache:
+            ...     _ = tiny.forward("hello world", chat=False)
+            >>> (cache[acts][0] != 0).sum(-1).tolist()  # 4 features on each token
+            [4, 4]
+        """
+        layer_weights, sites = getattr(transcoders, "layer_weights", None), getattr(transcoders, "sites", None)
+        if not callable(layer_weights) or not callable(sites):
+            raise InputError(f"expected a steerkit.vectors.Transcoders (steerkit.load_transcoders(...)), found "
+                             f"{type(transcoders).__name__}; attach one transcoder SAE with sm.attach_sae")
+        if getattr(transcoders, "cross_layer", False):
+            raise InputError("expected a per-layer transcoder set to attach, found a cross-layer transcoder (a block's "
+                             "prediction sums the features of every block up to it); record the input sites and "
+                             "encode them with transcoders.encode_layer")
+        transcoders.check(self, override=override)
+        chosen = list(range(self.n_layers)) if layers is None else hooknames.parse_layers(layers, self.n_layers)
+        handles: dict = {}
+        try:
+            for layer in chosen:
+                handles[layer] = self.attach_sae(layer_weights(layer), sites(layer)[0])
+        except BaseException:
+            for h in handles.values():
+                h.remove()
+            raise
+        return saesites.TranscodersHandle.of(self.hooks, handles, f"transcoders at blocks {chosen}")
 
     def edit(self, hooks: str | Iterable[str] | dict | None = None, *, add=None, ablate=None, replace=None,
              clamp=None, value: float = 0.0, fn: Callable | None = None, scale: float = 1.0,

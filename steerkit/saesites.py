@@ -2,17 +2,25 @@
 
 ``sm.attach_sae(sae)`` (:meth:`steerkit.SteerModel.attach_sae`) registers one hook at the SAE's site and
 returns its :class:`SAEHandle` (a context manager, removed on exit, also after an exception). While it is
-attached, four sub-sites of the site are hook names, sae-lens's (:data:`~steerkit.hooks.names.SAE_HOOKS`):
+attached, sub-sites of the site are hook names, sae-lens's (:data:`~steerkit.hooks.names.SAE_SUB_HOOKS`):
 
 ===============================  =============================  =================================================
 name                             shape                          value
 ===============================  =============================  =================================================
 ``{site}.hook_sae_input``        ``[batch, pos, d_in]``         the activation as the SAE reads it: in the SAE's
                                                                 dtype, attention heads flattened
+``{site}.hook_sae_acts_pre``     ``[batch, pos, d_sae]``        the pre-activations, ``sae.pre_acts(x)``
 ``{site}.hook_sae_acts_post``    ``[batch, pos, d_sae]``        the latents, ``sae.encode(x)``
+``{site}.hook_sae_output``       ``[batch, pos, d_out]``        the decoded output, ``sae.decode(f, x)``
 ``{site}.hook_sae_recons``       ``[batch, pos, d_in]``         the reconstruction, ``sae.decode(f, x)``
 ``{site}.hook_sae_error``        ``[batch, pos, d_in]``         what it misses, ``x - recons``
 ===============================  =============================  =================================================
+
+A transcoder (``sm.attach_sae`` of a transcoder ``SAE``, or ``sm.attach_transcoders(tc, layers=...)`` for the
+blocks of a :class:`steerkit.vectors.Transcoders`, one :class:`TranscodersHandle`) is attached at the site it
+reads (``blocks.{l}.mlp.hook_in``); its sub-sites are :data:`~steerkit.hooks.names.TRANSCODER_HOOKS`: the input,
+the pre-activations, the latents and ``hook_sae_output``, its prediction of the site it writes (it reconstructs
+nothing at its own site, so ``hook_sae_recons`` / ``hook_sae_error`` are refused there).
 
 ``sm.record`` reads them like any site (positions, forward passes and KV-cached generation, the
 sharded dataset of :func:`steerkit.recording.record_dataset`): a record of sub-sites subscribes its
@@ -40,7 +48,8 @@ from torch import Tensor
 
 from steerkit.errors import InputError
 from steerkit.hooks.manager import ActivationCache, HookHandle, HookManager, SiteCall
-from steerkit.hooks.names import SAE_ACTS, SAE_ERROR, SAE_HOST_HOOKS, SAE_INPUT, SAE_RECONS, Site
+from steerkit.hooks.names import (SAE_ACTS, SAE_ACTS_PRE, SAE_ERROR, SAE_HOOKS, SAE_HOST_HOOKS, SAE_INPUT, SAE_OUTPUT,
+                                  SAE_RECONS, TRANSCODER_HOOKS, Site)
 from steerkit.hooks.positions import PositionSpec
 from steerkit.interventions import Intervention
 from steerkit.sae.weights import SAEWeights
@@ -71,9 +80,6 @@ def sae_parts(sae: Any, site: Optional[str] = None) -> tuple[SAEWeights, str]:
     if site is None:
         raise InputError("expected site= (a hook name such as 'blocks.3.hook_resid_post') for an SAEWeights, which "
                          "does not know where it reads, found none; or load the SAE with steerkit.load_sae")
-    if weights.transcoder:
-        raise InputError("expected an autoencoder (it reconstructs the site it reads), found a transcoder (it "
-                         "predicts another site); encode its input with sae.encode(...) on recorded activations")
     return weights, site
 
 
@@ -103,11 +109,21 @@ class SAEHandle(HookHandle):
 
     @property
     def names(self) -> list[str]:
-        """The four sub-sites' names: input, latents, reconstruction, error."""
-        return [f"{self.site}.{k}" for k in (SAE_INPUT, SAE_ACTS, SAE_RECONS, SAE_ERROR)]
+        """The main sub-sites' names: an autoencoder's (:data:`~steerkit.hooks.names.SAE_HOOKS`): input, latents,
+        reconstruction, error; a transcoder's (:data:`~steerkit.hooks.names.TRANSCODER_HOOKS`): input, latents,
+        pre-activations, prediction. ``{site}.hook_sae_acts_pre`` and ``{site}.hook_sae_output`` can be recorded
+        for an autoencoder too."""
+        kinds = TRANSCODER_HOOKS if self.weights.transcoder else SAE_HOOKS
+        return [f"{self.site}.{k}" for k in kinds]
 
     def subscribe(self, cache: ActivationCache, names: Sequence[str]) -> Callable[[], None]:
         """Feed ``cache`` the sub-sites ``names`` on every pass; returns the function that stops it."""
+        if self.weights.transcoder:
+            bad = [n for n in names if n.rsplit(".", 1)[1] not in TRANSCODER_HOOKS]
+            if bad:
+                raise InputError(f"expected a transcoder's sub-sites {[f'{self.site}.{k}' for k in TRANSCODER_HOOKS]}, "
+                                 f"found {bad}; a transcoder predicts another site: record its prediction "
+                                 f"({self.site}.{SAE_OUTPUT}) and that site, whose difference is its error")
         entry = (cache, tuple(names))
         self._subs.append(entry)
 
@@ -135,11 +151,14 @@ class SAEHandle(HookHandle):
         w = self.weights
         x = rows.to(w.dtype)
         out = {SAE_INPUT: x}
-        if kinds - {SAE_INPUT}:
+        if SAE_ACTS_PRE in kinds:
+            out[SAE_ACTS_PRE] = w.pre_acts(x)
+        if kinds - {SAE_INPUT, SAE_ACTS_PRE}:
             out[SAE_ACTS] = f = w.encode(x)
-            if kinds & {SAE_RECONS, SAE_ERROR}:
-                out[SAE_RECONS] = y = w.decode(f, x)
-                out[SAE_ERROR] = x - y
+            if kinds & {SAE_RECONS, SAE_ERROR, SAE_OUTPUT}:
+                out[SAE_RECONS] = out[SAE_OUTPUT] = y = w.decode(f, x)
+                if SAE_ERROR in kinds:
+                    out[SAE_ERROR] = x - y
         return out
 
     def fingerprint(self) -> str:
@@ -159,6 +178,52 @@ class SAEHandle(HookHandle):
     def __repr__(self) -> str:
         splice = "" if self.splice is None else f", splice=True, keep_error={self.keep_error}"
         return f"SAEHandle({self.site!r}, d_sae={self.weights.d_sae}{splice}, active={self.active})"
+
+
+class TranscodersHandle(HookHandle):
+    """The transcoders of some blocks attached at their input sites (``sm.attach_transcoders``): one
+    :class:`SAEHandle` per block in :attr:`layers`; ``with`` (or :meth:`remove`) removes them all. While attached,
+    each block's :data:`~steerkit.hooks.names.TRANSCODER_HOOKS` sub-sites can be recorded (:meth:`names`).
+
+    Examples:
+        >>> from steerkit.vectors import Provenance, Transcoders
+        >>> g = torch.Generator().manual_seed(0)
+        >>> L, d = tiny.n_layers, tiny.d_model
+        >>> tc = Transcoders([torch.randn(32, d, generator=g) / 8 for _ in range(L)], [torch.zeros(32)] * L,
+        ...                  [torch.randn(32, d, generator=g) / 8 for _ in range(L)], [torch.zeros(d)] * L,
+        ...                  provenance=Provenance.from_model(tiny))
+        >>> with tiny.attach_transcoders(tc, layers=[1, 2]) as h, tiny.record(["blocks.2.mlp.hook_in", h.names(2)[1]]) as c:
+        ...     _ = tiny.forward("hello world", chat=False)
+        >>> h.layers, h.names(2)[1]
+        ([1, 2], 'blocks.2.mlp.hook_in.hook_sae_acts_post')
+        >>> torch.allclose(c[h.names(2)[1]], tc.encode_layer(c["blocks.2.mlp.hook_in"], 2))
+        True
+        >>> h.active, tiny.hook_count()
+        (False, 0)
+    """
+
+    handles: dict
+
+    @classmethod
+    def of(cls, manager: HookManager, handles: dict, label: str) -> "TranscodersHandle":
+        """One handle over ``handles`` (``{layer: SAEHandle}``): removing it removes them all."""
+        h = cls([x.remove for x in handles.values()], manager, label)
+        h.handles = dict(handles)
+        return h
+
+    @property
+    def layers(self) -> list[int]:
+        """The blocks whose transcoders are attached."""
+        return list(self.handles)
+
+    def names(self, layer: int) -> list[str]:
+        """Block ``layer``'s sub-sites: input, latents, pre-activations, prediction (:attr:`SAEHandle.names`)."""
+        if layer not in self.handles:
+            raise InputError(f"expected one of the attached blocks {self.layers}, found {layer!r}")
+        return self.handles[layer].names
+
+    def __repr__(self) -> str:
+        return f"TranscodersHandle(layers={self.layers}, active={self.active})"
 
 
 def attach(manager: HookManager, weights: SAEWeights, site: Site) -> SAEHandle:

@@ -10,8 +10,8 @@ How it fits together
   :class:`ConditionalRule` values), ``payload`` (the stored form), ``evaluation`` (the one part that
   runs a model: a condition's decisions on prompts), ``sae`` (:class:`SAE`: a sparse autoencoder or
   transcoder at a hook site), ``transcoders`` (:class:`Transcoders`: a transcoder per block, what attribution
-  graphs trace through), ``latent`` (:class:`LatentClamp`: a clamp of an SAE's latents, what a server
-  request names). Each kind holds tensors and a :class:`Provenance`
+  graphs trace through), ``latent`` (:class:`LatentClamp`: a clamp of an SAE's latents, or of transcoder
+  features over several blocks (:class:`ClampPart`), what a server request names). Each kind holds tensors and a :class:`Provenance`
   (:mod:`.provenance`, which also holds :func:`model_fingerprint`).
 * :mod:`.sae_files` -- :func:`load_sae` (``steerkit.load_sae``): sae-lens and sparsify folders, steerkit SAE
   files and store references as an :class:`SAE`.
@@ -40,7 +40,7 @@ if __name__ != "steerkit.vectors":  # found as a top-level `vectors` from a chec
     runpy.run_path(f"{__path__[0]}/../steerkit/_rootnames.py")["hand_over"](__name__)
 else:
     from .apply import check_against, check_compatible, facts_of, fingerprint_of
-    from .artifacts import (ARTIFACT_KINDS, SAE, ConditionalSteering, ConditionVector, DirectionSet, LatentClamp, LayerSchedule,
+    from .artifacts import (ARTIFACT_KINDS, SAE, ClampPart, ConditionalSteering, ConditionVector, DirectionSet, LatentClamp, LayerSchedule,
                             Probe, Region, ConditionalRule, SteeringVector, Transcoders)
     from .errors import (
         ArtifactFormatError, ExportError, ModelMismatchError, PathExistsError, StoreError, UnsafeNameError, VectorsError,
@@ -54,7 +54,7 @@ else:
 
     __all__ = [
         "SteeringVector", "DirectionSet", "Probe", "Region", "LayerSchedule", "ConditionVector", "ConditionalSteering",
-        "ConditionalRule", "SAE", "LatentClamp", "load_sae", "Transcoders", "load_transcoders", "ARTIFACT_KINDS",
+        "ConditionalRule", "SAE", "LatentClamp", "ClampPart", "load_sae", "Transcoders", "load_transcoders", "ARTIFACT_KINDS",
         "Provenance", "model_fingerprint", "prompts_hash", "LAYER_BASE", "SCHEMA_VERSION",
         "Store", "parse_ref", "export", "import_artifact", "load_artifact", "save_artifact", "easysteer_request",
         "FORMATS", "check_compatible", "check_against", "facts_of", "fingerprint_of", "write_dequantized_gguf", "write_orthogonalized_gguf",

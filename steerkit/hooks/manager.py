@@ -628,8 +628,12 @@ class HookManager:
                           cls=RecordHandle)
         assert isinstance(h, RecordHandle)
         # an attached SAE's sub-sites: its hook at the site computes them for this cache
-        for host in dict.fromkeys(s.parent for s in sites if s.parent is not None):
-            h._removers.append(self.saes[host].subscribe(cache, [s.name for s in sites if s.parent == host]))
+        try:
+            for host in dict.fromkeys(s.parent for s in sites if s.parent is not None):
+                h._removers.append(self.saes[host].subscribe(cache, [s.name for s in sites if s.parent == host]))
+        except BaseException:
+            h.remove()
+            raise
         h.cache = cache
         h.records_generated = selects_generated(positions)
         return h

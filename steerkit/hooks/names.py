@@ -23,11 +23,14 @@ logits by the family's rule), ``mlp.hook_expert_weights`` / ``hook_expert_indice
 (record only; the indices int64) and ``mlp.hook_expert_out`` ``[batch, pos, n_experts, d_model]`` (each
 expert's weighted contribution, zero for experts a token does not use; their sum, plus the shared
 expert's where the family has one, is what the block adds). While a sparse autoencoder is attached at a
-site (``sm.attach_sae``), four sub-sites of it carry sae-lens's names (:data:`SAE_HOOKS`):
+site (``sm.attach_sae``), sub-sites of it carry sae-lens's names (:data:`SAE_SUB_HOOKS`; an autoencoder's
+handle lists the four of :data:`SAE_HOOKS`, a transcoder's those of :data:`TRANSCODER_HOOKS`):
 ``{site}.hook_sae_input`` ``[batch, pos, d_in]`` (the activation as the SAE reads it, in the SAE's dtype),
-``{site}.hook_sae_acts_post`` ``[batch, pos, d_sae]`` (the latents), ``{site}.hook_sae_recons`` and
-``{site}.hook_sae_error`` ``[batch, pos, d_in]`` (the reconstruction and what it misses); they are
-recorded, not edited. Layers are 0-based block indices;
+``{site}.hook_sae_acts_pre`` / ``hook_sae_acts_post`` ``[batch, pos, d_sae]`` (the pre-activations, the
+latents), ``{site}.hook_sae_output`` ``[batch, pos, d_out]`` (the decoded output: an autoencoder's
+reconstruction, a transcoder's prediction of the site it writes), and for an autoencoder
+``{site}.hook_sae_recons`` and ``{site}.hook_sae_error`` ``[batch, pos, d_in]`` (the reconstruction and what it
+misses); they are recorded, not edited. Layers are 0-based block indices;
 ``hook_resid_post`` of block ``l`` is the output of that block, which is also
 ``hook_resid_pre`` of block ``l + 1``.
 """
@@ -69,13 +72,19 @@ FINAL_HOOK = FINAL_OUT
 #: docstring); valid only while an SAE is attached at ``site``
 SAE_HOOKS = ("hook_sae_input", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error")
 SAE_INPUT, SAE_ACTS, SAE_RECONS, SAE_ERROR = SAE_HOOKS
+#: the pre-activations and the decoded output (an autoencoder's reconstruction, a transcoder's prediction)
+SAE_ACTS_PRE, SAE_OUTPUT = "hook_sae_acts_pre", "hook_sae_output"
+#: every sub-site kind an attached SAE or transcoder may have
+SAE_SUB_HOOKS = SAE_HOOKS + (SAE_ACTS_PRE, SAE_OUTPUT)
+#: an attached transcoder's sub-sites (it predicts another site: no reconstruction or error of its own input)
+TRANSCODER_HOOKS = (SAE_INPUT, SAE_ACTS, SAE_ACTS_PRE, SAE_OUTPUT)
 #: the kinds of site an SAE can be attached to: rows of features ``[batch, pos, features]`` (attention heads
 #: flattened), which an edit may replace
 SAE_HOST_HOOKS = BLOCK_HOOKS + HEAD_HOOKS + MLP_HOOKS + (MLP_IN, "ln1.hook_normalized", "ln2.hook_normalized",
                                                         FINAL_NORMALIZED, FINAL_OUT)
 #: hook kinds (:attr:`Site.kind`) that can be recorded but not edited: the norms' scales, the routing and an
 #: attached SAE's sub-sites
-RECORD_ONLY = (FINAL_SCALE, "ln1.hook_scale", "ln2.hook_scale") + ROUTING_HOOKS + SAE_HOOKS
+RECORD_ONLY = (FINAL_SCALE, "ln1.hook_scale", "ln2.hook_scale") + ROUTING_HOOKS + SAE_SUB_HOOKS
 _BLOCK_KINDS = BLOCK_HOOKS + COMPONENT_HOOKS + MOE_HOOKS
 _RE = re.compile(r"blocks\.(-?[0-9]+)\.((?:attn\.|mlp\.|ln1\.|ln2\.)?hook_[a-z_]+)\Z", re.ASCII)
 _SAE_RE = re.compile(r"(.+)\.(hook_sae_[a-z_]+)\Z", re.ASCII)
@@ -89,7 +98,7 @@ def record_only_error(name: str) -> InputError:
         expected edits at hooks that can be edited, found one at 'blocks.3.ln1.hook_scale', which can only be recorded (a norm's scale); edit 'blocks.3.ln1.hook_normalized' instead
     """
     where = name.rsplit(".", 1)[0]
-    if name.endswith(SAE_HOOKS):
+    if name.endswith(SAE_SUB_HOOKS):
         return InputError(f"expected edits at hooks that can be edited, found one at {name!r}, an attached SAE's "
                           f"sub-site, which can only be recorded; edit its latents with "
                           f"Intervention.sae_latent({where!r}, sae, latents, value=...), or splice the SAE in with "
@@ -123,7 +132,7 @@ class Site:
     def parent(self) -> str | None:
         """The site an attached SAE's sub-site belongs to (``blocks.3.hook_resid_post`` for
         ``blocks.3.hook_resid_post.hook_sae_acts_post``); ``None`` for every other site."""
-        return self.name[: -len(self.kind) - 1] if self.kind in SAE_HOOKS else None
+        return self.name[: -len(self.kind) - 1] if self.kind in SAE_SUB_HOOKS else None
 
     @property
     def block_index(self) -> int:
@@ -136,7 +145,7 @@ class Site:
 
 def parse(name: str, n_layers: int, *, has_resid_mid: bool = True, sae_sites: Collection[str] = ()) -> Site:
     """Parse and check a hook name against a model with ``n_layers`` blocks. ``sae_sites``: the sites an SAE
-    is attached to, whose :data:`SAE_HOOKS` sub-sites are then valid names.
+    is attached to, whose :data:`SAE_SUB_HOOKS` sub-sites are then valid names.
 
     Examples:
         >>> parse("blocks.3.hook_resid_post.hook_sae_acts_post", 4, sae_sites={"blocks.3.hook_resid_post"})
@@ -182,8 +191,8 @@ def parse(name: str, n_layers: int, *, has_resid_mid: bool = True, sae_sites: Co
 
 def _parse_sae(name: str, host: str, kind: str, n_layers: int, has_resid_mid: bool, sae_sites: Collection[str]) -> Site:
     """An attached SAE's sub-site ``{host}.{kind}``, checked: a known kind, a valid host, an SAE there."""
-    if kind not in SAE_HOOKS:
-        raise HookNameError(f"expected an SAE sub-site {' or '.join(repr(f'{host}.{k}') for k in SAE_HOOKS)}, "
+    if kind not in SAE_SUB_HOOKS:
+        raise HookNameError(f"expected an SAE sub-site {' or '.join(repr(f'{host}.{k}') for k in SAE_SUB_HOOKS)}, "
                             f"found {name!r:.120}")
     try:
         site = parse(host, n_layers, has_resid_mid=has_resid_mid)

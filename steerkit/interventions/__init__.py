@@ -36,7 +36,8 @@ The package, one concern a module: :mod:`~steerkit.interventions.facts` (:class:
 builder), :mod:`~steerkit.interventions.values` (:class:`Intervention`, :class:`Gate`),
 :mod:`~steerkit.interventions.conditions` (CAST: :class:`Condition`, :class:`When`, :class:`Decisions`,
 the one decision accumulator), :mod:`~steerkit.interventions.latents` (:class:`LatentEdit`: a sparse
-autoencoder's latents clamped, what :meth:`Intervention.sae_latent` carries), :mod:`~steerkit.interventions.lower` (:class:`Steerable`, :func:`lower`, :func:`from_config`),
+autoencoder's latents clamped, what :meth:`Intervention.sae_latent` carries, a transcoder's across two sites
+through the steering's one :class:`SiteReads`), :mod:`~steerkit.interventions.lower` (:class:`Steerable`, :func:`lower`, :func:`from_config`),
 :mod:`~steerkit.interventions.program` (:func:`compile_steering`, :class:`SiteProgram`, :class:`CompiledSteering`)
 and :mod:`~steerkit.interventions.server` (:func:`server_mask_of`). Every name is importable from
 ``steerkit.interventions``; so are the kernels' names the layers above use (:data:`MAX_HALFSPACES`,
@@ -54,7 +55,7 @@ from steerkit.kernels import bind_steer as bind_steer, orthonormalize as orthono
 from steerkit.interventions.conditions import (CONDITION_AGGREGATES, CONDITION_COMPARATORS, CONDITION_MEASURES, RULE_MODES, Condition,
                          Decisions, When, aggregate_rows, condition_similarity)
 from steerkit.interventions.facts import ModelFacts
-from steerkit.interventions.latents import LatentEdit, clamp_target, latent_indices, sae_weights
+from steerkit.interventions.latents import LatentEdit, SiteReads, clamp_target, latent_indices, sae_weights
 from steerkit.interventions.lower import Steerable, from_config, lower
 from steerkit.interventions.program import (MAX_POSITION_SPECS, CompiledSteering, MaskOf, SiteProgram, TorchStep,
                                            compile as compile, compile_steering)
@@ -65,5 +66,5 @@ __all__ = ["ModelFacts", "Intervention", "Gate", "Op", "OPS", "KERNEL_OPS", "Ste
            "Decisions", "CONDITION_AGGREGATES", "CONDITION_COMPARATORS", "CONDITION_MEASURES", "RULE_MODES",
            "aggregate_rows", "condition_similarity", "Steerable", "lower", "from_config", "compile_steering",
            "kernel_config", "CompiledSteering", "TorchStep",
-           "SiteProgram", "MaskOf", "MAX_POSITION_SPECS", "server_mask_of", "LatentEdit", "clamp_target", "latent_indices",
+           "SiteProgram", "MaskOf", "MAX_POSITION_SPECS", "server_mask_of", "LatentEdit", "SiteReads", "clamp_target", "latent_indices",
            "sae_weights"]

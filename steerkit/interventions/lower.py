@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from steerkit.errors import InputError
-from steerkit.hooks.names import EXPERT_OUT, HEAD_HOOKS, MATRIX_HOOKS, MLP_HOOKS
+from steerkit.hooks.names import EXPERT_OUT, HEAD_HOOKS, MATRIX_HOOKS, MLP_HOOKS, RECORD_ONLY
 from steerkit.hooks.names import parse as parse_hook
 from steerkit.kernels import SteerConfig
 from steerkit.kernels.config import add_terms
@@ -261,3 +261,24 @@ def _check_condition(c: Condition, facts: ModelFacts) -> Condition:
         raise InputError(f"expected the condition direction at {c.site!r} of shape [{w}], found "
                          f"[{c.direction.shape[0]}]; was it fitted on another model or at another site?")
     return c
+
+
+def _check_source(p: Intervention, facts: ModelFacts) -> Optional[str]:
+    """The site ``p``'s latent edit reads (``None``: its own), checked against the model: a site it has that holds
+    rows of features as wide as the encoder reads."""
+    if p.latent is None or p.latent.source is None:
+        return None
+    source = p.latent.source
+    try:
+        kind = parse_hook(source, facts.n_layers, has_resid_mid=facts.has_resid_mid).kind
+    except (KeyError, ValueError) as e:  # HookNameError, InputError
+        raise InputError(f"expected the source of the latent edit at {p.site!r} to be a site of this model, found "
+                         f"{source!r}: {e}") from None
+    if kind in MATRIX_HOOKS or kind in RECORD_ONLY:
+        raise InputError(f"expected the source of the latent edit at {p.site!r} to hold one vector per token (a "
+                         f"residual, sub-layer or component hook), found {source!r}")
+    w = facts.width(kind, source)
+    if w is not None and w != p.latent.d_in:
+        raise InputError(f"expected the transcoder at {p.site!r} to read {w} features at {source!r}, found "
+                         f"d_in={p.latent.d_in}; was it made for another model or another site?")
+    return source

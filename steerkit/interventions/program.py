@@ -17,7 +17,8 @@ from steerkit.hooks.positions import PositionSpec, spec_key, validate_positions
 
 from steerkit.interventions.conditions import Condition, Decisions
 from steerkit.interventions.facts import ModelFacts
-from steerkit.interventions.lower import _check_condition, _structured
+from steerkit.interventions.latents import SiteReads
+from steerkit.interventions.lower import _check_condition, _check_source, _structured
 from steerkit.interventions.values import KERNEL_OPS, Intervention, Steering, kernel_config
 
 #: distinct position specs among one row's kernel interventions at one site (2^n - 1 combinations)
@@ -66,12 +67,22 @@ class SiteProgram:
     """
 
     __slots__ = ("site", "n_groups", "kernel", "table", "specs", "bit_weight", "base", "steps", "simple",
-                 "decode_fast", "preserve_norm", "whens", "conditions", "decisions", "_index_tables")
+                 "decode_fast", "preserve_norm", "whens", "conditions", "decisions", "_index_tables", "reads",
+                 "stores", "_reading")
 
     def __init__(self, site: str, per_group: Sequence[Sequence[Intervention]], *, d_model: int, device, dtype,
                  impl: str, conditions: Sequence[Condition] = (), decisions: Optional[Decisions] = None,
-                 features: Optional[Mapping[int, Tensor]] = None):
+                 features: Optional[Mapping[int, Tensor]] = None, reads: Optional[SiteReads] = None):
         self.site = site
+        # two-site latent edits (transcoders): the steering's one store of source activations
+        self.reads = reads
+        #: whether this site's activation (before its own edits) is stored for an edit at another site
+        self.stores = reads is not None and site in reads.readers
+        self._reading = reads is not None and bool(reads.sources_of(site))
+        if any(p.latent is not None and p.latent.source is not None for g in per_group for p in g) and not self._reading:
+            raise InputError(f"expected the shared SiteReads of a compiled steering at {site!r} (a transcoder's "
+                             "clamp reads another site), found none; build programs with "
+                             "steerkit.interventions.compile_steering")
         self.n_groups = len(per_group)
         # CAST: the conditions evaluated here (read-only) and the decisions every program of the steering shares
         self.conditions = tuple(conditions)
@@ -139,7 +150,7 @@ class SiteProgram:
         self.simple = self.n_groups == 1 and len(self.specs) == 1 and self.table is not None \
             and self.table.n_configs == 1
         # ... and a spec that selects every position of a decoding step: no mask at all there
-        self.decode_fast = self.simple and not self.steps and self.whens[0] is None \
+        self.decode_fast = self.simple and not self.steps and not self.stores and self.whens[0] is None \
             and self.specs[0] in ("all", "generated")
 
     # --- run --------------------------------------------------------------------------
@@ -173,6 +184,9 @@ class SiteProgram:
         groups = None
         if self.n_groups > 1:
             groups = torch.arange(self.n_groups, device=x.device)[:, None].expand(x.shape[0], x.shape[1])
+        if self.stores:  # a local pass stores one activation here: none an interrupted pass left
+            assert self.reads is not None
+            self.reads.drop(self.site)
         return self.apply(x, groups, mask_of, call.start, rule_of)
 
     def _mask(self, positions, when, mask_of: MaskOf, rule_of, lead) -> Optional[Tensor]:
@@ -236,7 +250,21 @@ class SiteProgram:
         ``mask_of(spec)``: the rows a position spec selects (``None``: all of them). ``start``: the
         absolute position of ``h``'s first token (``[batch, pos, ..]`` of a local call; patch uses it).
         ``rule_of(when)``: the rows (broadcastable to ``h.shape[:-1]``) a :class:`When` selects; needed
-        only when an intervention has one."""
+        only when an intervention has one. At a site that a two-site latent edit reads, ``h`` is stored first
+        (:attr:`stores`); an edit that reads another site takes that site's activation of the same pass."""
+        reads = self.reads
+        if self.stores:
+            assert reads is not None
+            reads.put(self.site, h)
+        try:
+            return self._apply(h, groups, mask_of, start, rule_of)
+        finally:
+            if self._reading:
+                assert reads is not None
+                reads.release(self.site)
+
+    def _apply(self, h: Tensor, groups: Optional[Tensor], mask_of: MaskOf, start: int,
+               rule_of: Optional[Callable]) -> Optional[Tensor]:
         out = None
         lead = h.shape[:-1]
         if self.kernel is not None:
@@ -257,7 +285,8 @@ class SiteProgram:
             elif p.op == "patch" and p.tensor is not None:
                 y = self._patched(p.tensor, x, m, start)
             elif p.op == "latent" and p.latent is not None:
-                y = p.latent(x)
+                src = p.latent.source
+                y = p.latent(x) if src is None else p.latent(x, self._source(src, lead).to(x.device))
             elif p.fn is not None:
                 y = p.fn(x)
                 if not isinstance(y, Tensor) or y.shape != x.shape:
@@ -269,6 +298,11 @@ class SiteProgram:
                 y = torch.where(features.to(x.device), y, x)
             out = y if m is None else torch.where(m.unsqueeze(-1), y, x)
         return out
+
+    def _source(self, source: str, lead) -> Tensor:
+        """The activation of ``source`` in this pass (a two-site latent edit reads it)."""
+        assert self.reads is not None
+        return self.reads.get(source, self.site, lead)
 
     def _patched(self, src: Tensor, x: Tensor, m: Optional[Tensor], start: int) -> Tensor:
         """``x`` with the source's rows at its positions (``[batch, T, width]`` from ``start``)."""
@@ -314,6 +348,7 @@ class CompiledSteering:
     n_groups: int
     interventions: tuple
     state: Optional[Decisions] = None  # the conditions' decisions (CAST), shared by the programs
+    reads: Optional[SiteReads] = None  # the source activations two-site latent edits read, shared by the programs
 
     @property
     def conditions(self) -> tuple:
@@ -373,6 +408,7 @@ def compile_steering(steering: Union[Steering, Sequence[Optional[Steering]]], fa
         groups = [[p.at(positions) for p in g] for g in groups]
     sites: dict[str, list[list[Intervention]]] = {}
     features: dict[str, dict[int, Tensor]] = {}  # site -> {id(lowered intervention): the features it writes}
+    readers: dict[str, list[str]] = {}  # source site -> the sites whose latent edits read it
     for gi, g in enumerate(groups):
         for p in g:
             if not isinstance(p, Intervention):
@@ -389,6 +425,13 @@ def compile_steering(steering: Union[Steering, Sequence[Optional[Steering]]], fa
                 raise InputError(f"expected the {p.op} vector of shape [{w}] ({what}) at {p.site!r}, found {shape}; "
                                  "was it computed on another model or at another site?")
             sites.setdefault(p.site, [[] for _ in groups])[gi].append(p)
+            source = _check_source(p, facts)
+            if source is not None:
+                readers.setdefault(source, []).append(p.site)
+    # two-site latent edits (transcoders): every source site gets a program that stores its activation
+    reads = SiteReads(readers) if readers else None
+    for source in readers:
+        sites.setdefault(source, [[] for _ in groups])
     # CAST: every distinct condition (of a rule, or asked for alone) gets one evaluator at its site
     conds: dict = {}
     for c in list(conditions) + [c for g in groups for p in g if p.when is not None for c in p.when.conditions]:
@@ -409,9 +452,10 @@ def compile_steering(steering: Union[Steering, Sequence[Optional[Steering]]], fa
     programs = {s: SiteProgram(s, per_group, d_model=facts.width(parse_hook(s, facts.n_layers).kind, s) or facts.d_model,
                                device=device_of(s), dtype=dtype, impl=impl, conditions=at_site.get(s, ()),
                                decisions=state if s in at_site or any(p.when is not None for g in per_group for p in g)
-                               else None, features=features.get(s))
+                               else None, features=features.get(s),
+                               reads=reads if reads is not None and (s in reads.readers or reads.sources_of(s)) else None)
                 for s, per_group in sites.items()}
-    return CompiledSteering(programs, len(groups), tuple(tuple(g) for g in groups), state)
+    return CompiledSteering(programs, len(groups), tuple(tuple(g) for g in groups), state, reads)
 
 
 def compile(*args, **kwargs) -> CompiledSteering:  # noqa: A001 - the former name, kept working

@@ -198,9 +198,14 @@ class Intervention:
     @classmethod
     def sae_latent(cls, site: str, sae, latents, value=None, scale: Optional[float] = None, *,
                    mode: Literal["clamp", "add"] = "clamp", positions: PositionSpec = "all",
-                   when: Optional[When] = None) -> "Intervention":
+                   when: Optional[When] = None, source: Optional[str] = None) -> "Intervention":
         """Steer with latents of a sparse autoencoder at ``site`` (``sae``: ``steerkit.load_sae(...)`` or
         a :class:`steerkit.sae.SAEWeights`; ``latents``: an index or several).
+
+        A transcoder's clamp is a two-site edit: ``site`` is the site it writes (``blocks.{l}.hook_mlp_out``)
+        and ``source`` the site it reads (``blocks.{l}.mlp.hook_in``; a stored transcoder ``SAE`` gives both);
+        the latents are encoded from the source's activation in the same pass and ``(f_clamped - f) @ W_dec``
+        is added at ``site``, so the MLP's real output stays (see :mod:`steerkit.interventions.latents`).
 
         - ``mode="clamp"``: each latent's activation becomes ``value`` (a number, or one per latent) or
           ``scale`` times itself (exactly one of the two), with the SAE's error term kept:
@@ -227,14 +232,23 @@ class Intervention:
             >>> Intervention.sae_latent("blocks.1.hook_resid_post", sae, 7, scale=3.0, mode="add").op
             'add'
         """
-        # a transcoder's decoder rows belong at the site it predicts
-        site_of = (getattr(sae, "output_site", None) if mode == "add" else None) or getattr(sae, "site", None)
+        # a transcoder's decoder rows (and its clamp) belong at the site it predicts
+        w = sae_weights(sae)
+        own_site, out_site = getattr(sae, "site", None), getattr(sae, "output_site", None)
+        site_of = (out_site if mode == "add" or w.transcoder else None) or own_site
+        if w.transcoder and mode == "clamp":
+            if isinstance(own_site, str) and source is not None and source != own_site:
+                raise InputError(f"expected the transcoder's own input site {own_site!r} as source=, found "
+                                 f"{source!r}; leave source= out")
+            source = source if source is not None else own_site if isinstance(own_site, str) else None
         if isinstance(site_of, str) and site_of != site:
             raise InputError(f"expected the SAE's own site for its latents, found the SAE at {site_of!r} and "
                              f"site={site!r}; pass site={site_of!r} (an SAE's latents mean something only where "
                              "it was trained)")
         if mode == "add":
-            w = sae_weights(sae)
+            if source is not None:
+                raise InputError(f"expected source= only for a transcoder's clamp (mode='clamp'), found it with "
+                                 f"mode='add'; decoder rows are added at {site!r} alone")
             if value is not None:
                 raise InputError("expected scale= (the multiple of the decoder rows to add) with mode='add', found "
                                  "value=; value= sets a latent's activation in mode='clamp'")
@@ -243,7 +257,7 @@ class Intervention:
         if mode != "clamp":
             raise InputError(f"expected mode 'clamp' or 'add', found {mode!r}")
         return cls(site, "latent", None, 1.0, positions=positions, when=when,
-                   latent=LatentEdit.of(sae, latents, value=value, scale=scale))
+                   latent=LatentEdit.of(sae, latents, value=value, scale=scale, source=source))
 
     def at(self, positions: PositionSpec) -> "Intervention":
         """The same intervention at other positions."""
@@ -260,7 +274,7 @@ class Intervention:
         if self.region is not None:
             return int(self.region.mean.shape[0])
         if self.latent is not None:
-            return self.latent.d_in
+            return self.latent.d_out
         return None
 
     def config(self) -> SteerConfig:
@@ -270,7 +284,9 @@ class Intervention:
     def __repr__(self):
         shape = "" if self.tensor is None else f", {tuple(self.tensor.shape)}"
         when = "" if self.when is None else f", when={self.when!r}"
-        return f"Intervention({self.site!r}, {self.op}{shape}, scale={self.scale}, positions={self.positions!r}{when})"
+        source = "" if self.latent is None or self.latent.source is None else f", source={self.latent.source!r}"
+        return (f"Intervention({self.site!r}, {self.op}{shape}, scale={self.scale}, positions={self.positions!r}"
+                f"{source}{when})")
 
 
 Steering = Sequence[Intervention]

@@ -85,8 +85,8 @@ def test_what_attach_refuses(clean):
         tiny.attach_sae(SAE(weights("relu"), SITE), "blocks.0.hook_resid_post")
     tc = SAE(weights("relu", transcoder=True, apply_b_dec_to_input=False), "blocks.1.hook_resid_mid",
              "blocks.1.hook_mlp_out")
-    with pytest.raises(InputError, match="transcoder"):
-        tiny.attach_sae(tc)
+    with pytest.raises(InputError, match="transcoder"):  # attached, it records; it has no reconstruction to splice in
+        tiny.attach_sae(tc, splice=True)
     with pytest.raises(InputError, match="only with splice=True"):
         tiny.attach_sae(weights("relu"), SITE, keep_error=True)
     with pytest.raises(InputError, match="positions"):  # the splice's steering fails: its hook comes off too

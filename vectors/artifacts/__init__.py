@@ -56,7 +56,7 @@ from .payload import ARTIFACT_KINDS, Artifact, artifact_to_payload, payload_to_a
 from .region import Region
 from .sae import SAE, SAE_SAVE_FORMATS
 from . import latent as _latent
-from .latent import LatentClamp
+from .latent import ClampPart, LatentClamp
 from .transcoders import TRANSCODER_ACTIVATIONS, TRANSCODER_SAVE_FORMATS, TRANSCODER_SITES, Transcoders
 from .vector import LEGACY_OPERATIONS, VECTOR_OPERATIONS, LayerSchedule, SteeringVector, canonical_operation
 
@@ -66,7 +66,7 @@ __all__ = [
     "canonical_operation", "HOOK_SITES", "VECTOR_OPERATIONS", "LEGACY_OPERATIONS",
     "CONDITION_SITES", "BEHAVIOR_KINDS", "RULE_MODES", "NESTED_KINDS", "Provenance", "prompts_hash",
     "ArtifactFormatError", "ModelMismatchError", "VectorsError", "SAE", "SAE_SAVE_FORMATS",
-    "LatentClamp", "Transcoders", "TRANSCODER_ACTIVATIONS", "TRANSCODER_SAVE_FORMATS", "TRANSCODER_SITES",
+    "LatentClamp", "ClampPart", "Transcoders", "TRANSCODER_ACTIVATIONS", "TRANSCODER_SAVE_FORMATS", "TRANSCODER_SITES",
 ]
 
 
