@@ -14,6 +14,11 @@ object; each verb sets its own function.
 * ``steerkit circuits batch PROMPTS_FILE --transcoders T [--ray [ADDRESS] --workers N ...] [--json OUT]`` computes
   every prompt's pruned graph (:func:`steerkit.probes.attribution_graphs`), here or on Ray workers that each load
   the model and the transcoders once, and prints the features that recur across the prompts.
+* ``steerkit circuits steer GRAPH --nodes 3,17,42 --transcoders T --save NAME (--scale S | --value V) [--positions
+  all|graph|last|3,5 --store S --top 5 --json]`` turns feature nodes of a saved graph into a stored
+  :class:`~steerkit.vectors.LatentClamp` over their blocks (:func:`steerkit.probes.supernode_clamp`: a supernode
+  scaled, ablated with ``--scale 0``, or clamped), saves it in the store (``sm.steer`` and a served request name it
+  like any artifact) and prints the graph's prompt's logit targets and top tokens without and with it.
 
 Exit codes: 0 success, 2 bad input (one ``steerkit: error:`` line), 1 an operating-system error.
 """
@@ -21,14 +26,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from steerkit.cli._common import (add_model_options, add_ray_options, check_min, check_output_path, load_model_from,
                                   model_with_workers, ray_executor, read_prompts)
 from steerkit.errors import InputError
 from steerkit.executors import ModelSpec, RayExecutor
-from steerkit.probes import CircuitSpec, PrunedGraph, attribution_graph, attribution_graphs
+from steerkit.model import Tokens
+from steerkit.probes import (CircuitSpec, Graph, GraphIntervention, PrunedGraph, attribution_graph, attribution_graphs,
+                             supernode_clamp)
 from steerkit.vectors import Store, load_transcoders
 
 #: the longest prompt the command line takes, in characters (a graph's memory grows with its length)
@@ -91,6 +101,29 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     b.add_argument("--min-prompts", type=int, default=2, help="list features kept in at least this many prompts "
                    "(default 2)")
     b.set_defaults(func=run_batch)
+    s = sub.add_parser("steer", help="a graph's nodes as a stored steering: clamp or scale their features",
+                       description="Turn nodes of a saved graph (circuits graph --save) into a LatentClamp over "
+                                   "their blocks (steerkit.probes.supernode_clamp), save it in the store, and show "
+                                   "the graph's prompt's logits with and without it.")
+    s.add_argument("graph", metavar="GRAPH", help="a graph file written by circuits graph --save (Graph.save)")
+    add_model_options(s)
+    s.add_argument("--transcoders", required=True, metavar="T", help="the graph's transcoders (as for circuits "
+                   "graph)")
+    s.add_argument("--store", default=None, help="the store the clamp is saved in and a name@N reference is read "
+                   "from (default: $STEERKIT_STORE or ~/.steerkit/store)")
+    s.add_argument("--nodes", required=True, help="feature nodes, by index in the graph's node order: 3,17,42")
+    how = s.add_mutually_exclusive_group(required=True)
+    how.add_argument("--scale", type=float, default=None, help="scale the features by S (0 ablates them)")
+    how.add_argument("--value", type=float, default=None, help="clamp the features to V")
+    s.add_argument("--positions", default="all", help="where the clamp acts: all (wherever the features fire, on "
+                   "any prompt), graph (only at the nodes' own positions on the graph's prompt), last, or token "
+                   "indices 3,5 (default all)")
+    s.add_argument("--save", required=True, metavar="NAME", help="the store name of the clamp")
+    s.add_argument("--top", type=int, default=5, help="top tokens shown before and after (default 5)")
+    s.add_argument("--override", action="store_true", help="transcoders made on another model's weights: warn, "
+                   "not fail")
+    s.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    s.set_defaults(func=run_steer)
     return p
 
 
@@ -209,4 +242,50 @@ def run_batch(args: argparse.Namespace) -> int:
         print(f"  L{f.layer} F{f.feature}: {f.n_prompts} prompts, mean influence {f.mean_influence:.4g}")
     if args.json:
         print(f"written to {res.to_json(args.json)}")
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    if not re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", text or ""):
+        raise InputError(f"expected {flag} as comma-separated indices such as 3,17,42, found {text!r:.80}")
+    return [int(x) for x in text.split(",")]
+
+
+def run_steer(args: argparse.Namespace) -> int:
+    check_min(args.top, "--top", 1)
+    nodes = _int_list(args.nodes, "--nodes")
+    positions: Any = args.positions
+    if positions not in ("all", "graph", "last", "prompt"):
+        positions = _int_list(positions, "--positions (all, graph, last, prompt or token indices)")
+    graph = Graph.load(args.graph)
+    tc = _transcoders(args)
+    store = Store(args.store) if args.store else Store()
+    clamp = supernode_clamp(graph, tc, nodes, scale=args.scale, value=args.value, positions=positions)
+    sm = load_model_from(args)
+    ids = graph.input_tokens.reshape(1, -1).long().to(sm.device)
+    tokens = Tokens(ids, torch.ones_like(ids))
+    with torch.no_grad():
+        before = sm.forward(tokens)[0, -1].float().cpu()
+        with sm.steer(clamp):
+            after = sm.forward(tokens)[0, -1].float().cpu()
+    ref = store.save(args.save, clamp)
+    shown = set(before.topk(min(args.top, before.numel())).indices.tolist()) | set(
+        after.topk(min(args.top, after.numel())).indices.tolist())
+    texts = {i: sm.tokenizer.decode([i]) for i in sorted(shown)}
+    texts.update({t.vocab_idx: t.token_str for t in graph.logit_targets})
+    how, amount = ("value", float(args.value)) if args.value is not None else ("scale", float(args.scale))
+    effect = GraphIntervention(nodes, how, amount, before, after, list(graph.logit_targets), texts, top_k=args.top,
+                               clamp=clamp)
+    if args.json:
+        print(json.dumps({"saved": ref, "positions": positions, **effect.to_dict()}))
+        return 0
+    parts = ", ".join(f"block {p.sae.output_site.split('.')[1]}: {list(p.latents)}" for p in clamp.parts)
+    print(f"saved {ref}: a latent clamp ({how} {amount:g}) of {len(nodes)} node(s), features {parts}, at positions "
+          f"{positions}")
+    print("on the graph's prompt, the logit targets:")
+    for t in effect.target_changes():
+        print(f"  {t['token']!r}: logit {t['logit_before']:.4g} -> {t['logit_after']:.4g} ({t['logit_change']:+.4g}), "
+              f"probability {t['prob_before']:.3f} -> {t['prob_after']:.3f}")
+    print("top tokens before: " + ", ".join(f"{x['token']!r} {x['prob']:.3f}" for x in effect.top()))
+    print("top tokens after:  " + ", ".join(f"{x['token']!r} {x['prob']:.3f}" for x in effect.top(after=True)))
     return 0

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import steerkit
-from steerkit.probes import Graph, PrunedGraph, attribution_graph, attribution_graphs
+from steerkit.probes import Graph, PrunedGraph, attribution_graph, attribution_graphs, intervene_graph
 from steerkit.vectors import Store
 
 from cli_runs import assert_one_error_line, run_main
@@ -99,3 +99,39 @@ def test_bad_input_is_one_error_line(setup, capsys, argv, fragments):
     args = [a.format(root=root) for a in argv]
     code, _, err = run_main(capsys, "circuits", *args, "--model", root / "tiny", *CPU, "--quiet")
     assert_one_error_line(code, err, *fragments, what=argv)
+
+
+def test_steer_saves_the_supernode_and_shows_its_effect(setup, capsys, tmp_path):
+    root, sm, tc = setup
+    model = ["--model", root / "tiny", *CPU, "--transcoders", root / "tc.safetensors"]
+    code, _, err = run_main(capsys, "circuits", "graph", PROMPT, *model, *GRAPH, "--save", tmp_path / "g.graph")
+    assert code == 0, err
+    graph = Graph.load(tmp_path / "g.graph")
+    assert graph.n_features >= 2
+    store = tmp_path / "store"
+    code, out, err = run_main(capsys, "circuits", "steer", tmp_path / "g.graph", *model, "--nodes", "0,1", "--scale",
+                              "0", "--positions", "graph", "--save", "sn", "--store", store, "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    want = intervene_graph(sm, graph, tc, [0, 1], scale=0.0, top_k=5)
+    assert got["saved"] == "sn@1" and got["nodes"] == [0, 1] and got["how"] == "scale"
+    for g, w in zip(got["targets"], want.target_changes(), strict=True):
+        assert g["token_id"] == w["token_id"] and g["logit_change"] == pytest.approx(w["logit_change"], abs=1e-5)
+    assert [t["token_id"] for t in got["top_after"]] == [t["token_id"] for t in want.top(after=True)]
+    clamp = Store(store).load("sn@1")
+    assert clamp.provenance.method == "supernode_clamp" and clamp.provenance.method_params["nodes"] == [0, 1]
+    # the text form, clamped to a value wherever the features fire
+    code, out, err = run_main(capsys, "circuits", "steer", tmp_path / "g.graph", *model, "--nodes", "1", "--value",
+                              "2.5", "--save", "sn", "--store", store)
+    assert code == 0, err
+    assert out.startswith("saved sn@2: a latent clamp (value 2.5) of 1 node(s)") and "top tokens after" in out
+    for argv, fragments in (([*model, "--nodes", "0,x", "--scale", "0", "--save", "a"], ["--nodes"]),
+                            ([*model, "--nodes", str(graph.n_features), "--scale", "0", "--save", "a"],
+                             ["feature nodes"]),
+                            ([*model, "--nodes", "0", "--scale", "0", "--save", "a", "--positions", "x"],
+                             ["--positions"])):
+        code, _, err = run_main(capsys, "circuits", "steer", tmp_path / "g.graph", *argv, "--store", store)
+        assert_one_error_line(code, err, *fragments, what=argv)
+    code, _, err = run_main(capsys, "circuits", "steer", tmp_path / "missing.graph", *model, "--nodes", "0",
+                            "--scale", "0", "--save", "a")
+    assert_one_error_line(code, err, "missing.graph")
