@@ -279,7 +279,7 @@ def run_steer(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"saved": ref, "positions": positions, **effect.to_dict()}))
         return 0
-    parts = ", ".join(f"block {p.sae.output_site.split('.')[1]}: {list(p.latents)}" for p in clamp.parts)
+    parts = ", ".join(f"{p.sae.output_site}: {list(p.latents)}" for p in clamp.parts)
     print(f"saved {ref}: a latent clamp ({how} {amount:g}) of {len(nodes)} node(s), features {parts}, at positions "
           f"{positions}")
     print("on the graph's prompt, the logit targets:")
