@@ -333,7 +333,7 @@ def attribution_graphs(sm: "SteerModel", transcoders: Transcoders | str | os.Pat
     docstring). ``transcoders``: a :class:`~steerkit.vectors.Transcoders` or what :func:`steerkit.load_transcoders`
     reads. ``executor``: ``None`` (here, on ``sm``), a :class:`~steerkit.executors.LocalExecutor`, or a
     :class:`~steerkit.executors.RayExecutor` whose workers load a :class:`CircuitSpec` (the same model as ``sm``:
-    its fingerprint is checked). ``graph_options`` go to :func:`~steerkit.probes.attribution_graph`
+    its fingerprint is checked; the graphs use the transcoders the spec names, and ``transcoders`` is not read). ``graph_options`` go to :func:`~steerkit.probes.attribution_graph`
     (``max_feature_nodes``, ``batch_size``, ``max_n_logits``, ``offload`` ...); the thresholds to
     :func:`~steerkit.probes.prune_graph`; ``keep_graphs=True`` keeps each full :class:`Graph` too. ``progress``: a
     bar over the prompts.
