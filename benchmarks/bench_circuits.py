@@ -76,7 +76,7 @@ def worker_steerkit(job: dict) -> dict:
     _reset_peak()
     t0, c0 = time.perf_counter(), time.process_time()
     graph = attribution_graph(sm, tc, ids, max_feature_nodes=job["max_feature_nodes"], batch_size=job["batch_size"],
-                              progress=False)
+                              progress=False, **job.get("options", {}))
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return dict(_summary(graph, seconds, before, job), cpu_s=cpu)
 

@@ -133,6 +133,11 @@ TARGETS.update({
     "attribution graph at 64 tokens, speedup over circuit-tracer": Target(
         "circuits", "speedup_vs_circuit_tracer", ">=", 2.0, "x", "docs/circuits.md and bench_circuits.py (2x at 64 tokens)",
         where=(("library", ("steerkit",)), ("tokens", ("64",))), label=("tokens", "threads")),
+    "attribution graph at 512 tokens, 8192 features, offloaded rows: peak memory": Target(
+        "circuits_memory", "peak_rss_mib", "<=", 6144.0, "MiB",
+        "docs/circuits.md and bench_circuits_memory.py (at most 6 GiB at 512 tokens)",
+        where=(("library", ("steerkit",)), ("tokens", ("512",)), ("options", ('{"offload": true}',))),
+        label=("tokens", "options")),
     "attribution graph, peak memory over circuit-tracer's": Target(
         "circuits", "peak_rss_vs_circuit_tracer", "<=", 1.0, "x",
         "docs/circuits.md and bench_circuits.py (at most its memory at every length)",
@@ -150,6 +155,9 @@ SOURCES: dict[str, tuple[str, str]] = {
     "circuits": ("benchmarks/bench_circuits.py", "attribution graphs: steerkit's attribution_graph vs circuit-tracer "
                                                  "0.5.0's attribute, same model, transcoders, prompt and settings: "
                                                  "graph time and peak memory, with the graphs' agreement"),
+    "circuits_memory": ("benchmarks/bench_circuits_memory.py", "attribution graphs of long prompts: the peak "
+                        "resident memory of steerkit's attribution_graph and of circuit-tracer 0.5.0's attribute "
+                        "(stopped by a time limit or a memory cap: a lower bound of its peak)"),
     "dtype": ("benchmarks/bench_dtype.py", "bfloat16 vs float32 on the default model: decoding and recording"),
     "generation": ("benchmarks/bench_generation.py", "steered vs unsteered greedy generation, per library"),
     "gpu_kernels": ("benchmarks/gpu_kernels.py", "the fused Triton steering kernel on a CUDA GPU, per case"),
@@ -209,6 +217,7 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "batch_scaling": ("gain_vs_ref", ("rows",), "kind"),
     "continuation": ("median_s", ("condition",), "mode"),
     "circuits": ("graph_s", ("tokens", "threads"), "library"),
+    "circuits_memory": ("peak_rss_mib", ("tokens", "options"), "library"),
     "dtype": ("cpu_ms", ("work",), "dtype"),
     "generation": ("paired_overhead_pct", ("library", "edit"), "batch"),
     "gpu_kernels": ("frac_of_copy", ("case", "dtype"), None),

@@ -52,7 +52,11 @@ How it fits together
   (:class:`steerkit.vectors.Transcoders`) as circuit-tracer does, its replacement model written out and
   transposed; :mod:`.graph` -- the :class:`Graph` it returns (circuit-tracer's fields and node order),
   :func:`prune_graph`, :func:`compute_graph_scores` and :meth:`Graph.to_json`; :mod:`.graph_json` -- that
-  frontend file (circuit-tracer's, checked against Neuronpedia's schema); :mod:`.circuits` -- from a graph to a
+  frontend file (circuit-tracer's, checked against Neuronpedia's schema); :mod:`.graph_rows` -- where a graph's
+  rows are kept while it is computed (in memory, or a temporary file with ``offload=``);
+  :mod:`.attribution_batch` -- :func:`attribution_graphs`: many prompts' pruned graphs (:class:`PrunedGraph`), here
+  or on Ray workers that load a :class:`CircuitSpec` once, and the features that recur across them
+  (:class:`AttributionGraphs`); :mod:`.circuits` -- from a graph to a
   steering: :func:`supernode_clamp` (some feature nodes as a stored :class:`steerkit.vectors.LatentClamp` over
   their blocks, the transcoders' two-site clamps, at any prompt's positions or the nodes' own) and
   :func:`intervene_graph` (the graph's prompt run with them clamped: the top logits and each target's change,
@@ -98,6 +102,7 @@ else:
                         pairs_hash, preference_margins, preference_pairs, train_bipo, train_promptless)
     from .graph import Graph, LogitTarget, PruneResult, compute_graph_scores, prune_graph
     from .attribution import attribution_graph
+    from .attribution_batch import AttributionGraphs, CircuitSpec, PrunedGraph, attribution_graphs
     from .circuits import GraphIntervention, intervene_graph, supernode_clamp
 
     __all__ = [
@@ -119,6 +124,7 @@ else:
         "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution",
         "top_latents", "TopLatents",
         "attribution_graph", "Graph", "LogitTarget", "PruneResult", "prune_graph", "compute_graph_scores",
+        "attribution_graphs", "AttributionGraphs", "PrunedGraph", "CircuitSpec",
         "supernode_clamp", "intervene_graph", "GraphIntervention",
     ]
 

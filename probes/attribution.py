@@ -43,6 +43,7 @@ mixture-of-experts MLPs) are supported; the others raise :class:`~steerkit.Unsup
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import warnings
@@ -61,10 +62,14 @@ from steerkit.vectors import Transcoders
 from steerkit.vectors.safety import release_pages
 
 from .graph import Graph, LogitTarget
+from .graph_rows import RowStore
 
 log = logging.getLogger("steerkit.attribution")
 #: the transcoder inputs the replacement model can be built around
 ATTRIBUTION_INPUTS = ("mlp.hook_in", "ln2.hook_normalized", "hook_resid_mid")
+#: positions whose features' decoder rows are padded together for one batched product (the padding is the busiest
+#: position's count within a span, not the prompt's)
+SPAN = 16
 
 
 # ---------------------------------------------------------------------------------------------- tokens and targets
@@ -299,11 +304,12 @@ class _Features:
         self.tc, self.device = tc, rep.device
         L, P, dev, home = rep.L, rep.P, rep.device, tc.device
         idx, vals, recon = [], [], torch.zeros(L, P, rep.d, device=dev)
-        self.blocks: list[list[tuple[int, Tensor, Tensor, list[int]]]] = [[] for _ in range(L)]
+        self.blocks: list[list[tuple[int, int, Tensor, Tensor, list[int]]]] = [[] for _ in range(L)]
         self.W_skip = None if tc.W_skip is None else [w.to(dev, torch.float32) for w in tc.W_skip]
         self.offset = [0]
         for l in range(L):
             acts = tc.encode_layer(rep.x_in[l].to(home), l).to(dev, torch.float32)
+            release_pages(tc.W_enc[l])  # a memory-mapped encoder read whole: its pages go back (rows read on use)
             acts[0] = 0  # the special token in front: no features there
             pos, feat = acts.nonzero(as_tuple=True)
             idx.append(torch.stack([torch.full_like(pos, l), pos, feat], dim=1))
@@ -334,27 +340,39 @@ class _Features:
 
     def _block(self, target: int, lo: int, pos: Tensor, dec: Tensor, P: int) -> None:
         """Record a writer into block ``target``: its features (columns from ``lo``, at positions ``pos``, sorted) and
-        their decoder rows times activations ``dec`` ``[n, d]``, padded per position: ``(column offset, decoders
-        [P, d, kmax], flat index, start per position)``."""
-        n = len(pos)
-        if n == 0:
+        their decoder rows times activations ``dec`` ``[n, d]``, padded per position within spans of ``SPAN``
+        positions (a span's padding is its own busiest position's count): ``(first position, first column,
+        decoders [span, d, kmax], flat index, start per position)`` per span that holds features."""
+        if len(pos) == 0:
             return
         counts = torch.bincount(pos, minlength=P)
-        start = torch.cumsum(counts, 0) - counts
-        kmax = int(counts.max())
-        slot = torch.arange(n, device=self.device) - start[pos]
-        D = torch.zeros(P, kmax, dec.shape[-1], device=self.device)
-        D[pos, slot] = dec
-        self.blocks[target].append((lo, D.transpose(1, 2).contiguous(), pos * kmax + slot, start.tolist() + [n]))
+        ends = torch.cumsum(counts, 0).tolist()
+        for p0 in range(0, P, SPAN):
+            p1 = min(p0 + SPAN, P)
+            a, b = (ends[p0 - 1] if p0 else 0), ends[p1 - 1]
+            if a == b:
+                continue
+            c = counts[p0:p1]
+            start = torch.cumsum(c, 0) - c
+            kmax = int(c.max())
+            sp = pos[a:b] - p0
+            slot = torch.arange(b - a, device=self.device) - start[sp]
+            D = torch.zeros(p1 - p0, kmax, dec.shape[-1], device=self.device)
+            D[sp, slot] = dec[a:b]
+            self.blocks[target].append((p0, lo + a, D.transpose(1, 2).contiguous(), sp * kmax + slot,
+                                        start.tolist() + [b - a]))
 
     def contract(self, l: int, g: Tensor, out: Tensor) -> None:
         """``out[r, f] += g[pos_f, r] . decoder_f`` for the features writing block ``l`` (``g`` ``[Pm, a, d]``)."""
         Pm, a, _ = g.shape
-        for lo, D, flat, ends in self.blocks[l]:
-            n = ends[Pm]  # the features at positions below Pm
+        for p0, lo, D, flat, ends in self.blocks[l]:
+            if p0 >= Pm:
+                continue
+            pm = min(Pm - p0, D.shape[0])
+            n = ends[pm]  # the span's features at positions below Pm
             if n == 0:
                 continue
-            res = torch.bmm(g, D[:Pm])  # [Pm, a, kmax]
+            res = torch.bmm(g[p0: p0 + pm], D[:pm])  # [pm, a, kmax]
             out[:, lo: lo + n] += res.permute(1, 0, 2).reshape(a, -1)[:, flat[:n]]
 
     def encoders(self, index: Tensor) -> Tensor:
@@ -365,6 +383,7 @@ class _Features:
         for l in rows[:, 0].unique().tolist():
             m = rows[:, 0] == l
             out[m] = self.tc.W_enc[l][rows[m, 2].to(home)].to(self.device, torch.float32)
+            release_pages(self.tc.W_enc[l])
         return out
 
 
@@ -373,11 +392,11 @@ class _Influence:
     """circuit-tracer's partial influences of the rows written so far (``compute_partial_influences``), computed
     without copying the rows: the power iteration runs on the visited features' square block of the row-normalised
     ``|rows|`` (kept, and grown by the rows and columns each new batch brings), and its sum is applied to every
-    column once. Everything on the rows' device."""
+    column once. The rows are read from their store chunk by chunk; everything else is on the graph's device."""
 
-    def __init__(self, edge: Tensor, n_logits: int, n_max: int, logit_p: Tensor, logit_offset: int):
-        dev = edge.device
-        self.edge, self.n_logits, self.logit_p = edge, n_logits, logit_p.to(dev)
+    def __init__(self, store: RowStore, n_logits: int, n_max: int, logit_p: Tensor, logit_offset: int):
+        dev = store.device
+        self.store, self.n_logits, self.logit_p = store, n_logits, logit_p.to(dev)
         n_rows = n_logits + n_max
         self.row_nodes = torch.zeros(n_rows, dtype=torch.long, device=dev)
         self.row_nodes[:n_logits] = torch.arange(n_logits, device=dev) + logit_offset
@@ -390,7 +409,8 @@ class _Influence:
         """Rows ``start:stop`` were written (``nodes``: their features; ``None`` for the logits')."""
         if nodes is not None:
             self.row_nodes[start:stop] = nodes
-        self.inv[start:stop] = 1.0 / self.edge[start:stop].abs().sum(1).clamp(min=1e-8)
+        for i, W in self.store.chunks(start, stop):
+            self.inv[i: i + len(W)] = 1.0 / W.abs().sum(1).clamp(min=1e-8)
 
     def _grow(self, st: int) -> None:
         """Fill the square block for the rows and feature columns written since the last call."""
@@ -398,19 +418,22 @@ class _Influence:
         if st == old:
             return
         cols = self.row_nodes[n:st]
-        self.square[old:st, : st - n] = self.edge[old:st].index_select(1, cols).abs_().mul_(self.inv[old:st, None])
-        if old > 0 and old > n:
-            new_cols = self.row_nodes[old:st]
-            self.square[:old, old - n: st - n] = self.edge[:old].index_select(1, new_cols).abs_().mul_(
-                self.inv[:old, None])
-        elif old > 0:
-            self.square[:old, : st - n] = self.edge[:old].index_select(1, cols).abs_().mul_(self.inv[:old, None])
+        new_cols = self.row_nodes[old:st] if old > n else cols
+        for i, W in self.store.chunks(0, st):
+            inv = self.inv[i: i + len(W), None]
+            if i + len(W) > old:  # new rows: every visited column
+                k = max(old - i, 0)
+                self.square[i + k: i + len(W), : st - n] = W[k:].index_select(1, cols).abs_().mul_(inv[k:])
+            if i < old:  # old rows: the new columns
+                m = min(len(W), old - i)
+                c0 = old - n if old > n else 0
+                self.square[i: i + m, c0: st - n] = W[:m].index_select(1, new_cols).abs_().mul_(inv[:m])
         self.n_rows = st
 
     def __call__(self, st: int, max_iter: int = 128) -> Tensor:
         """The influence of every column on the logits through the first ``st`` rows."""
         self._grow(st)
-        n, dev = self.n_logits, self.edge.device
+        n, dev = self.n_logits, self.store.device
         S = self.square[:st, : st - n]
         q = torch.zeros(st, device=dev)
         q[:n] = self.logit_p
@@ -427,10 +450,11 @@ class _Influence:
                              "model's graph has no cycles), found it did not: the activations are likely not finite; "
                              "check the model's logits on the prompt")
         weights = total * self.inv[:st]
-        W = self.edge[:st]
-        infl = torch.zeros(W.shape[1], device=dev)
-        for i in range(0, st, 1024):
-            infl += weights[i:i + 1024] @ W[i:i + 1024].abs()
+        infl = torch.zeros(self.store.tensor.shape[1], device=dev)
+        for i, W in self.store.chunks(0, st):
+            w = weights[i: i + len(W)]
+            for j in range(0, len(W), 1024):
+                infl += w[j: j + 1024] @ W[j: j + 1024].abs()
         return infl
 
 
@@ -489,7 +513,8 @@ def attribution_graph(sm: SteerModel, transcoders: Transcoders, prompt: str | Se
                       batch_size: int = 512, update_interval: int = 4,
                       attribution_targets: Sequence[str | int] | Int[Tensor, " n"] | None = None,
                       device: str | torch.device | None = None, override: bool = False,
-                      progress: bool | Callable[[int, int], Any] = True, verbose: bool = False) -> Graph:
+                      progress: bool | Callable[[int, int], Any] = True, verbose: bool = False,
+                      offload: bool | str | os.PathLike = False) -> Graph:
     """The attribution graph of ``prompt`` (raw text, or token ids) through ``transcoders`` (see the module
     docstring), with circuit-tracer's defaults: the salient logits (at most ``max_n_logits``, up to
     ``desired_logit_prob``; ``attribution_targets``: tokens or single-token strings instead), every active feature
@@ -499,7 +524,11 @@ def attribution_graph(sm: SteerModel, transcoders: Transcoders, prompt: str | Se
     ``override=True``: transcoders made for another fingerprint are used anyway (warned). ``progress`` shows a
     tqdm bar over the features' rows (after two seconds), or, a callable, is called as ``progress(done, total)``
     after each batch of rows instead (an exception it raises stops the graph there: an app's cancel or time
-    limit); ``verbose`` also writes each phase's time, as circuit-tracer's ``verbose`` does.
+    limit); ``verbose`` also writes each phase's time, as circuit-tracer's ``verbose`` does. ``offload=True`` (or a
+    folder) keeps the rows of a graph limited by ``max_feature_nodes`` in a temporary file rather than in memory
+    (:mod:`steerkit.probes.graph_rows`: for long prompts, the same values within a memory bound; the file takes
+    ``(max_feature_nodes + logits) x (active features + (n_layers + 1) x positions) x 4`` bytes of disk while the
+    graph is computed).
 
     Examples:
         >>> from steerkit.probes import attribution_graph, prune_graph
@@ -543,7 +572,7 @@ def attribution_graph(sm: SteerModel, transcoders: Transcoders, prompt: str | Se
         with tqdm(total=n_max, desc="attribution graph", unit="feature", disable=progress is not True, leave=False,
                   delay=2) as bar:
             ticks = _Ticks(progress, n_max) if callable(progress) else bar
-            adjacency, selected = _visit(rep, feats, vecs, probs, n_max, batch_size, update_interval, ticks)
+            adjacency, selected = _visit(rep, feats, vecs, probs, n_max, batch_size, update_interval, ticks, offload)
     phase(f"{len(selected)} features' rows")
     tok = sm.tokenizer
     return Graph(input_tokens=torch.tensor(ids, dtype=torch.long, device="cpu"), active_features=feats.active.cpu(),
@@ -577,7 +606,8 @@ def _rows_into(dst: Tensor, rep: _Replacement, feats: _Features, layers: Tensor,
 
 
 def _visit(rep: _Replacement, feats: _Features, vecs: Tensor, probs: Tensor, n_max: int, batch_size: int,
-           update_interval: int, bar: tqdm | _Ticks) -> tuple[Float[Tensor, "n n"], Tensor]:
+           update_interval: int, bar: tqdm | _Ticks, offload: bool | str | os.PathLike = False
+           ) -> tuple[Float[Tensor, "n n"], Tensor]:
     """The logits' rows, then the features' in order of influence; ``(adjacency [N, N] on the CPU, selected
     features)``. A graph of every feature is written straight into its CPU matrix; a limited one's rows are kept on
     the device for the ranking, then packaged."""
@@ -596,9 +626,10 @@ def _visit(rep: _Replacement, feats: _Features, vecs: Tensor, probs: Tensor, n_m
             edge[b.cpu(), :logit_offset] = buf.cpu()
             bar.update(len(b))
         return edge, torch.arange(n_active, device="cpu")
-    edge = torch.zeros(n_max + n_logits, logit_offset, device=dev)
-    rep.rows(edge[:n_logits], logit_layers, logit_positions, vecs, feats)
-    influence = _Influence(edge, n_logits, n_max, probs, logit_offset)
+    store = RowStore(n_max + n_logits, logit_offset, dev, offload)
+    edge = store.tensor
+    _rows_into(edge[:n_logits], rep, feats, logit_layers, logit_positions, vecs)
+    influence = _Influence(store, n_logits, n_max, probs, logit_offset)
     visited = torch.zeros(n_active, dtype=torch.bool, device=dev)
     st = n_logits
     while st - n_logits < n_max:
@@ -606,21 +637,24 @@ def _visit(rep: _Replacement, feats: _Features, vecs: Tensor, probs: Tensor, n_m
         rank = torch.argsort(infl[:n_active], descending=True)
         pending = rank[~visited[rank]][: min(update_interval * batch_size, n_max - (st - n_logits))]
         for b in _batches(pending, positions, layers, batch_size):
-            rep.rows(edge[st: st + len(b)], layers[b], positions[b], feats.encoders(b), feats)
+            _rows_into(edge[st: st + len(b)], rep, feats, layers[b], positions[b], feats.encoders(b))
             influence.add(st, st + len(b), b)
             visited[b] = True
             st += len(b)
             bar.update(len(b))
     row_nodes = influence.row_nodes
-    del influence
-    return _package(edge, row_nodes, visited, n_active, logit_offset, n_logits), torch.where(visited)[0]
+    del influence, edge
+    try:
+        return _package(store, row_nodes, visited, n_active, logit_offset, n_logits), torch.where(visited)[0]
+    finally:
+        store.close()
 
 
-def _package(edge: Tensor, row_nodes: Tensor, visited: Tensor, n_active: int, logit_offset: int, n_logits: int
+def _package(store: RowStore, row_nodes: Tensor, visited: Tensor, n_active: int, logit_offset: int, n_logits: int
              ) -> Float[Tensor, "n n"]:
     """The adjacency matrix of the selected features, on the CPU: their rows in feature order, the columns of the
     features not selected left out."""
-    dev = edge.device
+    dev = store.device
     selected = torch.where(visited)[0]
     cols = torch.cat([selected, torch.arange(n_active, logit_offset, device=dev)])
     n_sel = len(selected)
@@ -628,7 +662,14 @@ def _package(edge: Tensor, row_nodes: Tensor, visited: Tensor, n_active: int, lo
     out = torch.zeros(N, N, device="cpu")
     order = torch.argsort(row_nodes)  # the selected features by index, then the logits
     dest = torch.cat([torch.arange(n_sel, device="cpu"), torch.arange(N - n_logits, N, device="cpu")])
-    for i in range(0, len(order), 1024):
-        src = order[i:i + 1024]
-        out[dest[i:i + 1024], : len(cols)] = edge[src].index_select(1, cols).cpu()
+    if not store.offloaded:
+        edge = store.tensor
+        for i in range(0, len(order), 1024):
+            src = order[i:i + 1024]
+            out[dest[i:i + 1024], : len(cols)] = edge[src].index_select(1, cols).cpu()
+        return out
+    where = torch.empty_like(order)
+    where[order] = torch.arange(len(order), device=order.device)  # each stored row's place in the output
+    for i, W in store.chunks(0, len(order)):  # the file read once, in order
+        out[dest[where[i: i + len(W)]].cpu(), : len(cols)] = W.index_select(1, cols.to(W.device)).cpu()
     return out

@@ -31,11 +31,20 @@ from typing import NamedTuple
 
 import torch
 from jaxtyping import Bool, Float, Int
+from safetensors.torch import save_file
 from torch import Tensor
 
 from steerkit.errors import InputError
+from steerkit.storage.files import atomic_path
+from steerkit.vectors.safety import map_safetensors, read_json_bytes
 
 from .graph_json import write_graph_json
+
+#: the largest graph file :meth:`Graph.load` reads by default (a 512-token graph of 8192 features is about 2.2 GiB)
+MAX_GRAPH_BYTES = 32 << 30
+_TENSORS = ("input_tokens", "active_features", "activation_values", "selected_features", "logit_probabilities",
+            "adjacency_matrix")
+_GRAPH_FORMAT = "steerkit.graph/1"
 
 
 class LogitTarget(NamedTuple):
@@ -214,6 +223,63 @@ class Graph:
         return self
 
     # ---- files
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the graph as one safetensors file (its tensors, and its other fields as a JSON document in a byte
+        tensor; no pickle), atomically; :meth:`load` reads it back.
+
+        Examples:
+            >>> from steerkit.probes import Graph, LogitTarget
+            >>> g = Graph(torch.tensor([2, 40]), torch.tensor([[0, 1, 7]]), torch.tensor([1.5]), torch.tensor([0]),
+            ...           [LogitTarget("!", 5)], torch.tensor([0.9]), torch.eye(6), n_layers=1, vocab_size=100,
+            ...           scan="tiny", prompt_tokens=["<s>", "a"], input_string="<s>a")
+            >>> back = Graph.load(g.save(tmp_dir / "g.safetensors"))
+            >>> back.logit_targets, back.prompt_tokens, torch.equal(back.adjacency_matrix, g.adjacency_matrix)
+            ([LogitTarget(token_str='!', vocab_idx=5)], ['<s>', 'a'], True)
+        """
+        meta = {"format": _GRAPH_FORMAT, "logit_targets": [[t.token_str, int(t.vocab_idx)] for t in self.logit_targets],
+                "n_layers": int(self.n_layers), "vocab_size": int(self.vocab_size), "scan": self.scan,
+                "prompt_tokens": self.prompt_tokens, "input_string": self.input_string}
+        data = json.dumps(meta, allow_nan=False).encode("utf-8")
+        tensors = {k: getattr(self, k).detach().cpu().contiguous() for k in _TENSORS}
+        tensors["meta_json"] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        p = Path(path)
+        with atomic_path(p) as tmp:
+            save_file(tensors, tmp)
+        return p
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, max_bytes: int = MAX_GRAPH_BYTES) -> "Graph":
+        """A graph :meth:`save` wrote (see its example): the file validated as safetensors (bounded, memory-mapped:
+        the adjacency is read as it is used), the JSON document bounded in size and depth, every field checked."""
+        tensors = map_safetensors(path, "graph file", max_bytes=max_bytes)
+        missing = [k for k in (*_TENSORS, "meta_json") if k not in tensors]
+        if missing:
+            raise InputError(f"expected a graph file written by Graph.save with tensors {list(_TENSORS)}, found "
+                             f"{path} without {missing}; check the path")
+        meta = read_json_bytes(bytes(tensors["meta_json"].numpy().tobytes()), f"graph file {path}")
+        if not isinstance(meta, dict) or meta.get("format") != _GRAPH_FORMAT:
+            raise InputError(f"expected a graph file of format {_GRAPH_FORMAT!r}, found "
+                             f"{meta.get('format') if isinstance(meta, dict) else type(meta).__name__!r} in {path}")
+        targets = meta.get("logit_targets")
+        ok = (isinstance(targets, list) and all(isinstance(t, list) and len(t) == 2 and isinstance(t[0], str)
+                                                and isinstance(t[1], int) for t in targets)
+              and all(isinstance(meta.get(k), int) for k in ("n_layers", "vocab_size"))
+              and isinstance(meta.get("scan"), (str, type(None))) and isinstance(meta.get("input_string"), str)
+              and (meta.get("prompt_tokens") is None or (isinstance(meta["prompt_tokens"], list)
+                                                         and all(isinstance(t, str) for t in meta["prompt_tokens"]))))
+        if not ok:
+            raise InputError(f"expected a graph file's fields (logit_targets, n_layers, vocab_size, scan, "
+                             f"prompt_tokens, input_string) with their types, found {path} otherwise; write it again "
+                             "with Graph.save")
+        ints, floats = ("input_tokens", "active_features", "selected_features"), ("activation_values",
+                                                                                  "logit_probabilities", "adjacency_matrix")
+        if any(tensors[k].is_floating_point() for k in ints) or any(not tensors[k].is_floating_point() for k in floats):
+            raise InputError(f"expected integer token and feature indices and float values in the graph file {path}, "
+                             "found other dtypes; write it again with Graph.save")
+        return cls(**{k: tensors[k] for k in _TENSORS}, logit_targets=[LogitTarget(s, i) for s, i in targets],
+                   n_layers=meta["n_layers"], vocab_size=meta["vocab_size"], scan=meta["scan"],
+                   prompt_tokens=meta["prompt_tokens"], input_string=meta["input_string"])
+
     def to_json(self, path: str | os.PathLike, *, slug: str | None = None, scan: str | None = None,
                 node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Path:
         """Write the graph in circuit-tracer's frontend format (what its ``create_graph_files`` writes; its local

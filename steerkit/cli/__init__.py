@@ -16,11 +16,11 @@ import argparse
 import sys
 
 from steerkit import __version__
-from steerkit.cli import app, core, methods, probes, refusal, sae, serve, vectors
+from steerkit.cli import app, circuits, core, methods, probes, refusal, sae, serve, vectors
 from steerkit.cli._common import run_verb
 
 #: the verb groups, each a module with ``register(subparsers)`` (and ``run(args)`` for verbs that set no func)
-GROUPS = (core, vectors, probes, refusal, app, methods, serve, sae)
+GROUPS = (core, vectors, probes, refusal, app, methods, serve, sae, circuits)
 
 
 def build_parser() -> argparse.ArgumentParser:

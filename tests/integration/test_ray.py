@@ -262,3 +262,58 @@ def test_search_verbs_with_ray_print_what_they_print_here(cluster, chat_folder, 
     here, there = (run([*ioi, tmp_path / f"ioi-{k}.json"], tmp_path / f"ioi-{k}.json", k == "ray")
                    for k in ("here", "ray"))
     assert_close(there, here)
+
+
+def test_attribution_graphs_on_ray_equal_the_local_ones(cluster, tiny_folder, tmp_path):
+    """Each prompt's pruned graph computed on two workers, which load the model and the transcoders (by path, not
+    sent as tensors) once each, equals the one computed here; so do the recurring features."""
+    import steerkit
+    from steerkit.probes import CircuitSpec, attribution_graphs
+    from tiny_models import random_transcoders
+    sm = steerkit.load_model(tiny_folder, device="cpu", dtype="float32")
+    tc = random_transcoders(sm, d_sae=48, seed=11, scale=3.0)
+    path = tc.save(tmp_path / "tc.safetensors")
+    prompts = ["Hello world, it is", "The cat sat on the", "Hello there, the cat", "A short note about rain"]
+    options = dict(max_feature_nodes=40, batch_size=16, node_threshold=0.95)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        local = attribution_graphs(sm, tc, prompts, progress=False, **options)
+    finally:
+        torch.set_num_threads(threads)
+    spec = CircuitSpec(ModelSpec(str(tiny_folder), device="cpu", dtype="float32", threads=1), str(path))
+    with RayExecutor(spec, workers=2) as ex:
+        spread = attribution_graphs(sm, tc, prompts, ex, progress=False, **options)
+        assert ex.fingerprint == sm.fingerprint()
+        held = ex.first(lambda state: (type(state).__name__, state.transcoders == tc))
+    assert held == ("CircuitWorker", True)
+    assert sum(len(g.features) for g in local.graphs) > 0
+    for a, b in zip(spread.graphs, local.graphs, strict=True):
+        assert torch.equal(a.nodes, b.nodes) and a.labels == b.labels and torch.equal(a.features, b.features)
+        assert torch.allclose(a.adjacency, b.adjacency, atol=1e-6) and torch.allclose(a.influence, b.influence,
+                                                                                      atol=1e-6)
+        assert a.replacement_score == pytest.approx(b.replacement_score, abs=1e-6)
+    assert [(f.layer, f.feature, f.n_prompts) for f in spread.features] == \
+        [(f.layer, f.feature, f.n_prompts) for f in local.features]
+    assert [f.mean_influence for f in spread.features] == pytest.approx([f.mean_influence for f in local.features])
+
+
+def test_circuits_batch_with_ray_prints_what_it_prints_here(cluster, tiny_folder, tmp_path, capsys):
+    """``steerkit circuits batch --ray`` (two workers on the cluster) against the same command without it."""
+    import steerkit
+    from steerkit.cli import main
+    from tiny_models import random_transcoders
+    sm = steerkit.load_model(tiny_folder, device="cpu", dtype="float32")
+    random_transcoders(sm, d_sae=48, seed=11, scale=3.0).save(tmp_path / "tc.safetensors")
+    (tmp_path / "p.txt").write_text("Hello world, it is\nThe cat sat on the\nHello there, the cat\n")
+    argv = ["circuits", "batch", tmp_path / "p.txt", "--model", tiny_folder, "--device", "cpu", "--dtype", "float32",
+            "--transcoders", tmp_path / "tc.safetensors", "--max-feature-nodes", "40", "--batch-size", "16",
+            "--node-threshold", "0.95", "--quiet", "--json"]
+    out = {}
+    for k, extra in (("here", []), ("ray", ["--ray", "--workers", "2"])):
+        capsys.readouterr()
+        assert main([str(a) for a in [*argv, tmp_path / f"{k}.json", *extra]]) == 0
+        out[k] = capsys.readouterr().out.replace(str(tmp_path / f"{k}.json"), "OUT")
+    assert out["ray"] == out["here"] and "prompts, mean influence" in out["here"]
+    here, there = (json.loads((tmp_path / f"{k}.json").read_text()) for k in ("here", "ray"))
+    assert_close(there, here, tol=1e-5)

@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 import steerkit
 import steerkit.probes.attribution as attribution
+import steerkit.probes.graph_rows as graph_rows
 from steerkit.errors import InputError, UnsupportedArchitectureError
 from steerkit.probes import Graph, LogitTarget, attribution_graph, compute_graph_scores, prune_graph
 from steerkit.probes.attribution import prompt_ids
@@ -403,3 +404,25 @@ def test_on_cuda_equals_the_cpu(sm):
     assert (on_cpu.adjacency_matrix - want.adjacency_matrix).abs().max() <= 1e-4 * want.adjacency_matrix.abs().max()
     assert prune_graph(limited.to("cuda")).node_mask.device.type == "cuda"
 
+
+
+def test_offloaded_rows_and_position_spans_keep_the_values(sm, tmp_path, monkeypatch):
+    """A longer prompt whose features' decoder rows are padded in several position spans, and rows kept in a file
+    (offload=): the same graph as in memory, its rows the reference's; no file is left behind."""
+    tc = random_transcoders(sm, d_sae=48, activation="jumprelu", skip=True, seed=8)
+    prompt = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
+    want = attribution_graph(sm, tc, prompt, batch_size=16, max_feature_nodes=50)
+    monkeypatch.setattr(attribution, "SPAN", 3)
+    monkeypatch.setattr(graph_rows, "CHUNK_ROWS", 7)  # rows read back from the file a few at a time
+    spans = attribution_graph(sm, tc, prompt, batch_size=16, max_feature_nodes=50)
+    offloaded = attribution_graph(sm, tc, prompt, batch_size=16, max_feature_nodes=50, offload=tmp_path)
+    assert want.n_pos > 3 * 3
+    for g in (spans, offloaded):
+        assert torch.equal(g.selected_features, want.selected_features)
+        assert torch.allclose(g.adjacency_matrix, want.adjacency_matrix, atol=1e-6)
+    rows = [0, 17, 49, offloaded.adjacency_matrix.shape[0] - 1]
+    ref = reference_rows(sm, tc, offloaded, rows)
+    assert torch.allclose(offloaded.adjacency_matrix[rows], ref, atol=1e-4 * float(ref.abs().max()))
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(InputError, match="offload="):
+        attribution_graph(sm, tc, prompt, max_feature_nodes=50, offload=tmp_path / "missing")
