@@ -207,10 +207,12 @@ class GraphIntervention:
 
 
 def intervene_graph(sm: SteerModel, graph: Graph, transcoders: Transcoders, nodes: Union[int, Sequence[int], Tensor],
-                    *, scale: Optional[float] = None, value: Any = None, top_k: int = 10) -> GraphIntervention:
+                    *, scale: Optional[float] = None, value: Any = None, top_k: int = 10,
+                    positions: Union[str, Sequence[int]] = "graph") -> GraphIntervention:
     """Run ``graph``'s own prompt (its token ids) with the features of ``nodes`` clamped at their nodes' positions
-    (:func:`supernode_clamp` with ``positions="graph"``, applied through ``sm.steer``): ``value`` (a number, or one
-    per node) or ``scale`` times their activation (default ``scale=0``, ablated). Returns the top ``top_k`` next
+    (:func:`supernode_clamp` with ``positions="graph"``, applied through ``sm.steer``; ``positions``: any other
+    choice :func:`supernode_clamp` takes, e.g. ``"all"``, as the clamp will act when stored): ``value`` (a number,
+    or one per node) or ``scale`` times their activation (default ``scale=0``, ablated). Returns the top ``top_k`` next
     tokens before and after and each logit target's change (:class:`GraphIntervention`).
 
     Examples:
@@ -230,7 +232,7 @@ def intervene_graph(sm: SteerModel, graph: Graph, transcoders: Transcoders, node
     """
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 1000:
         raise InputError(f"expected top_k as an integer in 1..1000, found {top_k!r:.40}")
-    clamp = supernode_clamp(graph, transcoders, nodes, scale=scale, value=value, positions="graph")
+    clamp = supernode_clamp(graph, transcoders, nodes, scale=scale, value=value, positions=positions)
     found = _feature_nodes(graph, nodes)
     ids = graph.input_tokens.reshape(1, -1).long().to(sm.device)
     tokens = Tokens(ids, torch.ones_like(ids))

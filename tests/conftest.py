@@ -101,3 +101,39 @@ def tiny(make_tiny, request):
     sm = make_tiny("llama", **getattr(request.module, "TINY", {}))
     yield sm
     sm.reset()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for the module (sums in one order: graphs compared value by value), restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def circuit_sm():
+    """The tiny Llama the circuit tests trace (``tiny_models.tiny_circuit_llama``, seed 3: features that fire on
+    its prompts), wrapped once for the module."""
+    import steerkit
+    from tiny_models import tiny_circuit_llama
+
+    model, tok = tiny_circuit_llama(seed=3)
+    return steerkit.wrap(model, tok, name="tiny-circuit-llama")
+
+
+@pytest.fixture(scope="module")
+def corpus_slice(tmp_path_factory) -> Path:
+    """A slice of the vendored corpus for the training tests: 8 documents' first 1,500 characters (a character
+    tokenizer: ~12k tokens), as a .jsonl file."""
+    import json
+
+    import steerkit.probes
+
+    docs = steerkit.probes.read_corpus()
+    path = tmp_path_factory.mktemp("corpus") / "slice.jsonl"
+    path.write_text("".join(json.dumps({"text": d[:1500]}) + "\n" for d in docs[::46][:8]), encoding="utf-8")
+    return path

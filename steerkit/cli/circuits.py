@@ -30,15 +30,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from steerkit.cli._common import (add_model_options, add_ray_options, check_min, check_output_path, load_model_from,
                                   model_with_workers, ray_executor, read_prompts)
 from steerkit.errors import InputError
 from steerkit.executors import ModelSpec, RayExecutor
-from steerkit.model import Tokens
-from steerkit.probes import (CircuitSpec, Graph, GraphIntervention, PrunedGraph, attribution_graph, attribution_graphs,
-                             supernode_clamp)
+from steerkit.probes import (CircuitSpec, Graph, PrunedGraph, attribution_graph, attribution_graphs,
+                             intervene_graph, supernode_clamp)
 from steerkit.vectors import Store, load_transcoders
 
 #: the longest prompt the command line takes, in characters (a graph's memory grows with its length)
@@ -260,22 +257,13 @@ def run_steer(args: argparse.Namespace) -> int:
     graph = Graph.load(args.graph)
     tc = _transcoders(args)
     store = Store(args.store) if args.store else Store()
-    clamp = supernode_clamp(graph, tc, nodes, scale=args.scale, value=args.value, positions=positions)
+    supernode_clamp(graph, tc, nodes, scale=args.scale, value=args.value, positions=positions)  # bad nodes: before the model
     sm = load_model_from(args)
-    ids = graph.input_tokens.reshape(1, -1).long().to(sm.device)
-    tokens = Tokens(ids, torch.ones_like(ids))
-    with torch.no_grad():
-        before = sm.forward(tokens)[0, -1].float().cpu()
-        with sm.steer(clamp):
-            after = sm.forward(tokens)[0, -1].float().cpu()
+    effect = intervene_graph(sm, graph, tc, nodes, scale=args.scale, value=args.value, top_k=args.top,
+                             positions=positions)
+    clamp = effect.clamp
     ref = store.save(args.save, clamp)
-    shown = set(before.topk(min(args.top, before.numel())).indices.tolist()) | set(
-        after.topk(min(args.top, after.numel())).indices.tolist())
-    texts = {i: sm.tokenizer.decode([i]) for i in sorted(shown)}
-    texts.update({t.vocab_idx: t.token_str for t in graph.logit_targets})
-    how, amount = ("value", float(args.value)) if args.value is not None else ("scale", float(args.scale))
-    effect = GraphIntervention(nodes, how, amount, before, after, list(graph.logit_targets), texts, top_k=args.top,
-                               clamp=clamp)
+    how, amount = effect.how, effect.amount
     if args.json:
         print(json.dumps({"saved": ref, "positions": positions, **effect.to_dict()}))
         return 0

@@ -32,18 +32,12 @@ from tiny_models import random_transcoders, tiny_circuit_llama, tiny_model
 PROMPT = "Hello world, it is"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def sm():
-    model, tok = tiny_circuit_llama(seed=3)
-    return steerkit.wrap(model, tok, name="tiny-circuit-llama")
+def sm(circuit_sm):
+    return circuit_sm
 
 
 def reference_rows(sm, tc: Transcoders, graph: Graph, rows: list[int]) -> torch.Tensor:

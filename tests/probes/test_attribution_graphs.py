@@ -17,25 +17,19 @@ from steerkit.probes import (AttributionGraphs, CircuitSpec, Graph, PrunedGraph,
                              compute_graph_scores, prune_graph)
 from steerkit.probes.attribution_batch import CircuitWorker, RecurringFeature, _graph_task, recurring_features
 from steerkit.probes.graph import compute_influence, normalize_matrix
-from tiny_models import random_transcoders, tiny_circuit_llama
+from tiny_models import random_transcoders
 
 PROMPTS = ["Hello world, it is", "The cat sat on the", "Hello there, the cat"]
 OPTIONS = dict(max_feature_nodes=40, batch_size=16)
 NODES = 0.95  # the node threshold: these random features carry little of the logits' influence, so 0.8 keeps none
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def sm():
-    model, tok = tiny_circuit_llama(seed=3)
-    return steerkit.wrap(model, tok, name="tiny-circuit-llama")
+def sm(circuit_sm):
+    return circuit_sm
 
 
 @pytest.fixture(scope="module")

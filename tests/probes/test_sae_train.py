@@ -32,12 +32,8 @@ HOOK = "blocks.1.hook_resid_post"
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """A slice of the vendored corpus: 8 documents' first 1,500 characters (a character tokenizer: ~12k tokens)."""
-    docs = read_corpus()
-    path = tmp_path_factory.mktemp("corpus") / "slice.jsonl"
-    path.write_text("".join(json.dumps({"text": d[:1500]}) + "\n" for d in docs[::46][:8]), encoding="utf-8")
-    return path
+def corpus(corpus_slice) -> Path:
+    return corpus_slice
 
 
 def _tiny():

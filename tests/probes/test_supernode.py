@@ -14,23 +14,17 @@ import steerkit
 from steerkit.errors import InputError
 from steerkit.probes import GraphIntervention, attribution_graph, intervene_graph, supernode_clamp
 from steerkit.vectors import LatentClamp, Store, Transcoders
-from tiny_models import random_transcoders, tiny_circuit_llama
+from tiny_models import random_transcoders
 
 PROMPT = "Hello world, it is"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def setup():
-    model, tok = tiny_circuit_llama(seed=3)
-    sm = steerkit.wrap(model, tok, name="tiny-circuit-llama")
+def setup(circuit_sm):
+    sm = circuit_sm
     tc = random_transcoders(sm, d_sae=32)
     return sm, tc, attribution_graph(sm, tc, PROMPT, progress=False)
 

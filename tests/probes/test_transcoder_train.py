@@ -32,11 +32,8 @@ ARGS = dict(tokens=TOKENS, k=4, expansion=2, ctx_len=CTX, batch_size=4, eval_tok
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    docs = steerkit.probes.read_corpus()
-    path = tmp_path_factory.mktemp("corpus") / "slice.jsonl"
-    path.write_text("".join(json.dumps({"text": d[:1500]}) + "\n" for d in docs[::46][:8]), encoding="utf-8")
-    return path
+def corpus(corpus_slice) -> Path:
+    return corpus_slice
 
 
 def _tiny():
