@@ -2,7 +2,7 @@
 
 Trains with :func:`steerkit.probes.train_transcoders` (all 30 blocks of the embedded SmolLM2-135M-Instruct, TopK,
 k 32, expansion 8, sparsify's signum optimizer, bfloat16 autocast where the CPU is fast at it) on ``--tokens``
-tokens of the vendored corpus into ``--out``, resuming there when a checkpoint of the same run exists (run it again
+tokens of the vendored corpus into ``--folder``, resuming there when a checkpoint of the same run exists (run it again
 after an interruption), or reads a finished folder (``--from OUT``, e.g. one trained with ``steerkit sae train
 --transcoder``). Rows go to ``benchmarks/results/transcoder_train.csv``:
 
@@ -13,8 +13,9 @@ after an interruption), or reads a finished folder (``--from OUT``, e.g. one tra
   average when the row was written (the machine may be shared);
 * ``layer``: per block the FVU of ``hook_mlp_out``, L0 and dead latents on the held-out tokens.
 
-Usage:  python benchmarks/bench_transcoder_train.py --tokens 500000 --out transcoders-smollm2
+Usage:  python benchmarks/bench_transcoder_train.py --tokens 500000 --folder transcoders-smollm2
         python benchmarks/bench_transcoder_train.py --from transcoders-smollm2 --wall-minutes 84.5
+        python benchmarks/bench_transcoder_train.py --quick --folder /tmp/tc --out /tmp/tc.csv   # 10k tokens
 """
 from __future__ import annotations
 
@@ -46,23 +47,28 @@ def rows_of(metrics: dict, wall_minutes: float | None) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=500_000)
-    ap.add_argument("--out", default="transcoders-smollm2")
+    ap.add_argument("--folder", default="transcoders-smollm2", help="where the transcoders are trained (and resumed)")
     ap.add_argument("--from", dest="source", default=None, help="a finished folder to read instead of training")
     ap.add_argument("--wall-minutes", type=float, default=None, help="the whole run's wall-clock minutes, if known")
-    ap.add_argument("--csv", default=str(C.ROOT / "benchmarks" / "results" / "transcoder_train.csv"))
+    ap.add_argument("--quick", action="store_true", help="10,000 tokens (a check of the mechanics, not a figure)")
+    ap.add_argument("--out", default=str(C.ROOT / "benchmarks" / "results" / "transcoder_train.csv"),
+                    help="the CSV")
     args = ap.parse_args()
+    if args.quick:
+        args.tokens = 10_000
     if args.source is None:
         import steerkit
         from steerkit.probes import train_transcoders
 
         sm = steerkit.load_model(device="cpu")
-        metrics = train_transcoders(sm, "all", tokens=args.tokens, out=args.out).metrics
+        metrics = train_transcoders(sm, "all", tokens=args.tokens, out=args.folder,
+                                    eval_tokens=1024 if args.quick else 8192).metrics
     else:
         metrics = json.loads((Path(args.source) / "metrics.json").read_text(encoding="utf-8"))
     rows = rows_of(metrics, args.wall_minutes)
     print(C.table(list(rows[0]), [list(rows[0].values())]))
     print(C.table(list(rows[1]), [list(r.values()) for r in rows[1:]]))
-    print("wrote", C.csv_rows(Path(args.csv), rows))
+    print("wrote", C.csv_rows(Path(args.out), rows))
 
 
 if __name__ == "__main__":

@@ -257,11 +257,11 @@ def run_steer(args: argparse.Namespace) -> int:
     graph = Graph.load(args.graph)
     tc = _transcoders(args)
     store = Store(args.store) if args.store else Store()
-    supernode_clamp(graph, tc, nodes, scale=args.scale, value=args.value, positions=positions)  # bad nodes: before the model
+    # bad nodes fail before the model loads; intervene_graph makes the same clamp
+    clamp = supernode_clamp(graph, tc, nodes, scale=args.scale, value=args.value, positions=positions)
     sm = load_model_from(args)
     effect = intervene_graph(sm, graph, tc, nodes, scale=args.scale, value=args.value, top_k=args.top,
                              positions=positions)
-    clamp = effect.clamp
     ref = store.save(args.save, clamp)
     how, amount = effect.how, effect.amount
     if args.json:
