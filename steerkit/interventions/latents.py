@@ -24,8 +24,9 @@ activation, so the MLP's real output (the transcoder's error term with it) stays
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Hashable, Iterator, Mapping, Optional, Sequence
 
 import torch
 from jaxtyping import Float
@@ -105,7 +106,8 @@ class SiteReads:
     ``readers``: ``{source site: the sites whose edits read it}``. A source site's program :meth:`put` s its
     activation as it arrives (before its own edits); each reading site :meth:`get` s it in the same pass and
     :meth:`release` s it once its program ran, and the entry goes when every reader has read it, so an
-    activation never crosses into another pass.
+    activation never crosses into another pass. Rows of several owners that share one compiled steering in a
+    pass (a server's requests with the same spec, steered one after another) are kept apart by :meth:`owner`.
 
     Examples:
         >>> reads = SiteReads({"blocks.0.mlp.hook_in": ("blocks.0.hook_mlp_out",)})
@@ -119,7 +121,7 @@ class SiteReads:
         steerkit.errors.InputError: expected the activation of 'blocks.0.mlp.hook_in' from the same forward pass ...
     """
 
-    __slots__ = ("readers", "_sources_of", "_held")
+    __slots__ = ("readers", "_sources_of", "_held", "_owners")
 
     def __init__(self, readers: Mapping[str, Sequence[str]]):
         self.readers = {s: tuple(dict.fromkeys(r)) for s, r in readers.items()}
@@ -128,6 +130,7 @@ class SiteReads:
             for t in targets:
                 self._sources_of.setdefault(t, []).append(s)
         self._held: dict[str, tuple[Tensor, set]] = {}  # source -> (activation, readers still to read it)
+        self._owners: dict[Hashable, dict] = {}  # owner -> its own entries (see owner())
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -165,9 +168,36 @@ class SiteReads:
                 if not held[1]:
                     del self._held[source]
 
+    @contextlib.contextmanager
+    def owner(self, key: Hashable) -> Iterator["SiteReads"]:
+        """Within the block, the activations put and read are ``key``'s own: one served request's rows, when
+        several requests with the same compiled steering are steered one after another in one pass (each
+        request's source rows must reach its own edit, not the last request's).
+
+        Examples:
+            >>> reads = SiteReads({"blocks.0.mlp.hook_in": ("blocks.0.hook_mlp_out",)})
+            >>> for key, n in (("a", 2), ("b", 3)):
+            ...     with reads.owner(key):
+            ...         reads.put("blocks.0.mlp.hook_in", torch.ones(n, 4))
+            >>> with reads.owner("a"):
+            ...     tuple(reads.get("blocks.0.mlp.hook_in", "blocks.0.hook_mlp_out", (2,)).shape)
+            (2, 4)
+        """
+        prev = self._held
+        self._held = self._owners.setdefault(key, {})
+        try:
+            yield self
+        finally:
+            if not self._held:
+                self._owners.pop(key, None)
+            self._held = prev
+
     def clear(self) -> None:
-        """Forget every stored activation."""
+        """Forget every stored activation (every owner's)."""
         self._held.clear()
+        for held in self._owners.values():
+            held.clear()
+        self._owners.clear()
 
     def __repr__(self) -> str:
         return f"SiteReads({self.readers!r})"
