@@ -453,7 +453,7 @@ class SteerModel:
         sae-lens's names: ``.hook_sae_acts_pre``, ``.hook_sae_acts_post`` and its prediction ``.hook_sae_output``
         (:mod:`steerkit.saesites`; equal to ``transcoders.encode_layer(input, l)``). The set is checked against this
         model first (its widths and depth always; its fingerprint unless ``override``). A cross-layer transcoder is
-        refused (its features write several blocks).
+        refused (a block's prediction sums the features of every block up to it).
 
         Examples:
             >>> from steerkit.vectors import Provenance, Transcoders
@@ -472,6 +472,10 @@ class SteerModel:
         if not callable(layer_weights) or not callable(sites):
             raise InputError(f"expected a steerkit.vectors.Transcoders (steerkit.load_transcoders(...)), found "
                              f"{type(transcoders).__name__}; attach one transcoder SAE with sm.attach_sae")
+        if getattr(transcoders, "cross_layer", False):
+            raise InputError("expected a per-layer transcoder set to attach, found a cross-layer transcoder (a block's "
+                             "prediction sums the features of every block up to it); record the input sites and "
+                             "encode them with transcoders.encode_layer")
         transcoders.check(self, override=override)
         chosen = list(range(self.n_layers)) if layers is None else hooknames.parse_layers(layers, self.n_layers)
         handles: dict = {}

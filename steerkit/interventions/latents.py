@@ -24,9 +24,8 @@ activation, so the MLP's real output (the transcoder's error term with it) stays
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Any, Hashable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from jaxtyping import Float
@@ -103,25 +102,37 @@ def clamp_target(value: Any, scale: Any, n: int) -> tuple[Optional[Tensor], Opti
 class SiteReads:
     """The activations a compiled steering's two-site latent edits read: the one store shared by the
     :class:`~steerkit.interventions.SiteProgram` values of a :class:`~steerkit.interventions.CompiledSteering`.
-    ``readers``: ``{source site: the sites whose edits read it}``. A source site's program :meth:`put` s its
-    activation as it arrives (before its own edits); each reading site :meth:`get` s it in the same pass and
-    :meth:`release` s it once its program ran, and the entry goes when every reader has read it, so an
-    activation never crosses into another pass. Rows of several owners that share one compiled steering in a
-    pass (a server's requests with the same spec, steered one after another) are kept apart by :meth:`owner`.
+    ``readers``: ``{source site: the sites whose edits read it}``.
+
+    A source site's program :meth:`put` s its activation as it arrives (before its own edits); a reading site's
+    program :meth:`get` s the oldest one it has not read yet and :meth:`release` s it once it ran (whether or not a
+    step read it); an entry goes when every reader has released it. The entries of a source are kept in order: a
+    server that steers several requests with one compiled steering calls each site's program once per request, in
+    the same request order at every site, so each request's output rows read its own input rows. A local pass
+    stores one activation per source: its program :meth:`drop` s what an interrupted pass left before storing.
 
     Examples:
         >>> reads = SiteReads({"blocks.0.mlp.hook_in": ("blocks.0.hook_mlp_out",)})
-        >>> reads.put("blocks.0.mlp.hook_in", torch.ones(2, 3, 4))
-        >>> tuple(reads.get("blocks.0.mlp.hook_in", "blocks.0.hook_mlp_out", (2, 3)).shape)
-        (2, 3, 4)
+        >>> reads.put("blocks.0.mlp.hook_in", torch.ones(3, 4))   # request 1's rows
+        >>> reads.put("blocks.0.mlp.hook_in", torch.zeros(2, 4))  # request 2's rows
+        >>> reads.get("blocks.0.mlp.hook_in", "blocks.0.hook_mlp_out", (3,)).sum().item()
+        12.0
         >>> reads.release("blocks.0.hook_mlp_out")
-        >>> reads.get("blocks.0.mlp.hook_in", "blocks.0.hook_mlp_out", (2, 3))  # doctest: +ELLIPSIS
+        >>> tuple(reads.get("blocks.0.mlp.hook_in", "blocks.0.hook_mlp_out", (2,)).shape)
+        (2, 4)
+        >>> reads.release("blocks.0.hook_mlp_out")
+        >>> len(reads)
+        0
+        >>> reads.get("blocks.0.mlp.hook_in", "blocks.0.hook_mlp_out", (2,))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         steerkit.errors.InputError: expected the activation of 'blocks.0.mlp.hook_in' from the same forward pass ...
     """
 
-    __slots__ = ("readers", "_sources_of", "_held", "_owners")
+    #: the most activations of one source kept unread (a reader that never runs would hold them all)
+    MAX_UNREAD = 256
+
+    __slots__ = ("readers", "_sources_of", "_held")
 
     def __init__(self, readers: Mapping[str, Sequence[str]]):
         self.readers = {s: tuple(dict.fromkeys(r)) for s, r in readers.items()}
@@ -129,8 +140,7 @@ class SiteReads:
         for s, targets in self.readers.items():
             for t in targets:
                 self._sources_of.setdefault(t, []).append(s)
-        self._held: dict[str, tuple[Tensor, set]] = {}  # source -> (activation, readers still to read it)
-        self._owners: dict[Hashable, dict] = {}  # owner -> its own entries (see owner())
+        self._held: dict[str, list[tuple[Tensor, set]]] = {}  # source -> [(activation, readers still to read it)]
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -143,64 +153,57 @@ class SiteReads:
 
     def put(self, source: str, h: Tensor) -> None:
         """Keep ``h``, the activation of ``source`` as it arrives (a copy: later in-place writes do not reach it)."""
-        if source in self.readers:
-            self._held[source] = (h.clone(), set(self.readers[source]))
+        if source not in self.readers:
+            return
+        queue = self._held.setdefault(source, [])
+        if len(queue) >= self.MAX_UNREAD:
+            raise InputError(f"expected the edits at {list(self.readers[source])} to read the activations of "
+                             f"{source!r}, found {len(queue)} unread; every site of a compiled steering must run "
+                             "in each pass (hook both sites)")
+        queue.append((h.clone(), set(self.readers[source])))
+
+    def _entry(self, source: str, site: str) -> Optional[tuple[Tensor, set]]:
+        return next((e for e in self._held.get(source, ()) if site in e[1]), None)
 
     def get(self, source: str, site: str, lead: Sequence[int]) -> Tensor:
         """The activation of ``source`` in this pass, for an edit at ``site`` whose rows have shape ``lead``."""
-        held = self._held.get(source)
-        if held is None or site not in held[1]:
+        entry = self._entry(source, site)
+        if entry is None:
             raise InputError(f"expected the activation of {source!r} from the same forward pass before the edit at "
                              f"{site!r} reads it, found none; the source site must run before {site!r} in every pass "
                              "(a transcoder's input site precedes its output site in the same block)")
-        h = held[0]
+        h = entry[0]
         if tuple(h.shape[:-1]) != tuple(lead):
             raise InputError(f"expected the activation of {source!r} with the rows of {site!r} {tuple(lead)}, found "
                              f"{tuple(h.shape[:-1])}; both sites must see the same tokens in one pass")
         return h
 
     def release(self, site: str) -> None:
-        """``site``'s program ran: drop what every reader has now read."""
+        """``site``'s program ran: it is done with the oldest activation of each source it reads."""
         for source in self._sources_of.get(site, ()):
-            held = self._held.get(source)
-            if held is not None:
-                held[1].discard(site)
-                if not held[1]:
-                    del self._held[source]
+            entry = self._entry(source, site)
+            if entry is not None:
+                entry[1].discard(site)
+                if not entry[1]:
+                    queue = self._held[source]
+                    queue.remove(entry)
+                    if not queue:
+                        del self._held[source]
 
-    @contextlib.contextmanager
-    def owner(self, key: Hashable) -> Iterator["SiteReads"]:
-        """Within the block, the activations put and read are ``key``'s own: one served request's rows, when
-        several requests with the same compiled steering are steered one after another in one pass (each
-        request's source rows must reach its own edit, not the last request's).
-
-        Examples:
-            >>> reads = SiteReads({"blocks.0.mlp.hook_in": ("blocks.0.hook_mlp_out",)})
-            >>> for key, n in (("a", 2), ("b", 3)):
-            ...     with reads.owner(key):
-            ...         reads.put("blocks.0.mlp.hook_in", torch.ones(n, 4))
-            >>> with reads.owner("a"):
-            ...     tuple(reads.get("blocks.0.mlp.hook_in", "blocks.0.hook_mlp_out", (2,)).shape)
-            (2, 4)
-        """
-        prev = self._held
-        self._held = self._owners.setdefault(key, {})
-        try:
-            yield self
-        finally:
-            if not self._held:
-                self._owners.pop(key, None)
-            self._held = prev
+    def drop(self, source: str) -> None:
+        """Forget the activations of ``source`` still held (a local pass starts: one that was interrupted left them)."""
+        self._held.pop(source, None)
 
     def clear(self) -> None:
-        """Forget every stored activation (every owner's)."""
+        """Forget every stored activation."""
         self._held.clear()
-        for held in self._owners.values():
-            held.clear()
-        self._owners.clear()
+
+    def __len__(self) -> int:
+        """How many activations are held (none between passes)."""
+        return sum(len(q) for q in self._held.values())
 
     def __repr__(self) -> str:
-        return f"SiteReads({self.readers!r})"
+        return f"SiteReads({self.readers!r}, held={len(self)})"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -184,6 +184,9 @@ class SiteProgram:
         groups = None
         if self.n_groups > 1:
             groups = torch.arange(self.n_groups, device=x.device)[:, None].expand(x.shape[0], x.shape[1])
+        if self.stores:  # a local pass stores one activation here: none an interrupted pass left
+            assert self.reads is not None
+            self.reads.drop(self.site)
         return self.apply(x, groups, mask_of, call.start, rule_of)
 
     def _mask(self, positions, when, mask_of: MaskOf, rule_of, lead) -> Optional[Tensor]:
@@ -283,7 +286,7 @@ class SiteProgram:
                 y = self._patched(p.tensor, x, m, start)
             elif p.op == "latent" and p.latent is not None:
                 src = p.latent.source
-                y = p.latent(x) if src is None else p.latent(x, self._source(src, lead))
+                y = p.latent(x) if src is None else p.latent(x, self._source(src, lead).to(x.device))
             elif p.fn is not None:
                 y = p.fn(x)
                 if not isinstance(y, Tensor) or y.shape != x.shape:

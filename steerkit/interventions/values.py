@@ -284,7 +284,9 @@ class Intervention:
     def __repr__(self):
         shape = "" if self.tensor is None else f", {tuple(self.tensor.shape)}"
         when = "" if self.when is None else f", when={self.when!r}"
-        return f"Intervention({self.site!r}, {self.op}{shape}, scale={self.scale}, positions={self.positions!r}{when})"
+        source = "" if self.latent is None or self.latent.source is None else f", source={self.latent.source!r}"
+        return (f"Intervention({self.site!r}, {self.op}{shape}, scale={self.scale}, positions={self.positions!r}"
+                f"{source}{when})")
 
 
 Steering = Sequence[Intervention]

@@ -13,8 +13,9 @@ steered by :class:`StepPlan` instead: at each site, each request's rows through 
 :func:`steerkit.interventions.server_mask_of` (the position vocabulary of :mod:`steerkit.hooks.positions`
 with the request's prompt length) and its CAST decisions held across steps by :class:`RequestConditions`.
 A transcoder's clamp reads its block's MLP input (:meth:`StepPlan.read`, at the read-only site
-``blocks.{l}.mlp.hook_in``) and edits the MLP's output later in the step; each request's rows are stored as its
-own (:meth:`steerkit.interventions.SiteReads.owner`), also when requests share one compiled steering.
+``blocks.{l}.mlp.hook_in``) and edits the MLP's output later in the step; requests run in the same order at
+every site, so each reads its own rows (:class:`steerkit.interventions.SiteReads` keeps them in order), also
+when requests share one compiled steering.
 Rows of unsteered requests are never touched.
 """
 from __future__ import annotations
@@ -167,6 +168,9 @@ class StepPlan:
             for site in b.resolved.compiled.programs:
                 self.sites.setdefault(site, []).append(j)
         self._masks: dict[int, Any] = {}  # block index -> its server_mask_of, built when first asked
+        for b in self.blocks:  # two-site latent edits: nothing an interrupted step stored is read by this one
+            if b.resolved.compiled.reads is not None:
+                b.resolved.compiled.reads.clear()
 
     def __contains__(self, site: str) -> bool:
         return site in self.sites
@@ -213,18 +217,14 @@ class StepPlan:
 
     def _run(self, j: int, site: str, h: Tensor) -> Optional[Tensor]:
         """Block ``j``'s program at ``site`` on its rows ``h``: its conditions observe them, then it steers them (a
-        new tensor, or ``None``). What a two-site latent edit stores and reads is the block's own (several
-        requests of one step may share one compiled steering)."""
+        new tensor, or ``None``). Blocks run in the same order at every site, so requests sharing one compiled
+        steering each read their own rows from its :class:`~steerkit.interventions.SiteReads` (kept in order)."""
         b = self.blocks[j]
         program = b.resolved.compiled.programs[site]
         if self.conditions is not None:
             for c in program.conditions:  # the values as they arrive, before this site's own edits
                 self.conditions.observe(b.req_id, c, h, b.positions, b.n_prompt)
-        mask_of, rule_of = self._mask_of(j, h.device), self._rule_of(b, b.end - b.start, h.device)
-        if program.reads is None:
-            return program.apply(h, None, mask_of, rule_of=rule_of)
-        with program.reads.owner(j):
-            return program.apply(h, None, mask_of, rule_of=rule_of)
+        return program.apply(h, None, self._mask_of(j, h.device), rule_of=self._rule_of(b, b.end - b.start, h.device))
 
     def read(self, site: str, x: Float[Tensor, "tokens d_model"]) -> None:
         """Show ``site``'s rows of this step to the programs there without changing them: a read-only site (the

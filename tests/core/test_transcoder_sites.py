@@ -10,7 +10,6 @@ import torch
 
 import steerkit
 from steerkit.errors import HookNameError, InputError
-from steerkit.vectors import VectorsError
 from tiny_models import random_transcoders, tiny_circuit_llama
 
 PROMPTS = ["abc de", "hello there world"]
@@ -75,7 +74,7 @@ def test_refusals_leave_no_hooks(sm):
         assert sm.hook_count() == 1  # the transcoder's own hook only
         with pytest.raises(InputError, match=r"expected one of the attached blocks \[1\]"):
             h.names(0)
-    with pytest.raises(VectorsError, match="cross-layer transcoder"):
+    with pytest.raises(InputError, match="found a cross-layer transcoder"):
         sm.attach_transcoders(random_transcoders(sm, d_sae=16, cross_layer=True))
     with pytest.raises(InputError, match="expected a steerkit.vectors.Transcoders"):
         sm.attach_transcoders(tc.layer_sae(0))

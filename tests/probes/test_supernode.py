@@ -139,3 +139,16 @@ def test_bad_nodes_get_one_clear_error(setup):
     with pytest.raises(InputError, match="top_k as an integer"):
         intervene_graph(sm, graph, tc, [0], top_k=0)
     assert sm.hook_count() == 0
+
+
+def test_a_cross_layer_graphs_nodes_clamp_every_block_their_features_write(setup):
+    sm, _, _ = setup
+    clt = random_transcoders(sm, d_sae=16, cross_layer=True)
+    graph = attribution_graph(sm, clt, PROMPT, progress=False)
+    nodes = [0, graph.n_features - 1]
+    found = [graph.feature_node(i) for i in nodes]
+    clamp = supernode_clamp(graph, clt, nodes, value=[2.0, -1.0], positions="graph")
+    assert len(clamp.parts) == sum(sm.n_layers - l for l, _, _ in found)
+    hand = [iv for (l, p, f), v in zip(found, [2.0, -1.0]) for iv in clt.clamp_layers(l, [f], value=v, positions=[p])]
+    ids = graph.input_tokens.tolist()
+    torch.testing.assert_close(logits_of(sm, ids, clamp), logits_of(sm, ids, hand), atol=1e-5, rtol=0)

@@ -127,7 +127,7 @@ def test_each_request_gets_exactly_the_two_site_formula_on_its_own_rows(stored):
             assert torch.equal(got[a:b], base[a:b]) == (not bool(steered.any())), r  # every clamp moves its rows
         for name in spec:  # nothing stored crosses into the next step
             res = engine.steerings.get(spec[name])
-            assert res.compiled.reads._held == {} and res.compiled.reads._owners == {}
+            assert len(res.compiled.reads) == 0
     engine.close()
 
 

@@ -102,9 +102,27 @@ def test_the_source_activation_does_not_outlive_its_pass(sm):
     assert compiled.programs[IN].stores and not compiled.programs[OUT].stores
     with sm.hooks.install(compiled):
         sm.forward(PROMPTS, chat=False)
-        assert reads._held == {}
+        assert len(reads) == 0
         sm.generate(PROMPTS, max_new_tokens=4, chat=False)  # KV-cached steps
-        assert reads._held == {}
+        assert len(reads) == 0
+    # a pass interrupted between the two sites leaves an activation; the next pass does not read it
+    calls = []
+
+    def fail_once(h):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("interrupted")
+        return h
+    x, y = recorded(sm)
+    with sm.hooks.install(compiled), sm.steer(Intervention.apply(f"blocks.{LAYER}.mlp.hook_post", fail_once)):
+        with pytest.raises(RuntimeError, match="interrupted"):
+            sm.forward(PROMPTS, chat=False)
+        assert len(reads) == 1
+        with sm.record([OUT]) as cache:
+            sm.forward(PROMPTS, chat=False)
+        assert len(reads) == 0
+    want = y + real_tokens(sm) * (by_hand(tc, x, y, [1, 2], value=2.0) - y)
+    torch.testing.assert_close(cache[OUT], want, atol=2e-5, rtol=1e-5)
 
 
 def test_clamp_in_kv_cached_generation_equals_a_full_forward(sm):
@@ -135,9 +153,41 @@ def test_layer_weights_are_the_layers_transcoder(sm):
         assert (sae.site, sae.output_site) == tc.sites(2) and sae.check(sm) == []
 
 
+def test_a_cross_layer_clamp_writes_every_later_block(sm, tmp_path):
+    """A cross-layer transcoder's features of block s write every block l >= s: ``clamp_layers`` gives one two-site
+    intervention per block, each equal to ``(f' - f) @ W_dec[s][:, l - s]`` with ``f`` read at block s's input."""
+    from steerkit.vectors import LatentClamp, Store
+    clt = random_transcoders(sm, d_sae=32, activation="jumprelu", cross_layer=True, bias=0.0)
+    s, latents = 0, [3, 8]
+    ivs = clt.clamp_layers(s, latents, value=[2.0, 1.0])
+    assert [(iv.site, iv.latent.source) for iv in ivs] == [
+        (f"blocks.{l}.hook_mlp_out", "blocks.0.mlp.hook_in") for l in range(sm.n_layers)]
+    src = "blocks.0.mlp.hook_in"
+    outs = [f"blocks.{l}.hook_mlp_out" for l in range(sm.n_layers)]
+    with sm.record([src] + outs) as plain:
+        sm.forward(PROMPTS, chat=False)
+    f = clt.encode_layer(plain[src], s)[..., latents]
+    real = real_tokens(sm)
+    for l, iv in enumerate(ivs):  # each block's part alone: nothing upstream of block l changes
+        with sm.steer(iv), sm.record(outs[l]) as cache:
+            sm.forward(PROMPTS, chat=False)
+        want = plain[outs[l]] + real * ((torch.tensor([2.0, 1.0]) - f) @ clt.W_dec[s][latents, l - s])
+        torch.testing.assert_close(cache[outs[l]], want, atol=2e-5, rtol=1e-5)
+    clamp = LatentClamp.of_transcoders(clt, {s: latents}, value=[2.0, 1.0])
+    assert len(clamp.parts) == sm.n_layers and clamp.value.tolist() == [2.0, 1.0] * sm.n_layers
+    store = Store(tmp_path / "store")
+    back = store.load(store.save("clt", clamp))
+    assert back == clamp
+    torch.testing.assert_close(logits_under(sm, back), logits_under(sm, ivs), atol=1e-6, rtol=0)
+    with pytest.raises(VectorsError, match="expected written="):
+        clt.layer_weights(1)
+    with pytest.raises(VectorsError, match=r"expected written= one of the blocks \[1, 2\]"):
+        clt.layer_weights(1, written=0)
+
+
 def test_refusals(sm):
     cross = random_transcoders(sm, d_sae=16, cross_layer=True)
-    with pytest.raises(VectorsError, match="cross-layer transcoder"):
+    with pytest.raises(VectorsError, match="found a cross-layer transcoder .* use Transcoders.clamp_layers"):
         cross.clamp(0, [1], scale=0.0)
     tc = random_transcoders(sm, d_sae=16, activation="relu")
     with pytest.raises(InputError, match="exactly one of value="):
@@ -213,7 +263,7 @@ def test_latent_clamp_of_transcoders_ablates_per_row_and_refuses_bad_input(sm, t
         LatentClamp.of_transcoders(tc, {1: [2]})
     with pytest.raises(VectorsError, match=r"block 1: expected latent indices in 0\.\.31"):
         LatentClamp.of_transcoders(tc, {1: [32]}, scale=0.0)
-    with pytest.raises(VectorsError, match=r"one finite clamp value per latent \(3\)"):
+    with pytest.raises(VectorsError, match=r"one clamp value per feature \(3\), found 2"):
         LatentClamp.of_transcoders(tc, {1: [2, 3], 2: [5]}, value=[1.0, 2.0])
     tensors, meta = clamp.to_payload()
     meta["fields"]["more"][0]["latents"] = ["x"]
@@ -225,3 +275,13 @@ def test_latent_clamp_of_transcoders_ablates_per_row_and_refuses_bad_input(sm, t
         LatentClamp.from_payload(tensors, meta)
     store = Store(tmp_path / "s")
     assert store.load(store.save("off", clamp)) == clamp
+
+
+def test_a_latent_clamp_of_one_transcoder_sae_is_its_two_site_clamp(sm):
+    from steerkit.vectors import LatentClamp
+    tc = random_transcoders(sm, d_sae=32, activation="jumprelu", bias=0.0)
+    clamp = LatentClamp.of(tc.layer_sae(1), [2, 6], value=[2.0, -1.0], positions="last")
+    (iv,) = clamp.to_interventions(sm.facts)
+    assert (iv.site, iv.latent.source, iv.positions) == (OUT, IN, "last")
+    torch.testing.assert_close(logits_under(sm, clamp), logits_under(sm, tc.clamp(1, [2, 6], value=[2.0, -1.0],
+                                                                                   positions="last")), atol=1e-6, rtol=0)

@@ -168,7 +168,8 @@ class LatentClamp(_Artifact):
         ``latents`` is ``{layer: features}`` (all at ``positions``) or a list of ``(layer, features, positions)``
         (each its own positions, e.g. a graph's nodes where they are); each part holds block ``l``'s transcoder
         restricted to its features (a TopK set: the whole transcoder of the block, whose choice needs every
-        pre-activation). ``value``: a number, or one per feature over the parts in order; or ``scale``.
+        pre-activation); a cross-layer transcoder gives a part per block the features write. ``value``: a number,
+        or one per feature over the items in order; or ``scale``.
         ``provenance``: the method and parameters to record (the transcoders' provenance gives the model).
 
         Examples:
@@ -182,8 +183,8 @@ class LatentClamp(_Artifact):
             >>> [(iv.site, iv.latent.source, iv.positions) for iv in clamp.to_interventions(tiny)]
             [('blocks.1.hook_mlp_out', 'blocks.1.mlp.hook_in', [2]), ('blocks.3.hook_mlp_out', 'blocks.3.mlp.hook_in', 'last')]
         """
-        layer_sae = getattr(transcoders, "layer_sae", None)
-        if not callable(layer_sae):
+        layer_sae, written = getattr(transcoders, "layer_sae", None), getattr(transcoders, "written", None)
+        if not callable(layer_sae) or not callable(written):
             raise VectorsError(f"expected a steerkit.vectors.Transcoders, found {type(transcoders).__name__}")
         items = ([(layer, feats, None) for layer, feats in latents.items()] if isinstance(latents, dict)
                  else [tuple(x) for x in latents])
@@ -192,17 +193,32 @@ class LatentClamp(_Artifact):
                                f"positions), found {latents!r:.80}")
         default = positions if isinstance(positions, str) else list(positions)
         parts: list[ClampPart] = []
+        per_feature: list[Tensor] = []  # each part's values, when one value per feature is given
+        values = None if value is None else torch.as_tensor(value, dtype=torch.float32).reshape(-1)
+        given = values is not None and values.numel() > 1
         saes: dict = {}
+        start = 0
         for layer, feats, pos in items:
             if isinstance(layer, bool) or not isinstance(layer, int):
                 raise VectorsError(f"expected a block index, found {layer!r:.40}")
-            sae = saes[layer] if layer in saes else saes.setdefault(layer, layer_sae(layer))
-            try:
-                idx = latent_indices(feats, sae.d_sae)
-            except InputError as e:
-                raise VectorsError(f"block {layer}: {e}") from None
-            kept = sae if sae.architecture == "topk" else dataclasses.replace(sae, weights=sae.weights.restrict(list(idx)))
-            parts.append(ClampPart(kept, idx, default if pos is None else pos if isinstance(pos, str) else list(pos)))
+            for out in written(layer):  # a cross-layer transcoder's features write every later block: a part each
+                key = (layer, out)
+                sae = saes[key] if key in saes else saes.setdefault(key, layer_sae(layer, written=out))
+                try:
+                    idx = latent_indices(feats, sae.d_sae)
+                except InputError as e:
+                    raise VectorsError(f"block {layer}: {e}") from None
+                kept = sae if sae.architecture == "topk" else dataclasses.replace(sae, weights=sae.weights.restrict(list(idx)))
+                parts.append(ClampPart(kept, idx, default if pos is None else pos if isinstance(pos, str) else list(pos)))
+                if given:
+                    assert values is not None
+                    per_feature.append(values[start:start + len(idx)])
+            start += len(parts[-1].latents)
+        if given:
+            assert values is not None
+            if values.numel() != start:
+                raise VectorsError(f"expected one clamp value per feature ({start}), found {values.numel()}")
+            value = torch.cat(per_feature)
         first = parts[0]
         assert first.positions is not None
         return cls(first.sae, first.latents, value=value, scale=scale, restricted=first.sae.architecture != "topk",

@@ -338,12 +338,27 @@ class Transcoders(_Artifact):
         return F.linear(x.to(self.dtype), self.W_skip[layer])
 
     # ---- one layer as an SAE, and its clamp
-    def layer_weights(self, layer: int) -> SAEWeights:
+    def written(self, layer: int) -> list[int]:
+        """The blocks block ``layer``'s features write: its own for a per-layer set, every block from ``layer`` on for a
+        cross-layer transcoder.
+
+        Examples:
+            >>> from steerkit.vectors import Transcoders
+            >>> dec = [torch.ones(2, 3 - l, 4) for l in range(3)]
+            >>> clt = Transcoders([torch.eye(4)[:2]] * 3, [torch.zeros(2)] * 3, dec, [torch.zeros(4)] * 3, cross_layer=True)
+            >>> clt.written(1)
+            [1, 2]
+        """
+        self.sites(layer)  # the layer's range
+        return list(range(layer, self.n_layers)) if self.cross_layer else [layer]
+
+    def layer_weights(self, layer: int, *, written: int | None = None) -> SAEWeights:
         """Block ``layer``'s transcoder as :class:`steerkit.sae.SAEWeights` (``transcoder=True``): ``W_enc[l].T``,
         ``b_enc[l]``, ``W_dec[l]``, ``b_dec[l]``, the threshold (JumpReLU) or ``k`` (TopK), ``W_skip[l].T``; its
-        ``encode`` equals :meth:`encode_layer`. A cross-layer transcoder's features write several blocks, which
-        one SAE cannot say: refused. A JumpReLU threshold below zero (circuit-tracer's ``pre * (pre > t)`` then
-        passes negative values, which :class:`~steerkit.sae.SAEWeights`' ``relu(pre) * (pre > t)`` does not) too.
+        ``encode`` equals :meth:`encode_layer`. A cross-layer transcoder's features write several blocks: ``written``
+        (one of :meth:`written`) names the block whose part of the decoder (``W_dec[l][:, written - l]``) and bias it
+        holds; required there. A JumpReLU threshold below zero (circuit-tracer's ``pre * (pre > t)`` then passes
+        negative values, which :class:`~steerkit.sae.SAEWeights`' ``relu(pre) * (pre > t)`` does not) is refused.
 
         Examples:
             >>> from steerkit.vectors import Transcoders
@@ -352,23 +367,28 @@ class Transcoders(_Artifact):
             >>> w.transcoder, w.encode(torch.tensor([3.0, 0.5])), tc.encode_layer(torch.tensor([3.0, 0.5]), 0)
             (True, tensor([3., 0.]), tensor([3., 0.]))
         """
-        self.sites(layer)  # the layer's range
-        if self.cross_layer:
-            raise VectorsError(f"expected a per-layer transcoder set for block {layer}'s transcoder as one SAE, found a "
-                               "cross-layer transcoder (block l's features write every block from l on); clamp its "
-                               "features with a per-layer set, or encode and decode with Transcoders.encode / decode")
+        blocks = self.written(layer)
+        if written is None and self.cross_layer:
+            raise VectorsError(f"expected written= (one of the blocks {blocks} that block {layer}'s features write) for "
+                               "a cross-layer transcoder, found none; its features write every later block")
+        out = layer if written is None else written
+        if out not in blocks:
+            raise VectorsError(f"expected written= one of the blocks {blocks} that block {layer}'s features write, "
+                               f"found {written!r}")
         thr = None if self.threshold is None else self.threshold[layer]
         if thr is not None and bool((thr < 0).any()):
             raise VectorsError(f"expected JumpReLU thresholds of at least 0 at block {layer} (below 0, pre * (pre > t) "
                                f"passes negative activations), found {int((thr < 0).sum())} below 0")
-        return SAEWeights(self.W_enc[layer].T, self.b_enc[layer], self.W_dec[layer], self.b_dec[layer],
+        dec = self.W_dec[layer][:, out - layer] if self.cross_layer else self.W_dec[layer]
+        return SAEWeights(self.W_enc[layer].T, self.b_enc[layer], dec, self.b_dec[out],
                           architecture=self.activation, k=self.k, threshold=thr,
                           W_skip=None if self.W_skip is None else self.W_skip[layer].T.contiguous(),
                           apply_b_dec_to_input=False, transcoder=True)
 
-    def layer_sae(self, layer: int) -> SAE:
-        """Block ``layer``'s transcoder as a stored :class:`~steerkit.vectors.SAE` reading its input site and writing
-        its output site (:meth:`sites`), with the set's provenance (:meth:`layer_weights` for the weights).
+    def layer_sae(self, layer: int, *, written: int | None = None) -> SAE:
+        """Block ``layer``'s transcoder as a stored :class:`~steerkit.vectors.SAE` reading its input site and writing its
+        output site (:meth:`sites`; a cross-layer transcoder's: block ``written``'s), with the set's provenance
+        (:meth:`layer_weights` for the weights).
 
         Examples:
             >>> from steerkit.vectors import Transcoders
@@ -377,8 +397,10 @@ class Transcoders(_Artifact):
             >>> sae.site, sae.output_site, sae.weights.transcoder
             ('blocks.1.mlp.hook_in', 'blocks.1.hook_mlp_out', True)
         """
-        site, out = self.sites(layer)
-        return SAE(self.layer_weights(layer), site, out, provenance=self.provenance)
+        weights = self.layer_weights(layer, written=written)
+        site = self.sites(layer)[0]
+        out = self.sites(layer if written is None else written)[1]
+        return SAE(weights, site, out, provenance=self.provenance)
 
     def clamp(self, layer: int, latents: int | Sequence[int], value: Any = None, scale: float | None = None,
               positions: PositionSpec = "all") -> Intervention:
@@ -386,8 +408,8 @@ class Transcoders(_Artifact):
         times their own activation (exactly one): a two-site :class:`steerkit.Intervention` at the output site that
         encodes at the input site in the same pass and adds ``(f' - f) @ W_dec[layer]``, so the MLP's real output
         stays (nothing is frozen); at ``positions``, per row like every intervention (``sm.steer(rows=[...])``).
-        ``scale=0`` turns the features off where they fire. A cross-layer transcoder is refused (see
-        :meth:`layer_weights`).
+        ``scale=0`` turns the features off where they fire. A cross-layer transcoder's features write several
+        blocks: :meth:`clamp_layers` gives their clamp, one intervention per block.
 
         Examples:
             >>> from steerkit.vectors import Transcoders
@@ -396,8 +418,8 @@ class Transcoders(_Artifact):
             >>> tc = Transcoders([torch.randn(n, d, generator=g) / 8 for _ in range(L)], [torch.zeros(n)] * L,
             ...                  [torch.randn(n, d, generator=g) / 8 for _ in range(L)], [torch.zeros(d)] * L)
             >>> clamp = tc.clamp(2, [5, 9], value=3.0, positions="last")
-            >>> clamp.site, clamp.latent.source
-            ('blocks.2.hook_mlp_out', 'blocks.2.mlp.hook_in')
+            >>> clamp
+            Intervention('blocks.2.hook_mlp_out', latent, scale=1.0, positions='last', source='blocks.2.mlp.hook_in')
             >>> sites = ["blocks.2.mlp.hook_in", "blocks.2.hook_mlp_out"]
             >>> with tiny.record(sites) as plain:
             ...     _ = tiny.forward("hello world", chat=False)
@@ -408,9 +430,31 @@ class Transcoders(_Artifact):
             >>> torch.allclose(cache[sites[1]][0, -1], want, atol=1e-5)
             True
         """
-        source, site = self.sites(layer)
-        return Intervention.sae_latent(site, self.layer_weights(layer), latents, value=value, scale=scale,
-                                       positions=positions, source=source)
+        if self.cross_layer:
+            raise VectorsError(f"expected a per-layer transcoder set for one clamp, found a cross-layer transcoder (block "
+                               f"{layer}'s features write blocks {self.written(layer)}); use "
+                               "Transcoders.clamp_layers, one intervention per block written")
+        return self.clamp_layers(layer, latents, value=value, scale=scale, positions=positions)[0]
+
+    def clamp_layers(self, layer: int, latents: int | Sequence[int], value: Any = None, scale: float | None = None,
+                     positions: PositionSpec = "all") -> list[Intervention]:
+        """The clamp of :meth:`clamp` as one two-site intervention per block the features write (:meth:`written`): for a
+        cross-layer transcoder each block ``l >= layer`` gets ``(f' - f) @ W_dec[layer][:, l - layer]``, the features
+        read at block ``layer``'s input site in the same pass; for a per-layer set, the one clamp.
+
+        Examples:
+            >>> from steerkit.vectors import Transcoders
+            >>> L, d = tiny.n_layers, tiny.d_model
+            >>> dec = [torch.randn(16, L - l, d) / 8 for l in range(L)]
+            >>> clt = Transcoders([torch.randn(16, d) / 8] * L, [torch.zeros(16)] * L, dec, [torch.zeros(d)] * L,
+            ...                   cross_layer=True)
+            >>> [(iv.site, iv.latent.source) for iv in clt.clamp_layers(2, [3], scale=0.0)]
+            [('blocks.2.hook_mlp_out', 'blocks.2.mlp.hook_in'), ('blocks.3.hook_mlp_out', 'blocks.2.mlp.hook_in')]
+        """
+        source = self.sites(layer)[0]
+        return [Intervention.sae_latent(self.sites(out)[1], self.layer_weights(layer, written=out), latents,
+                                        value=value, scale=scale, positions=positions, source=source)
+                for out in self.written(layer)]
 
     def fingerprint(self) -> str:
         """A hash of the transcoders' options and every weight (16 hex digits): which transcoders an artifact made
