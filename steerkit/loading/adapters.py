@@ -679,13 +679,17 @@ def vllm_sites(model: nn.Module) -> dict[str, tuple[Any, str]]:
     """``{site: (module, kind)}`` for every site a vLLM model exposes on this rank: ``kind`` "resid"
     for a decoder layer (``blocks.{l}.hook_resid_post``: its output ``(hidden, residual)`` sums to the
     residual stream after the block), "out" for a module whose output is the site (the embedding for
-    ``blocks.0.hook_resid_pre``, attention and MLP for ``hook_attn_out`` / ``hook_mlp_out``). Blocks
-    of other pipeline ranks are absent; indices stay absolute.
+    ``blocks.0.hook_resid_pre``, attention and MLP for ``hook_attn_out`` / ``hook_mlp_out``), "in" for a
+    module whose input is the site, read and never written (the MLP for ``blocks.{l}.mlp.hook_in``, the
+    normalised stream a transcoder reads). Blocks of other pipeline ranks are absent; indices stay absolute.
 
     Examples:
         >>> sites = vllm_sites(tiny.hf_model)
         >>> len(sites), sites["blocks.2.hook_resid_post"][1], sites["blocks.0.hook_resid_pre"][1]
-        (13, 'resid', 'out')
+        (17, 'resid', 'out')
+        >>> module, kind = sites["blocks.2.mlp.hook_in"]
+        >>> module is sites["blocks.2.hook_mlp_out"][0], kind
+        (True, 'in')
     """
     lay = vllm_layout(model)
     sites: dict[str, tuple[Any, str]] = {}
@@ -699,6 +703,7 @@ def vllm_sites(model: nn.Module) -> dict[str, tuple[Any, str]]:
         if attn is not None:
             sites[f"blocks.{l}.hook_attn_out"] = (attn, "out")
         if mlp is not None:
+            sites[f"blocks.{l}.mlp.hook_in"] = (mlp, "in")
             sites[f"blocks.{l}.hook_mlp_out"] = (mlp, "out")
     return sites
 

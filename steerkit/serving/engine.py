@@ -15,10 +15,13 @@
 A step (:meth:`EngineSteering.begin_step`, after vLLM has laid out its batch) writes each steered request's rows
 into the slots; each hooked site then calls its operator once, which steers the site's rows in place through
 :func:`steerkit.kernels.slots.steer_slots_` (the fused Triton kernel on CUDA, with a device flag for a site with
-nothing to steer; the torch reference elsewhere). A step the slots cannot run (conditional steering, an SAE
-latent clamp, more tables than the slots hold) is steered by the same operators from the step's
+nothing to steer; the torch reference elsewhere). A step the slots cannot run (conditional steering, an SAE or
+transcoder latent clamp, more tables than the slots hold) is steered by the same operators from the step's
 :class:`~steerkit.serving.plan.StepPlan` on the host, which an engine that replays CUDA graphs never runs (its
-front end refuses such requests).
+front end refuses such requests). A read-only site (``blocks.{l}.mlp.hook_in``, the MLP's input, which a
+transcoder's clamp encodes) has a forward pre-hook and a read operator of its own, which only the host plan uses
+(:meth:`StepPlan.read <steerkit.serving.plan.StepPlan.read>`: the request's programs store the rows there, the
+clamp at ``blocks.{l}.hook_mlp_out`` reads them later in the step); it never changes the input.
 """
 from __future__ import annotations
 
@@ -224,11 +227,13 @@ class EngineSteering:
                  graphs: bool = False):
         self.facts, self.graphs = facts, graphs
         self.sites = vllm_sites(model)
+        #: the read-only sites (a module's input: ``mlp.hook_in``), which only the host path reads
+        self.read_sites = [s for s, (_, kind) in self.sites.items() if kind == "in"]
         cap = capacity or slot_capacity(os.environ.get(SLOTS_ENV))
         self.steerings = RequestSteerings(facts, store=store, check=False, device=device or "cpu", dtype=dtype)
         self.conditions = RequestConditions()
-        self.slots = StepSlots(list(self.sites), d_model=facts.d_model, max_tokens=max_tokens, device=device,
-                               dtype=dtype, **cap)
+        self.slots = StepSlots([s for s, (_, kind) in self.sites.items() if kind != "in"], d_model=facts.d_model,
+                               max_tokens=max_tokens, device=device, dtype=dtype, **cap)
         #: the step being steered on the host (a step the slots cannot run), or None
         self.plan: Optional[StepPlan] = None
         self._ops = ObjectOps()
@@ -237,7 +242,10 @@ class EngineSteering:
         self._op_resid = self._ops.define(
             "steer_resid_(Tensor(a!) hidden, Tensor(b!) residual, Tensor cfg, Tensor flag, int site) -> ()",
             lambda x, residual, cfg, flag, site: self._steer(x, residual, cfg, flag, site))
-        self.handles = [module.register_forward_hook(self._hook(site, kind))
+        # declared as writing x so that a compiled graph keeps the call; it never changes x
+        self._op_read = self._ops.define("read_(Tensor(a!) x, int site) -> ()", self._read)
+        self.handles = [module.register_forward_pre_hook(self._read_hook(site)) if kind == "in"
+                        else module.register_forward_hook(self._hook(site, kind))
                         for site, (module, kind) in self.sites.items()]
 
     def nbytes(self) -> int:
@@ -259,6 +267,22 @@ class EngineSteering:
         def out_hook(_mod, _args, output):
             op(output[0] if isinstance(output, tuple) else output, cfg, flag, i)
         return out_hook
+
+    def _read_hook(self, site: str) -> Callable:
+        """The forward pre-hook of a read-only site (a module's input): the read operator on that input, which
+        the step's host plan shows to its programs (a transcoder's clamp stores it for the module's output)."""
+        j, op = self.read_sites.index(site), self._op_read
+
+        def in_hook(_mod, args):
+            if args and isinstance(args[0], torch.Tensor):
+                op(args[0], j)
+        return in_hook
+
+    def _read(self, x: torch.Tensor, j: int) -> None:
+        """The read operator's body: the step's plan reads ``x`` at read site ``j``; the slots never read there."""
+        plan = self.plan
+        if plan is not None:
+            plan.read(self.read_sites[j], x)
 
     def _steer(self, x: torch.Tensor, residual: Optional[torch.Tensor], cfg: torch.Tensor, flag: torch.Tensor,
                i: int) -> None:

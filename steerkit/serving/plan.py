@@ -12,6 +12,10 @@ steered by :class:`StepPlan` instead: at each site, each request's rows through 
 :class:`~steerkit.interventions.SiteProgram`, with its positions evaluated by
 :func:`steerkit.interventions.server_mask_of` (the position vocabulary of :mod:`steerkit.hooks.positions`
 with the request's prompt length) and its CAST decisions held across steps by :class:`RequestConditions`.
+A transcoder's clamp reads its block's MLP input (:meth:`StepPlan.read`, at the read-only site
+``blocks.{l}.mlp.hook_in``) and edits the MLP's output later in the step; requests run in the same order at
+every site, so each reads its own rows (:class:`steerkit.interventions.SiteReads` keeps them in order), also
+when requests share one compiled steering.
 Rows of unsteered requests are never touched.
 """
 from __future__ import annotations
@@ -164,6 +168,9 @@ class StepPlan:
             for site in b.resolved.compiled.programs:
                 self.sites.setdefault(site, []).append(j)
         self._masks: dict[int, Any] = {}  # block index -> its server_mask_of, built when first asked
+        for b in self.blocks:  # two-site latent edits: nothing an interrupted step stored is read by this one
+            if b.resolved.compiled.reads is not None:
+                b.resolved.compiled.reads.clear()
 
     def __contains__(self, site: str) -> bool:
         return site in self.sites
@@ -197,14 +204,9 @@ class StepPlan:
         change."""
         for j in self.sites.get(site, ()):
             b = self.blocks[j]
-            program = b.resolved.compiled.programs[site]
             rows = slice(b.start, b.end)
             h = x[rows] if residual is None else x[rows] + residual[rows]
-            if self.conditions is not None:
-                for c in program.conditions:  # the values as they arrive, before this site's own edits
-                    self.conditions.observe(b.req_id, c, h, b.positions, b.n_prompt)
-            new = program.apply(h, None, self._mask_of(j, h.device), rule_of=self._rule_of(b, b.end - b.start,
-                                                                                            h.device))
+            new = self._run(j, site, h)
             if new is None:
                 continue
             if residual is None:
@@ -212,6 +214,29 @@ class StepPlan:
             else:
                 x[rows] = 0
                 residual[rows] = new.to(residual.dtype)
+
+    def _run(self, j: int, site: str, h: Tensor) -> Optional[Tensor]:
+        """Block ``j``'s program at ``site`` on its rows ``h``: its conditions observe them, then it steers them (a
+        new tensor, or ``None``). Blocks run in the same order at every site, so requests sharing one compiled
+        steering each read their own rows from its :class:`~steerkit.interventions.SiteReads` (kept in order)."""
+        b = self.blocks[j]
+        program = b.resolved.compiled.programs[site]
+        if self.conditions is not None:
+            for c in program.conditions:  # the values as they arrive, before this site's own edits
+                self.conditions.observe(b.req_id, c, h, b.positions, b.n_prompt)
+        return program.apply(h, None, self._mask_of(j, h.device), rule_of=self._rule_of(b, b.end - b.start, h.device))
+
+    def read(self, site: str, x: Float[Tensor, "tokens d_model"]) -> None:
+        """Show ``site``'s rows of this step to the programs there without changing them: a read-only site (the
+        input a transcoder's clamp encodes, ``blocks.{l}.mlp.hook_in``), whose programs store the rows for the
+        edit at the transcoder's output site later in the step."""
+        for j in self.sites.get(site, ()):
+            b = self.blocks[j]
+            new = self._run(j, site, x[b.start:b.end])
+            if new is not None:
+                raise InputError(f"expected no edit at the read-only site {site!r}, found one for request "
+                                 f"{b.req_id!r}; a server edits only the sites of "
+                                 "steerkit.serving.spec.SERVER_SITES")
 
     def apply(self, site: str, h: Float[Tensor, "tokens d_model"]) -> Float[Tensor, "tokens d_model"]:
         """``h`` (every row of the step) with ``site``'s rows steered, as a new tensor."""

@@ -47,14 +47,15 @@ __all__ = ["StepRecorder", "RowBlock", "RecordWorker", "record_sites"]
 def record_sites(model: Any) -> dict:
     """``{site: (module, kind)}`` the worker can record on this rank (module paths from
     :func:`steerkit.loading.adapters.vllm_layout`): "resid" for a decoder layer, "out" for a module whose
-    output is the site.
+    output is the site (the sites a request can record; the read-only input sites of :func:`vllm_sites`,
+    ``mlp.hook_in``, are not among them).
 
     Examples:
         >>> sites = record_sites(tiny.hf_model)
         >>> len(sites), sites["blocks.2.hook_resid_post"][1], sites["blocks.0.hook_resid_pre"][1]
         (13, 'resid', 'out')
     """
-    return vllm_sites(model)
+    return {site: mk for site, mk in vllm_sites(model).items() if mk[1] != "in"}
 
 
 @dataclasses.dataclass

@@ -352,6 +352,8 @@ def request_body(model: str, *refs: Union[str, dict], prompt: Optional[str] = No
 # ------------------------------------------------------------------------------ resolution
 #: the sites the vLLM plugin hooks (``blocks.0.hook_resid_pre`` is the embedding output)
 SERVER_SITES = ("hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
+#: the sites it reads and never edits (the MLP's input, which a transcoder's clamp encodes), beside those
+SERVER_READ_SITES = ("mlp.hook_in",)
 MAX_PER_SITE = 30
 
 
@@ -415,7 +417,9 @@ def _server_positions(spec, where: str) -> None:
 
 def canonical_site(iv: Intervention, facts: ModelFacts) -> Intervention:
     """``iv`` at the site the server hooks for its tensor: ``blocks.{l}.hook_resid_pre`` with ``l > 0``
-    is ``blocks.{l-1}.hook_resid_post``; a site the plugin cannot hook raises :class:`SpecError`.
+    is ``blocks.{l-1}.hook_resid_post``; a site the plugin cannot hook raises :class:`SpecError`. The site a
+    transcoder's clamp reads (its ``latent.source``) may also be one the plugin only reads
+    (:data:`SERVER_READ_SITES`: ``blocks.{l}.mlp.hook_in``).
 
     Examples:
         >>> canonical_site(Intervention.add("blocks.2.hook_resid_pre", torch.ones(64)), tiny.facts).site
@@ -427,6 +431,12 @@ def canonical_site(iv: Intervention, facts: ModelFacts) -> Intervention:
     """
     site = _server_site(iv.site, facts, "edit")
     _server_positions(iv.positions, repr(iv.site))
+    latent = iv.latent
+    if latent is not None and latent.source is not None:  # a transcoder's clamp: the site it encodes, read only
+        source = _server_site(latent.source, facts, "read a transcoder's input at", SERVER_SITES + SERVER_READ_SITES)
+        if source != latent.source:
+            latent = dataclasses.replace(latent, source=source)
+            iv = dataclasses.replace(iv, latent=latent)
     when = iv.when
     if when is not None:  # CAST: each condition read where the server hooks its tensor too
         conds = []
@@ -437,14 +447,14 @@ def canonical_site(iv: Intervention, facts: ModelFacts) -> Intervention:
     return iv if (site, when) == (iv.site, iv.when) else dataclasses.replace(iv, site=site, when=when)
 
 
-def _server_site(site: str, facts: ModelFacts, what: str) -> str:
-    """The canonical server site of ``site`` (see :func:`canonical_site`)."""
+def _server_site(site: str, facts: ModelFacts, what: str, kinds: tuple = SERVER_SITES) -> str:
+    """The canonical server site of ``site`` among ``kinds`` (see :func:`canonical_site`)."""
     try:
         s = parse_hook(site, facts.n_layers, has_resid_mid=facts.has_resid_mid)
     except HookNameError as e:
         raise SpecError(str(e)) from None
-    if s.kind not in SERVER_SITES:
-        raise SpecError(f"expected a site the vLLM plugin can {what} (blocks.{{l}}.{{{'|'.join(SERVER_SITES)}}}), "
+    if s.kind not in kinds:
+        raise SpecError(f"expected a site the vLLM plugin can {what} (blocks.{{l}}.{{{'|'.join(kinds)}}}), "
                         f"found {site!r}")
     if s.kind == "hook_resid_pre" and s.layer is not None and s.layer > 0:
         return f"blocks.{s.layer - 1}.hook_resid_post"

@@ -246,11 +246,50 @@ def test_offline_conditional_steering_matches_hf_row_by_row(setup):
     assert_rows(setup, out, want, prompts + prompts[:1] + prompts[3:4])
 
 
+def random_transcoders(sm, activation, seed, d_sae=256, fire=()):
+    """Random per-layer transcoders for every block of ``sm`` (``d_sae`` features, unit decoder rows; TopK with
+    k=16 or JumpReLU): the features ``fire`` get an encoder bias of 8, so they fire on every token and ablating
+    them moves the stream."""
+    from steerkit.vectors import Provenance, Transcoders
+    g = torch.Generator().manual_seed(seed)
+    L, d = sm.n_layers, sm.d_model
+    b_enc = torch.full((d_sae,), -0.2)
+    b_enc[list(fire)] = 8.0
+    return Transcoders([torch.randn(d_sae, d, generator=g) / d ** 0.5 for _ in range(L)], [b_enc.clone()] * L,
+                       [torch.nn.functional.normalize(torch.randn(d_sae, d, generator=g), dim=-1) for _ in range(L)],
+                       [torch.zeros(d)] * L, activation=activation, k=16 if activation == "topk" else None,
+                       threshold=[0.1 * torch.rand(d_sae, generator=g) for _ in range(L)]
+                       if activation == "jumprelu" else None, provenance=Provenance.from_model(sm))
+
+
+def supernode_rows(setup):
+    """Transcoder supernodes over blocks 4, 10 and 16 of the default model saved in the setup's store
+    (``LatentClamp.of_transcoders``, what ``probes.supernode_clamp`` stores): ``node`` clamps a TopK set's features
+    3 and 9 to 40, ``node-gen`` the same at generated positions only, ``node-ablate`` ablates a JumpReLU set's
+    features 7 and 11 (scale 0). Returns rows ``(prompt, ref, request scale)``: ``node`` on a short prompt, at
+    scale 0.5 and on the long prompt (prefilled in chunks), ``node-gen`` and ``node-ablate``."""
+    from steerkit.vectors import LatentClamp, Store
+    sm, store = setup["sm"], Store(setup["store"])
+    topk_tc = random_transcoders(sm, "topk", 5)
+    jump_tc = random_transcoders(sm, "jumprelu", 6, fire=(7, 11))
+    blocks = {4: [3, 9], 10: [3, 9], 16: [3, 9]}
+    store.save("node", LatentClamp.of_transcoders(topk_tc, blocks, value=40.0))
+    store.save("node-gen", LatentClamp.of_transcoders(topk_tc, blocks, value=40.0, positions="generated"))
+    store.save("node-ablate", LatentClamp.of_transcoders(jump_tc, {4: [7, 11], 10: [7, 11], 16: [7, 11]}, scale=0.0))
+    p = PROMPTS
+    return [(p[1], "node@1", 1.0), (p[3], "node@1", 0.5), (p[4], "node-gen@1", 1.0), (p[0], "node-ablate@1", 1.0),
+            (LONG, "node@1", 1.0)]
+
+
 def latent_clamp_batch(setup):
-    """Stored latent clamps (:class:`steerkit.vectors.LatentClamp`) at layer 12 of the default model: a TopK
-    SAE (its whole encoder travels) clamping latent 3 to 60 at every position, the same at request scale
-    0.5 and at generated positions only, and a ReLU SAE restricted to two latents; with an unsteered row.
-    Each SAE has unit decoder rows. Returns the batch, HF's tokens for each row alone and the row names."""
+    """Stored latent clamps (:class:`steerkit.vectors.LatentClamp`) on the default model, with an unsteered row.
+    At layer 12: a TopK SAE (its whole encoder travels) clamping latent 3 to 60 at every position, the same at
+    request scale 0.5 and at generated positions only, and a ReLU SAE restricted to two latents; each SAE has unit
+    decoder rows. Transcoder supernodes over blocks 4, 10 and 16 (``LatentClamp.of_transcoders``, what
+    ``probes.supernode_clamp`` stores; two-site edits that encode ``mlp.hook_in`` and write ``hook_mlp_out``): a
+    TopK set's features 3 and 9 clamped to 40 (on a short prompt and on the long one, which is prefilled in
+    chunks), the same at request scale 0.5 and at generated positions only, and a JumpReLU set's features 7 and 11
+    ablated (scale 0). Returns the batch, HF's tokens for each row alone and the rows ``(prompt, ref, scale)``."""
     from steerkit.sae import SAEWeights
     from steerkit.vectors import SAE, LatentClamp, Provenance, Store
     sm, hf, a = setup["sm"], setup["hf"], setup["args"]
@@ -267,23 +306,25 @@ def latent_clamp_batch(setup):
     store.save("clamp-relu", LatentClamp.of(relu, [5, 700], value=[45.0, 20.0]))
     p = PROMPTS
     rows = [(p[0], "clamp-topk@1", 1.0), (p[4], "clamp-topk@1", 0.5), (p[2], "clamp-topk-gen@1", 1.0),
-            (p[3], "clamp-relu@1", 1.0), (p[1], None, 1.0)]
+            (p[3], "clamp-relu@1", 1.0), (p[1], None, 1.0)] + supernode_rows(setup)
     batch = [req(setup, q, a(ref, scale=s) if ref else None) for q, ref, s in rows]
     want = [hf(q, ref, s) for q, ref, s in rows]
-    return batch, want, [f"{ref} x{s}" for _, ref, s in rows]
+    return batch, want, rows
 
 
 def test_offline_latent_clamp_matches_hf_row_by_row(setup):
-    """Requests naming stored latent clamps, in one batch with an unsteered request (:func:`latent_clamp_batch`),
-    with requests joining and leaving and prompts prefilled in chunks (:data:`MIXED_ENGINE`): each row equals
-    steerkit's own ``sm.steer(clamp, scale)`` generation of it alone, and every clamp changes its row. The clamp
-    is a torch step, so these steps run on the steering operator's host path."""
-    batch, want, what = latent_clamp_batch(setup)
+    """Requests naming stored latent clamps -- SAE clamps and transcoder supernodes over three blocks -- in one batch
+    with an unsteered request (:func:`latent_clamp_batch`), with requests joining and leaving and prompts prefilled
+    in chunks (:data:`MIXED_ENGINE`): each row equals steerkit's own ``sm.steer(clamp, scale)`` generation of it
+    alone, and every clamp changes its row. The clamp is a torch step, so these steps run on the steering
+    operator's host path; a transcoder's reads its block's MLP input there (``mlp.hook_in``, a read-only site)."""
+    batch, want, rows = latent_clamp_batch(setup)
     hf = setup["hf"]
-    rows = [PROMPTS[i] for i in (0, 4, 2, 3)]
-    assert all(w != hf(q) for w, q in zip(want[:4], rows)), "a clamp that changes nothing proves nothing"
+    unsteered = {q: hf(q) for q, ref, _ in rows if ref}
+    changed = [w != unsteered[q] for (q, ref, _), w in zip(rows, want) if ref]
+    assert all(changed), f"a clamp that changes nothing proves nothing: {changed}"
     out = run_offline(setup, [batch], engine=MIXED_ENGINE, name="latent")[0]
-    assert_rows(setup, out, want, what)
+    assert_rows(setup, out, want, [f"{ref} x{s}" for _, ref, s in rows])
 
 
 def test_bad_requests_get_clear_errors_and_the_engine_keeps_serving(setup):

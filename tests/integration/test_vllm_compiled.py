@@ -7,7 +7,9 @@ mixed batch of tests/integration/test_vllm.py must give, row by row, exactly ste
 and the compilation counters must not move while steered steps, requests and artifacts change.
 The engine runs with ``STEERKIT_VLLM_RECORD=1``, so its graph also holds the record operator:
 steered and unsteered requests record rows equal to steerkit's HF recording. Requests naming a
-ConditionalSteering (steered from the host path) give steerkit's HF tokens too.
+ConditionalSteering (steered from the host path) give steerkit's HF tokens too, and so do requests naming
+transcoder supernodes (two-site latent clamps, steered from the host path: the graph holds the read operator of
+each block's MLP input).
 
 vLLM's first compiled start here compiles for several minutes and caches the result under
 ``~/.cache/vllm``; this module starts one engine.
@@ -21,7 +23,7 @@ import torch
 
 from steerkit.serving.capture import record_args
 from tests.integration.test_vllm import (MIXED_ENGINE, PROMPTS, VLLM_PY, assert_mixed_batch, assert_rows,  # noqa: F401
-                             build_setup, cast_batch, mixed_batch, req, run_offline)
+                             build_setup, cast_batch, mixed_batch, req, run_offline, supernode_rows)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -60,14 +62,17 @@ def compiled_run(setup):
               req(setup, p[1], None, 4),
               req(setup, p[2], record_args(REC_HOOKS, "last", run="rc", request="2"), 4)]
     cast_prompts, cast, cast_want = cast_batch(setup)  # conditional steering: each request alone, in one chunk
+    nodes = supernode_rows(setup) + [(p[2], None, 1.0)]  # transcoder supernodes and an unsteered row
+    node_batch = [req(setup, q, a(ref, scale=s) if ref else None) for q, ref, s in nodes]
+    node_want = [setup["hf"](q, ref, s) if ref else setup["hf"](q) for q, ref, s in nodes]
     folder = setup["root"] / "record-compiled"
     folder.mkdir(exist_ok=True)
-    res = run_offline(setup, [batch, first, second, record] + [[r] for r in cast],
+    res = run_offline(setup, [batch, first, second, record] + [[r] for r in cast] + [node_batch],
                       engine={**MIXED_ENGINE, "enforce_eager": False},
                       name="compiled", full=True, timeout=2000,  # a first start compiles for minutes
                       env={"STEERKIT_VLLM_RECORD": "1", "STEERKIT_RECORD_DIR": str(folder)})
     return {"res": res, "want": want, "first": first, "second": second, "record_dir": folder,
-            "cast": (cast_prompts, cast_want)}
+            "cast": (cast_prompts, cast_want), "nodes": (nodes, node_want)}
 
 
 def test_compiled_mixed_batch_matches_hf_row_by_row(setup, compiled_run):
@@ -95,8 +100,17 @@ def test_compiled_conditional_steering_matches_hf(setup, compiled_run):
     """Requests naming a ConditionalSteering (tests/integration/test_vllm.py:cast_batch), each alone (one prefill
     chunk), in the compiled engine: every row equals steerkit's own ``sm.steer(cs)`` tokens."""
     prompts, want = compiled_run["cast"]
-    out = [b[0] for b in compiled_run["res"]["batches"][4:]]
+    out = [b[0] for b in compiled_run["res"]["batches"][4:4 + len(want)]]
     assert_rows(setup, out, want, prompts + prompts[:1] + prompts[3:4])
+
+
+def test_compiled_transcoder_supernodes_match_hf(setup, compiled_run):
+    """Requests naming transcoder supernodes (tests/integration/test_vllm.py:supernode_rows: clamped, at scale 0.5,
+    at generated positions only, ablated, on a long prompt) with an unsteered one, in the compiled engine (the last
+    batch; the counters of :func:`test_compiled_steering_does_not_recompile` include it): every row equals
+    steerkit's own ``sm.steer(clamp, scale)`` tokens."""
+    rows, want = compiled_run["nodes"]
+    assert_rows(setup, compiled_run["res"]["batches"][-1], want, [f"{ref} x{s}" for _, ref, s in rows])
 
 
 def test_compiled_long_steered_rows_match_hf(setup, compiled_run):

@@ -205,6 +205,7 @@ def test_steerings_that_no_longer_fit_are_evicted_and_reloaded():
 def test_a_compiled_graph_follows_the_refilled_buffers_without_recompiling():
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]  # other tests of the process may have compiled
     model, engine = _engine()
     ref, host = _engine(configs=1)
     compiled = torch.compile(model, dynamic=True, fullgraph=True)
@@ -214,7 +215,7 @@ def test_a_compiled_graph_follows_the_refilled_buffers_without_recompiling():
         ids = _ids(max([b for _, _, b, *_ in step] or [3]), seed=k)
         got = _run(compiled, engine, step, ids)
         torch.testing.assert_close(got, _run(ref, host, step, ids), atol=1e-5, rtol=1e-5)
-    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["stats"]["unique_graphs"] - before == 1
 
 
 def test_slot_capacity_parses_and_says_what_is_wrong():
