@@ -75,8 +75,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    "the blocks of --layers instead of an SAE at --hook")
     t.add_argument("--layers", default=None, help=f"with --transcoder: the blocks ({LAYERS_HELP})")
     t.add_argument("--skip-connection", action="store_true", help="with --transcoder: a linear skip as well")
-    t.add_argument("--precision", default="auto", choices=PRECISIONS, help="with --transcoder: auto (bfloat16 "
-                   "autocast where the device computes it fast), bfloat16 or float32")
+    t.add_argument("--precision", default="float32", choices=PRECISIONS, help="with --transcoder: float32 (default) "
+                   "or bfloat16 autocast (faster, for experiments: it diverged on the default model)")
     t.add_argument("--checkpoint-seconds", type=float, default=300.0, help="with --transcoder: at most this long "
                    "between checkpoints in --out (default 300); run again with the same flags to resume")
     t.add_argument("--tokens", type=int, required=True, help="training tokens (rounded up to whole rows)")
@@ -191,7 +191,7 @@ def _check_train_args(args: argparse.Namespace) -> None:
         if args.hook is None or not _HOOK.fullmatch(args.hook):
             raise InputError(f"expected --hook blocks.L.hook_resid_post (the output of layer L, the site sparsify "
                              f"trains at), found {args.hook!r:.120}; or --transcoder --layers all for transcoders")
-        if args.layers is not None or args.skip_connection or args.precision != "auto":
+        if args.layers is not None or args.skip_connection or args.precision != "float32":
             raise InputError("expected --layers, --skip-connection and --precision only with --transcoder, found them "
                              "with --hook")
     if args.expansion is None:
