@@ -36,9 +36,7 @@ def corpus(corpus_slice) -> Path:
     return corpus_slice
 
 
-def _tiny():
-    model, tok = tiny_model("llama", seed=0, num_hidden_layers=3)
-    return steerkit.wrap(model, tok, name="tiny-3")
+TINY3 = dict(num_hidden_layers=3, name="tiny-3")  # make_tiny("llama", **TINY3): a fresh one for each caller
 
 
 class _Counter:
@@ -67,8 +65,8 @@ def _state(sm):
 
 
 @pytest.fixture(scope="module")
-def trained(corpus, tmp_path_factory):
-    sm = _tiny()
+def trained(make_tiny, corpus, tmp_path_factory):
+    sm = make_tiny("llama", **TINY3)
     before, logits = _state(sm), sm.forward("When Mary and John went")
     blocks = sm.adapter.block_list(sm.hf_model)
     count = _Counter(blocks[1], blocks[2], sm.hf_model.lm_head)
@@ -123,8 +121,8 @@ def test_metrics_are_in_range(trained):
     assert all(math.isfinite(m[k]) for k in ("explained_variance", "ce_loss_spliced", "ce_loss_recovered"))
 
 
-def test_an_exception_during_training_leaves_the_model_whole(corpus, tmp_path):
-    sm = _tiny()
+def test_an_exception_during_training_leaves_the_model_whole(make_tiny, corpus, tmp_path):
+    sm = make_tiny("llama", **TINY3)
     before, logits = _state(sm), sm.forward("hello")
     import sparsify.trainer
 
@@ -161,8 +159,8 @@ def test_refusals(trained, corpus, tmp_path):
     assert not any((tmp_path / n).exists() for n in "abcd")
 
 
-def test_truncated_restores_after_an_exception():
-    sm = _tiny()
+def test_truncated_restores_after_an_exception(make_tiny):
+    sm = make_tiny("llama", **TINY3)
     with pytest.raises(ValueError), truncated(sm, 0) as (base, hookpoint):
         assert hookpoint == "layers.0" and len(base.layers) == 1
         raise ValueError
@@ -238,10 +236,10 @@ def test_metric_functions_against_hand_computations():
         ce_loss_recovered(3.0, 3.0, 3.0)
 
 
-def test_an_exact_sae_recovers_all_of_the_loss():
+def test_an_exact_sae_recovers_all_of_the_loss(make_tiny):
     """relu(x) - relu(-x) = x: a TopK SAE with every latent on reconstructs exactly, so the spliced run is the clean
     one, the explained variance 1 and the loss recovered 1; zero ablation changes the loss."""
-    sm = _tiny()
+    sm = make_tiny("llama", **TINY3)
     d = sm.d_model
     eye = torch.eye(d)
     w = SAEWeights(torch.cat([eye, -eye], 1), torch.zeros(2 * d), torch.cat([eye, -eye], 0), torch.zeros(d),

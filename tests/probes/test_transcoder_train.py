@@ -21,7 +21,6 @@ from steerkit.probes import transcoder_train as tt
 from steerkit.vectors import Transcoders
 
 from cli_runs import assert_one_error_line, run_main  # noqa: E402
-from tiny_models import tiny_model  # noqa: E402
 
 pytest.importorskip("sparsify")
 
@@ -36,14 +35,12 @@ def corpus(corpus_slice) -> Path:
     return corpus_slice
 
 
-def _tiny():
-    model, tok = tiny_model("llama", seed=0, num_hidden_layers=3)
-    return steerkit.wrap(model, tok, name="tiny-3")
+TINY3 = dict(num_hidden_layers=3, name="tiny-3")  # make_tiny("llama", **TINY3): a fresh one for each caller
 
 
 @pytest.fixture(scope="module")
-def trained(corpus, tmp_path_factory):
-    sm = _tiny()
+def trained(make_tiny, corpus, tmp_path_factory):
+    sm = make_tiny("llama", **TINY3)
     out = tmp_path_factory.mktemp("tc") / "run"
     return sm, train_transcoders(sm, "all", corpus=corpus, out=out, checkpoint_seconds=1e9, **ARGS)
 
@@ -115,9 +112,9 @@ class _Interrupt:
         monkeypatch.setattr(tt._TokenBar, "update", update)
 
 
-def test_an_interrupted_run_resumes_to_the_uninterrupted_weights(trained, corpus, tmp_path, monkeypatch):
+def test_an_interrupted_run_resumes_to_the_uninterrupted_weights(make_tiny, trained, corpus, tmp_path, monkeypatch):
     _, whole = trained
-    sm = _tiny()
+    sm = make_tiny("llama", **TINY3)
     out = tmp_path / "run"
     with monkeypatch.context() as mp:
         _Interrupt(mp, after=3)
@@ -136,8 +133,8 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_weights(trained, corpus
         assert got == pytest.approx(want)
 
 
-def test_resuming_with_other_settings_is_refused(corpus, tmp_path, monkeypatch):
-    sm = _tiny()
+def test_resuming_with_other_settings_is_refused(make_tiny, corpus, tmp_path, monkeypatch):
+    sm = make_tiny("llama", **TINY3)
     out = tmp_path / "run"
     with monkeypatch.context() as mp:
         _Interrupt(mp, after=1)
@@ -160,10 +157,10 @@ def test_a_family_with_a_norm_after_the_mlp_is_refused(make_tiny, tmp_path):
         train_transcoders(sm, "all", out=tmp_path / "x", **ARGS)
 
 
-def test_bfloat16_autocast_keeps_every_weight_float32(corpus, tmp_path):
+def test_bfloat16_autocast_keeps_every_weight_float32(make_tiny, corpus, tmp_path):
     """Under autocast the model's pass and the encoders' products run in bfloat16; the transcoders' parameters
     (the encoder bias initialised from the first batch included) stay float32 and load as one set."""
-    sm = _tiny()
+    sm = make_tiny("llama", **TINY3)
     r = train_transcoders(sm, [0, 1, 2], corpus=corpus, out=tmp_path / "bf16", **{**ARGS, "precision": "bfloat16"})
     assert r.metrics["bfloat16_autocast"] is True
     tc = r.transcoders(sm)
