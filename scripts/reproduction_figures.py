@@ -259,37 +259,6 @@ def sae_steering(d):
     return fig
 
 
-def attribution_graphs(d):
-    """The attribution-graph finding (docs/reproductions/attribution-graphs.md): for each prompt, the features with
-    the most influence on the answer's logit by block and position (marker area: influence), and the supernodes
-    ablated, with the answer logit's change."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-    names = [k for k in ("ioi", "capital") if k in d]
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[f"{d[k]['prompt']!r} -> {d[k]['answer']!r}"
-                                                                 for k in names], horizontal_spacing=0.08)
-    for col, k in enumerate(names, 1):
-        r = d[k]
-        path = r["main_path"]
-        top = max(p["influence"] for p in path) or 1.0
-        fig.add_trace(go.Scatter(x=[p["position"] for p in path], y=[p["block"] for p in path], mode="markers",
-                                 marker=dict(size=[8 + 30 * (p["influence"] / top) ** 0.5 for p in path],
-                                             color="#4c78a8", opacity=0.7),
-                                 text=[f"L{p['block']} F{p['feature']} at {p['token']!r}: {p['influence']:.3g}"
-                                       for p in path], hoverinfo="text", name="main path", showlegend=col == 1),
-                      row=1, col=col)
-        for where, sn in r["supernodes"].items():
-            if not sn.get("nodes"):
-                continue
-            fig.add_annotation(x=sn["position"], y=max(sn["blocks"]) + 1.5, row=1, col=col, showarrow=False,
-                               text=f"{where}: ablated, logit {sn['target_logit_change']:+.2f}")
-        fig.update_xaxes(title_text="position", row=1, col=col)
-        fig.update_yaxes(title_text="block", range=[-1, 31], row=1, col=col)
-    fig.update_layout(title="Attribution graphs through the trained transcoders: the features that carry the answer",
-                      template="plotly_white", height=520)
-    return fig
-
-
 P = "probes/plots/"
 REPRODUCTIONS = [
     Figure("norms_profile", "norms", norms_profile, P + "norms.py:profile_figure"),
@@ -321,8 +290,6 @@ REPRODUCTIONS = [
     Figure("bipo_loss", "bipo", bipo_loss, P + "train.py:loss_figure"),
     Figure("refusal_paths", "", refusal_paths, "scripts/reproduction_figures.py:refusal_paths"),
     Figure("sae_steering", "sae-steering", sae_steering, "scripts/reproduction_figures.py:sae_steering"),
-    Figure("attribution_graphs", "attribution-graphs", attribution_graphs,
-           "scripts/reproduction_figures.py:attribution_graphs"),
 ]
 
 

@@ -81,7 +81,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--json", default=None, metavar="OUT", help="write circuit-tracer's frontend file OUT.json "
                    "(Neuronpedia's format; graph-metadata.json beside it lists it)")
     g.add_argument("--slug", default=None, help="the graph's name in the frontend file (default: OUT's stem)")
-    g.add_argument("--save", default=None, metavar="GRAPH", help="write the graph (Graph.save: safetensors) to GRAPH")
+    g.add_argument("--save", dest="graph_file", default=None, metavar="GRAPH", help="write the graph (Graph.save: safetensors) to GRAPH")
     g.add_argument("--top", type=int, default=10, help="features listed in the summary (default 10)")
     g.add_argument("--summary-json", action="store_true", help="print the summary as one JSON object")
     g.set_defaults(func=run_graph)
@@ -115,7 +115,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--positions", default="all", help="where the clamp acts: all (wherever the features fire, on "
                    "any prompt), graph (only at the nodes' own positions on the graph's prompt), last, or token "
                    "indices 3,5 (default all)")
-    s.add_argument("--save", required=True, metavar="NAME", help="the store name of the clamp")
+    s.add_argument("--save", dest="save_name", required=True, metavar="NAME", help="the store name of the clamp")
     s.add_argument("--top", type=int, default=5, help="top tokens shown before and after (default 5)")
     s.add_argument("--override", action="store_true", help="transcoders made on another model's weights: warn, "
                    "not fail")
@@ -139,8 +139,8 @@ def _check(args: argparse.Namespace) -> None:
                          "give --offload alone (the system's temporary folder)")
     if getattr(args, "json", None):
         check_output_path(args.json, "--json")
-    if getattr(args, "save", None):
-        check_output_path(args.save, "--save")
+    if getattr(args, "graph_file", None):  # dest names no argparse.Namespace attribute a library may add
+        check_output_path(args.graph_file, "--save")
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -195,8 +195,8 @@ def run_graph(args: argparse.Namespace) -> int:
     if args.json:
         s["json"] = str(graph.to_json(args.json, slug=args.slug, node_threshold=args.node_threshold,
                                       edge_threshold=args.edge_threshold))
-    if args.save:
-        s["saved"] = str(graph.save(args.save))
+    if args.graph_file:
+        s["saved"] = str(graph.save(args.graph_file))
     if args.summary_json:
         print(json.dumps(s))
         return 0
@@ -262,7 +262,7 @@ def run_steer(args: argparse.Namespace) -> int:
     sm = load_model_from(args)
     effect = intervene_graph(sm, graph, tc, nodes, scale=args.scale, value=args.value, top_k=args.top,
                              positions=positions)
-    ref = store.save(args.save, clamp)
+    ref = store.save(args.save_name, clamp)
     how, amount = effect.how, effect.amount
     if args.json:
         print(json.dumps({"saved": ref, "positions": positions, **effect.to_dict()}))

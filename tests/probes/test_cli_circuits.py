@@ -6,6 +6,8 @@ one ``steerkit: error:`` line. (``--ray`` for the batch runs in tests/integratio
 is checked there.)"""
 from __future__ import annotations
 
+import argparse
+
 import json
 
 import pytest
@@ -94,8 +96,10 @@ def test_batch_lists_the_recurring_features(setup, capsys, tmp_path):
     (["batch", "{root}/prompts.txt", "--transcoders", "{root}/tc.safetensors", "--workers", "0", "--ray"],
      ["--workers"]),
 ], ids=["transcoders", "threshold", "nodes", "offload", "json-folder", "prompts", "workers"])
-def test_bad_input_is_one_error_line(setup, capsys, argv, fragments):
+def test_bad_input_is_one_error_line(setup, capsys, monkeypatch, argv, fragments):
     root, _, _ = setup
+    # nnsight, once imported, gives argparse.Namespace a `save` method: no option may rely on that name being free
+    monkeypatch.setattr(argparse.Namespace, "save", lambda self: None, raising=False)
     args = [a.format(root=root) for a in argv]
     code, _, err = run_main(capsys, "circuits", *args, "--model", root / "tiny", *CPU, "--quiet")
     assert_one_error_line(code, err, *fragments, what=argv)
