@@ -26,7 +26,7 @@ from ..data import (
     check_text,
 )
 from ..runtime import cache_key, should_stop
-from .common import Context, background, count, explain, key_of, note, ok, ticker, time_limit, warn
+from .common import Context, background, picker, count, explain, key_of, note, ok, ticker, time_limit, warn
 from .features import MAX_LABEL_CHARS, context_rows
 
 #: the strongest inputs and outputs of the selected node listed under the figure
@@ -132,14 +132,7 @@ def register_transcoders(app, c: Context) -> None:
                   Input("url", "pathname"), Input("circ-rescan", "n_clicks"), Input("store-refresh", "n_clicks"),
                   State("circ-tc", "value"))
     def circuit_transcoders(path, _, __, current):
-        try:
-            opts = transcoder_options(c)
-        except Exception:  # noqa: BLE001 - an unreadable store lists nothing; the Store page says why
-            opts = []
-        values = [o["value"] for o in opts]
-        if current in values:
-            return opts, no_update
-        return opts, values[0] if values else None
+        return picker(lambda: transcoder_options(c), current)
 
     @app.callback(Output("circ-tc-status", "children"), Input("circ-tc", "value"), Input("model-label", "children"))
     def circuit_transcoders_status(ref, _):

@@ -16,7 +16,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from dash import Input, Output, html
+from dash import Input, Output, html, no_update
 from dash.exceptions import PreventUpdate
 
 from steerkit.errors import InputError, SteerkitError
@@ -210,3 +210,16 @@ def time_limit(seconds: float, what: str, hint: str = "ask for fewer pairs or pr
                              f"it still running; {hint}")
         return False
     return stop
+
+
+def picker(options_of, current):
+    """``(options, value)`` of a store picker: ``options_of()`` (nothing when the store cannot be read; the Store
+    page says why), the current pick kept where it is still offered (not read and checked again), else the first."""
+    try:
+        opts = options_of()
+    except Exception:  # noqa: BLE001 - an unreadable store lists nothing; the Store page says why
+        opts = []
+    values = [o["value"] for o in opts]
+    if current in values:
+        return opts, no_update
+    return opts, values[0] if values else None

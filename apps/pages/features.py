@@ -22,7 +22,7 @@ from .. import analysis, figures
 from .. import data as inputs
 from ..data import MAX_FEATURE_CONTEXTS, MAX_FEATURE_K, MAX_FIELD_CHARS, check_int, check_text
 from ..runtime import cache_key, should_stop
-from .common import Context, background, count, explain, key_of, note, ok, ticker
+from .common import Context, background, count, explain, key_of, note, ok, picker, ticker
 
 #: characters of a store row's field (site, architecture) shown in the picker's labels
 MAX_LABEL_CHARS = 120
@@ -99,14 +99,7 @@ def register_sae(app, c: Context) -> None:
                   Input("url", "pathname"), Input("feat-rescan", "n_clicks"), Input("store-refresh", "n_clicks"),
                   State("feat-sae", "value"))
     def feature_saes(path, _, __, current):
-        try:
-            opts = sae_options(c)
-        except Exception:  # noqa: BLE001 - an unreadable store lists nothing; the Store page says why
-            opts = []
-        values = [o["value"] for o in opts]
-        if current in values:  # the same SAE stays picked (and is not read and checked again)
-            return opts, no_update
-        return opts, values[0] if values else None
+        return picker(lambda: sae_options(c), current)
 
     @app.callback(Output("feat-sae-status", "children"), Output("feat-latent", "max"), Input("feat-sae", "value"),
                   Input("model-label", "children"))
