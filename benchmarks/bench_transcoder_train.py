@@ -1,7 +1,7 @@
 """Training a transcoder for every block of the default model: tokens per second, and the quality of the set.
 
 Trains with :func:`steerkit.probes.train_transcoders` (all 30 blocks of the embedded SmolLM2-135M-Instruct, TopK,
-k 32, expansion 8, sparsify's signum optimizer, bfloat16 autocast where the CPU is fast at it) on ``--tokens``
+k 32, expansion 8, sparsify's signum optimizer, float32, the default precision) on ``--tokens``
 tokens of the vendored corpus into ``--folder``, resuming there when a checkpoint of the same run exists (run it again
 after an interruption), or reads a finished folder (``--from OUT``, e.g. one trained with ``steerkit sae train
 --transcoder``). Rows go to ``benchmarks/results/transcoder_train.csv``:

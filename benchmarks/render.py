@@ -138,6 +138,14 @@ TARGETS.update({
         "docs/circuits.md and bench_circuits_memory.py (at most 6 GiB at 512 tokens)",
         where=(("library", ("steerkit",)), ("tokens", ("512",)), ("options", ('{"offload": true}',))),
         label=("tokens", "options")),
+    "transcoders for all 30 blocks: training tokens": Target(
+        "transcoder_train", "tokens", ">=", 500_000.0, "tokens",
+        "docs/sae_training.md and bench_transcoder_train.py (at least 500k tokens)",
+        where=(("kind", ("summary",)),), label=("blocks", "d_sae")),
+    "transcoders for all 30 blocks: wall-clock minutes": Target(
+        "transcoder_train", "wall_minutes", "<=", 90.0, "min",
+        "docs/sae_training.md and bench_transcoder_train.py (at most 90 minutes)",
+        where=(("kind", ("summary",)),), label=("blocks", "d_sae")),
     "attribution graph, peak memory over circuit-tracer's": Target(
         "circuits", "peak_rss_vs_circuit_tracer", "<=", 1.0, "x",
         "docs/circuits.md and bench_circuits.py (at most its memory at every length)",
@@ -158,6 +166,9 @@ SOURCES: dict[str, tuple[str, str]] = {
     "circuits_memory": ("benchmarks/bench_circuits_memory.py", "attribution graphs of long prompts: the peak "
                         "resident memory of steerkit's attribution_graph and of circuit-tracer 0.5.0's attribute "
                         "(stopped by a time limit or a memory cap: a lower bound of its peak)"),
+    "transcoder_train": ("benchmarks/bench_transcoder_train.py", "training a TopK transcoder for every block of the "
+                         "default model: tokens, seconds and tokens per second, wall-clock minutes of the whole run, "
+                         "the replacement model's CE losses; per block FVU, L0 and dead latents on held-out tokens"),
     "dtype": ("benchmarks/bench_dtype.py", "bfloat16 vs float32 on the default model: decoding and recording"),
     "generation": ("benchmarks/bench_generation.py", "steered vs unsteered greedy generation, per library"),
     "gpu_kernels": ("benchmarks/gpu_kernels.py", "the fused Triton steering kernel on a CUDA GPU, per case"),
@@ -219,6 +230,7 @@ PLOTS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "circuits": ("graph_s", ("tokens", "threads"), "library"),
     "circuits_memory": ("peak_rss_mib", ("tokens", "options"), "library"),
     "dtype": ("cpu_ms", ("work",), "dtype"),
+    "transcoder_train": ("fvu", ("layer",), None),
     "generation": ("paired_overhead_pct", ("library", "edit"), "batch"),
     "gpu_kernels": ("frac_of_copy", ("case", "dtype"), None),
     "gpu_kernels_sweep": ("frac_of_copy", ("block_r", "block_d", "num_warps"), "case"),
@@ -376,7 +388,7 @@ def write_figure(fig, stem: str, folder: Path, png: bool) -> Path:
         fig.write_image(str(path), width=1000, height=500)
     else:
         path = folder / f"{stem}.html"
-        fig.write_html(str(path), include_plotlyjs="cdn", full_html=True)
+        fig.write_html(str(path), include_plotlyjs="cdn", full_html=True, div_id=f"benchmark-{stem}")  # same data, same file
     return path
 
 
