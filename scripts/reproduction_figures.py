@@ -259,6 +259,44 @@ def sae_steering(d):
     return fig
 
 
+def attribution_graphs(d):
+    """The attribution-graph finding (docs/reproductions/attribution-graphs.md): per prompt, the signed direct effect
+    on the metric of the feature nodes (top) and of the error nodes (bottom), summed per block and position; the
+    ablated supernodes marked, with the measured and the predicted change of the metric."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+    names = [k for k in ("ioi", "capital") if k in d]
+    metric = {k: (f"logit({d[k]['answer'].strip()}) - logit({d[k]['contrast'].strip()})" if d[k]["contrast"]
+                  else f"logit({d[k]['answer'].strip()}) - mean logit") for k in names}
+    titles = [f"{kind}: direct effect on {metric[k]}" for kind in ("feature nodes", "error nodes") for k in names]
+    fig = make_subplots(rows=2, cols=len(names), subplot_titles=titles, horizontal_spacing=0.16,
+                        vertical_spacing=0.14)
+    for col, k in enumerate(names, 1):
+        b = d[k]["direct_effect"]
+        top = max(abs(v) for g in ("feature_grid", "error_grid") for row in b[g] for v in row) or 1.0
+        labels = [f"{i} {t!r}" for i, t in enumerate(b["tokens"])]
+        for row, grid in enumerate(("feature_grid", "error_grid"), 1):
+            fig.add_trace(go.Heatmap(z=b[grid], x=labels, y=list(range(len(b[grid]))), zmid=0, zmin=-top, zmax=top,
+                                     colorscale="RdBu", showscale=row == 1,
+                                     colorbar=dict(title="direct effect", x=(col - (len(names) - col) * 0.16) / len(names) + 0.01,
+                                                   len=0.9),
+                                     hovertemplate="block %{y} at %{x}: %{z:.3f}<extra></extra>"), row=row, col=col)
+        for where, sn in d[k]["supernodes"].items():
+            if not sn.get("nodes"):
+                continue
+            fig.add_trace(go.Scatter(x=[labels[sn["position"]]] * len(sn["blocks"]), y=sn["blocks"], mode="markers",
+                                     marker=dict(symbol="x-thin", size=10, line=dict(width=2, color="black")),
+                                     showlegend=False, hovertext=f"{where} supernode ablated: metric "
+                                     f"{sn['metric_change']:+.2f} (graph predicts {sn['predicted_direct_change']:+.2f}; "
+                                     f"random features {sn['control']['metric_change']:+.2f})", hoverinfo="text"),
+                          row=1, col=col)
+        fig.update_yaxes(title_text="block", row=1, col=col)
+        fig.update_yaxes(title_text="block", row=2, col=col)
+    fig.update_layout(title="Where the answer comes from in the attribution graphs (x: the ablated supernodes)",
+                      template="plotly_white", height=900)
+    return fig
+
+
 P = "probes/plots/"
 REPRODUCTIONS = [
     Figure("norms_profile", "norms", norms_profile, P + "norms.py:profile_figure"),
@@ -290,6 +328,8 @@ REPRODUCTIONS = [
     Figure("bipo_loss", "bipo", bipo_loss, P + "train.py:loss_figure"),
     Figure("refusal_paths", "", refusal_paths, "scripts/reproduction_figures.py:refusal_paths"),
     Figure("sae_steering", "sae-steering", sae_steering, "scripts/reproduction_figures.py:sae_steering"),
+    Figure("attribution_graphs", "attribution-graphs", attribution_graphs,
+           "scripts/reproduction_figures.py:attribution_graphs"),
 ]
 
 
