@@ -101,15 +101,16 @@ def snippet(context: Mapping[str, Any], chars: int = HOVER_CHARS) -> str:
     Examples:
         >>> from steerkit.apps.figures_circuits import snippet
         >>> snippet({"tokens": ["<b>", " the", " cat", " sat"], "index": 2, "value": 1.25})
-        '1.25: &lt;b&gt; the« cat» sat'
+        '1.25: &lt;b&gt; the «cat» sat'
         >>> snippet({"tokens": ["x" * 50, " cat", "\\n" + "y" * 50], "index": 1, "value": 3.0}, chars=24)
-        '3: …xxxxxxxxxxxxxxx« cat»↵yyyy…'
+        '3: …xxxxxxxxxxxxxxx «cat»↵yyyy…'
     """
     toks = [str(t).translate(_VISIBLE) for t in context["tokens"]] or [""]
     i = min(max(0, int(context["index"])), len(toks) - 1)
-    token = toks[i][:HOVER_TOKEN_CHARS]
+    token = toks[i].lstrip() or toks[i]  # a word's leading space goes before the mark: « cat» reads as «cat»
+    lead, token = toks[i][:len(toks[i]) - len(token)], token[:HOVER_TOKEN_CHARS]
     room = max(0, chars - len(token))
-    before, after = "".join(toks[:i]), "".join(toks[i + 1:])
+    before, after = "".join(toks[:i]) + lead, "".join(toks[i + 1:])
     n_after = min(len(after), room // 4)  # the text before the token gets the most room, as a report's window does
     n_before = min(len(before), room - n_after)
     n_after = min(len(after), room - n_before)
