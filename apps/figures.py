@@ -11,7 +11,8 @@ figure a page sent back). The Tune page draws ``steerkit.probes.tune.tradeoff_fi
 ``heatmap_figure`` (:func:`tune_figures`); :func:`mark_tune_tradeoff`, :func:`mark_tune_heatmap`,
 :func:`tune_point` and :func:`tune_rows` are its selection and table. The Features page draws
 ``steerkit.probes.plots.sae.feature_figure`` (:func:`feature_figure`), the Circuits page the attribution graph
-of :mod:`steerkit.apps.figures_circuits` (:func:`circuit_figure`, :func:`node_positions`) and a supernode's
+of :mod:`steerkit.apps.figures_circuits` (:func:`circuit_figure`, :func:`node_positions`; a feature's hover
+contexts as :func:`snippet` s) and a supernode's
 intervention (:func:`effect_figure`). The two are the app's
 modules that import plotly.
 """
@@ -30,7 +31,9 @@ from steerkit.errors import InputError
 from steerkit.probes.plots.sae import feature_figure as sae_feature_figure
 from steerkit.probes.tune import heatmap_figure, tradeoff_figure
 
-from .figures_circuits import circuit_figure, effect_figure, node_positions  # noqa: F401 - re-exported
+from .figures_circuits import (  # noqa: F401 - re-exported
+    HOVER_CHARS, HOVER_CONTEXTS, HOVER_TOKEN_CHARS, circuit_figure, effect_figure, node_positions, snippet,
+)
 
 REL_COLOR = "#1f77b4"
 COS_COLOR = "#ff7f0e"

@@ -9,12 +9,14 @@ its token and probability). Features are circles coloured by activation, errors 
 diamonds, logits red triangles; pinned nodes get a gold ring, the selected node a black one. Edges are lines, blue
 where the source raises the target, red where it lowers it, wider and more opaque the larger ``|weight|`` is (five
 widths, relative to the largest edge drawn). Every node carries its node index as ``customdata`` (a click on it
-names it) and its description on hover.
+names it) and its description on hover; with the features read over a set of texts (``contexts=``), a feature's
+hover also shows its density and its strongest contexts, each a short :func:`snippet` with the firing token marked
+«so» (every text escaped: plotly reads some HTML in hover text).
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -26,6 +28,11 @@ EDGE_COLORS = {True: "31,119,180", False: "214,39,40"}  # raises, lowers
 #: edge widths (pixels) and opacities of the five weight bins, weakest first
 EDGE_BINS = ((0.6, 0.25), (1.0, 0.35), (1.6, 0.5), (2.4, 0.65), (3.6, 0.85))
 PIN_COLOR = "#f5b700"
+#: a feature node's hover (with ``contexts=``): its strongest contexts shown, the characters of each around its
+#: firing token, and of the firing token itself
+HOVER_CONTEXTS = 3
+HOVER_CHARS = 72
+HOVER_TOKEN_CHARS = 24
 
 
 def node_positions(run: Any) -> dict[int, tuple[float, float]]:
@@ -64,15 +71,54 @@ def node_positions(run: Any) -> dict[int, tuple[float, float]]:
     return out
 
 
-def _hover(n: Any) -> str:
+def _hover(n: Any, contexts: Optional[Mapping[int, Any]] = None) -> str:
     what = {"feature": f"feature {n.feature} of block {n.layer}<br>activation {n.activation:.3g}",
             "error": f"error of block {n.layer}", "token": "input token",
             "logit": f"logit target, probability {n.probability or 0.0:.3g}"}[n.kind]
-    return f"<b>{_esc(n.label)}</b><br>node {n.node}, position {n.position}<br>{what}<br>influence {n.influence:.3g}"
+    text = f"<b>{_esc(n.label)}</b><br>node {n.node}, position {n.position}<br>{what}<br>influence {n.influence:.3g}"
+    reading = None if contexts is None or n.kind != "feature" else contexts.get(n.node)
+    if reading is None:
+        return text
+    text += f"<br>density {reading.density:.3g} ({reading.n_active} of {reading.n_tokens} tokens)"
+    shown = reading.contexts[:HOVER_CONTEXTS]
+    return text + ("".join(f"<br>{snippet(c)}" for c in shown) if shown else "<br>fires on none of the texts read")
 
 
 def _esc(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+#: line breaks shown as a mark, tabs as a space, other control characters dropped: a hover line stays one line
+_VISIBLE = str.maketrans({**{chr(i): None for i in range(32)}, "\n": "↵", "\t": " ", "\x7f": None})
+
+
+def snippet(context: Mapping[str, Any], chars: int = HOVER_CHARS) -> str:
+    """One context of a feature (an entry of the ``contexts`` of :class:`steerkit.probes.FeatureReport` or
+    :class:`steerkit.probes.sae_features.LatentContexts`) as one short line for a hover label: its activation and
+    about ``chars`` characters of text around the firing token, which is marked «so» (at most ``HOVER_TOKEN_CHARS``
+    of it); ``…`` where the text was cut, ``↵`` for a line break; markup escaped.
+
+    Examples:
+        >>> from steerkit.apps.figures_circuits import snippet
+        >>> snippet({"tokens": ["<b>", " the", " cat", " sat"], "index": 2, "value": 1.25})
+        '1.25: &lt;b&gt; the «cat» sat'
+        >>> snippet({"tokens": ["x" * 50, " cat", "\\n" + "y" * 50], "index": 1, "value": 3.0}, chars=24)
+        '3: …xxxxxxxxxxxxxxx «cat»↵yyyy…'
+    """
+    toks = [str(t).translate(_VISIBLE) for t in context["tokens"]] or [""]
+    i = min(max(0, int(context["index"])), len(toks) - 1)
+    token = toks[i].lstrip() or toks[i]  # a word's leading space goes before the mark: « cat» reads as «cat»
+    lead, token = toks[i][:len(toks[i]) - len(token)], token[:HOVER_TOKEN_CHARS]
+    room = max(0, chars - len(token))
+    before, after = "".join(toks[:i]) + lead, "".join(toks[i + 1:])
+    n_after = min(len(after), room // 4)  # the text before the token gets the most room, as a report's window does
+    n_before = min(len(before), room - n_after)
+    n_after = min(len(after), room - n_before)
+    if n_before < len(before):
+        before = "…" + before[len(before) - n_before:]
+    if n_after < len(after):
+        after = after[:n_after] + "…"
+    return f"{float(context['value']):.3g}: {_esc(before)}«{_esc(token)}»{_esc(after)}"
 
 
 def _edge_traces(run: Any, xy: dict) -> list[go.Scatter]:
@@ -93,7 +139,7 @@ def _edge_traces(run: Any, xy: dict) -> list[go.Scatter]:
     return out
 
 
-def _node_trace(kind: str, nodes: list, xy: dict) -> go.Scatter:
+def _node_trace(kind: str, nodes: list, xy: dict, contexts: Optional[Mapping[int, Any]]) -> go.Scatter:
     name, symbol, color = NODE_STYLE[kind]
     marker: dict[str, Any] = dict(symbol=symbol, size=9 if kind == "feature" else 11, line=dict(width=0.5, color="#333"))
     if color is None:  # features: coloured by activation
@@ -104,21 +150,26 @@ def _node_trace(kind: str, nodes: list, xy: dict) -> go.Scatter:
     return go.Scatter(x=[xy[n.node][0] for n in nodes], y=[xy[n.node][1] for n in nodes], name=name,
                       mode="markers+text" if text else "markers", text=text, textposition="top center",
                       textfont=dict(size=10), marker=marker, customdata=[n.node for n in nodes],
-                      hovertext=[_hover(n) for n in nodes], hoverinfo="text")
+                      hovertext=[_hover(n, contexts) for n in nodes], hoverinfo="text", hoverlabel=dict(align="left"))
 
 
-def _ring(name: str, nodes: Iterable[int], xy: dict, run: Any, color: str, size: int) -> Optional[go.Scatter]:
+def _ring(name: str, nodes: Iterable[int], xy: dict, run: Any, color: str, size: int,
+          contexts: Optional[Mapping[int, Any]]) -> Optional[go.Scatter]:
     shown = [i for i in nodes if i in xy]
     if not shown:
         return None
     return go.Scatter(x=[xy[i][0] for i in shown], y=[xy[i][1] for i in shown], name=name, mode="markers",
                       marker=dict(symbol="circle-open", size=size, line=dict(width=3, color=color), color=color),
-                      customdata=shown, hovertext=[_hover(run.by_node[i]) for i in shown], hoverinfo="text")
+                      customdata=shown, hovertext=[_hover(run.by_node[i], contexts) for i in shown], hoverinfo="text",
+                      hoverlabel=dict(align="left"))
 
 
-def circuit_figure(run: Any, *, pinned: Sequence[int] = (), selected: Optional[int] = None) -> go.Figure:
+def circuit_figure(run: Any, *, pinned: Sequence[int] = (), selected: Optional[int] = None,
+                   contexts: Optional[Mapping[int, Any]] = None) -> go.Figure:
     """The pruned graph of ``run`` (:class:`steerkit.apps.analysis.CircuitRun`) as the module docstring describes,
-    with the nodes of ``pinned`` ringed in gold and ``selected`` in black.
+    with the nodes of ``pinned`` ringed in gold and ``selected`` in black. ``contexts`` (``{node: reading}``, the
+    ``nodes`` of :class:`steerkit.apps.analysis.GraphContexts`): a feature node's hover then adds its feature's
+    density and its ``HOVER_CONTEXTS`` strongest contexts over the texts read, each a :func:`snippet`.
 
     Examples:
         >>> from steerkit.vectors import Transcoders
@@ -134,6 +185,11 @@ def circuit_figure(run: Any, *, pinned: Sequence[int] = (), selected: Optional[i
         True
         >>> run.tokens[0], fig.layout.xaxis.ticktext[0]  # the tokens, as text (markup escaped)
         ('<|im_start|>', '&lt;|im_start|&gt;')
+        >>> from steerkit.apps.analysis import graph_contexts
+        >>> read = graph_contexts(tiny, tc, run, ["the <b>cat</b> sat", "a dog ran"])
+        >>> hover = next(t for t in circuit_figure(run, contexts=read.nodes).data if t.name == "features").hovertext
+        >>> all("density" in h for h in hover), any("\u00ab" in h for h in hover), any("<b>cat" in h for h in hover)
+        (True, True, False)
     """
     L, P = run.graph.n_layers, run.graph.n_pos
     xy = node_positions(run)
@@ -141,9 +197,9 @@ def circuit_figure(run: Any, *, pinned: Sequence[int] = (), selected: Optional[i
     for kind in ("error", "token", "feature", "logit"):
         nodes = [n for n in run.nodes if n.kind == kind]
         if nodes:
-            traces.append(_node_trace(kind, nodes, xy))
-    for ring in (_ring("pinned", pinned, xy, run, PIN_COLOR, 17),
-                 _ring("selected", [] if selected is None else [selected], xy, run, "#000", 21)):
+            traces.append(_node_trace(kind, nodes, xy, contexts))
+    for ring in (_ring("pinned", pinned, xy, run, PIN_COLOR, 17, contexts),
+                 _ring("selected", [] if selected is None else [selected], xy, run, "#000", 21, contexts)):
         if ring is not None:
             traces.append(ring)
     fig = go.Figure(traces)

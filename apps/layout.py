@@ -78,9 +78,9 @@ def graph(graph_id, height=None, placeholder=None):
                      html.Div(dl_button(graph_id), style={"textAlign": "right"})])
 
 
-def progress_row(prefix):
+def progress_row(prefix, label="Compute"):
     return html.Div([
-        html.Button("Compute", id=f"{prefix}-run", n_clicks=0, style=BTN),
+        html.Button(label, id=f"{prefix}-run", n_clicks=0, style=BTN),
         html.Button("Cancel", id=f"{prefix}-cancel", n_clicks=0, disabled=True, style=BTN2),
         html.Progress(id=f"{prefix}-progress", value="0", max="1", style={"width": "220px", "visibility": "hidden"}),
     ], style={**ROW, "alignItems": "center"})
@@ -583,7 +583,8 @@ def circuits_page():
         ], style=CARD),
         html.Div([
             graph("circ-graph", 420, placeholder="Pick transcoders, type a prompt and press Compute."),
-            html.Div("Click a node to select it: a feature's contexts are read below; pin features to group them.",
+            html.Div("Click a node to select it: a feature's contexts are read below; pin features to group them. "
+                     "Read the drawn features (below) to see each feature's top contexts when you hover it.",
                      style=small),
         ], style=CARD),
         html.Div([
@@ -630,7 +631,8 @@ def circuits_page():
             message("circ-save-status"),
         ], style=CARD),
         html.Div([
-            html.H4("Contexts of the selected feature", style={"margin": "0 0 6px"}),
+            html.H4("Contexts of the selected feature, and of every drawn feature on hover",
+                    style={"margin": "0 0 6px"}),
             html.Div([
                 field("Texts", dcc.Dropdown(id="circ-dataset", clearable=False, value="custom", options=[
                     {"label": label, "value": value} for value, label in FEATURE_DATASET_LABELS.items()]),
@@ -644,6 +646,10 @@ def circuits_page():
             html.Div(progress_row("circ-report"), style={"marginTop": "10px"}),
             message("circ-report-status"),
             html.Div(id="circ-contexts", style={**PANE, "whiteSpace": "pre-wrap", "minHeight": "60px"}),
+            html.Div(progress_row("circ-hover", "Read the drawn features"), style={"marginTop": "10px"}),
+            message("circ-hover-status"),
+            html.Div("Reads every feature the graph draws over these texts at once: hover a feature node for its "
+                     "density and its top contexts, the firing token marked «so».", style=small),
         ], style=CARD),
     ], id="page-circuits")
 
@@ -663,7 +669,7 @@ def shell(model_label: str, n_layers: Optional[int], store_path: str, results_pa
         dcc.Store(id="patch-key"), dcc.Store(id="attn-key"), dcc.Store(id="tune-key"), dcc.Store(id="tune-cell"),
         dcc.Store(id="feat-find-key"), dcc.Store(id="feat-key"), dcc.Store(id="circ-key"), dcc.Store(id="circ-selected"),
         dcc.Store(id="circ-pinned"), dcc.Store(id="circ-supernodes"), dcc.Store(id="circ-report-key"),
-        dcc.Store(id="circ-effect-key"),
+        dcc.Store(id="circ-effect-key"), dcc.Store(id="circ-hover-key"),
         dcc.Download(id="download-fig"), dcc.Download(id="download-export"),
         nav,
         html.Div([profiles_page(n_layers, models, current_model), probes_page(), steer_page(), patching_page(),

@@ -46,7 +46,9 @@ How it fits together
   model); :mod:`.sae_eval` -- :func:`sae_eval`:
   sae-lens's evaluation (L0, explained variance, CE loss recovered) of an SAE on prompts, through the SAE's
   hook sites (``sm.attach_sae``); :mod:`.sae_features` -- :func:`feature_report` (a latent's top contexts, density,
-  logit effects and decoder neighbours, :class:`FeatureReport`), :func:`top_latents` (the latents that fire most on a text) and :func:`latent_attribution` (attribution
+  logit effects and decoder neighbours, :class:`FeatureReport`), :func:`feature_contexts` (many latents' top
+  contexts and densities, at several sites, in one pass per batch: :class:`~.sae_features.LatentContexts`),
+  :func:`top_latents` (the latents that fire most on a text) and :func:`latent_attribution` (attribution
   patching over the latents, checked against activation patching, :class:`LatentAttribution`).
 * :mod:`.attribution` -- :func:`attribution_graph`: a prompt traced through a model's transcoders
   (:class:`steerkit.vectors.Transcoders`) as circuit-tracer does, its replacement model written out and
@@ -97,7 +99,8 @@ else:
     from .sae_eval import sae_eval, special_token_ids
     from .sae_train import SAETrainResult, sae_layer, train_sae
     from .transcoder_train import TranscoderTrainResult, train_transcoders
-    from .sae_features import FeatureReport, LatentAttribution, TopLatents, feature_report, latent_attribution, top_latents
+    from .sae_features import (FeatureReport, LatentAttribution, TopLatents, feature_contexts, feature_report,
+                               latent_attribution, top_latents)
     from .train import (ABItem, PreferencePair, TrainResult, as_pairs, bipo_loss, completion_logprobs, myopic_items,
                         pairs_hash, preference_margins, preference_pairs, train_bipo, train_promptless)
     from .graph import Graph, LogitTarget, PruneResult, compute_graph_scores, prune_graph
@@ -121,7 +124,8 @@ else:
         "train_sae", "SAETrainResult", "sae_layer", "read_corpus", "token_chunks", "split_chunks", "CorpusChunks",
         "l0", "explained_variance", "next_token_ce", "ce_loss_recovered", "dead_latents", "reconstruction_metrics",
         "transcoder_metrics", "train_transcoders", "TranscoderTrainResult",
-        "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "latent_attribution", "LatentAttribution",
+        "sae_eval", "special_token_ids", "feature_report", "FeatureReport", "feature_contexts", "latent_attribution",
+        "LatentAttribution",
         "top_latents", "TopLatents",
         "attribution_graph", "Graph", "LogitTarget", "PruneResult", "prune_graph", "compute_graph_scores",
         "attribution_graphs", "AttributionGraphs", "PrunedGraph", "CircuitSpec",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import html
+import numbers
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
@@ -132,6 +133,184 @@ def _neighbours(W_dec: Tensor, latent: int, k: int) -> list[tuple[int, float]]:
     return [(int(i), float(v)) for v, i in zip(best.values, best.indices)]
 
 
+# ----------------------------------------------------------------------------- reading latents over texts
+class _Tally:
+    """One latent read over texts as they come (the one reading :func:`feature_report` and :func:`feature_contexts`
+    share): the ``top`` strongest activations, at most one per text, in a min-heap of ``(value, doc, position)``
+    with each kept text's window of ``context`` tokens before and ``after`` tokens after; the tokens counted and
+    those where the latent is active; its nonzero activations when ``keep_values``."""
+
+    def __init__(self, top: int, context: int, after: int, keep_values: bool):
+        self.top, self.context, self.after = top, context, after
+        self.best: list[tuple[float, int, int]] = []
+        self.windows: dict[int, tuple[list[int], list[float], int]] = {}  # doc -> (token ids, activations, index)
+        self.n_active = self.n_tokens = 0
+        self.values: Optional[list[Tensor]] = [] if keep_values else None
+
+    def add(self, doc: int, ids: list[int], a: Tensor, counted: Tensor, peak: float, where: int) -> None:
+        """Text ``doc`` (its token ids ``ids``): the latent's activations ``a`` ``[n]``, those of its counted tokens
+        ``counted`` and where among all its tokens the counted ones peak (``peak`` at ``where``)."""
+        active = counted > 0
+        self.n_tokens += counted.numel()
+        self.n_active += int(active.sum())
+        if self.values is not None:
+            self.values.append(counted[active])
+        if peak > 0 and (len(self.best) < self.top or peak > self.best[0][0]):
+            item = (peak, doc, where)
+            if len(self.best) < self.top:
+                heapq.heappush(self.best, item)
+            else:
+                self.windows.pop(heapq.heapreplace(self.best, item)[1], None)
+            lo, hi = max(0, where - self.context), min(len(ids), where + self.after + 1)
+            self.windows[doc] = (ids[lo:hi], a[lo:hi].tolist(), where - lo)
+
+    def contexts(self, decode) -> list[dict]:
+        """The kept contexts, strongest first (see :class:`FeatureReport`)."""
+        out = []
+        for v, doc, p in sorted(self.best, reverse=True):
+            ids, acts, index = self.windows[doc]
+            out.append({"doc": doc, "position": p, "value": v, "tokens": [decode([t]) for t in ids], "acts": acts,
+                        "index": index})
+        return out
+
+
+def _texts(dataset: Any) -> list[str]:
+    texts = [] if isinstance(dataset, str) else list(dataset)
+    if not texts or not all(isinstance(t, str) and t for t in texts):
+        raise InputError("expected the dataset as a non-empty list of non-empty texts, found "
+                         f"{type(dataset).__name__} with {len(texts)} items")
+    return texts
+
+
+def _counts(ones: dict[str, Any], zeros: dict[str, Any]) -> None:
+    """Each of ``ones`` a whole number >= 1, each of ``zeros`` >= 0."""
+    def whole(v: Any, lo: int) -> bool:
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= lo
+    if not all(whole(v, 1) for v in ones.values()) or not all(whole(v, 0) for v in zeros.values()):
+        found = ", ".join(repr(v)[:20] for v in [*ones.values(), *zeros.values()])
+        raise InputError(f"expected {', '.join(ones)} >= 1 and {', '.join(zeros)} >= 0 (whole numbers), found {found}")
+
+
+def _encoded(w: Any, x: Tensor, latents: Sequence[int]) -> Tensor:
+    """The activations of ``latents`` ``[..., len(latents)]``, each computed as a read of that latent alone computes
+    it (its own encoder column: a matrix product's rounding depends on how many columns it has, so a latent reads the
+    same alone and among others); a TopK SAE encodes every latent once (it needs them all to pick its ``k``)."""
+    if w.architecture == "topk":
+        return w.encode(x)[..., list(latents)]
+    return torch.stack([w.encode(x, [i])[..., 0] for i in latents], dim=-1)
+
+
+def _scan(sm: "SteerModel", reads: dict[str, tuple[Any, tuple[int, ...]]], texts: list[str], *, top: int,
+          context: int, after: int, batch_size: int, chat: bool, keep_values: bool,
+          bar: Any) -> dict[tuple[str, int], _Tally]:
+    """The one reading of latents over texts: per batch of ``batch_size`` texts one forward pass recording every
+    site of ``reads`` (``{site: (SAEWeights, latents)}``), the listed latents encoded at every token, each text's
+    first token not counted (unless it is the only one: the attention sink, see :func:`top_latents`); one
+    :class:`_Tally` per ``(site, latent)``."""
+    tallies = {(site, i): _Tally(top, context, after, keep_values) for site, (_, ls) in reads.items() for i in ls}
+    for s in range(0, len(texts), batch_size):
+        part = texts[s:s + batch_size]
+        toks = sm.tokenize(part, chat=chat)
+        with sm.record(list(reads), positions="all", device="cpu") as cache:
+            sm.forward(toks)
+        for site, (w, latents) in reads.items():
+            f = _encoded(w, cache[site].to(w.device), latents).float().cpu()  # [b, T, len(latents)]
+            lengths, where = cache.lengths(site), cache.positions(site)  # a row's tokens: where it is not padding
+            for r, n in enumerate(lengths.tolist()):
+                a = f[r, :n]
+                skip = 1 if n > 1 else 0  # the first token: the attention sink (see top_latents)
+                peaks, at = a[skip:].max(0)
+                ids = toks.input_ids[r].cpu()[where[r, :n]].tolist()
+                for j, (peak, p) in enumerate(zip(peaks.tolist(), (at + skip).tolist())):
+                    tallies[(site, latents[j])].add(s + r, ids, a[:, j], a[skip:, j], peak, p)
+        bar.update(len(part))
+    bar.close()
+    return tallies
+
+
+@dataclasses.dataclass(eq=False)
+class LatentContexts:
+    """One latent read over a text set (see :func:`feature_contexts`): ``site``, ``latent``, ``contexts`` (its
+    top-activating contexts, best first, as :attr:`FeatureReport.contexts`), ``n_active`` (the counted tokens
+    where it is active) and ``n_tokens`` (the tokens counted); ``density`` is their ratio.
+
+    Examples:
+        >>> from steerkit.sae import SAEWeights
+        >>> from steerkit.probes import feature_contexts
+        >>> W = torch.nn.functional.normalize(torch.randn(32, 64, generator=torch.Generator().manual_seed(1)), dim=-1)
+        >>> sae = SAEWeights(W.T.clone(), torch.zeros(32), W, torch.zeros(64))
+        >>> got = feature_contexts(tiny, {"blocks.1.hook_resid_post": (sae, [3])}, ["one two", "three four"],
+        ...                        progress=False)[("blocks.1.hook_resid_post", 3)]
+        >>> got.latent, got.n_tokens, got.density == got.n_active / got.n_tokens  # first tokens not counted
+        (3, 2, True)
+    """
+
+    site: str
+    latent: int
+    contexts: list[dict]
+    n_active: int
+    n_tokens: int
+
+    @property
+    def density(self) -> float:
+        """The share of counted tokens where the latent is active."""
+        return self.n_active / max(1, self.n_tokens)
+
+    def __repr__(self):
+        return (f"LatentContexts(site={self.site!r}, latent={self.latent}, density={self.density:.4g}, "
+                f"tokens={self.n_tokens}, contexts={len(self.contexts)})")
+
+
+def feature_contexts(sm: "SteerModel", reads: Any, dataset: Sequence[str], *, top: int = 3, context: int = 8,
+                     after: int = 3, batch_size: int = 16, chat: bool = False,
+                     progress: bool = True) -> dict[tuple[str, int], LatentContexts]:
+    """Many latents, at one site or several, read over the texts ``dataset`` in one pass per batch: ``reads`` maps
+    a site to ``(sae, latents)`` (an SAE, :class:`steerkit.sae.SAEWeights` or a stored one at that site, and the
+    latents to read there, distinct indices); each batch of ``batch_size`` texts (raw text unless ``chat``) runs the
+    model once, recording every site, and encodes only the listed latents. Per ``(site, latent)``: its ``top``
+    strongest contexts, at most one per text, each with ``context`` tokens before and ``after`` after, and its
+    density, exactly as :func:`feature_report` reads one latent (the same loop; each text's first token not
+    counted unless it is the only one) -- without the logit effects, decoder neighbours and histogram.
+
+    Examples:
+        >>> from steerkit.sae import SAEWeights
+        >>> from steerkit.probes import feature_contexts, feature_report
+        >>> g = torch.Generator().manual_seed(0)
+        >>> sae = SAEWeights(torch.randn(64, 128, generator=g) / 8, torch.zeros(128),
+        ...                  torch.randn(128, 64, generator=g) / 8, torch.zeros(64))
+        >>> texts = ["the cat sat", "a dog ran far", "hello"]
+        >>> a, b = "blocks.0.hook_resid_post", "blocks.2.hook_resid_post"
+        >>> got = feature_contexts(tiny, {a: (sae, [5, 9]), b: (sae, [5])}, texts, top=2, progress=False)
+        >>> sorted(got)
+        [('blocks.0.hook_resid_post', 5), ('blocks.0.hook_resid_post', 9), ('blocks.2.hook_resid_post', 5)]
+        >>> one = feature_report(tiny, sae, 5, texts, site=b, top=2, progress=False)
+        >>> got[(b, 5)].contexts == one.contexts, got[(b, 5)].density == one.density
+        (True, True)
+    """
+    if not isinstance(reads, dict) or not reads:
+        raise InputError(f"expected reads as a non-empty dict of site -> (sae, latents), found {type(reads).__name__}"
+                         f"{' (empty)' if isinstance(reads, dict) else ''}")
+    plan: dict[str, tuple[Any, tuple[int, ...]]] = {}
+    for site, pair in reads.items():
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise InputError(f"expected reads[{str(site)[:80]!r}] as a pair (sae, latents), found "
+                             f"{type(pair).__name__}")
+        sae, latents = pair
+        site = _site(sae, site if isinstance(site, str) else None)
+        if site in plan:
+            raise InputError(f"expected each site once in reads, found {site!r} twice")
+        w = sae_weights(sae)
+        plan[site] = (w, latent_indices(latents, w.d_sae))
+    texts = _texts(dataset)
+    _counts({"top": top, "batch_size": batch_size}, {"context": context, "after": after})
+    n = sum(len(ls) for _, ls in plan.values())
+    bar = tqdm(total=len(texts), desc=f"{n} latents", unit="text", disable=not progress, leave=False)
+    tallies = _scan(sm, plan, texts, top=top, context=context, after=after, batch_size=batch_size, chat=chat,
+                    keep_values=False, bar=bar)
+    return {key: LatentContexts(key[0], key[1], t.contexts(sm.tokenizer.decode), t.n_active, t.n_tokens)
+            for key, t in tallies.items()}
+
+
 def feature_report(sm: "SteerModel", sae: Any, latent: int, dataset: Sequence[str], *, site: Optional[str] = None,
                    top: int = 20, context: int = 8, after: int = 3, k_logits: int = 10, k_neighbours: int = 10,
                    batch_size: int = 16, chat: bool = False, progress: bool = True) -> FeatureReport:
@@ -141,6 +320,7 @@ def feature_report(sm: "SteerModel", sae: Any, latent: int, dataset: Sequence[st
     ``after`` tokens after it; the density and histogram over every token; each text's first token is not
     counted (unless it is the only one), as in :func:`top_latents`; the logit effects
     (``k_logits`` tokens each way) and the ``k_neighbours`` nearest latents by decoder cosine.
+    :func:`feature_contexts` reads many latents, at several sites, the same way in one pass.
 
     Examples:
         >>> from steerkit.sae import SAEWeights
@@ -158,50 +338,16 @@ def feature_report(sm: "SteerModel", sae: Any, latent: int, dataset: Sequence[st
     w = sae_weights(sae)
     site = _site(sae, site)
     (latent,) = latent_indices(latent, w.d_sae)
-    texts = list(dataset)
-    if not texts or not all(isinstance(t, str) and t for t in texts):
-        raise InputError("expected the dataset as a non-empty list of non-empty texts, found "
-                         f"{type(dataset).__name__} with {len(texts)} items")
-    if min(top, batch_size, k_logits, k_neighbours) < 1 or min(context, after) < 0:
-        raise InputError(f"expected top, batch_size, k_logits, k_neighbours >= 1 and context, after >= 0, found "
-                         f"{top}, {batch_size}, {k_logits}, {k_neighbours}, {context}, {after}")
-    best: list[tuple[float, int, int]] = []  # a min-heap of (value, doc, position): one per doc
-    ids: dict[int, list[int]] = {}
-    acts_of: dict[int, Tensor] = {}
-    values: list[Tensor] = []
-    n_tokens = 0
+    texts = _texts(dataset)
+    _counts({"top": top, "batch_size": batch_size, "k_logits": k_logits, "k_neighbours": k_neighbours},
+            {"context": context, "after": after})
     bar = tqdm(total=len(texts), desc=f"latent {latent}", unit="text", disable=not progress, leave=False)
-    for s in range(0, len(texts), batch_size):
-        part = texts[s:s + batch_size]
-        toks = sm.tokenize(part, chat=chat)
-        with sm.record(site, positions="all", device="cpu") as cache:
-            sm.forward(toks)
-        f = w.encode(cache[site].to(w.device), [latent])[..., 0].float().cpu()  # [b, T]
-        lengths, where = cache.lengths(site), cache.positions(site)  # a row's tokens: where it is not padding
-        for r, n in enumerate(lengths.tolist()):
-            a = f[r, :n]
-            skip = 1 if n > 1 else 0  # the first token: the attention sink (see top_latents)
-            n_tokens += n - skip
-            values.append(a[skip:][a[skip:] > 0])
-            v, p = a[skip:].max(0)
-            p = p + skip
-            doc = s + r
-            if float(v) > 0 and (len(best) < top or float(v) > best[0][0]):
-                item = (float(v), doc, int(p))
-                (heapq.heappush if len(best) < top else heapq.heapreplace)(best, item)
-                ids[doc], acts_of[doc] = toks.input_ids[r].cpu()[where[r, :n]].tolist(), a
-        bar.update(len(part))
-    bar.close()
-    contexts = []
-    for v, doc, p in sorted(best, reverse=True):
-        lo, hi = max(0, p - context), min(len(ids[doc]), p + after + 1)
-        contexts.append({"doc": doc, "position": p, "value": v,
-                         "tokens": [sm.tokenizer.decode([t]) for t in ids[doc][lo:hi]],
-                         "acts": acts_of[doc][lo:hi].tolist(), "index": p - lo})
-    vals = torch.cat(values) if values else torch.zeros(0)
+    t = _scan(sm, {site: (w, (latent,))}, texts, top=top, context=context, after=after, batch_size=batch_size,
+              chat=chat, keep_values=True, bar=bar)[(site, latent)]
+    vals = torch.cat(t.values) if t.values else torch.zeros(0)
     top_l, bottom_l = _logit_effects(sm, w.W_dec[latent], k_logits)
-    return FeatureReport(latent, site, n_tokens, float(vals.numel() / max(1, n_tokens)), vals, contexts, top_l,
-                         bottom_l, _neighbours(w.W_dec, latent, k_neighbours))
+    return FeatureReport(latent, site, t.n_tokens, float(vals.numel() / max(1, t.n_tokens)), vals,
+                         t.contexts(sm.tokenizer.decode), top_l, bottom_l, _neighbours(w.W_dec, latent, k_neighbours))
 
 
 @dataclasses.dataclass(eq=False)

@@ -29,13 +29,16 @@ figures; nothing here imports a plotting library.
 * :mod:`.features`: :func:`find_latents` -> :class:`steerkit.probes.TopLatents` (the latents of a stored SAE
   that fire most on a text) and :func:`feature_run` -> :class:`FeatureRun`:
   :func:`steerkit.probes.feature_report` of one latent over a set of texts, one batch of texts per call
-  (progress, cancel and the time limit between batches), merged into one report by :func:`merge_reports`.
+  (progress, cancel and the time limit between batches, :func:`read_chunks`), merged into one report by
+  :func:`merge_reports`.
 
 * :mod:`.circuits`: :func:`circuit_run` -> :class:`CircuitRun`: the attribution graph of a prompt through
   stored transcoders (:func:`steerkit.probes.attribution_graph`, progress and cancel between batches of rows),
   pruned, with the nodes and edges a figure draws (:class:`CircuitNode`); :func:`node_report`: a feature node's
   report through its block's transcoder as an SAE (``Transcoders.layer_sae``), the Features page's
-  :func:`feature_run`; :func:`supernode_effect` (``steerkit.probes.intervene_graph``) and
+  :func:`feature_run`; :func:`graph_contexts` -> :class:`GraphContexts`: every drawn feature node's top contexts
+  and density at once (:func:`steerkit.probes.feature_contexts`, one pass per batch for every block), which the
+  figure's hover shows; :func:`supernode_effect` (``steerkit.probes.intervene_graph``) and
   :func:`supernode_artifact` (``steerkit.probes.supernode_clamp``): a supernode clamped, and saved.
 
 Long computations take ``progress(done, total)`` and ``should_stop()`` callables; when
@@ -47,13 +50,15 @@ import time  # noqa: F401 - the computations' clock (``time.monotonic``), patche
 
 from .attention import AttentionPatterns, attention_patterns
 from .circuits import (
-    CircuitNode, CircuitRun, circuit_run, describe_node, drawn, node_report, pinned_nodes, supernode_artifact,
-    supernode_effect,
+    CircuitNode, CircuitRun, GraphContexts, circuit_run, describe_node, drawn, graph_contexts, node_report,
+    pinned_nodes, supernode_artifact, supernode_effect,
 )
 from . import common as _common
 from .common import Cancelled
 from .diagnostics import LayerDiagnostics, layer_diagnostics
-from .features import FeatureRun, feature_run, find_latents, merge_reports
+from .features import (
+    FeatureRun, feature_run, find_latents, merge_contexts, merge_reports, read_chunks, report_texts, text_chunks,
+)
 from .patching import HeadDetail, PatchingRun, head_detail, patching_run
 from .profile import DivergenceProfile, divergence_profile
 from .steering import (
@@ -64,7 +69,9 @@ from .tune import TuneRun, merge_tunes, tune_run
 
 __all__ = [
     "AttentionPatterns", "Cancelled", "CircuitNode", "CircuitRun", "circuit_run", "describe_node", "drawn",
-    "node_report", "pinned_nodes", "supernode_artifact", "supernode_effect", "DivergenceProfile", "FeatureRun", "HeadDetail", "LayerDiagnostics",
+    "node_report", "pinned_nodes", "supernode_artifact", "supernode_effect", "GraphContexts", "graph_contexts",
+    "DivergenceProfile", "FeatureRun", "HeadDetail", "LayerDiagnostics", "merge_contexts", "read_chunks",
+    "report_texts", "text_chunks",
     "OPERATIONS", "PatchingRun", "STEERABLE", "SteerResult", "SteerSetting", "TuneRun", "artifact_interventions",
     "attention_patterns", "direction_artifacts", "divergence_profile", "feature_run", "find_latents", "head_detail",
     "layer_diagnostics", "merge_reports", "merge_tunes", "patching_run", "steer_compare",

@@ -4,7 +4,9 @@ batches of rows) pruned by :func:`steerkit.probes.prune_graph`, and the nodes an
 (:class:`CircuitNode`: the most influential kept nodes and the strongest kept edges, within the page's bounds);
 :func:`node_report`, a feature node's report as the Features page reads a latent (:func:`feature_run`, through
 :func:`steerkit.probes.feature_report`) of its block's transcoder seen as an SAE
-(:meth:`steerkit.vectors.Transcoders.layer_sae`: its encoder at the site it reads); :func:`pinned_nodes`, the checks
+(:meth:`steerkit.vectors.Transcoders.layer_sae`: its encoder at the site it reads); :func:`graph_contexts` ->
+:class:`GraphContexts`, every drawn feature node read that way at once (:func:`steerkit.probes.feature_contexts`:
+one model pass per batch of texts for every block), what the figure's hover shows; :func:`pinned_nodes`, the checks
 of a list of pinned nodes; :func:`supernode_effect` (a supernode clamped on the graph's own prompt:
 :func:`steerkit.probes.intervene_graph`, the top next tokens before and after and each logit target's change) and
 :func:`supernode_artifact` (the supernode as the stored :class:`steerkit.vectors.LatentClamp` of
@@ -21,18 +23,20 @@ import torch
 
 from steerkit.errors import InputError
 from steerkit.probes import (
-    Graph, GraphIntervention, PruneResult, attribution_graph, intervene_graph, prune_graph, supernode_clamp,
+    Graph, GraphIntervention, PruneResult, attribution_graph, feature_contexts, intervene_graph, prune_graph,
+    supernode_clamp,
 )
 from steerkit.probes.attribution import prompt_ids
+from steerkit.probes.sae_features import LatentContexts
 from steerkit.vectors import LatentClamp, Transcoders
 
 from ..data import (
     MAX_CIRCUIT_DRAWN_NODES, MAX_CIRCUIT_EDGES, MAX_CIRCUIT_FEATURE_NODES, MAX_CIRCUIT_LOGITS, MAX_CIRCUIT_PINNED,
-    MAX_CIRCUIT_PROMPT_CHARS, MAX_CIRCUIT_SCALE, MAX_CIRCUIT_TOKENS, MAX_CIRCUIT_VALUE, check_choice, check_int,
-    check_number, check_text,
+    MAX_CIRCUIT_PROMPT_CHARS, MAX_CIRCUIT_SCALE, MAX_CIRCUIT_TOKENS, MAX_CIRCUIT_VALUE, MAX_FEATURE_CONTEXTS,
+    check_choice, check_int, check_number, check_text,
 )
 from .common import tick
-from .features import FeatureRun, feature_run
+from .features import FeatureRun, feature_run, merge_contexts, read_chunks, report_texts, text_chunks
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -299,6 +303,117 @@ def node_report(sm: SteerModel, transcoders: Transcoders, run: CircuitRun, node,
     assert n.feature is not None
     return feature_run(sm, transcoders.layer_sae(n.layer), n.feature, texts, top=top, progress=progress,
                        should_stop=should_stop, deadline=deadline, ref=f"{run.transcoders} block {n.layer}")
+
+
+@dataclass
+class GraphContexts:
+    """Every drawn feature node of a graph read over a set of texts (:func:`graph_contexts`): ``nodes`` maps each
+    drawn feature node (its index) to its feature's reading, a :class:`steerkit.probes.sae_features.LatentContexts`
+    (its ``top`` strongest contexts, best first, and its density; the nodes of one feature share one reading);
+    ``texts`` the texts read, of ``n_texts`` asked for (fewer when the time limit stopped it:
+    ``stopped_at_deadline``); ``transcoders`` the graph's store reference.
+
+    Examples:
+        >>> from steerkit.vectors import Transcoders
+        >>> from steerkit.apps.analysis import circuit_run, graph_contexts
+        >>> g = torch.Generator().manual_seed(0)
+        >>> L, d, n = tiny.n_layers, tiny.d_model, 32
+        >>> tc = Transcoders([torch.randn(n, d, generator=g) for _ in range(L)], [torch.full((n,), -2.0)] * L,
+        ...                  [torch.randn(n, d, generator=g) / 8 for _ in range(L)], [torch.zeros(d)] * L)
+        >>> run = circuit_run(tiny, tc, "The cat sat", max_feature_nodes=16)
+        >>> read = graph_contexts(tiny, tc, run, ["the cat sat", "a dog ran"])
+        >>> sorted(read.nodes) == [n.node for n in run.nodes if n.kind == "feature"], read.n_read, read.fits(run)
+        (True, 2, True)
+    """
+
+    nodes: dict[int, LatentContexts]
+    texts: list[str]
+    n_texts: int
+    top: int = 3
+    transcoders: str = ""
+    model_name: str = ""
+    seconds: float = 0.0
+    stopped_at_deadline: bool = False
+
+    @property
+    def n_read(self) -> int:
+        """How many texts were read."""
+        return len(self.texts)
+
+    @property
+    def n_features(self) -> int:
+        """How many distinct features were read (the nodes of one feature at several positions share one)."""
+        return len({(r.site, r.latent) for r in self.nodes.values()})
+
+    def fits(self, run: CircuitRun) -> bool:
+        """Whether this reading is of ``run``'s drawn feature nodes (each a feature node of ``run`` read as its feature
+        at its block), as a page checks a result key it is sent."""
+        for i, r in self.nodes.items():
+            n = run.by_node.get(i)
+            if n is None or n.kind != "feature" or r.latent != n.feature \
+                    or not r.site.startswith(f"blocks.{n.layer}."):
+                return False
+        return True
+
+
+def graph_contexts(sm: SteerModel, transcoders: Transcoders, run: CircuitRun, texts: Sequence[str], *, top=3,
+                   batch_size: int = 16, progress=None, should_stop=None,
+                   deadline: Optional[float] = None) -> GraphContexts:
+    """Every drawn feature node of ``run`` read over ``texts`` at once, each as :func:`node_report` reads one: its
+    block's transcoder as an SAE (:meth:`steerkit.vectors.Transcoders.layer_sae`, at the site the block reads; a
+    cross-layer transcoder is refused there), its ``top`` strongest contexts (1 to ``MAX_FEATURE_CONTEXTS``) and its
+    density, through :func:`steerkit.probes.feature_contexts` (one model pass per batch records every block's site
+    and encodes only the drawn features) on ``batch_size`` texts per call, so that ``progress(done, total)``
+    advances and ``should_stop()`` cancels between calls, merged by :func:`merge_contexts`; past ``deadline``
+    seconds it stops with the texts it has read (``stopped_at_deadline``). The texts are bounded as the Features
+    page's (:func:`report_texts`).
+
+    Examples:
+        >>> from steerkit.vectors import Transcoders
+        >>> from steerkit.apps.analysis import circuit_run, graph_contexts, node_report
+        >>> g = torch.Generator().manual_seed(0)
+        >>> L, d, n = tiny.n_layers, tiny.d_model, 32
+        >>> tc = Transcoders([torch.randn(n, d, generator=g) for _ in range(L)], [torch.full((n,), -2.0)] * L,
+        ...                  [torch.randn(n, d, generator=g) / 8 for _ in range(L)], [torch.zeros(d)] * L)
+        >>> run = circuit_run(tiny, tc, "The cat sat", max_feature_nodes=16)
+        >>> texts = ["the cat sat", "a dog ran", "hello"]
+        >>> ticks = []
+        >>> read = graph_contexts(tiny, tc, run, texts, progress=lambda done, total: ticks.append(done))
+        >>> node = next(n for n in run.nodes if n.kind == "feature")
+        >>> read.nodes[node.node].contexts == node_report(tiny, tc, run, node.node, texts, top=3).report.contexts, ticks
+        (True, [0, 1])
+        >>> graph_contexts(tiny, tc, run, texts, top=0)
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected a number of contexts from 1 to 50, found '0'
+    """
+    t0 = time.perf_counter()
+    top = check_int(top, "a number of contexts", 1, MAX_FEATURE_CONTEXTS)
+    texts = report_texts(texts)
+    chunks = text_chunks(texts, batch_size)
+    features = [n for n in run.nodes if n.kind == "feature"]
+    if not features:
+        raise InputError("expected feature nodes in the graph drawn to read over the texts, found none; compute a "
+                         "graph with more feature nodes or lower thresholds")
+    by_layer: dict[int, list[int]] = {}
+    for n in features:
+        assert n.feature is not None
+        by_layer.setdefault(n.layer, []).append(n.feature)
+    reads: dict[str, tuple[Any, list[int]]] = {}
+    site_of: dict[int, str] = {}
+    for layer, feats in sorted(by_layer.items()):
+        sae = transcoders.layer_sae(layer)  # a cross-layer transcoder is refused here, as node_report refuses it
+        reads[sae.site], site_of[layer] = (sae, sorted(set(feats))), sae.site
+    parts, stopped = read_chunks(chunks, lambda chunk: feature_contexts(sm, reads, chunk, top=top,
+                                                                        batch_size=len(chunk), progress=False),
+                                 progress=progress, should_stop=should_stop, deadline=deadline)
+    sizes = [len(c) for c in chunks[:len(parts)]]
+    merged = {key: LatentContexts(key[0], key[1], merge_contexts([p[key].contexts for p in parts], sizes, top),
+                                  sum(p[key].n_active for p in parts), sum(p[key].n_tokens for p in parts))
+              for key in parts[0]}
+    nodes = {n.node: merged[(site_of[n.layer], n.feature)] for n in features if n.feature is not None}
+    return GraphContexts(nodes, texts=texts[:sum(sizes)], n_texts=len(texts), top=top, transcoders=run.transcoders,
+                         model_name=sm.name, seconds=time.perf_counter() - t0, stopped_at_deadline=stopped)
 
 
 def _clamp_args(run: CircuitRun, nodes: Any, mode: Any, amount: Any) -> tuple[list[int], dict]:

@@ -2,14 +2,16 @@
 latents that fire most on one text (:func:`steerkit.probes.top_latents`), and :func:`feature_run` ->
 :class:`FeatureRun`, one latent read over a set of texts (:func:`steerkit.probes.feature_report`, one
 batch of texts per call so that progress, cancel and the time limit act between batches), the calls
-merged into one report by :func:`merge_reports`."""
+merged into one report by :func:`merge_reports` (their contexts by :func:`merge_contexts`, which the Circuits page's
+reading of every drawn feature shares); :func:`report_texts`, :func:`text_chunks` and :func:`read_chunks`, the texts
+a report reads and its calls one chunk at a time."""
 from __future__ import annotations
 
 import dataclasses
 import heapq
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
 
 import torch
 
@@ -25,6 +27,8 @@ from .common import tick
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
+
+T = TypeVar("T")
 
 
 def find_latents(sm: SteerModel, sae: Any, text, k=10) -> TopLatents:
@@ -85,6 +89,33 @@ class FeatureRun:
         return len(self.texts)
 
 
+def merge_contexts(parts: Sequence[list[dict]], sizes: Sequence[int], top: int) -> list[dict]:
+    """The top contexts of one latent read over consecutive slices of a text set (``parts[i]``: at most ``top``
+    contexts of ``sizes[i]`` texts, as :func:`steerkit.probes.feature_report` or
+    :func:`steerkit.probes.feature_contexts` keep them) as one reading of the whole set keeps them: the strongest
+    ``top``, one per text, texts numbered across the set, best first.
+
+    Examples:
+        >>> from steerkit.apps.analysis import merge_contexts
+        >>> a = [{"doc": 1, "position": 2, "value": 3.0}, {"doc": 0, "position": 1, "value": 1.0}]
+        >>> b = [{"doc": 0, "position": 4, "value": 2.0}]
+        >>> [(c["doc"], c["value"]) for c in merge_contexts([a, b], [2, 1], 2)]
+        [(1, 3.0), (2, 2.0)]
+    """
+    best: list[tuple[float, int, int]] = []  # the min-heap of the one reading: (value, doc, position)
+    by_doc: dict[int, dict] = {}
+    offset = 0
+    for contexts, size in zip(parts, sizes):
+        for c in sorted(contexts, key=lambda c: c["doc"]):  # in reading order, as the one call sees them
+            doc = offset + int(c["doc"])
+            item = (float(c["value"]), doc, int(c["position"]))
+            if len(best) < top or item[0] > best[0][0]:
+                (heapq.heappush if len(best) < top else heapq.heapreplace)(best, item)
+                by_doc[doc] = {**c, "doc": doc}
+        offset += int(size)
+    return [by_doc[doc] for _, doc, _ in sorted(best, reverse=True)]
+
+
 def merge_reports(parts: Sequence[FeatureReport], sizes: Sequence[int], top: int) -> FeatureReport:
     """Reports of one latent over consecutive slices of a text set (``sizes[i]`` texts in ``parts[i]``, each
     with at most ``top`` contexts) as the report over the whole set, as one call of
@@ -108,22 +139,71 @@ def merge_reports(parts: Sequence[FeatureReport], sizes: Sequence[int], top: int
     if not parts or len(parts) != len(sizes):
         raise InputError(f"expected one size per report to merge, found {len(parts)} reports and {len(sizes)} sizes")
     first = parts[0]
-    best: list[tuple[float, int, int]] = []  # the min-heap of feature_report: (value, doc, position)
-    by_doc: dict[int, dict] = {}
-    offset = 0
-    for rep, size in zip(parts, sizes):
-        for c in sorted(rep.contexts, key=lambda c: c["doc"]):  # in reading order, as the one call sees them
-            doc = offset + int(c["doc"])
-            item = (float(c["value"]), doc, int(c["position"]))
-            if len(best) < top or item[0] > best[0][0]:
-                (heapq.heappush if len(best) < top else heapq.heapreplace)(best, item)
-                by_doc[doc] = {**c, "doc": doc}
-        offset += int(size)
-    contexts = [by_doc[doc] for _, doc, _ in sorted(best, reverse=True)]
+    contexts = merge_contexts([rep.contexts for rep in parts], sizes, top)
     n_tokens = sum(p.n_tokens for p in parts)
     values = torch.cat([p.values.reshape(-1) for p in parts]) if parts else torch.zeros(0)
     return dataclasses.replace(first, n_tokens=n_tokens, density=float(values.numel() / max(1, n_tokens)),
                                values=values, contexts=contexts)
+
+
+def report_texts(texts: Any) -> list[str]:
+    """``texts`` as a report reads them (the Features page's and the Circuits page's): a list of texts, the blank
+    ones dropped, 1 to ``MAX_FEATURE_TEXTS`` of at most ``MAX_FEATURE_DOC_CHARS`` characters.
+
+    Examples:
+        >>> from steerkit.apps.analysis import report_texts
+        >>> report_texts(["a b", "  ", "c"])
+        ['a b', 'c']
+        >>> report_texts("a b")
+        Traceback (most recent call last):
+        ...
+        steerkit.errors.InputError: expected the texts as a list of texts, found str
+    """
+    if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+        raise InputError("expected the texts as a list of texts, found "
+                         f"{type(texts).__name__ if not isinstance(texts, (list, tuple)) else 'other values in it'}")
+    texts = bounded_prompts([t for t in texts if t.strip()], "the texts of a report", MAX_FEATURE_TEXTS,
+                            MAX_FEATURE_DOC_CHARS)
+    if not texts:
+        raise InputError("expected at least one text to read the latent on, found none; paste some or pick a "
+                         "built-in set")
+    return texts
+
+
+def text_chunks(texts: list[str], batch_size: Any) -> list[list[str]]:
+    """``texts`` in consecutive chunks of ``batch_size`` (1 to ``MAX_FEATURE_TEXTS``): one call each, so that
+    progress, cancel and the time limit act between them.
+
+    Examples:
+        >>> from steerkit.apps.analysis import text_chunks
+        >>> text_chunks(["a", "b", "c"], 2)
+        [['a', 'b'], ['c']]
+    """
+    batch_size = check_int(batch_size, "a batch size", 1, MAX_FEATURE_TEXTS)
+    return [texts[i:i + batch_size] for i in range(0, len(texts), batch_size)]
+
+
+def read_chunks(chunks: Sequence[Any], read: Callable[[Any], T], *, progress=None, should_stop=None,
+                deadline: Optional[float] = None) -> tuple[list[T], bool]:
+    """``read(chunk)`` for each of ``chunks`` in turn, as a report reads its texts: ``progress(done, total)`` before
+    the first and after each, ``should_stop()`` cancels there (:class:`Cancelled`); past ``deadline`` seconds (from
+    the start) it stops before the next chunk, the first always read. Returns the parts read and whether the
+    deadline stopped it.
+
+    Examples:
+        >>> from steerkit.apps.analysis import read_chunks
+        >>> read_chunks([[1, 2], [3]], sum), read_chunks([[1, 2], [3]], sum, deadline=-1.0)
+        (([3, 3], False), ([3], True))
+    """
+    end = None if deadline is None else time.monotonic() + float(deadline)
+    parts: list[T] = []
+    tick(progress, should_stop, 0, len(chunks))
+    for i, chunk in enumerate(chunks):
+        if parts and end is not None and time.monotonic() > end:
+            return parts, True
+        parts.append(read(chunk))
+        tick(progress, should_stop, i + 1, len(chunks))
+    return parts, False
 
 
 def feature_run(sm: SteerModel, sae: Any, latent, texts: Sequence[str], *, top=20, batch_size: int = 16,
@@ -151,27 +231,13 @@ def feature_run(sm: SteerModel, sae: Any, latent, texts: Sequence[str], *, top=2
         steerkit.errors.InputError: expected a latent from 0 to 31, found '32'
     """
     t0 = time.perf_counter()
-    end = None if deadline is None else time.monotonic() + float(deadline)
     latent = check_int(latent, "a latent", 0, sae_weights(sae).d_sae - 1)
     top = check_int(top, "a number of contexts", 1, MAX_FEATURE_CONTEXTS)
-    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-        raise InputError("expected the texts as a list of texts, found "
-                         f"{type(texts).__name__ if isinstance(texts, str) else 'other values in it'}")
-    texts = bounded_prompts([t for t in texts if t.strip()], "the texts of a report", MAX_FEATURE_TEXTS,
-                            MAX_FEATURE_DOC_CHARS)
-    if not texts:
-        raise InputError("expected at least one text to read the latent on, found none; paste some or pick a "
-                         "built-in set")
-    chunks = [texts[i:i + batch_size] for i in range(0, len(texts), batch_size)]
-    parts: list[FeatureReport] = []
-    stopped = False
-    tick(progress, should_stop, 0, len(chunks))
-    for i, chunk in enumerate(chunks):
-        if parts and end is not None and time.monotonic() > end:
-            stopped = True
-            break
-        parts.append(feature_report(sm, sae, latent, chunk, top=top, batch_size=batch_size, progress=False))
-        tick(progress, should_stop, i + 1, len(chunks))
+    texts = report_texts(texts)
+    chunks = text_chunks(texts, batch_size)
+    parts, stopped = read_chunks(chunks, lambda chunk: feature_report(sm, sae, latent, chunk, top=top,
+                                                                      batch_size=len(chunk), progress=False),
+                                 progress=progress, should_stop=should_stop, deadline=deadline)
     report = merge_reports(parts, [len(c) for c in chunks[:len(parts)]], top)
     return FeatureRun(report, texts=texts[:sum(len(c) for c in chunks[:len(parts)])], n_texts=len(texts), sae=ref,
                       model_name=sm.name, seconds=time.perf_counter() - t0, stopped_at_deadline=stopped)

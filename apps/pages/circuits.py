@@ -5,7 +5,8 @@
 :func:`steerkit.apps.figures.circuit_figure`; a click selects a node, whose feature's contexts are read over a set of
 texts as the Features page reads a latent (:func:`steerkit.apps.analysis.node_report`); selected features are
 pinned (a list in the page's state, checked against the graph on the server at every use), pinned features are
-grouped into named supernodes; :mod:`.circuits_steer` clamps a supernode and saves it.
+grouped into named supernodes; :mod:`.circuits_steer` clamps a supernode and saves it; :mod:`.circuits_hover` reads
+every drawn feature over the texts at once, and the figure's hover then shows each feature's top contexts.
 
 The page's state (the graph's result key, the selected node, the pinned nodes, the supernodes) lives in the browser
 and is never trusted: each value is checked against the graph kept on the server before it is used.
@@ -67,6 +68,15 @@ def stored_transcoders(c: Context, ref):
     return art, notes
 
 
+def graph_transcoders(c: Context, run: analysis.CircuitRun, ref):
+    """The transcoders ``ref`` picked (:func:`stored_transcoders`), when they are the ones the graph ``run`` was
+    computed through."""
+    if ref != run.transcoders:
+        raise InputError(f"expected the transcoders of the graph ({run.transcoders}), found {str(ref)[:80]!r} "
+                         "picked; compute the graph again")
+    return stored_transcoders(c, ref)[0]
+
+
 def current_run(c: Context, data) -> analysis.CircuitRun:
     """The graph the page shows (its result key in ``data``), or an error saying to compute one."""
     run = c.host.result(key_of(data))
@@ -81,6 +91,14 @@ def own(state, data, field: str, default):
     if isinstance(state, dict) and key_of(data) is not None and state.get("key") == key_of(data):
         return state.get(field, default)
     return default
+
+
+def hover_contexts(c: Context, run: analysis.CircuitRun, data, hover):
+    """The features' reading the figure's hover shows (``hover``: the page's ``circ-hover-key``,
+    ``{"key": graph key, "contexts": result key}``, :mod:`.circuits_hover`) when it belongs to the graph of ``data``
+    and fits ``run`` (:meth:`~steerkit.apps.analysis.GraphContexts.fits`), else ``None``."""
+    read = c.host.result(key_of({"key": own(hover, data, "contexts", None)}))
+    return read if isinstance(read, analysis.GraphContexts) and read.fits(run) else None
 
 
 def checked_groups(run: analysis.CircuitRun, groups) -> list[dict]:
@@ -178,8 +196,8 @@ def register_graph(app, c: Context) -> None:
             return no_update, explain(e)
 
     @app.callback(Output("circ-graph", "figure"), Input("circ-key", "data"), Input("circ-pinned", "data"),
-                  Input("circ-selected", "data"))
-    def draw_circuit(data, pinned, selected):
+                  Input("circ-selected", "data"), Input("circ-hover-key", "data"))
+    def draw_circuit(data, pinned, selected, hover):
         run = host.result(key_of(data))
         if not isinstance(run, analysis.CircuitRun):
             return figures.empty_figure("Pick transcoders, type a prompt and press Compute.")
@@ -188,7 +206,9 @@ def register_graph(app, c: Context) -> None:
         except InputError:
             nodes = []
         sel = own(selected, data, "node", None)
-        return figures.circuit_figure(run, pinned=nodes, selected=sel if sel in run.by_node else None)
+        read = hover_contexts(c, run, data, hover)
+        return figures.circuit_figure(run, pinned=nodes, selected=sel if sel in run.by_node else None,
+                                      contexts=None if read is None else read.nodes)
 
     @app.callback(Output("circ-selected", "data"), Input("circ-graph", "clickData"), State("circ-key", "data"),
                   prevent_initial_call=True)
@@ -301,10 +321,7 @@ def register_report(app, c: Context) -> None:
                 return no_update, note("Select a feature node (a circle) to read its contexts.")
             top = check_int(top, "a number of contexts", 1, MAX_FEATURE_CONTEXTS)
             texts = inputs.feature_texts(dataset, texts)
-            if ref != run.transcoders:
-                raise InputError(f"expected the transcoders of the graph ({run.transcoders}), found {str(ref)[:80]!r} "
-                                 "picked; compute the graph again")
-            tc, _ = stored_transcoders(c, ref)
+            tc = graph_transcoders(c, run, ref)
             sm = host.get()
             key = cache_key("circuit-report", sm.name, ref, key_of(data), node, texts, top)
             rep, hit = host.cached(key, lambda: analysis.node_report(

@@ -16,7 +16,7 @@ from steerkit.probes import GraphIntervention
 from .. import analysis, figures
 from ..data import MAX_SUPERNODE_NAME_CHARS, check_text
 from ..runtime import cache_key
-from .circuits import checked_groups, current_run, own, stored_transcoders
+from .circuits import checked_groups, current_run, graph_transcoders, own
 from .common import MAX_NAME_CHARS, Context, background, count, explain, key_of, ok
 
 
@@ -53,10 +53,7 @@ def register(app, c: Context) -> None:
         """``analysis.supernode_effect``: the graph's prompt with the supernode's features clamped."""
         try:
             run, name, nodes = supernode_of(c, data, groups, name)
-            if ref != run.transcoders:
-                raise InputError(f"expected the transcoders of the graph ({run.transcoders}), found {str(ref)[:80]!r} "
-                                 "picked; compute the graph again")
-            tc, _ = stored_transcoders(c, ref)
+            tc = graph_transcoders(c, run, ref)
             sm = host.get()
             key = cache_key("circuit-effect", sm.name, key_of(data), nodes, mode, amount)
             effect, hit = host.cached(key, lambda: analysis.supernode_effect(sm, tc, run, nodes, mode=mode,
@@ -87,10 +84,7 @@ def register(app, c: Context) -> None:
             if not store_name:
                 raise InputError("expected a store name for the clamp, found nothing; type one")
             run, name, nodes = supernode_of(c, data, groups, name)
-            if ref != run.transcoders:
-                raise InputError(f"expected the transcoders of the graph ({run.transcoders}), found {str(ref)[:80]!r} "
-                                 "picked; compute the graph again")
-            tc, _ = stored_transcoders(c, ref)
+            tc = graph_transcoders(c, run, ref)
             clamp = analysis.supernode_artifact(tc, run, nodes, mode=mode, amount=amount, positions=positions)
             saved = c.store.save(store_name, clamp)
             where = "wherever its features fire" if positions == "all" else "at its nodes' positions"

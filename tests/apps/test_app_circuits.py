@@ -2,7 +2,8 @@
 
 The computations run on a tiny random model (tests/support/tiny_models.py) with random ReLU transcoders built here:
 the page's graph against ``steerkit.probes.attribution_graph`` and ``prune_graph`` called directly, a feature
-node's report against ``steerkit.probes.feature_report`` of the block's transcoder as an SAE. The callbacks run
+node's report against ``steerkit.probes.feature_report`` of the block's transcoder as an SAE, every drawn feature read
+at once (``graph_contexts``, the figure's hover) against each node's report. The callbacks run
 through Flask's test client on an app over the tiny model and a temporary store holding its transcoders, transcoders
 of another model and an SAE.
 """
@@ -140,6 +141,71 @@ def test_a_feature_nodes_report_is_feature_report_through_its_block(tiny, tc, ru
         analysis.node_report(tiny, tc, run, error.node, TEXTS)
 
 
+def test_every_drawn_feature_read_at_once_is_its_node_report(tiny, tc, run):
+    read = analysis.graph_contexts(tiny, tc, run, TEXTS, top=3)
+    feats = features_of(run)
+    assert sorted(read.nodes) == [n.node for n in feats] and read.fits(run) and not read.stopped_at_deadline
+    assert (read.n_read, read.n_texts, read.top, read.transcoders) == (5, 5, 3, "tiny-tc@1")
+    assert read.n_features == len({(n.layer, n.feature) for n in feats})
+    for a in feats:  # the nodes of one feature (at several positions) share its one reading
+        assert all(read.nodes[a.node] is read.nodes[b.node] for b in feats if (b.layer, b.feature) == (a.layer, a.feature))
+    fired = 0
+    for n in feats:
+        want = analysis.node_report(tiny, tc, run, n.node, TEXTS, top=3).report
+        got = read.nodes[n.node]
+        assert (got.site, got.latent) == (want.site, want.latent) == (f"blocks.{n.layer}.mlp.hook_in", n.feature)
+        assert got.contexts == want.contexts and got.density == want.density and got.n_tokens == want.n_tokens
+        fired += len(got.contexts) == 3
+    assert fired >= 3, "features that fire on the texts: their contexts are compared"
+    # a chunk of texts per call (progress, cancel, the deadline): merged as the Features page merges a latent's calls
+    ticks = []
+    chunked = analysis.graph_contexts(tiny, tc, run, TEXTS, top=2, batch_size=2,
+                                      progress=lambda done, total: ticks.append((done, total)))
+    assert ticks == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    for n in feats:
+        want = analysis.feature_run(tiny, tc.layer_sae(n.layer), n.feature, TEXTS, top=2, batch_size=2).report
+        assert chunked.nodes[n.node].contexts == want.contexts and chunked.nodes[n.node].density == want.density
+    with pytest.raises(Cancelled):
+        analysis.graph_contexts(tiny, tc, run, TEXTS, batch_size=2, should_stop=lambda: len(ticks) > 5,
+                                progress=lambda done, total: ticks.append(done))
+    cut = analysis.graph_contexts(tiny, tc, run, TEXTS, batch_size=2, deadline=0.0)
+    assert cut.stopped_at_deadline and cut.texts == TEXTS[:2] and cut.n_texts == 5 and cut.fits(run)
+    assert all(r.n_tokens < read.nodes[i].n_tokens for i, r in cut.nodes.items())
+
+
+def test_reading_the_drawn_features_is_bounded(tiny, tc, run):
+    import dataclasses
+
+    from steerkit.errors import SteerkitError
+    from steerkit.vectors import Transcoders
+    for kwargs, message in [({"top": 0}, "a number of contexts from 1 to 50"),
+                            ({"top": limits.MAX_FEATURE_CONTEXTS + 1}, "a number of contexts from 1 to 50"),
+                            ({"top": True}, "a number of contexts"), ({"batch_size": 0}, "a batch size from 1 to"),
+                            ({"texts": "one text"}, "the texts as a list of texts, found str"),
+                            ({"texts": ["a", 3]}, "the texts as a list of texts, found other values"),
+                            ({"texts": [" ", ""]}, "expected at least one text"),
+                            ({"texts": ["x"] * (limits.MAX_FEATURE_TEXTS + 1)}, f"at most {limits.MAX_FEATURE_TEXTS}"),
+                            ({"texts": ["x" * (limits.MAX_FEATURE_DOC_CHARS + 1)]},
+                             f"at most {limits.MAX_FEATURE_DOC_CHARS} characters")]:
+        args = {"texts": TEXTS, **kwargs}
+        with pytest.raises(InputError, match=message):
+            analysis.graph_contexts(tiny, tc, run, args.pop("texts"), **args)
+    bare = dataclasses.replace(run, nodes=[n for n in run.nodes if n.kind != "feature"])
+    with pytest.raises(InputError, match="expected feature nodes in the graph drawn"):
+        analysis.graph_contexts(tiny, tc, bare, TEXTS)
+    L, d, n = tiny.n_layers, tiny.d_model, 32  # a cross-layer transcoder: refused as a node's report refuses it
+    clt = Transcoders([torch.randn(n, d)] * L, [torch.zeros(n)] * L, [torch.randn(n, L - l, d) for l in range(L)],
+                      [torch.zeros(d)] * L, cross_layer=True)
+    with pytest.raises(SteerkitError, match="cross-layer transcoder"):
+        analysis.graph_contexts(tiny, clt, run, TEXTS)
+    with pytest.raises(SteerkitError, match="cross-layer transcoder"):
+        analysis.node_report(tiny, clt, run, features_of(run)[0].node, TEXTS)
+    # a reading fits only the graph it read
+    read = analysis.graph_contexts(tiny, tc, run, TEXTS[:2])
+    other = dataclasses.replace(run, nodes=[n for n in run.nodes if n.node != features_of(run)[0].node])
+    assert read.fits(run) and not read.fits(other)
+
+
 def test_pinned_nodes_are_checked_against_the_graph(run):
     f = [n.node for n in features_of(run)]
     assert analysis.pinned_nodes(run, [f[1], f[0], f[1]]) == [f[1], f[0]]
@@ -235,6 +301,52 @@ def test_markup_in_tokens_is_shown_as_text(tiny, tc):
     assert "&lt;b&gt;" in "".join(fig.layout.xaxis.ticktext)
 
 
+MARKUP = ["the <b>cat</b> sat on the mat", "a <i>dog</i> ran far & away", "<script>x</script> hello there",
+          "one <b>two</b> three four", "x y <br> z"]
+
+
+def test_the_hover_shows_each_features_contexts_escaped_and_bounded(tiny, tc, run):
+    import html
+
+    read = analysis.graph_contexts(tiny, tc, run, MARKUP)
+    feats = features_of(run)
+    fig = figures.circuit_figure(run, selected=feats[0].node, contexts=read.nodes)
+    by_name = {t.name: t for t in fig.data}
+    hovers = dict(zip(by_name["features"].customdata, by_name["features"].hovertext))
+    for n in feats:
+        h, r = hovers[n.node], read.nodes[n.node]
+        assert h.startswith(f"<b>{html.escape(n.label, quote=False)}</b>")
+        assert f"density {r.density:.3g} ({r.n_active} of {r.n_tokens} tokens)" in h
+        lines = h.split("<br>")
+        shown = r.contexts[:figures.HOVER_CONTEXTS]
+        if not shown:
+            assert lines[-1] == "fires on none of the texts read"
+            continue
+        assert lines[-len(shown):] == [figures.snippet(c) for c in shown]
+        assert h.count("<b>") == h.count("</b>") == 1, h  # the label's; every markup of the texts escaped
+        assert "<i>" not in h and "<script" not in h and "<br> z" not in h
+        for line in lines[-len(shown):]:
+            text = html.unescape(line)  # the value, the text around the token and the marks: about HOVER_CHARS
+            assert "«" in text and "»" in text and len(text) <= figures.HOVER_CHARS + 16, text
+    assert any("&lt;b&gt;" in h or "&lt;script&gt;" in h or "&lt;i&gt;" in h for h in hovers.values())
+    assert sum(len(read.nodes[n.node].contexts) == 3 for n in feats) >= 3
+    ring = by_name["selected"]
+    assert list(ring.hovertext) == [hovers[feats[0].node]]  # the selected node's ring hovers as its node
+    # the other nodes' hovers are as before, and without contexts= no feature's hover reads any
+    plain = {t.name: t for t in figures.circuit_figure(run).data}
+    assert list(plain["tokens"].hovertext) == list(by_name["tokens"].hovertext)
+    assert not any("density" in h for h in plain["features"].hovertext)
+
+
+def test_a_snippet_is_one_short_line_around_its_token():
+    long = {"tokens": ["a" * 500, "\n<b>" + "t" * 300, "z\r\x00\tq" * 100], "index": 1, "value": 2.5}
+    text = figures.snippet(long)
+    assert text.startswith("2.5: …a") and text.endswith("…") and "<" not in text and "\n" not in text
+    assert "«↵&lt;b&gt;" + "t" * (figures.HOVER_TOKEN_CHARS - 4) + "»" in text  # the token cut to its bound
+    assert len(text) <= figures.HOVER_CHARS + 30 and "\x00" not in text and "\r" not in text
+    assert figures.snippet({"tokens": ["x"], "index": 0, "value": 1.0}) == "1: «x»"
+
+
 def test_the_page_has_its_inputs_figures_and_bounds():
     from steerkit.apps import layout
 
@@ -251,14 +363,16 @@ def test_the_page_has_its_inputs_figures_and_bounds():
             "circ-edge-threshold", "circ-run", "circ-cancel", "circ-progress", "circ-graph", "dl-circ-graph",
             "circ-pin", "circ-unpin", "circ-clear", "circ-supernode-name", "circ-group", "circ-supernode", "circ-mode",
             "circ-scale", "circ-int-run", "circ-effect", "circ-positions", "circ-save-name", "circ-save",
-            "circ-dataset", "circ-texts", "circ-top", "circ-report-run", "circ-contexts"} <= ids
+            "circ-dataset", "circ-texts", "circ-top", "circ-report-run", "circ-contexts", "circ-hover-run",
+            "circ-hover-cancel", "circ-hover-progress", "circ-hover-status"} <= ids
     text = " ".join(str(getattr(c, "children", "")) for c in comps)
     for bound in (f"at most {limits.MAX_CIRCUIT_TOKENS} tokens", f"1 to {limits.MAX_CIRCUIT_FEATURE_NODES}",
                   f"1 to {limits.MAX_CIRCUIT_LOGITS}", f"At most {limits.MAX_CIRCUIT_PINNED} pinned features"):
         assert bound in text, bound
     shell_ids = {getattr(c, "id", None) for c in walk(layout.shell("m", 2, "s", "r"))}
     assert {"circ-key", "circ-selected", "circ-pinned", "circ-supernodes", "circ-report-key",
-            "circ-effect-key", "page-circuits"} <= shell_ids
+            "circ-effect-key", "circ-hover-key", "page-circuits"} <= shell_ids
+    assert "Read the drawn features" in text
 
 
 # ------------------------------------------------------------------ the callbacks (Flask test client)
@@ -473,6 +587,65 @@ def test_a_selected_feature_reads_its_contexts(app, client, graph_key, tiny, tc)
              dict(vals, **{"circ-selected.data": {"key": graph_key["key"], "node": error.node}}),
              changed="circ-selected.data")
     assert "Select a feature node" in text_of(r)
+
+
+def test_read_the_drawn_features_and_hover(app, client, graph_key, tiny, tc):
+    run = app.steerkit_env.host.result(graph_key["key"])
+    vals = {"circ-hover-run.n_clicks": 1, "circ-key.data": graph_key, "circ-tc.value": "tiny-tc@1",
+            "circ-dataset.value": "custom", "circ-texts.value": "\n".join(MARKUP)}
+    read_key = callback_key(app, "circ-hover-key.data")
+    r = post(client, app, read_key, vals)
+    msg = text_of(r)
+    want = analysis.graph_contexts(tiny, tc, run, MARKUP, top=figures.HOVER_CONTEXTS)
+    assert (f"Read {want.n_features} features ({len(want.nodes)} drawn feature nodes) over 5 texts: hover a feature "
+            "node") in msg and "⚠" not in msg, msg[:400]
+    hover = response(r, "circ-hover-key", "data")
+    assert hover["key"] == graph_key["key"]
+    read = app.steerkit_env.host.result(hover["contexts"])
+    assert all(read.nodes[i].contexts == want.nodes[i].contexts for i in want.nodes)
+    assert "from the cache" in text_of(post(client, app, read_key, vals))
+    # the graph redrawn with the key: each feature's hover carries its contexts, escaped
+    draw = callback_key(app, "circ-graph.figure")
+    fig = response(post(client, app, draw, {"circ-key.data": graph_key, "circ-hover-key.data": hover}),
+                   "circ-graph", "figure")
+    trace = next(t for t in fig["data"] if t["name"] == "features")
+    hovers = dict(zip(trace["customdata"], trace["hovertext"]))
+    for i, r in want.nodes.items():
+        assert f"density {r.density:.3g}" in hovers[i]
+        assert all(figures.snippet(c) in hovers[i] for c in r.contexts[:figures.HOVER_CONTEXTS])
+    assert any("&lt;" in h for h in hovers.values()) and all(h.count("<b>") == 1 for h in hovers.values())
+    # a key of another graph, a forged one, or none: the hover without contexts
+    for other in ({"key": "0" * 24, "contexts": hover["contexts"]}, {"key": graph_key["key"], "contexts": "x" * 100},
+                  {"key": graph_key["key"], "contexts": graph_key["key"]}, None, "x"):
+        fig = response(post(client, app, draw, {"circ-key.data": graph_key, "circ-hover-key.data": other}),
+                       "circ-graph", "figure")
+        trace = next(t for t in fig["data"] if t["name"] == "features")
+        assert not any("density" in h for h in trace["hovertext"]), other
+    # a click still selects the node and reads its full report
+    f = features_of(run)[0]
+    assert response(click(app, client, graph_key, f.node), "circ-selected", "data") == {"key": graph_key["key"],
+                                                                                         "node": f.node}
+    for field, value, message in [("circ-texts.value", "x" * (limits.MAX_FEATURE_DOC_CHARS + 1), "at most 2000"),
+                                  ("circ-texts.value", "", "expected"),
+                                  ("circ-dataset.value", "nope", "expected"),
+                                  ("circ-tc.value", "short-tc@1", "expected the transcoders of the graph"),
+                                  ("circ-key.data", {"key": "0" * 24}, "press Compute first"),
+                                  ("circ-key.data", None, "press Compute first")]:
+        r = post(client, app, read_key, dict(vals, **{field: value}))
+        assert message in text_of(r) and "circ-hover-key" not in r.get_json()["response"], (field, text_of(r)[:300])
+
+
+def test_the_time_limit_keeps_the_features_read_so_far(app, client, graph_key, monkeypatch):
+    monkeypatch.setattr(app.steerkit_env, "deadline", 0.0)
+    texts = [f"text number {i} about cats" for i in range(40)]
+    r = post(client, app, callback_key(app, "circ-hover-key.data"), {
+        "circ-hover-run.n_clicks": 1, "circ-key.data": graph_key, "circ-tc.value": "tiny-tc@1",
+        "circ-dataset.value": "custom", "circ-texts.value": "\n".join(texts)})
+    msg = text_of(r)
+    assert "over 16 texts" in msg and "Stopped at the time limit of 0 s per request after 16 of 40 texts" in msg, msg
+    hover = response(r, "circ-hover-key", "data")
+    read = app.steerkit_env.host.result(hover["contexts"])
+    assert read.stopped_at_deadline and read.texts == texts[:16]
 
 
 def supernode_state(run, key, name="cats", n=2):

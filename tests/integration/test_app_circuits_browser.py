@@ -3,7 +3,9 @@
 Uses the server and page fixtures of tests/integration/test_app_browser.py (``python -m steerkit.apps`` with the
 default model on a free 127.0.0.1 port). Saves random-weight ReLU transcoders of the default model's width into
 the app's store, picks them on the Circuits page, computes the attribution graph of a prompt, hovers a feature node
-(its description shows), clicks it (it is selected, its contexts are read over the texts), pins two features, groups
+(its description shows), reads every drawn feature over the texts ("Read the drawn features") and hovers a feature
+again (its density and top contexts show, the firing token marked), clicks it (it is selected, its contexts are read
+over the texts), pins two features, groups
 them into a supernode, clamps it to zero and sees the logits change, and saves the clamp to the store (and loads it
 back). No browser
 console error is allowed.
@@ -94,6 +96,27 @@ def test_graph_hover_pin_group_intervene_and_save(server, browser_page):
     page.mouse.move(x, y)
     page.wait_for_selector("#circ-graph .hoverlayer .hovertext", timeout=30_000)
     assert "feature" in page.text_content("#circ-graph .hoverlayer .hovertext")
+
+    # --- read every drawn feature over the texts: a feature's hover then shows its density and top contexts
+    page.click("#circ-hover-run")
+    wait_text(page, "#circ-hover-status", "hover a feature node")
+    status = page.inner_text("#circ-hover-status")
+    assert "⚠" not in status and "drawn feature node" in status, status
+    page.wait_for_function("() => document.querySelector('#circ-graph .js-plotly-plot')._fullData"
+                           ".find(t => t.name === 'features').hovertext.every(h => h.includes('density'))",
+                           timeout=browser.STEP_TIMEOUT_MS)
+    fired = page.evaluate("() => { const t = document.querySelector('#circ-graph .js-plotly-plot')._fullData"
+                          ".find(t => t.name === 'features'); return Array.from(t.customdata)"
+                          ".filter((c, i) => t.hovertext[i].includes('\u00ab')); }")
+    assert fired, "a drawn feature fires on the texts"
+    page.mouse.move(1, 1)
+    x, y = node_point(page, fired[0])
+    page.mouse.move(x, y)
+    page.wait_for_function("() => { const h = document.querySelector('#circ-graph .hoverlayer .hovertext');"
+                           " return !!h && h.textContent.includes('density'); }", timeout=browser.STEP_TIMEOUT_MS)
+    label = page.text_content("#circ-graph .hoverlayer .hovertext")
+    assert "«" in label and "»" in label and "tokens)" in label, label
+    shot(page, server, "circuits_hover")
     click_node(page, nodes[0])
     wait_text(page, "#circ-node-info", f"node {nodes[0]}:")
     assert "strongest inputs" in page.inner_text("#circ-node-info")

@@ -1,13 +1,15 @@
 """Reading and attributing SAE latents: ``feature_report`` checked against an independent computation on a
-tiny random Llama, as is ``top_latents`` (the first token left out); ``latent_attribution`` checked against activation patching of the top 20 latents on the
-real default model (IOI prompts, a random TopK SAE with unit decoder rows)."""
+tiny random Llama, as is ``top_latents`` (the first token left out); ``feature_contexts`` (many latents at several
+sites in one pass per batch) against ``feature_report`` of each latent; ``latent_attribution`` checked against
+activation patching of the top 20 latents on the real default model (IOI prompts, a random TopK SAE with unit decoder
+rows)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from steerkit.errors import InputError
-from steerkit.probes import feature_report, latent_attribution, logit_diff_metric, top_latents
+from steerkit.probes import feature_contexts, feature_report, latent_attribution, logit_diff_metric, top_latents
 from steerkit.sae import SAEWeights
 
 
@@ -15,10 +17,10 @@ SITE = "blocks.1.hook_resid_post"
 TEXTS = ["the cat sat on the mat", "a dog ran far away", "hello", "one two three four five six", "xyz"]
 
 
-def random_sae(d: int, n: int = 96, arch: str = "relu", seed: int = 0) -> SAEWeights:
+def random_sae(d: int, n: int = 96, arch: str = "relu", seed: int = 0, k: int = 16) -> SAEWeights:
     g = torch.Generator().manual_seed(seed)
     W = torch.nn.functional.normalize(torch.randn(n, d, generator=g), dim=-1)
-    extra = {"k": 16} if arch == "topk" else {}
+    extra = {"k": k} if arch == "topk" else {}
     return SAEWeights(W.T.clone(), torch.randn(n, generator=g) * 0.05, W.clone(), torch.zeros(d), architecture=arch,
                       **extra)
 
@@ -89,6 +91,61 @@ def test_top_latents_equals_an_independent_reading(tiny, arch):
         top_latents(tiny, sae, text, k=0, site=SITE)
 
 
+@pytest.mark.parametrize("arch", ["relu", "topk"])
+def test_feature_contexts_reads_latents_at_two_sites_as_feature_report(tiny, arch, monkeypatch):
+    """Several latents at two sites, one forward pass per batch for both: each latent's contexts and density are
+    those feature_report gives it alone (the same windows, the same first tokens left out, the same heap)."""
+    other = "blocks.0.hook_mlp_out"
+    saes = {other: random_sae(tiny.d_model, arch=arch, seed=3, k=48), SITE: random_sae(tiny.d_model, arch=arch, seed=4,
+                                                                                     k=48)}
+    latents = {other: [40, 2, 7], SITE: [7, 11, 95, 0]}
+    passes = []
+    forward = tiny.forward
+    with monkeypatch.context() as m:
+        m.setattr(tiny, "forward", lambda *a, **k: passes.append(1) or forward(*a, **k))
+        got = feature_contexts(tiny, {s: (saes[s], latents[s]) for s in saes}, TEXTS, top=3, context=2, after=1,
+                               batch_size=2, progress=False)
+    assert len(passes) == 3  # 5 texts in batches of 2, both sites recorded in each pass
+    assert list(got) == [(s, i) for s in saes for i in latents[s]]
+    full = 0
+    for (site, i), r in got.items():
+        want = feature_report(tiny, saes[site], i, TEXTS, site=site, top=3, context=2, after=1, batch_size=2,
+                              progress=False)
+        assert (r.site, r.latent) == (site, i)
+        assert r.contexts == want.contexts, (site, i)
+        assert r.density == want.density and r.n_tokens == want.n_tokens and r.n_active == want.values.numel()
+        full += len(r.contexts) == 3 and r.n_active > 3
+    assert full >= 3, "latents that fill their 3 contexts from the 5 texts: the heap's choice is compared"
+    # one latent alone, the one-site call and the defaults: the same reading
+    alone = feature_contexts(tiny, {SITE: (saes[SITE], 11)}, TEXTS, progress=False)[(SITE, 11)]
+    want = feature_report(tiny, saes[SITE], 11, TEXTS, site=SITE, top=3, progress=False)
+    assert alone.contexts == want.contexts and alone.density == want.density
+    assert "LatentContexts(site='blocks.1.hook_resid_post', latent=11" in repr(alone)
+
+
+def test_feature_contexts_bounds(tiny):
+    from steerkit.vectors import SAE
+    sae = random_sae(tiny.d_model)
+    good = {SITE: (sae, [1, 2])}
+    for kwargs, message in [({"top": 0}, "expected top, batch_size >= 1 and context, after >= 0"),
+                            ({"batch_size": 0}, "top, batch_size >= 1"), ({"context": -1}, "context, after >= 0"),
+                            ({"after": -2}, "context, after >= 0"), ({"top": 1.5}, "whole numbers"),
+                            ({"top": True}, "whole numbers"), ({"batch_size": "4"}, "whole numbers")]:
+        with pytest.raises(InputError, match=message):
+            feature_contexts(tiny, good, TEXTS, progress=False, **kwargs)
+    for reads, dataset, message in [
+            ({}, TEXTS, "expected reads as a non-empty dict"), ([(SITE, sae)], TEXTS, "non-empty dict .* found list"),
+            ({SITE: sae}, TEXTS, "as a pair \\(sae, latents\\)"), ({SITE: (sae, [96])}, TEXTS, r"latent indices in 0\.\.95"),
+            ({SITE: (sae, [1, 1])}, TEXTS, "distinct latent indices"), ({SITE: (sae, [])}, TEXTS, "at least one latent"),
+            ({SITE: (sae, "x")}, TEXTS, "latent indices"),
+            ({"blocks.0.hook_resid_post": (SAE(sae, SITE), [1])}, TEXTS, "the SAE's own site"),
+            ({0: (sae, [1])}, TEXTS, "the SAE's site"),
+            (good, [], "non-empty list of non-empty texts"), (good, "one text", "non-empty list of non-empty texts"),
+            (good, ["a", ""], "non-empty list of non-empty texts"), (good, ["a", 3], "non-empty list")]:
+        with pytest.raises(InputError, match=message):
+            feature_contexts(tiny, reads, dataset, progress=False)
+
+
 def test_feature_report_and_attribution_errors(tiny):
     sae = random_sae(tiny.d_model)
     with pytest.raises(InputError, match="SAE's site"):
@@ -97,6 +154,8 @@ def test_feature_report_and_attribution_errors(tiny):
         feature_report(tiny, sae, 96, TEXTS, site=SITE)
     with pytest.raises(InputError, match="non-empty list of non-empty texts"):
         feature_report(tiny, sae, 1, [], site=SITE)
+    with pytest.raises(InputError, match="k_neighbours >= 1"):
+        feature_report(tiny, sae, 1, TEXTS, site=SITE, k_neighbours=0)
     with pytest.raises(InputError, match="same number of tokens"):
         latent_attribution(tiny, sae, "a b c", "a b", lambda logits: logits[0, -1, 0], site=SITE)
 
