@@ -27,7 +27,7 @@ from ..data import (
     check_text,
 )
 from ..runtime import cache_key, should_stop
-from .common import Context, background, picker, count, explain, key_of, note, ok, ticker, time_limit, warn
+from .common import Context, background, cached_reading, picker, count, explain, key_of, note, ok, ticker, time_limit, warn
 from .features import MAX_LABEL_CHARS, context_rows
 
 #: the strongest inputs and outputs of the selected node listed under the figure
@@ -324,14 +324,9 @@ def register_report(app, c: Context) -> None:
             tc = graph_transcoders(c, run, ref)
             sm = host.get()
             key = cache_key("circuit-report", sm.name, ref, key_of(data), node, texts, top)
-            rep, hit = host.cached(key, lambda: analysis.node_report(
+            rep, hit, key, cut = cached_reading(host, key, lambda: analysis.node_report(
                 sm, tc, run, node, texts, top=top, progress=ticker(set_progress), should_stop=should_stop,
-                deadline=env.deadline))
-            cut = ""
-            if rep.stopped_at_deadline:
-                key = host.keep_partial(key, rep)
-                cut = (f" Stopped at the time limit of {env.deadline:g} s per request after {rep.n_read} of "
-                       f"{rep.n_texts} texts.")
+                deadline=env.deadline), env.deadline)
             return {"key": key}, ok(f"{run.node(node).label}: density {rep.report.density:.3g} over "
                                     f"{count(rep.texts, 'text')}; " + ("from the cache." if hit else
                                                                       f"computed in {rep.seconds:.1f}s.") + cut)

@@ -15,7 +15,7 @@ from .. import analysis, figures
 from .. import data as inputs
 from ..runtime import cache_key, should_stop
 from .circuits import current_run, graph_transcoders
-from .common import Context, background, count, explain, key_of, ok, ticker
+from .common import Context, background, cached_reading, count, explain, key_of, ok, ticker
 
 
 def register(app, c: Context) -> None:
@@ -35,14 +35,9 @@ def register(app, c: Context) -> None:
             sm = host.get()
             top = figures.HOVER_CONTEXTS
             key = cache_key("circuit-hover", sm.name, ref, key_of(data), texts, top)
-            read, hit = host.cached(key, lambda: analysis.graph_contexts(
+            read, hit, key, cut = cached_reading(host, key, lambda: analysis.graph_contexts(
                 sm, tc, run, texts, top=top, progress=ticker(set_progress), should_stop=should_stop,
-                deadline=env.deadline))
-            cut = ""
-            if read.stopped_at_deadline:
-                key = host.keep_partial(key, read)
-                cut = (f" Stopped at the time limit of {env.deadline:g} s per request after {read.n_read} of "
-                       f"{read.n_texts} texts.")
+                deadline=env.deadline), env.deadline)
             return {"key": key_of(data), "contexts": key}, ok(
                 f"Read {count(range(read.n_features), 'feature')} ({count(read.nodes, 'drawn feature node')}) over "
                 f"{count(read.texts, 'text')}: hover a feature node for its density and top contexts; "

@@ -212,6 +212,19 @@ def time_limit(seconds: float, what: str, hint: str = "ask for fewer pairs or pr
     return stop
 
 
+def cached_reading(host: ModelHost, key: str, compute, deadline: float, hint: str = ""):
+    """A reading of texts (a result with ``stopped_at_deadline``, ``n_read`` and ``n_texts``) from the cache or
+    computed (``host.cached``); one cut short at the time limit is kept under a key of its own. Returns the result,
+    whether it came from the cache, its key and the sentence that says it was cut short (empty when it was not)."""
+    value, hit = host.cached(key, compute)
+    cut = ""
+    if value.stopped_at_deadline:  # a reading cut short is not what these settings give
+        key = host.keep_partial(key, value)
+        cut = (f" Stopped at the time limit of {deadline:g} s per request after {value.n_read} of {value.n_texts} "
+               f"texts{hint}.")
+    return value, hit, key, cut
+
+
 def picker(options_of, current):
     """``(options, value)`` of a store picker: ``options_of()`` (nothing when the store cannot be read; the Store
     page says why), the current pick kept where it is still offered (not read and checked again), else the first."""

@@ -22,7 +22,7 @@ from .. import analysis, figures
 from .. import data as inputs
 from ..data import MAX_FEATURE_CONTEXTS, MAX_FEATURE_K, MAX_FIELD_CHARS, check_int, check_text
 from ..runtime import cache_key, should_stop
-from .common import Context, background, count, explain, key_of, note, ok, picker, ticker
+from .common import Context, background, cached_reading, count, explain, key_of, note, ok, picker, ticker
 
 #: characters of a store row's field (site, architecture) shown in the picker's labels
 MAX_LABEL_CHARS = 120
@@ -181,14 +181,9 @@ def register_report(app, c: Context) -> None:
             latent = check_int(latent, "a latent", 0, sae.d_sae - 1)
             sm = host.get()
             key = cache_key("features", sm.name, ref, latent, texts, top)
-            run, hit = host.cached(key, lambda: analysis.feature_run(
+            run, hit, key, cut = cached_reading(host, key, lambda: analysis.feature_run(
                 sm, sae, latent, texts, top=top, ref=ref, progress=ticker(set_progress), should_stop=should_stop,
-                deadline=env.deadline))
-            cut = ""
-            if run.stopped_at_deadline:  # a reading cut short is not what these settings give
-                key = host.keep_partial(key, run)
-                cut = (f" Stopped at the time limit of {env.deadline:g} s per request after {run.n_read} of "
-                       f"{run.n_texts} texts; this is what it had (choose fewer texts).")
+                deadline=env.deadline), env.deadline, "; this is what it had (choose fewer texts)")
             rep = run.report
             return {"key": key}, ok(
                 f"Latent {rep.latent} of {ref} at {rep.site}: density {rep.density:.3g} over {rep.n_tokens} tokens of "
