@@ -54,10 +54,10 @@ from .circuits import (
     pinned_nodes, supernode_artifact, supernode_effect,
 )
 from . import common as _common
-from .common import Cancelled
+from .common import Cancelled, read_chunks
 from .diagnostics import LayerDiagnostics, layer_diagnostics
 from .features import (
-    FeatureRun, feature_run, find_latents, merge_contexts, merge_reports, read_chunks, report_texts, text_chunks,
+    FeatureRun, feature_run, find_latents, merge_contexts, merge_reports, report_texts, text_chunks,
 )
 from .patching import HeadDetail, PatchingRun, head_detail, patching_run
 from .profile import DivergenceProfile, divergence_profile

@@ -35,8 +35,8 @@ from ..data import (
     MAX_CIRCUIT_PROMPT_CHARS, MAX_CIRCUIT_SCALE, MAX_CIRCUIT_TOKENS, MAX_CIRCUIT_VALUE, MAX_FEATURE_CONTEXTS,
     check_choice, check_int, check_number, check_text,
 )
-from .common import tick
-from .features import FeatureRun, feature_run, merge_contexts, read_chunks, report_texts, text_chunks
+from .common import read_chunks, tick
+from .features import FeatureRun, feature_run, merge_contexts, report_texts, text_chunks
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel

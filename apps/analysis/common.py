@@ -1,8 +1,10 @@
-"""What the explorer's computations share: the cancel signal, progress ticks and one-prompt tokenising (the
+"""What the explorer's computations share: the cancel signal, progress ticks, calls one chunk at a time
+(:func:`read_chunks`) and one-prompt tokenising (the
 logit lens of a residual-space vector is :func:`steerkit.probes.lens.vector_lens`)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
 
 from steerkit.deprecation import moved
 from steerkit.errors import InputError
@@ -24,6 +26,31 @@ def tick(progress, should_stop, done, total):
     if progress is not None:
         progress(done, total)
 
+
+T = TypeVar("T")
+
+
+def read_chunks(chunks: Sequence[Any], read: Callable[[Any], T], *, progress=None, should_stop=None,
+                deadline: Optional[float] = None) -> tuple[list[T], bool]:
+    """``read(chunk)`` for each of ``chunks`` in turn, as a report reads its texts: ``progress(done, total)`` before
+    the first and after each, ``should_stop()`` cancels there (:class:`Cancelled`); past ``deadline`` seconds (from
+    the start) it stops before the next chunk, the first always read. Returns the parts read and whether the
+    deadline stopped it.
+
+    Examples:
+        >>> from steerkit.apps.analysis import read_chunks
+        >>> read_chunks([[1, 2], [3]], sum), read_chunks([[1, 2], [3]], sum, deadline=-1.0)
+        (([3, 3], False), ([3], True))
+    """
+    end = None if deadline is None else time.monotonic() + float(deadline)
+    parts: list[T] = []
+    tick(progress, should_stop, 0, len(chunks))
+    for i, chunk in enumerate(chunks):
+        if parts and end is not None and time.monotonic() > end:
+            return parts, True
+        parts.append(read(chunk))
+        tick(progress, should_stop, i + 1, len(chunks))
+    return parts, False
 
 
 def __getattr__(name: str):

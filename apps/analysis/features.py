@@ -3,15 +3,15 @@ latents that fire most on one text (:func:`steerkit.probes.top_latents`), and :f
 :class:`FeatureRun`, one latent read over a set of texts (:func:`steerkit.probes.feature_report`, one
 batch of texts per call so that progress, cancel and the time limit act between batches), the calls
 merged into one report by :func:`merge_reports` (their contexts by :func:`merge_contexts`, which the Circuits page's
-reading of every drawn feature shares); :func:`report_texts`, :func:`text_chunks` and :func:`read_chunks`, the texts
-a report reads and its calls one chunk at a time."""
+reading of every drawn feature shares); :func:`report_texts` and :func:`text_chunks`, the texts
+a report reads, one chunk per call (:func:`.common.read_chunks`)."""
 from __future__ import annotations
 
 import dataclasses
 import heapq
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
@@ -23,13 +23,10 @@ from ..data import (
     MAX_FEATURE_CONTEXTS, MAX_FEATURE_DOC_CHARS, MAX_FEATURE_K, MAX_FEATURE_TEXT_CHARS, MAX_FEATURE_TEXTS,
     bounded_prompts, check_int, check_text,
 )
-from .common import tick
+from .common import read_chunks
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
-
-T = TypeVar("T")
-
 
 def find_latents(sm: SteerModel, sae: Any, text, k=10) -> TopLatents:
     """The ``k`` latents of ``sae`` (a stored :class:`steerkit.vectors.SAE`, read at its own site) that fire
@@ -181,29 +178,6 @@ def text_chunks(texts: list[str], batch_size: Any) -> list[list[str]]:
     """
     batch_size = check_int(batch_size, "a batch size", 1, MAX_FEATURE_TEXTS)
     return [texts[i:i + batch_size] for i in range(0, len(texts), batch_size)]
-
-
-def read_chunks(chunks: Sequence[Any], read: Callable[[Any], T], *, progress=None, should_stop=None,
-                deadline: Optional[float] = None) -> tuple[list[T], bool]:
-    """``read(chunk)`` for each of ``chunks`` in turn, as a report reads its texts: ``progress(done, total)`` before
-    the first and after each, ``should_stop()`` cancels there (:class:`Cancelled`); past ``deadline`` seconds (from
-    the start) it stops before the next chunk, the first always read. Returns the parts read and whether the
-    deadline stopped it.
-
-    Examples:
-        >>> from steerkit.apps.analysis import read_chunks
-        >>> read_chunks([[1, 2], [3]], sum), read_chunks([[1, 2], [3]], sum, deadline=-1.0)
-        (([3, 3], False), ([3], True))
-    """
-    end = None if deadline is None else time.monotonic() + float(deadline)
-    parts: list[T] = []
-    tick(progress, should_stop, 0, len(chunks))
-    for i, chunk in enumerate(chunks):
-        if parts and end is not None and time.monotonic() > end:
-            return parts, True
-        parts.append(read(chunk))
-        tick(progress, should_stop, i + 1, len(chunks))
-    return parts, False
 
 
 def feature_run(sm: SteerModel, sae: Any, latent, texts: Sequence[str], *, top=20, batch_size: int = 16,

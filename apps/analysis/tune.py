@@ -11,7 +11,7 @@ from steerkit.errors import InputError
 from steerkit.probes.tune import Rule, pareto_front, recommend
 from steerkit.probes.tune import tune as probes_tune
 
-from .common import tick
+from .common import read_chunks
 
 if TYPE_CHECKING:
     from steerkit.model import SteerModel
@@ -90,21 +90,14 @@ def tune_run(sm: SteerModel, artifact: Any, prompts: Sequence[str], *, layers: S
         ([1, 2], 4, False)
     """
     t0 = time.perf_counter()
-    end = None if deadline is None else time.monotonic() + float(deadline)
     layers = [int(l) for l in layers]
     if not layers:
         raise InputError("expected at least one layer to tune, found none")
-    parts: list[dict] = []
-    stopped = False
-    tick(progress, should_stop, 0, len(layers))
-    for i, layer in enumerate(layers):
-        if parts and end is not None and time.monotonic() > end:
-            stopped = True
-            break
-        res = probes_tune(sm, artifact, prompts, layers=[layer], scales=list(scales), concept=concept,
-                          neutral=None if neutral is None else list(neutral), max_new_tokens=max_new_tokens,
-                          normalize=normalize, progress=False, **tune_kw)
-        parts.append(res.to_json())
-        tick(progress, should_stop, i + 1, len(layers))
+
+    def one_layer(layer: int) -> dict:
+        return probes_tune(sm, artifact, prompts, layers=[layer], scales=list(scales), concept=concept,
+                           neutral=None if neutral is None else list(neutral), max_new_tokens=max_new_tokens,
+                           normalize=normalize, progress=False, **tune_kw).to_json()
+    parts, stopped = read_chunks(layers, one_layer, progress=progress, should_stop=should_stop, deadline=deadline)
     return TuneRun(merge_tunes(parts), layers_requested=layers, stopped_at_deadline=stopped,
                    seconds=time.perf_counter() - t0)

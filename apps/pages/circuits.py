@@ -27,7 +27,9 @@ from ..data import (
     check_text,
 )
 from ..runtime import cache_key, should_stop
-from .common import Context, background, cached_reading, picker, count, explain, key_of, note, ok, ticker, time_limit, warn
+from .common import (
+    Context, background, cached_reading, count, explain, key_of, note, ok, picker, ticker, time_limit, warn,
+)
 from .features import MAX_LABEL_CHARS, context_rows
 
 #: the strongest inputs and outputs of the selected node listed under the figure
