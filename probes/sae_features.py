@@ -213,6 +213,7 @@ def _scan(sm: "SteerModel", reads: dict[str, tuple[Any, tuple[int, ...]]], texts
         toks = sm.tokenize(part, chat=chat)
         with sm.record(list(reads), positions="all", device="cpu") as cache:
             sm.forward(toks)
+        row_ids: dict[int, list[int]] = {}  # a row's token ids, the same at every site
         for site, (w, latents) in reads.items():
             f = _encoded(w, cache[site].to(w.device), latents).float().cpu()  # [b, T, len(latents)]
             lengths, where = cache.lengths(site), cache.positions(site)  # a row's tokens: where it is not padding
@@ -220,9 +221,10 @@ def _scan(sm: "SteerModel", reads: dict[str, tuple[Any, tuple[int, ...]]], texts
                 a = f[r, :n]
                 skip = 1 if n > 1 else 0  # the first token: the attention sink (see top_latents)
                 peaks, at = a[skip:].max(0)
-                ids = toks.input_ids[r].cpu()[where[r, :n]].tolist()
+                if r not in row_ids:
+                    row_ids[r] = toks.input_ids[r].cpu()[where[r, :n]].tolist()
                 for j, (peak, p) in enumerate(zip(peaks.tolist(), (at + skip).tolist())):
-                    tallies[(site, latents[j])].add(s + r, ids, a[:, j], a[skip:, j], peak, p)
+                    tallies[(site, latents[j])].add(s + r, row_ids[r], a[:, j], a[skip:, j], peak, p)
         bar.update(len(part))
     bar.close()
     return tallies
